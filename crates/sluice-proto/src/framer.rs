@@ -1,0 +1,208 @@
+//! Streaming PDU receiver: bytes in, validated PDUs out.
+//!
+//! The I/O layer reads from its socket straight into [`Framer::read_buf`],
+//! calls [`Framer::advance`], then drains [`Framer::next_pdu`] until it returns
+//! `Ok(None)`. The framer checks the common header as soon as its 8 bytes are
+//! in, so a hostile PLEN is rejected before any memory is committed to it, and
+//! verifies header digests (fatal on mismatch) and data digests (reported per
+//! PDU, since a data digest error fails only the command).
+//!
+//! After an error the framer is poisoned: it returns the same error forever,
+//! and the caller sends a TermReq and closes the connection.
+
+use crate::digest::crc32c;
+use crate::pdu::{
+    decode_specific, validate_common_header, CommonHeader, DecodeError, Direction, PduHeader,
+    PduLayout, RxParams, CH_LEN, DIGEST_LEN, HLEN_MAX,
+};
+use crate::wire::u32_at;
+
+/// A received PDU. `data` borrows the framer's buffer until the next call.
+#[derive(Debug)]
+pub struct RxPdu<'a> {
+    pub header: PduHeader,
+    pub data: &'a [u8],
+    /// False when data digests are on and the received DDGST did not match.
+    pub data_digest_ok: bool,
+    /// The raw header bytes (for quoting in a TermReq).
+    pub raw_header: &'a [u8],
+}
+
+/// The receive side of one NVMe/TCP connection.
+#[derive(Debug)]
+pub struct Framer {
+    params: RxParams,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    poisoned: Option<DecodeError>,
+    /// Layout of the PDU at `start`, once its common header was validated.
+    pending: Option<PduLayout>,
+}
+
+/// Smallest free space offered to a socket read.
+const READ_CHUNK: usize = 64 * 1024;
+
+impl Framer {
+    /// A framer for the side that receives PDUs travelling in `direction`,
+    /// before connection initialization.
+    pub fn new(direction: Direction, data_len_max: u32) -> Self {
+        Framer {
+            params: RxParams {
+                direction,
+                initialized: false,
+                hdgst: false,
+                ddgst: false,
+                pda: 0,
+                data_len_max,
+            },
+            buf: vec![0; READ_CHUNK * 2],
+            start: 0,
+            end: 0,
+            poisoned: None,
+            pending: None,
+        }
+    }
+
+    /// Applies the parameters negotiated by ICReq/ICResp.
+    pub fn set_initialized(&mut self, hdgst: bool, ddgst: bool, pda: u8, data_len_max: u32) {
+        self.params.initialized = true;
+        self.params.hdgst = hdgst;
+        self.params.ddgst = ddgst;
+        self.params.pda = pda;
+        self.params.data_len_max = data_len_max;
+    }
+
+    pub fn params(&self) -> &RxParams {
+        &self.params
+    }
+
+    /// Bytes received but not yet consumed as PDUs.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Free space to read into (at least [`READ_CHUNK`] bytes).
+    pub fn read_buf(&mut self) -> &mut [u8] {
+        let want = self
+            .pending
+            .map(|l| l.ch.plen as usize)
+            .unwrap_or(0)
+            .max(READ_CHUNK);
+        if self.start > 0 && (self.start == self.end || self.buf.len() - self.end < want) {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < READ_CHUNK {
+            let new_len = (self.end + want).max(self.buf.len() * 2);
+            self.buf.resize(new_len, 0);
+        }
+        &mut self.buf[self.end..]
+    }
+
+    /// Marks `n` bytes of [`Self::read_buf`] as filled.
+    pub fn advance(&mut self, n: usize) {
+        assert!(
+            self.end + n <= self.buf.len(),
+            "advance past the read buffer"
+        );
+        self.end += n;
+    }
+
+    /// Copies `data` in (tests and in-memory peers).
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let b = self.read_buf();
+            let n = b.len().min(data.len());
+            b[..n].copy_from_slice(&data[..n]);
+            self.advance(n);
+            data = &data[n..];
+        }
+    }
+
+    /// The next complete PDU, `Ok(None)` if more bytes are needed.
+    pub fn next_pdu(&mut self) -> Result<Option<RxPdu<'_>>, DecodeError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        match self.next_inner() {
+            Ok(Some((layout, start))) => {
+                let hlen = layout.ch.hlen as usize;
+                let b = &self.buf[start..start + layout.ch.plen as usize];
+                let data = &b[layout.data_offset..layout.data_offset + layout.data_len];
+                let header = match decode_specific(&layout, &b[..hlen], data) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        self.poisoned = Some(e.clone());
+                        return Err(e);
+                    }
+                };
+                let data_digest_ok = if layout.ddgst {
+                    let at = layout.data_offset + layout.data_len;
+                    u32_at(b, at) == crc32c(data)
+                } else {
+                    true
+                };
+                Ok(Some(RxPdu {
+                    header,
+                    data,
+                    data_digest_ok,
+                    raw_header: &b[..hlen],
+                }))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.poisoned = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// The first bytes of the PDU at the read position (for a TermReq quote).
+    pub fn current_header(&self) -> &[u8] {
+        let n = (self.end - self.start).min(HLEN_MAX);
+        &self.buf[self.start..self.start + n]
+    }
+
+    fn next_inner(&mut self) -> Result<Option<(PduLayout, usize)>, DecodeError> {
+        let avail = self.end - self.start;
+        let layout = match self.pending {
+            Some(l) => l,
+            None => {
+                if avail < CH_LEN {
+                    return Ok(None);
+                }
+                let mut ch = [0u8; CH_LEN];
+                ch.copy_from_slice(&self.buf[self.start..self.start + CH_LEN]);
+                let l = validate_common_header(&CommonHeader::parse(&ch), &self.params)?;
+                self.pending = Some(l);
+                l
+            }
+        };
+        let plen = layout.ch.plen as usize;
+        let hlen = layout.ch.hlen as usize;
+        if layout.hdgst && avail >= hlen + DIGEST_LEN {
+            // Check the header digest as soon as it is in, before waiting for data.
+            let h = &self.buf[self.start..self.start + hlen];
+            let received = u32_at(&self.buf, self.start + hlen);
+            let computed = crc32c(h);
+            if received != computed {
+                return Err(DecodeError::HeaderDigest { received, computed });
+            }
+        }
+        if avail < plen {
+            return Ok(None);
+        }
+        let start = self.start;
+        self.start += plen;
+        self.pending = None;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            // The PDU's bytes stay valid until the next read_buf/advance.
+            return Ok(Some((layout, start)));
+        }
+        Ok(Some((layout, start)))
+    }
+}

@@ -1,0 +1,438 @@
+//! Encode/decode round trips through the streaming framer, and every decode
+//! error mapped to its TermReq FES.
+
+use proptest::prelude::*;
+use sluice_proto::command::{Cqe, Sqe, StatusField};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::*;
+
+const MAX: u32 = 1 << 20;
+
+fn arb_sqe() -> impl Strategy<Value = Sqe> {
+    prop::collection::vec(any::<u8>(), 64).prop_map(|v| {
+        let mut a = [0u8; 64];
+        a.copy_from_slice(&v);
+        Sqe(a)
+    })
+}
+
+fn arb_h2c() -> impl Strategy<Value = (PduHeader, Vec<u8>)> {
+    prop_oneof![
+        (arb_sqe(), prop::collection::vec(any::<u8>(), 0..9000))
+            .prop_map(|(s, d)| (PduHeader::CapsuleCmd(s), d)),
+        (
+            any::<u16>(),
+            any::<u16>(),
+            any::<u32>(),
+            any::<bool>(),
+            prop::collection::vec(any::<u8>(), 1..9000)
+        )
+            .prop_map(|(cccid, ttag, offset, last, d)| {
+                (
+                    PduHeader::H2CData(DataHeader {
+                        cccid,
+                        ttag,
+                        offset,
+                        len: d.len() as u32,
+                        last,
+                        success: false,
+                    }),
+                    d,
+                )
+            }),
+    ]
+}
+
+fn arb_c2h() -> impl Strategy<Value = (PduHeader, Vec<u8>)> {
+    prop_oneof![
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u16>(),
+            any::<u16>(),
+            any::<u16>()
+        )
+            .prop_map(|(result, dw1, sqhd, sqid, cid, st)| {
+                (
+                    PduHeader::CapsuleResp(Cqe {
+                        result,
+                        dw1,
+                        sqhd,
+                        sqid,
+                        cid,
+                        status: StatusField(st),
+                    }),
+                    vec![],
+                )
+            }),
+        (
+            any::<u16>(),
+            any::<u32>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(any::<u8>(), 1..9000)
+        )
+            .prop_map(|(cccid, offset, last, success, d)| {
+                (
+                    PduHeader::C2HData(DataHeader {
+                        cccid,
+                        ttag: 0,
+                        offset,
+                        len: d.len() as u32,
+                        last: last || success,
+                        success,
+                    }),
+                    d,
+                )
+            }),
+        (any::<u16>(), any::<u16>(), any::<u32>(), 1u32..).prop_map(
+            |(cccid, ttag, offset, len)| {
+                (
+                    PduHeader::R2t(R2t {
+                        cccid,
+                        ttag,
+                        offset,
+                        len,
+                    }),
+                    vec![],
+                )
+            }
+        ),
+    ]
+}
+
+/// Encodes `pdus` on an initialized connection, feeds them in `chunk`-sized
+/// pieces, and checks every PDU comes out unchanged.
+fn round_trip(
+    dir: Direction,
+    pdus: &[(PduHeader, Vec<u8>)],
+    tx: TxParams,
+    chunk: usize,
+) -> Result<(), TestCaseError> {
+    let mut wire = Vec::new();
+    for (h, d) in pdus {
+        encode_pdu(h, d, &tx, &mut wire);
+    }
+    let mut f = Framer::new(dir, MAX);
+    f.set_initialized(tx.hdgst, tx.ddgst, tx.pda, MAX);
+    let mut got = Vec::new();
+    for piece in wire.chunks(chunk.max(1)) {
+        f.feed(piece);
+        while let Some(p) = f
+            .next_pdu()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?
+        {
+            prop_assert!(p.data_digest_ok);
+            got.push((p.header, p.data.to_vec()));
+        }
+    }
+    prop_assert_eq!(f.buffered(), 0);
+    prop_assert_eq!(got.as_slice(), pdus);
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn h2c_round_trip(pdus in prop::collection::vec(arb_h2c(), 1..6), hdgst: bool, ddgst: bool, pda in 0u8..8, chunk in 1usize..20000) {
+        round_trip(Direction::HostToController, &pdus, TxParams { hdgst, ddgst, pda }, chunk)?;
+    }
+
+    #[test]
+    fn c2h_round_trip(pdus in prop::collection::vec(arb_c2h(), 1..6), hdgst: bool, ddgst: bool, pda in 0u8..8, chunk in 1usize..20000) {
+        round_trip(Direction::ControllerToHost, &pdus, TxParams { hdgst, ddgst, pda }, chunk)?;
+    }
+
+    #[test]
+    fn ic_round_trip(hpda in 0u8..32, hdgst: bool, ddgst: bool, maxr2t: u32, maxh2c in 1024u32..(1 << 28)) {
+        let req = PduHeader::IcReq(IcReq { pfv: 0, hpda, hdgst, ddgst, maxr2t });
+        let mut f = Framer::new(Direction::HostToController, MAX);
+        let mut w = Vec::new();
+        encode_pdu(&req, &[], &TxParams::default(), &mut w);
+        prop_assert_eq!(w.len(), IC_LEN);
+        f.feed(&w);
+        prop_assert_eq!(f.next_pdu().unwrap().unwrap().header, req);
+
+        let resp = PduHeader::IcResp(IcResp { pfv: 0, cpda: hpda, hdgst, ddgst, maxh2cdata: maxh2c * 4 });
+        let mut f = Framer::new(Direction::ControllerToHost, MAX);
+        let mut w = Vec::new();
+        encode_pdu(&resp, &[], &TxParams::default(), &mut w);
+        f.feed(&w);
+        prop_assert_eq!(f.next_pdu().unwrap().unwrap().header, resp);
+    }
+
+    /// Arbitrary bytes never panic the framer, and an error is sticky.
+    #[test]
+    fn garbage_never_panics(init: bool, bytes in prop::collection::vec(any::<u8>(), 0..4096)) {
+        let mut f = Framer::new(Direction::HostToController, 65536);
+        if init { f.set_initialized(true, true, 0, 65536); }
+        f.feed(&bytes);
+        let mut n = 0;
+        loop {
+            match f.next_pdu() {
+                Ok(Some(_)) => { n += 1; prop_assert!(n < 10_000); }
+                Ok(None) => break,
+                Err(e) => {
+                    prop_assert!((1..=6).contains(&e.fes()));
+                    prop_assert!(f.next_pdu().is_err());
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn init_framer(hdgst: bool, ddgst: bool) -> Framer {
+    let mut f = Framer::new(Direction::HostToController, 8192);
+    f.set_initialized(hdgst, ddgst, 0, 8192);
+    f
+}
+
+fn capsule(tx: TxParams, data: &[u8]) -> Vec<u8> {
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::CapsuleCmd(Sqe::new(0x02, 1, 1)),
+        data,
+        &tx,
+        &mut w,
+    );
+    w
+}
+
+fn err_of(f: &mut Framer, w: &[u8]) -> DecodeError {
+    f.feed(w);
+    match f.next_pdu() {
+        Err(e) => e,
+        Ok(p) => panic!("expected an error, got {p:?}"),
+    }
+}
+
+#[test]
+fn unknown_type_is_invalid_header_field_at_byte_0() {
+    let mut w = capsule(TxParams::default(), &[]);
+    w[0] = 0x08;
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 0));
+}
+
+#[test]
+fn c2h_type_sent_to_controller_is_rejected() {
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::CapsuleResp(Cqe::default()),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!(e.fes(), fes::INVALID_HEADER_FIELD);
+}
+
+#[test]
+fn wrong_hlen_names_hlen() {
+    let mut w = capsule(TxParams::default(), &[]);
+    w[2] = 24;
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 2));
+    assert!(e.to_string().contains("hlen"));
+}
+
+#[test]
+fn plen_too_short_and_too_long() {
+    let mut w = capsule(TxParams::default(), &[]);
+    w[4..8].copy_from_slice(&10u32.to_le_bytes());
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
+
+    // An in-capsule payload beyond the receiver's limit is refused from the
+    // common header alone, before the data is buffered.
+    let mut w = capsule(TxParams::default(), &[0; 16]);
+    w[4..8].copy_from_slice(&(72 + 100_000u32).to_le_bytes());
+    let mut f = init_framer(false, false);
+    f.feed(&w[..8]);
+    let e = f.next_pdu().unwrap_err();
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
+}
+
+#[test]
+fn h2c_data_over_limit_is_data_limit_exceeded() {
+    let mut w = Vec::new();
+    let d = vec![0u8; 9000];
+    let h = PduHeader::H2CData(DataHeader {
+        cccid: 1,
+        ttag: 1,
+        offset: 0,
+        len: 9000,
+        last: true,
+        success: false,
+    });
+    encode_pdu(&h, &d, &TxParams::default(), &mut w);
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!(e.fes(), fes::DATA_LIMIT_EXCEEDED);
+}
+
+#[test]
+fn misaligned_pdo_names_pdo() {
+    let mut f = Framer::new(Direction::HostToController, 8192);
+    f.set_initialized(false, false, 1, 8192); // data must be 8-byte aligned
+    let mut w = capsule(
+        TxParams {
+            pda: 0,
+            ..Default::default()
+        },
+        &[1; 8],
+    );
+    w[3] = 76;
+    let e = err_of(&mut f, &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 3));
+}
+
+#[test]
+fn header_digest_mismatch_is_fes_3_with_received_value() {
+    let mut w = capsule(
+        TxParams {
+            hdgst: true,
+            ..Default::default()
+        },
+        &[],
+    );
+    w[10] ^= 0xff; // corrupt the SQE
+    let received = u32::from_le_bytes([w[72], w[73], w[74], w[75]]);
+    let e = err_of(&mut init_framer(true, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::HEADER_DIGEST_ERROR, received));
+}
+
+#[test]
+fn missing_header_digest_flag_is_rejected() {
+    let w = capsule(TxParams::default(), &[]);
+    let e = err_of(&mut init_framer(true, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 1));
+}
+
+#[test]
+fn data_digest_mismatch_is_reported_not_fatal() {
+    let tx = TxParams {
+        hdgst: false,
+        ddgst: true,
+        pda: 0,
+    };
+    let mut w = capsule(tx, &[7; 64]);
+    let n = w.len();
+    w[n - 1] ^= 1;
+    w.extend_from_slice(&capsule(tx, &[8; 64]));
+    let mut f = init_framer(false, true);
+    f.feed(&w);
+    assert!(!f.next_pdu().unwrap().unwrap().data_digest_ok);
+    let p = f.next_pdu().unwrap().unwrap();
+    assert!(p.data_digest_ok);
+    assert_eq!(p.data, &[8; 64]);
+}
+
+#[test]
+fn capsule_before_icreq_is_sequence_error() {
+    let mut f = Framer::new(Direction::HostToController, 8192);
+    let e = err_of(&mut f, &capsule(TxParams::default(), &[]));
+    assert_eq!(e.fes(), fes::PDU_SEQUENCE_ERROR);
+}
+
+#[test]
+fn second_icreq_is_sequence_error() {
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::IcReq(IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        }),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!(e.fes(), fes::PDU_SEQUENCE_ERROR);
+}
+
+#[test]
+fn wrong_pfv_is_unsupported_parameter() {
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::IcReq(IcReq {
+            pfv: 1,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        }),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    let e = err_of(&mut Framer::new(Direction::HostToController, 8192), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::UNSUPPORTED_PARAMETER, 8));
+}
+
+#[test]
+fn icreq_reserved_byte_is_rejected() {
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::IcReq(IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxr2t: 0,
+        }),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    w[100] = 1;
+    let e = err_of(&mut Framer::new(Direction::HostToController, 8192), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 100));
+}
+
+#[test]
+fn datal_must_match_payload() {
+    let mut w = Vec::new();
+    let h = PduHeader::H2CData(DataHeader {
+        cccid: 1,
+        ttag: 1,
+        offset: 0,
+        len: 16,
+        last: true,
+        success: false,
+    });
+    encode_pdu(&h, &[0; 16], &TxParams::default(), &mut w);
+    w[16..20].copy_from_slice(&15u32.to_le_bytes());
+    let e = err_of(&mut init_framer(false, false), &w);
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 16));
+}
+
+#[test]
+fn term_req_quotes_header() {
+    let e = DecodeError::invalid("hlen", 2, "x");
+    let t = term_req_for(&e, &[9; 200]);
+    assert_eq!(t.data.len(), TERM_REQ_DATA_MAX);
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::C2HTermReq(t.clone()),
+        &t.data,
+        &TxParams {
+            hdgst: true,
+            ddgst: true,
+            pda: 0,
+        },
+        &mut w,
+    );
+    // TermReqs never carry digests.
+    assert_eq!(w.len(), SHORT_HLEN + TERM_REQ_DATA_MAX);
+    let mut f = Framer::new(Direction::ControllerToHost, 8192);
+    f.set_initialized(true, true, 0, 8192);
+    f.feed(&w);
+    match f.next_pdu().unwrap().unwrap().header {
+        PduHeader::C2HTermReq(got) => assert_eq!(got, t),
+        other => panic!("{other:?}"),
+    }
+}
