@@ -47,6 +47,13 @@ pub mod sgl {
     pub const TRANSPORT_DATA_BLOCK: u8 = 0x5a;
 }
 
+/// PSDT = 01b in SQE byte 1: data described by SGLs (metadata by a buffer).
+pub const PSDT_SGL: u8 = 0x40;
+/// Mask of the PSDT bits.
+pub const PSDT_MASK: u8 = 0xc0;
+/// Mask of the FUSE bits.
+pub const FUSE_MASK: u8 = 0x03;
+
 /// An SGL data block descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SglDescriptor {
@@ -118,10 +125,12 @@ impl Sqe {
         self.0[39] = d.id;
     }
 
-    /// A new SQE with opcode, CID and NSID set.
+    /// A new SQE with opcode, CID and NSID set, and PSDT = 01b (SGLs, as
+    /// every NVMe over Fabrics command uses).
     pub fn new(opcode: u8, cid: u16, nsid: u32) -> Self {
         let mut s = Sqe::default();
         s.0[0] = opcode;
+        s.0[1] = PSDT_SGL;
         put_u16(&mut s.0, 2, cid);
         put_u32(&mut s.0, 4, nsid);
         s

@@ -138,6 +138,12 @@ impl Status {
     }
 }
 
+impl Default for Status {
+    fn default() -> Self {
+        Status::SUCCESS
+    }
+}
+
 impl fmt::Debug for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -1,1 +1,21 @@
-//! placeholder
+//! Sluice's NVMe/TCP target.
+//!
+//! * [`config`]: TOML configuration, validated with errors naming the key.
+//! * [`subsystem`]: subsystems, namespaces (over `sluice-backend`), the registry.
+//! * [`controller`]: controller state (CC/CSTS, keep alive, features) and
+//!   admin commands, including the discovery log.
+//! * [`queue`]: one queue pair as a sans-IO state machine.
+//! * [`send`]: the per-queue send scheduler.
+//! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
+//! * [`metrics`]: counters per namespace and host.
+
+pub mod config;
+pub mod controller;
+pub mod metrics;
+pub mod queue;
+pub mod send;
+pub mod server;
+pub mod subsystem;
+
+pub use config::Config;
+pub use server::{Target, TargetHandle};

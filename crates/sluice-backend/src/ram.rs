@@ -1,0 +1,473 @@
+//! Sparse in-memory backend. Storage is split into 128 KiB chunks, each behind
+//! its own `RwLock`, allocated on first write and freed when a Deallocate or
+//! WriteZeroes covers it entirely. Chunks are grouped so that the per-chunk
+//! lock table is itself allocated lazily (a 16 TiB device costs only a small
+//! directory until written). Completions are immediate.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::time::Instant;
+
+use crate::io::{fail, valid_block_size, validate_request};
+use crate::{Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest};
+
+/// Bytes per lazily allocated chunk.
+pub const RAM_CHUNK_BYTES: usize = 128 << 10;
+/// Chunks per lazily allocated group of chunk locks (512 MiB per group).
+const GROUP_CHUNKS: usize = 4096;
+/// Largest RAM backend accepted.
+pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
+
+type Chunk = RwLock<Option<Box<[u8]>>>;
+
+/// Shared sparse byte store used by [`RamBackend`] and the emulated SSD.
+#[derive(Debug)]
+pub(crate) struct RamStore {
+    size_bytes: u64,
+    groups: Box<[OnceLock<Box<[Chunk]>>]>,
+}
+
+impl RamStore {
+    pub(crate) fn new(size_bytes: u64) -> Self {
+        assert!(size_bytes <= RAM_SIZE_BYTES_MAX);
+        let chunk_count = size_bytes.div_ceil(RAM_CHUNK_BYTES as u64);
+        let group_count = chunk_count.div_ceil(GROUP_CHUNKS as u64);
+        let groups = (0..group_count).map(|_| OnceLock::new()).collect();
+        Self { size_bytes, groups }
+    }
+
+    fn chunk(&self, index: u64, create: bool) -> Option<&Chunk> {
+        let group = usize::try_from(index / GROUP_CHUNKS as u64).ok()?;
+        let slot = (index % GROUP_CHUNKS as u64) as usize;
+        let lock = self.groups.get(group)?;
+        let chunks = if create {
+            lock.get_or_init(|| (0..GROUP_CHUNKS).map(|_| RwLock::new(None)).collect())
+        } else {
+            lock.get()?
+        };
+        chunks.get(slot)
+    }
+
+    /// Calls `f(chunk_index, offset_in_chunk, range_in_buffer)` for each chunk
+    /// overlapping `[offset, offset + len)`.
+    fn for_each_span(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        mut f: impl FnMut(u64, usize, std::ops::Range<usize>),
+    ) {
+        assert!(offset_bytes
+            .checked_add(len_bytes)
+            .is_some_and(|end| end <= self.size_bytes));
+        let chunk = RAM_CHUNK_BYTES as u64;
+        let mut done = 0u64;
+        while done < len_bytes {
+            let pos = offset_bytes + done;
+            let in_chunk = pos % chunk;
+            let n = (chunk - in_chunk).min(len_bytes - done);
+            f(
+                pos / chunk,
+                in_chunk as usize,
+                done as usize..(done + n) as usize,
+            );
+            done += n;
+        }
+    }
+
+    pub(crate) fn read(&self, offset_bytes: u64, out: &mut [u8]) {
+        self.for_each_span(offset_bytes, out.len() as u64, |index, at, range| {
+            let dst = &mut out[range];
+            match self.chunk(index, false) {
+                None => dst.fill(0),
+                Some(lock) => {
+                    let guard = lock.read().unwrap_or_else(PoisonError::into_inner);
+                    match guard.as_deref() {
+                        None => dst.fill(0),
+                        Some(data) => dst.copy_from_slice(&data[at..at + dst.len()]),
+                    }
+                }
+            }
+        });
+    }
+
+    pub(crate) fn write(&self, offset_bytes: u64, src: &[u8]) {
+        self.for_each_span(offset_bytes, src.len() as u64, |index, at, range| {
+            let Some(lock) = self.chunk(index, true) else {
+                unreachable!("chunk index within size");
+            };
+            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            let data = guard.get_or_insert_with(|| vec![0u8; RAM_CHUNK_BYTES].into_boxed_slice());
+            data[at..at + range.len()].copy_from_slice(&src[range]);
+        });
+    }
+
+    /// Zeroes the range, freeing chunks it covers entirely.
+    pub(crate) fn zero(&self, offset_bytes: u64, len_bytes: u64) {
+        self.for_each_span(offset_bytes, len_bytes, |index, at, range| {
+            let Some(lock) = self.chunk(index, false) else {
+                return; // Never written: already zero.
+            };
+            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            if range.len() == RAM_CHUNK_BYTES {
+                *guard = None;
+            } else if let Some(data) = guard.as_deref_mut() {
+                data[at..at + range.len()].fill(0);
+            }
+        });
+    }
+
+    /// Number of chunks currently holding data (for tests and metrics).
+    pub(crate) fn allocated_chunks(&self) -> usize {
+        self.groups
+            .iter()
+            .filter_map(OnceLock::get)
+            .flat_map(|g| g.iter())
+            .filter(|c| c.read().unwrap_or_else(PoisonError::into_inner).is_some())
+            .count()
+    }
+
+    /// Executes an already validated request synchronously.
+    pub(crate) fn execute(&self, req: &mut IoRequest) {
+        match req.op {
+            IoOp::Read => {
+                if let Some(buf) = req.buf.as_mut() {
+                    self.read(req.offset_bytes, buf.as_mut_slice());
+                }
+            }
+            IoOp::Write { .. } => {
+                if let Some(buf) = req.buf.as_ref() {
+                    self.write(req.offset_bytes, buf.as_slice());
+                }
+            }
+            IoOp::Flush => {}
+            IoOp::WriteZeroes { .. } | IoOp::Deallocate => {
+                self.zero(req.offset_bytes, req.len_bytes)
+            }
+        }
+    }
+}
+
+/// Validates `size_bytes` / `block_size_bytes` for in-memory backends.
+pub(crate) fn check_ram_geometry(
+    size_bytes: u64,
+    block_size_bytes: u32,
+) -> Result<(), BackendError> {
+    if !valid_block_size(block_size_bytes) {
+        return Err(BackendError::config(
+            "block_size_bytes",
+            format!("{block_size_bytes} is not 512 or 4096"),
+        ));
+    }
+    if size_bytes == 0 || size_bytes % u64::from(block_size_bytes) != 0 {
+        return Err(BackendError::config(
+            "size_bytes",
+            format!("{size_bytes} is not a non-zero multiple of the block size {block_size_bytes}"),
+        ));
+    }
+    if size_bytes > RAM_SIZE_BYTES_MAX {
+        return Err(BackendError::config(
+            "size_bytes",
+            format!("{size_bytes} exceeds the maximum of {RAM_SIZE_BYTES_MAX}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Sparse RAM-backed namespace; data is lost when the process exits.
+#[derive(Debug, Clone)]
+pub struct RamBackend {
+    store: Arc<RamStore>,
+    block_size_bytes: u32,
+}
+
+impl RamBackend {
+    /// Creates a zero-filled backend. `size_bytes` must be a non-zero
+    /// multiple of `block_size_bytes` (512 or 4096) and at most
+    /// [`RAM_SIZE_BYTES_MAX`].
+    pub fn new(size_bytes: u64, block_size_bytes: u32) -> Result<Self, BackendError> {
+        check_ram_geometry(size_bytes, block_size_bytes)?;
+        Ok(Self {
+            store: Arc::new(RamStore::new(size_bytes)),
+            block_size_bytes,
+        })
+    }
+
+    /// Bytes of chunk memory currently allocated.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.store.allocated_chunks() as u64 * RAM_CHUNK_BYTES as u64
+    }
+}
+
+impl Backend for RamBackend {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size_bytes: self.store.size_bytes,
+            block_size_bytes: self.block_size_bytes,
+            volatile_write_cache: false,
+            supports_deallocate: true,
+            deallocated_reads_zero: true,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        "ram"
+    }
+
+    fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
+        Ok(Box::new(RamQueue {
+            geometry: self.geometry(),
+            store: Arc::clone(&self.store),
+            ready: VecDeque::new(),
+        }))
+    }
+}
+
+/// Queue on a [`RamBackend`]: executes at submit, completes at next poll.
+#[derive(Debug)]
+pub struct RamQueue {
+    geometry: Geometry,
+    store: Arc<RamStore>,
+    ready: VecDeque<IoCompletion>,
+}
+
+impl BackendQueue for RamQueue {
+    fn submit(&mut self, mut req: IoRequest, _now: Instant) {
+        let completion = match validate_request(&self.geometry, &req) {
+            Err(err) => fail(req, err),
+            Ok(()) => {
+                self.store.execute(&mut req);
+                IoCompletion {
+                    tag: req.tag,
+                    result: Ok(()),
+                    buf: req.buf,
+                }
+            }
+        };
+        self.ready.push_back(completion);
+    }
+
+    fn poll_completions(&mut self, _now: Instant, out: &mut Vec<IoCompletion>) {
+        out.extend(self.ready.drain(..));
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    fn notify_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    fn in_flight(&self) -> usize {
+        self.ready.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AlignedBuf;
+
+    fn run(q: &mut dyn BackendQueue, req: IoRequest) -> IoCompletion {
+        q.submit(req, Instant::now());
+        let mut out = Vec::new();
+        q.poll_completions(Instant::now(), &mut out);
+        assert_eq!(out.len(), 1);
+        out.pop().expect("one completion")
+    }
+
+    #[test]
+    fn rejects_bad_geometry() {
+        assert!(matches!(
+            RamBackend::new(1000, 512),
+            Err(BackendError::InvalidConfig {
+                field: "size_bytes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            RamBackend::new(4096, 1024),
+            Err(BackendError::InvalidConfig {
+                field: "block_size_bytes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            RamBackend::new(0, 512),
+            Err(BackendError::InvalidConfig {
+                field: "size_bytes",
+                ..
+            })
+        ));
+        assert!(RamBackend::new(RAM_SIZE_BYTES_MAX + 4096, 4096).is_err());
+        // The maximum itself is accepted and cheap (lazy directory).
+        let big = RamBackend::new(RAM_SIZE_BYTES_MAX, 4096).expect("16 TiB");
+        assert_eq!(big.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn sparse_alloc_and_free() {
+        let ram = RamBackend::new(4 << 20, 512).expect("ram");
+        let mut q = ram.open_queue().expect("queue");
+        let chunk = RAM_CHUNK_BYTES as u64;
+        let data = AlignedBuf::from_slice(&vec![0xAB; 1024]);
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 9,
+                op: IoOp::Write { fua: false },
+                offset_bytes: chunk - 512,
+                len_bytes: 1024,
+                buf: Some(data),
+            },
+        );
+        assert_eq!(c.tag, 9);
+        assert!(c.result.is_ok());
+        assert_eq!(ram.allocated_bytes(), 2 * chunk);
+        // Partial zero keeps the chunk, full-cover zero frees it.
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 1,
+                op: IoOp::Deallocate,
+                offset_bytes: 0,
+                len_bytes: chunk,
+                buf: None,
+            },
+        );
+        assert!(c.result.is_ok());
+        assert_eq!(ram.allocated_bytes(), chunk);
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 2,
+                op: IoOp::Read,
+                offset_bytes: chunk - 512,
+                len_bytes: 1024,
+                buf: Some(AlignedBuf::new(1024)),
+            },
+        );
+        let buf = c.buf.expect("buf back");
+        assert!(buf[..512].iter().all(|&b| b == 0));
+        assert!(buf[512..].iter().all(|&b| b == 0xAB));
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 3,
+                op: IoOp::WriteZeroes {
+                    deallocate: false,
+                    fua: true,
+                },
+                offset_bytes: chunk,
+                len_bytes: 512,
+                buf: None,
+            },
+        );
+        assert!(c.result.is_ok());
+        assert_eq!(ram.allocated_bytes(), chunk);
+    }
+
+    #[test]
+    fn invalid_requests_complete_with_errors() {
+        let ram = RamBackend::new(1 << 20, 4096).expect("ram");
+        let mut q = ram.open_queue().expect("queue");
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 5,
+                op: IoOp::Read,
+                offset_bytes: 1 << 20,
+                len_bytes: 4096,
+                buf: Some(AlignedBuf::new(4096)),
+            },
+        );
+        assert!(matches!(c.result, Err(BackendError::OutOfRange { .. })));
+        assert!(c.buf.is_some(), "buffer handed back on error");
+        let c = run(
+            q.as_mut(),
+            IoRequest {
+                tag: 6,
+                op: IoOp::Write { fua: false },
+                offset_bytes: 512,
+                len_bytes: 4096,
+                buf: Some(AlignedBuf::new(4096)),
+            },
+        );
+        assert!(matches!(c.result, Err(BackendError::Misaligned { .. })));
+        assert_eq!(q.in_flight(), 0);
+        assert_eq!(ram.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn two_threads_disjoint_ranges_consistent() {
+        let ram = Arc::new(RamBackend::new(8 << 20, 512).expect("ram"));
+        let half = 4u64 << 20;
+        let handles: Vec<_> = (0..2u8)
+            .map(|t| {
+                let ram = Arc::clone(&ram);
+                std::thread::spawn(move || {
+                    let mut q = ram.open_queue().expect("queue");
+                    let base = u64::from(t) * half;
+                    let mut model = vec![0u8; half as usize];
+                    let mut out = Vec::new();
+                    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(t);
+                    for i in 0..3000u64 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Ranges straddle chunk boundaries; chunks near the
+                        // midpoint are not shared (the midpoint is chunk-aligned).
+                        let blocks = 1 + (x % 64);
+                        let len = blocks * 512;
+                        let off = ((x >> 8) % ((half - len) / 512)) * 512;
+                        let fill = (i as u8).wrapping_add(t * 100) | 1;
+                        let (op, buf) = if x % 7 == 0 {
+                            model[off as usize..(off + len) as usize].fill(0);
+                            (IoOp::Deallocate, None)
+                        } else {
+                            model[off as usize..(off + len) as usize].fill(fill);
+                            (
+                                IoOp::Write { fua: false },
+                                Some(AlignedBuf::from_slice(&vec![fill; len as usize])),
+                            )
+                        };
+                        q.submit(
+                            IoRequest {
+                                tag: i,
+                                op,
+                                offset_bytes: base + off,
+                                len_bytes: len,
+                                buf,
+                            },
+                            Instant::now(),
+                        );
+                        out.clear();
+                        q.poll_completions(Instant::now(), &mut out);
+                        assert!(out.iter().all(|c| c.result.is_ok()));
+                    }
+                    q.submit(
+                        IoRequest {
+                            tag: 0,
+                            op: IoOp::Read,
+                            offset_bytes: base,
+                            len_bytes: half,
+                            buf: Some(AlignedBuf::new(half as usize)),
+                        },
+                        Instant::now(),
+                    );
+                    out.clear();
+                    q.poll_completions(Instant::now(), &mut out);
+                    let buf = out.pop().and_then(|c| c.buf).expect("read back");
+                    assert!(
+                        buf.as_slice() == model.as_slice(),
+                        "thread {t} data mismatch"
+                    );
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("thread");
+        }
+    }
+}

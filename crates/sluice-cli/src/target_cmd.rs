@@ -1,0 +1,213 @@
+//! `sluice target` and `sluice check-config`.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use sluice_target::config::{Config, PollingMode, DEFAULT_SUBSYSTEM_NQN};
+use sluice_target::Target;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// TOML configuration file; without it, the embedded default (one 1 GiB
+    /// RAM namespace, loopback only, any host admitted).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// I/O listen address (overrides the file).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Discovery listen address; "" disables the discovery port.
+    #[arg(long)]
+    pub discovery_listen: Option<String>,
+    /// Address to advertise in discovery log entries (NAT, port forwarding).
+    #[arg(long)]
+    pub advertise_addr: Option<String>,
+    /// Port to advertise in discovery log entries.
+    #[arg(long)]
+    pub advertise_port: Option<u16>,
+    /// Worker threads.
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// interrupt | busy-poll | adaptive
+    #[arg(long)]
+    pub polling: Option<String>,
+    /// Adaptive polling: spin this long after the last work before sleeping.
+    #[arg(long, default_value_t = 50)]
+    pub adaptive_spin_us: u64,
+    /// Size of the default RAM namespace when no --config is given (e.g. 4GiB).
+    #[arg(long)]
+    pub ram_size: Option<String>,
+    /// Restrict the default subsystem to these host NQNs (repeatable).
+    #[arg(long = "allow-host")]
+    pub allow_hosts: Vec<String>,
+}
+
+fn load(args: &TargetArgs) -> Result<Config> {
+    let mut c = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config file {}", p.display()))?;
+            Config::from_toml(&text)
+                .with_context(|| format!("validating config file {}", p.display()))?
+        }
+        None => Config::embedded_default(),
+    };
+    let t = &mut c.target;
+    if let Some(l) = &args.listen {
+        t.listen = l
+            .parse()
+            .with_context(|| format!("parsing --listen `{l}` as address:port"))?;
+    }
+    if let Some(l) = &args.discovery_listen {
+        t.discovery_listen = if l.is_empty() {
+            None
+        } else {
+            Some(
+                l.parse()
+                    .with_context(|| format!("parsing --discovery-listen `{l}`"))?,
+            )
+        };
+    }
+    if let Some(a) = &args.advertise_addr {
+        t.advertise_addr = Some(a.clone());
+    }
+    if let Some(p) = args.advertise_port {
+        t.advertise_port = Some(p);
+    }
+    if let Some(w) = args.workers {
+        if w == 0 || w > sluice_target::config::WORKERS_MAX {
+            bail!(
+                "--workers {w} is outside 1..={}",
+                sluice_target::config::WORKERS_MAX
+            );
+        }
+        t.workers = w;
+    }
+    if let Some(p) = &args.polling {
+        t.polling = PollingMode::parse(p, args.adaptive_spin_us)
+            .map_err(|e| anyhow::anyhow!("--polling: {e}"))?;
+    } else if let PollingMode::Adaptive { .. } = t.polling {
+        if args.config.is_none() {
+            t.polling = PollingMode::Adaptive {
+                spin_us: args.adaptive_spin_us,
+            };
+        }
+    }
+    if args.config.is_none() {
+        let sub = &mut c.subsystems[0];
+        if let Some(s) = &args.ram_size {
+            let bytes = sluice_target::config::parse_size(s)
+                .map_err(|e| anyhow::anyhow!("--ram-size: {e}"))?;
+            if bytes == 0 || bytes % 512 != 0 {
+                bail!("--ram-size must be a non-zero multiple of 512 bytes");
+            }
+            sub.namespaces[0].size_bytes = Some(bytes);
+        }
+        if !args.allow_hosts.is_empty() {
+            for (i, h) in args.allow_hosts.iter().enumerate() {
+                sluice_target::config::validate_nqn(&format!("--allow-host[{i}]"), h)?;
+            }
+            sub.allow_any_host = false;
+            sub.hosts = args.allow_hosts.clone();
+        }
+    } else if args.ram_size.is_some() || !args.allow_hosts.is_empty() {
+        bail!("--ram-size and --allow-host apply to the embedded default only; set them in the config file");
+    }
+    Ok(c)
+}
+
+pub fn check(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    let c = Config::from_toml(&text)
+        .with_context(|| format!("validating config file {}", path.display()))?;
+    println!(
+        "configuration OK: listen {}, {} subsystem(s)",
+        c.target.listen,
+        c.subsystems.len()
+    );
+    for s in &c.subsystems {
+        let access = if s.allow_any_host {
+            "ANY host".to_string()
+        } else {
+            format!("{} listed host(s)", s.hosts.len())
+        };
+        println!(
+            "  {} ({} namespace(s), admits {access})",
+            s.nqn,
+            s.namespaces.len()
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: TargetArgs) -> Result<()> {
+    let config = load(&args)?;
+    let handle = Target::start(&config).context("starting the target")?;
+    let addr = handle.local_addr();
+    let disc = handle.discovery_addr();
+    let first = config
+        .subsystems
+        .first()
+        .map(|s| s.nqn.clone())
+        .unwrap_or_else(|| DEFAULT_SUBSYSTEM_NQN.into());
+    println!(
+        "sluice target listening on {addr}{}",
+        disc.map(|d| format!(", discovery on {d}"))
+            .unwrap_or_default()
+    );
+    for s in &config.subsystems {
+        let access = if s.allow_any_host {
+            "admits ANY host".to_string()
+        } else {
+            format!("admits {} listed host(s)", s.hosts.len())
+        };
+        println!(
+            "  subsystem {} : {} namespace(s), {access}",
+            s.nqn,
+            s.namespaces.len()
+        );
+    }
+    println!();
+    println!("Connect with nvme-cli (on a Linux host with nvme-tcp):");
+    if let Some(d) = disc {
+        println!("  nvme discover -t tcp -a {} -s {}", d.ip(), d.port());
+    }
+    println!(
+        "  nvme connect -t tcp -a {} -s {} -n {first}",
+        addr.ip(),
+        addr.port()
+    );
+    println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let uptime = handle.uptime();
+    tracing::info!("shutting down");
+    let report = handle.shutdown();
+    let worker_cpu: Duration = report.workers.iter().map(|w| w.cpu).sum();
+    println!(
+        "target stopped after {:.1}s: worker CPU {:.3}s ({:.1}% of one core), process CPU {:.3}s",
+        uptime.as_secs_f64(),
+        worker_cpu.as_secs_f64(),
+        100.0 * worker_cpu.as_secs_f64() / uptime.as_secs_f64().max(1e-9),
+        report.process_cpu.as_secs_f64()
+    );
+    for w in &report.workers {
+        println!(
+            "  worker {}: cpu {:.3}s, {} loop iterations, {} connections",
+            w.worker,
+            w.cpu.as_secs_f64(),
+            w.loops,
+            w.connections
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! An in-memory host driving a target `QueueConnection` with virtual time.
+#![allow(dead_code)]
+
+use sluice_backend::{BackendQueue, IoCompletion};
+use sluice_proto::command::{admin, io, sgl, Cqe, SglDescriptor, Sqe};
+use sluice_proto::fabrics::{
+    cc, fctype, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
+};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
+use sluice_proto::Status;
+use sluice_target::config::Config;
+use sluice_target::queue::QueueConnection;
+use sluice_target::subsystem::Registry;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const SUBNQN: &str = "nqn.2026-11.io.sluice:test";
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+pub const HOSTID: [u8; 16] = [7; 16];
+
+pub fn config_toml(extra_target: &str, ns: &str) -> String {
+    format!(
+        r#"
+[target]
+inline_data_bytes = 8192
+max_h2c_data_bytes = 8192
+max_c2h_data_bytes = 8192
+{extra_target}
+[[subsystem]]
+nqn = "{SUBNQN}"
+hosts = ["{HOSTNQN}"]
+{ns}
+"#
+    )
+}
+
+pub fn default_ns() -> &'static str {
+    "[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"4MiB\"\nblock_size = 512\n"
+}
+
+pub fn registry(toml: &str) -> Arc<Registry> {
+    let c = Config::from_toml(toml).expect("test config is valid");
+    Arc::new(Registry::build(&c).expect("registry builds"))
+}
+
+/// A received PDU.
+#[derive(Debug, Clone)]
+pub struct Got {
+    pub header: PduHeader,
+    pub data: Vec<u8>,
+    pub digest_ok: bool,
+}
+
+pub struct Pair {
+    pub reg: Arc<Registry>,
+    pub conn: QueueConnection,
+    pub now: Instant,
+    pub host_rx: Framer,
+    pub txp: TxParams,
+    pub queues: HashMap<usize, Box<dyn BackendQueue>>,
+    pub inbox: Vec<Got>,
+    pub next_cid: u16,
+    pub term: Option<(u16, u32)>,
+}
+
+impl Pair {
+    pub fn new(reg: Arc<Registry>) -> Pair {
+        let now = Instant::now();
+        Pair {
+            conn: QueueConnection::new(reg.clone(), None, None, now),
+            reg,
+            now,
+            host_rx: Framer::new(Direction::ControllerToHost, 1 << 24),
+            txp: TxParams::default(),
+            queues: HashMap::new(),
+            inbox: Vec::new(),
+            next_cid: 1,
+            term: None,
+        }
+    }
+
+    pub fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.conn.handle_timeout(self.now);
+        self.pump();
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.conn.feed(bytes, self.now);
+        self.pump();
+    }
+
+    pub fn send(&mut self, h: &PduHeader, data: &[u8]) {
+        let mut w = Vec::new();
+        encode_pdu(h, data, &self.txp, &mut w);
+        self.send_raw(&w);
+    }
+
+    /// Runs backend I/O to completion (advancing virtual time for time-driven
+    /// backends) and collects everything the target sends.
+    pub fn pump(&mut self) {
+        for _ in 0..10_000 {
+            let mut progress = false;
+            while let Some(sub) = self.conn.poll_backend() {
+                progress = true;
+                let q = self
+                    .queues
+                    .entry(sub.ns.index)
+                    .or_insert_with(|| sub.ns.backend.open_queue().expect("queue"));
+                q.submit(sub.req, self.now);
+            }
+            let mut out: Vec<IoCompletion> = Vec::new();
+            let mut next: Option<Instant> = None;
+            for q in self.queues.values_mut() {
+                q.poll_completions(self.now, &mut out);
+                if let Some(d) = q.next_deadline() {
+                    next = Some(next.map_or(d, |x: Instant| x.min(d)));
+                }
+            }
+            for c in out {
+                progress = true;
+                self.conn.handle_backend_completion(c, self.now);
+            }
+            let due = self.conn.due().to_vec();
+            if !due.is_empty() {
+                progress = true;
+                self.conn.consume(due.len(), self.now);
+                self.host_rx.feed(&due);
+                loop {
+                    match self.host_rx.next_pdu() {
+                        Ok(Some(p)) => {
+                            if let PduHeader::C2HTermReq(t) = &p.header {
+                                self.term = Some((t.fes, t.fei));
+                            }
+                            let g = Got {
+                                header: p.header,
+                                data: p.data.to_vec(),
+                                digest_ok: p.data_digest_ok,
+                            };
+                            if let PduHeader::IcResp(r) = &g.header {
+                                self.host_rx.set_initialized(r.hdgst, r.ddgst, 0, 1 << 24);
+                            }
+                            self.inbox.push(g);
+                        }
+                        Ok(None) => break,
+                        Err(e) => panic!("target sent a malformed PDU: {e}"),
+                    }
+                }
+            }
+            if !progress {
+                let busy = self.queues.values().any(|q| q.in_flight() > 0);
+                match next {
+                    Some(d) if busy => {
+                        self.now = self.now.max(d);
+                    }
+                    _ if busy => {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                    _ => return,
+                }
+            }
+        }
+        panic!("pump did not settle");
+    }
+
+    pub fn take(&mut self) -> Vec<Got> {
+        std::mem::take(&mut self.inbox)
+    }
+
+    pub fn cid(&mut self) -> u16 {
+        self.next_cid = self.next_cid.wrapping_add(1).max(1);
+        self.next_cid
+    }
+
+    pub fn icreq(&mut self, hdgst: bool, ddgst: bool) {
+        self.send(
+            &PduHeader::IcReq(IcReq {
+                pfv: 0,
+                hpda: 0,
+                hdgst,
+                ddgst,
+                maxr2t: 0,
+            }),
+            &[],
+        );
+        let got = self.take();
+        assert!(
+            matches!(
+                got.as_slice(),
+                [Got {
+                    header: PduHeader::IcResp(_),
+                    ..
+                }]
+            ),
+            "{got:?}"
+        );
+        self.txp = TxParams {
+            hdgst,
+            ddgst,
+            pda: 0,
+        };
+    }
+
+    /// Sends a capsule and returns the response CQE (and any C2H data).
+    pub fn command(&mut self, sqe: Sqe, inline: &[u8]) -> (Cqe, Vec<u8>) {
+        self.send(&PduHeader::CapsuleCmd(sqe), inline);
+        self.collect_response(sqe.cid())
+    }
+
+    pub fn collect_response(&mut self, cid: u16) -> (Cqe, Vec<u8>) {
+        let mut data = Vec::new();
+        let got = self.take();
+        let mut cqe = None;
+        for g in got {
+            match g.header {
+                PduHeader::C2HData(d) if d.cccid == cid => {
+                    assert!(g.digest_ok, "C2H data digest");
+                    assert_eq!(d.offset as usize, data.len(), "C2HData in order");
+                    data.extend_from_slice(&g.data);
+                    if d.success {
+                        cqe = Some(Cqe {
+                            cid,
+                            sqhd: 0xffff,
+                            ..Default::default()
+                        });
+                    }
+                }
+                PduHeader::CapsuleResp(c) if c.cid == cid => cqe = Some(c),
+                other => panic!("unexpected PDU {other:?}"),
+            }
+        }
+        (
+            cqe.unwrap_or_else(|| panic!("no response for cid {cid}")),
+            data,
+        )
+    }
+
+    pub fn connect(&mut self, qid: u16, cntlid: u16, hostnqn: &str, kato_ms: u32) -> Cqe {
+        let cid = self.cid();
+        let cmd = ConnectCommand {
+            cid,
+            recfmt: 0,
+            qid,
+            sqsize: if qid == 0 { 31 } else { 63 },
+            cattr: 0,
+            kato_ms,
+        };
+        let data = ConnectData {
+            hostid: HOSTID,
+            cntlid,
+            subnqn: SUBNQN.into(),
+            hostnqn: hostnqn.into(),
+        }
+        .encode();
+        self.command(cmd.to_sqe(), &data).0
+    }
+
+    pub fn prop_get(&mut self, offset: u32, size8: bool) -> u64 {
+        let cid = self.cid();
+        let (c, _) = self.command(
+            PropertyCommand {
+                size8,
+                offset,
+                value: 0,
+            }
+            .to_sqe(cid, fctype::PROPERTY_GET),
+            &[],
+        );
+        assert!(c.status().is_success(), "{:?}", c.status());
+        c.result as u64 | (c.dw1 as u64) << 32
+    }
+
+    pub fn prop_set(&mut self, offset: u32, value: u64) -> Status {
+        let cid = self.cid();
+        self.command(
+            PropertyCommand {
+                size8: false,
+                offset,
+                value,
+            }
+            .to_sqe(cid, fctype::PROPERTY_SET),
+            &[],
+        )
+        .0
+        .status()
+    }
+
+    /// ICReq, admin Connect, CC.EN. Returns the CNTLID.
+    pub fn admin_up(&mut self) -> u16 {
+        self.icreq(false, false);
+        let c = self.connect(0, CNTLID_DYNAMIC, HOSTNQN, 5000);
+        assert!(c.status().is_success(), "{:?}", c.status());
+        let cntlid = c.result as u16;
+        let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
+        assert_eq!(
+            self.prop_set(sluice_proto::fabrics::prop::CC, en as u64),
+            Status::SUCCESS
+        );
+        assert_eq!(
+            self.prop_get(sluice_proto::fabrics::prop::CSTS, false) & 1,
+            1
+        );
+        cntlid
+    }
+
+    pub fn admin_cmd(
+        &mut self,
+        opcode: u8,
+        nsid: u32,
+        cdw10: u32,
+        cdw11: u32,
+        c2h_len: u32,
+    ) -> (Cqe, Vec<u8>) {
+        let cid = self.cid();
+        let mut s = Sqe::new(opcode, cid, nsid);
+        s.set_cdw(10, cdw10);
+        s.set_cdw(11, cdw11);
+        if c2h_len > 0 {
+            s.set_sgl(SglDescriptor {
+                address: 0,
+                length: c2h_len,
+                id: sgl::TRANSPORT_DATA_BLOCK,
+            });
+        }
+        self.command(s, &[])
+    }
+
+    pub fn identify(&mut self, cns: u8, nsid: u32) -> (Status, Vec<u8>) {
+        let (c, d) = self.admin_cmd(admin::IDENTIFY, nsid, cns as u32, 0, 4096);
+        (c.status(), d)
+    }
+
+    /// Write with in-capsule data when it fits `inline_max`, else via R2T.
+    pub fn write(&mut self, slba: u64, data: &[u8], inline_max: usize) -> Status {
+        let cid = self.cid();
+        let nlb = (data.len() / 512) as u32;
+        let mut s = Sqe::rw(io::WRITE, cid, 1, slba, nlb, false);
+        if data.len() <= inline_max {
+            s.set_sgl(SglDescriptor {
+                address: 0,
+                length: data.len() as u32,
+                id: sgl::DATA_BLOCK_OFFSET,
+            });
+            return self.command(s, data).0.status();
+        }
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: data.len() as u32,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        self.send(&PduHeader::CapsuleCmd(s), &[]);
+        let got = self.take();
+        let r2t = match got.as_slice() {
+            [Got {
+                header: PduHeader::R2t(r),
+                ..
+            }] => *r,
+            [Got {
+                header: PduHeader::CapsuleResp(c),
+                ..
+            }] => return c.status(),
+            other => panic!("expected R2T, got {other:?}"),
+        };
+        assert_eq!(r2t.cccid, cid);
+        assert_eq!((r2t.offset, r2t.len as usize), (0, data.len()));
+        self.h2c_all(cid, r2t.ttag, data, 8192);
+        let (c, _) = self.collect_response(cid);
+        c.status()
+    }
+
+    pub fn h2c_all(&mut self, cid: u16, ttag: u16, data: &[u8], chunk: usize) {
+        let mut off = 0;
+        let mut wire = Vec::new();
+        while off < data.len() {
+            let n = chunk.min(data.len() - off);
+            let h = PduHeader::H2CData(DataHeader {
+                cccid: cid,
+                ttag,
+                offset: off as u32,
+                len: n as u32,
+                last: off + n == data.len(),
+                success: false,
+            });
+            encode_pdu(&h, &data[off..off + n], &self.txp, &mut wire);
+            off += n;
+        }
+        self.send_raw(&wire);
+    }
+
+    pub fn read(&mut self, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
+        let cid = self.cid();
+        let mut s = Sqe::rw(io::READ, cid, 1, slba, nlb, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: nlb * 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        let (c, d) = self.command(s, &[]);
+        (c.status(), d)
+    }
+}
+
+/// A target with an admin queue connected (returns the admin pair and CNTLID).
+pub fn admin_pair(reg: &Arc<Registry>) -> (Pair, u16) {
+    let mut p = Pair::new(reg.clone());
+    let id = p.admin_up();
+    (p, id)
+}
+
+/// An I/O queue connected to controller `cntlid`.
+pub fn io_pair(reg: &Arc<Registry>, cntlid: u16, hdgst: bool, ddgst: bool) -> Pair {
+    let mut p = Pair::new(reg.clone());
+    p.icreq(hdgst, ddgst);
+    let c = p.connect(1, cntlid, HOSTNQN, 0);
+    assert!(c.status().is_success(), "{:?}", c.status());
+    p
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
