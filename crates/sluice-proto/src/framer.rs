@@ -36,6 +36,8 @@ pub struct Framer {
     start: usize,
     end: usize,
     poisoned: Option<DecodeError>,
+    /// Header of the PDU that poisoned the framer, for the TermReq.
+    error_quote: Vec<u8>,
     /// Layout of the PDU at `start`, once its common header was validated.
     pending: Option<PduLayout>,
 }
@@ -60,6 +62,7 @@ impl Framer {
             start: 0,
             end: 0,
             poisoned: None,
+            error_quote: Vec::new(),
             pending: None,
         }
     }
@@ -134,6 +137,7 @@ impl Framer {
                 let header = match decode_specific(&layout, &b[..hlen], data) {
                     Ok(h) => h,
                     Err(e) => {
+                        self.error_quote = b[..hlen.min(HLEN_MAX)].to_vec();
                         self.poisoned = Some(e.clone());
                         return Err(e);
                     }
@@ -153,15 +157,30 @@ impl Framer {
             }
             Ok(None) => Ok(None),
             Err(e) => {
+                self.error_quote = self.header_at_start().to_vec();
                 self.poisoned = Some(e.clone());
                 Err(e)
             }
         }
     }
 
-    /// The first bytes of the PDU at the read position (for a TermReq quote).
+    /// The header of the PDU that caused the last error (for a TermReq
+    /// quote): HLEN bytes as far as they arrived, at most [`HLEN_MAX`].
     pub fn current_header(&self) -> &[u8] {
-        let n = (self.end - self.start).min(HLEN_MAX);
+        if self.poisoned.is_some() {
+            return &self.error_quote;
+        }
+        self.header_at_start()
+    }
+
+    fn header_at_start(&self) -> &[u8] {
+        let avail = self.end - self.start;
+        let hlen = if avail > 2 {
+            (self.buf[self.start + 2] as usize).clamp(CH_LEN, HLEN_MAX)
+        } else {
+            CH_LEN
+        };
+        let n = avail.min(hlen);
         &self.buf[self.start..self.start + n]
     }
 

@@ -394,6 +394,32 @@ fn icreq_reserved_byte_is_rejected() {
 }
 
 #[test]
+fn error_quote_is_the_offending_header() {
+    let mut w = Vec::new();
+    let h = PduHeader::H2CData(DataHeader {
+        cccid: 1,
+        ttag: 1,
+        offset: 0,
+        len: 16,
+        last: true,
+        success: false,
+    });
+    encode_pdu(&h, &[0; 16], &TxParams::default(), &mut w);
+    w[16..20].copy_from_slice(&15u32.to_le_bytes());
+    let mut f = init_framer(false, false);
+    f.feed(&w);
+    assert!(f.next_pdu().is_err());
+    assert_eq!(f.current_header(), &w[..24]);
+    // A bad common header is quoted as far as it arrived.
+    let mut w2 = capsule(TxParams::default(), &[]);
+    w2[2] = 40;
+    let mut f = init_framer(false, false);
+    f.feed(&w2);
+    assert!(f.next_pdu().is_err());
+    assert_eq!(f.current_header(), &w2[..40]);
+}
+
+#[test]
 fn datal_must_match_payload() {
     let mut w = Vec::new();
     let h = PduHeader::H2CData(DataHeader {

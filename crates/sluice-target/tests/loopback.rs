@@ -1,0 +1,349 @@
+//! The real I/O layer on loopback sockets: a blocking test client built from
+//! the protocol crate talks to a running target.
+
+use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
+use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
+use sluice_proto::Status;
+use sluice_target::config::{Config, PollingMode};
+use sluice_target::{Target, TargetHandle};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const SUBNQN: &str = "nqn.2026-11.io.sluice:loop";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:loopback-host";
+
+fn start(polling: &str, workers: usize) -> TargetHandle {
+    let toml = format!(
+        r#"
+[target]
+listen = "127.0.0.1:0"
+discovery_listen = ""
+workers = {workers}
+polling = "{polling}"
+shutdown_drain_ms = 2000
+[[subsystem]]
+nqn = "{SUBNQN}"
+hosts = ["{HOSTNQN}"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "16MiB"
+"#
+    );
+    let c = Config::from_toml(&toml).unwrap();
+    assert!(matches!(
+        c.target.polling,
+        PollingMode::Interrupt | PollingMode::BusyPoll | PollingMode::Adaptive { .. }
+    ));
+    Target::start(&c).unwrap()
+}
+
+struct Client {
+    s: TcpStream,
+    rx: Framer,
+    txp: TxParams,
+    cid: u16,
+    maxh2c: usize,
+}
+
+impl Client {
+    fn connect(addr: SocketAddr, digests: bool) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut c = Client {
+            s,
+            rx: Framer::new(Direction::ControllerToHost, 1 << 22),
+            txp: TxParams::default(),
+            cid: 0,
+            maxh2c: 0,
+        };
+        c.send(
+            &PduHeader::IcReq(IcReq {
+                pfv: 0,
+                hpda: 0,
+                hdgst: digests,
+                ddgst: digests,
+                maxr2t: 0,
+            }),
+            &[],
+        );
+        match c.recv() {
+            PduHeader::IcResp(r) => {
+                c.rx.set_initialized(r.hdgst, r.ddgst, 0, 1 << 22);
+                c.txp = TxParams {
+                    hdgst: r.hdgst,
+                    ddgst: r.ddgst,
+                    pda: r.cpda,
+                };
+                c.maxh2c = r.maxh2cdata as usize;
+            }
+            other => panic!("{other:?}"),
+        }
+        c
+    }
+
+    fn send(&mut self, h: &PduHeader, data: &[u8]) {
+        let mut w = Vec::new();
+        encode_pdu(h, data, &self.txp, &mut w);
+        self.s.write_all(&w).unwrap();
+    }
+
+    fn recv_with_data(&mut self) -> (PduHeader, Vec<u8>) {
+        loop {
+            if let Some(p) = self.rx.next_pdu().expect("valid PDU from target") {
+                return (p.header, p.data.to_vec());
+            }
+            let b = self.rx.read_buf();
+            let n = self.s.read(b).expect("read from target");
+            assert!(n > 0, "target closed the connection");
+            self.rx.advance(n);
+        }
+    }
+
+    fn recv(&mut self) -> PduHeader {
+        self.recv_with_data().0
+    }
+
+    fn next_cid(&mut self) -> u16 {
+        self.cid += 1;
+        self.cid
+    }
+
+    fn cmd(&mut self, sqe: Sqe, data: &[u8]) -> (Cqe, Vec<u8>) {
+        self.send(&PduHeader::CapsuleCmd(sqe), data);
+        let mut out = Vec::new();
+        loop {
+            match self.recv_with_data() {
+                (PduHeader::C2HData(_), d) => out.extend_from_slice(&d),
+                (PduHeader::CapsuleResp(c), _) => return (c, out),
+                (other, _) => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn connect_queue(&mut self, qid: u16, cntlid: u16) -> Cqe {
+        let cid = self.next_cid();
+        let cmd = ConnectCommand {
+            cid,
+            recfmt: 0,
+            qid,
+            sqsize: 31,
+            cattr: 0,
+            kato_ms: if qid == 0 { 10_000 } else { 0 },
+        };
+        let data = ConnectData {
+            hostid: [3; 16],
+            cntlid,
+            subnqn: SUBNQN.into(),
+            hostnqn: HOSTNQN.into(),
+        }
+        .encode();
+        self.cmd(cmd.to_sqe(), &data).0
+    }
+
+    fn admin(addr: SocketAddr) -> (Client, u16) {
+        let mut a = Client::connect(addr, false);
+        let c = a.connect_queue(0, 0xffff);
+        assert_eq!(c.status(), Status::SUCCESS);
+        let cid = a.next_cid();
+        let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
+        let s = PropertyCommand {
+            size8: false,
+            offset: prop::CC,
+            value: en as u64,
+        }
+        .to_sqe(cid, fctype::PROPERTY_SET);
+        assert_eq!(a.cmd(s, &[]).0.status(), Status::SUCCESS);
+        (a, c.result as u16)
+    }
+
+    fn write(&mut self, slba: u64, data: &[u8]) -> Status {
+        let cid = self.next_cid();
+        let nlb = (data.len() / 512) as u32;
+        let mut s = Sqe::rw(io::WRITE, cid, 1, slba, nlb, false);
+        if data.len() <= 8192 {
+            s.set_sgl(SglDescriptor {
+                address: 0,
+                length: data.len() as u32,
+                id: sgl::DATA_BLOCK_OFFSET,
+            });
+            return self.cmd(s, data).0.status();
+        }
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: data.len() as u32,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        self.send(&PduHeader::CapsuleCmd(s), &[]);
+        let r2t = match self.recv() {
+            PduHeader::R2t(r) => r,
+            other => panic!("{other:?}"),
+        };
+        for (i, piece) in data.chunks(self.maxh2c).enumerate() {
+            let offset = (i * self.maxh2c) as u32;
+            let last = offset as usize + piece.len() == data.len();
+            let h = PduHeader::H2CData(DataHeader {
+                cccid: cid,
+                ttag: r2t.ttag,
+                offset,
+                len: piece.len() as u32,
+                last,
+                success: false,
+            });
+            self.send(&h, piece);
+        }
+        match self.recv() {
+            PduHeader::CapsuleResp(c) => c.status(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn read(&mut self, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
+        let cid = self.next_cid();
+        let mut s = Sqe::rw(io::READ, cid, 1, slba, nlb, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: nlb * 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        let (c, d) = self.cmd(s, &[]);
+        (c.status(), d)
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+fn write_read_over(polling: &str, workers: usize, digests: bool) {
+    let t = start(polling, workers);
+    let addr = t.local_addr();
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut q = Client::connect(addr, digests);
+    assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    for (i, len) in [512usize, 4096, 8192, 65536, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let d = pattern(len, i as u8);
+        let slba = (i as u64) * 4096;
+        assert_eq!(q.write(slba, &d), Status::SUCCESS, "write {len}");
+        let (st, back) = q.read(slba, (len / 512) as u32);
+        assert_eq!(st, Status::SUCCESS);
+        assert!(back == d, "read back {len} bytes differs");
+    }
+    let report = t.shutdown();
+    assert_eq!(report.workers.len(), workers);
+    assert!(report.workers.iter().map(|w| w.connections).sum::<u64>() >= 2);
+}
+
+#[test]
+fn write_read_interrupt_mode() {
+    write_read_over("interrupt", 1, false);
+}
+
+#[test]
+fn write_read_busy_poll_two_workers_digests() {
+    write_read_over("busy-poll", 2, true);
+}
+
+#[test]
+fn write_read_adaptive() {
+    write_read_over("adaptive", 1, true);
+}
+
+/// A hostile peer and a host that vanishes mid-transfer do not disturb a
+/// healthy host on the same worker; their controllers are cleaned up.
+#[test]
+fn hostile_and_vanishing_peers_leave_others_alone() {
+    let t = start("interrupt", 1);
+    let addr = t.local_addr();
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut good = Client::connect(addr, false);
+    assert_eq!(good.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    assert_eq!(good.write(0, &pattern(4096, 1)), Status::SUCCESS);
+
+    // Garbage instead of an ICReq: the target answers with a C2HTermReq and closes.
+    let mut bad = TcpStream::connect(addr).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    bad.write_all(&[0xff; 200]).unwrap();
+    let mut buf = vec![0u8; 512];
+    let mut got = Vec::new();
+    loop {
+        match bad.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("target did not close the hostile connection: {e}"),
+        }
+    }
+    assert_eq!(got.first(), Some(&0x03), "C2HTermReq");
+    assert_eq!(
+        u16::from_le_bytes([got[8], got[9]]),
+        1,
+        "FES invalid header field"
+    );
+
+    // A host that asks to write 1 MiB and disappears after the R2T.
+    let (va, vcntlid) = Client::admin(addr);
+    let mut v = Client::connect(addr, false);
+    assert_eq!(v.connect_queue(1, vcntlid).status(), Status::SUCCESS);
+    let mut s = Sqe::rw(io::WRITE, 77, 1, 0, 2048, false);
+    s.set_sgl(SglDescriptor {
+        address: 0,
+        length: 1 << 20,
+        id: sgl::TRANSPORT_DATA_BLOCK,
+    });
+    v.send(&PduHeader::CapsuleCmd(s), &[]);
+    assert!(matches!(v.recv(), PduHeader::R2t(_)));
+    v.send(
+        &PduHeader::H2CData(DataHeader {
+            cccid: 77,
+            ttag: 0,
+            offset: 0,
+            len: 4096,
+            last: false,
+            success: false,
+        }),
+        &[9; 4096],
+    );
+    drop(v);
+    va.s.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(va);
+
+    // The healthy host carries on; its data is intact.
+    assert_eq!(good.read(0, 8), (Status::SUCCESS, pattern(4096, 1)));
+    let sub = t.registry().subsystems[SUBNQN].clone();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sub.controller_count() != 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        sub.controller_count(),
+        1,
+        "the vanished host's controller is removed"
+    );
+    t.shutdown();
+}
+
+/// Graceful shutdown answers the commands in flight before closing.
+#[test]
+fn shutdown_drains_and_closes() {
+    let t = start("adaptive", 1);
+    let addr = t.local_addr();
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut q = Client::connect(addr, false);
+    assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    assert_eq!(q.write(8, &pattern(8192, 4)), Status::SUCCESS);
+    let report = t.shutdown();
+    assert!(report.process_cpu > Duration::ZERO);
+    // The connection is closed by the target.
+    let mut b = [0u8; 16];
+    q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(q.s.read(&mut b).unwrap_or(0), 0);
+}
