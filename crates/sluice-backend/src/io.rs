@@ -109,7 +109,7 @@ pub fn validate_request(geometry: &Geometry, req: &IoRequest) -> Result<(), Back
         return Ok(());
     }
     let block = u64::from(geometry.block_size_bytes);
-    if req.offset_bytes % block != 0 || req.len_bytes % block != 0 {
+    if !req.offset_bytes.is_multiple_of(block) || !req.len_bytes.is_multiple_of(block) {
         return Err(BackendError::Misaligned {
             offset_bytes: req.offset_bytes,
             len_bytes: req.len_bytes,

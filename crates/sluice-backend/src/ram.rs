@@ -159,7 +159,7 @@ pub(crate) fn check_ram_geometry(
             format!("{block_size_bytes} is not 512 or 4096"),
         ));
     }
-    if size_bytes == 0 || size_bytes % u64::from(block_size_bytes) != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_size_bytes)) {
         return Err(BackendError::config(
             "size_bytes",
             format!("{size_bytes} is not a non-zero multiple of the block size {block_size_bytes}"),
@@ -422,7 +422,7 @@ mod tests {
                         let len = blocks * 512;
                         let off = ((x >> 8) % ((half - len) / 512)) * 512;
                         let fill = (i as u8).wrapping_add(t * 100) | 1;
-                        let (op, buf) = if x % 7 == 0 {
+                        let (op, buf) = if x.is_multiple_of(7) {
                             model[off as usize..(off + len) as usize].fill(0);
                             (IoOp::Deallocate, None)
                         } else {

@@ -376,7 +376,7 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
         if ch.pdo != 0 {
             return Err(DecodeError::invalid("pdo", 3, "must be 0 in a TermReq"));
         }
-        if plen < SHORT_HLEN || plen > SHORT_HLEN + TERM_REQ_DATA_MAX {
+        if !(SHORT_HLEN..=SHORT_HLEN + TERM_REQ_DATA_MAX).contains(&plen) {
             return Err(DecodeError::invalid(
                 "plen",
                 4,
@@ -476,7 +476,7 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
     }
     let pdo = ch.pdo as usize;
     let align = (p.pda as usize + 1) * 4;
-    if pdo < header_end || pdo % align != 0 {
+    if pdo < header_end || !pdo.is_multiple_of(align) {
         return Err(DecodeError::invalid(
             "pdo",
             3,
@@ -570,7 +570,7 @@ pub fn decode_specific(
                     maxr2t: v,
                 })
             } else {
-                if v < 4096 || v % 4 != 0 {
+                if v < 4096 || !v.is_multiple_of(4) {
                     return Err(DecodeError::invalid(
                         "maxh2cdata",
                         12,

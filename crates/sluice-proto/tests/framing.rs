@@ -1,5 +1,6 @@
 //! Encode/decode round trips through the streaming framer, and every decode
 //! error mapped to its TermReq FES.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use sluice_proto::command::{Cqe, Sqe, StatusField};

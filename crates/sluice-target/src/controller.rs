@@ -492,7 +492,7 @@ impl Controller {
         };
         // Return exactly the requested window, zero-padded past the end.
         let off = g.offset_bytes;
-        if off % 4 != 0 || off > page.len() as u64 {
+        if !off.is_multiple_of(4) || off > page.len() as u64 {
             return AdminReply::status(Status::INVALID_FIELD);
         }
         if g.len_bytes > 1 << 20 {

@@ -392,7 +392,7 @@ impl Worker {
             let mut work = !events.is_empty();
             for ev in events.iter() {
                 let t = ev.token().0;
-                if t >= CONN_BASE && t < BACKEND_TOKEN_TOP {
+                if (CONN_BASE..BACKEND_TOKEN_TOP).contains(&t) {
                     if let Some(Some(e)) = self.conns.get_mut(t - CONN_BASE) {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                             e.read_ready = true;

@@ -1,5 +1,6 @@
 //! The real I/O layer on loopback sockets: a blocking test client built from
 //! the protocol crate talks to a running target.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};

@@ -1,4 +1,5 @@
 //! Protocol behaviour of the target, driven in memory with virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -144,7 +144,7 @@ impl FileBackend {
         let (raw_size_bytes, block_size_bytes) = if is_block_device {
             let logical = sys::blk_logical_block_bytes(&file)?;
             let bs = options.block_size_bytes.unwrap_or(logical.max(512));
-            if !valid_block_size(bs) || bs < logical || bs % logical != 0 {
+            if !valid_block_size(bs) || bs < logical || !bs.is_multiple_of(logical) {
                 return Err(BackendError::config(
                     "block_size_bytes",
                     format!("{bs} incompatible with device logical block size {logical}"),

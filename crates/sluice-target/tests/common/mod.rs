@@ -1,4 +1,5 @@
 //! An in-memory host driving a target `QueueConnection` with virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
 use sluice_backend::{BackendQueue, IoCompletion};

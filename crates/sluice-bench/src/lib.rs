@@ -1,0 +1,768 @@
+//! The engine of `sluice bench`: an NVMe/TCP load generator in the spirit of
+//! fio and spdk_nvme_perf, on top of `sluice-host`.
+//!
+//! [`run`] takes [`BenchArgs`] (a clap `Args` struct for the CLI to flatten)
+//! and returns a [`BenchReport`] with per-job and total IOPS, bandwidth,
+//! latency percentiles (hdrhistogram, µs, measured per I/O from submit to
+//! completion), the CPU the bench process used, and optionally the raw TCP
+//! wire floor measured in the same run ([`floor`]).
+
+pub mod floor;
+pub mod spec;
+
+use std::io::IsTerminal;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use sluice_host::{ConnectOptions, Controller, IoFlags, Namespace, PollingPolicy};
+
+pub use floor::FloorReport;
+pub use spec::{BlockSizes, JobSpec, RwMode};
+
+/// Most jobs in one run.
+pub const JOBS_MAX: usize = 64;
+/// Most outstanding I/Os per job.
+pub const QD_MAX: u32 = 4096;
+/// Longest run.
+pub const RUNTIME_S_MAX: u64 = 24 * 3600;
+
+/// Arguments of `sluice bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Target address, ADDR:PORT.
+    #[arg(long)]
+    pub target: String,
+    /// Subsystem NQN.
+    #[arg(long)]
+    pub nqn: String,
+    /// Namespace ID (default: the first active one).
+    #[arg(long)]
+    pub nsid: Option<u32>,
+    /// Host NQN of the default job.
+    #[arg(
+        long,
+        default_value = "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001"
+    )]
+    pub hostnqn: String,
+    /// I/O pattern: read, write, randread, randwrite, rw, randrw.
+    #[arg(long, default_value = "randread")]
+    pub rw: RwMode,
+    /// Percentage of reads in rw/randrw.
+    #[arg(long, default_value_t = 50)]
+    pub rwmixread: u8,
+    /// Block size: 4k, a range 4k-128k, or weights 4k:70,128k:30.
+    #[arg(long, default_value = "4k")]
+    pub bs: BlockSizes,
+    /// Outstanding I/Os per job.
+    #[arg(long, default_value_t = 32)]
+    pub qd: u32,
+    /// I/O queues (TCP connections) per job.
+    #[arg(long, default_value_t = 1)]
+    pub queues: u16,
+    /// Run for this many seconds (default 10 unless --ios is given).
+    #[arg(long, conflicts_with = "ios")]
+    pub runtime: Option<f64>,
+    /// Stop after this many I/Os per job.
+    #[arg(long)]
+    pub ios: Option<u64>,
+    /// Limit each job to this many I/Os per second.
+    #[arg(long)]
+    pub rate_iops: Option<u64>,
+    /// Write a pattern derived from (LBA, generation) and check reads.
+    #[arg(long)]
+    pub verify: bool,
+    /// Extra jobs: NAME,hostnqn=...,rw=...,bs=...,qd=...,rwmixread=...,rate-iops=...
+    /// (repeatable; each job connects with its own host NQN).
+    #[arg(long = "job")]
+    pub jobs: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub hdr_digest: bool,
+    #[arg(long)]
+    pub data_digest: bool,
+    /// Receive path: interrupt, busy, adaptive[:SPIN_US].
+    #[arg(long, default_value = "interrupt")]
+    pub polling: PollingPolicy,
+    /// Also measure the raw TCP wire floor on loopback.
+    #[arg(long)]
+    pub floor: bool,
+    /// Per-command timeout in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
+    /// Use only the first SPAN bytes (or blocks with suffix) of the namespace, e.g. 1g.
+    #[arg(long)]
+    pub span: Option<String>,
+    /// Show live IOPS on stderr even when it is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+}
+
+impl BenchArgs {
+    /// Defaults for library callers and tests.
+    pub fn new(target: impl Into<String>, nqn: impl Into<String>) -> Self {
+        BenchArgs {
+            target: target.into(),
+            nqn: nqn.into(),
+            nsid: None,
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001".into(),
+            rw: RwMode::RandRead,
+            rwmixread: 50,
+            bs: BlockSizes::fixed(4096),
+            qd: 32,
+            queues: 1,
+            runtime: None,
+            ios: None,
+            rate_iops: None,
+            verify: false,
+            jobs: Vec::new(),
+            json: false,
+            hdr_digest: false,
+            data_digest: false,
+            polling: PollingPolicy::Interrupt,
+            floor: false,
+            timeout_ms: 30_000,
+            span: None,
+            progress: false,
+        }
+    }
+}
+
+/// Results of one job (or the total).
+#[derive(Debug, Clone, Serialize)]
+pub struct JobReport {
+    pub name: String,
+    pub hostnqn: String,
+    pub rw: String,
+    pub qd: u32,
+    pub ios: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub verify_errors: u64,
+    pub elapsed_s: f64,
+    pub iops: f64,
+    pub bandwidth_mib_s: f64,
+    pub latency_us_mean: f64,
+    pub latency_us_min: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p90: f64,
+    pub latency_us_p99: f64,
+    pub latency_us_p999: f64,
+    pub latency_us_p9999: f64,
+    pub latency_us_max: f64,
+    /// First few error messages.
+    pub error_samples: Vec<String>,
+}
+
+/// Results of a bench run.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub jobs: Vec<JobReport>,
+    pub total: JobReport,
+    pub cpu_user_s: f64,
+    pub cpu_sys_s: f64,
+    pub iops_per_cpu_s: f64,
+    pub floor: Option<FloorReport>,
+}
+
+impl BenchReport {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The human table.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<12} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "job",
+            "IOPS",
+            "MiB/s",
+            "mean_us",
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "p99.9_us",
+            "p99.99_us",
+            "max_us",
+            "errors"
+        );
+        let mut rows: Vec<&JobReport> = self.jobs.iter().collect();
+        if self.jobs.len() > 1 {
+            rows.push(&self.total);
+        }
+        for j in rows {
+            let _ = writeln!(
+                s,
+                "{:<12} {:>10.0} {:>10.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7}",
+                j.name,
+                j.iops,
+                j.bandwidth_mib_s,
+                j.latency_us_mean,
+                j.latency_us_p50,
+                j.latency_us_p90,
+                j.latency_us_p99,
+                j.latency_us_p999,
+                j.latency_us_p9999,
+                j.latency_us_max,
+                j.errors + j.verify_errors
+            );
+        }
+        let _ = writeln!(
+            s,
+            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second",
+            self.cpu_user_s, self.cpu_sys_s, self.iops_per_cpu_s
+        );
+        for j in &self.jobs {
+            for e in &j.error_samples {
+                let _ = writeln!(s, "error [{}]: {e}", j.name);
+            }
+        }
+        if let Some(f) = &self.floor {
+            let _ = writeln!(
+                s,
+                "wire floor (loopback TCP, 72 B / 4112 B): QD1 p50 {:.1} us p99 {:.1} us; QD{} {:.0} IOPS p50 {:.1} us; bulk {:.0} MiB/s",
+                f.pingpong_latency_us_p50,
+                f.pingpong_latency_us_p99,
+                f.pipelined_qd,
+                f.pipelined_iops,
+                f.pipelined_latency_us_p50,
+                f.bulk_mib_per_s
+            );
+            if f.pipelined_iops > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "ratio to floor: {:.2} of pipelined IOPS, p50 latency {:.2}x",
+                    self.total.iops / f.pipelined_iops,
+                    if f.pipelined_latency_us_p50 > 0.0 {
+                        self.total.latency_us_p50 / f.pipelined_latency_us_p50
+                    } else {
+                        0.0
+                    }
+                );
+            }
+        }
+        s
+    }
+
+    pub fn print_table(&self) {
+        print!("{}", self.table());
+    }
+}
+
+/// Runs the bench to completion on a private tokio runtime. Call it from
+/// synchronous code (not from inside a tokio runtime); async callers use
+/// [`run_async`].
+pub fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("sluice-bench")
+        .build()
+        .context("tokio runtime")?;
+    rt.block_on(run_async(args))
+}
+
+fn cpu_times_s() -> (f64, f64) {
+    // SAFETY: getrusage writes into the struct we pass; zeroed is a valid rusage.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to an owned rusage.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    if rc != 0 {
+        return (0.0, 0.0);
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+fn resolve(target: &str) -> anyhow::Result<SocketAddr> {
+    target
+        .to_socket_addrs()
+        .with_context(|| format!("resolve target `{target}`"))?
+        .next()
+        .with_context(|| format!("target `{target}` resolves to nothing"))
+}
+
+/// Runs the bench (see [`run`]).
+pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
+    let addr = resolve(&args.target)?;
+    let jobs = spec::jobs_from_args(&args)?;
+    if jobs.is_empty() || jobs.len() > JOBS_MAX {
+        bail!("between 1 and {JOBS_MAX} jobs, got {}", jobs.len());
+    }
+    let runtime = match (args.runtime, args.ios) {
+        (Some(r), _) if !(0.0..=RUNTIME_S_MAX as f64).contains(&r) || r.is_nan() => {
+            bail!("--runtime must be between 0 and {RUNTIME_S_MAX} seconds")
+        }
+        (Some(r), _) => Some(Duration::from_secs_f64(r)),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(10)),
+    };
+    let floor = if args.floor {
+        let qd = jobs.iter().map(|j| j.qd).max().unwrap_or(1);
+        let each = runtime
+            .unwrap_or(Duration::from_secs(2))
+            .min(Duration::from_secs(2));
+        Some(
+            tokio::task::spawn_blocking(move || floor::measure(qd, each))
+                .await
+                .context("floor task")??,
+        )
+    } else {
+        None
+    };
+    // Connect every job first, so the measured window holds only I/O.
+    let mut prepared = Vec::new();
+    for j in &jobs {
+        let opts = ConnectOptions {
+            hostnqn: j.hostnqn.clone(),
+            io_queues: j.queues,
+            queue_depth: (j.qd.div_ceil(j.queues.max(1) as u32) + 1).min(1024) as u16,
+            hdr_digest: args.hdr_digest,
+            data_digest: args.data_digest,
+            polling: args.polling,
+            command_timeout: Duration::from_millis(args.timeout_ms.max(1)),
+            ..Default::default()
+        };
+        let c = Controller::connect(addr, &args.nqn, opts)
+            .await
+            .with_context(|| format!("job {}: connect to {} at {addr}", j.name, args.nqn))?;
+        let nsid = match args.nsid {
+            Some(n) => n,
+            None => c
+                .namespaces()
+                .first()
+                .map(|n| n.nsid)
+                .with_context(|| format!("{} has no namespace", args.nqn))?,
+        };
+        let ns = c
+            .namespace(nsid)
+            .with_context(|| format!("job {}", j.name))?;
+        prepared.push((j.clone(), c, ns));
+    }
+    let span_blocks = match &args.span {
+        Some(s) => Some(spec::parse_size(s).context("--span")?),
+        None => None,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (u0, s0) = cpu_times_s();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    let mut counters = Vec::new();
+    for (j, c, ns) in &prepared {
+        let ctr = Arc::new(AtomicU64::new(0));
+        counters.push((j.name.clone(), ctr.clone()));
+        let job = JobRun::new(
+            j.clone(),
+            ns.clone(),
+            span_blocks,
+            args.verify,
+            args.ios,
+            stop.clone(),
+            ctr,
+        )?;
+        let _ = c;
+        handles.push(tokio::spawn(job.run()));
+    }
+    let progress = args.progress || std::io::stderr().is_terminal();
+    let deadline = runtime.map(|r| start + r);
+    let mut last = (Instant::now(), 0u64);
+    loop {
+        if handles.iter().all(|h| h.is_finished()) {
+            break;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            stop.store(true, Ordering::Release);
+            break;
+        }
+        tokio::time::sleep(
+            Duration::from_millis(if progress { 1000 } else { 20 }).min(
+                deadline
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .unwrap_or(Duration::from_secs(1))
+                    .max(Duration::from_millis(1)),
+            ),
+        )
+        .await;
+        if progress {
+            let now = Instant::now();
+            let n: u64 = counters
+                .iter()
+                .map(|(_, c)| c.load(Ordering::Relaxed))
+                .sum();
+            let dt = (now - last.0).as_secs_f64().max(1e-6);
+            eprint!(
+                "\r{:>6.1}s  {:>10.0} IOPS  ({} I/Os)   ",
+                (now - start).as_secs_f64(),
+                (n - last.1) as f64 / dt,
+                n
+            );
+            last = (now, n);
+        }
+    }
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.context("job task")??);
+    }
+    let (u1, s1) = cpu_times_s();
+    if progress {
+        eprintln!();
+    }
+    for (_, c, _) in &prepared {
+        c.disconnect(Duration::from_secs(2)).await;
+    }
+    let mut total_hist = hist()?;
+    let mut reports = Vec::new();
+    let mut total = JobStats::default();
+    let mut elapsed_max = 0f64;
+    for (j, (stats, h)) in jobs.iter().zip(results) {
+        total_hist.add(&h).context("merge histograms")?;
+        elapsed_max = elapsed_max.max(stats.elapsed_s);
+        reports.push(stats.report(j, &h));
+        total.merge(&stats);
+    }
+    total.elapsed_s = elapsed_max;
+    let total_spec = JobSpec {
+        name: "total".into(),
+        hostnqn: String::new(),
+        rw: jobs[0].rw,
+        qd: jobs.iter().map(|j| j.qd).sum(),
+        ..jobs[0].clone()
+    };
+    let mut total_report = total.report(&total_spec, &total_hist);
+    total_report.rw = if jobs.len() > 1 {
+        "mixed".into()
+    } else {
+        jobs[0].rw.to_string()
+    };
+    let cpu = (u1 - u0) + (s1 - s0);
+    Ok(BenchReport {
+        iops_per_cpu_s: if cpu > 0.0 {
+            total_report.ios as f64 / cpu
+        } else {
+            0.0
+        },
+        jobs: reports,
+        total: total_report,
+        cpu_user_s: u1 - u0,
+        cpu_sys_s: s1 - s0,
+        floor,
+    })
+}
+
+fn hist() -> anyhow::Result<Histogram<u64>> {
+    // Nanoseconds from 1 ns to 60 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).context("histogram")
+}
+
+#[derive(Debug, Default, Clone)]
+struct JobStats {
+    ios: u64,
+    reads: u64,
+    writes: u64,
+    bytes: u64,
+    errors: u64,
+    verify_errors: u64,
+    elapsed_s: f64,
+    error_samples: Vec<String>,
+}
+
+impl JobStats {
+    fn merge(&mut self, o: &JobStats) {
+        self.ios += o.ios;
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.bytes += o.bytes;
+        self.errors += o.errors;
+        self.verify_errors += o.verify_errors;
+    }
+
+    fn report(&self, j: &JobSpec, h: &Histogram<u64>) -> JobReport {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let e = self.elapsed_s.max(1e-9);
+        let empty = h.is_empty();
+        let q = |p: f64| {
+            if empty {
+                0.0
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
+        JobReport {
+            name: j.name.clone(),
+            hostnqn: j.hostnqn.clone(),
+            rw: j.rw.to_string(),
+            qd: j.qd,
+            ios: self.ios,
+            reads: self.reads,
+            writes: self.writes,
+            bytes: self.bytes,
+            errors: self.errors,
+            verify_errors: self.verify_errors,
+            elapsed_s: self.elapsed_s,
+            iops: self.ios as f64 / e,
+            bandwidth_mib_s: self.bytes as f64 / (1 << 20) as f64 / e,
+            latency_us_mean: if empty { 0.0 } else { h.mean() / 1000.0 },
+            latency_us_min: if empty { 0.0 } else { us(h.min()) },
+            latency_us_p50: q(0.50),
+            latency_us_p90: q(0.90),
+            latency_us_p99: q(0.99),
+            latency_us_p999: q(0.999),
+            latency_us_p9999: q(0.9999),
+            latency_us_max: if empty { 0.0 } else { us(h.max()) },
+            error_samples: self.error_samples.clone(),
+        }
+    }
+}
+
+/// Shared state of one running job.
+struct JobRun {
+    spec: JobSpec,
+    ns: Namespace,
+    /// Usable blocks.
+    blocks: u64,
+    verify: bool,
+    ios_limit: Option<u64>,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    /// I/O tickets handed out (for --ios and the rate limiter).
+    issued: AtomicU64,
+    seq_cursor: AtomicU64,
+    stats: Mutex<JobStats>,
+}
+
+/// splitmix64: fast, good enough for offsets and patterns.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The verify pattern of one block: 8-byte words derived from (lba, generation).
+pub fn fill_pattern(buf: &mut [u8], lba: u64, generation: u32) {
+    let seed = mix(lba ^ ((generation as u64) << 48));
+    for (i, w) in buf.chunks_mut(8).enumerate() {
+        let v = mix(seed.wrapping_add(i as u64)).to_le_bytes();
+        w.copy_from_slice(&v[..w.len()]);
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn tests_support_mix(x: u64) -> u64 {
+    mix(x)
+}
+
+impl JobRun {
+    fn new(
+        spec: JobSpec,
+        ns: Namespace,
+        span_bytes: Option<u64>,
+        verify: bool,
+        ios_limit: Option<u64>,
+        stop: Arc<AtomicBool>,
+        done: Arc<AtomicU64>,
+    ) -> anyhow::Result<Arc<JobRun>> {
+        let bs = ns.block_size_bytes() as u64;
+        let mut blocks = ns.size_blocks();
+        if let Some(s) = span_bytes {
+            blocks = blocks.min((s / bs).max(1));
+        }
+        let max_io = spec.bs.max_bytes().div_ceil(bs);
+        if max_io * spec.qd as u64 > blocks && verify {
+            bail!(
+                "job {}: --verify needs qd x largest block ({} blocks) within the namespace ({blocks} blocks)",
+                spec.name,
+                max_io * spec.qd as u64
+            );
+        }
+        if max_io > blocks {
+            bail!("job {}: block size larger than the namespace", spec.name);
+        }
+        Ok(Arc::new(JobRun {
+            spec,
+            ns,
+            blocks,
+            verify,
+            ios_limit,
+            stop,
+            done,
+            issued: AtomicU64::new(0),
+            seq_cursor: AtomicU64::new(0),
+            stats: Mutex::new(JobStats::default()),
+        }))
+    }
+
+    async fn run(self: Arc<Self>) -> anyhow::Result<(JobStats, Histogram<u64>)> {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..self.spec.qd.clamp(1, QD_MAX) {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move { me.worker(w, start).await }));
+        }
+        let mut h = hist()?;
+        for t in tasks {
+            let wh = t.await.context("worker")??;
+            h.add(&wh).context("merge histograms")?;
+        }
+        let mut st = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        st.elapsed_s = start.elapsed().as_secs_f64();
+        Ok((st, h))
+    }
+
+    /// One outstanding I/O at a time; `qd` workers give the queue depth.
+    async fn worker(self: Arc<Self>, w: u32, start: Instant) -> anyhow::Result<Histogram<u64>> {
+        let mut h = hist()?;
+        let bs = self.ns.block_size_bytes() as u64;
+        let mut rng = mix(0x5eed ^ ((w as u64) << 32) ^ start.elapsed().as_nanos() as u64);
+        let qd = self.spec.qd.max(1) as u64;
+        // Verify: each worker owns a disjoint region, so generations are exact.
+        let region = self.blocks / qd;
+        let region_start = w as u64 * region;
+        let mut gens: Vec<u32> = if self.verify {
+            vec![0; region as usize]
+        } else {
+            Vec::new()
+        };
+        let mut local = JobStats::default();
+        let mut junk = vec![0u8; self.spec.bs.max_bytes() as usize];
+        for (i, b) in junk.iter_mut().enumerate() {
+            *b = mix(i as u64) as u8;
+        }
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            let ticket = self.issued.fetch_add(1, Ordering::AcqRel);
+            if self.ios_limit.is_some_and(|n| ticket >= n) {
+                break;
+            }
+            if let Some(rate) = self.spec.rate_iops.filter(|r| *r > 0) {
+                let due = start + Duration::from_secs_f64(ticket as f64 / rate as f64);
+                let now = Instant::now();
+                if due > now {
+                    // Sleep in slices so a stop is noticed quickly.
+                    let mut left = due - now;
+                    while !left.is_zero() {
+                        let s = left.min(Duration::from_millis(50));
+                        tokio::time::sleep(s).await;
+                        if self.stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        left = due.saturating_duration_since(Instant::now());
+                    }
+                    if self.stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                }
+            }
+            rng = mix(rng);
+            let len_blocks = self.spec.bs.pick(rng).div_ceil(bs).max(1);
+            let is_read = match self.spec.rw {
+                RwMode::Read | RwMode::RandRead => true,
+                RwMode::Write | RwMode::RandWrite => false,
+                RwMode::Rw | RwMode::RandRw => {
+                    (mix(rng ^ 0xabc) % 100) < self.spec.rwmixread as u64
+                }
+            };
+            let (lo, span) = if self.verify {
+                (region_start, region)
+            } else {
+                (0, self.blocks)
+            };
+            let span = span.max(len_blocks);
+            let lba = if self.spec.rw.is_random() {
+                lo + (mix(rng ^ 0x1234) % (span - len_blocks + 1))
+            } else {
+                let c = self.seq_cursor.fetch_add(len_blocks, Ordering::AcqRel);
+                lo + (c % (span - len_blocks + 1))
+            };
+            let len = (len_blocks * bs) as usize;
+            let t0 = Instant::now();
+            let r = if is_read {
+                self.ns.read(lba, len, IoFlags::default()).await.map(Some)
+            } else {
+                let data = if self.verify {
+                    let mut d = vec![0u8; len];
+                    for b in 0..len_blocks {
+                        let g = &mut gens[(lba - region_start + b) as usize];
+                        *g = g.wrapping_add(1).max(1);
+                        let at = (b * bs) as usize;
+                        fill_pattern(&mut d[at..at + bs as usize], lba + b, *g);
+                    }
+                    d
+                } else {
+                    junk[..len].to_vec()
+                };
+                self.ns
+                    .write_owned(lba, data, IoFlags::default())
+                    .await
+                    .map(|_| None)
+            };
+            let dt = t0.elapsed();
+            h.record(dt.as_nanos().max(1) as u64)
+                .context("record latency")?;
+            self.done.fetch_add(1, Ordering::Relaxed);
+            local.ios += 1;
+            match r {
+                Ok(data) => {
+                    local.bytes += len as u64;
+                    if is_read {
+                        local.reads += 1;
+                    } else {
+                        local.writes += 1;
+                    }
+                    if let (true, Some(d)) = (self.verify, data) {
+                        let mut expect = vec![0u8; bs as usize];
+                        for b in 0..len_blocks {
+                            let g = gens[(lba - region_start + b) as usize];
+                            if g == 0 {
+                                continue;
+                            }
+                            fill_pattern(&mut expect, lba + b, g);
+                            let at = (b * bs) as usize;
+                            if d[at..at + bs as usize] != expect[..] {
+                                local.verify_errors += 1;
+                                if local.error_samples.len() < 5 {
+                                    local.error_samples.push(format!(
+                                        "verify: LBA {} generation {g} differs",
+                                        lba + b
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    local.errors += 1;
+                    if local.error_samples.len() < 5 {
+                        local.error_samples.push(e.to_string());
+                    }
+                    if e.is_fatal_for_connection() && local.errors > 100 {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Ok(mut s) = self.stats.lock() {
+            let samples = std::mem::take(&mut local.error_samples);
+            s.merge(&local);
+            for e in samples {
+                if s.error_samples.len() < 5 {
+                    s.error_samples.push(e);
+                }
+            }
+        }
+        Ok(h)
+    }
+}

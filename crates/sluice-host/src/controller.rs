@@ -1,0 +1,903 @@
+//! Controller association setup, admin commands, namespaces and I/O.
+//!
+//! [`Controller::connect`] opens the admin queue (ICReq, Fabrics Connect,
+//! CAP/VS, CC.EN, CSTS.RDY, Identify Controller), negotiates the number of
+//! I/O queues, connects them, lists the namespaces and starts keep alive.
+//! [`Namespace`] does block I/O of any length, split at MDTS.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use sluice_proto::command::{admin, io, Sqe};
+use sluice_proto::fabrics::{
+    cc, csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
+};
+use sluice_proto::identify::{cns, decode_active_ns_list, IdentifyController, IdentifyNamespace};
+use sluice_proto::log::GetLogPage;
+use tokio::sync::mpsc;
+
+use crate::core::{Completion, CoreConfig, Payload};
+use crate::error::{HostError, Result};
+use crate::queue::{wait, PollingPolicy, QueueHandle, QueueParams, TimedOutCommand};
+
+/// Admin queue depth (SQSIZE 31).
+pub const ADMIN_QUEUE_DEPTH: u16 = 32;
+/// In-capsule data the admin queue of an NVMe/TCP controller accepts.
+pub const ADMIN_IN_CAPSULE_BYTES: u32 = 8192;
+/// Most I/O queues a host asks for.
+pub const IO_QUEUES_MAX: u16 = 64;
+/// Largest transfer one command may move (the host's own cap on MDTS).
+pub const TRANSFER_BYTES_MAX: u32 = 8 << 20;
+/// Most namespaces listed at connect time.
+pub const NAMESPACES_MAX: usize = 1024;
+/// Feature identifier: Number of Queues.
+pub const FID_NUMBER_OF_QUEUES: u32 = 0x07;
+/// CDW13 Dataset Management: Access Latency = 11b (low latency) for urgent I/O.
+pub const DSM_ACCESS_LATENCY_LOW: u32 = 0b11 << 4;
+/// CDW13 bit 8 (reserved in NVMe Read/Write, ignored by Linux nvmet): Sluice's
+/// barrier hint. Sent only when [`ConnectOptions::wire_hints`] is on.
+pub const SLUICE_BARRIER_BIT: u32 = 1 << 8;
+
+/// When and how to re-establish a lost association.
+#[derive(Debug, Clone)]
+pub struct ReconnectPolicy {
+    /// Attempts per loss (0 = never reconnect).
+    pub attempts_max: u32,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Retry a command that failed because the connection was lost, once,
+    /// after reconnecting. Writes are then copied before submission.
+    pub retry_io: bool,
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        ReconnectPolicy {
+            attempts_max: 5,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            retry_io: false,
+        }
+    }
+}
+
+/// Options of [`Controller::connect`].
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// I/O queues to ask for (the controller may grant fewer).
+    pub io_queues: u16,
+    /// Commands per I/O queue (SQSIZE + 1).
+    pub queue_depth: u16,
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+    /// Keep alive timeout sent in Connect (zero disables keep alive).
+    pub kato: Duration,
+    pub command_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub reconnect: ReconnectPolicy,
+    pub polling: PollingPolicy,
+    /// Cap on the bytes of one command (the controller's MDTS may be lower).
+    pub max_transfer_bytes: u32,
+    /// Put [`IoFlags`] urgent/barrier hints on the wire (CDW13).
+    pub wire_hints: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000".into(),
+            hostid: [0; 16],
+            io_queues: 1,
+            queue_depth: 128,
+            hdr_digest: false,
+            data_digest: false,
+            kato: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            reconnect: ReconnectPolicy::default(),
+            polling: PollingPolicy::Interrupt,
+            max_transfer_bytes: 1 << 20,
+            wire_hints: true,
+        }
+    }
+}
+
+/// Per-I/O hints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IoFlags {
+    /// Latency-sensitive: DSM Access Latency 11b in CDW13.
+    pub urgent: bool,
+    /// Ordering barrier: CDW13 bit 8 (Sluice-specific, see docs/host.md).
+    pub barrier: bool,
+    /// Force Unit Access (CDW12 bit 30).
+    pub fua: bool,
+}
+
+/// A namespace as Identify reported it.
+#[derive(Debug, Clone)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    pub block_size_bytes: u32,
+    pub size_blocks: u64,
+    pub identify: IdentifyNamespace,
+}
+
+/// One association: admin queue, I/O queues, identify data.
+#[derive(Debug)]
+struct Assoc {
+    generation: u64,
+    admin: QueueHandle,
+    io: Vec<QueueHandle>,
+    cntlid: u16,
+    cap: u64,
+    vs: u32,
+    ident: IdentifyController,
+    namespaces: Vec<NamespaceInfo>,
+    max_transfer_bytes: u32,
+    queue_depth: u16,
+    keepalive: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Assoc {
+    fn shutdown(&self) {
+        if let Some(k) = &self.keepalive {
+            k.abort();
+        }
+        for q in &self.io {
+            q.shutdown();
+        }
+        self.admin.shutdown();
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    addr: SocketAddr,
+    subnqn: String,
+    opts: ConnectOptions,
+    assoc: RwLock<Arc<Assoc>>,
+    reconnecting: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+    next_queue: AtomicUsize,
+}
+
+/// A connected NVMe/TCP controller. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    inner: Arc<Inner>,
+}
+
+fn admin_core(opts: &ConnectOptions, qid: u16, depth: u16, in_capsule: u32) -> CoreConfig {
+    CoreConfig {
+        qid,
+        depth,
+        hdr_digest: opts.hdr_digest,
+        data_digest: opts.data_digest,
+        in_capsule_max_bytes: in_capsule,
+        command_timeout: opts.command_timeout,
+        c2h_data_max_bytes: opts.max_transfer_bytes.clamp(8192, TRANSFER_BYTES_MAX),
+    }
+}
+
+fn nvme(opcode: u8, c: Result<Completion>) -> Result<Completion> {
+    c.map_err(|e| match e {
+        HostError::Nvme { status, result, .. } => HostError::Nvme {
+            opcode,
+            status,
+            result,
+        },
+        e => e,
+    })
+}
+
+/// Sends a Fabrics Connect on `q`; returns the CNTLID.
+async fn fabrics_connect(
+    q: &QueueHandle,
+    qid: u16,
+    sqsize: u16,
+    kato: Duration,
+    cntlid: u16,
+    subnqn: &str,
+    opts: &ConnectOptions,
+) -> Result<u16> {
+    let cmd = ConnectCommand {
+        cid: 0,
+        recfmt: 0,
+        qid,
+        sqsize,
+        cattr: 0,
+        kato_ms: if qid == 0 {
+            kato.as_millis().min(u32::MAX as u128) as u32
+        } else {
+            0
+        },
+    };
+    let data = ConnectData {
+        hostid: opts.hostid,
+        cntlid,
+        subnqn: subnqn.to_string(),
+        hostnqn: opts.hostnqn.clone(),
+    };
+    let c = q
+        .execute(cmd.to_sqe(), Payload::Write(data.encode()))
+        .await
+        .map_err(|e| match e {
+            HostError::Nvme { status, result, .. } => HostError::Incompatible(format!(
+                "Connect qid {qid} to {subnqn} refused: {status} (IATTR {}, IPO {})",
+                (result >> 16) & 1,
+                result & 0xffff
+            )),
+            e => e,
+        })?;
+    Ok((c.cqe.result & 0xffff) as u16)
+}
+
+async fn property_get(q: &QueueHandle, offset: u32, size8: bool) -> Result<u64> {
+    let p = PropertyCommand {
+        size8,
+        offset,
+        value: 0,
+    };
+    let c = nvme(
+        admin::FABRICS,
+        q.execute(p.to_sqe(0, fctype::PROPERTY_GET), Payload::None)
+            .await,
+    )?;
+    Ok(c.cqe.result as u64 | ((c.cqe.dw1 as u64) << 32))
+}
+
+async fn property_set(q: &QueueHandle, offset: u32, value: u32) -> Result<()> {
+    let p = PropertyCommand {
+        size8: false,
+        offset,
+        value: value as u64,
+    };
+    nvme(
+        admin::FABRICS,
+        q.execute(p.to_sqe(0, fctype::PROPERTY_SET), Payload::None)
+            .await,
+    )?;
+    Ok(())
+}
+
+async fn identify(q: &QueueHandle, cns_v: u8, nsid: u32) -> Result<Vec<u8>> {
+    let mut s = Sqe::new(admin::IDENTIFY, 0, nsid);
+    s.set_cdw(10, cns_v as u32);
+    Ok(nvme(admin::IDENTIFY, q.execute(s, Payload::Read(4096)).await)?.data)
+}
+
+/// Enables the controller and waits for CSTS.RDY, bounded by CAP.TO.
+async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
+    let to = Duration::from_millis(500 * Cap::decode(cap).to_500ms.max(1) as u64);
+    let v = cc::EN | (6 << cc::IOSQES_SHIFT) | (4 << cc::IOCQES_SHIFT);
+    property_set(q, prop::CC, v).await?;
+    let deadline = Instant::now() + to;
+    loop {
+        let st = property_get(q, prop::CSTS, false).await? as u32;
+        if st & csts::CFS != 0 {
+            return Err(HostError::Incompatible(
+                "controller fatal status (CSTS.CFS)".into(),
+            ));
+        }
+        if st & csts::RDY != 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(HostError::Timeout {
+                opcode: admin::FABRICS,
+                cid: 0,
+                timeout_ms: to.as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The admin-queue part of an association (used by discovery too).
+pub(crate) struct AdminSession {
+    pub admin: QueueHandle,
+    pub cntlid: u16,
+    pub cap: u64,
+    pub vs: u32,
+    pub ident: IdentifyController,
+}
+
+pub(crate) async fn open_admin(
+    addr: SocketAddr,
+    subnqn: &str,
+    opts: &ConnectOptions,
+    timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
+) -> Result<AdminSession> {
+    let admin = QueueHandle::connect(
+        QueueParams {
+            addr,
+            core: admin_core(opts, 0, ADMIN_QUEUE_DEPTH, ADMIN_IN_CAPSULE_BYTES),
+            polling: opts.polling,
+            connect_timeout: opts.connect_timeout,
+            hostnqn: opts.hostnqn.clone(),
+        },
+        timeouts,
+    )
+    .await?;
+    let r: Result<AdminSession> = async {
+        let cntlid = fabrics_connect(
+            &admin,
+            0,
+            ADMIN_QUEUE_DEPTH - 1,
+            opts.kato,
+            CNTLID_DYNAMIC,
+            subnqn,
+            opts,
+        )
+        .await?;
+        let cap = property_get(&admin, prop::CAP, true).await?;
+        let vs = property_get(&admin, prop::VS, false).await? as u32;
+        enable(&admin, cap).await?;
+        let ident = IdentifyController::decode(&identify(&admin, cns::CONTROLLER, 0).await?)
+            .ok_or_else(|| HostError::Incompatible("short Identify Controller".into()))?;
+        Ok(AdminSession {
+            admin: admin.clone(),
+            cntlid,
+            cap,
+            vs,
+            ident,
+        })
+    }
+    .await;
+    if r.is_err() {
+        admin.shutdown();
+    }
+    r
+}
+
+async fn establish(
+    inner_addr: SocketAddr,
+    subnqn: &str,
+    opts: &ConnectOptions,
+    generation: u64,
+) -> Result<Assoc> {
+    let span = tracing::info_span!("connect", hostnqn = %opts.hostnqn, %subnqn, addr = %inner_addr);
+    let _g = span.enter();
+    let (to_tx, mut to_rx) = mpsc::unbounded_channel::<TimedOutCommand>();
+    let s = open_admin(inner_addr, subnqn, opts, Some(to_tx.clone())).await?;
+    let admin = s.admin.clone();
+    let r: Result<Assoc> = async {
+        // Largest transfer: MDTS in units of the minimum page size (CAP.MPSMIN).
+        let mpsmin_bytes = 4096u64 << ((s.cap >> 48) & 0xf);
+        let mdts_bytes = if s.ident.mdts == 0 {
+            u64::MAX
+        } else {
+            mpsmin_bytes << s.ident.mdts.min(20)
+        };
+        let max_transfer_bytes = (opts.max_transfer_bytes.clamp(4096, TRANSFER_BYTES_MAX) as u64)
+            .min(mdts_bytes) as u32;
+        // Number of queues: ask, then use min(granted, asked).
+        let want = opts.io_queues.clamp(1, IO_QUEUES_MAX);
+        let mut sf = Sqe::new(admin::SET_FEATURES, 0, 0);
+        sf.set_cdw(10, FID_NUMBER_OF_QUEUES);
+        sf.set_cdw(11, (want as u32 - 1) | ((want as u32 - 1) << 16));
+        let c = nvme(admin::SET_FEATURES, admin.execute(sf, Payload::None).await)?;
+        let granted = ((c.cqe.result & 0xffff).min(c.cqe.result >> 16) + 1) as u16;
+        let nq = want.min(granted);
+        let mqes = Cap::decode(s.cap).mqes as u32 + 1;
+        let mut depth = (opts.queue_depth as u32).clamp(2, crate::core::QUEUE_DEPTH_MAX as u32).min(mqes);
+        if s.ident.maxcmd > 0 {
+            depth = depth.min(s.ident.maxcmd as u32);
+        }
+        let depth = depth as u16;
+        let in_capsule = if s.ident.icdoff == 0 && s.ident.ioccsz > 4 {
+            (s.ident.ioccsz * 16 - 64).min(TRANSFER_BYTES_MAX)
+        } else {
+            0
+        };
+        tracing::debug!(nq, depth, in_capsule, max_transfer_bytes, cntlid = s.cntlid, "association parameters");
+        let mut ioq = Vec::with_capacity(nq as usize);
+        for qid in 1..=nq {
+            let mut core = admin_core(opts, qid, depth, in_capsule);
+            core.c2h_data_max_bytes = max_transfer_bytes.max(8192);
+            let q = QueueHandle::connect(
+                QueueParams {
+                    addr: inner_addr,
+                    core,
+                    polling: opts.polling,
+                    connect_timeout: opts.connect_timeout,
+                    hostnqn: opts.hostnqn.clone(),
+                },
+                Some(to_tx.clone()),
+            )
+            .await?;
+            // Register before Connect so a failure below closes it.
+            ioq.push(q.clone());
+            if let Err(e) = fabrics_connect(&q, qid, depth - 1, opts.kato, s.cntlid, subnqn, opts).await {
+                for q in &ioq {
+                    q.shutdown();
+                }
+                return Err(e);
+            }
+        }
+        // Namespaces: the active list, then Identify Namespace for each.
+        let mut namespaces = Vec::new();
+        let list = decode_active_ns_list(&identify(&admin, cns::ACTIVE_NS_LIST, 0).await?);
+        for nsid in list.into_iter().take(NAMESPACES_MAX) {
+            let id = IdentifyNamespace::decode(&identify(&admin, cns::NAMESPACE, nsid).await?)
+                .ok_or_else(|| HostError::Incompatible("short Identify Namespace".into()))?;
+            if id.nsze == 0 {
+                continue;
+            }
+            namespaces.push(NamespaceInfo {
+                nsid,
+                block_size_bytes: id.block_size_bytes() as u32,
+                size_blocks: id.nsze,
+                identify: id,
+            });
+        }
+        // Keep alive every KATO/2, and best-effort Abort of timed-out commands.
+        let keepalive = {
+            let admin = admin.clone();
+            let period = if opts.kato.is_zero() {
+                None
+            } else {
+                Some(opts.kato / 2)
+            };
+            Some(tokio::spawn(async move {
+                let mut tick = period.map(tokio::time::interval);
+                loop {
+                    tokio::select! {
+                        _ = async { match tick.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending::<()>().await } } => {
+                            let r = admin.execute(Sqe::new(admin::KEEP_ALIVE, 0, 0), Payload::None).await;
+                            if let Err(e) = r {
+                                tracing::warn!(error = %e, "keep alive failed");
+                                if admin.is_closed() { return; }
+                            }
+                        }
+                        t = to_rx.recv() => {
+                            let Some(t) = t else { return };
+                            let mut s = Sqe::new(admin::ABORT, 0, 0);
+                            s.set_cdw(10, t.qid as u32 | ((t.cid as u32) << 16));
+                            let rx = admin.submit(s, Payload::None);
+                            tokio::spawn(async move { let _ = wait(rx).await; });
+                        }
+                    }
+                }
+            }))
+        };
+        Ok(Assoc {
+            generation,
+            admin: admin.clone(),
+            io: ioq,
+            cntlid: s.cntlid,
+            cap: s.cap,
+            vs: s.vs,
+            ident: s.ident.clone(),
+            namespaces,
+            max_transfer_bytes,
+            queue_depth: depth,
+            keepalive,
+        })
+    }
+    .await;
+    if r.is_err() {
+        admin.shutdown();
+    }
+    r
+}
+
+impl Controller {
+    /// Connects to `subnqn` at `addr` and sets up the whole association.
+    pub async fn connect(
+        addr: SocketAddr,
+        subnqn: &str,
+        opts: ConnectOptions,
+    ) -> Result<Controller> {
+        if subnqn.is_empty() || subnqn.len() > sluice_proto::NQN_LEN_MAX {
+            return Err(HostError::InvalidArgument(format!(
+                "bad subsystem NQN `{subnqn}`"
+            )));
+        }
+        if opts.hostnqn.is_empty() || opts.hostnqn.len() > sluice_proto::NQN_LEN_MAX {
+            return Err(HostError::InvalidArgument(format!(
+                "bad host NQN `{}`",
+                opts.hostnqn
+            )));
+        }
+        let assoc = establish(addr, subnqn, &opts, 0).await?;
+        Ok(Controller {
+            inner: Arc::new(Inner {
+                addr,
+                subnqn: subnqn.to_string(),
+                opts,
+                assoc: RwLock::new(Arc::new(assoc)),
+                reconnecting: tokio::sync::Mutex::new(()),
+                generation: AtomicU64::new(0),
+                next_queue: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    fn assoc(&self) -> Arc<Assoc> {
+        match self.inner.assoc.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub fn cntlid(&self) -> u16 {
+        self.assoc().cntlid
+    }
+    pub fn identify(&self) -> IdentifyController {
+        self.assoc().ident.clone()
+    }
+    /// Raw CAP and VS properties.
+    pub fn properties(&self) -> (u64, u32) {
+        let a = self.assoc();
+        (a.cap, a.vs)
+    }
+    /// Number of I/O queues in use.
+    pub fn io_queue_count(&self) -> usize {
+        self.assoc().io.len()
+    }
+    /// Commands per I/O queue (after CAP.MQES and MAXCMD).
+    pub fn queue_depth(&self) -> u16 {
+        self.assoc().queue_depth
+    }
+    /// Largest bytes per command (min of MDTS and the host's cap).
+    pub fn max_transfer_bytes(&self) -> u32 {
+        self.assoc().max_transfer_bytes
+    }
+    pub fn namespaces(&self) -> Vec<NamespaceInfo> {
+        self.assoc().namespaces.clone()
+    }
+    pub fn options(&self) -> &ConnectOptions {
+        &self.inner.opts
+    }
+
+    /// A handle for I/O to `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
+        let info = self
+            .assoc()
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == nsid)
+            .cloned()
+            .ok_or_else(|| HostError::InvalidArgument(format!("no active namespace {nsid}")))?;
+        Ok(Namespace {
+            ctrl: self.clone(),
+            info,
+        })
+    }
+
+    /// Runs an admin command.
+    pub async fn admin(&self, sqe: Sqe, payload: Payload) -> Result<Completion> {
+        let op = sqe.opcode();
+        nvme(op, self.assoc().admin.execute(sqe, payload).await)
+    }
+
+    /// Get Log Page of `len_bytes` at `offset_bytes`.
+    pub async fn get_log_page(
+        &self,
+        lid: u8,
+        nsid: u32,
+        offset_bytes: u64,
+        len_bytes: u32,
+    ) -> Result<Vec<u8>> {
+        get_log_page(&self.assoc().admin, lid, nsid, offset_bytes, len_bytes).await
+    }
+
+    /// Submits an I/O command on the next queue (round robin) and waits.
+    /// On connection loss, reconnects per policy and retries once if asked.
+    pub async fn io(&self, sqe: Sqe, payload: Payload) -> Result<Completion> {
+        let retry = self.inner.opts.reconnect.retry_io;
+        let keep = if retry { Some(payload.clone()) } else { None };
+        let a = self.assoc();
+        let r = self.submit_on(&a, sqe, payload).await;
+        match r {
+            Err(e) if e.is_fatal_for_connection() && self.inner.opts.reconnect.attempts_max > 0 => {
+                self.reconnect(a.generation).await?;
+                match keep {
+                    Some(p) => self.submit_on(&self.assoc(), sqe, p).await,
+                    None => Err(e),
+                }
+            }
+            r => r,
+        }
+    }
+
+    fn pick(&self, a: &Assoc) -> Result<QueueHandle> {
+        if a.io.is_empty() {
+            return Err(HostError::Incompatible("no I/O queues".into()));
+        }
+        let i = self.inner.next_queue.fetch_add(1, Ordering::Relaxed) % a.io.len();
+        Ok(a.io[i].clone())
+    }
+
+    async fn submit_on(&self, a: &Assoc, sqe: Sqe, payload: Payload) -> Result<Completion> {
+        let op = sqe.opcode();
+        let q = self.pick(a)?;
+        nvme(op, q.execute(sqe, payload).await)
+    }
+
+    /// Re-establishes the association with exponential back-off, unless
+    /// another task already did since generation `seen`.
+    pub async fn reconnect_if_stale(&self) -> Result<()> {
+        let a = self.assoc();
+        if a.admin.is_closed() || a.io.iter().any(|q| q.is_closed()) {
+            self.reconnect(a.generation).await
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn reconnect(&self, seen: u64) -> Result<()> {
+        let _g = self.inner.reconnecting.lock().await;
+        let cur = self.assoc();
+        if cur.generation != seen {
+            return Ok(());
+        }
+        cur.shutdown();
+        let p = &self.inner.opts.reconnect;
+        let mut backoff = p.backoff_initial;
+        let mut last = HostError::ConnectionLost("reconnect disabled".into());
+        for attempt in 1..=p.attempts_max {
+            tracing::info!(attempt, subnqn = %self.inner.subnqn, "reconnecting");
+            let gen = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
+            match establish(self.inner.addr, &self.inner.subnqn, &self.inner.opts, gen).await {
+                Ok(a) => {
+                    match self.inner.assoc.write() {
+                        Ok(mut g) => *g = Arc::new(a),
+                        Err(p) => *p.into_inner() = Arc::new(a),
+                    }
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(attempt, error = %e, "reconnect failed");
+                    last = e;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(p.backoff_max);
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Closes the association: waits up to `drain` for in-flight commands,
+    /// stops keep alive, closes the sockets.
+    pub async fn disconnect(&self, drain: Duration) {
+        let a = self.assoc();
+        if let Some(k) = &a.keepalive {
+            k.abort();
+        }
+        for q in &a.io {
+            q.shutdown();
+        }
+        let deadline = Instant::now() + drain;
+        while a.io.iter().any(|q| !q.is_closed()) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        a.admin.shutdown();
+        while !a.admin.is_closed() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+pub(crate) async fn get_log_page(
+    q: &QueueHandle,
+    lid: u8,
+    nsid: u32,
+    offset_bytes: u64,
+    len_bytes: u32,
+) -> Result<Vec<u8>> {
+    if len_bytes == 0 || !len_bytes.is_multiple_of(4) {
+        return Err(HostError::InvalidArgument(format!(
+            "log page length {len_bytes} must be a non-zero multiple of 4"
+        )));
+    }
+    let g = GetLogPage {
+        lid,
+        lsp: 0,
+        rae: false,
+        len_bytes: len_bytes as u64,
+        offset_bytes,
+    };
+    Ok(nvme(
+        admin::GET_LOG_PAGE,
+        q.execute(g.to_sqe(0, nsid), Payload::Read(len_bytes)).await,
+    )?
+    .data)
+}
+
+/// Block I/O on one namespace.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    ctrl: Controller,
+    info: NamespaceInfo,
+}
+
+impl Namespace {
+    pub fn info(&self) -> &NamespaceInfo {
+        &self.info
+    }
+    pub fn nsid(&self) -> u32 {
+        self.info.nsid
+    }
+    pub fn block_size_bytes(&self) -> u32 {
+        self.info.block_size_bytes
+    }
+    pub fn size_blocks(&self) -> u64 {
+        self.info.size_blocks
+    }
+    pub fn controller(&self) -> &Controller {
+        &self.ctrl
+    }
+
+    fn check(&self, lba: u64, len_bytes: usize) -> Result<u64> {
+        let bs = self.info.block_size_bytes as usize;
+        if len_bytes == 0 || !len_bytes.is_multiple_of(bs) {
+            return Err(HostError::InvalidArgument(format!(
+                "length {len_bytes} is not a positive multiple of the {bs} byte block size"
+            )));
+        }
+        let blocks = (len_bytes / bs) as u64;
+        if lba
+            .checked_add(blocks)
+            .is_none_or(|e| e > self.info.size_blocks)
+        {
+            return Err(HostError::InvalidArgument(format!(
+                "LBA {lba} + {blocks} blocks beyond the namespace ({} blocks)",
+                self.info.size_blocks
+            )));
+        }
+        Ok(blocks)
+    }
+
+    /// Blocks per command: MDTS and the 16-bit NLB field.
+    fn chunk_blocks(&self) -> u64 {
+        let bs = self.info.block_size_bytes.max(1) as u64;
+        (self.ctrl.max_transfer_bytes() as u64 / bs).clamp(1, 65536)
+    }
+
+    fn rw_sqe(&self, opcode: u8, lba: u64, blocks: u32, flags: IoFlags) -> Sqe {
+        let mut s = Sqe::rw(opcode, 0, self.info.nsid, lba, blocks, flags.fua);
+        if self.ctrl.inner.opts.wire_hints {
+            let mut dsm = 0;
+            if flags.urgent {
+                dsm |= DSM_ACCESS_LATENCY_LOW;
+            }
+            if flags.barrier {
+                dsm |= SLUICE_BARRIER_BIT;
+            }
+            s.set_cdw(13, dsm);
+        }
+        s
+    }
+
+    /// Reads `len_bytes` from `lba`; split into commands of at most MDTS,
+    /// all in flight at once.
+    pub async fn read(&self, lba: u64, len_bytes: usize, flags: IoFlags) -> Result<Vec<u8>> {
+        let blocks = self.check(lba, len_bytes)?;
+        let chunk = self.chunk_blocks();
+        let bs = self.info.block_size_bytes as u64;
+        if blocks <= chunk {
+            let s = self.rw_sqe(io::READ, lba, blocks as u32, flags);
+            return Ok(self.ctrl.io(s, Payload::Read(len_bytes as u32)).await?.data);
+        }
+        let mut futs = Vec::new();
+        let mut at = 0;
+        while at < blocks {
+            let n = (blocks - at).min(chunk);
+            let s = self.rw_sqe(io::READ, lba + at, n as u32, flags);
+            let c = self.ctrl.clone();
+            futs.push(tokio::spawn(async move {
+                c.io(s, Payload::Read((n * bs) as u32)).await
+            }));
+            at += n;
+        }
+        let mut out = Vec::with_capacity(len_bytes);
+        for f in futs {
+            let d = f
+                .await
+                .map_err(|e| HostError::Transport(format!("I/O task: {e}")))??;
+            out.extend_from_slice(&d.data);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` (a multiple of the block size) at `lba`.
+    pub async fn write(&self, lba: u64, data: &[u8], flags: IoFlags) -> Result<()> {
+        let blocks = self.check(lba, data.len())?;
+        let chunk = self.chunk_blocks();
+        let bs = self.info.block_size_bytes as usize;
+        if blocks <= chunk {
+            let s = self.rw_sqe(io::WRITE, lba, blocks as u32, flags);
+            self.ctrl.io(s, Payload::Write(data.to_vec())).await?;
+            return Ok(());
+        }
+        let mut futs = Vec::new();
+        for (i, piece) in data.chunks(chunk as usize * bs).enumerate() {
+            let s = self.rw_sqe(
+                io::WRITE,
+                lba + i as u64 * chunk,
+                (piece.len() / bs) as u32,
+                flags,
+            );
+            let c = self.ctrl.clone();
+            let p = piece.to_vec();
+            futs.push(tokio::spawn(
+                async move { c.io(s, Payload::Write(p)).await },
+            ));
+        }
+        for f in futs {
+            f.await
+                .map_err(|e| HostError::Transport(format!("I/O task: {e}")))??;
+        }
+        Ok(())
+    }
+
+    /// Writes an owned buffer without copying when it fits one command.
+    pub async fn write_owned(&self, lba: u64, data: Vec<u8>, flags: IoFlags) -> Result<()> {
+        let blocks = self.check(lba, data.len())?;
+        if blocks <= self.chunk_blocks() {
+            let s = self.rw_sqe(io::WRITE, lba, blocks as u32, flags);
+            self.ctrl.io(s, Payload::Write(data)).await?;
+            Ok(())
+        } else {
+            self.write(lba, &data, flags).await
+        }
+    }
+
+    pub async fn flush(&self) -> Result<()> {
+        self.ctrl
+            .io(Sqe::new(io::FLUSH, 0, self.info.nsid), Payload::None)
+            .await?;
+        Ok(())
+    }
+
+    /// Write Zeroes over `blocks` blocks (split at 65536 blocks per command).
+    pub async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<()> {
+        self.check(lba, (blocks * self.info.block_size_bytes as u64) as usize)?;
+        let mut at = 0;
+        while at < blocks {
+            let n = (blocks - at).min(65536);
+            let s = Sqe::rw(
+                io::WRITE_ZEROES,
+                0,
+                self.info.nsid,
+                lba + at,
+                n as u32,
+                false,
+            );
+            self.ctrl.io(s, Payload::None).await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Deallocate (Dataset Management, AD) `blocks` blocks from `lba`.
+    pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<()> {
+        self.check(lba, (blocks * self.info.block_size_bytes as u64) as usize)?;
+        // Ranges of at most 2^32-1 blocks, up to 256 per command.
+        let mut ranges = Vec::new();
+        let mut at = 0;
+        while at < blocks {
+            let n = (blocks - at).min(u32::MAX as u64);
+            ranges.push((lba + at, n as u32));
+            at += n;
+        }
+        for group in ranges.chunks(256) {
+            let mut data = vec![0u8; group.len() * 16];
+            for (i, (slba, nlb)) in group.iter().enumerate() {
+                data[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
+                data[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
+            }
+            let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0, self.info.nsid);
+            s.set_cdw(10, group.len() as u32 - 1);
+            s.set_cdw(11, 1 << 2); // AD: attribute deallocate
+            self.ctrl.io(s, Payload::Write(data)).await?;
+        }
+        Ok(())
+    }
+}

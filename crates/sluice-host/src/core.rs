@@ -1,0 +1,817 @@
+//! Sans-IO core of one NVMe/TCP queue pair (one TCP connection).
+//!
+//! [`QueuePairCore`] never touches a socket or a clock. The I/O layer feeds
+//! it received bytes ([`QueuePairCore::read_buf`] + [`QueuePairCore::handle_read`],
+//! or [`QueuePairCore::handle_bytes`]), submits commands
+//! ([`QueuePairCore::submit`]), passes the current time in, and drains
+//! [`QueuePairCore::poll_transmit`] (bytes to write) and
+//! [`QueuePairCore::poll_event`] (completions, timeouts, connection loss).
+//! [`QueuePairCore::poll_timeout`] tells when [`QueuePairCore::handle_timeout`]
+//! must be called next.
+//!
+//! The core owns the command slots (indexed by CID), answers R2Ts with
+//! H2CData PDUs split at MAXH2CDATA, reassembles C2HData, and checks every
+//! received PDU against the command it claims to belong to. A controller that
+//! breaks the protocol gets an H2CTermReq with the matching FES and the
+//! connection is closed; all its commands fail.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
+use sluice_proto::framer::{Framer, RxPdu};
+use sluice_proto::pdu::{
+    encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
+};
+use sluice_proto::Status;
+
+use crate::error::{HostError, Result};
+
+/// Most command slots one queue pair may have.
+pub const QUEUE_DEPTH_MAX: u16 = 1024;
+/// SQE flags byte: PSDT = 01b (SGL for data), as NVMe over Fabrics requires.
+const SQE_FLAGS_SGL: u8 = 0x40;
+
+/// Static parameters of one queue pair.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Queue ID (0 = admin), for logs and synthesized CQEs.
+    pub qid: u16,
+    /// Number of command slots (CIDs 0..depth), at most [`QUEUE_DEPTH_MAX`].
+    pub depth: u16,
+    /// Ask for header digests.
+    pub hdr_digest: bool,
+    /// Ask for data digests.
+    pub data_digest: bool,
+    /// Largest write sent in-capsule (0 = never in-capsule).
+    pub in_capsule_max_bytes: u32,
+    /// Per-command timeout (also bounds the ICReq/ICResp exchange).
+    pub command_timeout: Duration,
+    /// Largest C2HData payload accepted in one PDU (and largest read).
+    pub c2h_data_max_bytes: u32,
+}
+
+/// What a command transfers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    None,
+    /// Controller-to-host transfer of this many bytes.
+    Read(u32),
+    /// Host-to-controller transfer (in-capsule or solicited by R2T).
+    Write(Vec<u8>),
+}
+
+/// A successfully completed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub cqe: Cqe,
+    /// The data of a read (empty otherwise).
+    pub data: Vec<u8>,
+}
+
+/// Outputs of the core other than bytes to send.
+#[derive(Debug)]
+pub enum Event {
+    /// A command finished (or failed); `token` is the caller's.
+    Complete {
+        token: u64,
+        result: Result<Completion>,
+    },
+    /// A command timed out: the caller may send an Abort for `cid` on the
+    /// admin queue. Its slot stays reserved until a late completion arrives.
+    TimedOut { qid: u16, cid: u16, opcode: u8 },
+    /// The connection became unusable; every command was failed.
+    Closed(HostError),
+}
+
+#[derive(Debug)]
+enum Data {
+    None,
+    Read {
+        buf: Vec<u8>,
+        received: u32,
+    },
+    /// In-capsule write: nothing more to send.
+    InCapsule,
+    /// Write waiting for R2Ts; `sent` bytes were sent so far.
+    Solicited {
+        buf: Vec<u8>,
+        sent: u32,
+    },
+}
+
+#[derive(Debug)]
+struct Slot {
+    token: u64,
+    opcode: u8,
+    deadline: Instant,
+    data: Data,
+    /// The caller was already told (timeout); only waiting to free the CID.
+    timed_out: bool,
+    /// C2HData with LAST_PDU was seen.
+    data_done: bool,
+    /// An error to report at completion (e.g. data digest mismatch).
+    error: Option<HostError>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// ICReq sent, waiting for ICResp.
+    Init,
+    Ready,
+    Closed,
+}
+
+/// The negotiated connection parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    pub hdr_digest: bool,
+    pub data_digest: bool,
+    /// Controller PDU data alignment (0's based dwords) for H2C data.
+    pub cpda: u8,
+    /// Largest H2CData payload the controller accepts.
+    pub maxh2cdata_bytes: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    cfg: CoreConfig,
+    phase: Phase,
+    init_deadline: Instant,
+    tx_params: TxParams,
+    negotiated: Option<Negotiated>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u16>,
+    tx: Vec<u8>,
+    events: VecDeque<Event>,
+    in_flight: usize,
+}
+
+/// The sans-IO state machine of one queue pair.
+#[derive(Debug)]
+pub struct QueuePairCore {
+    framer: Framer,
+    st: State,
+}
+
+impl QueuePairCore {
+    /// A new connection: the ICReq is queued for transmission at once.
+    pub fn new(mut cfg: CoreConfig, now: Instant) -> Self {
+        cfg.depth = cfg.depth.clamp(1, QUEUE_DEPTH_MAX);
+        let mut tx = Vec::with_capacity(4096);
+        let icreq = IcReq {
+            pfv: 0,
+            hpda: 0,
+            hdgst: cfg.hdr_digest,
+            ddgst: cfg.data_digest,
+            maxr2t: 0,
+        };
+        encode_pdu(&PduHeader::IcReq(icreq), &[], &TxParams::default(), &mut tx);
+        let framer = Framer::new(Direction::ControllerToHost, cfg.c2h_data_max_bytes);
+        QueuePairCore {
+            framer,
+            st: State {
+                slots: (0..cfg.depth).map(|_| None).collect(),
+                free: (0..cfg.depth).rev().collect(),
+                init_deadline: now + cfg.command_timeout,
+                cfg,
+                phase: Phase::Init,
+                tx_params: TxParams::default(),
+                negotiated: None,
+                tx,
+                events: VecDeque::new(),
+                in_flight: 0,
+            },
+        }
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.st.cfg.qid
+    }
+    /// ICResp was received and accepted.
+    pub fn is_ready(&self) -> bool {
+        self.st.phase == Phase::Ready
+    }
+    pub fn is_closed(&self) -> bool {
+        self.st.phase == Phase::Closed
+    }
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.st.negotiated
+    }
+    /// Commands whose slot is taken (including timed-out ones).
+    pub fn in_flight(&self) -> usize {
+        self.st.in_flight
+    }
+    /// Whether [`Self::submit`] would accept a command now.
+    pub fn can_submit(&self) -> bool {
+        self.st.phase == Phase::Ready && !self.st.free.is_empty()
+    }
+    /// Changes the in-capsule limit (known only after Identify Controller).
+    pub fn set_in_capsule_max_bytes(&mut self, n: u32) {
+        self.st.cfg.in_capsule_max_bytes = n;
+    }
+
+    /// Queues a command. The CID and SGL of `sqe` are filled in here.
+    /// Returns the CID.
+    pub fn submit(
+        &mut self,
+        now: Instant,
+        mut sqe: Sqe,
+        payload: Payload,
+        token: u64,
+    ) -> Result<u16> {
+        let st = &mut self.st;
+        if st.phase != Phase::Ready {
+            return Err(HostError::ConnectionLost(format!(
+                "queue {} is not ready",
+                st.cfg.qid
+            )));
+        }
+        let len = match &payload {
+            Payload::None => 0,
+            Payload::Read(n) => {
+                if *n > st.cfg.c2h_data_max_bytes {
+                    return Err(HostError::InvalidArgument(format!(
+                        "read of {n} bytes exceeds the {} byte limit",
+                        st.cfg.c2h_data_max_bytes
+                    )));
+                }
+                *n
+            }
+            Payload::Write(d) => u32::try_from(d.len()).map_err(|_| {
+                HostError::InvalidArgument(format!("write of {} bytes is too large", d.len()))
+            })?,
+        };
+        let Some(cid) = st.free.pop() else {
+            return Err(HostError::InvalidArgument(format!(
+                "queue {} full ({} commands)",
+                st.cfg.qid, st.cfg.depth
+            )));
+        };
+        sqe.set_cid(cid);
+        sqe.0[1] = (sqe.0[1] & 0x3f) | SQE_FLAGS_SGL;
+        let opcode = sqe.opcode();
+        let (data, in_capsule) = match payload {
+            Payload::None => {
+                sqe.set_sgl(SglDescriptor {
+                    address: 0,
+                    length: 0,
+                    id: sgl::TRANSPORT_DATA_BLOCK,
+                });
+                (Data::None, None)
+            }
+            Payload::Read(n) => {
+                sqe.set_sgl(SglDescriptor {
+                    address: 0,
+                    length: n,
+                    id: sgl::TRANSPORT_DATA_BLOCK,
+                });
+                (
+                    Data::Read {
+                        buf: vec![0; n as usize],
+                        received: 0,
+                    },
+                    None,
+                )
+            }
+            Payload::Write(buf) => {
+                if len <= st.cfg.in_capsule_max_bytes {
+                    sqe.set_sgl(SglDescriptor {
+                        address: 0,
+                        length: len,
+                        id: sgl::DATA_BLOCK_OFFSET,
+                    });
+                    (Data::InCapsule, Some(buf))
+                } else {
+                    sqe.set_sgl(SglDescriptor {
+                        address: 0,
+                        length: len,
+                        id: sgl::TRANSPORT_DATA_BLOCK,
+                    });
+                    (Data::Solicited { buf, sent: 0 }, None)
+                }
+            }
+        };
+        let ic = in_capsule.as_deref().unwrap_or(&[]);
+        encode_pdu(&PduHeader::CapsuleCmd(sqe), ic, &st.tx_params, &mut st.tx);
+        st.slots[cid as usize] = Some(Slot {
+            token,
+            opcode,
+            deadline: now + st.cfg.command_timeout,
+            data,
+            timed_out: false,
+            data_done: false,
+            error: None,
+        });
+        st.in_flight += 1;
+        tracing::trace!(qid = st.cfg.qid, cid, opcode, len, "submit");
+        Ok(cid)
+    }
+
+    /// Bytes to write to the socket, all of them, in order.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        if self.st.tx.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut self.st.tx))
+        }
+    }
+
+    /// Whether [`Self::poll_transmit`] has something.
+    pub fn has_transmit(&self) -> bool {
+        !self.st.tx.is_empty()
+    }
+
+    /// The next output event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.st.events.pop_front()
+    }
+
+    /// Buffer for the socket to read into; follow with [`Self::handle_read`].
+    pub fn read_buf(&mut self) -> &mut [u8] {
+        self.framer.read_buf()
+    }
+
+    /// `n` bytes were read into [`Self::read_buf`].
+    pub fn handle_read(&mut self, now: Instant, n: usize) {
+        if self.st.phase == Phase::Closed {
+            return;
+        }
+        self.framer.advance(n);
+        self.process(now);
+    }
+
+    /// Received bytes (copying variant, for tests and in-memory peers).
+    pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
+        if self.st.phase == Phase::Closed {
+            return;
+        }
+        self.framer.feed(data);
+        self.process(now);
+    }
+
+    /// The peer closed the connection or the socket failed.
+    pub fn handle_connection_lost(&mut self, reason: &str) {
+        self.st.close(HostError::ConnectionLost(reason.to_string()));
+    }
+
+    /// Closes the queue pair locally, failing outstanding commands.
+    pub fn close(&mut self, reason: &str) {
+        self.handle_connection_lost(reason);
+    }
+
+    /// When [`Self::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.st.phase {
+            Phase::Init => Some(self.st.init_deadline),
+            Phase::Closed => None,
+            Phase::Ready => self.st.slots.iter().flatten().map(|s| s.deadline).min(),
+        }
+    }
+
+    /// Expires commands whose deadline passed. A timed-out command fails at
+    /// once; if it still has not completed after a second timeout period the
+    /// controller is considered unresponsive and the connection closes.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let st = &mut self.st;
+        match st.phase {
+            Phase::Closed => {}
+            Phase::Init => {
+                if now >= st.init_deadline {
+                    st.close(HostError::Timeout {
+                        opcode: 0,
+                        cid: 0,
+                        timeout_ms: st.cfg.command_timeout.as_millis() as u64,
+                    });
+                }
+            }
+            Phase::Ready => {
+                let timeout = st.cfg.command_timeout;
+                let mut unresponsive = false;
+                for cid in 0..st.slots.len() {
+                    let Some(slot) = st.slots[cid].as_mut() else {
+                        continue;
+                    };
+                    if slot.deadline > now {
+                        continue;
+                    }
+                    if slot.timed_out {
+                        unresponsive = true;
+                        continue;
+                    }
+                    slot.timed_out = true;
+                    slot.deadline = now + timeout;
+                    let err = HostError::Timeout {
+                        opcode: slot.opcode,
+                        cid: cid as u16,
+                        timeout_ms: timeout.as_millis() as u64,
+                    };
+                    tracing::warn!(
+                        qid = st.cfg.qid,
+                        cid,
+                        opcode = slot.opcode,
+                        "command timed out"
+                    );
+                    st.events.push_back(Event::Complete {
+                        token: slot.token,
+                        result: Err(err),
+                    });
+                    st.events.push_back(Event::TimedOut {
+                        qid: st.cfg.qid,
+                        cid: cid as u16,
+                        opcode: slot.opcode,
+                    });
+                }
+                if unresponsive {
+                    st.close(HostError::ConnectionLost(
+                        "controller did not answer a timed-out command".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn process(&mut self, now: Instant) {
+        loop {
+            if self.st.phase == Phase::Closed {
+                return;
+            }
+            let r = self.framer.next_pdu();
+            match r {
+                Ok(None) => return,
+                Ok(Some(pdu)) => {
+                    let (res, set_init) = self.st.on_pdu(now, &pdu);
+                    if let Err(e) = res {
+                        let raw = pdu.raw_header.to_vec();
+                        self.st.fatal(e, &raw);
+                        return;
+                    }
+                    if let Some(n) = set_init {
+                        self.framer.set_initialized(
+                            n.hdr_digest,
+                            n.data_digest,
+                            0,
+                            self.st.cfg.c2h_data_max_bytes,
+                        );
+                    }
+                }
+                Err(e) => {
+                    let raw = self.framer.current_header().to_vec();
+                    self.st.fatal(e.into(), &raw);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What went wrong with a PDU: fatal to the connection.
+enum PduError {
+    /// Report to the controller with an H2CTermReq.
+    Decode(DecodeError),
+    /// The controller terminated; no TermReq back.
+    Terminated(HostError),
+}
+
+impl From<DecodeError> for PduError {
+    fn from(e: DecodeError) -> Self {
+        PduError::Decode(e)
+    }
+}
+
+impl State {
+    fn close(&mut self, err: HostError) {
+        if self.phase == Phase::Closed {
+            return;
+        }
+        tracing::debug!(qid = self.cfg.qid, error = %err, "queue pair closed");
+        self.phase = Phase::Closed;
+        for slot in self.slots.iter_mut() {
+            if let Some(s) = slot.take() {
+                if !s.timed_out {
+                    self.events.push_back(Event::Complete {
+                        token: s.token,
+                        result: Err(err.clone()),
+                    });
+                }
+            }
+        }
+        self.free.clear();
+        self.in_flight = 0;
+        self.events.push_back(Event::Closed(err));
+    }
+
+    fn fatal(&mut self, e: PduError, raw_header: &[u8]) {
+        match e {
+            PduError::Decode(e) => {
+                tracing::warn!(qid = self.cfg.qid, error = %e, "protocol violation, terminating connection");
+                // Whole PDUs not yet handed to the socket are dropped: nothing
+                // more but the TermReq goes out on this connection.
+                self.tx.clear();
+                let tr = term_req_for(&e, raw_header);
+                encode_pdu(
+                    &PduHeader::H2CTermReq(tr.clone()),
+                    &tr.data,
+                    &TxParams::default(),
+                    &mut self.tx,
+                );
+                self.close(HostError::Protocol(e));
+            }
+            PduError::Terminated(err) => {
+                self.tx.clear();
+                self.close(err);
+            }
+        }
+    }
+
+    fn complete(&mut self, cid: u16, cqe: Cqe) {
+        let Some(slot) = self.slots[cid as usize].take() else {
+            return;
+        };
+        self.free.push(cid);
+        self.in_flight -= 1;
+        if slot.timed_out {
+            tracing::debug!(
+                qid = self.cfg.qid,
+                cid,
+                "late completion of a timed-out command"
+            );
+            return;
+        }
+        let status = cqe.status();
+        let result = if let Some(e) = slot.error {
+            Err(e)
+        } else if !status.is_success() {
+            Err(HostError::Nvme {
+                opcode: slot.opcode,
+                status,
+                result: cqe.result,
+            })
+        } else {
+            match slot.data {
+                Data::Read { buf, received } => {
+                    if received as usize != buf.len() {
+                        Err(HostError::Transport(format!(
+                            "read completed with {received} of {} bytes transferred",
+                            buf.len()
+                        )))
+                    } else {
+                        Ok(Completion { cqe, data: buf })
+                    }
+                }
+                Data::Solicited { buf, sent } if sent as usize != buf.len() => {
+                    Err(HostError::Transport(format!(
+                        "write completed with {sent} of {} bytes transferred",
+                        buf.len()
+                    )))
+                }
+                _ => Ok(Completion {
+                    cqe,
+                    data: Vec::new(),
+                }),
+            }
+        };
+        self.events.push_back(Event::Complete {
+            token: slot.token,
+            result,
+        });
+    }
+
+    /// Handles one PDU. Returns the negotiated parameters when it was the ICResp.
+    fn on_pdu(
+        &mut self,
+        _now: Instant,
+        pdu: &RxPdu<'_>,
+    ) -> (std::result::Result<(), PduError>, Option<Negotiated>) {
+        match &pdu.header {
+            PduHeader::IcResp(r) => {
+                if self.phase != Phase::Init {
+                    return (
+                        Err(DecodeError::Sequence("ICResp after initialization".into()).into()),
+                        None,
+                    );
+                }
+                if (r.hdgst && !self.cfg.hdr_digest) || (r.ddgst && !self.cfg.data_digest) {
+                    return (
+                        Err(DecodeError::invalid(
+                            "dgst",
+                            11,
+                            "controller enabled a digest the host did not ask for",
+                        )
+                        .into()),
+                        None,
+                    );
+                }
+                let n = Negotiated {
+                    hdr_digest: r.hdgst,
+                    data_digest: r.ddgst,
+                    cpda: r.cpda,
+                    maxh2cdata_bytes: r.maxh2cdata,
+                };
+                self.tx_params = TxParams {
+                    hdgst: r.hdgst,
+                    ddgst: r.ddgst,
+                    pda: r.cpda,
+                };
+                self.negotiated = Some(n);
+                self.phase = Phase::Ready;
+                tracing::debug!(qid = self.cfg.qid, ?n, "connection initialized");
+                (Ok(()), Some(n))
+            }
+            PduHeader::C2HTermReq(t) => (
+                Err(PduError::Terminated(HostError::TerminatedByController {
+                    fes: t.fes,
+                    fei: t.fei,
+                })),
+                None,
+            ),
+            PduHeader::CapsuleResp(cqe) => (self.on_capsule_resp(cqe), None),
+            PduHeader::C2HData(d) => (self.on_c2h_data(d, pdu.data, pdu.data_digest_ok), None),
+            PduHeader::R2t(r) => (self.on_r2t(r), None),
+            other => (
+                Err(DecodeError::Sequence(format!(
+                    "unexpected PDU type {:#04x} at the host",
+                    other.pdu_type()
+                ))
+                .into()),
+                None,
+            ),
+        }
+    }
+
+    fn slot_mut(
+        &mut self,
+        cid: u16,
+        field: &'static str,
+        at: usize,
+    ) -> Result<&mut Slot, DecodeError> {
+        self.slots
+            .get_mut(cid as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or_else(|| {
+                DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
+            })
+    }
+
+    fn on_capsule_resp(&mut self, cqe: &Cqe) -> std::result::Result<(), PduError> {
+        // CQE CID sits at PDU byte 8 + 12.
+        let slot = self.slot_mut(cqe.cid, "cid", 20)?;
+        if let Data::Read { .. } = slot.data {
+            if !slot.data_done && cqe.status().is_success() && !slot.timed_out {
+                let len = match &slot.data {
+                    Data::Read { buf, .. } => buf.len(),
+                    _ => 0,
+                };
+                if len > 0 {
+                    slot.error = Some(HostError::Transport(format!(
+                        "successful read completion before its data (cid {})",
+                        cqe.cid
+                    )));
+                }
+            }
+        }
+        self.complete(cqe.cid, *cqe);
+        Ok(())
+    }
+
+    fn on_c2h_data(
+        &mut self,
+        d: &DataHeader,
+        data: &[u8],
+        digest_ok: bool,
+    ) -> std::result::Result<(), PduError> {
+        let qid = self.cfg.qid;
+        let slot = self.slot_mut(d.cccid, "cccid", 8)?;
+        if slot.data_done {
+            return Err(DecodeError::Sequence(format!(
+                "C2HData for CID {} after its last PDU",
+                d.cccid
+            ))
+            .into());
+        }
+        let Data::Read { buf, received } = &mut slot.data else {
+            return Err(DecodeError::Sequence(format!(
+                "C2HData for CID {} which reads no data",
+                d.cccid
+            ))
+            .into());
+        };
+        let end = d.offset as u64 + d.len as u64;
+        if end > buf.len() as u64 {
+            return Err(DecodeError::DataOutOfRange(format!(
+                "C2HData offset {} + length {} beyond the {} bytes of CID {}",
+                d.offset,
+                d.len,
+                buf.len(),
+                d.cccid
+            ))
+            .into());
+        }
+        if d.offset != *received {
+            return Err(DecodeError::invalid(
+                "datao",
+                12,
+                format!(
+                    "C2HData offset {} for CID {}, expected {}",
+                    d.offset, d.cccid, received
+                ),
+            )
+            .into());
+        }
+        buf[d.offset as usize..end as usize].copy_from_slice(data);
+        *received = end as u32;
+        let complete_len = *received as usize == buf.len();
+        if !digest_ok && slot.error.is_none() {
+            slot.error = Some(HostError::DataDigest { cid: d.cccid });
+        }
+        if d.last {
+            slot.data_done = true;
+        }
+        if d.success {
+            if !complete_len {
+                return Err(DecodeError::Sequence(format!(
+                    "C2HData SUCCESS for CID {} with {} of {} bytes",
+                    d.cccid,
+                    end,
+                    buf.len()
+                ))
+                .into());
+            }
+            let mut cqe = Cqe::new(d.cccid, Status::SUCCESS);
+            cqe.sqid = qid;
+            self.complete(d.cccid, cqe);
+        }
+        Ok(())
+    }
+
+    fn on_r2t(&mut self, r: &R2t) -> std::result::Result<(), PduError> {
+        let maxh2c = self
+            .negotiated
+            .map(|n| n.maxh2cdata_bytes)
+            .unwrap_or(4096)
+            .max(4);
+        let tx_params = self.tx_params;
+        let slot = self
+            .slots
+            .get_mut(r.cccid as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or_else(|| {
+                DecodeError::invalid(
+                    "cccid",
+                    8,
+                    format!("no outstanding command with CID {}", r.cccid),
+                )
+            })?;
+        let Data::Solicited { buf, sent } = &mut slot.data else {
+            return Err(DecodeError::Sequence(format!(
+                "R2T for CID {} which has no solicited data",
+                r.cccid
+            ))
+            .into());
+        };
+        let end = r.offset as u64 + r.len as u64;
+        if end > buf.len() as u64 {
+            return Err(DecodeError::DataOutOfRange(format!(
+                "R2T offset {} + length {} beyond the {} bytes of CID {}",
+                r.offset,
+                r.len,
+                buf.len(),
+                r.cccid
+            ))
+            .into());
+        }
+        if r.offset != *sent {
+            return Err(DecodeError::invalid(
+                "r2to",
+                12,
+                format!(
+                    "R2T offset {} for CID {}, expected {}",
+                    r.offset, r.cccid, sent
+                ),
+            )
+            .into());
+        }
+        let mut off = r.offset;
+        let end = end as u32;
+        while off < end {
+            let n = (end - off).min(maxh2c);
+            let h = DataHeader {
+                cccid: r.cccid,
+                ttag: r.ttag,
+                offset: off,
+                len: n,
+                last: off + n == end,
+                success: false,
+            };
+            encode_pdu(
+                &PduHeader::H2CData(h),
+                &buf[off as usize..(off + n) as usize],
+                &tx_params,
+                &mut self.tx,
+            );
+            off += n;
+        }
+        *sent = end;
+        Ok(())
+    }
+}

@@ -1,0 +1,534 @@
+//! The I/O layer of one queue pair: a dedicated thread owns the TCP socket
+//! (non-blocking, TCP_NODELAY) and drives a [`QueuePairCore`].
+//!
+//! Callers submit from any thread or task; completions come back through
+//! tokio oneshot channels, so the API is async while the receive path is
+//! governed by a [`PollingPolicy`]:
+//!
+//! * `Interrupt`: the thread sleeps in epoll (via mio) until the socket or a
+//!   submission wakes it.
+//! * `BusyPoll`: the thread never sleeps; it spins over non-blocking reads,
+//!   writes and the submission queue (one core per queue at 100 %).
+//! * `Adaptive { spin_us }`: spins while there was progress in the last
+//!   `spin_us` microseconds, then sleeps like `Interrupt`.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
+use sluice_proto::command::Sqe;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::core::{Completion, CoreConfig, Event, Negotiated, Payload, QueuePairCore};
+use crate::error::{HostError, Result};
+
+/// How the receive path waits for data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PollingPolicy {
+    /// Sleep in epoll until the socket is readable or a command is submitted.
+    #[default]
+    Interrupt,
+    /// Spin on non-blocking socket reads; never sleep.
+    BusyPoll,
+    /// Spin for `spin_us` microseconds after the last progress, then sleep.
+    Adaptive { spin_us: u32 },
+}
+
+impl std::str::FromStr for PollingPolicy {
+    type Err = String;
+    /// `interrupt`, `busy`, `adaptive` (50 µs) or `adaptive:SPIN_US`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "interrupt" | "irq" => Ok(PollingPolicy::Interrupt),
+            "busy" | "busypoll" | "busy-poll" => Ok(PollingPolicy::BusyPoll),
+            "adaptive" => Ok(PollingPolicy::Adaptive { spin_us: 50 }),
+            _ => match s.strip_prefix("adaptive:") {
+                Some(n) => n
+                    .parse()
+                    .map(|spin_us| PollingPolicy::Adaptive { spin_us })
+                    .map_err(|e| format!("bad spin time `{n}`: {e}")),
+                None => Err(format!(
+                    "unknown polling policy `{s}` (interrupt, busy, adaptive[:SPIN_US])"
+                )),
+            },
+        }
+    }
+}
+
+/// Longest a sleeping queue thread waits before re-checking timers.
+const IDLE_WAIT_MAX: Duration = Duration::from_millis(100);
+/// Granularity of command timeout checks.
+const TIMER_CHECK: Duration = Duration::from_millis(1);
+/// Most reads per loop turn before other work gets a chance.
+const READS_PER_TURN_MAX: usize = 64;
+
+const SOCKET: Token = Token(0);
+const WAKER: Token = Token(1);
+
+struct Request {
+    sqe: Sqe,
+    payload: Payload,
+    reply: oneshot::Sender<Result<Completion>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    qid: u16,
+    pending: Mutex<VecDeque<Request>>,
+    parked: AtomicBool,
+    shutdown: AtomicBool,
+    closed: AtomicBool,
+    in_capsule_max_bytes: Mutex<Option<u32>>,
+    waker: Waker,
+    close_reason: Mutex<Option<HostError>>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Request({:?})", self.sqe)
+    }
+}
+
+/// A command that timed out, for the controller to Abort.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedOutCommand {
+    pub qid: u16,
+    pub cid: u16,
+    pub opcode: u8,
+}
+
+/// Handle to one queue pair's I/O thread. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct QueueHandle {
+    shared: Arc<Shared>,
+    negotiated: Negotiated,
+}
+
+/// Everything needed to open one queue pair.
+#[derive(Debug, Clone)]
+pub struct QueueParams {
+    pub addr: SocketAddr,
+    pub core: CoreConfig,
+    pub polling: PollingPolicy,
+    pub connect_timeout: Duration,
+    /// For tracing spans.
+    pub hostnqn: String,
+}
+
+impl QueueHandle {
+    /// Connects the TCP socket, starts the I/O thread and completes the
+    /// ICReq/ICResp exchange.
+    pub async fn connect(
+        p: QueueParams,
+        timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
+    ) -> Result<QueueHandle> {
+        let addr = p.addr;
+        let connect_timeout = p.connect_timeout;
+        let stream =
+            tokio::task::spawn_blocking(move || TcpStream::connect_timeout(&addr, connect_timeout))
+                .await
+                .map_err(|e| HostError::Transport(format!("connect task: {e}")))?
+                .map_err(|e| HostError::Transport(format!("connect to {addr}: {e}")))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| HostError::Transport(format!("TCP_NODELAY: {e}")))?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| HostError::Transport(format!("non-blocking: {e}")))?;
+        let poll = Poll::new().map_err(|e| HostError::Transport(format!("epoll: {e}")))?;
+        let waker = Waker::new(poll.registry(), WAKER)
+            .map_err(|e| HostError::Transport(format!("eventfd: {e}")))?;
+        let qid = p.core.qid;
+        let shared = Arc::new(Shared {
+            qid,
+            pending: Mutex::new(VecDeque::new()),
+            parked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            in_capsule_max_bytes: Mutex::new(None),
+            waker,
+            close_reason: Mutex::new(None),
+        });
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("sluice-q{qid}"))
+            .spawn(move || {
+                let span = tracing::debug_span!("queue", hostnqn = %p.hostnqn, qid);
+                let _g = span.enter();
+                let mut d = Driver {
+                    core: QueuePairCore::new(p.core, Instant::now()),
+                    stream: mio::net::TcpStream::from_std(stream),
+                    poll,
+                    shared: sh,
+                    polling: p.polling,
+                    replies: Vec::new(),
+                    free_tokens: Vec::new(),
+                    out: Vec::new(),
+                    out_pos: 0,
+                    ready_tx: Some(ready_tx),
+                    timeouts,
+                };
+                d.run();
+            })
+            .map_err(|e| HostError::Transport(format!("spawn queue thread: {e}")))?;
+        let negotiated = ready_rx
+            .await
+            .map_err(|_| HostError::ConnectionLost("queue thread exited".into()))??;
+        Ok(QueueHandle { shared, negotiated })
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.shared.qid
+    }
+
+    pub fn negotiated(&self) -> Negotiated {
+        self.negotiated
+    }
+
+    /// The I/O thread has stopped (connection lost or closed).
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Sets the in-capsule write limit (after Identify Controller).
+    pub fn set_in_capsule_max_bytes(&self, n: u32) {
+        if let Ok(mut g) = self.shared.in_capsule_max_bytes.lock() {
+            *g = Some(n);
+        }
+        self.wake();
+    }
+
+    fn wake(&self) {
+        if self.shared.parked.swap(false, Ordering::AcqRel) {
+            let _ = self.shared.waker.wake();
+        }
+    }
+
+    /// Queues a command; the receiver yields its completion.
+    pub fn submit(&self, sqe: Sqe, payload: Payload) -> oneshot::Receiver<Result<Completion>> {
+        let (tx, rx) = oneshot::channel();
+        if self.is_closed() {
+            let _ = tx.send(Err(self.close_error()));
+            return rx;
+        }
+        match self.shared.pending.lock() {
+            Ok(mut q) => q.push_back(Request {
+                sqe,
+                payload,
+                reply: tx,
+            }),
+            Err(_) => {
+                let _ = tx.send(Err(HostError::ConnectionLost("queue lock poisoned".into())));
+                return rx;
+            }
+        }
+        self.wake();
+        rx
+    }
+
+    /// Submits and waits.
+    pub async fn execute(&self, sqe: Sqe, payload: Payload) -> Result<Completion> {
+        let rx = self.submit(sqe, payload);
+        wait(rx).await
+    }
+
+    fn close_error(&self) -> HostError {
+        self.shared
+            .close_reason
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .unwrap_or_else(|| HostError::ConnectionLost(format!("queue {} closed", self.qid())))
+    }
+
+    /// Asks the thread to finish outstanding commands, then close the socket.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        let _ = self.shared.waker.wake();
+    }
+}
+
+/// Waits for a submitted command's completion.
+pub async fn wait(rx: oneshot::Receiver<Result<Completion>>) -> Result<Completion> {
+    rx.await
+        .map_err(|_| HostError::ConnectionLost("queue thread dropped the command".into()))?
+}
+
+struct Driver {
+    core: QueuePairCore,
+    stream: mio::net::TcpStream,
+    poll: Poll,
+    shared: Arc<Shared>,
+    polling: PollingPolicy,
+    replies: Vec<Option<oneshot::Sender<Result<Completion>>>>,
+    free_tokens: Vec<usize>,
+    out: Vec<u8>,
+    out_pos: usize,
+    ready_tx: Option<oneshot::Sender<Result<Negotiated>>>,
+    timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
+}
+
+impl Driver {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(8);
+        if let Err(e) = self.poll.registry().register(
+            &mut self.stream,
+            SOCKET,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            self.core.close(&format!("epoll register: {e}"));
+        }
+        let mut next_timer = Instant::now();
+        let mut last_progress = Instant::now();
+        loop {
+            let now = Instant::now();
+            let mut progress = false;
+            if self.core.is_ready() {
+                progress |= self.take_submissions(now);
+            }
+            progress |= self.write();
+            progress |= self.read(now);
+            if now >= next_timer {
+                self.core.handle_timeout(now);
+                next_timer = now + TIMER_CHECK;
+            }
+            progress |= self.deliver();
+            if self.core.is_closed() {
+                self.finish();
+                return;
+            }
+            if self.shared.shutdown.load(Ordering::Acquire)
+                && self.core.in_flight() == 0
+                && self.pending_empty()
+                && self.out_pos == self.out.len()
+                && !self.core.has_transmit()
+            {
+                self.core.close("shut down by the host");
+                let _ = self.deliver();
+                self.finish();
+                return;
+            }
+            if progress {
+                last_progress = now;
+                continue;
+            }
+            let spin = match self.polling {
+                PollingPolicy::BusyPoll => true,
+                PollingPolicy::Adaptive { spin_us } => {
+                    now.duration_since(last_progress) < Duration::from_micros(spin_us as u64)
+                }
+                PollingPolicy::Interrupt => false,
+            };
+            if spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Sleep until the socket, a submission or the next deadline.
+            self.shared.parked.store(true, Ordering::Release);
+            if !self.pending_empty() || self.shared.shutdown.load(Ordering::Acquire) {
+                self.shared.parked.store(false, Ordering::Release);
+                continue;
+            }
+            let wait = self
+                .core
+                .poll_timeout()
+                .map(|t| t.saturating_duration_since(now) + TIMER_CHECK)
+                .unwrap_or(IDLE_WAIT_MAX)
+                .min(IDLE_WAIT_MAX);
+            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+                if e.kind() != ErrorKind::Interrupted {
+                    self.core.close(&format!("epoll wait: {e}"));
+                }
+            }
+            self.shared.parked.store(false, Ordering::Release);
+        }
+    }
+
+    fn pending_empty(&self) -> bool {
+        self.shared
+            .pending
+            .lock()
+            .map(|q| q.is_empty())
+            .unwrap_or(true)
+    }
+
+    fn take_submissions(&mut self, now: Instant) -> bool {
+        if let Some(n) = self
+            .shared
+            .in_capsule_max_bytes
+            .lock()
+            .ok()
+            .and_then(|mut g| g.take())
+        {
+            self.core.set_in_capsule_max_bytes(n);
+        }
+        let mut progress = false;
+        let Ok(mut q) = self.shared.pending.lock() else {
+            return false;
+        };
+        while self.core.can_submit() {
+            let Some(req) = q.pop_front() else { break };
+            progress = true;
+            let token = match self.free_tokens.pop() {
+                Some(t) => t,
+                None => {
+                    self.replies.push(None);
+                    self.replies.len() - 1
+                }
+            };
+            match self.core.submit(now, req.sqe, req.payload, token as u64) {
+                Ok(_) => self.replies[token] = Some(req.reply),
+                Err(e) => {
+                    self.free_tokens.push(token);
+                    let _ = req.reply.send(Err(e));
+                }
+            }
+        }
+        progress
+    }
+
+    fn write(&mut self) -> bool {
+        if let Some(b) = self.core.poll_transmit() {
+            if self.out_pos == self.out.len() {
+                self.out = b;
+                self.out_pos = 0;
+            } else {
+                self.out.extend_from_slice(&b);
+            }
+        }
+        let mut progress = false;
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => {
+                    self.core.handle_connection_lost("socket write returned 0");
+                    break;
+                }
+                Ok(n) => {
+                    self.out_pos += n;
+                    progress = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.handle_connection_lost(&format!("write: {e}"));
+                    break;
+                }
+            }
+        }
+        if self.out_pos == self.out.len() && self.out.capacity() > (4 << 20) {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        progress
+    }
+
+    fn read(&mut self, now: Instant) -> bool {
+        let mut progress = false;
+        for _ in 0..READS_PER_TURN_MAX {
+            if self.core.is_closed() {
+                break;
+            }
+            let buf = self.core.read_buf();
+            match self.stream.read(buf) {
+                Ok(0) => {
+                    self.core
+                        .handle_connection_lost("controller closed the connection");
+                    break;
+                }
+                Ok(n) => {
+                    self.core.handle_read(now, n);
+                    progress = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return progress,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.handle_connection_lost(&format!("read: {e}"));
+                    break;
+                }
+            }
+        }
+        // Stopped before WouldBlock: report progress so the loop comes back
+        // before sleeping (epoll is edge-triggered).
+        true
+    }
+
+    fn deliver(&mut self) -> bool {
+        let mut progress = false;
+        while let Some(ev) = self.core.poll_event() {
+            progress = true;
+            match ev {
+                Event::Complete { token, result } => {
+                    let t = token as usize;
+                    if let Some(tx) = self.replies.get_mut(t).and_then(|r| r.take()) {
+                        let _ = tx.send(result);
+                        self.free_tokens.push(t);
+                    }
+                }
+                Event::TimedOut { qid, cid, opcode } => {
+                    if let Some(t) = &self.timeouts {
+                        let _ = t.send(TimedOutCommand { qid, cid, opcode });
+                    }
+                }
+                Event::Closed(e) => {
+                    if let Ok(mut g) = self.shared.close_reason.lock() {
+                        *g = Some(e.clone());
+                    }
+                    if let Some(tx) = self.ready_tx.take() {
+                        let _ = tx.send(Err(e));
+                    }
+                }
+            }
+        }
+        if self.core.is_ready() {
+            if let (Some(tx), Some(n)) = (self.ready_tx.take(), self.core.negotiated()) {
+                let _ = tx.send(Ok(n));
+            }
+        }
+        progress
+    }
+
+    /// Flushes a final TermReq (best effort), fails queued requests, exits.
+    fn finish(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        if let Some(b) = self.core.poll_transmit() {
+            self.out.extend_from_slice(&b);
+        }
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while self.out_pos < self.out.len() && Instant::now() < deadline {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => break,
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let reason = self
+            .shared
+            .close_reason
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .unwrap_or_else(|| HostError::ConnectionLost("queue closed".into()));
+        if let Ok(mut q) = self.shared.pending.lock() {
+            for r in q.drain(..) {
+                let _ = r.reply.send(Err(reason.clone()));
+            }
+        }
+        for r in self.replies.iter_mut().filter_map(|r| r.take()) {
+            let _ = r.send(Err(reason.clone()));
+        }
+        if let Some(tx) = self.ready_tx.take() {
+            let _ = tx.send(Err(reason));
+        }
+        tracing::debug!("queue thread exits");
+    }
+}

@@ -1,0 +1,656 @@
+//! Unit tests of the sans-IO queue-pair core against a scripted in-memory
+//! controller, with virtual time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use sluice_host::core::{CoreConfig, Event, Payload, QueuePairCore};
+use sluice_host::HostError;
+use sluice_proto::command::{io, sgl, Cqe, Sqe};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{encode_pdu, fes, DataHeader, Direction, IcResp, PduHeader, R2t, TxParams};
+use sluice_proto::Status;
+
+/// A scripted controller: parses what the host sends, builds what it receives.
+struct FakeCtrl {
+    rx: Framer,
+    tx: TxParams,
+}
+
+/// A PDU the fake controller received.
+#[derive(Debug)]
+struct Got {
+    header: PduHeader,
+    data: Vec<u8>,
+}
+
+impl FakeCtrl {
+    fn new() -> Self {
+        FakeCtrl {
+            rx: Framer::new(Direction::HostToController, 1 << 20),
+            tx: TxParams::default(),
+        }
+    }
+    /// Everything the host has to send, parsed.
+    fn recv(&mut self, host: &mut QueuePairCore) -> Vec<Got> {
+        let mut out = Vec::new();
+        while let Some(b) = host.poll_transmit() {
+            self.rx.feed(&b);
+        }
+        while let Some(p) = self.rx.next_pdu().expect("host sent a valid PDU") {
+            assert!(p.data_digest_ok, "host data digest wrong");
+            out.push(Got {
+                header: p.header.clone(),
+                data: p.data.to_vec(),
+            });
+        }
+        out
+    }
+    fn pdu(&self, h: PduHeader, data: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        encode_pdu(&h, data, &self.tx, &mut b);
+        b
+    }
+}
+
+fn cfg(hdgst: bool, ddgst: bool) -> CoreConfig {
+    CoreConfig {
+        qid: 1,
+        depth: 32,
+        hdr_digest: hdgst,
+        data_digest: ddgst,
+        in_capsule_max_bytes: 8192,
+        command_timeout: Duration::from_secs(5),
+        c2h_data_max_bytes: 1 << 20,
+    }
+}
+
+/// Handshake: returns a ready core and its controller.
+fn connect(c: CoreConfig, cpda: u8, maxh2cdata: u32) -> (QueuePairCore, FakeCtrl, Instant) {
+    let now = Instant::now();
+    let (hd, dd) = (c.hdr_digest, c.data_digest);
+    let mut host = QueuePairCore::new(c, now);
+    let mut ctrl = FakeCtrl::new();
+    let got = ctrl.recv(&mut host);
+    assert_eq!(got.len(), 1);
+    let PduHeader::IcReq(req) = &got[0].header else {
+        panic!("expected ICReq, got {:?}", got[0].header)
+    };
+    assert_eq!((req.pfv, req.hpda, req.maxr2t), (0, 0, 0));
+    assert_eq!((req.hdgst, req.ddgst), (hd, dd));
+    assert!(!host.is_ready());
+    let resp = ctrl.pdu(
+        PduHeader::IcResp(IcResp {
+            pfv: 0,
+            cpda,
+            hdgst: hd,
+            ddgst: dd,
+            maxh2cdata,
+        }),
+        &[],
+    );
+    ctrl.rx.set_initialized(hd, dd, cpda, 1 << 20);
+    ctrl.tx = TxParams {
+        hdgst: hd,
+        ddgst: dd,
+        pda: 0,
+    };
+    host.handle_bytes(now, &resp);
+    assert!(host.is_ready());
+    (host, ctrl, now)
+}
+
+fn events(host: &mut QueuePairCore) -> Vec<Event> {
+    std::iter::from_fn(|| host.poll_event()).collect()
+}
+
+fn completion(host: &mut QueuePairCore) -> (u64, Result<sluice_host::core::Completion, HostError>) {
+    let ev = events(host);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    match ev.into_iter().next() {
+        Some(Event::Complete { token, result }) => (token, result),
+        other => panic!("expected a completion, got {other:?}"),
+    }
+}
+
+fn resp(ctrl: &FakeCtrl, cid: u16, status: Status) -> Vec<u8> {
+    ctrl.pdu(PduHeader::CapsuleResp(Cqe::new(cid, status)), &[])
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 + 7) as u8).collect()
+}
+
+#[test]
+fn handshake_sets_negotiated_params() {
+    let (host, _, _) = connect(cfg(true, false), 3, 16384);
+    let n = host.negotiated().expect("negotiated");
+    assert!(n.hdr_digest && !n.data_digest);
+    assert_eq!((n.cpda, n.maxh2cdata_bytes), (3, 16384));
+}
+
+#[test]
+fn controller_enabling_unasked_digest_is_rejected() {
+    let now = Instant::now();
+    let mut host = QueuePairCore::new(cfg(false, false), now);
+    let mut ctrl = FakeCtrl::new();
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::IcResp(IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: true,
+            ddgst: false,
+            maxh2cdata: 8192,
+        }),
+        &[],
+    );
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+}
+
+#[test]
+fn in_capsule_write() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let data = pattern(4096);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::WRITE, 0, 1, 10, 8, false),
+            Payload::Write(data.clone()),
+            77,
+        )
+        .expect("submit");
+    let got = ctrl.recv(&mut host);
+    assert_eq!(got.len(), 1);
+    let PduHeader::CapsuleCmd(sqe) = &got[0].header else {
+        panic!()
+    };
+    assert_eq!(sqe.cid(), cid);
+    assert_eq!(sqe.sgl().id, sgl::DATA_BLOCK_OFFSET);
+    assert_eq!(sqe.sgl().length, 4096);
+    assert_eq!(sqe.flags() & 0xc0, 0x40, "PSDT must select SGLs");
+    assert_eq!(got[0].data, data);
+    host.handle_bytes(now, &resp(&ctrl, cid, Status::SUCCESS));
+    let (token, r) = completion(&mut host);
+    assert_eq!(token, 77);
+    assert!(r.is_ok());
+    assert_eq!(host.in_flight(), 0);
+}
+
+fn r2t_write(hd: bool, dd: bool, cpda: u8) {
+    let (mut host, mut ctrl, now) = connect(cfg(hd, dd), cpda, 4096);
+    let data = pattern(20000);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::WRITE, 0, 1, 0, 40, false),
+            Payload::Write(data.clone()),
+            1,
+        )
+        .expect("submit");
+    let got = ctrl.recv(&mut host);
+    let PduHeader::CapsuleCmd(sqe) = &got[0].header else {
+        panic!()
+    };
+    assert!(got[0].data.is_empty(), "large write must not go in-capsule");
+    assert_eq!(sqe.sgl().id, sgl::TRANSPORT_DATA_BLOCK);
+    assert_eq!(sqe.sgl().length, 20000);
+    // Two R2Ts: 0..10000 and 10000..20000.
+    let mut received = Vec::new();
+    for (ttag, off, len) in [(5u16, 0u32, 10000u32), (6, 10000, 10000)] {
+        let b = ctrl.pdu(
+            PduHeader::R2t(R2t {
+                cccid: cid,
+                ttag,
+                offset: off,
+                len,
+            }),
+            &[],
+        );
+        host.handle_bytes(now, &b);
+        let got = ctrl.recv(&mut host);
+        let mut expect = off;
+        let lens: Vec<u32> = got
+            .iter()
+            .map(|g| match &g.header {
+                PduHeader::H2CData(d) => {
+                    assert_eq!((d.cccid, d.ttag), (cid, ttag));
+                    assert_eq!(d.offset, expect);
+                    expect += d.len;
+                    d.len
+                }
+                h => panic!("expected H2CData, got {h:?}"),
+            })
+            .collect();
+        assert_eq!(lens, vec![4096, 4096, 1808], "split by MAXH2CDATA");
+        let lasts: Vec<bool> = got
+            .iter()
+            .map(|g| matches!(&g.header, PduHeader::H2CData(d) if d.last))
+            .collect();
+        assert_eq!(lasts, vec![false, false, true]);
+        for g in got {
+            received.extend_from_slice(&g.data);
+        }
+    }
+    assert_eq!(received, data);
+    host.handle_bytes(now, &resp(&ctrl, cid, Status::SUCCESS));
+    assert!(completion(&mut host).1.is_ok());
+}
+
+#[test]
+fn r2t_write_split_by_maxh2cdata() {
+    r2t_write(false, false, 0);
+}
+
+#[test]
+fn r2t_write_with_digests_and_cpda() {
+    r2t_write(true, true, 3);
+}
+
+fn read(hd: bool, dd: bool, success_flag: bool) {
+    let (mut host, mut ctrl, now) = connect(cfg(hd, dd), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 16, false),
+            Payload::Read(8192),
+            9,
+        )
+        .expect("submit");
+    let got = ctrl.recv(&mut host);
+    let PduHeader::CapsuleCmd(sqe) = &got[0].header else {
+        panic!()
+    };
+    assert_eq!(sqe.sgl().id, sgl::TRANSPORT_DATA_BLOCK);
+    assert_eq!(sqe.sgl().length, 8192);
+    let data = pattern(8192);
+    let mut b = Vec::new();
+    for (i, chunk) in data.chunks(3000).enumerate() {
+        let last = (i + 1) * 3000 >= 8192;
+        b.extend(ctrl.pdu(
+            PduHeader::C2HData(DataHeader {
+                cccid: cid,
+                ttag: 0,
+                offset: (i * 3000) as u32,
+                len: chunk.len() as u32,
+                last,
+                success: last && success_flag,
+            }),
+            chunk,
+        ));
+    }
+    if !success_flag {
+        b.extend(resp(&ctrl, cid, Status::SUCCESS));
+    }
+    // Deliver byte by byte to exercise reassembly.
+    for byte in &b {
+        host.handle_bytes(now, std::slice::from_ref(byte));
+    }
+    let (token, r) = completion(&mut host);
+    assert_eq!(token, 9);
+    assert_eq!(r.expect("read ok").data, data);
+    assert_eq!(host.in_flight(), 0);
+}
+
+#[test]
+fn read_with_success_flag() {
+    read(false, false, true);
+}
+
+#[test]
+fn read_with_capsule_resp() {
+    read(false, false, false);
+}
+
+#[test]
+fn read_with_digests() {
+    read(true, true, true);
+    read(true, true, false);
+}
+
+#[test]
+fn data_digest_error_fails_only_the_command() {
+    let (mut host, ctrl, now) = connect(cfg(false, true), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 1, false),
+            Payload::Read(512),
+            1,
+        )
+        .expect("submit");
+    let mut b = ctrl.pdu(
+        PduHeader::C2HData(DataHeader {
+            cccid: cid,
+            ttag: 0,
+            offset: 0,
+            len: 512,
+            last: true,
+            success: true,
+        }),
+        &pattern(512),
+    );
+    let n = b.len();
+    b[n - 1] ^= 0xff; // corrupt DDGST
+    host.handle_bytes(now, &b);
+    let (_, r) = completion(&mut host);
+    assert!(matches!(r, Err(HostError::DataDigest { .. })), "{r:?}");
+    assert!(!host.is_closed());
+}
+
+#[test]
+fn nvme_error_status_is_reported_with_name() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 1 << 40, 1, false),
+            Payload::Read(512),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    host.handle_bytes(now, &resp(&ctrl, cid, Status::LBA_OUT_OF_RANGE));
+    let (_, r) = completion(&mut host);
+    let e = r.expect_err("must fail");
+    assert_eq!(e.status(), Some(Status::LBA_OUT_OF_RANGE));
+    assert!(e.to_string().contains("LBA Out of Range"), "{e}");
+}
+
+/// Reads the H2CTermReq the host sent, if any.
+fn term_req(ctrl: &mut FakeCtrl, host: &mut QueuePairCore) -> Option<u16> {
+    ctrl.recv(host).into_iter().find_map(|g| match g.header {
+        PduHeader::H2CTermReq(t) => Some(t.fes),
+        _ => None,
+    })
+}
+
+#[test]
+fn unknown_cid_is_fatal() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 5)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    host.handle_bytes(now, &resp(&ctrl, cid + 1, Status::SUCCESS));
+    assert!(host.is_closed());
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            ev[0],
+            Event::Complete {
+                token: 5,
+                result: Err(HostError::Protocol(_))
+            }
+        ),
+        "{ev:?}"
+    );
+    assert!(matches!(ev.last(), Some(Event::Closed(_))));
+    assert_eq!(
+        term_req(&mut ctrl, &mut host),
+        Some(fes::INVALID_HEADER_FIELD)
+    );
+    // Closed: further input is ignored, submissions refused.
+    host.handle_bytes(now, &resp(&ctrl, cid, Status::SUCCESS));
+    assert!(host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 6)
+        .is_err());
+}
+
+#[test]
+fn c2h_data_for_wrong_cid_is_fatal() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 1, false),
+            Payload::Read(512),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::C2HData(DataHeader {
+            cccid: cid + 3,
+            ttag: 0,
+            offset: 0,
+            len: 512,
+            last: true,
+            success: true,
+        }),
+        &pattern(512),
+    );
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+    assert_eq!(
+        term_req(&mut ctrl, &mut host),
+        Some(fes::INVALID_HEADER_FIELD)
+    );
+}
+
+#[test]
+fn data_beyond_length_is_out_of_range() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 8, false),
+            Payload::Read(4096),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::C2HData(DataHeader {
+            cccid: cid,
+            ttag: 0,
+            offset: 0,
+            len: 8192,
+            last: true,
+            success: true,
+        }),
+        &pattern(8192),
+    );
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+    let ev = events(&mut host);
+    assert!(
+        matches!(&ev[0], Event::Complete { result: Err(HostError::Protocol(e)), .. } if e.fes() == fes::DATA_OUT_OF_RANGE),
+        "{ev:?}"
+    );
+    assert_eq!(term_req(&mut ctrl, &mut host), Some(fes::DATA_OUT_OF_RANGE));
+}
+
+#[test]
+fn r2t_beyond_length_is_out_of_range() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    host.set_in_capsule_max_bytes(0);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::WRITE, 0, 1, 0, 8, false),
+            Payload::Write(pattern(4096)),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::R2t(R2t {
+            cccid: cid,
+            ttag: 1,
+            offset: 2048,
+            len: 4096,
+        }),
+        &[],
+    );
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+    assert_eq!(term_req(&mut ctrl, &mut host), Some(fes::DATA_OUT_OF_RANGE));
+}
+
+#[test]
+fn wrong_c2h_offset_is_fatal() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 8, false),
+            Payload::Read(4096),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::C2HData(DataHeader {
+            cccid: cid,
+            ttag: 0,
+            offset: 512,
+            len: 512,
+            last: false,
+            success: false,
+        }),
+        &pattern(512),
+    );
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+    assert_eq!(
+        term_req(&mut ctrl, &mut host),
+        Some(fes::INVALID_HEADER_FIELD)
+    );
+}
+
+#[test]
+fn c2h_term_req_closes_without_reply() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    host.submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 1)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let tr = sluice_proto::pdu::TermReq {
+        fes: 2,
+        fei: 0,
+        data: vec![],
+    };
+    let b = ctrl.pdu(PduHeader::C2HTermReq(tr), &[]);
+    host.handle_bytes(now, &b);
+    assert!(host.is_closed());
+    let ev = events(&mut host);
+    assert!(matches!(
+        &ev[0],
+        Event::Complete {
+            result: Err(HostError::TerminatedByController { fes: 2, .. }),
+            ..
+        }
+    ));
+    assert_eq!(term_req(&mut ctrl, &mut host), None);
+}
+
+#[test]
+fn timeout_fails_command_then_late_completion_frees_cid() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 42)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    assert_eq!(host.poll_timeout(), Some(now + Duration::from_secs(5)));
+    host.handle_timeout(now + Duration::from_secs(4));
+    assert!(events(&mut host).is_empty());
+    host.handle_timeout(now + Duration::from_secs(5));
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            &ev[0],
+            Event::Complete {
+                token: 42,
+                result: Err(HostError::Timeout { .. })
+            }
+        ),
+        "{ev:?}"
+    );
+    assert!(matches!(&ev[1], Event::TimedOut { cid: c, .. } if *c == cid));
+    assert_eq!(host.in_flight(), 1, "CID stays reserved");
+    host.handle_bytes(
+        now + Duration::from_secs(6),
+        &resp(&ctrl, cid, Status::SUCCESS),
+    );
+    assert!(
+        events(&mut host).is_empty(),
+        "late completion is not reported twice"
+    );
+    assert_eq!(host.in_flight(), 0);
+}
+
+#[test]
+fn unanswered_timed_out_command_closes_connection() {
+    let (mut host, _ctrl, now) = connect(cfg(false, false), 0, 8192);
+    host.submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 1)
+        .expect("submit");
+    host.handle_timeout(now + Duration::from_secs(5));
+    host.handle_timeout(now + Duration::from_secs(10));
+    assert!(host.is_closed());
+}
+
+#[test]
+fn icresp_timeout() {
+    let now = Instant::now();
+    let mut host = QueuePairCore::new(cfg(false, false), now);
+    host.handle_timeout(now + Duration::from_secs(6));
+    assert!(host.is_closed());
+}
+
+#[test]
+fn queue_full_is_refused() {
+    let mut c = cfg(false, false);
+    c.depth = 2;
+    let (mut host, _ctrl, now) = connect(c, 0, 8192);
+    for t in 0..2 {
+        host.submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, t)
+            .expect("submit");
+    }
+    assert!(!host.can_submit());
+    assert!(host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 3)
+        .is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Random bytes after the handshake: errors, never panics or hangs.
+    #[test]
+    fn random_c2h_stream_never_panics(chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..8), hd: bool, dd: bool) {
+        let (mut host, _ctrl, now) = connect(cfg(hd, dd), 0, 8192);
+        let _ = host.submit(now, Sqe::rw(io::READ, 0, 1, 0, 8, false), Payload::Read(4096), 1);
+        for c in &chunks {
+            host.handle_bytes(now, c);
+        }
+        let _ = events(&mut host);
+        let _ = host.poll_transmit();
+    }
+
+    /// Valid PDUs with random header fields mutated.
+    #[test]
+    fn mutated_c2h_pdus_never_panic(flips in prop::collection::vec((0usize..600, any::<u8>()), 1..6), success: bool, split in 1usize..64) {
+        let (mut host, ctrl, now) = connect(cfg(true, true), 0, 8192);
+        let cid = host.submit(now, Sqe::rw(io::READ, 0, 1, 0, 1, false), Payload::Read(512), 1).expect("submit");
+        host.submit(now, Sqe::rw(io::WRITE, 0, 1, 0, 32, false), Payload::Write(pattern(16384)), 2).expect("submit");
+        let mut b = ctrl.pdu(
+            PduHeader::C2HData(DataHeader { cccid: cid, ttag: 0, offset: 0, len: 512, last: true, success }),
+            &pattern(512),
+        );
+        b.extend(ctrl.pdu(PduHeader::R2t(R2t { cccid: 1, ttag: 0, offset: 0, len: 16384 }), &[]));
+        b.extend(ctrl.pdu(PduHeader::CapsuleResp(Cqe::new(cid, Status::SUCCESS)), &[]));
+        for (at, v) in flips {
+            let n = b.len();
+            b[at % n] = v;
+        }
+        for c in b.chunks(split) {
+            host.handle_bytes(now, c);
+        }
+        let _ = events(&mut host);
+        host.handle_timeout(now + Duration::from_secs(60));
+        host.handle_timeout(now + Duration::from_secs(120));
+        prop_assert_eq!(host.in_flight(), 0);
+    }
+}

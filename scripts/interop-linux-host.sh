@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Interop suite: the real Linux kernel NVMe/TCP host (Debian 6.1 and 6.12
+# kernels in QEMU) against a Sluice target running on this machine.
+#
+#   scripts/interop-linux-host.sh [--kernels "6.1 6.12"] [--keep-logs DIR]
+#
+# Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
+# Starts `sluice target` with a config of three subsystems (RAM 512 B blocks,
+# file with O_DIRECT/io_uring and 4 KiB blocks, and one whose allow-list
+# excludes the guest), then boots a guest per scenario. Prints one line per
+# scenario and a final "N passed, M failed" line; exits non-zero on failure.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KERNELS="6.1 6.12"
+KEEP=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --kernels) KERNELS=$2; shift ;;
+        --keep-logs) KEEP=$2; shift ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) echo "interop: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+PORT=${SLUICE_INTEROP_PORT:-34420}
+DPORT=${SLUICE_INTEROP_DISC_PORT:-38009}
+GUEST_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-000000000001
+RAM_NQN=nqn.2026-11.io.sluice:interop-ram
+FILE_NQN=nqn.2026-11.io.sluice:interop-file4k
+CLOSED_NQN=nqn.2026-11.io.sluice:interop-closed
+RAM_BYTES=$((256 << 20))
+FILE_BYTES=$((192 << 20))
+
+WORK=$(mktemp -d /tmp/sluice-interop.XXXXXX)
+LOGDIR=${KEEP:-$WORK/logs}
+mkdir -p "$LOGDIR"
+TARGET_PID=""
+cleanup() {
+    if [[ -n "$TARGET_PID" ]] && kill -0 "$TARGET_PID" 2>/dev/null; then
+        kill -INT "$TARGET_PID" 2>/dev/null || true
+        wait "$TARGET_PID" 2>/dev/null || true
+    fi
+    rm -f "$WORK/ns-file.img"
+    [[ -n "$KEEP" ]] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "interop: building sluice"
+(cd "$ROOT" && cargo build -q -p sluice-cli)
+SLUICE=$ROOT/target/debug/sluice
+
+cat > "$WORK/target.toml" <<TOML
+[target]
+listen = "127.0.0.1:$PORT"
+discovery_listen = "127.0.0.1:$DPORT"
+# The guest reaches this machine at 10.0.2.2 through QEMU user networking.
+advertise_addr = "10.0.2.2"
+advertise_port = $PORT
+workers = 2
+polling = "adaptive"
+io_queues_max = 4
+
+[[subsystem]]
+nqn = "$RAM_NQN"
+hosts = ["$GUEST_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = $RAM_BYTES
+block_size = 512
+
+[[subsystem]]
+nqn = "$FILE_NQN"
+hosts = ["$GUEST_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$WORK/ns-file.img"
+create = true
+size = $FILE_BYTES
+block_size = 4096
+direct = true
+engine = "io-uring"
+
+[[subsystem]]
+nqn = "$CLOSED_NQN"
+hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "16MiB"
+TOML
+
+"$SLUICE" target --config "$WORK/target.toml" --log info >"$LOGDIR/target.log" 2>&1 &
+TARGET_PID=$!
+for _ in $(seq 50); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+    sleep 0.1
+done
+kill -0 "$TARGET_PID" || { echo "interop: target failed to start"; cat "$LOGDIR/target.log"; exit 1; }
+
+PASSED=0
+FAILED=0
+FAILED_NAMES=()
+run() {
+    local name=$1 kernel=$2 script=$3; shift 3
+    local t0=$SECONDS
+    if "$ROOT/scripts/linux-peer-run.sh" --kernel "$kernel" --script "$ROOT/tests/linux-peer/guest/$script" \
+        -e TARGET_PORT=$PORT -e DISC_PORT=$DPORT "$@" --timeout 280 --log "$LOGDIR/$name.log" \
+        >"$LOGDIR/$name.out" 2>&1; then
+        PASSED=$((PASSED + 1))
+        echo "interop: PASS $name ($((SECONDS - t0)) s)"
+    else
+        FAILED=$((FAILED + 1))
+        FAILED_NAMES+=("$name")
+        echo "interop: FAIL $name ($((SECONDS - t0)) s); guest log tail:"
+        tail -n 40 "$LOGDIR/$name.log" | sed 's/^/    /'
+    fi
+}
+
+for k in $KERNELS; do
+    run "linux-$k-ram-plain" "$k" host-basic.sh -e SUBNQN=$RAM_NQN -e EXPECT_NS_BYTES=$RAM_BYTES -e FIO_SIZE=32m
+    run "linux-$k-file4k-digests-2q" "$k" host-basic.sh -e SUBNQN=$FILE_NQN -e EXPECT_NS_BYTES=$FILE_BYTES \
+        -e "CONNECT_ARGS=--hdr-digest --data-digest -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=32m
+    run "linux-$k-denied" "$k" host-denied.sh -e SUBNQN=$CLOSED_NQN
+done
+# SQ flow control disabled: the target answers reads with C2HData + SUCCESS.
+last=${KERNELS##* }
+run "linux-$last-ram-sqflow-off" "$last" host-basic.sh -e SUBNQN=$RAM_NQN -e "CONNECT_ARGS=--disable-sqflow" -e FIO_SIZE=16m
+
+kill -INT "$TARGET_PID"
+if ! wait "$TARGET_PID"; then
+    echo "interop: FAIL target exited with an error"; FAILED=$((FAILED + 1)); FAILED_NAMES+=("target-exit")
+fi
+TARGET_PID=""
+if grep -qE "panicked|ERROR" "$LOGDIR/target.log"; then
+    echo "interop: FAIL target log has errors:"; grep -E "panicked|ERROR" "$LOGDIR/target.log" | head -20
+    FAILED=$((FAILED + 1)); FAILED_NAMES+=("target-log")
+fi
+grep -E "target stopped|worker [0-9]" "$LOGDIR/target.log" | sed 's/^/interop: /' || true
+[[ $FAILED -eq 0 ]] || echo "interop: failed: ${FAILED_NAMES[*]}; logs in $LOGDIR"
+echo "interop: $PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]

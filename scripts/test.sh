@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every Sluice test, installing what the tests need on a fresh Debian 12
+# machine (QEMU, two Debian kernels, nvme-cli, fio; a C++ compiler for the
+# fuzzers). Stages:
+#   1. cargo test --workspace        unit, property, in-memory protocol and loopback tests
+#   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
+#   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
+#   4. scripts/interop-linux-target.sh (when present) our host against the Linux kernel target
+# Set SLUICE_SKIP_PEERS=1 to skip 3-4 (they need QEMU and ~10 minutes).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+stage() { echo; echo "=== $* ==="; }
+PASSED=0
+FAILED=0
+record() {
+    if [[ $1 -eq 0 ]]; then PASSED=$((PASSED + 1)); echo "stage ok: $2"; else FAILED=$((FAILED + 1)); echo "stage FAILED: $2"; fi
+}
+
+if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
+    stage "installing the Linux peer harness (QEMU, kernels, nvme-cli, fio)"
+    scripts/install-linux-peer.sh --no-tshark
+fi
+
+stage "cargo test --workspace"
+set +e
+cargo test --workspace --all-targets 2>&1
+rc=$?
+set -e
+record $rc "cargo test"
+
+stage "fuzz smoke"
+set +e
+scripts/fuzz-smoke.sh "${FUZZ_SECONDS:-15}"
+rc=$?
+set -e
+record $rc "fuzz smoke"
+
+if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
+    stage "Linux kernel host against the Sluice target"
+    set +e
+    scripts/interop-linux-host.sh
+    rc=$?
+    set -e
+    record $rc "interop: Linux host"
+    if [[ -x scripts/interop-linux-target.sh ]]; then
+        stage "Sluice host against the Linux kernel target"
+        set +e
+        scripts/interop-linux-target.sh
+        rc=$?
+        set -e
+        record $rc "interop: Linux target"
+    fi
+fi
+
+echo
+echo "stages: $PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]
