@@ -2,7 +2,11 @@
 //!
 //! * `sluice target`: run an NVMe/TCP target (embedded default or `--config`).
 //! * `sluice check-config`: validate a target configuration file.
+//! * `sluice bench`: load generator (fio / spdk_nvme_perf style) with tenants
+//!   and the raw TCP floor measured in the same run.
+//! * `sluice discover`: read a discovery service's log.
 
+mod host_cmd;
 mod target_cmd;
 
 use anyhow::Result;
@@ -26,6 +30,11 @@ struct Cli {
 enum Command {
     /// Run an NVMe/TCP target.
     Target(target_cmd::TargetArgs),
+    /// Generate load against an NVMe/TCP target and report IOPS, bandwidth,
+    /// latency percentiles and CPU.
+    Bench(Box<sluice_bench::BenchArgs>),
+    /// Read the discovery log of an NVMe/TCP discovery service.
+    Discover(host_cmd::DiscoverArgs),
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
@@ -44,6 +53,8 @@ fn main() {
     let r: Result<()> = match cli.command {
         Command::Target(a) => target_cmd::run(a),
         Command::CheckConfig { config } => target_cmd::check(&config),
+        Command::Bench(a) => host_cmd::bench(*a),
+        Command::Discover(a) => host_cmd::discover(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
