@@ -230,8 +230,10 @@ impl Controller {
         Ok(v)
     }
 
-    /// Property Set: only CC is writable. Runs the enable/shutdown state machine.
-    pub fn property_set(&self, offset: u32, size8: bool, value: u64) -> Result<(), Status> {
+    /// Property Set: only CC is writable. Runs the enable/shutdown state
+    /// machine. Returns whether a shutdown notification started, in which case
+    /// the caller flushes every namespace and then calls `shutdown_flushed`.
+    pub fn property_set(&self, offset: u32, size8: bool, value: u64) -> Result<bool, Status> {
         use sluice_proto::fabrics::prop;
         if offset != prop::CC || size8 {
             return Err(Status::INVALID_FIELD);
@@ -252,7 +254,7 @@ impl Controller {
             if !sizes_ok || css != 0 || ams != 0 || mps != 0 {
                 s.csts |= csts::CFS;
                 s.cc = new;
-                return Ok(());
+                return Ok(false);
             }
             s.csts = (s.csts & !csts::SHST_COMPLETE & !csts::SHST_OCCURRING) | csts::RDY;
         } else if new & cc::EN == 0 && old & cc::EN != 0 {
@@ -260,15 +262,26 @@ impl Controller {
             // by the host. Ready clears.
             s.csts &= !csts::RDY;
         }
+        let mut shutdown_started = false;
         if new & cc::SHN_MASK != 0 && old & cc::SHN_MASK == 0 {
-            // Shutdown: nothing is cached in the controller itself; backends
-            // are flushed by the I/O layer, so shutdown completes at once.
-            s.csts = (s.csts & !csts::SHST_OCCURRING) | csts::SHST_COMPLETE;
+            // Shutdown notification: SHST reads "occurring" until the queue
+            // that received it has flushed every namespace (see
+            // `shutdown_flushed`).
+            s.csts = (s.csts & !csts::SHST_COMPLETE) | csts::SHST_OCCURRING;
+            shutdown_started = true;
         } else if new & cc::SHN_MASK == 0 {
             s.csts &= !(csts::SHST_COMPLETE | csts::SHST_OCCURRING);
         }
         s.cc = new;
-        Ok(())
+        Ok(shutdown_started)
+    }
+
+    /// Every namespace was flushed after a shutdown notification: SHST = complete.
+    pub fn shutdown_flushed(&self) {
+        let mut s = self.lock();
+        if s.csts & csts::SHST_OCCURRING != 0 {
+            s.csts = (s.csts & !csts::SHST_OCCURRING) | csts::SHST_COMPLETE;
+        }
     }
 
     /// Executes an admin command (not Fabrics, not I/O).

@@ -40,6 +40,8 @@ pub const ADMIN_INLINE_BYTES: u32 = 8192;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a queue checks whether its controller has failed.
 pub const CONTROLLER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+/// Backend tag of the flushes a shutdown notification triggers (no command slot).
+const SHUTDOWN_FLUSH_TAG: u64 = 0xffff_fffe;
 /// Stop reading from a host whose unsent output exceeds this.
 pub const TX_BACKLOG_BYTES_MAX: usize = 8 << 20;
 
@@ -142,6 +144,8 @@ pub struct QueueConnection {
     backend_out: VecDeque<BackendSubmit>,
     backend_in_flight: u32,
     held_aers: Vec<u16>,
+    /// Flushes outstanding for a shutdown notification.
+    shutdown_flushes: u32,
     maxr2t: u32,
     draining: bool,
     next_check: Instant,
@@ -190,6 +194,7 @@ impl QueueConnection {
             backend_out: VecDeque::new(),
             backend_in_flight: 0,
             held_aers: Vec::new(),
+            shutdown_flushes: 0,
             maxr2t: 0,
             draining: false,
             next_check: now + CONTROLLER_CHECK_INTERVAL,
@@ -985,10 +990,38 @@ impl QueueConnection {
         }
     }
 
+    /// Flushes every namespace of the controller's subsystem for a shutdown
+    /// notification; SHST becomes "complete" when the last flush finishes.
+    fn start_shutdown_flush(&mut self, ctrl: &Arc<Controller>) {
+        let namespaces: Vec<Arc<Namespace>> = ctrl.subsystem.namespaces.values().cloned().collect();
+        if namespaces.is_empty() {
+            ctrl.shutdown_flushed();
+            return;
+        }
+        self.shutdown_flushes += namespaces.len() as u32;
+        for ns in namespaces {
+            let req = IoRequest { tag: SHUTDOWN_FLUSH_TAG, op: IoOp::Flush, offset_bytes: 0, len_bytes: 0, buf: None };
+            self.backend_out.push_back(BackendSubmit { ns, req });
+        }
+    }
+
     /// Hands back a backend completion (low 32 bits of the tag).
     pub fn handle_backend_completion(&mut self, c: IoCompletion, now: Instant) {
         let _g = self.span.clone().entered();
         self.backend_in_flight = self.backend_in_flight.saturating_sub(1);
+        if c.tag & 0xffff_ffff == SHUTDOWN_FLUSH_TAG {
+            if let Err(e) = &c.result {
+                tracing::error!(error = %e, "flush for the shutdown notification failed");
+            }
+            self.shutdown_flushes = self.shutdown_flushes.saturating_sub(1);
+            if self.shutdown_flushes == 0 {
+                if let Some(ctrl) = &self.ctrl {
+                    ctrl.shutdown_flushed();
+                }
+            }
+            self.maybe_finish_close();
+            return;
+        }
         let slot = (c.tag & 0xffff) as u16;
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(|c| c.as_mut()) else {
             self.maybe_finish_close();
@@ -1114,9 +1147,15 @@ impl QueueConnection {
                         Err(s) => self.complete(slot, s, 0, 0, now),
                     }
                 } else {
-                    let r = ctrl.property_set(p.offset, p.size8, p.value);
-                    let st = r.err().unwrap_or(Status::SUCCESS);
-                    self.complete(slot, st, 0, 0, now);
+                    match ctrl.property_set(p.offset, p.size8, p.value) {
+                        Ok(shutdown_started) => {
+                            if shutdown_started {
+                                self.start_shutdown_flush(&ctrl);
+                            }
+                            self.complete(slot, Status::SUCCESS, 0, 0, now);
+                        }
+                        Err(st) => self.complete(slot, st, 0, 0, now),
+                    }
                 }
             }
             fctype::DISCONNECT => {

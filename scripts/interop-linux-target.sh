@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Interop suite: the Sluice host library and `sluice bench` against the real
+# Linux kernel NVMe/TCP target (nvmet-tcp, null_blk namespace) in QEMU.
+#
+#   scripts/interop-linux-target.sh [--kernels "6.1 6.12"] [--keep-logs DIR]
+#
+# Per kernel: boot the guest as a target (reached through hostfwd), run the
+# host interop checks (crates/sluice-host/examples/interop.rs) without and
+# with digests, run `sluice bench --verify` with two tenants, then stop the
+# guest. On the last kernel, also kill the target mid-run and check that the
+# bench reports the failure instead of hanging. Prints "N passed, M failed".
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KERNELS="6.1 6.12"
+KEEP=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --kernels) KERNELS=$2; shift ;;
+        --keep-logs) KEEP=$2; shift ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        *) echo "interop-target: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+HPORT=${SLUICE_INTEROP_TARGET_PORT:-34520}
+CPORT=${SLUICE_INTEROP_CTRL_PORT:-34599}
+SUBNQN=nqn.2014-08.org.sluice:kernel-target
+WORK=$(mktemp -d /tmp/sluice-interop-target.XXXXXX)
+LOGDIR=${KEEP:-$WORK/logs}
+mkdir -p "$LOGDIR"
+QPID=""
+cleanup() {
+    if [[ -n "$QPID" ]] && kill -0 "$QPID" 2>/dev/null; then kill "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true; fi
+    [[ -n "$KEEP" ]] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "interop-target: building"
+(cd "$ROOT" && cargo build -q -p sluice-cli && cargo build -q -p sluice-host --example interop)
+SLUICE=$ROOT/target/debug/sluice
+INTEROP=$ROOT/target/debug/examples/interop
+
+PASSED=0
+FAILED=0
+check() {
+    local name=$1; shift
+    local t0=$SECONDS
+    if "$@" >"$LOGDIR/$name.out" 2>&1; then
+        PASSED=$((PASSED + 1)); echo "interop-target: PASS $name ($((SECONDS - t0)) s)"
+    else
+        FAILED=$((FAILED + 1)); echo "interop-target: FAIL $name ($((SECONDS - t0)) s)"; tail -n 30 "$LOGDIR/$name.out" | sed 's/^/    /'
+    fi
+}
+
+boot_target() {
+    local k=$1 log=$2
+    "$ROOT/scripts/linux-peer-run.sh" --kernel "$k" --script "$ROOT/tests/linux-peer/guest/target-nvmet.sh" \
+        -e SUBNQN=$SUBNQN -e NS_MB=512 -e TARGET_UP_SECONDS=400 -e EXPECT_HOST_CONNECT=1 \
+        --hostfwd "tcp:127.0.0.1:$HPORT-:4420" --hostfwd "tcp:127.0.0.1:$CPORT-:4499" \
+        --timeout 460 --log "$log" >"$log.run" 2>&1 &
+    QPID=$!
+    for _ in $(seq 240); do
+        grep -q "SLUICE-PEER-READY" "$log" 2>/dev/null && return 0
+        kill -0 "$QPID" 2>/dev/null || return 1
+        sleep 0.5
+    done
+    return 1
+}
+
+stop_target() {
+    printf 'stop\n' > "/dev/tcp/127.0.0.1/$CPORT" 2>/dev/null || true
+    local rc=0
+    wait "$QPID" || rc=$?
+    QPID=""
+    return $rc
+}
+
+bench_verify() {
+    "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --rw randrw --bs 4k-64k --qd 4 --runtime 6 --verify \
+        --span 64m --job "tenant-a,hostnqn=nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-0000000000aa,rw=randrw,bs=4k-64k,qd=4" --job "tenant-b,hostnqn=nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-0000000000bb,rw=randread,bs=4k,qd=2" \
+        --json > "$LOGDIR/bench.json"
+    python3 - "$LOGDIR/bench.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+jobs = r.get("jobs", [])
+assert len(jobs) == 2, f"expected 2 jobs, got {len(jobs)}"
+for j in jobs:
+    assert j.get("errors", 1) == 0 and j.get("verify_errors", 1) == 0, f"job {j.get('name')} had errors: {j}"
+    assert j.get("ios", 0) > 0, f"job {j.get('name')} did no I/O: {j}"
+print("bench ok:", [(j.get("name"), j.get("ios")) for j in jobs])
+PY
+}
+
+last=${KERNELS##* }
+for k in $KERNELS; do
+    if ! boot_target "$k" "$LOGDIR/guest-$k.log"; then
+        FAILED=$((FAILED + 1)); echo "interop-target: FAIL linux-$k target did not come up"; tail -n 40 "$LOGDIR/guest-$k.log" | sed 's/^/    /'
+        [[ -n "$QPID" ]] && kill "$QPID" 2>/dev/null; QPID=""
+        continue
+    fi
+    check "linux-$k-host-plain" "$INTEROP" "127.0.0.1:$HPORT" $SUBNQN
+    check "linux-$k-host-digests" "$INTEROP" "127.0.0.1:$HPORT" $SUBNQN --digests
+    check "linux-$k-bench-verify-2-tenants" bench_verify
+    check "linux-$k-target-clean-exit" stop_target
+done
+
+# The target disappears mid-run: the bench must report the errors and finish
+# by itself (its host library retries the connection with back-off first).
+killed_mid_run() {
+    boot_target "$last" "$LOGDIR/guest-kill.log" || return 1
+    "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --rw randread --qd 4 --runtime 20 --timeout-ms 5000 \
+        --json > "$LOGDIR/kill-bench.json" 2> "$LOGDIR/kill-bench.err" &
+    local bpid=$!
+    sleep 8
+    kill -9 "$QPID"; wait "$QPID" 2>/dev/null || true; QPID=""
+    local t0=$SECONDS rc=0
+    # The bench was asked for 20 s: it must end within its runtime plus the command timeout and slack.
+    for _ in $(seq 120); do kill -0 $bpid 2>/dev/null || break; sleep 0.5; done
+    if kill -0 $bpid 2>/dev/null; then kill $bpid; echo "bench still running $((SECONDS - t0)) s after the target died"; return 1; fi
+    wait $bpid || rc=$?
+    echo "bench exited with $rc $((SECONDS - t0)) s after the target died"; cat "$LOGDIR/kill-bench.err" | tail -5
+    [[ $rc -ne 0 ]] || grep -q '"errors": *[1-9]' "$LOGDIR/kill-bench.json"
+}
+check "linux-$last-target-killed-mid-run" killed_mid_run
+
+echo "interop-target: $PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]
