@@ -135,7 +135,7 @@ copy_with_libs() {  # $1 root, $2 binary path -> copies binary + ldd closure + l
 }
 
 build_initramfs() {  # $1 extracted kernel root, $2 kver, $3 output .cpio.gz
-    local kroot=$1 kver=$2 out=$3 work root m line ko dst rel loaded=() builtin=()
+    local kroot=$1 kver=$2 out=$3 work root m line ko dst rel builtin=()
     work=$(mktemp -d "$CACHE/initramfs/build.XXXXXX")
     root=$work/root
     mkdir -p "$root"/{bin,dev,proc,sys,tmp,run,etc/nvme,lib/modules/"$kver"}

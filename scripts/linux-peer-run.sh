@@ -33,7 +33,7 @@ GUEST_DIR=$REPO_ROOT/tests/linux-peer/guest
 usage_die() { echo "linux-peer-run: ERROR: $*" >&2; echo "(see: $0 --help)" >&2; exit 2; }
 log() { echo "linux-peer-run: $*" >&2; }
 
-KERNEL= SCRIPT= ENV_FILE= TIMEOUT=300 HOSTNQN= HOSTID= LOG= VERBOSE=0
+KERNEL='' SCRIPT='' ENV_FILE='' TIMEOUT=300 HOSTNQN='' HOSTID='' LOG='' VERBOSE=0
 HOSTFWDS=() EXTRA_ENV=() EXTRA_FILES=()
 while [[ $# -gt 0 ]]; do
     case "$1" in

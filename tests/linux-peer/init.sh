@@ -93,7 +93,7 @@ fi
 
 [ -f /test.env ] || : > /test.env
 
-cd /tmp
+cd /tmp || true
 # /test.env is sourced in the child shell so that a broken env file cannot kill PID 1.
 timeout -s KILL "$GUEST_TIMEOUT" sh -c 'set -a; . /test.env || exit 126; set +a; exec sh /test.sh'
 rc=$?

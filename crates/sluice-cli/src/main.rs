@@ -5,9 +5,17 @@
 //! * `sluice bench`: load generator (fio / spdk_nvme_perf style) with tenants
 //!   and the raw TCP floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
+//! * `sluice top`: live per-tenant view from a target's admin endpoint.
+//! * `sluice experiment`: the tenant experiments (docs/experiments).
+//! * `sluice nbd`, `sluice fuse`: export a remote namespace over NBD or as a
+//!   file in a FUSE mount.
 
+mod experiment_cmd;
+mod export_cmd;
 mod host_cmd;
+mod svg;
 mod target_cmd;
+mod top_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -35,6 +43,15 @@ enum Command {
     Bench(Box<sluice_bench::BenchArgs>),
     /// Read the discovery log of an NVMe/TCP discovery service.
     Discover(host_cmd::DiscoverArgs),
+    /// Serve a remote namespace over NBD (Unix socket or TCP).
+    Nbd(export_cmd::NbdArgs),
+    /// Mount a remote namespace as a single file in a FUSE filesystem.
+    Fuse(export_cmd::FuseArgs),
+    /// Show tenants live (IOPS, bandwidth, latency, CPU, throttling) from a
+    /// target's admin endpoint.
+    Top(top_cmd::TopArgs),
+    /// Run a tenant experiment and write tables and plots.
+    Experiment(experiment_cmd::ExperimentArgs),
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
@@ -55,6 +72,10 @@ fn main() {
         Command::CheckConfig { config } => target_cmd::check(&config),
         Command::Bench(a) => host_cmd::bench(*a),
         Command::Discover(a) => host_cmd::discover(a),
+        Command::Top(a) => top_cmd::run(a),
+        Command::Experiment(a) => experiment_cmd::run(a),
+        Command::Nbd(a) => export_cmd::nbd(a),
+        Command::Fuse(a) => export_cmd::fuse(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

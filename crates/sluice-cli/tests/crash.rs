@@ -14,7 +14,11 @@ const BLOCKS_PER_WRITE: u64 = 8; // 4 KiB writes on 512 B blocks
 const SLOTS: u64 = 2048;
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start_target(config: &std::path::Path) -> Child {
@@ -66,7 +70,11 @@ fn acknowledged_writes_survive_a_killed_target() {
     )
     .unwrap();
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     // acked[slot] = last generation acknowledged for that slot.
     let acked: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; SLOTS as usize]));
     let mut child = start_target(&config);
@@ -75,7 +83,10 @@ fn acknowledged_writes_survive_a_killed_target() {
         io_queues: 2,
         queue_depth: 16,
         command_timeout: Duration::from_secs(5),
-        reconnect: ReconnectPolicy { attempts_max: 0, ..Default::default() },
+        reconnect: ReconnectPolicy {
+            attempts_max: 0,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -91,7 +102,16 @@ fn acknowledged_writes_survive_a_killed_target() {
                 for generation in 1.. {
                     let slot = (generation * 8 + w) % SLOTS;
                     let fua = generation % 3 == 0;
-                    let r = ns.write(slot * BLOCKS_PER_WRITE, &block(slot, generation), IoFlags { fua, ..Default::default() }).await;
+                    let r = ns
+                        .write(
+                            slot * BLOCKS_PER_WRITE,
+                            &block(slot, generation),
+                            IoFlags {
+                                fua,
+                                ..Default::default()
+                            },
+                        )
+                        .await;
                     if r.is_err() {
                         break;
                     }
@@ -111,7 +131,10 @@ fn acknowledged_writes_survive_a_killed_target() {
         }
         total
     });
-    assert!(writes_done > 100, "the writers made progress before the kill ({writes_done})");
+    assert!(
+        writes_done > 100,
+        "the writers made progress before the kill ({writes_done})"
+    );
 
     // A new target on the same file returns every acknowledged write.
     let mut child = start_target(&config);
@@ -126,7 +149,14 @@ fn acknowledged_writes_survive_a_killed_target() {
             if g == 0 {
                 continue;
             }
-            let d = ns.read(slot * BLOCKS_PER_WRITE, (BLOCKS_PER_WRITE * 512) as usize, IoFlags::default()).await.unwrap();
+            let d = ns
+                .read(
+                    slot * BLOCKS_PER_WRITE,
+                    (BLOCKS_PER_WRITE * 512) as usize,
+                    IoFlags::default(),
+                )
+                .await
+                .unwrap();
             let got = u64::from_le_bytes(d[..8].try_into().unwrap());
             // A later, unacknowledged write may also have landed; an older one may not.
             if got < g || (got == g && d != block(slot, g)) {
@@ -138,5 +168,9 @@ fn acknowledged_writes_survive_a_killed_target() {
     child.kill().unwrap();
     child.wait().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(mismatches.is_empty(), "acknowledged writes lost (slot, acked gen, found gen): {:?}", &mismatches[..mismatches.len().min(10)]);
+    assert!(
+        mismatches.is_empty(),
+        "acknowledged writes lost (slot, acked gen, found gen): {:?}",
+        &mismatches[..mismatches.len().min(10)]
+    );
 }

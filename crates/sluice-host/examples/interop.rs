@@ -17,13 +17,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len).map(|i| ((i as u64).wrapping_mul(2654435761) ^ seed) as u8).collect()
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2654435761) ^ seed) as u8)
+        .collect()
 }
 
 async fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let usage = "usage: interop ADDR:PORT SUBNQN [--digests] [--hostnqn NQN]";
-    let addr = args.next().ok_or(usage)?.parse().map_err(|e| format!("address: {e}"))?;
+    let addr = args
+        .next()
+        .ok_or(usage)?
+        .parse()
+        .map_err(|e| format!("address: {e}"))?;
     let subnqn = args.next().ok_or(usage)?;
     let mut opts = ConnectOptions {
         io_queues: 2,
@@ -44,13 +50,17 @@ async fn run() -> Result<(), String> {
     let step = |s: &str| println!("STEP {s}");
 
     step("discover");
-    let entries = discover(addr, &opts).await.map_err(|e| format!("discover: {e}"))?;
+    let entries = discover(addr, &opts)
+        .await
+        .map_err(|e| format!("discover: {e}"))?;
     if !entries.iter().any(|e| e.subnqn == subnqn) {
         return Err(format!("discovery log does not list {subnqn}: {entries:?}"));
     }
 
     step("connect");
-    let c = Controller::connect(addr, &subnqn, opts.clone()).await.map_err(|e| format!("connect: {e}"))?;
+    let c = Controller::connect(addr, &subnqn, opts.clone())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
     let id = c.identify();
     println!(
         "  cntlid {} model `{}` mdts {} ioccsz {} io queues {} max transfer {} B digests {}",
@@ -63,18 +73,37 @@ async fn run() -> Result<(), String> {
         opts.hdr_digest
     );
     if c.io_queue_count() < 2 {
-        return Err(format!("asked for 2 I/O queues, got {}", c.io_queue_count()));
+        return Err(format!(
+            "asked for 2 I/O queues, got {}",
+            c.io_queue_count()
+        ));
     }
-    let nsid = c.namespaces().first().map(|n| n.nsid).ok_or("no namespace")?;
+    let nsid = c
+        .namespaces()
+        .first()
+        .map(|n| n.nsid)
+        .ok_or("no namespace")?;
     let ns = c.namespace(nsid).map_err(|e| e.to_string())?;
     let bs = ns.block_size_bytes() as usize;
 
     step("write-read sizes");
-    for (lba, len) in [(0u64, bs), (8, 4096), (64, 16384), (256, 65536), (1024, 1 << 20), (4096, 3 << 20)] {
+    for (lba, len) in [
+        (0u64, bs),
+        (8, 4096),
+        (64, 16384),
+        (256, 65536),
+        (1024, 1 << 20),
+        (4096, 3 << 20),
+    ] {
         let len = len.div_ceil(bs) * bs;
         let d = pattern(len, lba);
-        ns.write(lba, &d, IoFlags::default()).await.map_err(|e| format!("write {len} B at {lba}: {e}"))?;
-        let r = ns.read(lba, len, IoFlags::default()).await.map_err(|e| format!("read {len} B at {lba}: {e}"))?;
+        ns.write(lba, &d, IoFlags::default())
+            .await
+            .map_err(|e| format!("write {len} B at {lba}: {e}"))?;
+        let r = ns
+            .read(lba, len, IoFlags::default())
+            .await
+            .map_err(|e| format!("read {len} B at {lba}: {e}"))?;
         if r != d {
             return Err(format!("read back {len} B at LBA {lba} differs"));
         }
@@ -85,7 +114,10 @@ async fn run() -> Result<(), String> {
     let base = 16384u64;
     let writes = (0..64u64).map(|i| {
         let ns = ns.clone();
-        async move { ns.write(base + i * 16, &pattern(8192, i + 100), IoFlags::default()).await }
+        async move {
+            ns.write(base + i * 16, &pattern(8192, i + 100), IoFlags::default())
+                .await
+        }
     });
     for r in futures_join(writes).await {
         r.map_err(|e| format!("concurrent write: {e}"))?;
@@ -102,13 +134,23 @@ async fn run() -> Result<(), String> {
     }
 
     step("fua-flush");
-    let fua = IoFlags { fua: true, ..Default::default() };
-    ns.write(32768, &pattern(4096, 7), fua).await.map_err(|e| format!("FUA write: {e}"))?;
+    let fua = IoFlags {
+        fua: true,
+        ..Default::default()
+    };
+    ns.write(32768, &pattern(4096, 7), fua)
+        .await
+        .map_err(|e| format!("FUA write: {e}"))?;
     ns.flush().await.map_err(|e| format!("flush: {e}"))?;
 
     step("write-zeroes");
-    ns.write_zeroes(8, (4096 / bs) as u64).await.map_err(|e| format!("write zeroes: {e}"))?;
-    let z = ns.read(8, 4096, IoFlags::default()).await.map_err(|e| format!("read after write zeroes: {e}"))?;
+    ns.write_zeroes(8, (4096 / bs) as u64)
+        .await
+        .map_err(|e| format!("write zeroes: {e}"))?;
+    let z = ns
+        .read(8, 4096, IoFlags::default())
+        .await
+        .map_err(|e| format!("read after write zeroes: {e}"))?;
     if z.iter().any(|&b| b != 0) {
         return Err("write zeroes did not zero".into());
     }
@@ -120,8 +162,14 @@ async fn run() -> Result<(), String> {
     match c.io(sqe, Payload::Read(2 * bs as u32)).await {
         // Sluice answers LBA Out of Range; Linux nvmet on a bdev answers
         // Internal Error. Either way the host must surface an NVMe status.
-        Err(HostError::Nvme { status, .. }) if status.sct == 0 && status.dnr => println!("  error surfaced: {status}"),
-        other => return Err(format!("read past the end gave {other:?}, expected an NVMe error status")),
+        Err(HostError::Nvme { status, .. }) if status.sct == 0 && status.dnr => {
+            println!("  error surfaced: {status}")
+        }
+        other => {
+            return Err(format!(
+                "read past the end gave {other:?}, expected an NVMe error status"
+            ))
+        }
     }
 
     step("disconnect");

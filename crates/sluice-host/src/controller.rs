@@ -84,6 +84,9 @@ pub struct ConnectOptions {
     pub max_transfer_bytes: u32,
     /// Put [`IoFlags`] urgent/barrier hints on the wire (CDW13).
     pub wire_hints: bool,
+    /// Completion coalescing of task wake-ups on I/O queues (default off);
+    /// see docs/isolation.md.
+    pub coalescing: sluice_proto::coalesce::CoalesceConfig,
 }
 
 impl Default for ConnectOptions {
@@ -102,6 +105,7 @@ impl Default for ConnectOptions {
             polling: PollingPolicy::Interrupt,
             max_transfer_bytes: 1 << 20,
             wire_hints: true,
+            coalescing: sluice_proto::coalesce::CoalesceConfig::default(),
         }
     }
 }
@@ -319,6 +323,7 @@ pub(crate) async fn open_admin(
             polling: opts.polling,
             connect_timeout: opts.connect_timeout,
             hostnqn: opts.hostnqn.clone(),
+            coalescing: opts.coalescing,
         },
         timeouts,
     )
@@ -406,6 +411,7 @@ async fn establish(
                     polling: opts.polling,
                     connect_timeout: opts.connect_timeout,
                     hostnqn: opts.hostnqn.clone(),
+                    coalescing: opts.coalescing,
                 },
                 Some(to_tx.clone()),
             )

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
+use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -117,6 +118,9 @@ pub struct QueueParams {
     pub connect_timeout: Duration,
     /// For tracing spans.
     pub hostnqn: String,
+    /// Completion coalescing of wake-ups (I/O queues; `Off` delivers each
+    /// completion at once).
+    pub coalescing: CoalesceConfig,
 }
 
 impl QueueHandle {
@@ -160,7 +164,11 @@ impl QueueHandle {
             .spawn(move || {
                 let span = tracing::debug_span!("queue", hostnqn = %p.hostnqn, qid);
                 let _g = span.enter();
+                let co = (qid > 0 && p.coalescing.mode != CoalesceMode::Off)
+                    .then(|| Coalescer::new(p.coalescing));
                 let mut d = Driver {
+                    co,
+                    held: Vec::new(),
                     core: QueuePairCore::new(p.core, Instant::now()),
                     stream: mio::net::TcpStream::from_std(stream),
                     poll,
@@ -260,6 +268,10 @@ pub async fn wait(rx: oneshot::Receiver<Result<Completion>>) -> Result<Completio
 }
 
 struct Driver {
+    /// Batches completion wake-ups (Algorithm 1); `None` = deliver each.
+    co: Option<Coalescer>,
+    /// Completions held by the coalescer (token, result).
+    held: Vec<(usize, Result<Completion>)>,
     core: QueuePairCore,
     stream: mio::net::TcpStream,
     poll: Poll,
@@ -298,6 +310,7 @@ impl Driver {
                 next_timer = now + TIMER_CHECK;
             }
             progress |= self.deliver();
+            let co_wait = self.coalesce_timer(now);
             if self.core.is_closed() {
                 self.finish();
                 return;
@@ -317,13 +330,17 @@ impl Driver {
                 last_progress = now;
                 continue;
             }
-            let spin = match self.polling {
-                PollingPolicy::BusyPoll => true,
-                PollingPolicy::Adaptive { spin_us } => {
-                    now.duration_since(last_progress) < Duration::from_micros(spin_us as u64)
-                }
-                PollingPolicy::Interrupt => false,
-            };
+            // Held completions: epoll sleeps in whole milliseconds, so a
+            // nearer coalescing deadline is met by spinning.
+            let co_spin = co_wait.is_some_and(|w| w < Duration::from_millis(1));
+            let spin = co_spin
+                || match self.polling {
+                    PollingPolicy::BusyPoll => true,
+                    PollingPolicy::Adaptive { spin_us } => {
+                        now.duration_since(last_progress) < Duration::from_micros(spin_us as u64)
+                    }
+                    PollingPolicy::Interrupt => false,
+                };
             if spin {
                 std::hint::spin_loop();
                 continue;
@@ -339,7 +356,8 @@ impl Driver {
                 .poll_timeout()
                 .map(|t| t.saturating_duration_since(now) + TIMER_CHECK)
                 .unwrap_or(IDLE_WAIT_MAX)
-                .min(IDLE_WAIT_MAX);
+                .min(IDLE_WAIT_MAX)
+                .min(co_wait.unwrap_or(IDLE_WAIT_MAX));
             if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
                 if e.kind() != ErrorKind::Interrupted {
                     self.core.close(&format!("epoll wait: {e}"));
@@ -381,8 +399,14 @@ impl Driver {
                     self.replies.len() - 1
                 }
             };
+            let hint = Hint::from_cdw13(req.sqe.cdw(13));
             match self.core.submit(now, req.sqe, req.payload, token as u64) {
-                Ok(_) => self.replies[token] = Some(req.reply),
+                Ok(_) => {
+                    self.replies[token] = Some(req.reply);
+                    if let Some(co) = self.co.as_mut() {
+                        co.submitted(token as u64, hint);
+                    }
+                }
                 Err(e) => {
                     self.free_tokens.push(token);
                     let _ = req.reply.send(Err(e));
@@ -464,9 +488,17 @@ impl Driver {
             match ev {
                 Event::Complete { token, result } => {
                     let t = token as usize;
-                    if let Some(tx) = self.replies.get_mut(t).and_then(|r| r.take()) {
-                        let _ = tx.send(result);
-                        self.free_tokens.push(t);
+                    let decision = match self.co.as_mut() {
+                        Some(co) => co.completed(token, Instant::now()),
+                        None => Decision::Deliver,
+                    };
+                    match decision {
+                        Decision::Deliver => self.wake_one(t, result),
+                        Decision::Hold => self.held.push((t, result)),
+                        Decision::FlushAll(_) => {
+                            self.held.push((t, result));
+                            self.wake_held();
+                        }
                     }
                 }
                 Event::TimedOut { qid, cid, opcode } => {
@@ -492,8 +524,35 @@ impl Driver {
         progress
     }
 
+    fn wake_one(&mut self, t: usize, result: Result<Completion>) {
+        if let Some(tx) = self.replies.get_mut(t).and_then(|r| r.take()) {
+            let _ = tx.send(result);
+            self.free_tokens.push(t);
+        }
+    }
+
+    /// Delivers every held completion (one coalesced notification).
+    fn wake_held(&mut self) {
+        for (t, r) in std::mem::take(&mut self.held) {
+            self.wake_one(t, r);
+        }
+    }
+
+    /// Runs the coalescer's timer; returns how long until it must run again.
+    fn coalesce_timer(&mut self, now: Instant) -> Option<Duration> {
+        let co = self.co.as_mut()?;
+        if co.poll(now).is_some() {
+            self.wake_held();
+        }
+        self.co
+            .as_ref()
+            .and_then(|c| c.next_deadline())
+            .map(|d| d.saturating_duration_since(now))
+    }
+
     /// Flushes a final TermReq (best effort), fails queued requests, exits.
     fn finish(&mut self) {
+        self.wake_held();
         self.shared.closed.store(true, Ordering::Release);
         if let Some(b) = self.core.poll_transmit() {
             self.out.extend_from_slice(&b);

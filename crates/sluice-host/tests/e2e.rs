@@ -269,3 +269,60 @@ async fn reconnects_and_retries_after_connection_loss() {
     assert_eq!(r, vec![5u8; 512]);
     c.disconnect(Duration::from_secs(1)).await;
 }
+
+/// The full round trip with every completion coalescing mode on the host's
+/// wake-up path (held completions are released by threshold, timer, urgent
+/// or barrier; nothing is lost), plus concurrent hinted I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_every_coalescing_mode() {
+    use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
+    for mode in [
+        CoalesceMode::Static,
+        CoalesceMode::Adaptive,
+        CoalesceMode::Calibrated,
+    ] {
+        let co = CoalesceConfig {
+            mode,
+            threshold: 4,
+            timeout: Duration::from_micros(50),
+            ..CoalesceConfig::default()
+        };
+        round_trip(
+            MemTargetConfig::default(),
+            ConnectOptions {
+                coalescing: co,
+                ..opts()
+            },
+        )
+        .await;
+        let cfg = MemTargetConfig::default();
+        let t = MemTarget::start(cfg.clone()).expect("target");
+        let c = Controller::connect(
+            t.addr(),
+            &cfg.subnqn,
+            ConnectOptions {
+                coalescing: co,
+                ..opts()
+            },
+        )
+        .await
+        .expect("connect");
+        let ns = c.namespace(1).expect("ns");
+        let mut tasks = Vec::new();
+        for i in 0..24u64 {
+            let ns = ns.clone();
+            let flags = IoFlags {
+                urgent: i % 5 == 0,
+                barrier: i % 7 == 0,
+                fua: false,
+            };
+            tasks.push(tokio::spawn(async move {
+                ns.read(i * 8, 4096, flags).await.map(|d| d.len())
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.expect("task").expect("read"), 4096);
+        }
+        c.disconnect(Duration::from_secs(1)).await;
+    }
+}

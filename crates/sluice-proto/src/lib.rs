@@ -16,7 +16,9 @@
 //! * [`log`]: log pages (error, SMART, firmware slot, commands supported and
 //!   effects, changed namespace list) and the discovery log page.
 //! * [`digest`]: CRC32C as NVMe/TCP uses it.
+//! * [`coalesce`]: completion coalescing (static, adaptive, calibrated).
 
+pub mod coalesce;
 pub mod command;
 pub mod digest;
 pub mod fabrics;

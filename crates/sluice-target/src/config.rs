@@ -99,6 +99,11 @@ pub struct TargetSettings {
     pub kato_grace_ms: u32,
     /// How long graceful shutdown waits for in-flight commands.
     pub shutdown_drain_ms: u64,
+    /// Send path of every queue (`send_scheduler`, `[target.send]`,
+    /// `[target.coalescing]`); see docs/isolation.md.
+    pub send: crate::send::SendConfig,
+    /// Per-subsystem overrides of `send`, by NQN.
+    pub subsystem_send: std::collections::HashMap<String, crate::send::SendConfig>,
 }
 
 impl Default for TargetSettings {
@@ -121,6 +126,8 @@ impl Default for TargetSettings {
             io_queues_max: 8,
             kato_grace_ms: 500,
             shutdown_drain_ms: 5000,
+            send: crate::send::SendConfig::default(),
+            subsystem_send: std::collections::HashMap::new(),
         }
     }
 }
@@ -221,6 +228,8 @@ pub struct SubsystemConfig {
 pub struct Config {
     pub target: TargetSettings,
     pub subsystems: Vec<SubsystemConfig>,
+    /// Tenants, QoS and CPU isolation (see `tenant`).
+    pub tenants: crate::tenant::TenantsConfig,
 }
 
 // ---- raw TOML shapes ----
@@ -232,6 +241,10 @@ struct RawFile {
     target: RawTarget,
     #[serde(default)]
     subsystem: Vec<RawSubsystem>,
+    /// Tenant settings (`[tenants]`) and tenants (`[[tenant]]`).
+    tenants: Option<crate::tenant::RawTenants>,
+    #[serde(default)]
+    tenant: Vec<crate::tenant::RawTenant>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -252,6 +265,9 @@ struct RawTarget {
     io_queues_max: Option<i64>,
     kato_grace_ms: Option<i64>,
     shutdown_drain_ms: Option<i64>,
+    send_scheduler: Option<String>,
+    send: Option<crate::send_config::RawSend>,
+    coalescing: Option<crate::send_config::RawCoalescing>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -266,6 +282,9 @@ struct RawSubsystem {
     model: Option<String>,
     #[serde(default)]
     namespace: Vec<RawNamespace>,
+    send_scheduler: Option<String>,
+    send: Option<crate::send_config::RawSend>,
+    coalescing: Option<crate::send_config::RawCoalescing>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -480,6 +499,13 @@ impl Config {
         if let Some(v) = r.shutdown_drain_ms {
             t.shutdown_drain_ms = ranged("target.shutdown_drain_ms", v, 0, 600_000)? as u64;
         }
+        t.send = crate::send_config::resolve(
+            &t.send,
+            "target",
+            r.send_scheduler.as_deref(),
+            r.send.as_ref(),
+            r.coalescing.as_ref(),
+        )?;
 
         if raw.subsystem.len() > SUBSYSTEMS_MAX {
             return Err(err(
@@ -491,6 +517,16 @@ impl Config {
         let mut subsystems = Vec::new();
         for (i, s) in raw.subsystem.into_iter().enumerate() {
             let k = format!("subsystem[{i}]");
+            if s.send_scheduler.is_some() || s.send.is_some() || s.coalescing.is_some() {
+                let sc = crate::send_config::resolve(
+                    &t.send,
+                    &k,
+                    s.send_scheduler.as_deref(),
+                    s.send.as_ref(),
+                    s.coalescing.as_ref(),
+                )?;
+                t.subsystem_send.insert(s.nqn.clone(), sc);
+            }
             validate_nqn(&format!("{k}.nqn"), &s.nqn)?;
             if s.nqn == sluice_proto::DISCOVERY_NQN {
                 return Err(err(format!("{k}.nqn"), "the discovery NQN is reserved"));
@@ -658,9 +694,15 @@ impl Config {
                 namespaces,
             });
         }
+        let tenants = crate::tenant::TenantsConfig::from_raw(
+            raw.tenants,
+            raw.tenant,
+            u64::from(t.mdts_bytes),
+        )?;
         Ok(Config {
             target: t,
             subsystems,
+            tenants,
         })
     }
 
@@ -683,6 +725,7 @@ impl Config {
                     uuid: None,
                 }],
             }],
+            tenants: Default::default(),
         }
     }
 }

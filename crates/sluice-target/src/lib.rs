@@ -8,14 +8,18 @@
 //! * [`send`]: the per-queue send scheduler.
 //! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
 //! * [`metrics`]: counters per namespace and host.
+//! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
+//!   admin endpoint.
 
 pub mod config;
 pub mod controller;
 pub mod metrics;
 pub mod queue;
 pub mod send;
+mod send_config;
 pub mod server;
 pub mod subsystem;
+pub mod tenant;
 
 pub use config::Config;
 pub use server::{Target, TargetHandle};

@@ -15,9 +15,10 @@
 //! SUCCESS flag when the host disabled SQ flow control).
 
 use crate::controller::{AdminContext, AdminReply, Controller, AER_MAX};
-use crate::send::{Immediate, PduClass, SendScheduler};
+use crate::send::{Immediate, PduClass, SendScheduler, SendStats};
 use crate::subsystem::{Namespace, Registry, SubsystemKind};
 use sluice_backend::{AlignedBuf, BackendError, IoCompletion, IoOp, IoRequest};
+use sluice_proto::coalesce::Hint;
 use sluice_proto::command::{admin, io, rw, sgl, Cqe, Sqe, FUSE_MASK, PSDT_MASK, PSDT_SGL};
 use sluice_proto::fabrics::{
     connect_data_offset, connect_invalid_param_result, connect_offset, fctype, ConnectCommand,
@@ -265,6 +266,11 @@ impl QueueConnection {
         self.maybe_finish_close();
     }
 
+    /// When the send path must next be polled (a held PDU's deadline).
+    pub fn send_deadline(&self) -> Option<Instant> {
+        self.tx.next_deadline()
+    }
+
     /// When [`Self::handle_timeout`] must run next.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.state == ConnState::Closed {
@@ -353,6 +359,22 @@ impl QueueConnection {
 
     pub fn stats(&self) -> QueueStats {
         self.stats
+    }
+
+    /// Counters of the send path (flushes, reasons, waits, notifications).
+    pub fn send_stats(&self) -> SendStats {
+        self.tx.stats()
+    }
+
+    /// Swaps the send scheduler (at Connect, once the subsystem is known);
+    /// bytes the old one still holds go first.
+    fn replace_scheduler(&mut self, mut new: Box<dyn SendScheduler>, now: Instant) {
+        let old = self.tx.due().to_vec();
+        if !old.is_empty() {
+            new.buffer(PduClass::Control).extend_from_slice(&old);
+            new.commit(PduClass::Control, now);
+        }
+        self.tx = new;
     }
 
     /// The peer closed the socket or it failed: nothing more can be sent.
@@ -591,6 +613,13 @@ impl QueueConnection {
                 status: Status::SUCCESS,
             },
         );
+        if self.qid > 0 {
+            let hint = match sqe.opcode() {
+                io::READ | io::WRITE => Hint::from_cdw13(sqe.cdw(13)),
+                _ => Hint::Normal,
+            };
+            self.tx.command_started(cid, hint);
+        }
         if dir == DataDir::HostToController && !in_capsule && sgl_len > 0 {
             // Ask for the data: one R2T for the whole transfer (MAXR2T >= 1).
             let cmd = self.cmds[slot as usize]
@@ -605,7 +634,7 @@ impl QueueConnection {
                 offset: 0,
                 len: sgl_len,
             };
-            self.send_pdu(PduClass::R2t, &PduHeader::R2t(r2t), &[], now);
+            self.send_cmd_pdu(PduClass::R2t, cid, &PduHeader::R2t(r2t), now);
             return;
         }
         if !digest_ok {
@@ -1000,7 +1029,13 @@ impl QueueConnection {
         }
         self.shutdown_flushes += namespaces.len() as u32;
         for ns in namespaces {
-            let req = IoRequest { tag: SHUTDOWN_FLUSH_TAG, op: IoOp::Flush, offset_bytes: 0, len_bytes: 0, buf: None };
+            let req = IoRequest {
+                tag: SHUTDOWN_FLUSH_TAG,
+                op: IoOp::Flush,
+                offset_bytes: 0,
+                len_bytes: 0,
+                buf: None,
+            };
             self.backend_out.push_back(BackendSubmit { ns, req });
         }
     }
@@ -1246,6 +1281,9 @@ impl QueueConnection {
         };
         self.span.record("cntlid", ctrl.cntlid);
         self.span.record("qid", c.qid);
+        let st = &self.reg.settings;
+        let send = st.subsystem_send.get(&cd.subnqn).unwrap_or(&st.send);
+        self.replace_scheduler(send.build(c.qid > 0), now);
         self.qid = c.qid;
         self.depth = c.sqsize + 1;
         self.sq_flow_disabled = c.cattr & CATTR_DISABLE_SQ_FLOW != 0;
@@ -1269,9 +1307,16 @@ impl QueueConnection {
         self.tx.commit(class, now);
     }
 
+    /// Encodes a PDU without data that belongs to command `cid`.
+    fn send_cmd_pdu(&mut self, class: PduClass, cid: u16, h: &PduHeader, now: Instant) {
+        let buf = self.tx.buffer(class);
+        encode_pdu(h, &[], &self.txp, buf);
+        self.tx.commit_cmd(class, cid, now);
+    }
+
     fn respond_now(&mut self, cid: u16, status: Status, result: u32, now: Instant) {
         let cqe = self.cqe(cid, status, result, 0);
-        self.send_pdu(PduClass::Response, &PduHeader::CapsuleResp(cqe), &[], now);
+        self.send_cmd_pdu(PduClass::Response, cid, &PduHeader::CapsuleResp(cqe), now);
     }
 
     fn cqe(&self, cid: u16, status: Status, result: u32, dw1: u32) -> Cqe {
@@ -1298,7 +1343,12 @@ impl QueueConnection {
             tracing::debug!(cid = cmd.sqe.cid(), opcode = cmd.sqe.opcode(), %status, "command failed");
         }
         let cqe = self.cqe(cmd.sqe.cid(), status, result, dw1);
-        self.send_pdu(PduClass::Response, &PduHeader::CapsuleResp(cqe), &[], now);
+        self.send_cmd_pdu(
+            PduClass::Response,
+            cmd.sqe.cid(),
+            &PduHeader::CapsuleResp(cqe),
+            now,
+        );
         self.maybe_finish_close();
     }
 
@@ -1339,7 +1389,7 @@ impl QueueConnection {
             if dd > 0 {
                 buf.extend_from_slice(&sluice_proto::digest::crc32c(piece).to_le_bytes());
             }
-            self.tx.commit(PduClass::Data, now);
+            self.tx.commit_cmd(PduClass::Data, cid, now);
             self.stats.c2h_pdus += 1;
             off += n;
         }

@@ -15,6 +15,9 @@
 use crate::config::{Config, PollingMode};
 use crate::queue::QueueConnection;
 use crate::subsystem::{Registry, RegistryError};
+use crate::tenant::admin::AdminServer;
+use crate::tenant::worker::WorkerTenancy;
+use crate::tenant::{TenantId, TenantRuntime};
 use mio::net::{TcpListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -73,6 +76,8 @@ pub struct TargetHandle {
     local_addr: SocketAddr,
     discovery_addr: Option<SocketAddr>,
     started: Instant,
+    tenants: Arc<TenantRuntime>,
+    admin: Option<AdminServer>,
 }
 
 const WAKER: Token = Token(0);
@@ -90,6 +95,14 @@ impl Target {
     /// Opens backends, binds listeners and starts the worker threads.
     pub fn start(config: &Config) -> Result<TargetHandle, StartError> {
         let reg = Arc::new(Registry::build(config)?);
+        let tenants = Arc::new(TenantRuntime::new(config, &reg));
+        let admin = match tenants.settings.admin_listen {
+            Some(a) => Some(
+                AdminServer::start(a, tenants.clone())
+                    .map_err(|source| StartError::Listen { addr: a, source })?,
+            ),
+            None => None,
+        };
         let st = &reg.settings;
         let std_listener =
             std::net::TcpListener::bind(st.listen).map_err(|source| StartError::Listen {
@@ -130,7 +143,8 @@ impl Target {
             let (tx, rx) = channel();
             senders.push(tx);
             wakers.push(waker.clone());
-            let w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone());
+            let mut w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone());
+            w.tenancy = Some(WorkerTenancy::new(tenants.clone()));
             let h = std::thread::Builder::new()
                 .name(format!("sluice-worker-{id}"))
                 .spawn(move || w.run())
@@ -178,6 +192,8 @@ impl Target {
             local_addr,
             discovery_addr,
             started: Instant::now(),
+            tenants,
+            admin,
         })
     }
 }
@@ -195,6 +211,14 @@ impl TargetHandle {
     }
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
+    }
+    /// Tenant table, counters and run-time updates.
+    pub fn tenants(&self) -> &Arc<TenantRuntime> {
+        &self.tenants
+    }
+    /// Address of the admin endpoint, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr())
     }
 
     /// Graceful shutdown: stop accepting, let in-flight commands finish and
@@ -306,6 +330,8 @@ struct ConnEntry {
     /// Last write hit WouldBlock; wait for a writable edge.
     write_blocked: bool,
     closed_socket: bool,
+    /// (tenant table generation, tenant) once the host NQN is known.
+    tenant: Option<(u64, TenantId)>,
 }
 
 struct BackendSlot {
@@ -324,6 +350,8 @@ struct Worker {
     queues: HashMap<usize, BackendSlot>,
     completions: Vec<IoCompletion>,
     connections_total: u64,
+    /// Tenant scheduling and CPU accounting (always set by `Target::start`).
+    tenancy: Option<WorkerTenancy>,
 }
 
 impl Worker {
@@ -345,6 +373,7 @@ impl Worker {
             queues: HashMap::new(),
             completions: Vec::new(),
             connections_total: 0,
+            tenancy: None,
         }
     }
 
@@ -361,7 +390,17 @@ impl Worker {
             loops += 1;
             let now = Instant::now();
             let deadline = self.next_deadline();
-            let until_deadline = deadline.map(|d| d.saturating_duration_since(now));
+            // epoll sleeps in whole milliseconds (mio rounds up): a deadline
+            // less than 1 ms away (send freights, coalescing) is met by
+            // polling until it passes.
+            let until_deadline = deadline.map(|d| {
+                let t = d.saturating_duration_since(now);
+                if t < Duration::from_millis(1) {
+                    Duration::ZERO
+                } else {
+                    t
+                }
+            });
             let timeout = match polling {
                 PollingMode::BusyPoll => Some(Duration::ZERO),
                 PollingMode::Interrupt => until_deadline,
@@ -389,6 +428,12 @@ impl Worker {
                 }
             }
             let now = Instant::now();
+            if let Some(t) = self.tenancy.as_mut() {
+                // One thread-CPU clock read per loop batch, charged to the
+                // tenants served in the previous batch.
+                t.refresh(now);
+                t.cpu_sample(thread_cpu(), now);
+            }
             let mut work = !events.is_empty();
             for ev in events.iter() {
                 let t = ev.token().0;
@@ -443,7 +488,7 @@ impl Worker {
         }
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
+    fn next_deadline(&mut self) -> Option<Instant> {
         let mut d: Option<Instant> = None;
         let mut take = |x: Option<Instant>| {
             if let Some(x) = x {
@@ -460,6 +505,9 @@ impl Worker {
                 // Completions that neither notify nor have a deadline: poll soon.
                 take(Some(Instant::now() + Duration::from_micros(50)));
             }
+        }
+        if let Some(t) = self.tenancy.as_mut() {
+            take(t.next_deadline(Instant::now()));
         }
         d
     }
@@ -501,6 +549,7 @@ impl Worker {
                 read_ready: true,
                 write_blocked: false,
                 closed_socket: false,
+                tenant: None,
             });
         }
         any
@@ -514,7 +563,12 @@ impl Worker {
             let Some(e) = self.conns[i].as_mut() else {
                 continue;
             };
-            if e.read_ready && e.conn.wants_read() {
+            let tenant = conn_tenant(e, self.tenancy.as_ref());
+            let throttled = self
+                .tenancy
+                .as_mut()
+                .is_some_and(|t| t.throttled(tenant, now));
+            if e.read_ready && e.conn.wants_read() && !throttled {
                 work |= read_conn(e, now);
             }
             // Backend submissions.
@@ -554,9 +608,13 @@ impl Worker {
                         }
                     }
                 };
-                slot.queue.submit(req, now);
+                match self.tenancy.as_mut() {
+                    Some(t) => t.submit(ns_index, tenant, req, slot.queue.as_mut(), now),
+                    None => slot.queue.submit(req, now),
+                }
             }
         }
+        self.dispatch_fair(now);
         // Completions.
         for q in self.queues.values_mut() {
             q.queue.poll_completions(now, &mut self.completions);
@@ -564,6 +622,9 @@ impl Worker {
         let completions = std::mem::take(&mut self.completions);
         for c in completions {
             work = true;
+            if let Some(t) = self.tenancy.as_mut() {
+                t.completed(c.tag, c.result.is_ok(), now);
+            }
             let idx = (c.tag >> 32) as usize;
             if let Some(Some(e)) = self.conns.get_mut(idx) {
                 e.conn.handle_backend_completion(
@@ -575,18 +636,24 @@ impl Worker {
                 );
             }
         }
+        work |= self.dispatch_fair(now);
         // Timers and writes.
         for i in 0..self.conns.len() {
             let Some(e) = self.conns[i].as_mut() else {
                 continue;
             };
+            let tenant = conn_tenant(e, self.tenancy.as_ref());
+            let throttled = self
+                .tenancy
+                .as_mut()
+                .is_some_and(|t| t.throttled(tenant, now));
             if let Some(t) = e.conn.poll_timeout() {
                 if t <= now {
                     e.conn.handle_timeout(now);
                 }
             }
             // A response may have unblocked more input (back-pressure released).
-            if e.read_ready && e.conn.wants_read() {
+            if e.read_ready && e.conn.wants_read() && !throttled {
                 work |= read_conn(e, now);
             }
             if !e.write_blocked && !e.conn.due().is_empty() {
@@ -602,6 +669,18 @@ impl Worker {
             }
         }
         work
+    }
+
+    /// Sends what the fair schedulers allow to the backend queues.
+    fn dispatch_fair(&mut self, now: Instant) -> bool {
+        let Some(t) = self.tenancy.as_mut() else {
+            return false;
+        };
+        let mut any = false;
+        for (ns, slot) in self.queues.iter_mut() {
+            any |= t.dispatch(*ns, slot.queue.as_mut(), now);
+        }
+        any
     }
 
     fn remove_conn(&mut self, i: usize) {
@@ -645,6 +724,23 @@ impl Worker {
                     tracing::error!(error = %e, "final backend flush failed");
                 }
             }
+        }
+    }
+}
+
+/// The connection's tenant, cached once its host NQN is known.
+fn conn_tenant(e: &mut ConnEntry, t: Option<&WorkerTenancy>) -> TenantId {
+    let Some(t) = t else { return 0 };
+    let gen = t.generation();
+    match e.tenant {
+        Some((g, id)) if g == gen => id,
+        _ => {
+            let host = e.conn.hostnqn();
+            let id = t.tenant_of(host);
+            if host.is_some() {
+                e.tenant = Some((gen, id));
+            }
+            id
         }
     }
 }

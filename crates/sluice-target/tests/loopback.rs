@@ -17,6 +17,10 @@ const SUBNQN: &str = "nqn.2026-11.io.sluice:loop";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:loopback-host";
 
 fn start(polling: &str, workers: usize) -> TargetHandle {
+    start_with(polling, workers, "")
+}
+
+fn start_with(polling: &str, workers: usize, extra: &str) -> TargetHandle {
     let toml = format!(
         r#"
 [target]
@@ -25,6 +29,7 @@ discovery_listen = ""
 workers = {workers}
 polling = "{polling}"
 shutdown_drain_ms = 2000
+{extra}
 [[subsystem]]
 nqn = "{SUBNQN}"
 hosts = ["{HOSTNQN}"]
@@ -223,7 +228,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn write_read_over(polling: &str, workers: usize, digests: bool) {
-    let t = start(polling, workers);
+    write_read_with(polling, workers, digests, "");
+}
+
+fn write_read_with(polling: &str, workers: usize, digests: bool, extra: &str) {
+    let t = start_with(polling, workers, extra);
     let addr = t.local_addr();
     let (_admin, cntlid) = Client::admin(addr);
     let mut q = Client::connect(addr, digests);
@@ -252,6 +261,34 @@ fn write_read_interrupt_mode() {
 #[test]
 fn write_read_busy_poll_two_workers_digests() {
     write_read_over("busy-poll", 2, true);
+}
+
+/// Every send scheduler and coalescing mode over real sockets. The client
+/// runs at QD 1, so a PDU held by a freight or the coalescer can only leave
+/// through its timer: with millisecond timers and degrees no single command
+/// reaches, each step proves the worker sleeps no longer than the send
+/// path's deadline (even in `interrupt` mode, where nothing else wakes it).
+#[test]
+fn write_read_every_send_mode() {
+    let slow = "[target.send]\nunified_degree = 64\nunified_timer_us = 3000\nlatency_degree = 64\nlatency_timer_us = 2000\ndata_degree = 64\ndata_timer_us = 4000\n";
+    for (sched, co) in [
+        ("unified", "off"),
+        ("isolated", "off"),
+        ("immediate", "static"),
+        ("immediate", "adaptive"),
+        ("isolated", "calibrated"),
+    ] {
+        let extra = format!(
+            "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 8, timeout_us = 2500, correction = 2.0 }}\n{slow}"
+        );
+        let t0 = std::time::Instant::now();
+        write_read_with("interrupt", 1, false, &extra);
+        write_read_with("adaptive", 2, true, &extra);
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{sched}/{co}: held PDUs waited far beyond their deadlines"
+        );
+    }
 }
 
 #[test]

@@ -898,3 +898,76 @@ proptest! {
         }
     }
 }
+
+/// Runs every test of this file again under each send scheduler and
+/// coalescing mode (a child process per mode, selected by
+/// `SLUICE_TEST_SEND_MODE`; see `common::send_mode_toml`).
+#[test]
+fn every_send_mode() {
+    if std::env::var("SLUICE_TEST_SEND_MODE").is_ok() {
+        return; // already a child
+    }
+    let exe = std::env::current_exe().unwrap();
+    for mode in [
+        "unified",
+        "isolated",
+        "immediate/static",
+        "immediate/adaptive",
+        "isolated/calibrated",
+        "unified/calibrated",
+    ] {
+        let out = std::process::Command::new(&exe)
+            .env("SLUICE_TEST_SEND_MODE", mode)
+            .args(["--skip", "every_send_mode", "--test-threads", "2"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "protocol tests fail with send mode {mode}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A PDU held by the isolated scheduler leaves exactly at its freight's
+/// deadline with no other traffic, and `poll_timeout` reports that deadline
+/// (the worker sleeps on it).
+#[test]
+fn held_pdu_is_flushed_at_its_deadline() {
+    let r = registry(&config_toml(
+        "send_scheduler = \"isolated\"\nsend = { latency_timer_us = 40, data_timer_us = 90 }",
+        default_ns(),
+    ));
+    let (_a, cntlid) = admin_pair(&r);
+    let mut q = io_pair(&r, cntlid, false, false);
+    // A 16 KiB write without in-capsule data: the R2T waits in the latency freight.
+    let cid = q.cid();
+    let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 32, false);
+    s.set_sgl(SglDescriptor {
+        address: 0,
+        length: 16384,
+        id: sgl::TRANSPORT_DATA_BLOCK,
+    });
+    let mut w = Vec::new();
+    sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), &[], &q.txp, &mut w);
+    let t = q.now;
+    let before = q.conn.send_stats();
+    q.conn.feed(&w, t);
+    assert!(q.conn.due().is_empty(), "R2T held");
+    let d = t + Duration::from_micros(40);
+    assert_eq!(q.conn.send_deadline(), Some(d));
+    assert_eq!(q.conn.poll_timeout(), Some(d));
+    q.conn.handle_timeout(d - Duration::from_nanos(1));
+    assert!(q.conn.due().is_empty(), "not before the deadline");
+    q.conn.handle_timeout(d);
+    assert!(!q.conn.due().is_empty(), "flushed at the deadline");
+    q.now = d;
+    q.pump();
+    let got = q.take();
+    assert!(matches!(got[0].header, PduHeader::R2t(_)), "{got:?}");
+    let st = q.conn.send_stats();
+    use sluice_target::send::FlushReason::Timer;
+    assert_eq!(st.reason(Timer) - before.reason(Timer), 1);
+    assert_eq!(st.wait_ns_latency - before.wait_ns_latency, 40_000);
+}

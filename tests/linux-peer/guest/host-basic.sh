@@ -114,6 +114,7 @@ run dd if=/dev/urandom of=/tmp/patS bs=4096 count=3 2>/dev/null
 run dd if=/tmp/patS of="$NSDEV" bs=4096 seek=3073 oflag=direct conv=notrunc   # 12 MiB + 4 KiB
 
 check_patterns() {
+    off=0
     for p in A B C; do
         eval off=\$OFF_$p
         rm -f /tmp/rd$p

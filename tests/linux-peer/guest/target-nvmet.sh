@@ -3,7 +3,9 @@
 # QEMU hostfwd (e.g. --hostfwd tcp:127.0.0.1:14420-:4420 --hostfwd tcp:127.0.0.1:14499-:4499).
 #
 # Prints "SLUICE-PEER-READY" once the port is listening, then stays up until:
-#   - a line "stop" arrives on the control port CTRL_PORT (host: printf 'stop\n' > /dev/tcp/...), or
+#   - a line "stop" arrives on the control port CTRL_PORT (host: printf 'stop\n' > /dev/tcp/...;
+#     the host should repeat it every few seconds until the run ends: between two control
+#     connections the listener is briefly down, and slirp then drops the connection), or
 #   - TARGET_UP_SECONDS elapse.
 # Either ends the test with exit 0 unless EXPECT_HOST_CONNECT=1 and no host ever created a
 # controller (nvmet logs "creating ... controller"), or the stop never came and REQUIRE_STOP=1.
@@ -42,6 +44,12 @@ netstat -ltn | grep ":$TARGET_PORT "
 : > /tmp/ctl
 nc -l -p "$CTRL_PORT" > /tmp/ctl 2>/dev/null &
 NC_PID=$!
+# READY only once the control port listens too, or an early "stop" would be refused and lost
+i=0
+while ! netstat -ltn 2>/dev/null | grep -q ":$CTRL_PORT "; do
+    i=$((i + 1)); [ $i -lt 100 ] || fail "control listener on port $CTRL_PORT did not start"
+    sleep 0.1
+done
 
 echo "SLUICE-PEER-READY subnqn=$SUBNQN port=$TARGET_PORT ctrl_port=$CTRL_PORT ns_bytes=$((NS_MB * 1048576))"
 

@@ -21,7 +21,23 @@ pub const SUBNQN: &str = "nqn.2026-11.io.sluice:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
 pub const HOSTID: [u8; 16] = [7; 16];
 
+/// The send path under test: `SLUICE_TEST_SEND_MODE` = `SCHEDULER[/COALESCING]`
+/// (e.g. `isolated/calibrated`); `immediate` when unset. `every_send_mode`
+/// in protocol.rs re-runs the whole file under each mode.
+pub fn send_mode_toml() -> String {
+    let m = std::env::var("SLUICE_TEST_SEND_MODE").unwrap_or_else(|_| "immediate".into());
+    let (sched, co) = m.split_once('/').unwrap_or((m.as_str(), "off"));
+    format!(
+        "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 4, timeout_us = 20 }}\n"
+    )
+}
+
 pub fn config_toml(extra_target: &str, ns: &str) -> String {
+    let mode = if extra_target.contains("send_scheduler") {
+        String::new()
+    } else {
+        send_mode_toml()
+    };
     format!(
         r#"
 [target]
@@ -29,6 +45,7 @@ inline_data_bytes = 8192
 max_h2c_data_bytes = 8192
 max_c2h_data_bytes = 8192
 {extra_target}
+{mode}
 [[subsystem]]
 nqn = "{SUBNQN}"
 hosts = ["{HOSTNQN}"]
@@ -152,6 +169,15 @@ impl Pair {
             }
             if !progress {
                 let busy = self.queues.values().any(|q| q.in_flight() > 0);
+                // PDUs held by the send scheduler leave at their deadline, as
+                // the worker's poll timeout makes them do.
+                if let Some(d) = self.conn.send_deadline() {
+                    if !busy || next.is_none_or(|n| d <= n) {
+                        self.now = self.now.max(d);
+                        self.conn.handle_timeout(self.now);
+                        continue;
+                    }
+                }
                 match next {
                     Some(d) if busy => {
                         self.now = self.now.max(d);

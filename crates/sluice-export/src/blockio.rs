@@ -1,0 +1,489 @@
+//! Byte-addressed I/O over a block device.
+//!
+//! [`ByteDevice`] accepts any byte offset and length inside the export.
+//! Writes that do not start or end on a block boundary are done by
+//! read-modify-write of the edge blocks. Every write-like operation holds a
+//! lock on the block range it touches ([`RangeLock`]), so an RMW can never
+//! lose a concurrent write to the same block; reads take no lock (concurrent
+//! overlapping reads and writes may see either data, as on any block device).
+
+use crate::errno::{self, OpKind};
+use sluice_host::{HostError, IoFlags, Namespace};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+/// The block operations an export needs (implemented by
+/// [`sluice_host::Namespace`] and by the in-memory [`MemDevice`]).
+pub trait BlockDevice: Send + Sync + 'static {
+    fn block_size_bytes(&self) -> u32;
+    fn size_blocks(&self) -> u64;
+    fn read_blocks(
+        &self,
+        lba: u64,
+        len_bytes: usize,
+    ) -> impl Future<Output = Result<Vec<u8>, HostError>> + Send;
+    fn write_blocks(
+        &self,
+        lba: u64,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), HostError>> + Send;
+    fn flush(&self) -> impl Future<Output = Result<(), HostError>> + Send;
+    fn write_zeroes(
+        &self,
+        lba: u64,
+        blocks: u64,
+    ) -> impl Future<Output = Result<(), HostError>> + Send;
+    fn deallocate(
+        &self,
+        lba: u64,
+        blocks: u64,
+    ) -> impl Future<Output = Result<(), HostError>> + Send;
+}
+
+impl BlockDevice for Namespace {
+    fn block_size_bytes(&self) -> u32 {
+        Namespace::block_size_bytes(self)
+    }
+    fn size_blocks(&self) -> u64 {
+        Namespace::size_blocks(self)
+    }
+    async fn read_blocks(&self, lba: u64, len_bytes: usize) -> Result<Vec<u8>, HostError> {
+        self.read(lba, len_bytes, IoFlags::default()).await
+    }
+    async fn write_blocks(&self, lba: u64, data: Vec<u8>, fua: bool) -> Result<(), HostError> {
+        let flags = IoFlags {
+            fua,
+            ..IoFlags::default()
+        };
+        self.write_owned(lba, data, flags).await
+    }
+    async fn flush(&self) -> Result<(), HostError> {
+        Namespace::flush(self).await
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        Namespace::write_zeroes(self, lba, blocks).await
+    }
+    async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        Namespace::deallocate(self, lba, blocks).await
+    }
+}
+
+/// A RAM block device for tests: yields between the steps of every
+/// operation so that races in the layers above show up.
+#[derive(Debug)]
+pub struct MemDevice {
+    block_size_bytes: u32,
+    data: Mutex<Vec<u8>>,
+    /// Operations counted per kind: (reads, writes, flushes, zeroes, deallocs).
+    pub counts: Mutex<[u64; 5]>,
+}
+
+impl MemDevice {
+    pub fn new(block_size_bytes: u32, size_blocks: u64) -> MemDevice {
+        MemDevice {
+            block_size_bytes,
+            data: Mutex::new(vec![0; (block_size_bytes as u64 * size_blocks) as usize]),
+            counts: Mutex::new([0; 5]),
+        }
+    }
+    /// A copy of the whole contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        lock(&self.data).clone()
+    }
+    fn range(&self, lba: u64, len_bytes: u64) -> Result<std::ops::Range<usize>, HostError> {
+        let bs = self.block_size_bytes as u64;
+        let total = lock(&self.data).len() as u64;
+        let start = lba.checked_mul(bs);
+        match start.and_then(|s| s.checked_add(len_bytes).map(|e| (s, e))) {
+            Some((s, e)) if e <= total && len_bytes.is_multiple_of(bs) => {
+                Ok(s as usize..e as usize)
+            }
+            _ => Err(HostError::InvalidArgument(format!(
+                "LBA {lba} + {len_bytes} bytes beyond the device"
+            ))),
+        }
+    }
+    fn count(&self, i: usize) {
+        lock(&self.counts)[i] += 1;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl BlockDevice for MemDevice {
+    fn block_size_bytes(&self) -> u32 {
+        self.block_size_bytes
+    }
+    fn size_blocks(&self) -> u64 {
+        lock(&self.data).len() as u64 / self.block_size_bytes as u64
+    }
+    async fn read_blocks(&self, lba: u64, len_bytes: usize) -> Result<Vec<u8>, HostError> {
+        let r = self.range(lba, len_bytes as u64)?;
+        tokio::task::yield_now().await;
+        self.count(0);
+        Ok(lock(&self.data)[r].to_vec())
+    }
+    async fn write_blocks(&self, lba: u64, data: Vec<u8>, _fua: bool) -> Result<(), HostError> {
+        let r = self.range(lba, data.len() as u64)?;
+        tokio::task::yield_now().await;
+        self.count(1);
+        lock(&self.data)[r].copy_from_slice(&data);
+        Ok(())
+    }
+    async fn flush(&self) -> Result<(), HostError> {
+        self.count(2);
+        Ok(())
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        let r = self.range(lba, blocks * self.block_size_bytes as u64)?;
+        tokio::task::yield_now().await;
+        self.count(3);
+        lock(&self.data)[r].fill(0);
+        Ok(())
+    }
+    async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        let r = self.range(lba, blocks * self.block_size_bytes as u64)?;
+        self.count(4);
+        // Deallocated blocks read as zeroes here (DLFEAT 001b behaviour).
+        lock(&self.data)[r].fill(0);
+        Ok(())
+    }
+}
+
+/// Errors of [`ByteDevice`] operations.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{len} bytes at offset {offset} do not fit the {size_bytes} byte export")]
+    OutOfRange {
+        offset: u64,
+        len: u64,
+        size_bytes: u64,
+        op: OpKind,
+    },
+    #[error("{op:?} failed: {source}")]
+    Device {
+        op: OpKind,
+        #[source]
+        source: HostError,
+    },
+}
+
+impl ExportError {
+    /// The errno reported to the client (see [`crate::errno`]).
+    pub fn errno(&self) -> u32 {
+        match self {
+            ExportError::OutOfRange { op, .. } => op.out_of_range_errno(),
+            ExportError::Device { op, source } => errno::from_host_error(source, *op),
+        }
+    }
+}
+
+/// Block ranges currently locked by writers; waiters are woken on release.
+#[derive(Debug, Default)]
+pub struct RangeLock {
+    held: Mutex<Vec<(u64, u64, u64)>>,
+    next_id: std::sync::atomic::AtomicU64,
+    released: Notify,
+}
+
+/// Releases its range on drop.
+#[derive(Debug)]
+pub struct RangeGuard<'a> {
+    lock: &'a RangeLock,
+    id: u64,
+}
+
+impl RangeLock {
+    /// Locks blocks `[start, end)`, waiting for overlapping holders.
+    pub async fn lock(&self, start: u64, end: u64) -> RangeGuard<'_> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        loop {
+            let notified = self.released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut held = lock(&self.held);
+                if !held.iter().any(|&(s, e, _)| s < end && start < e) {
+                    held.push((start, end, id));
+                    return RangeGuard { lock: self, id };
+                }
+            }
+            notified.await;
+        }
+    }
+    /// Number of ranges held (for tests).
+    pub fn held(&self) -> usize {
+        lock(&self.held).len()
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        lock(&self.lock.held).retain(|&(_, _, id)| id != self.id);
+        self.lock.released.notify_waiters();
+    }
+}
+
+/// How a byte range maps onto blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSpan {
+    /// First block touched.
+    pub first_lba: u64,
+    /// Blocks touched (0 for an empty range).
+    pub blocks: u64,
+    /// Byte offset of the range inside the first block.
+    pub head_skip: u64,
+    /// The first block is only partly covered.
+    pub head_partial: bool,
+    /// The last block is only partly covered.
+    pub tail_partial: bool,
+}
+
+impl BlockSpan {
+    /// The span of `len` bytes at `offset` with blocks of `bs` bytes
+    /// (`offset + len` must not overflow; callers check the range first).
+    pub fn new(offset: u64, len: u64, bs: u64) -> BlockSpan {
+        let end = offset + len;
+        let first_lba = offset / bs;
+        let end_lba = end.div_ceil(bs);
+        let head_skip = offset % bs;
+        BlockSpan {
+            first_lba,
+            blocks: if len == 0 { 0 } else { end_lba - first_lba },
+            head_skip,
+            head_partial: len > 0 && (head_skip != 0 || (end - first_lba * bs) < bs),
+            tail_partial: len > 0 && !end.is_multiple_of(bs),
+        }
+    }
+    pub fn aligned(&self) -> bool {
+        !self.head_partial && !self.tail_partial
+    }
+    /// Whole blocks strictly inside the range: `(lba, blocks)`.
+    pub fn inner(offset: u64, len: u64, bs: u64) -> (u64, u64) {
+        let s = offset.div_ceil(bs);
+        let e = (offset + len) / bs;
+        (s, e.saturating_sub(s))
+    }
+}
+
+/// Byte-addressed reads and writes over a [`BlockDevice`].
+#[derive(Debug)]
+pub struct ByteDevice<D> {
+    dev: D,
+    bs: u64,
+    size_bytes: u64,
+    locks: RangeLock,
+}
+
+impl<D: BlockDevice> ByteDevice<D> {
+    pub fn new(dev: D) -> Arc<ByteDevice<D>> {
+        let bs = dev.block_size_bytes().max(1) as u64;
+        let size_bytes = dev.size_blocks().saturating_mul(bs);
+        Arc::new(ByteDevice {
+            dev,
+            bs,
+            size_bytes,
+            locks: RangeLock::default(),
+        })
+    }
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    pub fn block_size_bytes(&self) -> u32 {
+        self.bs as u32
+    }
+    pub fn locks(&self) -> &RangeLock {
+        &self.locks
+    }
+
+    /// Checks that `len` bytes at `offset` lie inside the export.
+    pub fn check(&self, offset: u64, len: u64, op: OpKind) -> Result<(), ExportError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(ExportError::OutOfRange {
+                offset,
+                len,
+                size_bytes: self.size_bytes,
+                op,
+            }),
+        }
+    }
+
+    fn dev_err(op: OpKind) -> impl FnOnce(HostError) -> ExportError {
+        move |source| ExportError::Device { op, source }
+    }
+
+    /// Reads `len` bytes at `offset`.
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, ExportError> {
+        self.check(offset, len as u64, OpKind::Read)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let span = BlockSpan::new(offset, len as u64, self.bs);
+        let mut data = self
+            .dev
+            .read_blocks(span.first_lba, (span.blocks * self.bs) as usize)
+            .await
+            .map_err(Self::dev_err(OpKind::Read))?;
+        if span.aligned() {
+            return Ok(data);
+        }
+        let skip = span.head_skip as usize;
+        data.truncate(skip + len);
+        data.drain(..skip);
+        Ok(data)
+    }
+
+    /// Writes `data` at `offset` (read-modify-write of partial edge blocks).
+    pub async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), ExportError> {
+        self.check(offset, data.len() as u64, OpKind::Write)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let span = BlockSpan::new(offset, data.len() as u64, self.bs);
+        let _g = self
+            .locks
+            .lock(span.first_lba, span.first_lba + span.blocks)
+            .await;
+        self.write_locked(offset, data, fua).await
+    }
+
+    /// The write itself; the caller holds the lock on the span's blocks.
+    async fn write_locked(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), ExportError> {
+        let span = BlockSpan::new(offset, data.len() as u64, self.bs);
+        let err = Self::dev_err(OpKind::Write);
+        if span.aligned() {
+            return self
+                .dev
+                .write_blocks(span.first_lba, data, fua)
+                .await
+                .map_err(err);
+        }
+        let bs = self.bs as usize;
+        let mut buf = vec![0u8; span.blocks as usize * bs];
+        let last_lba = span.first_lba + span.blocks - 1;
+        if span.head_partial {
+            let b = self
+                .dev
+                .read_blocks(span.first_lba, bs)
+                .await
+                .map_err(Self::dev_err(OpKind::Write))?;
+            buf[..bs].copy_from_slice(&b);
+        }
+        if span.tail_partial && (last_lba != span.first_lba || !span.head_partial) {
+            let b = self
+                .dev
+                .read_blocks(last_lba, bs)
+                .await
+                .map_err(Self::dev_err(OpKind::Write))?;
+            let at = buf.len() - bs;
+            buf[at..].copy_from_slice(&b);
+        }
+        let skip = span.head_skip as usize;
+        buf[skip..skip + data.len()].copy_from_slice(&data);
+        self.dev
+            .write_blocks(span.first_lba, buf, fua)
+            .await
+            .map_err(err)
+    }
+
+    /// Zeroes `len` bytes at `offset`: NVMe Write Zeroes for whole blocks,
+    /// read-modify-write for partial edges; `fua` adds a Flush.
+    pub async fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.check(offset, len, OpKind::WriteZeroes)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let span = BlockSpan::new(offset, len, self.bs);
+        let _g = self
+            .locks
+            .lock(span.first_lba, span.first_lba + span.blocks)
+            .await;
+        let (lba, blocks) = BlockSpan::inner(offset, len, self.bs);
+        if blocks == 0 {
+            self.write_locked(offset, vec![0; len as usize], false)
+                .await?;
+        } else {
+            let inner_start = lba * self.bs;
+            let inner_end = inner_start + blocks * self.bs;
+            if inner_start > offset {
+                self.write_locked(offset, vec![0; (inner_start - offset) as usize], false)
+                    .await?;
+            }
+            self.dev
+                .write_zeroes(lba, blocks)
+                .await
+                .map_err(Self::dev_err(OpKind::WriteZeroes))?;
+            if offset + len > inner_end {
+                self.write_locked(
+                    inner_end,
+                    vec![0; (offset + len - inner_end) as usize],
+                    false,
+                )
+                .await?;
+            }
+        }
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Deallocates the whole blocks inside the range (partial blocks are
+    /// left alone: a trim is advisory); `fua` adds a Flush.
+    pub async fn trim(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError> {
+        self.check(offset, len, OpKind::Trim)?;
+        let (lba, blocks) = BlockSpan::inner(offset, len, self.bs);
+        if blocks > 0 {
+            let _g = self.locks.lock(lba, lba + blocks).await;
+            self.dev
+                .deallocate(lba, blocks)
+                .await
+                .map_err(Self::dev_err(OpKind::Trim))?;
+        }
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    pub async fn flush(&self) -> Result<(), ExportError> {
+        self.dev.flush().await.map_err(Self::dev_err(OpKind::Flush))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn span_cases() {
+        let s = BlockSpan::new(0, 512, 512);
+        assert_eq!((s.first_lba, s.blocks, s.aligned()), (0, 1, true));
+        let s = BlockSpan::new(100, 10, 512);
+        assert_eq!(
+            (s.first_lba, s.blocks, s.head_partial, s.tail_partial),
+            (0, 1, true, true)
+        );
+        let s = BlockSpan::new(0, 100, 512);
+        assert!(s.head_partial && s.tail_partial);
+        let s = BlockSpan::new(512, 1024, 512);
+        assert_eq!((s.first_lba, s.blocks, s.aligned()), (1, 2, true));
+        let s = BlockSpan::new(500, 1036, 512);
+        assert_eq!(
+            (s.first_lba, s.blocks, s.head_partial, s.tail_partial),
+            (0, 3, true, false)
+        );
+        assert_eq!(BlockSpan::inner(500, 1036, 512), (1, 2));
+        assert_eq!(BlockSpan::inner(100, 10, 512), (1, 0));
+    }
+}

@@ -1,0 +1,30 @@
+//! Exports of one remote NVMe/TCP namespace (through `sluice-host`) for
+//! unmodified tools.
+//!
+//! * [`blockio`]: byte-addressed I/O over a block device: sub-block writes by
+//!   read-modify-write, serialised per block range ([`blockio::ByteDevice`]).
+//! * [`errno`]: NVMe status / host error → errno mapping shared by both exports.
+//! * [`nbd`]: an NBD server: the sans-IO protocol ([`nbd::proto`]) and a tokio
+//!   I/O layer over Unix and TCP sockets ([`nbd::server`]).
+//! * [`fuse`]: the namespace as one regular file in a FUSE filesystem.
+//!
+//! See `docs/exports.md`.
+
+pub mod blockio;
+pub mod errno;
+pub mod fuse;
+pub mod nbd;
+
+pub use blockio::{BlockDevice, ByteDevice, ExportError, MemDevice};
+
+/// Resolves when the process receives SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,631 @@
+//! The NBD protocol, sans-IO: the fixed newstyle handshake
+//! ([`ServerHandshake`]), request decoding and validation
+//! ([`RequestDecoder`], [`validate`]) and simple-reply encoding.
+//!
+//! Nothing here touches a socket: the I/O layer feeds received bytes in and
+//! writes the bytes [`ServerHandshake::take_output`] hands out. Malformed
+//! input yields an error value, never a panic.
+
+use crate::errno::{EINVAL, ENOSPC, EPERM};
+
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
+pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
+pub const REPLY_MAGIC_OPT: u64 = 0x0003_e889_0455_65a9;
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+
+/// Handshake flags (server → client).
+pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+/// Client flags.
+pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
+
+/// Options.
+pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
+pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
+pub const OPT_INFO: u32 = 6;
+pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+
+/// Option replies.
+pub const REP_ACK: u32 = 1;
+pub const REP_SERVER: u32 = 2;
+pub const REP_INFO: u32 = 3;
+pub const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
+pub const REP_ERR_POLICY: u32 = (1 << 31) | 2;
+pub const REP_ERR_INVALID: u32 = (1 << 31) | 3;
+pub const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
+pub const REP_ERR_TOO_BIG: u32 = (1 << 31) | 9;
+
+/// Information types of NBD_REP_INFO.
+pub const INFO_EXPORT: u16 = 0;
+pub const INFO_NAME: u16 = 1;
+pub const INFO_DESCRIPTION: u16 = 2;
+pub const INFO_BLOCK_SIZE: u16 = 3;
+
+/// Transmission flags.
+pub const TFLAG_HAS_FLAGS: u16 = 1 << 0;
+pub const TFLAG_READ_ONLY: u16 = 1 << 1;
+pub const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+pub const TFLAG_SEND_FUA: u16 = 1 << 3;
+pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
+pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+
+/// Commands.
+pub const CMD_READ: u16 = 0;
+pub const CMD_WRITE: u16 = 1;
+pub const CMD_DISC: u16 = 2;
+pub const CMD_FLUSH: u16 = 3;
+pub const CMD_TRIM: u16 = 4;
+pub const CMD_WRITE_ZEROES: u16 = 6;
+
+/// Command flags.
+pub const CMD_FLAG_FUA: u16 = 1 << 0;
+pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+
+/// Option payloads larger than this are answered with NBD_REP_ERR_TOO_BIG
+/// and skipped (names are at most 4096 bytes by the spec).
+pub const OPTION_PAYLOAD_BYTES_MAX: u32 = 16 * 1024;
+/// Options accepted before the handshake is abandoned (a client looping on
+/// NBD_OPT_LIST forever is cut off).
+pub const OPTIONS_MAX: u32 = 1024;
+/// Largest read/write/trim/write-zeroes payload accepted per request.
+pub const REQUEST_BYTES_MAX: u32 = 32 << 20;
+pub const REQUEST_HEADER_BYTES: usize = 28;
+pub const SIMPLE_REPLY_HEADER_BYTES: usize = 16;
+
+/// What a client sees of the export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    pub name: String,
+    pub description: String,
+    pub size_bytes: u64,
+    pub read_only: bool,
+    /// Block size advertised as the preferred size (the namespace's).
+    pub preferred_block_bytes: u32,
+}
+
+impl ExportInfo {
+    /// Transmission flags for this export.
+    pub fn transmission_flags(&self) -> u16 {
+        let mut f = TFLAG_HAS_FLAGS
+            | TFLAG_SEND_FLUSH
+            | TFLAG_SEND_FUA
+            | TFLAG_SEND_TRIM
+            | TFLAG_SEND_WRITE_ZEROES
+            | TFLAG_CAN_MULTI_CONN;
+        if self.read_only {
+            f |= TFLAG_READ_ONLY;
+        }
+        f
+    }
+    /// `name` selects this export ("" is the default export).
+    pub fn matches(&self, name: &[u8]) -> bool {
+        name.is_empty() || name == self.name.as_bytes()
+    }
+}
+
+/// Handshake failures; each ends the connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("client flags {0:#x} include unknown bits")]
+    BadClientFlags(u32),
+    #[error("client did not set NBD_FLAG_C_FIXED_NEWSTYLE")]
+    NotFixedNewstyle,
+    #[error("option magic {0:#x} is not IHAVEOPT")]
+    BadOptionMagic(u64),
+    #[error("NBD_OPT_EXPORT_NAME for unknown export `{0}`")]
+    UnknownExport(String),
+    #[error("more than {OPTIONS_MAX} options")]
+    TooManyOptions,
+}
+
+/// Where the handshake stands after [`ServerHandshake::process`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandshakeStatus {
+    /// More input is needed.
+    NeedMore,
+    /// Transmission phase starts; bytes after the last option are returned.
+    Done { leftover: Vec<u8> },
+    /// The client sent NBD_OPT_ABORT (the ACK is in the output).
+    Aborted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    ClientFlags,
+    Options,
+    /// Skipping the rest of an oversized option.
+    Discard(u64),
+    Finished,
+}
+
+/// The server side of the fixed newstyle handshake.
+#[derive(Debug)]
+pub struct ServerHandshake {
+    export: ExportInfo,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    phase: Phase,
+    no_zeroes: bool,
+    options_seen: u32,
+}
+
+fn be_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+fn be_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn be_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+/// Encodes an option reply.
+pub fn encode_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
+    out.extend_from_slice(&REPLY_MAGIC_OPT.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&reply.to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+impl ServerHandshake {
+    /// Starts a handshake; the greeting is queued as output.
+    pub fn new(export: ExportInfo) -> ServerHandshake {
+        let mut output = Vec::with_capacity(18);
+        output.extend_from_slice(&NBDMAGIC.to_be_bytes());
+        output.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        output.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+        ServerHandshake {
+            export,
+            input: Vec::new(),
+            output,
+            phase: Phase::ClientFlags,
+            no_zeroes: false,
+            options_seen: 0,
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, data: &[u8]) {
+        self.input.extend_from_slice(data);
+    }
+
+    /// Bytes to send to the client.
+    pub fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
+    }
+
+    /// Consumes as many complete messages as are buffered.
+    pub fn process(&mut self) -> Result<HandshakeStatus, HandshakeError> {
+        let mut pos = 0;
+        let r = loop {
+            let avail = &self.input[pos..];
+            match self.phase {
+                Phase::Finished => break Ok(HandshakeStatus::NeedMore),
+                Phase::ClientFlags => {
+                    if avail.len() < 4 {
+                        break Ok(HandshakeStatus::NeedMore);
+                    }
+                    let f = be_u32(avail, 0);
+                    pos += 4;
+                    if f & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+                        break Err(HandshakeError::BadClientFlags(f));
+                    }
+                    if f & FLAG_C_FIXED_NEWSTYLE == 0 {
+                        break Err(HandshakeError::NotFixedNewstyle);
+                    }
+                    self.no_zeroes = f & FLAG_C_NO_ZEROES != 0;
+                    self.phase = Phase::Options;
+                }
+                Phase::Discard(n) => {
+                    let k = (avail.len() as u64).min(n);
+                    pos += k as usize;
+                    if k == n {
+                        self.phase = Phase::Options;
+                    } else {
+                        self.phase = Phase::Discard(n - k);
+                        break Ok(HandshakeStatus::NeedMore);
+                    }
+                }
+                Phase::Options => {
+                    if avail.len() < 16 {
+                        break Ok(HandshakeStatus::NeedMore);
+                    }
+                    let magic = be_u64(avail, 0);
+                    if magic != IHAVEOPT {
+                        break Err(HandshakeError::BadOptionMagic(magic));
+                    }
+                    self.options_seen += 1;
+                    if self.options_seen > OPTIONS_MAX {
+                        break Err(HandshakeError::TooManyOptions);
+                    }
+                    let option = be_u32(avail, 8);
+                    let len = be_u32(avail, 12);
+                    if len > OPTION_PAYLOAD_BYTES_MAX {
+                        pos += 16;
+                        encode_option_reply(
+                            &mut self.output,
+                            option,
+                            REP_ERR_TOO_BIG,
+                            b"option too large",
+                        );
+                        self.phase = Phase::Discard(len as u64);
+                        continue;
+                    }
+                    if avail.len() < 16 + len as usize {
+                        break Ok(HandshakeStatus::NeedMore);
+                    }
+                    let data = avail[16..16 + len as usize].to_vec();
+                    pos += 16 + len as usize;
+                    match self.option(option, &data) {
+                        Ok(None) => {}
+                        Ok(Some(HandshakeStatus::Done { .. })) => {
+                            self.phase = Phase::Finished;
+                            break Ok(HandshakeStatus::Done {
+                                leftover: self.input[pos..].to_vec(),
+                            });
+                        }
+                        Ok(Some(s)) => {
+                            self.phase = Phase::Finished;
+                            break Ok(s);
+                        }
+                        Err(e) => break Err(e),
+                    }
+                }
+            }
+        };
+        self.input.drain(..pos.min(self.input.len()));
+        if r.is_err() {
+            self.phase = Phase::Finished;
+        }
+        r
+    }
+
+    fn info_export(&self) -> Vec<u8> {
+        let mut d = Vec::with_capacity(12);
+        d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+        d.extend_from_slice(&self.export.size_bytes.to_be_bytes());
+        d.extend_from_slice(&self.export.transmission_flags().to_be_bytes());
+        d
+    }
+
+    fn option(
+        &mut self,
+        option: u32,
+        data: &[u8],
+    ) -> Result<Option<HandshakeStatus>, HandshakeError> {
+        let out = &mut self.output;
+        match option {
+            OPT_EXPORT_NAME => {
+                if !self.export.matches(data) {
+                    return Err(HandshakeError::UnknownExport(
+                        String::from_utf8_lossy(data).into_owned(),
+                    ));
+                }
+                out.extend_from_slice(&self.export.size_bytes.to_be_bytes());
+                out.extend_from_slice(&self.export.transmission_flags().to_be_bytes());
+                if !self.no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                Ok(Some(HandshakeStatus::Done { leftover: vec![] }))
+            }
+            OPT_ABORT => {
+                encode_option_reply(out, option, REP_ACK, &[]);
+                Ok(Some(HandshakeStatus::Aborted))
+            }
+            OPT_LIST => {
+                if !data.is_empty() {
+                    encode_option_reply(
+                        out,
+                        option,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_LIST takes no data",
+                    );
+                    return Ok(None);
+                }
+                let name = self.export.name.as_bytes();
+                let mut d = Vec::with_capacity(4 + name.len());
+                d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                d.extend_from_slice(name);
+                d.extend_from_slice(self.export.description.as_bytes());
+                encode_option_reply(out, option, REP_SERVER, &d);
+                encode_option_reply(out, option, REP_ACK, &[]);
+                Ok(None)
+            }
+            OPT_INFO | OPT_GO => {
+                let Some((name, requests)) = parse_info_request(data) else {
+                    encode_option_reply(out, option, REP_ERR_INVALID, b"malformed NBD_OPT_INFO/GO");
+                    return Ok(None);
+                };
+                if !self.export.matches(name) {
+                    encode_option_reply(out, option, REP_ERR_UNKNOWN, b"no such export");
+                    return Ok(None);
+                }
+                let export = self.info_export();
+                encode_option_reply(&mut self.output, option, REP_INFO, &export);
+                // Always sent: minimum 1 (sub-block I/O is done by
+                // read-modify-write), preferred = the namespace block size.
+                let mut bsz = Vec::with_capacity(14);
+                bsz.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+                bsz.extend_from_slice(&1u32.to_be_bytes());
+                bsz.extend_from_slice(&self.export.preferred_block_bytes.max(512).to_be_bytes());
+                bsz.extend_from_slice(&REQUEST_BYTES_MAX.to_be_bytes());
+                encode_option_reply(&mut self.output, option, REP_INFO, &bsz);
+                if requests.contains(&INFO_NAME) {
+                    let mut d = INFO_NAME.to_be_bytes().to_vec();
+                    d.extend_from_slice(self.export.name.as_bytes());
+                    encode_option_reply(&mut self.output, option, REP_INFO, &d);
+                }
+                if requests.contains(&INFO_DESCRIPTION) && !self.export.description.is_empty() {
+                    let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                    d.extend_from_slice(self.export.description.as_bytes());
+                    encode_option_reply(&mut self.output, option, REP_INFO, &d);
+                }
+                encode_option_reply(&mut self.output, option, REP_ACK, &[]);
+                if option == OPT_GO {
+                    Ok(Some(HandshakeStatus::Done { leftover: vec![] }))
+                } else {
+                    Ok(None)
+                }
+            }
+            OPT_STARTTLS | OPT_STRUCTURED_REPLY => {
+                encode_option_reply(out, option, REP_ERR_UNSUP, b"not supported");
+                Ok(None)
+            }
+            _ => {
+                encode_option_reply(out, option, REP_ERR_UNSUP, b"unknown option");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Parses NBD_OPT_INFO/GO data: name and information requests; `None` if
+/// the lengths do not add up exactly.
+fn parse_info_request(d: &[u8]) -> Option<(&[u8], Vec<u16>)> {
+    if d.len() < 4 {
+        return None;
+    }
+    let nlen = be_u32(d, 0) as usize;
+    let rest = d.get(4..)?;
+    let name = rest.get(..nlen)?;
+    let rest = rest.get(nlen..)?;
+    if rest.len() < 2 {
+        return None;
+    }
+    let n = be_u16(rest, 0) as usize;
+    let reqs = rest.get(2..)?;
+    if reqs.len() != n * 2 {
+        return None;
+    }
+    Some((name, reqs.chunks_exact(2).map(|c| be_u16(c, 0)).collect()))
+}
+
+/// A request header as sent by the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub flags: u16,
+    pub kind: u16,
+    pub cookie: u64,
+    pub offset: u64,
+    pub length: u32,
+}
+
+impl RequestHeader {
+    pub fn encode(&self) -> [u8; REQUEST_HEADER_BYTES] {
+        let mut b = [0u8; REQUEST_HEADER_BYTES];
+        b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        b[6..8].copy_from_slice(&self.kind.to_be_bytes());
+        b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        b[24..28].copy_from_slice(&self.length.to_be_bytes());
+        b
+    }
+    /// Bytes of payload that follow this header on the wire.
+    pub fn payload_bytes(&self) -> u32 {
+        if self.kind == CMD_WRITE {
+            self.length
+        } else {
+            0
+        }
+    }
+}
+
+/// Transmission errors after which the stream cannot be resynchronised.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransmissionError {
+    #[error("request magic {0:#x} is wrong")]
+    BadMagic(u32),
+    /// A write whose payload exceeds the limit: EINVAL is sent for `cookie`,
+    /// then the connection is closed rather than reading the payload.
+    #[error("write of {length} bytes exceeds the {REQUEST_BYTES_MAX} byte limit")]
+    WriteTooLarge { cookie: u64, length: u32 },
+}
+
+/// One decoded request: the header and, for writes, the payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incoming {
+    pub header: RequestHeader,
+    pub payload: Vec<u8>,
+}
+
+/// Streaming request decoder.
+#[derive(Debug, Default)]
+pub struct RequestDecoder {
+    buf: Vec<u8>,
+    pos: usize,
+    failed: bool,
+}
+
+impl RequestDecoder {
+    pub fn new() -> RequestDecoder {
+        RequestDecoder::default()
+    }
+    pub fn feed(&mut self, data: &[u8]) {
+        if self.pos > 0 {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+    /// Buffered bytes not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// The next complete request, `None` if more bytes are needed. Errors
+    /// are sticky.
+    pub fn next_request(&mut self) -> Result<Option<Incoming>, TransmissionError> {
+        if self.failed {
+            return Err(TransmissionError::BadMagic(0));
+        }
+        let avail = &self.buf[self.pos..];
+        if avail.len() < REQUEST_HEADER_BYTES {
+            return Ok(None);
+        }
+        let magic = be_u32(avail, 0);
+        let header = RequestHeader {
+            flags: be_u16(avail, 4),
+            kind: be_u16(avail, 6),
+            cookie: be_u64(avail, 8),
+            offset: be_u64(avail, 16),
+            length: be_u32(avail, 24),
+        };
+        if magic != REQUEST_MAGIC {
+            self.failed = true;
+            return Err(TransmissionError::BadMagic(magic));
+        }
+        let plen = header.payload_bytes();
+        if plen > REQUEST_BYTES_MAX {
+            self.failed = true;
+            return Err(TransmissionError::WriteTooLarge {
+                cookie: header.cookie,
+                length: plen,
+            });
+        }
+        let need = REQUEST_HEADER_BYTES + plen as usize;
+        if avail.len() < need {
+            return Ok(None);
+        }
+        let payload = avail[REQUEST_HEADER_BYTES..need].to_vec();
+        self.pos += need;
+        Ok(Some(Incoming { header, payload }))
+    }
+}
+
+/// A validated command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Read { offset: u64, length: u32 },
+    Write { offset: u64, fua: bool },
+    Flush,
+    Trim { offset: u64, length: u32, fua: bool },
+    WriteZeroes { offset: u64, length: u32, fua: bool },
+    Disconnect,
+}
+
+/// A request refused before any I/O, with the errno for the reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub errno: u32,
+    pub reason: &'static str,
+}
+
+fn refuse(errno: u32, reason: &'static str) -> Refusal {
+    Refusal { errno, reason }
+}
+
+/// Checks a request against the export:
+///
+/// * unknown command or flag, FUA/NO_HOLE where not allowed, a non-zero
+///   offset or length on FLUSH/DISC, zero length, or length over
+///   [`REQUEST_BYTES_MAX`]: `EINVAL`;
+/// * WRITE/TRIM/WRITE_ZEROES on a read-only export: `EPERM`;
+/// * a range past the end: `ENOSPC` for WRITE/WRITE_ZEROES, `EINVAL` for
+///   READ/TRIM.
+pub fn validate(h: &RequestHeader, export: &ExportInfo) -> Result<Command, Refusal> {
+    let known_flags = match h.kind {
+        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+        CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM => CMD_FLAG_FUA,
+        CMD_DISC => 0,
+        _ => return Err(refuse(EINVAL, "unknown command")),
+    };
+    if h.flags & !known_flags != 0 {
+        return Err(refuse(EINVAL, "unsupported command flags"));
+    }
+    let fua = h.flags & CMD_FLAG_FUA != 0;
+    match h.kind {
+        CMD_DISC => return Ok(Command::Disconnect),
+        CMD_FLUSH => {
+            if h.offset != 0 || h.length != 0 {
+                return Err(refuse(EINVAL, "flush with offset or length"));
+            }
+            return Ok(Command::Flush);
+        }
+        _ => {}
+    }
+    let writes = matches!(h.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && export.read_only {
+        return Err(refuse(EPERM, "export is read-only"));
+    }
+    if h.length == 0 {
+        return Err(refuse(EINVAL, "zero length"));
+    }
+    // Trim and write-zeroes carry no payload, but the same cap keeps one
+    // request's work bounded.
+    if h.length > REQUEST_BYTES_MAX {
+        return Err(refuse(EINVAL, "length over the request limit"));
+    }
+    let fits = h
+        .offset
+        .checked_add(h.length as u64)
+        .is_some_and(|e| e <= export.size_bytes);
+    if !fits {
+        return Err(match h.kind {
+            CMD_WRITE | CMD_WRITE_ZEROES => refuse(ENOSPC, "beyond the end of the export"),
+            _ => refuse(EINVAL, "beyond the end of the export"),
+        });
+    }
+    Ok(match h.kind {
+        CMD_READ => Command::Read {
+            offset: h.offset,
+            length: h.length,
+        },
+        CMD_WRITE => Command::Write {
+            offset: h.offset,
+            fua,
+        },
+        CMD_TRIM => Command::Trim {
+            offset: h.offset,
+            length: h.length,
+            fua,
+        },
+        _ => Command::WriteZeroes {
+            offset: h.offset,
+            length: h.length,
+            fua,
+        },
+    })
+}
+
+/// Encodes a simple reply header (data follows for a successful read).
+pub fn encode_simple_reply(cookie: u64, errno: u32) -> [u8; SIMPLE_REPLY_HEADER_BYTES] {
+    let mut b = [0u8; SIMPLE_REPLY_HEADER_BYTES];
+    b[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    b[4..8].copy_from_slice(&errno.to_be_bytes());
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b
+}
+
+/// Decodes a simple reply header: `(errno, cookie)`; `None` on bad magic.
+pub fn decode_simple_reply(b: &[u8; SIMPLE_REPLY_HEADER_BYTES]) -> Option<(u32, u64)> {
+    (be_u32(b, 0) == SIMPLE_REPLY_MAGIC).then(|| (be_u32(b, 4), be_u64(b, 8)))
+}

@@ -1,0 +1,287 @@
+//! The NBD I/O layer on tokio: Unix and TCP listeners, one task per
+//! connection, several requests in flight per connection (replies are sent
+//! as each completes, possibly out of order), bounded by
+//! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
+
+use super::proto::{
+    encode_simple_reply, validate, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder,
+    ServerHandshake, TransmissionError,
+};
+use crate::blockio::{BlockDevice, ByteDevice};
+use crate::errno::EINVAL;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{mpsc, Semaphore};
+use tracing::{debug, info, info_span, warn, Instrument};
+
+/// Requests of one connection being served at once.
+pub const REQUESTS_IN_FLIGHT_MAX: u32 = 128;
+/// Payload bytes (read or write data) of one connection in flight at once.
+pub const IN_FLIGHT_BYTES_MAX: u64 = 128 << 20;
+/// Unit of the byte budget semaphore.
+const BUDGET_UNIT_BYTES: u64 = 4096;
+/// Time a client has to finish the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes read from the socket per call.
+const READ_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Export settings.
+#[derive(Debug, Clone)]
+pub struct NbdConfig {
+    pub export_name: String,
+    pub description: String,
+    pub read_only: bool,
+    /// Host NQN used towards the target (recorded in tracing spans).
+    pub hostnqn: String,
+}
+
+/// Serves one [`ByteDevice`] over NBD.
+#[derive(Debug)]
+pub struct NbdServer<D> {
+    dev: Arc<ByteDevice<D>>,
+    export: ExportInfo,
+    hostnqn: String,
+}
+
+impl<D: BlockDevice> NbdServer<D> {
+    pub fn new(dev: Arc<ByteDevice<D>>, cfg: NbdConfig) -> Arc<NbdServer<D>> {
+        let export = ExportInfo {
+            name: cfg.export_name,
+            description: cfg.description,
+            size_bytes: dev.size_bytes(),
+            read_only: cfg.read_only,
+            preferred_block_bytes: dev.block_size_bytes().max(4096),
+        };
+        Arc::new(NbdServer {
+            dev,
+            export,
+            hostnqn: cfg.hostnqn,
+        })
+    }
+
+    pub fn export(&self) -> &ExportInfo {
+        &self.export
+    }
+
+    /// Accepts connections on a Unix socket until the future is dropped.
+    pub async fn serve_unix(self: Arc<Self>, listener: UnixListener) -> std::io::Result<()> {
+        let mut n = 0u64;
+        loop {
+            let (s, _) = listener.accept().await?;
+            n += 1;
+            let span = info_span!("nbd", hostnqn = %self.hostnqn, conn = n, peer = "unix");
+            let me = self.clone();
+            tokio::spawn(async move { me.serve_conn(s).await }.instrument(span));
+        }
+    }
+
+    /// Accepts connections on a TCP listener until the future is dropped.
+    pub async fn serve_tcp(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        let mut n = 0u64;
+        loop {
+            let (s, peer) = listener.accept().await?;
+            let _ = s.set_nodelay(true);
+            n += 1;
+            let span = info_span!("nbd", hostnqn = %self.hostnqn, conn = n, peer = %peer);
+            let me = self.clone();
+            tokio::spawn(async move { me.serve_conn(s).await }.instrument(span));
+        }
+    }
+
+    /// Runs one connection to its end and logs how it ended.
+    pub async fn serve_conn<S>(self: Arc<Self>, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        match self.run_conn(stream).await {
+            Ok(()) => debug!("connection closed"),
+            Err(e) => warn!("connection ended: {e}"),
+        }
+    }
+
+    async fn run_conn<S>(self: Arc<Self>, stream: S) -> std::io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let mut hs = ServerHandshake::new(self.export.clone());
+        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+        let leftover = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            loop {
+                let out = hs.take_output();
+                if !out.is_empty() {
+                    wr.write_all(&out).await?;
+                }
+                let n = rd.read(&mut chunk).await?;
+                if n == 0 {
+                    return Ok(None);
+                }
+                hs.feed(&chunk[..n]);
+                let st = hs.process();
+                let out = hs.take_output();
+                if !out.is_empty() {
+                    wr.write_all(&out).await?;
+                }
+                match st {
+                    Ok(HandshakeStatus::NeedMore) => {}
+                    Ok(HandshakeStatus::Done { leftover }) => return Ok(Some(leftover)),
+                    Ok(HandshakeStatus::Aborted) => return Ok(None),
+                    Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+                }
+            }
+        })
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake timed out"))??;
+        let Some(leftover) = leftover else {
+            debug!("client left during the handshake");
+            return Ok(());
+        };
+        wr.flush().await?;
+        info!(size_bytes = self.export.size_bytes, "transmission phase");
+
+        // Replies from request tasks go through one writer task.
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REQUESTS_IN_FLIGHT_MAX as usize);
+        let writer = tokio::spawn(async move {
+            while let Some(buf) = rx.recv().await {
+                wr.write_all(&buf).await?;
+            }
+            wr.flush().await?;
+            wr.shutdown().await
+        });
+        let count = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX as usize));
+        let budget_units = (IN_FLIGHT_BYTES_MAX / BUDGET_UNIT_BYTES) as u32;
+        let budget = Arc::new(Semaphore::new(budget_units as usize));
+        let mut dec = RequestDecoder::new();
+        dec.feed(&leftover);
+        let result: std::io::Result<()> = 'read: loop {
+            loop {
+                match dec.next_request() {
+                    Ok(Some(req)) => {
+                        if req.header.kind == super::proto::CMD_DISC {
+                            debug!("NBD_CMD_DISC");
+                            break 'read Ok(());
+                        }
+                        let bytes = req.header.length as u64;
+                        let units = bytes
+                            .div_ceil(BUDGET_UNIT_BYTES)
+                            .clamp(1, budget_units as u64);
+                        let Ok(c) = count.clone().acquire_owned().await else {
+                            break 'read Ok(());
+                        };
+                        let Ok(b) = budget.clone().acquire_many_owned(units as u32).await else {
+                            break 'read Ok(());
+                        };
+                        let me = self.clone();
+                        let tx = tx.clone();
+                        tokio::spawn(
+                            async move {
+                                let reply = me.execute(req).await;
+                                let _ = tx.send(reply).await;
+                                drop((c, b));
+                            }
+                            .in_current_span(),
+                        );
+                    }
+                    Ok(None) => break,
+                    Err(TransmissionError::WriteTooLarge { cookie, length }) => {
+                        warn!(length, "write over the request limit; closing");
+                        let _ = tx.send(encode_simple_reply(cookie, EINVAL).to_vec()).await;
+                        break 'read Ok(());
+                    }
+                    Err(e) => {
+                        break 'read Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+                    }
+                }
+            }
+            match rd.read(&mut chunk).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => dec.feed(&chunk[..n]),
+                Err(e) => break Err(e),
+            }
+        };
+        // Let in-flight requests finish and their replies go out.
+        drop(tx);
+        match writer.await {
+            Ok(r) => r?,
+            Err(e) => return Err(std::io::Error::other(format!("writer task: {e}"))),
+        }
+        result
+    }
+
+    /// Executes one request and encodes its reply.
+    async fn execute(&self, req: Incoming) -> Vec<u8> {
+        let cookie = req.header.cookie;
+        let cmd = match validate(&req.header, &self.export) {
+            Ok(c) => c,
+            Err(r) => {
+                debug!(
+                    cookie,
+                    errno = r.errno,
+                    reason = r.reason,
+                    "request refused"
+                );
+                return encode_simple_reply(cookie, r.errno).to_vec();
+            }
+        };
+        let r = match cmd {
+            Command::Read { offset, length } => {
+                match self.dev.read(offset, length as usize).await {
+                    Ok(data) => {
+                        let mut out = Vec::with_capacity(16 + data.len());
+                        out.extend_from_slice(&encode_simple_reply(cookie, 0));
+                        out.extend_from_slice(&data);
+                        return out;
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Command::Write { offset, fua } => self.dev.write(offset, req.payload, fua).await,
+            Command::Flush => self.dev.flush().await,
+            Command::Trim {
+                offset,
+                length,
+                fua,
+            } => self.dev.trim(offset, length as u64, fua).await,
+            Command::WriteZeroes {
+                offset,
+                length,
+                fua,
+            } => self.dev.write_zeroes(offset, length as u64, fua).await,
+            Command::Disconnect => Ok(()),
+        };
+        match r {
+            Ok(()) => encode_simple_reply(cookie, 0).to_vec(),
+            Err(e) => {
+                warn!(cookie, errno = e.errno(), "request failed: {e}");
+                encode_simple_reply(cookie, e.errno()).to_vec()
+            }
+        }
+    }
+}
+
+/// A Unix socket listener that removes its path when dropped.
+#[derive(Debug)]
+pub struct UnixSocketPath(PathBuf);
+
+impl UnixSocketPath {
+    /// Binds `path` (a stale socket file left by a dead server is replaced).
+    pub fn bind(path: &Path) -> std::io::Result<(UnixListener, UnixSocketPath)> {
+        use std::os::unix::fs::FileTypeExt;
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            if m.file_type().is_socket() && std::os::unix::net::UnixStream::connect(path).is_err() {
+                std::fs::remove_file(path)?;
+            }
+        }
+        let l = UnixListener::bind(path)?;
+        Ok((l, UnixSocketPath(path.to_path_buf())))
+    }
+}
+
+impl Drop for UnixSocketPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

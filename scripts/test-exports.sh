@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Exports with unmodified tools: `sluice nbd` driven by fio (nbd engine),
+# qemu-img and nbdcopy; `sluice fuse` + losetup + mkfs.ext4 + mount.
+# Self-contained: installs the tools it needs (root, Debian). Prints one
+# PASS/FAIL line per check and "N passed, M failed"; exits non-zero on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PASS=0
+FAIL=0
+pass() { echo "PASS: $*"; PASS=$((PASS + 1)); }
+fail() { echo "FAIL: $*"; FAIL=$((FAIL + 1)); }
+check() { local name=$1; shift; if "$@" >>"$WORK/log" 2>&1; then pass "$name"; else fail "$name (see $WORK/log)"; fi; }
+
+WORK=$(mktemp -d /tmp/sluice-exports.XXXXXX)
+PIDS=()
+LOOP=""
+MNT_EXT=""
+MNT_FUSE=""
+cleanup() {
+    set +e
+    [ -n "$MNT_EXT" ] && mountpoint -q "$MNT_EXT" && umount "$MNT_EXT"
+    [ -n "$LOOP" ] && losetup -d "$LOOP" 2>/dev/null
+    for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${PIDS[$i]}" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "${PIDS[$i]}" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "${PIDS[$i]}" 2>/dev/null
+    done
+    [ -n "$MNT_FUSE" ] && mountpoint -q "$MNT_FUSE" && fusermount3 -u "$MNT_FUSE"
+    if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi
+}
+trap cleanup EXIT INT TERM
+
+need=()
+command -v fio >/dev/null || need+=(fio)
+command -v qemu-img >/dev/null || need+=(qemu-utils)
+command -v nbdcopy >/dev/null || need+=(libnbd-bin)
+command -v fusermount3 >/dev/null || need+=(fuse3)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >"$WORK/apt.log" 2>&1 \
+        || { echo "apt-get install failed:"; tail -20 "$WORK/apt.log"; }
+fi
+echo "tools: $(fio --version 2>&1 | head -1); $(qemu-img --version 2>&1 | head -1); $(nbdcopy --version 2>&1 | head -1); $(mkfs.ext4 -V 2>&1 | head -1)"
+
+# SLUICE=path/to/sluice skips the build.
+if [ -z "${SLUICE:-}" ]; then
+    cargo build --release -q -p sluice-cli || { echo "FAIL: build"; echo "0 passed, 1 failed"; exit 1; }
+    SLUICE=target/release/sluice
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() { for _ in $(seq 100); do eval "$1" && return 0; sleep 0.1; done; return 1; }
+
+PORT=$(free_port)
+NQN=nqn.2026-11.io.sluice:ram0
+"$SLUICE" target --listen 127.0.0.1:$PORT --discovery-listen "" --ram-size 512MiB >"$WORK/target.log" 2>&1 &
+PIDS+=($!)
+wait_for "(echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null" || { fail "target start"; }
+
+SOCK=$WORK/nbd.sock
+"$SLUICE" nbd --target 127.0.0.1:$PORT --nqn $NQN --unix "$SOCK" --export-name disk >"$WORK/nbd.log" 2>&1 &
+PIDS+=($!)
+if wait_for "[ -S '$SOCK' ]"; then pass "sluice nbd listening on a Unix socket"; else fail "sluice nbd start"; cat "$WORK/nbd.log"; fi
+URI="nbd+unix:///disk?socket=$SOCK"
+
+check "nbdinfo sees 512 MiB export" bash -c "nbdinfo --size '$URI' | grep -qx 536870912"
+check "qemu-img info" bash -c "qemu-img info --image-opts driver=nbd,path='$SOCK',export=disk | grep -q 'virtual size: 512 MiB'"
+
+check "fio randrw 4k-128k crc32c verify, iodepth 8" \
+    fio --name=nbd --ioengine=nbd --uri="nbd+unix:///disk?socket=$SOCK" --rw=randrw --bsrange=4k-128k \
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --size=64m --iodepth=8 --output="$WORK/fio.txt"
+if [ -f "$WORK/fio.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio.txt" | sed 's/^/    /'; fi
+
+head -c 48M /dev/urandom >"$WORK/in.raw"
+truncate -s 64M "$WORK/in.raw"
+check "nbdcopy file -> nbd" nbdcopy "$WORK/in.raw" "$URI"
+check "nbdcopy nbd -> file" bash -c "nbdcopy '$URI' '$WORK/out.raw' && truncate -s 64M '$WORK/out.raw'"
+check "nbdcopy round trip identical" cmp "$WORK/in.raw" "$WORK/out.raw"
+check "qemu-img convert nbd -> qcow2 -> compare" bash -c \
+    "qemu-img convert -f raw -O qcow2 '$WORK/in.raw' '$WORK/in.qcow2' && \
+     qemu-img convert -n -f qcow2 --target-image-opts '$WORK/in.qcow2' driver=nbd,path='$SOCK',export=disk && \
+     qemu-img compare --image-opts driver=file,filename='$WORK/in.raw' driver=nbd,path='$SOCK',export=disk"
+# Unaligned I/O through qemu's NBD client (minimum block size 1 advertised):
+# a 7-byte write at 60 MiB + 1001 (a zero area), read back, neighbours still zero.
+check "unaligned write/read (qemu-io)" bash -c "out=\$(qemu-io -c 'write -P 0x5a 62915561 7' -c 'read -P 0x5a 62915561 7' -c 'read -P 0 62915568 16' \
+    --image-opts driver=nbd,path='$SOCK',export=disk 2>&1); echo \"\$out\"; \
+    ! grep -qi 'fail' <<<\"\$out\" && grep -q 'read 16/16' <<<\"\$out\""
+
+# FUSE: one file, loop device, ext4.
+MNT_FUSE=$WORK/fuse
+mkdir -p "$MNT_FUSE"
+"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_FUSE" --file-name disk.img >"$WORK/fuse.log" 2>&1 &
+FUSE_PID=$!
+PIDS+=($FUSE_PID)
+if wait_for "[ -f '$MNT_FUSE/disk.img' ]"; then pass "sluice fuse mounted"; else fail "sluice fuse mount"; cat "$WORK/fuse.log"; fi
+check "file size is the namespace size" bash -c "[ \$(stat -c %s '$MNT_FUSE/disk.img') = 536870912 ]"
+check "nbd data visible through FUSE" bash -c "cmp -i 2097152 -n 1048576 '$WORK/in.raw' '$MNT_FUSE/disk.img'"
+LOOP=$(losetup -f --show "$MNT_FUSE/disk.img" 2>>"$WORK/log") && pass "losetup $LOOP" || fail "losetup"
+MNT_EXT=$WORK/ext4
+mkdir -p "$MNT_EXT"
+check "mkfs.ext4" mkfs.ext4 -q -F "$LOOP"
+check "mount ext4" mount "$LOOP" "$MNT_EXT"
+check "write files with dd" bash -c "set -e; for i in 1 2 3; do dd if=/dev/urandom of=\"$MNT_EXT/f\$i\" bs=1M count=8 status=none; done; \
+    dd if=/dev/urandom of='$MNT_EXT/small' bs=777 count=3 status=none; sync; cd '$MNT_EXT'; sha256sum f1 f2 f3 small > '$WORK/sums'; [ \$(wc -l < '$WORK/sums') = 4 ]"
+check "umount ext4" umount "$MNT_EXT"
+check "remount ext4" mount "$LOOP" "$MNT_EXT"
+check "checksums after remount" bash -c "cd '$MNT_EXT' && sha256sum -c --quiet '$WORK/sums'"
+check "umount ext4 again" umount "$MNT_EXT"
+MNT_EXT=""
+check "fsck clean" e2fsck -fn "$LOOP"
+check "detach loop" losetup -d "$LOOP"
+LOOP=""
+check "SIGTERM unmounts FUSE" bash -c "kill -TERM $FUSE_PID; for i in \$(seq 100); do mountpoint -q '$MNT_FUSE' || exit 0; sleep 0.1; done; exit 1"
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]
