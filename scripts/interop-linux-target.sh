@@ -32,7 +32,7 @@ LOGDIR=${KEEP:-$WORK/logs}
 mkdir -p "$LOGDIR"
 QPID=""
 cleanup() {
-    if [[ -n "$QPID" ]] && kill -0 "$QPID" 2>/dev/null; then kill "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true; fi
+    stop_qemu
     [[ -n "$KEEP" ]] || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -69,8 +69,21 @@ boot_target() {
     return 1
 }
 
+# Kills this run's QEMU itself (the wrapper script's trap may not run on SIGKILL).
+stop_qemu() {
+    pkill -9 -f "hostfwd=tcp:127.0.0.1:$HPORT-" 2>/dev/null || true
+    if [[ -n "$QPID" ]]; then wait "$QPID" 2>/dev/null || true; fi
+    QPID=""
+}
+
 stop_target() {
-    printf 'stop\n' > "/dev/tcp/127.0.0.1/$CPORT" 2>/dev/null || true
+    # A connection to a forwarded port succeeds even before the guest listens:
+    # repeat the stop until the guest exits (bounded).
+    for _ in $(seq 60); do
+        kill -0 "$QPID" 2>/dev/null || break
+        printf 'stop\n' > "/dev/tcp/127.0.0.1/$CPORT" 2>/dev/null || true
+        sleep 1
+    done
     local rc=0
     wait "$QPID" || rc=$?
     QPID=""
@@ -97,7 +110,7 @@ last=${KERNELS##* }
 for k in $KERNELS; do
     if ! boot_target "$k" "$LOGDIR/guest-$k.log"; then
         FAILED=$((FAILED + 1)); echo "interop-target: FAIL linux-$k target did not come up"; tail -n 40 "$LOGDIR/guest-$k.log" | sed 's/^/    /'
-        [[ -n "$QPID" ]] && kill "$QPID" 2>/dev/null; QPID=""
+        stop_qemu
         continue
     fi
     check "linux-$k-host-plain" "$INTEROP" "127.0.0.1:$HPORT" $SUBNQN
@@ -114,7 +127,7 @@ killed_mid_run() {
         --json > "$LOGDIR/kill-bench.json" 2> "$LOGDIR/kill-bench.err" &
     local bpid=$!
     sleep 8
-    kill -9 "$QPID"; wait "$QPID" 2>/dev/null || true; QPID=""
+    stop_qemu
     local t0=$SECONDS rc=0
     # The bench was asked for 20 s: it must end within its runtime plus the command timeout and slack.
     for _ in $(seq 120); do kill -0 $bpid 2>/dev/null || break; sleep 0.5; done

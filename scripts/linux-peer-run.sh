@@ -102,7 +102,7 @@ if [[ -d $GUEST_DIR ]]; then
 fi
 for f in ${EXTRA_FILES[@]+"${EXTRA_FILES[@]}"}; do install -m 755 "$f" "$TMP/root/guest/"; done
 : > "$TMP/root/test.env"
-[[ -n $ENV_FILE ]] && cat "$ENV_FILE" >> "$TMP/root/test.env"
+if [[ -n $ENV_FILE ]]; then cat "$ENV_FILE" >> "$TMP/root/test.env"; echo >> "$TMP/root/test.env"; fi
 for kv in ${EXTRA_ENV[@]+"${EXTRA_ENV[@]}"}; do
     # single-quote the value so the guest shell takes it literally
     printf "%s='%s'\n" "${kv%%=*}" "$(printf '%s' "${kv#*=}" | sed "s/'/'\\\\''/g")" >> "$TMP/root/test.env"

@@ -5,7 +5,9 @@
 #   1. cargo test --workspace        unit, property, in-memory protocol and loopback tests
 #   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
 #   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
-#   4. scripts/interop-linux-target.sh (when present) our host against the Linux kernel target
+#   4. scripts/interop-linux-target.sh our host against the Linux kernel target
+#   5. scripts/test-exports.sh       fio (nbd engine), qemu-img, nbdcopy through `sluice nbd`;
+#                                    mkfs/mount through `sluice fuse` and a loop device (needs root)
 # Set SLUICE_SKIP_PEERS=1 to skip 3-4 (they need QEMU and ~10 minutes).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,15 +47,21 @@ if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
     rc=$?
     set -e
     record $rc "interop: Linux host"
-    if [[ -x scripts/interop-linux-target.sh ]]; then
-        stage "Sluice host against the Linux kernel target"
-        set +e
-        scripts/interop-linux-target.sh
-        rc=$?
-        set -e
-        record $rc "interop: Linux target"
-    fi
+    stage "Sluice host against the Linux kernel target"
+    set +e
+    scripts/interop-linux-target.sh
+    rc=$?
+    set -e
+    record $rc "interop: Linux target"
 fi
+
+stage "exports: NBD and FUSE with unmodified tools"
+set +e
+bash scripts/test-exports.sh
+rc=$?
+set -e
+record $rc "exports"
+
 
 echo
 echo "stages: $PASSED passed, $FAILED failed"

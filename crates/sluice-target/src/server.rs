@@ -58,6 +58,10 @@ pub struct ShutdownReport {
     pub workers: Vec<WorkerReport>,
     /// CPU (user + system) of the whole process.
     pub process_cpu: Duration,
+    /// Send path and coalescing totals of every queue (issue 4).
+    pub send: crate::send::SendStats,
+    /// Read and Write commands served (for per-I/O ratios).
+    pub io_commands: u64,
 }
 
 /// Starts targets.
@@ -82,6 +86,11 @@ pub struct TargetHandle {
 
 const WAKER: Token = Token(0);
 const LISTEN_IO: Token = Token(1);
+/// The worker's timerfd (precise sleeps in interrupt and adaptive modes).
+const TIMER: Token = Token(3);
+/// Deadlines closer than this are met by polling instead of sleeping: a
+/// wake-up costs about as much here.
+const SPIN_BELOW: Duration = Duration::from_micros(100);
 const LISTEN_DISC: Token = Token(2);
 const CONN_BASE: usize = 16;
 /// Backend notification fds use tokens counted down from here.
@@ -145,6 +154,10 @@ impl Target {
             wakers.push(waker.clone());
             let mut w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone());
             w.tenancy = Some(WorkerTenancy::new(tenants.clone()));
+            match TimerFd::new(&w.poll) {
+                Ok(t) => w.timer = Some(t),
+                Err(e) => tracing::warn!(error = %e, "no timerfd; timers will have millisecond granularity"),
+            }
             let h = std::thread::Builder::new()
                 .name(format!("sluice-worker-{id}"))
                 .spawn(move || w.run())
@@ -240,7 +253,25 @@ impl TargetHandle {
             }
         }
         report.process_cpu = process_cpu();
+        report.send = self.reg.send.snapshot();
+        report.io_commands = self.io_commands();
         report
+    }
+
+    /// Send path and coalescing totals so far (live queues as of their
+    /// worker's last publish, see [`crate::metrics::SendTotals`]).
+    pub fn send_totals(&self) -> crate::send::SendStats {
+        self.reg.send.snapshot()
+    }
+
+    /// Read and Write commands served so far, all hosts.
+    pub fn io_commands(&self) -> u64 {
+        self.reg
+            .hosts
+            .snapshot()
+            .iter()
+            .map(|(_, s)| s.read_commands + s.write_commands)
+            .sum()
     }
 }
 
@@ -352,6 +383,59 @@ struct Worker {
     connections_total: u64,
     /// Tenant scheduling and CPU accounting (always set by `Target::start`).
     tenancy: Option<WorkerTenancy>,
+    /// epoll sleeps in whole milliseconds; a timerfd wakes us on time.
+    timer: Option<TimerFd>,
+}
+
+/// A non-blocking CLOCK_MONOTONIC timerfd, armed with relative times.
+#[derive(Debug)]
+struct TimerFd {
+    fd: std::os::fd::OwnedFd,
+    armed: Option<Instant>,
+}
+
+impl TimerFd {
+    fn new(poll: &Poll) -> io::Result<TimerFd> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: plain syscall; the returned fd is owned below.
+        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh fd we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        poll.registry().register(&mut SourceFd(&fd.as_raw_fd()), TIMER, Interest::READABLE)?;
+        Ok(TimerFd { fd, armed: None })
+    }
+
+    /// Arms the timer to fire `after` from now (re-arming replaces it).
+    fn arm(&mut self, at: Instant, after: Duration) {
+        use std::os::fd::AsRawFd;
+        if self.armed == Some(at) {
+            return;
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                // A zero value would disarm: fire after at least 1 ns.
+                tv_nsec: (after.subsec_nanos().max(if after.as_secs() == 0 { 1 } else { 0 })) as libc::c_long,
+            },
+        };
+        // SAFETY: valid fd and itimerspec; the old value is not needed.
+        if unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) } == 0 {
+            self.armed = Some(at);
+        }
+    }
+
+    /// Clears the expiration count after the timer fired.
+    fn drain(&mut self) {
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; 8];
+        // SAFETY: reading 8 bytes into a valid buffer from our fd.
+        let _ = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        self.armed = None;
+    }
 }
 
 impl Worker {
@@ -374,6 +458,7 @@ impl Worker {
             completions: Vec::new(),
             connections_total: 0,
             tenancy: None,
+            timer: None,
         }
     }
 
@@ -386,21 +471,29 @@ impl Worker {
         let mut last_work = Instant::now();
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
+        let mut next_publish = started + crate::metrics::SEND_PUBLISH_INTERVAL;
         loop {
             loops += 1;
             let now = Instant::now();
+            if now >= next_publish {
+                self.publish_send_stats();
+                next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
+            }
             let deadline = self.next_deadline();
-            // epoll sleeps in whole milliseconds (mio rounds up): a deadline
-            // less than 1 ms away (send freights, coalescing) is met by
-            // polling until it passes.
-            let until_deadline = deadline.map(|d| {
-                let t = d.saturating_duration_since(now);
-                if t < Duration::from_millis(1) {
-                    Duration::ZERO
-                } else {
-                    t
+            // Deadlines under SPIN_BELOW are met by polling; longer sleeps
+            // use the timerfd (epoll itself sleeps in whole milliseconds).
+            let until_deadline = deadline.map(|d| d.saturating_duration_since(now));
+            let until_deadline = match (until_deadline, self.timer.as_mut()) {
+                (Some(t), _) if t < SPIN_BELOW => Some(Duration::ZERO),
+                (Some(t), Some(timer)) => {
+                    if let Some(d) = deadline {
+                        timer.arm(d, t);
+                    }
+                    None
                 }
-            });
+                (Some(t), None) if t < Duration::from_millis(1) => Some(Duration::ZERO),
+                (other, _) => other,
+            };
             let timeout = match polling {
                 PollingMode::BusyPoll => Some(Duration::ZERO),
                 PollingMode::Interrupt => until_deadline,
@@ -437,6 +530,12 @@ impl Worker {
             let mut work = !events.is_empty();
             for ev in events.iter() {
                 let t = ev.token().0;
+                if ev.token() == TIMER {
+                    if let Some(timer) = self.timer.as_mut() {
+                        timer.drain();
+                    }
+                    continue;
+                }
                 if (CONN_BASE..BACKEND_TOKEN_TOP).contains(&t) {
                     if let Some(Some(e)) = self.conns.get_mut(t - CONN_BASE) {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
@@ -479,6 +578,7 @@ impl Worker {
         for i in 0..self.conns.len() {
             self.remove_conn(i);
         }
+        self.reg.send.publish_live(self.id, Default::default());
         WorkerReport {
             worker: self.id,
             cpu: thread_cpu(),
@@ -683,11 +783,23 @@ impl Worker {
         any
     }
 
+    /// Publishes the send counters of this worker's live connections.
+    fn publish_send_stats(&self) {
+        let mut s = crate::send::SendStats::default();
+        for e in self.conns.iter().flatten() {
+            s.add(&e.conn.send_stats());
+        }
+        self.reg.send.publish_live(self.id, s);
+    }
+
     fn remove_conn(&mut self, i: usize) {
         if let Some(mut e) = self.conns.get_mut(i).and_then(|c| c.take()) {
             let _ = self.poll.registry().deregister(&mut e.stream);
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
             e.conn.finish();
+            self.reg.send.add_closed(&e.conn.send_stats());
+            // Drop it from the live sum at once, so it is never counted twice.
+            self.publish_send_stats();
             tracing::debug!(
                 reason = e.conn.close_reason().unwrap_or("closed"),
                 "connection removed"
