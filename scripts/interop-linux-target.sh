@@ -31,6 +31,13 @@ WORK=$(mktemp -d /tmp/sluice-interop-target.XXXXXX)
 LOGDIR=${KEEP:-$WORK/logs}
 mkdir -p "$LOGDIR"
 QPID=""
+# Kills this run's QEMU itself (the wrapper script's trap may not run on SIGKILL).
+stop_qemu() {
+    pkill -9 -f "hostfwd=tcp:127.0.0.1:$HPORT-" 2>/dev/null || true
+    if [[ -n "$QPID" ]]; then wait "$QPID" 2>/dev/null || true; fi
+    QPID=""
+}
+
 cleanup() {
     stop_qemu
     [[ -n "$KEEP" ]] || rm -rf "$WORK"
@@ -67,13 +74,6 @@ boot_target() {
         sleep 0.5
     done
     return 1
-}
-
-# Kills this run's QEMU itself (the wrapper script's trap may not run on SIGKILL).
-stop_qemu() {
-    pkill -9 -f "hostfwd=tcp:127.0.0.1:$HPORT-" 2>/dev/null || true
-    if [[ -n "$QPID" ]]; then wait "$QPID" 2>/dev/null || true; fi
-    QPID=""
 }
 
 stop_target() {

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use sluice_host::{ConnectOptions, Controller, IoFlags, Namespace, PollingPolicy};
+use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, Namespace, PollingPolicy};
+use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
+use sluice_proto::send::{SchedulerKind, SendConfig};
 
 pub use floor::FloorReport;
 pub use spec::{BlockSizes, JobSpec, RwMode};
@@ -102,6 +104,24 @@ pub struct BenchArgs {
     /// Show live IOPS on stderr even when it is not a terminal.
     #[arg(long)]
     pub progress: bool,
+    /// Host completion coalescing of task wake-ups: off, static, adaptive,
+    /// calibrated (docs/isolation.md).
+    #[arg(long, default_value = "off")]
+    pub coalescing: CoalesceMode,
+    /// Coalescing threshold (completions per wake-up batch).
+    #[arg(long, default_value_t = 16)]
+    pub coalescing_threshold: u32,
+    /// Static coalescing: aggregation time in microseconds.
+    #[arg(long, default_value_t = 20)]
+    pub coalescing_timeout_us: u64,
+    /// Mark every I/O urgent (the host API's urgent flag; `--job ...,urgent=1`
+    /// per job).
+    #[arg(long)]
+    pub urgent: bool,
+    /// Host send scheduler of the I/O queues: immediate, unified, isolated
+    /// (paper defaults; docs/isolation.md).
+    #[arg(long, default_value = "immediate")]
+    pub send_scheduler: SchedulerKind,
 }
 
 impl BenchArgs {
@@ -130,6 +150,11 @@ impl BenchArgs {
             timeout_ms: 30_000,
             span: None,
             progress: false,
+            coalescing: CoalesceMode::Off,
+            coalescing_threshold: 16,
+            coalescing_timeout_us: 20,
+            urgent: false,
+            send_scheduler: SchedulerKind::Immediate,
         }
     }
 }
@@ -158,8 +183,67 @@ pub struct JobReport {
     pub latency_us_p999: f64,
     pub latency_us_p9999: f64,
     pub latency_us_max: f64,
+    /// Host queue counters over the measured window (issue 4).
+    pub host: HostCounters,
     /// First few error messages.
     pub error_samples: Vec<String>,
+}
+
+/// Host-side send and wake-up counters of a job over the measured window.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct HostCounters {
+    pub completions: u64,
+    /// Wake-up batches delivered to waiting tasks.
+    pub notifications: u64,
+    /// Socket write calls that moved bytes.
+    pub send_syscalls: u64,
+    pub notifications_per_io: f64,
+    pub send_syscalls_per_io: f64,
+    /// Mean time a completion was held by the coalescer, µs (held ones only
+    /// count; 0 when coalescing is off).
+    pub held_us_per_notification: f64,
+    /// Send scheduler: PDUs per flushed container, flushes by timer.
+    pub pdus_per_flush: f64,
+    pub timer_flushes: u64,
+    /// Mean time a PDU waited in the latency / data freight, µs.
+    pub freight_wait_us_latency: f64,
+    pub freight_wait_us_data: f64,
+}
+
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 {
+        0.0
+    } else {
+        n as f64 / d as f64
+    }
+}
+
+impl HostCounters {
+    fn from_stats(s: &HostQueueStats) -> HostCounters {
+        let per = |n: u64| {
+            if s.completions == 0 {
+                0.0
+            } else {
+                n as f64 / s.completions as f64
+            }
+        };
+        HostCounters {
+            completions: s.completions,
+            notifications: s.notifications,
+            send_syscalls: s.sends,
+            notifications_per_io: per(s.notifications),
+            send_syscalls_per_io: per(s.sends),
+            held_us_per_notification: if s.notifications == 0 {
+                0.0
+            } else {
+                s.held_ns as f64 / 1000.0 / s.notifications as f64
+            },
+            pdus_per_flush: ratio(s.flush_pdus, s.flushes),
+            timer_flushes: s.timer_flushes,
+            freight_wait_us_latency: ratio(s.wait_ns_latency, s.waited_latency) / 1000.0,
+            freight_wait_us_data: ratio(s.wait_ns_data, s.waited_data) / 1000.0,
+        }
+    }
 }
 
 /// Results of a bench run.
@@ -216,6 +300,22 @@ impl BenchReport {
                 j.latency_us_p9999,
                 j.latency_us_max,
                 j.errors + j.verify_errors
+            );
+        }
+        for j in &self.jobs {
+            let _ = writeln!(
+                s,
+                "host [{}]: {:.3} notifications/I/O, {:.3} send syscalls/I/O ({} completions, {} notifications, {} sends); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data)",
+                j.name,
+                j.host.notifications_per_io,
+                j.host.send_syscalls_per_io,
+                j.host.completions,
+                j.host.notifications,
+                j.host.send_syscalls,
+                j.host.pdus_per_flush,
+                j.host.timer_flushes,
+                j.host.freight_wait_us_latency,
+                j.host.freight_wait_us_data
             );
         }
         let _ = writeln!(
@@ -321,6 +421,15 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     } else {
         None
     };
+    let coalescing = CoalesceConfig {
+        mode: args.coalescing,
+        threshold: args.coalescing_threshold,
+        timeout: Duration::from_micros(args.coalescing_timeout_us),
+        ..Default::default()
+    };
+    if let Err((k, why)) = coalescing.validate() {
+        bail!("--coalescing: {k} {why}");
+    }
     // Connect every job first, so the measured window holds only I/O.
     let mut prepared = Vec::new();
     for j in &jobs {
@@ -332,6 +441,11 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             data_digest: args.data_digest,
             polling: args.polling,
             command_timeout: Duration::from_millis(args.timeout_ms.max(1)),
+            coalescing,
+            send: SendConfig {
+                scheduler: args.send_scheduler,
+                ..SendConfig::default()
+            },
             ..Default::default()
         };
         let c = Controller::connect(addr, &args.nqn, opts)
@@ -355,6 +469,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         None => None,
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, c, _)| c.io_stats()).collect();
     let (u0, s0) = cpu_times_s();
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -415,6 +530,11 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         results.push(h.await.context("job task")??);
     }
     let (u1, s1) = cpu_times_s();
+    let host: Vec<HostQueueStats> = prepared
+        .iter()
+        .zip(&host0)
+        .map(|((_, c, _), h0)| c.io_stats().since(h0))
+        .collect();
     if progress {
         eprintln!();
     }
@@ -425,11 +545,15 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let mut reports = Vec::new();
     let mut total = JobStats::default();
     let mut elapsed_max = 0f64;
-    for (j, (stats, h)) in jobs.iter().zip(results) {
+    let mut host_total = HostQueueStats::default();
+    for ((j, (stats, h)), hs) in jobs.iter().zip(results).zip(&host) {
         total_hist.add(&h).context("merge histograms")?;
         elapsed_max = elapsed_max.max(stats.elapsed_s);
-        reports.push(stats.report(j, &h));
+        let mut r = stats.report(j, &h);
+        r.host = HostCounters::from_stats(hs);
+        reports.push(r);
         total.merge(&stats);
+        host_total.add(hs);
     }
     total.elapsed_s = elapsed_max;
     let total_spec = JobSpec {
@@ -440,6 +564,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         ..jobs[0].clone()
     };
     let mut total_report = total.report(&total_spec, &total_hist);
+    total_report.host = HostCounters::from_stats(&host_total);
     total_report.rw = if jobs.len() > 1 {
         "mixed".into()
     } else {
@@ -520,6 +645,7 @@ impl JobStats {
             latency_us_p999: q(0.999),
             latency_us_p9999: q(0.9999),
             latency_us_max: if empty { 0.0 } else { us(h.max()) },
+            host: HostCounters::default(),
             error_samples: self.error_samples.clone(),
         }
     }
@@ -635,6 +761,10 @@ impl JobRun {
             Vec::new()
         };
         let mut local = JobStats::default();
+        let flags = IoFlags {
+            urgent: self.spec.urgent,
+            ..Default::default()
+        };
         let mut junk = vec![0u8; self.spec.bs.max_bytes() as usize];
         for (i, b) in junk.iter_mut().enumerate() {
             *b = mix(i as u64) as u8;
@@ -690,7 +820,7 @@ impl JobRun {
             let len = (len_blocks * bs) as usize;
             let t0 = Instant::now();
             let r = if is_read {
-                self.ns.read(lba, len, IoFlags::default()).await.map(Some)
+                self.ns.read(lba, len, flags).await.map(Some)
             } else {
                 let data = if self.verify {
                     let mut d = vec![0u8; len];
@@ -704,10 +834,7 @@ impl JobRun {
                 } else {
                     junk[..len].to_vec()
                 };
-                self.ns
-                    .write_owned(lba, data, IoFlags::default())
-                    .await
-                    .map(|_| None)
+                self.ns.write_owned(lba, data, flags).await.map(|_| None)
             };
             let dt = t0.elapsed();
             h.record(dt.as_nanos().max(1) as u64)

@@ -174,6 +174,8 @@ pub struct JobSpec {
     pub qd: u32,
     pub queues: u16,
     pub rate_iops: Option<u64>,
+    /// Mark every I/O urgent (host API flag, CDW13 hint).
+    pub urgent: bool,
 }
 
 /// The jobs a run executes: the `--job` ones, or one from the top-level flags.
@@ -187,6 +189,7 @@ pub fn jobs_from_args(a: &BenchArgs) -> anyhow::Result<Vec<JobSpec>> {
         qd: a.qd,
         queues: a.queues,
         rate_iops: a.rate_iops,
+        urgent: a.urgent,
     };
     let mut jobs = Vec::new();
     if a.jobs.is_empty() {
@@ -247,6 +250,13 @@ pub fn parse_job(s: &str, base: &JobSpec) -> anyhow::Result<JobSpec> {
                         .with_context(|| format!("--job {name}: rate-iops"))?,
                 )
             }
+            "urgent" => {
+                j.urgent = match v {
+                    "1" | "true" | "yes" => true,
+                    "0" | "false" | "no" => false,
+                    o => bail!("--job {name}: urgent=`{o}` is not 0 or 1"),
+                }
+            }
             other => bail!("--job {name}: unknown key `{other}`"),
         }
     }
@@ -294,6 +304,7 @@ mod tests {
             qd: 1,
             queues: 1,
             rate_iops: None,
+            urgent: false,
         };
         let j = parse_job(
             "t1,hostnqn=nqn.x,rw=randwrite,bs=8k,qd=4,rate-iops=100",

@@ -6,7 +6,7 @@
 use crate::svg;
 use anyhow::{bail, Context, Result};
 use sluice_bench::{BenchArgs, BenchReport, JobReport};
-use sluice_target::tenant::cpu::{current_tid, CpuCgroup};
+use sluice_target::tenant::cpu::{current_tid, CpuCgroup, QuotaCharger};
 use sluice_target::tenant::fair::CostModel;
 use sluice_target::tenant::rate::Dir;
 use sluice_target::{Config, Target, TargetHandle};
@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
 pub struct ExperimentArgs {
-    /// fairness | noisy | cpu | ksplit | all
+    /// fairness | noisy | cpu | ksplit | all, or the isolated data path
+    /// ones: pinof-fig5 | pinof-fig6 | coalescing | isolation
     pub name: String,
     /// Directory for tables and plots.
     #[arg(long, default_value = "docs/experiments")]
@@ -132,7 +133,11 @@ pub fn run(a: ExperimentArgs) -> Result<()> {
             cpu(&a)?;
             ksplit(&a)
         }
-        o => bail!("unknown experiment `{o}` (fairness, noisy, cpu, ksplit, all)"),
+        o if crate::isolation_cmd::run(o, &a.out, a.runtime)? => Ok(()),
+        o => bail!(
+            "unknown experiment `{o}` (fairness, noisy, cpu, ksplit, all; {})",
+            crate::isolation_cmd::NAMES
+        ),
     }
 }
 
@@ -192,9 +197,13 @@ fn fairness(a: &ExperimentArgs) -> Result<()> {
             "fair (bytes cost)",
             "scheduler = \"fair\"\ncost = \"bytes\"",
         ),
+        (
+            "fair (bytes, depth 32, budget 400)",
+            "scheduler = \"fair\"\ncost = \"bytes\"\ndispatch_depth = 32\ndispatch_budget_us = 400",
+        ),
     ];
     let mut md = String::new();
-    let _ = writeln!(md, "# Bandwidth fairness (Flint W1-W5) on the emulated SSD\n\nCommand: `cargo run --release -p sluice-cli -- experiment fairness --runtime {}`\n\nEmulated SSD (scaled so the device is the bottleneck on this 2-core machine): `{SCALED_SSD}`. One target worker, `dispatch_depth` 8, equal weights. Tenant A and B are two host NQNs. `Jain(bytes)` is over the two tenants' bandwidth, `Jain(dev)` over their device time (the device cost model's estimate of how long the SSD spent on each).\n", a.runtime);
+    let _ = writeln!(md, "# Bandwidth fairness (Flint W1-W5) on the emulated SSD\n\nCommand: `cargo run --release -p sluice-cli -- experiment fairness --runtime {}`\n\nEmulated SSD (scaled so the device is the bottleneck on this 2-core machine): `{SCALED_SSD}`. One target worker, `dispatch_depth` 8 unless stated (`budget 400` = `dispatch_budget_us = 400`, i.e. at most 400 000 bytes of cost outstanding), equal weights. Tenant A and B are two host NQNs. `Jain(bytes)` is over the two tenants' bandwidth, `Jain(dev)` over their device time (the device cost model's estimate of how long the SSD spent on each).\n", a.runtime);
     let _ = writeln!(md, "| pair | A | B | mode | A MiB/s | B MiB/s | A IOPS | B IOPS | B/A bytes | Jain(bytes) | Jain(dev) |\n|---|---|---|---|---|---|---|---|---|---|---|");
     let mut jb: Vec<Vec<f64>> = vec![vec![]; modes.len()];
     let mut jd: Vec<Vec<f64>> = vec![vec![]; modes.len()];
@@ -361,7 +370,7 @@ fn noisy(a: &ExperimentArgs) -> Result<()> {
     let default_ssd = "read_iops_max = 100000, read_bytes_per_sec_max = 1000000000, base_read_latency_us = 80, parallelism = 8";
     let victim = format!("v,hostnqn={},rw=randread,bs=4k,qd=1", host("v"));
     let heavy = format!("h,hostnqn={},rw=randread,bs=128k,qd=32", host("h"));
-    let runs: [(&str, String, bool); 5] = [
+    let runs: [(&str, String, bool); 6] = [
         ("alone", "scheduler = \"none\"".into(), false),
         ("+ heavy, no isolation", "scheduler = \"none\"".into(), true),
         (
@@ -377,6 +386,11 @@ fn noisy(a: &ExperimentArgs) -> Result<()> {
         (
             "+ heavy, fair depth 8, heavy limited 400MiB/s",
             "scheduler = \"fair\"\ndispatch_depth = 8".into(),
+            true,
+        ),
+        (
+            "+ heavy, fair depth 32, budget 300 µs",
+            "scheduler = \"fair\"\ndispatch_depth = 32\ndispatch_budget_us = 300".into(),
             true,
         ),
     ];
@@ -493,23 +507,55 @@ fn burn(iters: u64) -> u64 {
     x
 }
 
+/// CPU-bound threads on CPU 0, each in its own cgroup with a quota: the
+/// victims (fixed work, timed) and, as in the paper's n-container setup,
+/// the interferer's own computation ("sysbench") in the interferer's cgroup.
 struct Victims {
     groups: Vec<CpuCgroup>,
     iters: u64,
+    /// The interferer's cgroup (its hog runs during every measurement).
+    interferer: CpuCgroup,
+    interferer_quota: Duration,
 }
 
+const PERIOD: Duration = Duration::from_millis(100);
+
 impl Victims {
-    fn new(root: &Path, n: usize, quota_frac: f64, iters: u64) -> Result<Self> {
+    fn new(root: &Path, n: usize, iters: u64) -> Result<Self> {
+        let frac = 1.0 / (n as f64 + 1.0);
+        let quota = Duration::from_micros((PERIOD.as_micros() as f64 * frac) as u64);
         let mut groups = Vec::new();
         for i in 0..n {
             let g = CpuCgroup::create(root, &format!("sluice-victim{i}"))?;
-            g.set_quota(
-                Some(Duration::from_micros((100_000.0 * quota_frac) as u64)),
-                Duration::from_millis(100),
-            )?;
+            g.set_quota(Some(quota), PERIOD)?;
             groups.push(g);
         }
-        Ok(Victims { groups, iters })
+        let interferer = CpuCgroup::create(root, "sluice-interferer")?;
+        interferer.set_quota(Some(quota), PERIOD)?;
+        Ok(Victims {
+            groups,
+            iters,
+            interferer,
+            interferer_quota: quota,
+        })
+    }
+
+    /// Starts the interferer's CPU hog on CPU 0 in its cgroup.
+    fn start_hog(&self) -> (Arc<AtomicBool>, std::thread::JoinHandle<Result<()>>) {
+        self.interferer
+            .set_quota(Some(self.interferer_quota), PERIOD)
+            .ok();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s2, g) = (stop.clone(), self.interferer.clone());
+        let h = std::thread::spawn(move || -> Result<()> {
+            pin(0, 0)?;
+            g.add_thread(current_tid())?;
+            while !s2.load(Ordering::Relaxed) {
+                std::hint::black_box(burn(100_000));
+            }
+            Ok(())
+        });
+        (stop, h)
     }
 
     /// Runs every victim once on CPU 0 in its cgroup; completion times.
@@ -534,15 +580,44 @@ impl Victims {
     }
 }
 
-/// Sets up the interferer target: the worker thread on CPU 0 at nice -20
-/// (like the kernel's WQ_HIGHPRI nvme_tcp_wq), optionally in a cgroup.
-fn cpu_target(
-    settings: &str,
-    share: f64,
-    worker_cgroup: Option<&CpuCgroup>,
-) -> Result<TargetHandle> {
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Stock: the worker (nice -20) is charged to no one.
+    Off,
+    /// i-NVMe: worker CPU charged to the interferer (its cgroup quota is
+    /// lowered by it each period, Algorithms 1-2) and the interferer's
+    /// sockets throttled at T (Algorithm 3).
+    INvme,
+    /// Kernel charging: the worker thread runs inside the interferer's cgroup.
+    Cgroup,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::INvme => "i-NVMe",
+            Mode::Cgroup => "cgroup",
+        }
+    }
+}
+
+/// The interferer's target: one worker on CPU 0 at nice -20 (like the
+/// kernel's WQ_HIGHPRI nvme_tcp_wq).
+fn cpu_target(mode: Mode, k: u32, v: &Victims) -> Result<TargetHandle> {
+    let share = v.interferer_quota.as_secs_f64() / PERIOD.as_secs_f64();
+    let vc: Vec<String> = v
+        .groups
+        .iter()
+        .map(|g| format!("\"{}\"", g.path().display()))
+        .collect();
+    let settings = format!(
+        "scheduler = \"none\"\ncpu_isolation = {}\ncpu_k = {k}\nvictim_cgroups = [{}]",
+        mode == Mode::INvme,
+        vc.join(", ")
+    );
     let t = target(
-        &tenants_toml(settings, &[("i", 1, &format!("cpu_share = {share}"))]),
+        &tenants_toml(&settings, &[("i", 1, &format!("cpu_share = {share}"))]),
         "backend = \"ram\"\nsize = \"256MiB\"",
     )?;
     // The thread names itself once it runs: wait for it.
@@ -560,26 +635,27 @@ fn cpu_target(
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20);
     }
-    if let Some(g) = worker_cgroup {
-        g.add_thread(tid)?;
+    if mode == Mode::Cgroup {
+        v.interferer.add_thread(tid)?;
     }
     Ok(t)
 }
 
 struct Point {
+    /// Mean victim completion time alone (s): victims + interferer hog, no I/O.
+    alone: f64,
     df: Vec<f64>,
     iops: f64,
     p99: f64,
     p999: f64,
 }
 
-/// Victims run while the interferer drives I/O at `rate` (None: unlimited).
-fn cpu_point(
-    t: &TargetHandle,
-    victims: &Victims,
-    alone: &[Duration],
-    rate: Option<u64>,
-) -> Result<Point> {
+/// Baseline (victims + the interferer's hog, no I/O), then the same with the
+/// interferer's I/O at `rate` (None: unlimited), back to back.
+fn cpu_point(t: &TargetHandle, v: &Victims, mode: Mode, rate: Option<u64>) -> Result<Point> {
+    let (stop, hog) = v.start_hog();
+    let alone_v = v.run()?;
+    let alone = &alone_v[..];
     let addr = t.local_addr().to_string();
     let runtime = alone
         .iter()
@@ -589,27 +665,50 @@ fn cpu_point(
         .as_secs_f64()
         * 3.0
         + 1.0;
-    let done = Arc::new(AtomicBool::new(false));
     let rate_s = rate.map_or(String::new(), |r| format!(",rate-iops={r}"));
     let job = format!(
         "i,hostnqn={},rw=randrw,rwmixread=50,bs=4k,qd=32{rate_s}",
         host("i")
     );
-    let d2 = done.clone();
     let h = std::thread::spawn(move || {
         let mut a = BenchArgs::new(addr, SUBNQN);
         a.runtime = Some(runtime);
         a.jobs = vec![job];
         a.span = Some("64m".into());
-        let r = sluice_bench::run(a);
-        d2.store(true, Ordering::Release);
-        r
+        sluice_bench::run(a)
     });
+    // i-NVMe Algorithms 1-2 from user space: each period, lower the
+    // interferer's cgroup quota by the worker CPU charged to it.
+    let charging = Arc::new(AtomicBool::new(mode == Mode::INvme));
+    let agent = {
+        let (c, rt, g, q) = (
+            charging.clone(),
+            t.tenants().clone(),
+            v.interferer.clone(),
+            v.interferer_quota,
+        );
+        std::thread::spawn(move || {
+            let id = rt.table().id("i").unwrap_or(0);
+            let mut charger = QuotaCharger::new(q);
+            let mut prev = rt.stats(id).cpu_ns.load(Ordering::Relaxed);
+            while c.load(Ordering::Relaxed) {
+                std::thread::sleep(PERIOD);
+                let cur = rt.stats(id).cpu_ns.load(Ordering::Relaxed);
+                let _ = g.set_quota(Some(charger.next_quota(cur - prev)), PERIOD);
+                prev = cur;
+            }
+        })
+    };
     std::thread::sleep(Duration::from_millis(500));
-    let times = victims.run()?;
+    let times = v.run()?;
+    charging.store(false, Ordering::Relaxed);
+    let _ = agent.join();
     let r = h.join().map_err(|_| anyhow::anyhow!("bench panicked"))??;
+    stop.store(true, Ordering::Relaxed);
+    hog.join().map_err(|_| anyhow::anyhow!("hog panicked"))??;
     let j = job_of(&r);
     Ok(Point {
+        alone: alone.iter().map(|d| d.as_secs_f64()).sum::<f64>() / alone.len() as f64,
         df: times
             .iter()
             .zip(alone)
@@ -625,60 +724,56 @@ fn job_of(r: &BenchReport) -> JobReport {
     r.jobs.first().cloned().unwrap_or_else(|| r.total.clone())
 }
 
-fn calibrate() -> Result<u64> {
+/// Xorshift rounds for `cpu_s` seconds of CPU on CPU 0.
+fn calibrate(cpu_s: f64) -> Result<u64> {
     pin(0, 0)?;
     let t = Instant::now();
     let n = 20_000_000u64;
     std::hint::black_box(burn(n));
     let per_s = n as f64 / t.elapsed().as_secs_f64();
     pin(0, 1)?;
-    // 0.4 s of CPU: ~0.8 s of wall time at a 50% quota.
-    Ok((per_s * 0.4) as u64)
+    Ok((per_s * cpu_s) as u64)
 }
 
-fn iso_settings(on: bool, k: u32, victims: &Victims) -> String {
-    let vc: Vec<String> = victims
-        .groups
-        .iter()
-        .map(|g| format!("\"{}\"", g.path().display()))
-        .collect();
-    format!(
-        "scheduler = \"none\"\ncpu_isolation = {on}\ncpu_k = {k}\nvictim_cgroups = [{}]",
-        vc.join(", ")
-    )
-}
+const SETUP: &str = "Setup (the paper's n-container experiment on one core): CPU 0 holds the victims and the interferer, each in its own cgroup v1 `cpu` cgroup with quota period/n (period 100 ms, n = victims + 1). Victims run a fixed computation (xorshift rounds, 0.4 s of CPU at full speed), the interferer runs the same kind of CPU hog for the whole measurement (the paper's sysbench in the FIO container) and drives 4 KiB 50/50 random read/write I/O at QD 32 through `sluice-bench` on CPU 1 against a target whose single worker thread is pinned to CPU 0 at nice -20 (the kernel's WQ_HIGHPRI `nvme_tcp_wq` analogue; RAM backend). Degrading factor (DF) = victim completion time with the interferer's I/O / without it (hog still running), measured back to back at each point. Modes: `off` = stock (worker charged to nobody); `i-NVMe` = the worker's CPU is charged to the interferer tenant per loop batch, its cgroup quota lowered by that charge each period (Algorithms 1-2, from user space) and its sockets throttled at T (Algorithm 3: k = 8 unless stated, α = 5 ms, min T = quota/2, victims' cgroups watched for the adaptive T); `cgroup` = the worker thread placed in the interferer's cgroup (kernel charging). The machine has 2 cores shared with other jobs (QEMU, compilers), so absolute numbers are noisy; every figure is from one run.";
 
 fn cpu(a: &ExperimentArgs) -> Result<()> {
     pin(0, 1)?;
-    let iters = calibrate()?;
-    let mut md = format!("# CPU isolation (i-NVMe Figs. 1, 4, 7)\n\nCommand: `cargo run --release -p sluice-cli -- experiment cpu` (as root: needs cgroup v1 `cpu` at `{}`)\n\nSetup: the target's single worker thread is pinned to CPU 0 at nice -20 (the kernel's WQ_HIGHPRI `nvme_tcp_wq` analogue) and serves the interferer tenant's 4 KiB 50/50 random read/write I/O at QD 32 (RAM backend); the bench client runs on CPU 1. Victims are threads doing a fixed computation ({iters} xorshift rounds), pinned to CPU 0, each in its own cgroup with a CPU quota. Degrading factor (DF) = victim completion time with the interferer / alone. Isolation on: the interferer's CPU share on the worker is the CPU left by the victims' quotas (i-NVMe k = 8, α = 5 ms, min T = quota/2, period 100 ms, victims' cgroups watched for the adaptive T). `cgroup` = isolation off, the worker thread itself in a cgroup capped at the same share (kernel charging). The machine is 2 cores shared with other jobs, so absolute numbers are noisy.\n\n", a.cgroup_root.display());
+    let iters = calibrate(0.4)?;
+    let mut md = format!("# CPU isolation (i-NVMe Figs. 1, 4, 7)\n\nCommand: `cargo run --release -p sluice-cli -- experiment cpu` (as root: needs cgroup v1 `cpu` at `{}`)\n\n{SETUP}\n\n", a.cgroup_root.display());
 
-    // Fig. 1 / 4: one victim (quota 50%), interferer IOPS from low to unlimited.
-    let victims = Victims::new(&a.cgroup_root, 1, 0.5, iters)?;
-    let alone = victims.run()?;
-    let _ = writeln!(md, "## Figs. 1 and 4: one victim (quota 50 %), interferer share 0.5\n\nVictim alone: {:.3} s.\n\n| interferer target IOPS | isolation | DF | interferer IOPS | p99 µs | p99.9 µs |\n|---|---|---|---|---|---|", alone[0].as_secs_f64());
+    // Figs. 1 / 4: n = 2 (one victim, one interferer), interferer IOPS from low to unlimited.
+    let v = Victims::new(&a.cgroup_root, 1, iters)?;
+    let _ = writeln!(md, "## Figs. 1 and 4: one victim, one interferer (quota 50 % each)\n\n| interferer target IOPS | mode | victim baseline s | DF | interferer IOPS | p99 µs | p99.9 µs |\n|---|---|---|---|---|---|---|");
     let rates = [Some(2000u64), Some(5000), Some(10000), Some(20000), None];
-    let worker_cg = CpuCgroup::create(&a.cgroup_root, "sluice-worker")?;
-    worker_cg.set_quota(Some(Duration::from_millis(50)), Duration::from_millis(100))?;
-    let mut series: Vec<(String, Vec<f64>)> = vec![
-        ("off".into(), vec![]),
-        ("i-NVMe".into(), vec![]),
-        ("cgroup".into(), vec![]),
-    ];
-    let mut iops_series: Vec<(String, Vec<f64>)> = series.clone();
+    let modes = [Mode::Off, Mode::INvme, Mode::Cgroup];
+    let mut series: Vec<(String, Vec<f64>)> = modes
+        .iter()
+        .map(|m| (m.name().to_string(), vec![]))
+        .collect();
+    let mut iops_series = series.clone();
     for rate in rates {
-        for (mi, mode) in ["off", "i-NVMe", "cgroup"].iter().enumerate() {
-            let settings = iso_settings(*mode == "i-NVMe", 8, &victims);
-            let t = cpu_target(&settings, 0.5, (*mode == "cgroup").then_some(&worker_cg))?;
-            let p = cpu_point(&t, &victims, &alone, rate)?;
+        for (mi, mode) in modes.iter().enumerate() {
+            let t = cpu_target(*mode, 8, &v)?;
+            let p = cpu_point(&t, &v, *mode, rate)?;
             t.shutdown();
             let rs = rate.map_or("unlimited".to_string(), |r| r.to_string());
             let _ = writeln!(
                 md,
-                "| {rs} | {mode} | {:.3} | {:.0} | {:.0} | {:.0} |",
-                p.df[0], p.iops, p.p99, p.p999
+                "| {rs} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} |",
+                mode.name(),
+                p.alone,
+                p.df[0],
+                p.iops,
+                p.p99,
+                p.p999
             );
-            eprintln!("rate {rs} {mode}: DF {:.3} IOPS {:.0}", p.df[0], p.iops);
+            eprintln!(
+                "rate {rs} {}: DF {:.3} IOPS {:.0}",
+                mode.name(),
+                p.df[0],
+                p.iops
+            );
             series[mi].1.push(p.df[0]);
             iops_series[mi].1.push(p.iops);
         }
@@ -691,7 +786,7 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
         &a.out,
         "cpu-fig1-4-df.svg",
         &svg::lines(
-            "Victim degrading factor vs interferer target IOPS",
+            "Victim degrading factor vs interferer target IOPS (n = 2)",
             "interferer target IOPS",
             "degrading factor",
             &xs,
@@ -703,7 +798,7 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
         &a.out,
         "cpu-fig1-4-iops.svg",
         &svg::lines(
-            "Interferer IOPS achieved",
+            "Interferer IOPS achieved (n = 2)",
             "interferer target IOPS",
             "IOPS",
             &xs,
@@ -713,25 +808,30 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
     )?;
 
     // Fig. 7: several victims, one unlimited interferer.
-    let _ = writeln!(md, "\n## Fig. 7: n victims (quota 1/(n+1) each), one unlimited interferer (share 1/(n+1))\n\n| victims | isolation | mean DF | max DF | interferer IOPS |\n|---|---|---|---|---|");
-    let mut f7: Vec<(String, Vec<f64>)> = vec![("off".into(), vec![]), ("i-NVMe".into(), vec![])];
+    let _ = writeln!(md, "\n## Fig. 7: n − 1 victims and one unlimited interferer, quota 1/n each\n\n| victims | mode | mean DF | max DF | interferer IOPS |\n|---|---|---|---|---|");
+    let mut f7: Vec<(String, Vec<f64>)> = modes
+        .iter()
+        .map(|m| (m.name().to_string(), vec![]))
+        .collect();
     for n in 1..=3usize {
         let frac = 1.0 / (n as f64 + 1.0);
-        let v = Victims::new(&a.cgroup_root, n, frac, (iters as f64 * frac / 0.5) as u64)?;
-        let alone = v.run()?;
-        for (mi, on) in [false, true].iter().enumerate() {
-            let t = cpu_target(&iso_settings(*on, 8, &v), frac, None)?;
-            let p = cpu_point(&t, &v, &alone, None)?;
+        let v = Victims::new(&a.cgroup_root, n, (iters as f64 * frac / 0.5) as u64)?;
+        for (mi, mode) in modes.iter().enumerate() {
+            let t = cpu_target(*mode, 8, &v)?;
+            let p = cpu_point(&t, &v, *mode, None)?;
             t.shutdown();
             let mean = p.df.iter().sum::<f64>() / p.df.len() as f64;
             let max = p.df.iter().copied().fold(0.0, f64::max);
             let _ = writeln!(
                 md,
                 "| {n} | {} | {mean:.3} | {max:.3} | {:.0} |",
-                if *on { "i-NVMe" } else { "off" },
+                mode.name(),
                 p.iops
             );
-            eprintln!("victims {n} on={on}: DF mean {mean:.3} max {max:.3}");
+            eprintln!(
+                "victims {n} {}: DF mean {mean:.3} max {max:.3}",
+                mode.name()
+            );
             f7[mi].1.push(mean);
         }
     }
@@ -752,20 +852,19 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
 
 fn ksplit(a: &ExperimentArgs) -> Result<()> {
     pin(0, 1)?;
-    let iters = calibrate()?;
-    let victims = Victims::new(&a.cgroup_root, 1, 0.5, iters)?;
-    let alone = victims.run()?;
-    let mut md = format!("# k-split throttling (i-NVMe Fig. 3)\n\nCommand: `cargo run --release -p sluice-cli -- experiment ksplit`\n\nSame setup as `cpu-isolation.md` (one victim with a 50 % quota, interferer unlimited with share 0.5, isolation on), k from 2 to 32. Victim alone: {:.3} s.\n\n| k | interferer IOPS | p99 µs | p99.9 µs | victim DF |\n|---|---|---|---|---|\n", alone[0].as_secs_f64());
+    let iters = calibrate(0.4)?;
+    let v = Victims::new(&a.cgroup_root, 1, iters)?;
+    let mut md = format!("# k-split throttling (i-NVMe Fig. 3)\n\nCommand: `cargo run --release -p sluice-cli -- experiment ksplit`\n\n{SETUP}\n\nHere: n = 2, interferer unlimited, mode i-NVMe, k from 2 to 32.\n\n| k | victim baseline s | interferer IOPS | p99 µs | p99.9 µs | victim DF |\n|---|---|---|---|---|---|\n");
     let ks = [2u32, 4, 8, 16, 32];
     let (mut iops, mut p99, mut p999, mut df) = (vec![], vec![], vec![], vec![]);
     for k in ks {
-        let t = cpu_target(&iso_settings(true, k, &victims), 0.5, None)?;
-        let p = cpu_point(&t, &victims, &alone, None)?;
+        let t = cpu_target(Mode::INvme, k, &v)?;
+        let p = cpu_point(&t, &v, Mode::INvme, None)?;
         t.shutdown();
         let _ = writeln!(
             md,
-            "| {k} | {:.0} | {:.0} | {:.0} | {:.3} |",
-            p.iops, p.p99, p.p999, p.df[0]
+            "| {k} | {:.3} | {:.0} | {:.0} | {:.0} | {:.3} |",
+            p.alone, p.iops, p.p99, p.p999, p.df[0]
         );
         eprintln!(
             "k {k}: IOPS {:.0} p99 {:.0} p99.9 {:.0} DF {:.3}",

@@ -13,6 +13,7 @@
 mod experiment_cmd;
 mod export_cmd;
 mod host_cmd;
+mod isolation_cmd;
 mod svg;
 mod target_cmd;
 mod top_cmd;

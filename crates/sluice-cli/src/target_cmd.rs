@@ -42,6 +42,15 @@ pub struct TargetArgs {
     /// Restrict the default subsystem to these host NQNs (repeatable).
     #[arg(long = "allow-host")]
     pub allow_hosts: Vec<String>,
+    /// Send scheduler of every queue: immediate | unified | isolated
+    /// (overrides `send_scheduler` of the target and of every subsystem).
+    #[arg(long)]
+    pub send_scheduler: Option<String>,
+    /// Completion coalescing of responses: off | static | adaptive |
+    /// calibrated (overrides `coalescing.mode` everywhere; other coalescing
+    /// keys keep their configured values).
+    #[arg(long)]
+    pub coalescing: Option<String>,
 }
 
 fn load(args: &TargetArgs) -> Result<Config> {
@@ -95,6 +104,7 @@ fn load(args: &TargetArgs) -> Result<Config> {
             };
         }
     }
+    apply_send_overrides(&mut c, args)?;
     if args.config.is_none() {
         let sub = &mut c.subsystems[0];
         if let Some(s) = &args.ram_size {
@@ -116,6 +126,44 @@ fn load(args: &TargetArgs) -> Result<Config> {
         bail!("--ram-size and --allow-host apply to the embedded default only; set them in the config file");
     }
     Ok(c)
+}
+
+/// `--send-scheduler` and `--coalescing`: applied to the target's send
+/// settings and to every per-subsystem override, then validated again.
+fn apply_send_overrides(c: &mut Config, args: &TargetArgs) -> Result<()> {
+    use sluice_proto::coalesce::CoalesceMode;
+    use sluice_target::send::SchedulerKind;
+    let kind = match &args.send_scheduler {
+        Some(s) => Some(
+            s.parse::<SchedulerKind>()
+                .map_err(|e| anyhow::anyhow!("--send-scheduler: {e}"))?,
+        ),
+        None => None,
+    };
+    let mode = match &args.coalescing {
+        Some(s) => Some(
+            s.parse::<CoalesceMode>()
+                .map_err(|e| anyhow::anyhow!("--coalescing: {e}"))?,
+        ),
+        None => None,
+    };
+    let t = &mut c.target;
+    for (name, sc) in std::iter::once(("target".to_string(), &mut t.send)).chain(
+        t.subsystem_send
+            .iter_mut()
+            .map(|(n, sc)| (format!("subsystem {n}"), sc)),
+    ) {
+        if let Some(k) = kind {
+            sc.scheduler = k;
+        }
+        if let Some(m) = mode {
+            sc.coalescing.mode = m;
+        }
+        if let Err((key, why)) = sc.validate() {
+            bail!("{name}: {key}: {why} (after --send-scheduler/--coalescing)");
+        }
+    }
+    Ok(())
 }
 
 pub fn check(path: &Path) -> Result<()> {
@@ -180,6 +228,12 @@ pub fn run(args: TargetArgs) -> Result<()> {
         addr.ip(),
         addr.port()
     );
+    println!("Connect with sluice:");
+    if let Some(d) = disc {
+        println!("  sluice discover -a {d}");
+    }
+    println!("  sluice bench --target {addr} --nqn {first} --rw randrw --bs 4k --qd 32 --runtime 10 --verify");
+    println!("  sluice nbd --target {addr} --nqn {first} --unix /tmp/sluice.sock   # serves it to NBD clients (fio, qemu-img)");
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -209,5 +263,9 @@ pub fn run(args: TargetArgs) -> Result<()> {
             w.connections
         );
     }
+    println!(
+        "{}",
+        sluice_target::metrics::send_summary(&report.send, report.io_commands)
+    );
     Ok(())
 }

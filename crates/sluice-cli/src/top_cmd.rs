@@ -104,7 +104,7 @@ fn fmt_lat(s: Option<f64>) -> String {
 }
 
 pub fn run(a: TopArgs) -> Result<()> {
-    if !(a.interval > 0.0) {
+    if a.interval.is_nan() || a.interval <= 0.0 {
         bail!("--interval must be positive");
     }
     let scrape = || -> Result<BTreeMap<String, Sample>> {

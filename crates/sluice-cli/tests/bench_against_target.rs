@@ -45,18 +45,37 @@ ssd = {{ read_iops_max = {IOPS_MAX}, base_read_latency_us = 50, parallelism = 4 
     assert_eq!(j.errors, 0);
     // Every I/O the bench counted was served by the target (the target may
     // also have served I/Os still in flight when the bench stopped counting).
-    assert!(served >= j.ios && served <= j.ios + 8, "target served {served}, bench counted {}", j.ios);
+    assert!(
+        served >= j.ios && served <= j.ios + 8,
+        "target served {served}, bench counted {}",
+        j.ios
+    );
     // The bench never reports more than the device can serve, and its rate
     // agrees with the target's own count over the same window. (How close
     // it gets to the device's rate depends on the machine's load: that is
     // speed, which benchmarks measure, not this test.)
-    assert!(j.iops <= IOPS_MAX as f64 * 1.05, "bench reports {:.0} IOPS from a {IOPS_MAX} IOPS device", j.iops);
+    assert!(
+        j.iops <= IOPS_MAX as f64 * 1.05,
+        "bench reports {:.0} IOPS from a {IOPS_MAX} IOPS device",
+        j.iops
+    );
     let served_rate = served as f64 / j.elapsed_s;
-    assert!((served_rate - j.iops).abs() / j.iops < 0.05, "target served {served_rate:.0}/s, bench reports {:.0}", j.iops);
-    assert!((j.iops - j.ios as f64 / j.elapsed_s).abs() / j.iops < 0.01, "IOPS = I/Os / elapsed");
+    assert!(
+        (served_rate - j.iops).abs() / j.iops < 0.05,
+        "target served {served_rate:.0}/s, bench reports {:.0}",
+        j.iops
+    );
+    assert!(
+        (j.iops - j.ios as f64 / j.elapsed_s).abs() / j.iops < 0.01,
+        "IOPS = I/Os / elapsed"
+    );
     // Little's law: mean latency = QD / throughput.
     let expect_us = 8.0 / j.iops * 1e6;
     let lat_ratio = j.latency_us_mean / expect_us;
-    assert!((0.8..=1.25).contains(&lat_ratio), "mean latency {:.0} us, Little's law says {expect_us:.0} us", j.latency_us_mean);
+    assert!(
+        (0.8..=1.25).contains(&lat_ratio),
+        "mean latency {:.0} us, Little's law says {expect_us:.0} us",
+        j.latency_us_mean
+    );
     assert!(j.latency_us_p50 <= j.latency_us_p99 && j.latency_us_p99 <= j.latency_us_max);
 }

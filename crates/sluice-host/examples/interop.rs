@@ -178,9 +178,9 @@ async fn run() -> Result<(), String> {
 }
 
 /// Runs futures concurrently (a tiny join_all).
-async fn futures_join<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = fs.map(tokio::spawn).collect();

@@ -87,6 +87,11 @@ pub struct ConnectOptions {
     /// Completion coalescing of task wake-ups on I/O queues (default off);
     /// see docs/isolation.md.
     pub coalescing: sluice_proto::coalesce::CoalesceConfig,
+    /// Send scheduler of the I/O queues (default `immediate`): `unified`
+    /// batches every PDU in one container, `isolated` puts read commands in
+    /// a latency freight and writes with in-capsule data plus H2CData in a
+    /// data freight (docs/isolation.md). `send.coalescing` is ignored here.
+    pub send: sluice_proto::send::SendConfig,
 }
 
 impl Default for ConnectOptions {
@@ -106,6 +111,7 @@ impl Default for ConnectOptions {
             max_transfer_bytes: 1 << 20,
             wire_hints: true,
             coalescing: sluice_proto::coalesce::CoalesceConfig::default(),
+            send: sluice_proto::send::SendConfig::default(),
         }
     }
 }
@@ -324,6 +330,7 @@ pub(crate) async fn open_admin(
             connect_timeout: opts.connect_timeout,
             hostnqn: opts.hostnqn.clone(),
             coalescing: opts.coalescing,
+            send: sluice_proto::send::SendConfig::default(),
         },
         timeouts,
     )
@@ -412,6 +419,7 @@ async fn establish(
                     connect_timeout: opts.connect_timeout,
                     hostnqn: opts.hostnqn.clone(),
                     coalescing: opts.coalescing,
+                    send: opts.send,
                 },
                 Some(to_tx.clone()),
             )
@@ -510,6 +518,11 @@ impl Controller {
                 opts.hostnqn
             )));
         }
+        if let Err((k, why)) = opts.send.validate() {
+            return Err(HostError::InvalidArgument(format!(
+                "send options: {k}: {why}"
+            )));
+        }
         let assoc = establish(addr, subnqn, &opts, 0).await?;
         Ok(Controller {
             inner: Arc::new(Inner {
@@ -542,6 +555,16 @@ impl Controller {
         let a = self.assoc();
         (a.cap, a.vs)
     }
+    /// Counters of the I/O queues of the current association, summed
+    /// (submissions, completions, wake-up notifications, send syscalls).
+    pub fn io_stats(&self) -> crate::queue::HostQueueStats {
+        let mut s = crate::queue::HostQueueStats::default();
+        for q in &self.assoc().io {
+            s.add(&q.stats());
+        }
+        s
+    }
+
     /// Number of I/O queues in use.
     pub fn io_queue_count(&self) -> usize {
         self.assoc().io.len()

@@ -23,6 +23,7 @@ use sluice_proto::framer::{Framer, RxPdu};
 use sluice_proto::pdu::{
     encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
 };
+use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::Status;
 
 use crate::error::{HostError, Result};
@@ -142,7 +143,9 @@ struct State {
     negotiated: Option<Negotiated>,
     slots: Vec<Option<Slot>>,
     free: Vec<u16>,
-    tx: Vec<u8>,
+    /// The send path: a scheduler (immediate by default; unified or isolated
+    /// freights per `ConnectOptions::send`, see docs/isolation.md).
+    tx: Box<dyn SendScheduler>,
     events: VecDeque<Event>,
     in_flight: usize,
 }
@@ -156,9 +159,19 @@ pub struct QueuePairCore {
 
 impl QueuePairCore {
     /// A new connection: the ICReq is queued for transmission at once.
-    pub fn new(mut cfg: CoreConfig, now: Instant) -> Self {
+    pub fn new(cfg: CoreConfig, now: Instant) -> Self {
+        Self::with_scheduler(cfg, now, Box::new(Immediate::new()))
+    }
+
+    /// Like [`Self::new`], with `tx` as the send path (read commands go to
+    /// its latency freight, writes with in-capsule data and H2CData to its
+    /// data freight).
+    pub fn with_scheduler(
+        mut cfg: CoreConfig,
+        now: Instant,
+        mut tx: Box<dyn SendScheduler>,
+    ) -> Self {
         cfg.depth = cfg.depth.clamp(1, QUEUE_DEPTH_MAX);
-        let mut tx = Vec::with_capacity(4096);
         let icreq = IcReq {
             pfv: 0,
             hpda: 0,
@@ -166,7 +179,13 @@ impl QueuePairCore {
             ddgst: cfg.data_digest,
             maxr2t: 0,
         };
-        encode_pdu(&PduHeader::IcReq(icreq), &[], &TxParams::default(), &mut tx);
+        encode_pdu(
+            &PduHeader::IcReq(icreq),
+            &[],
+            &TxParams::default(),
+            tx.buffer(PduClass::Control),
+        );
+        tx.commit(PduClass::Control, now);
         let framer = Framer::new(Direction::ControllerToHost, cfg.c2h_data_max_bytes);
         QueuePairCore {
             framer,
@@ -293,7 +312,20 @@ impl QueuePairCore {
             }
         };
         let ic = in_capsule.as_deref().unwrap_or(&[]);
-        encode_pdu(&PduHeader::CapsuleCmd(sqe), ic, &st.tx_params, &mut st.tx);
+        // Isolated path: writes carrying data are bulk, every other command
+        // capsule (reads, admin, writes solicited by R2T) is latency-bound.
+        let class = if in_capsule.is_some() {
+            PduClass::Data
+        } else {
+            PduClass::Command
+        };
+        encode_pdu(
+            &PduHeader::CapsuleCmd(sqe),
+            ic,
+            &st.tx_params,
+            st.tx.buffer(class),
+        );
+        st.tx.commit_cmd(class, cid, now);
         st.slots[cid as usize] = Some(Slot {
             token,
             opcode,
@@ -308,18 +340,37 @@ impl QueuePairCore {
         Ok(cid)
     }
 
-    /// Bytes to write to the socket, all of them, in order.
+    /// Bytes to write to the socket, all that the send scheduler made due,
+    /// in order. Held PDUs become due at [`Self::send_deadline`].
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        if self.st.tx.is_empty() {
+        let due = self.st.tx.due();
+        if due.is_empty() {
             None
         } else {
-            Some(std::mem::take(&mut self.st.tx))
+            let v = due.to_vec();
+            self.st.tx.consume(v.len());
+            Some(v)
         }
     }
 
-    /// Whether [`Self::poll_transmit`] has something.
+    /// Whether anything is due or held by the send scheduler.
     pub fn has_transmit(&self) -> bool {
-        !self.st.tx.is_empty()
+        self.st.tx.backlog_bytes() > 0
+    }
+
+    /// Runs the send scheduler's timers (flushes freights whose timer is due).
+    pub fn poll_send(&mut self, now: Instant) {
+        self.st.tx.poll(now);
+    }
+
+    /// When [`Self::poll_send`] must next run (a freight holds PDUs).
+    pub fn send_deadline(&self) -> Option<Instant> {
+        self.st.tx.next_deadline()
+    }
+
+    /// Counters of the send scheduler (flushes, reasons, freight waits).
+    pub fn send_stats(&self) -> SendStats {
+        self.st.tx.stats()
     }
 
     /// The next output event.
@@ -443,7 +494,7 @@ impl QueuePairCore {
                     let (res, set_init) = self.st.on_pdu(now, &pdu);
                     if let Err(e) = res {
                         let raw = pdu.raw_header.to_vec();
-                        self.st.fatal(e, &raw);
+                        self.st.fatal(e, &raw, now);
                         return;
                     }
                     if let Some(n) = set_init {
@@ -457,7 +508,7 @@ impl QueuePairCore {
                 }
                 Err(e) => {
                     let raw = self.framer.current_header().to_vec();
-                    self.st.fatal(e.into(), &raw);
+                    self.st.fatal(e.into(), &raw, now);
                     return;
                 }
             }
@@ -501,24 +552,31 @@ impl State {
         self.events.push_back(Event::Closed(err));
     }
 
-    fn fatal(&mut self, e: PduError, raw_header: &[u8]) {
+    /// Drops every PDU not yet handed to the socket (due or held); what
+    /// follows goes out at once.
+    fn drop_unsent(&mut self) {
+        self.tx = Box::new(Immediate::new());
+    }
+
+    fn fatal(&mut self, e: PduError, raw_header: &[u8], now: Instant) {
         match e {
             PduError::Decode(e) => {
                 tracing::warn!(qid = self.cfg.qid, error = %e, "protocol violation, terminating connection");
                 // Whole PDUs not yet handed to the socket are dropped: nothing
                 // more but the TermReq goes out on this connection.
-                self.tx.clear();
+                self.drop_unsent();
                 let tr = term_req_for(&e, raw_header);
                 encode_pdu(
                     &PduHeader::H2CTermReq(tr.clone()),
                     &tr.data,
                     &TxParams::default(),
-                    &mut self.tx,
+                    self.tx.buffer(PduClass::Control),
                 );
+                self.tx.commit(PduClass::Control, now);
                 self.close(HostError::Protocol(e));
             }
             PduError::Terminated(err) => {
-                self.tx.clear();
+                self.drop_unsent();
                 self.close(err);
             }
         }
@@ -580,7 +638,7 @@ impl State {
     /// Handles one PDU. Returns the negotiated parameters when it was the ICResp.
     fn on_pdu(
         &mut self,
-        _now: Instant,
+        now: Instant,
         pdu: &RxPdu<'_>,
     ) -> (std::result::Result<(), PduError>, Option<Negotiated>) {
         match &pdu.header {
@@ -627,7 +685,7 @@ impl State {
             ),
             PduHeader::CapsuleResp(cqe) => (self.on_capsule_resp(cqe), None),
             PduHeader::C2HData(d) => (self.on_c2h_data(d, pdu.data, pdu.data_digest_ok), None),
-            PduHeader::R2t(r) => (self.on_r2t(r), None),
+            PduHeader::R2t(r) => (self.on_r2t(r, now), None),
             other => (
                 Err(DecodeError::Sequence(format!(
                     "unexpected PDU type {:#04x} at the host",
@@ -744,7 +802,7 @@ impl State {
         Ok(())
     }
 
-    fn on_r2t(&mut self, r: &R2t) -> std::result::Result<(), PduError> {
+    fn on_r2t(&mut self, r: &R2t, now: Instant) -> std::result::Result<(), PduError> {
         let maxh2c = self
             .negotiated
             .map(|n| n.maxh2cdata_bytes)
@@ -807,8 +865,9 @@ impl State {
                 &PduHeader::H2CData(h),
                 &buf[off as usize..(off + n) as usize],
                 &tx_params,
-                &mut self.tx,
+                self.tx.buffer(PduClass::Data),
             );
+            self.tx.commit_cmd(PduClass::Data, r.cccid, now);
             off += n;
         }
         *sent = end;

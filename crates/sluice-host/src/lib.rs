@@ -22,4 +22,4 @@ pub use controller::{
 };
 pub use discovery::discover;
 pub use error::{HostError, Result};
-pub use queue::PollingPolicy;
+pub use queue::{HostQueueStats, PollingPolicy};

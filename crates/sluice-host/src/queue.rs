@@ -15,13 +15,14 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
+use sluice_proto::send::{FlushReason, SendConfig, SendStats};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::core::{Completion, CoreConfig, Event, Negotiated, Payload, QueuePairCore};
@@ -70,6 +71,102 @@ const READS_PER_TURN_MAX: usize = 64;
 const SOCKET: Token = Token(0);
 const WAKER: Token = Token(1);
 
+/// Counters of one queue's I/O thread (issue 4), readable at any time with
+/// [`QueueHandle::stats`] and summed per controller by
+/// [`crate::Controller::io_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostQueueStats {
+    /// Commands submitted to the wire.
+    pub submitted: u64,
+    /// Completions that reached the queue thread.
+    pub completions: u64,
+    /// Wake-up batches: one per completion delivered alone, one per
+    /// coalescer fire that woke held completions.
+    pub notifications: u64,
+    /// Socket write calls that moved bytes.
+    pub sends: u64,
+    pub send_bytes: u64,
+    /// Completions held by the coalescer, total ns from arrival to wake-up.
+    pub held_ns: u64,
+    /// Send scheduler: containers flushed and PDUs they carried.
+    pub flushes: u64,
+    pub flush_pdus: u64,
+    /// Flushes by the timer trigger (a PDU waited the full freight timer).
+    pub timer_flushes: u64,
+    /// Time PDUs waited in the latency / data freight, total ns, and PDUs.
+    pub wait_ns_latency: u64,
+    pub waited_latency: u64,
+    pub wait_ns_data: u64,
+    pub waited_data: u64,
+}
+
+impl HostQueueStats {
+    /// Adds `o` into `self`.
+    pub fn add(&mut self, o: &HostQueueStats) {
+        self.submitted += o.submitted;
+        self.completions += o.completions;
+        self.notifications += o.notifications;
+        self.sends += o.sends;
+        self.send_bytes += o.send_bytes;
+        self.held_ns += o.held_ns;
+        self.flushes += o.flushes;
+        self.flush_pdus += o.flush_pdus;
+        self.timer_flushes += o.timer_flushes;
+        self.wait_ns_latency += o.wait_ns_latency;
+        self.waited_latency += o.waited_latency;
+        self.wait_ns_data += o.wait_ns_data;
+        self.waited_data += o.waited_data;
+    }
+    /// `self - o`, per counter (for a measured window).
+    pub fn since(&self, o: &HostQueueStats) -> HostQueueStats {
+        HostQueueStats {
+            submitted: self.submitted.saturating_sub(o.submitted),
+            completions: self.completions.saturating_sub(o.completions),
+            notifications: self.notifications.saturating_sub(o.notifications),
+            sends: self.sends.saturating_sub(o.sends),
+            send_bytes: self.send_bytes.saturating_sub(o.send_bytes),
+            held_ns: self.held_ns.saturating_sub(o.held_ns),
+            flushes: self.flushes.saturating_sub(o.flushes),
+            flush_pdus: self.flush_pdus.saturating_sub(o.flush_pdus),
+            timer_flushes: self.timer_flushes.saturating_sub(o.timer_flushes),
+            wait_ns_latency: self.wait_ns_latency.saturating_sub(o.wait_ns_latency),
+            waited_latency: self.waited_latency.saturating_sub(o.waited_latency),
+            wait_ns_data: self.wait_ns_data.saturating_sub(o.wait_ns_data),
+            waited_data: self.waited_data.saturating_sub(o.waited_data),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    submitted: AtomicU64,
+    completions: AtomicU64,
+    notifications: AtomicU64,
+    sends: AtomicU64,
+    send_bytes: AtomicU64,
+    held_ns: AtomicU64,
+    /// The send scheduler's counters, published by the queue thread.
+    send: Mutex<SendStats>,
+}
+
+impl Counters {
+    fn snapshot(&self) -> HostQueueStats {
+        HostQueueStats {
+            submitted: self.submitted.load(Ordering::Relaxed),
+            completions: self.completions.load(Ordering::Relaxed),
+            notifications: self.notifications.load(Ordering::Relaxed),
+            sends: self.sends.load(Ordering::Relaxed),
+            send_bytes: self.send_bytes.load(Ordering::Relaxed),
+            held_ns: self.held_ns.load(Ordering::Relaxed),
+            ..HostQueueStats::default()
+        }
+    }
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
 struct Request {
     sqe: Sqe,
     payload: Payload,
@@ -86,6 +183,7 @@ struct Shared {
     in_capsule_max_bytes: Mutex<Option<u32>>,
     waker: Waker,
     close_reason: Mutex<Option<HostError>>,
+    counters: Counters,
 }
 
 impl std::fmt::Debug for Request {
@@ -121,6 +219,9 @@ pub struct QueueParams {
     /// Completion coalescing of wake-ups (I/O queues; `Off` delivers each
     /// completion at once).
     pub coalescing: CoalesceConfig,
+    /// Send scheduler of I/O queues (the admin queue is always immediate).
+    /// Its `coalescing` part is the target's and is ignored here.
+    pub send: SendConfig,
 }
 
 impl QueueHandle {
@@ -156,6 +257,7 @@ impl QueueHandle {
             in_capsule_max_bytes: Mutex::new(None),
             waker,
             close_reason: Mutex::new(None),
+            counters: Counters::default(),
         });
         let (ready_tx, ready_rx) = oneshot::channel();
         let sh = shared.clone();
@@ -169,7 +271,11 @@ impl QueueHandle {
                 let mut d = Driver {
                     co,
                     held: Vec::new(),
-                    core: QueuePairCore::new(p.core, Instant::now()),
+                    core: {
+                        let mut sc = p.send;
+                        sc.coalescing.mode = CoalesceMode::Off;
+                        QueuePairCore::with_scheduler(p.core, Instant::now(), sc.build(false))
+                    },
                     stream: mio::net::TcpStream::from_std(stream),
                     poll,
                     shared: sh,
@@ -196,6 +302,21 @@ impl QueueHandle {
 
     pub fn negotiated(&self) -> Negotiated {
         self.negotiated
+    }
+
+    /// Counters of this queue's thread so far.
+    pub fn stats(&self) -> HostQueueStats {
+        let mut h = self.shared.counters.snapshot();
+        if let Ok(s) = self.shared.counters.send.lock() {
+            h.flushes = s.flushes;
+            h.flush_pdus = s.flush_pdus;
+            h.timer_flushes = s.reason(FlushReason::Timer);
+            h.wait_ns_latency = s.wait_ns_latency;
+            h.waited_latency = s.waited_latency;
+            h.wait_ns_data = s.wait_ns_data;
+            h.waited_data = s.waited_data;
+        }
+        h
     }
 
     /// The I/O thread has stopped (connection lost or closed).
@@ -270,8 +391,8 @@ pub async fn wait(rx: oneshot::Receiver<Result<Completion>>) -> Result<Completio
 struct Driver {
     /// Batches completion wake-ups (Algorithm 1); `None` = deliver each.
     co: Option<Coalescer>,
-    /// Completions held by the coalescer (token, result).
-    held: Vec<(usize, Result<Completion>)>,
+    /// Completions held by the coalescer (token, result, arrival).
+    held: Vec<(usize, Result<Completion>, Instant)>,
     core: QueuePairCore,
     stream: mio::net::TcpStream,
     poll: Poll,
@@ -303,6 +424,7 @@ impl Driver {
             if self.core.is_ready() {
                 progress |= self.take_submissions(now);
             }
+            self.core.poll_send(now);
             progress |= self.write();
             progress |= self.read(now);
             if now >= next_timer {
@@ -328,10 +450,19 @@ impl Driver {
             }
             if progress {
                 last_progress = now;
+                self.publish_send_stats();
                 continue;
             }
-            // Held completions: epoll sleeps in whole milliseconds, so a
-            // nearer coalescing deadline is met by spinning.
+            // Held completions or PDUs held in a send freight: epoll sleeps in
+            // whole milliseconds, so a nearer deadline is met by spinning.
+            let tx_wait = self
+                .core
+                .send_deadline()
+                .map(|d| d.saturating_duration_since(now));
+            let co_wait = match (co_wait, tx_wait) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let co_spin = co_wait.is_some_and(|w| w < Duration::from_millis(1));
             let spin = co_spin
                 || match self.polling {
@@ -364,6 +495,17 @@ impl Driver {
                 }
             }
             self.shared.parked.store(false, Ordering::Release);
+        }
+    }
+
+    /// Copies the send scheduler's counters where [`QueueHandle::stats`]
+    /// reads them (only when they changed).
+    fn publish_send_stats(&self) {
+        let s = self.core.send_stats();
+        if let Ok(mut g) = self.shared.counters.send.lock() {
+            if g.flushes != s.flushes {
+                *g = s;
+            }
         }
     }
 
@@ -402,6 +544,7 @@ impl Driver {
             let hint = Hint::from_cdw13(req.sqe.cdw(13));
             match self.core.submit(now, req.sqe, req.payload, token as u64) {
                 Ok(_) => {
+                    bump(&self.shared.counters.submitted, 1);
                     self.replies[token] = Some(req.reply);
                     if let Some(co) = self.co.as_mut() {
                         co.submitted(token as u64, hint);
@@ -435,6 +578,8 @@ impl Driver {
                 Ok(n) => {
                     self.out_pos += n;
                     progress = true;
+                    bump(&self.shared.counters.sends, 1);
+                    bump(&self.shared.counters.send_bytes, n as u64);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -488,15 +633,20 @@ impl Driver {
             match ev {
                 Event::Complete { token, result } => {
                     let t = token as usize;
+                    let now = Instant::now();
+                    bump(&self.shared.counters.completions, 1);
                     let decision = match self.co.as_mut() {
-                        Some(co) => co.completed(token, Instant::now()),
+                        Some(co) => co.completed(token, now),
                         None => Decision::Deliver,
                     };
                     match decision {
-                        Decision::Deliver => self.wake_one(t, result),
-                        Decision::Hold => self.held.push((t, result)),
+                        Decision::Deliver => {
+                            bump(&self.shared.counters.notifications, 1);
+                            self.wake_one(t, result)
+                        }
+                        Decision::Hold => self.held.push((t, result, now)),
                         Decision::FlushAll(_) => {
-                            self.held.push((t, result));
+                            self.held.push((t, result, now));
                             self.wake_held();
                         }
                     }
@@ -533,7 +683,19 @@ impl Driver {
 
     /// Delivers every held completion (one coalesced notification).
     fn wake_held(&mut self) {
-        for (t, r) in std::mem::take(&mut self.held) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let c = &self.shared.counters;
+        bump(&c.notifications, 1);
+        let held_ns: u64 = self
+            .held
+            .iter()
+            .map(|(_, _, at)| now.saturating_duration_since(*at).as_nanos() as u64)
+            .sum();
+        bump(&c.held_ns, held_ns);
+        for (t, r, _) in std::mem::take(&mut self.held) {
             self.wake_one(t, r);
         }
     }

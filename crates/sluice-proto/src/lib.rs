@@ -17,6 +17,8 @@
 //!   effects, changed namespace list) and the discovery log page.
 //! * [`digest`]: CRC32C as NVMe/TCP uses it.
 //! * [`coalesce`]: completion coalescing (static, adaptive, calibrated).
+//! * [`send`]: per-queue send schedulers (immediate, unified, isolated
+//!   freights), shared by the target and the host.
 
 pub mod coalesce;
 pub mod command;
@@ -26,6 +28,7 @@ pub mod framer;
 pub mod identify;
 pub mod log;
 pub mod pdu;
+pub mod send;
 pub mod status;
 mod wire;
 

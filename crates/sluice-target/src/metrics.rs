@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use crate::send::SendStats;
+
 /// I/O counters.
 #[derive(Debug, Default)]
 pub struct IoCounters {
@@ -86,6 +88,75 @@ impl HostRegistry {
     }
 }
 
+/// Target-wide send path and coalescing totals (issue 4): the sum of every
+/// queue's [`SendStats`]. Workers add a connection's counters when it is
+/// removed and publish the running sum of their live connections every
+/// [`SEND_PUBLISH_INTERVAL`], so [`SendTotals::snapshot`] lags live queues by
+/// at most that interval and is exact once the connections are gone.
+#[derive(Debug, Default)]
+pub struct SendTotals {
+    closed: Mutex<SendStats>,
+    /// Per worker: the counters of its live connections at the last publish.
+    live: Mutex<BTreeMap<usize, SendStats>>,
+}
+
+/// How often a worker publishes its live connections' send counters.
+pub const SEND_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
+impl SendTotals {
+    /// Adds the final counters of a removed connection.
+    pub fn add_closed(&self, s: &SendStats) {
+        self.closed.lock().unwrap_or_else(|p| p.into_inner()).add(s);
+    }
+    /// Replaces `worker`'s live sum.
+    pub fn publish_live(&self, worker: usize, s: SendStats) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(worker, s);
+    }
+    /// Closed connections plus the last published live sums.
+    pub fn snapshot(&self) -> SendStats {
+        let mut t = *self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            t.add(s);
+        }
+        t
+    }
+}
+
+/// Human summary of send totals; `ios` = Read/Write commands served.
+pub fn send_summary(s: &SendStats, ios: u64) -> String {
+    use crate::send::FLUSH_REASON_NAMES;
+    let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+    let mut out = format!(
+        "send path: {} PDUs, {} flushes ({:.2} PDUs/flush), {} sends ({:.3}/I/O), {} notifications ({:.3}/I/O), {} I/Os",
+        s.pdus,
+        s.flushes,
+        per(s.flush_pdus, s.flushes),
+        s.sends,
+        per(s.sends, ios),
+        s.notifications,
+        per(s.notifications, ios),
+        ios
+    );
+    out.push_str("\n  flush reasons:");
+    for (i, n) in s.reasons.iter().enumerate() {
+        if *n > 0 {
+            out.push_str(&format!(" {}={n}", FLUSH_REASON_NAMES[i]));
+        }
+    }
+    out.push_str(&format!(
+        "\n  freight wait: latency {:.2} us mean over {} PDUs, data {:.2} us mean over {} PDUs; coalescer held {:.2} us per notification",
+        per(s.wait_ns_latency, s.waited_latency) / 1000.0,
+        s.waited_latency,
+        per(s.wait_ns_data, s.waited_data) / 1000.0,
+        s.waited_data,
+        per(s.coalesce_held_ns, s.notifications) / 1000.0
+    ));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +172,25 @@ mod tests {
         assert_eq!(s[0].1.read_bytes, 4096);
         assert_eq!(s[0].1.write_commands, 1);
         assert_eq!(s[1].1.errors, 1);
+    }
+
+    #[test]
+    fn send_totals_sum_closed_and_live() {
+        let t = SendTotals::default();
+        let a = SendStats {
+            pdus: 3,
+            sends: 1,
+            flushes: 1,
+            flush_pdus: 3,
+            ..Default::default()
+        };
+        t.add_closed(&a);
+        t.publish_live(0, a);
+        t.publish_live(1, a);
+        t.publish_live(0, SendStats::default());
+        let s = t.snapshot();
+        assert_eq!(s.pdus, 6);
+        assert_eq!(s.flush_pdus, 6);
+        assert!(send_summary(&s, 2).contains("2 sends (1.000/I/O)"));
     }
 }

@@ -156,7 +156,9 @@ impl Target {
             w.tenancy = Some(WorkerTenancy::new(tenants.clone()));
             match TimerFd::new(&w.poll) {
                 Ok(t) => w.timer = Some(t),
-                Err(e) => tracing::warn!(error = %e, "no timerfd; timers will have millisecond granularity"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no timerfd; timers will have millisecond granularity")
+                }
             }
             let h = std::thread::Builder::new()
                 .name(format!("sluice-worker-{id}"))
@@ -398,13 +400,19 @@ impl TimerFd {
     fn new(poll: &Poll) -> io::Result<TimerFd> {
         use std::os::fd::{AsRawFd, FromRawFd};
         // SAFETY: plain syscall; the returned fd is owned below.
-        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `raw` is a fresh fd we own.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
-        poll.registry().register(&mut SourceFd(&fd.as_raw_fd()), TIMER, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut SourceFd(&fd.as_raw_fd()), TIMER, Interest::READABLE)?;
         Ok(TimerFd { fd, armed: None })
     }
 
@@ -415,15 +423,23 @@ impl TimerFd {
             return;
         }
         let spec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
             it_value: libc::timespec {
                 tv_sec: after.as_secs() as libc::time_t,
                 // A zero value would disarm: fire after at least 1 ns.
-                tv_nsec: (after.subsec_nanos().max(if after.as_secs() == 0 { 1 } else { 0 })) as libc::c_long,
+                tv_nsec: (after
+                    .subsec_nanos()
+                    .max(if after.as_secs() == 0 { 1 } else { 0 }))
+                    as libc::c_long,
             },
         };
         // SAFETY: valid fd and itimerspec; the old value is not needed.
-        if unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) } == 0 {
+        if unsafe { libc::timerfd_settime(self.fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) }
+            == 0
+        {
             self.armed = Some(at);
         }
     }

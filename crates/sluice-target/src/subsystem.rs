@@ -147,6 +147,8 @@ pub struct Registry {
     pub subsystems: BTreeMap<String, Arc<Subsystem>>,
     pub discovery: Arc<Subsystem>,
     pub hosts: HostRegistry,
+    /// Target-wide send path and coalescing counters (issue 4).
+    pub send: crate::metrics::SendTotals,
     /// Discovery log generation counter.
     pub discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
@@ -301,6 +303,7 @@ impl Registry {
             subsystems,
             discovery,
             hosts: HostRegistry::default(),
+            send: crate::metrics::SendTotals::default(),
             discovery_genctr: AtomicU64::new(1),
             namespaces: all_ns,
         })

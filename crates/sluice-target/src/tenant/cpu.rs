@@ -161,6 +161,38 @@ impl Throttle {
     }
 }
 
+/// Algorithms 1-2 of i-NVMe from user space: the CPU the workers spent for
+/// a tenant is taken out of the tenant's own cgroup quota for the next
+/// period (`runtime ← runtime − wq_usage`); usage beyond one period's quota
+/// is carried over (lines 10-12). The quota never drops below `QUOTA_MIN`
+/// (the kernel refuses less than 1 ms).
+#[derive(Debug, Clone)]
+pub struct QuotaCharger {
+    base_ns: u64,
+    debt_ns: u64,
+}
+
+pub const QUOTA_MIN: Duration = Duration::from_millis(1);
+
+impl QuotaCharger {
+    pub fn new(base_quota: Duration) -> Self {
+        QuotaCharger {
+            base_ns: base_quota.as_nanos() as u64,
+            debt_ns: 0,
+        }
+    }
+
+    /// The quota for the next period after `charged_ns` of worker CPU.
+    pub fn next_quota(&mut self, charged_ns: u64) -> Duration {
+        let min = QUOTA_MIN.as_nanos() as u64;
+        let usage = self.debt_ns + charged_ns;
+        let room = self.base_ns.saturating_sub(min);
+        let take = usage.min(room);
+        self.debt_ns = usage - take;
+        Duration::from_nanos(self.base_ns - take)
+    }
+}
+
 /// Splits one batch's CPU among tenants by work units.
 #[derive(Debug, Default, Clone)]
 pub struct BatchCharger {
@@ -413,6 +445,16 @@ mod tests {
         }
         assert!(th.threshold() <= Duration::from_micros(25_010));
         assert!(th.threshold() >= Duration::from_millis(25));
+    }
+
+    #[test]
+    fn quota_charging_carries_debt() {
+        let mut q = QuotaCharger::new(Duration::from_millis(50));
+        assert_eq!(q.next_quota(10_000_000), Duration::from_millis(40));
+        assert_eq!(q.next_quota(0), Duration::from_millis(50));
+        assert_eq!(q.next_quota(70_000_000), QUOTA_MIN);
+        // 21 ms of debt left from the 70 ms.
+        assert_eq!(q.next_quota(0), Duration::from_millis(29));
     }
 
     #[test]

@@ -98,6 +98,9 @@ pub struct TenantsSettings {
     pub cost: CostKind,
     /// Most I/Os outstanding at one backend queue of one worker.
     pub dispatch_depth: u32,
+    /// Optional cap on the summed cost of outstanding I/Os per backend
+    /// queue: µs of device time (device cost) or thousands of bytes (bytes cost).
+    pub dispatch_budget_us: Option<u64>,
     pub admin_listen: Option<SocketAddr>,
     /// CPU accounting (thread CPU per loop batch) on/off.
     pub cpu_accounting: bool,
@@ -113,6 +116,7 @@ impl Default for TenantsSettings {
             scheduler: SchedulerMode::Fair,
             cost: CostKind::Device,
             dispatch_depth: 8,
+            dispatch_budget_us: None,
             admin_listen: None,
             cpu_accounting: true,
             cpu_isolation: false,
@@ -200,6 +204,7 @@ pub struct RawTenants {
     scheduler: Option<String>,
     cost: Option<String>,
     dispatch_depth: Option<i64>,
+    dispatch_budget_us: Option<i64>,
     admin_listen: Option<String>,
     default: Option<String>,
     cpu_accounting: Option<bool>,
@@ -419,6 +424,15 @@ impl TenantsConfig {
                 ));
             }
             s.dispatch_depth = v as u32;
+        }
+        if let Some(v) = r.dispatch_budget_us {
+            if !(1..=10_000_000).contains(&v) {
+                return Err(err(
+                    "tenants.dispatch_budget_us",
+                    format!("{v} is outside 1..=10000000"),
+                ));
+            }
+            s.dispatch_budget_us = Some(v as u64);
         }
         if let Some(a) = &r.admin_listen {
             s.admin_listen = Some(a.parse().map_err(|_| {

@@ -30,6 +30,7 @@ struct Meta {
     bytes: u64,
     arrived: Instant,
     scheduled: bool,
+    cost: u64,
 }
 
 /// Per-worker tenant state.
@@ -160,6 +161,7 @@ impl WorkerTenancy {
                 bytes,
                 arrived: now,
                 scheduled,
+                cost: 0,
             },
         );
         if !scheduled {
@@ -175,6 +177,7 @@ impl WorkerTenancy {
                 .copied()
                 .unwrap_or_else(super::fair::CostModel::bytes);
             let mut fq = FairQueue::new(cost, rt.settings.dispatch_depth);
+            fq.set_budget(rt.settings.dispatch_budget_us.map(|us| us * 1000));
             for (id, spec) in table.iter() {
                 fq.set_params(id, Self::params(spec), now);
             }
@@ -195,6 +198,9 @@ impl WorkerTenancy {
                 .stats(d.tenant)
                 .sched_wait_ns
                 .fetch_add(d.waited.as_nanos() as u64, Relaxed);
+            if let Some(m) = self.meta.get_mut(&d.item.tag) {
+                m.cost = d.cost;
+            }
             queue.submit(d.item, now);
         }
         any
@@ -205,7 +211,7 @@ impl WorkerTenancy {
         let m = self.meta.remove(&tag)?;
         if m.scheduled {
             if let Some(fq) = self.fair.get_mut(&m.ns) {
-                fq.complete();
+                fq.complete(m.cost);
             }
         }
         let st = self.rt.stats(m.tenant);

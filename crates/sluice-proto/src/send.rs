@@ -1,0 +1,1298 @@
+//! The send path of one queue: a scheduler, not a `write` call.
+//!
+//! The queue encodes each outgoing PDU straight into a buffer the scheduler
+//! hands out for that PDU's [`PduClass`], then commits it. The scheduler
+//! decides when committed bytes become due for the socket. [`Immediate`] makes
+//! every PDU due at once (stock NVMe/TCP behaviour); batching and isolating
+//! schedulers (PINoF freights, i10-style containers) plug in behind the same
+//! trait, with `next_deadline` bounding how long any PDU may wait.
+//!
+//! Shared by the target (`sluice_target::send` re-exports it) and the host
+//! (`sluice_host::core`): on the target the latency freight takes R2T and
+//! CapsuleResp and the data freight C2HData; on the host the latency
+//! freight takes command capsules without data ([`PduClass::Command`], e.g.
+//! reads) and the data freight writes with in-capsule data and H2CData
+//! (both [`PduClass::Data`]).
+
+use crate::coalesce::Hint;
+use crate::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, FireReason};
+use std::time::{Duration, Instant};
+
+/// What kind of PDU is being sent, for schedulers that treat them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PduClass {
+    /// ICResp, TermReq: connection management.
+    Control,
+    /// R2T: unblocks a host's write data.
+    R2t,
+    /// CapsuleResp: completes a command.
+    Response,
+    /// Bulk data: C2HData (target), H2CData and write capsules with
+    /// in-capsule data (host).
+    Data,
+    /// Host: a command capsule without data (reads, admin, writes whose data
+    /// follows an R2T). Latency freight, weighted like a response.
+    Command,
+}
+
+/// Why a container (freight) was flushed into the due bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushReason {
+    /// `immediate`: every PDU on its own.
+    Immediate = 0,
+    /// The next PDU did not fit (or one PDU filled the freight).
+    Size = 1,
+    /// The PDU count reached the degree.
+    Degree = 2,
+    /// The weighted count reached the degree before the raw count did
+    /// (R2T/response weights).
+    Priority = 3,
+    /// The container's timer expired.
+    Timer = 4,
+    /// A control PDU (ICResp, TermReq) flushes everything before it.
+    Control = 5,
+    /// Completion coalescing: threshold reached.
+    Threshold = 6,
+    /// Completion coalescing: an urgent I/O completed.
+    Urgent = 7,
+    /// Completion coalescing: a barrier and everything before it completed.
+    Barrier = 8,
+    /// Completion coalescing: adaptive/static timeout or the hold bound.
+    CoalesceTimer = 9,
+}
+
+pub const FLUSH_REASONS: usize = 10;
+pub const FLUSH_REASON_NAMES: [&str; FLUSH_REASONS] = [
+    "immediate",
+    "size",
+    "degree",
+    "priority",
+    "timer",
+    "control",
+    "threshold",
+    "urgent",
+    "barrier",
+    "coalesce-timer",
+];
+
+/// Counters every scheduler keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// PDUs committed.
+    pub pdus: u64,
+    pub bytes: u64,
+    /// Write calls that moved bytes (one per `consume` with n > 0).
+    pub sends: u64,
+    /// Containers flushed into the due bytes.
+    pub flushes: u64,
+    /// PDUs moved by those flushes (PDUs per flush = flush_pdus / flushes).
+    pub flush_pdus: u64,
+    /// Flushes by [`FlushReason`] (index = reason as usize).
+    pub reasons: [u64; FLUSH_REASONS],
+    /// Total time PDUs waited in the latency (or unified) container, ns.
+    pub wait_ns_latency: u64,
+    pub waited_latency: u64,
+    /// Total time PDUs waited in the data container, ns.
+    pub wait_ns_data: u64,
+    pub waited_data: u64,
+    /// Response deliveries (coalescer fires, or one per response when off).
+    pub notifications: u64,
+    /// CapsuleResps held by the coalescer, total ns.
+    pub coalesce_held_ns: u64,
+}
+
+impl SendStats {
+    pub fn reason(&self, r: FlushReason) -> u64 {
+        self.reasons[r as usize]
+    }
+    /// Adds `o` into `self` (aggregating queues).
+    pub fn add(&mut self, o: &SendStats) {
+        self.pdus += o.pdus;
+        self.bytes += o.bytes;
+        self.sends += o.sends;
+        self.flushes += o.flushes;
+        self.flush_pdus += o.flush_pdus;
+        for i in 0..FLUSH_REASONS {
+            self.reasons[i] += o.reasons[i];
+        }
+        self.wait_ns_latency += o.wait_ns_latency;
+        self.waited_latency += o.waited_latency;
+        self.wait_ns_data += o.wait_ns_data;
+        self.waited_data += o.waited_data;
+        self.notifications += o.notifications;
+        self.coalesce_held_ns += o.coalesce_held_ns;
+    }
+}
+
+/// A per-queue send scheduler.
+pub trait SendScheduler: Send + std::fmt::Debug {
+    /// A buffer to append one encoded PDU of `class` to.
+    fn buffer(&mut self, class: PduClass) -> &mut Vec<u8>;
+    /// Marks the bytes appended since the last commit as one PDU.
+    fn commit(&mut self, class: PduClass, now: Instant);
+    /// Like `commit`, for a PDU that belongs to the command `cid`: PDUs of
+    /// one command are never reordered (a C2HData stays ahead of its
+    /// CapsuleResp), and a CapsuleResp completes the command for coalescing.
+    fn commit_cmd(&mut self, class: PduClass, _cid: u16, now: Instant) {
+        self.commit(class, now)
+    }
+    /// A command started, with its completion hint (coalescing).
+    fn command_started(&mut self, _cid: u16, _hint: Hint) {}
+    /// Bytes due for the socket, oldest first.
+    fn due(&self) -> &[u8];
+    /// Reports that the first `n` due bytes were written.
+    fn consume(&mut self, n: usize);
+    /// Moves PDUs whose trigger fired into the due bytes.
+    fn poll(&mut self, now: Instant);
+    /// When `poll` must next run even without new PDUs.
+    fn next_deadline(&self) -> Option<Instant>;
+    /// Bytes committed but not yet written (back-pressure input).
+    fn backlog_bytes(&self) -> usize;
+    fn stats(&self) -> SendStats;
+}
+
+/// Writes every PDU as soon as it exists.
+#[derive(Debug, Default)]
+pub struct Immediate {
+    out: Vec<u8>,
+    /// Written prefix of `out`.
+    start: usize,
+    committed: usize,
+    stats: SendStats,
+}
+
+impl Immediate {
+    pub fn new() -> Self {
+        Immediate::default()
+    }
+}
+
+impl SendScheduler for Immediate {
+    fn buffer(&mut self, _class: PduClass) -> &mut Vec<u8> {
+        &mut self.out
+    }
+
+    fn commit(&mut self, class: PduClass, _now: Instant) {
+        debug_assert!(self.out.len() >= self.committed);
+        self.stats.pdus += 1;
+        if class == PduClass::Response {
+            self.stats.notifications += 1;
+        }
+        self.stats.bytes += (self.out.len() - self.committed) as u64;
+        self.stats.flushes += 1;
+        self.stats.flush_pdus += 1;
+        self.stats.reasons[FlushReason::Immediate as usize] += 1;
+        self.committed = self.out.len();
+    }
+
+    fn due(&self) -> &[u8] {
+        &self.out[self.start..self.committed]
+    }
+
+    fn consume(&mut self, n: usize) {
+        assert!(
+            self.start + n <= self.committed,
+            "consumed more than was due"
+        );
+        self.start += n;
+        if n > 0 {
+            self.stats.sends += 1;
+        }
+        if self.start == self.committed {
+            // Keep any uncommitted tail (none in practice) and reuse the allocation.
+            self.out.drain(..self.start);
+            self.committed -= self.start;
+            self.start = 0;
+        } else if self.start > 1 << 20 {
+            self.out.drain(..self.start);
+            self.committed -= self.start;
+            self.start = 0;
+        }
+    }
+
+    fn poll(&mut self, _now: Instant) {}
+
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    fn backlog_bytes(&self) -> usize {
+        self.committed - self.start
+    }
+
+    fn stats(&self) -> SendStats {
+        self.stats
+    }
+}
+
+// ---------------------------------------------------------------- configuration
+
+/// Triggers of one container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreightParams {
+    /// Size trigger: a PDU that does not fit flushes what is there first.
+    pub size_bytes: u32,
+    /// Degree trigger: flush when the (weighted) PDU count reaches this.
+    pub degree: u32,
+    /// Timer trigger: flush this long after the first PDU entered.
+    pub timer: Duration,
+}
+
+/// Which scheduler a queue uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulerKind {
+    #[default]
+    Immediate,
+    Unified,
+    Isolated,
+}
+
+impl std::str::FromStr for SchedulerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "immediate" => Ok(SchedulerKind::Immediate),
+            "unified" => Ok(SchedulerKind::Unified),
+            "isolated" => Ok(SchedulerKind::Isolated),
+            o => Err(format!("`{o}` is not one of immediate, unified, isolated")),
+        }
+    }
+}
+
+impl SchedulerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SchedulerKind::Immediate => "immediate",
+            SchedulerKind::Unified => "unified",
+            SchedulerKind::Isolated => "isolated",
+        }
+    }
+}
+
+/// Degree weights per PDU class (isolated scheduler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Weights {
+    pub r2t: u32,
+    pub response: u32,
+    pub data: u32,
+}
+
+/// Everything that shapes one queue's send path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SendConfig {
+    pub scheduler: SchedulerKind,
+    /// `unified`: the one container (i10: 64 KiB, 16 PDUs, 50 µs).
+    pub unified: FreightParams,
+    /// `isolated`: the latency freight (R2T, CapsuleResp; PINoF: 512 B, 8).
+    pub latency: FreightParams,
+    /// `isolated`: the data freight (C2HData; PINoF: 64 KiB, 16).
+    pub data: FreightParams,
+    /// `isolated`: degree weights (PINoF: R2T 3, response 2, data 1).
+    pub weights: Weights,
+    /// Completion coalescing of CapsuleResps on I/O queues.
+    pub coalescing: CoalesceConfig,
+}
+
+impl Default for SendConfig {
+    fn default() -> Self {
+        SendConfig {
+            scheduler: SchedulerKind::Immediate,
+            unified: FreightParams {
+                size_bytes: 64 * 1024,
+                degree: 16,
+                timer: Duration::from_micros(50),
+            },
+            latency: FreightParams {
+                size_bytes: 512,
+                degree: 8,
+                timer: Duration::from_micros(25),
+            },
+            data: FreightParams {
+                size_bytes: 64 * 1024,
+                degree: 16,
+                timer: Duration::from_micros(75),
+            },
+            weights: Weights {
+                r2t: 3,
+                response: 2,
+                data: 1,
+            },
+            coalescing: CoalesceConfig::default(),
+        }
+    }
+}
+
+/// Upper bounds of the parameters (nothing is held long or grows unbounded).
+pub const FREIGHT_SIZE_MAX: u32 = 16 << 20;
+pub const FREIGHT_DEGREE_MAX: u32 = 4096;
+pub const FREIGHT_TIMER_MAX: Duration = Duration::from_secs(1);
+pub const WEIGHT_MAX: u32 = 64;
+
+impl SendConfig {
+    /// Checks every parameter; the error is (field path, reason), e.g.
+    /// (`send.data_size`, ...).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let check = |name: &str, f: &FreightParams| -> Result<(), (String, String)> {
+            if f.size_bytes == 0 || f.size_bytes > FREIGHT_SIZE_MAX {
+                return Err((
+                    format!("send.{name}_size"),
+                    format!(
+                        "{} must be from 1 to {FREIGHT_SIZE_MAX} bytes",
+                        f.size_bytes
+                    ),
+                ));
+            }
+            if f.degree == 0 || f.degree > FREIGHT_DEGREE_MAX {
+                return Err((
+                    format!("send.{name}_degree"),
+                    format!("{} must be from 1 to {FREIGHT_DEGREE_MAX}", f.degree),
+                ));
+            }
+            if f.timer.is_zero() || f.timer > FREIGHT_TIMER_MAX {
+                return Err((
+                    format!("send.{name}_timer_us"),
+                    "must be from 1 µs to 1 s (a zero timer is only for send_scheduler = \"immediate\")"
+                        .to_string(),
+                ));
+            }
+            Ok(())
+        };
+        match self.scheduler {
+            SchedulerKind::Immediate => {}
+            SchedulerKind::Unified => check("unified", &self.unified)?,
+            SchedulerKind::Isolated => {
+                check("latency", &self.latency)?;
+                check("data", &self.data)?;
+                for (n, w) in [
+                    ("weight_r2t", self.weights.r2t),
+                    ("weight_response", self.weights.response),
+                    ("weight_data", self.weights.data),
+                ] {
+                    if w == 0 || w > WEIGHT_MAX {
+                        return Err((
+                            format!("send.{n}"),
+                            format!("{w} must be from 1 to {WEIGHT_MAX}"),
+                        ));
+                    }
+                }
+            }
+        }
+        self.coalescing
+            .validate()
+            .map_err(|(k, r)| (format!("coalescing.{k}"), r))
+    }
+
+    /// The scheduler for a queue; coalescing applies to I/O queues only.
+    pub fn build(&self, io_queue: bool) -> Box<dyn SendScheduler> {
+        let inner: Box<dyn SendScheduler> = match self.scheduler {
+            SchedulerKind::Immediate => Box::new(Immediate::new()),
+            SchedulerKind::Unified => Box::new(Freighted::unified(self.unified)),
+            SchedulerKind::Isolated => {
+                Box::new(Freighted::isolated(self.latency, self.data, self.weights))
+            }
+        };
+        if io_queue && self.coalescing.mode != CoalesceMode::Off {
+            Box::new(Coalesced::new(inner, self.coalescing))
+        } else {
+            inner
+        }
+    }
+}
+
+// ---------------------------------------------------------------- freights
+
+/// Index of the latency (or the unified) freight.
+const LAT: usize = 0;
+/// Index of the data freight (isolated only).
+const DATA: usize = 1;
+
+#[derive(Debug)]
+struct Freight {
+    p: FreightParams,
+    buf: Vec<u8>,
+    /// Commit time of each PDU in `buf`.
+    times: Vec<Instant>,
+    /// Weighted PDU count.
+    weight: u32,
+    /// Commands with a PDU in this freight (isolated data freight).
+    cids: Vec<u16>,
+}
+
+impl Freight {
+    fn new(p: FreightParams) -> Self {
+        Freight {
+            p,
+            buf: Vec::new(),
+            times: Vec::new(),
+            weight: 0,
+            cids: Vec::new(),
+        }
+    }
+    fn deadline(&self) -> Option<Instant> {
+        self.times.first().map(|t| *t + self.p.timer)
+    }
+}
+
+/// `unified` (one container, i10 style) and `isolated` (PINoF: a latency
+/// freight for R2T/CapsuleResp and a data freight for C2HData) schedulers.
+///
+/// Each freight flushes on its own size, degree (weighted) and timer
+/// triggers into the due bytes, which the I/O layer writes with one send.
+/// PDUs keep their order within a freight; a CapsuleResp whose command still
+/// has C2HData in the data freight joins that freight behind its data, so no
+/// command's PDUs are ever reordered. Control PDUs flush everything first.
+#[derive(Debug)]
+pub struct Freighted {
+    freights: Vec<Freight>,
+    weights: Weights,
+    isolated: bool,
+    /// Encoding space for PDUs whose freight is decided at commit.
+    staging: Vec<u8>,
+    /// Length of each freight's buffer when `buffer` handed it out.
+    marks: [usize; 2],
+    due: Vec<u8>,
+    start: usize,
+    stats: SendStats,
+}
+
+impl Freighted {
+    pub fn unified(p: FreightParams) -> Self {
+        Freighted {
+            freights: vec![Freight::new(p)],
+            weights: Weights {
+                r2t: 1,
+                response: 1,
+                data: 1,
+            },
+            isolated: false,
+            staging: Vec::new(),
+            marks: [0; 2],
+            due: Vec::new(),
+            start: 0,
+            stats: SendStats::default(),
+        }
+    }
+
+    pub fn isolated(latency: FreightParams, data: FreightParams, weights: Weights) -> Self {
+        Freighted {
+            freights: vec![Freight::new(latency), Freight::new(data)],
+            weights,
+            isolated: true,
+            staging: Vec::new(),
+            marks: [0; 2],
+            due: Vec::new(),
+            start: 0,
+            stats: SendStats::default(),
+        }
+    }
+
+    fn weight(&self, class: PduClass) -> u32 {
+        match class {
+            PduClass::R2t => self.weights.r2t,
+            PduClass::Response | PduClass::Command => self.weights.response,
+            PduClass::Data | PduClass::Control => self.weights.data,
+        }
+    }
+
+    /// Moves the first `upto` bytes (whole PDUs: the first `npdus`) of freight
+    /// `i` into the due bytes.
+    fn flush_part(&mut self, i: usize, upto: usize, npdus: usize, why: FlushReason, now: Instant) {
+        if npdus == 0 {
+            return;
+        }
+        if self.start == self.due.len() {
+            self.due.clear();
+            self.start = 0;
+        }
+        let f = &mut self.freights[i];
+        if self.due.is_empty() && upto == f.buf.len() {
+            std::mem::swap(&mut self.due, &mut f.buf);
+            f.buf.clear();
+        } else {
+            self.due.extend_from_slice(&f.buf[..upto]);
+            f.buf.drain(..upto);
+        }
+        let mut waited = 0u64;
+        for t in f.times.drain(..npdus) {
+            waited += now.saturating_duration_since(t).as_nanos() as u64;
+        }
+        f.weight = 0;
+        f.cids.clear();
+        if i == LAT {
+            self.stats.wait_ns_latency += waited;
+            self.stats.waited_latency += npdus as u64;
+        } else {
+            self.stats.wait_ns_data += waited;
+            self.stats.waited_data += npdus as u64;
+        }
+        self.stats.flushes += 1;
+        self.stats.flush_pdus += npdus as u64;
+        self.stats.reasons[why as usize] += 1;
+    }
+
+    fn flush(&mut self, i: usize, why: FlushReason, now: Instant) {
+        let n = self.freights[i].times.len();
+        let len = self.freights[i].buf.len();
+        self.flush_part(i, len, n, why, now);
+    }
+
+    /// Adds the PDU at `freights[i].buf[mark..]` and applies the triggers.
+    fn add(&mut self, i: usize, mark: usize, class: PduClass, cid: Option<u16>, now: Instant) {
+        let size = self.freights[i].p.size_bytes as usize;
+        let held = self.freights[i].times.len();
+        if held > 0 && self.freights[i].buf.len() > size {
+            // Size trigger: the new PDU does not fit; send what is there.
+            self.flush_part(i, mark, held, FlushReason::Size, now);
+        }
+        let w = self.weight(class);
+        let f = &mut self.freights[i];
+        f.times.push(now);
+        f.weight += w;
+        if let Some(c) = cid {
+            if i == DATA {
+                f.cids.push(c);
+            }
+        }
+        let (len, n, weight, degree) = (f.buf.len(), f.times.len() as u32, f.weight, f.p.degree);
+        if len >= size {
+            self.flush(i, FlushReason::Size, now);
+        } else if n >= degree {
+            self.flush(i, FlushReason::Degree, now);
+        } else if weight >= degree {
+            self.flush(i, FlushReason::Priority, now);
+        }
+    }
+
+    fn freight_for(&self, class: PduClass, cid: Option<u16>) -> usize {
+        if !self.isolated {
+            return LAT;
+        }
+        match class {
+            PduClass::Data => DATA,
+            PduClass::Response => match cid {
+                Some(c) if self.freights[DATA].cids.contains(&c) => DATA,
+                _ => LAT,
+            },
+            _ => LAT,
+        }
+    }
+
+    fn commit_inner(&mut self, class: PduClass, cid: Option<u16>, now: Instant) {
+        self.stats.pdus += 1;
+        if class == PduClass::Response {
+            self.stats.notifications += 1;
+        }
+        match class {
+            PduClass::Control => {
+                self.stats.bytes += self.staging.len() as u64;
+                for i in 0..self.freights.len() {
+                    self.flush(i, FlushReason::Control, now);
+                }
+                if self.start == self.due.len() {
+                    self.due.clear();
+                    self.start = 0;
+                }
+                self.due.extend_from_slice(&self.staging);
+                self.staging.clear();
+                self.stats.flushes += 1;
+                self.stats.flush_pdus += 1;
+                self.stats.reasons[FlushReason::Control as usize] += 1;
+            }
+            PduClass::Response => {
+                let i = self.freight_for(class, cid);
+                let mark = self.freights[i].buf.len();
+                self.stats.bytes += self.staging.len() as u64;
+                let f = &mut self.freights[i];
+                f.buf.extend_from_slice(&self.staging);
+                self.staging.clear();
+                self.add(i, mark, class, cid, now);
+            }
+            PduClass::R2t | PduClass::Data | PduClass::Command => {
+                let i = self.freight_for(class, cid);
+                let mark = self.marks[i];
+                self.stats.bytes += (self.freights[i].buf.len() - mark) as u64;
+                self.add(i, mark, class, cid, now);
+                self.marks[i] = self.freights[i].buf.len();
+            }
+        }
+    }
+}
+
+impl SendScheduler for Freighted {
+    fn buffer(&mut self, class: PduClass) -> &mut Vec<u8> {
+        match class {
+            PduClass::Control | PduClass::Response => &mut self.staging,
+            PduClass::R2t | PduClass::Data | PduClass::Command => {
+                let i = self.freight_for(class, None);
+                self.marks[i] = self.freights[i].buf.len();
+                &mut self.freights[i].buf
+            }
+        }
+    }
+
+    fn commit(&mut self, class: PduClass, now: Instant) {
+        self.commit_inner(class, None, now);
+    }
+
+    fn commit_cmd(&mut self, class: PduClass, cid: u16, now: Instant) {
+        self.commit_inner(class, Some(cid), now);
+    }
+
+    fn due(&self) -> &[u8] {
+        &self.due[self.start..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        assert!(
+            self.start + n <= self.due.len(),
+            "consumed more than was due"
+        );
+        self.start += n;
+        if n > 0 {
+            self.stats.sends += 1;
+        }
+        if self.start == self.due.len() {
+            self.due.clear();
+            self.start = 0;
+        } else if self.start > 1 << 20 {
+            self.due.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    fn poll(&mut self, now: Instant) {
+        // Priority order: the latency freight goes first.
+        for i in 0..self.freights.len() {
+            if let Some(d) = self.freights[i].deadline() {
+                if now >= d {
+                    self.flush(i, FlushReason::Timer, now);
+                }
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.freights.iter().filter_map(|f| f.deadline()).min()
+    }
+
+    fn backlog_bytes(&self) -> usize {
+        self.due.len() - self.start + self.freights.iter().map(|f| f.buf.len()).sum::<usize>()
+    }
+
+    fn stats(&self) -> SendStats {
+        self.stats
+    }
+}
+
+// ---------------------------------------------------------------- coalescing
+
+/// Holds CapsuleResps per a [`Coalescer`] (Algorithm 1) in front of any
+/// scheduler; released responses enter the inner scheduler in arrival order.
+#[derive(Debug)]
+pub struct Coalesced {
+    inner: Box<dyn SendScheduler>,
+    co: Coalescer,
+    staging: Vec<u8>,
+    held: Vec<(u16, Vec<u8>)>,
+    held_bytes: usize,
+    delivered_alone: u64,
+}
+
+impl Coalesced {
+    pub fn new(inner: Box<dyn SendScheduler>, cfg: CoalesceConfig) -> Self {
+        Coalesced {
+            inner,
+            co: Coalescer::new(cfg),
+            staging: Vec::new(),
+            held: Vec::new(),
+            held_bytes: 0,
+            delivered_alone: 0,
+        }
+    }
+
+    fn pass(&mut self, cid: Option<u16>, bytes: &[u8], now: Instant) {
+        self.inner
+            .buffer(PduClass::Response)
+            .extend_from_slice(bytes);
+        match cid {
+            Some(c) => self.inner.commit_cmd(PduClass::Response, c, now),
+            None => self.inner.commit(PduClass::Response, now),
+        }
+    }
+
+    fn release_all(&mut self, now: Instant) {
+        let held = std::mem::take(&mut self.held);
+        self.held_bytes = 0;
+        for (cid, b) in held {
+            self.pass(Some(cid), &b, now);
+        }
+    }
+
+    fn response(&mut self, cid: Option<u16>, now: Instant) {
+        let key = cid.map_or(u64::MAX, u64::from);
+        let bytes = std::mem::take(&mut self.staging);
+        match self.co.completed(key, now) {
+            Decision::Deliver => {
+                self.delivered_alone += 1;
+                self.pass(cid, &bytes, now);
+            }
+            Decision::Hold => {
+                self.held_bytes += bytes.len();
+                self.held.push((cid.unwrap_or(u16::MAX), bytes));
+            }
+            Decision::FlushAll(_) => {
+                self.held.push((cid.unwrap_or(u16::MAX), bytes));
+                self.release_all(now);
+            }
+        }
+    }
+}
+
+impl SendScheduler for Coalesced {
+    fn buffer(&mut self, class: PduClass) -> &mut Vec<u8> {
+        if class == PduClass::Response {
+            self.staging.clear();
+            &mut self.staging
+        } else {
+            self.inner.buffer(class)
+        }
+    }
+
+    fn commit(&mut self, class: PduClass, now: Instant) {
+        if class == PduClass::Response {
+            self.response(None, now);
+        } else {
+            if class == PduClass::Control {
+                // Nothing may follow a TermReq unsent: release held responses.
+                self.release_all(now);
+            }
+            self.inner.commit(class, now);
+        }
+    }
+
+    fn commit_cmd(&mut self, class: PduClass, cid: u16, now: Instant) {
+        if class == PduClass::Response {
+            self.response(Some(cid), now);
+        } else {
+            self.inner.commit_cmd(class, cid, now);
+        }
+    }
+
+    fn command_started(&mut self, cid: u16, hint: Hint) {
+        self.co.submitted(cid as u64, hint);
+        self.inner.command_started(cid, hint);
+    }
+
+    fn due(&self) -> &[u8] {
+        self.inner.due()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.inner.consume(n);
+    }
+
+    fn poll(&mut self, now: Instant) {
+        if self.co.poll(now).is_some() {
+            self.release_all(now);
+        }
+        self.inner.poll(now);
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        match (self.inner.next_deadline(), self.co.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn backlog_bytes(&self) -> usize {
+        self.inner.backlog_bytes() + self.held_bytes
+    }
+
+    fn stats(&self) -> SendStats {
+        let mut s = self.inner.stats();
+        let c = self.co.stats();
+        s.notifications = c.notifications;
+        s.coalesce_held_ns = c.held_ns;
+        s.reasons[FlushReason::Threshold as usize] += c.fired_threshold;
+        s.reasons[FlushReason::Urgent as usize] += c.fired_urgent;
+        s.reasons[FlushReason::Barrier as usize] += c.fired_barrier;
+        s.reasons[FlushReason::CoalesceTimer as usize] += c.fired_timeout + c.fired_hold_max;
+        s
+    }
+}
+
+/// Maps a coalescer fire to a flush reason (for reporting).
+pub fn fire_reason(r: FireReason) -> FlushReason {
+    match r {
+        FireReason::Threshold => FlushReason::Threshold,
+        FireReason::Urgent => FlushReason::Urgent,
+        FireReason::Barrier => FlushReason::Barrier,
+        FireReason::Timeout | FireReason::HoldMax => FlushReason::CoalesceTimer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn immediate_keeps_order_and_partial_writes() {
+        let now = Instant::now();
+        let mut s = Immediate::new();
+        s.buffer(PduClass::Response).extend_from_slice(b"aaaa");
+        s.commit(PduClass::Response, now);
+        s.buffer(PduClass::Data).extend_from_slice(b"bb");
+        s.commit(PduClass::Data, now);
+        assert_eq!(s.due(), b"aaaabb");
+        s.consume(3);
+        assert_eq!(s.due(), b"abb");
+        assert_eq!(s.backlog_bytes(), 3);
+        s.consume(3);
+        assert_eq!(s.due(), b"");
+        assert_eq!(s.stats().pdus, 2);
+        assert_eq!(s.stats().sends, 2);
+        assert_eq!(s.stats().bytes, 6);
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    // ------------------------------------------------------------ freights
+
+    use crate::coalesce::CoalesceMode;
+    use proptest::prelude::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    /// A test PDU: len u32 | cid u16 | class u8 | seq u32 | padding.
+    fn put(
+        s: &mut dyn SendScheduler,
+        class: PduClass,
+        cid: u16,
+        seq: u32,
+        len: usize,
+        now: Instant,
+    ) {
+        let b = s.buffer(class);
+        let len = len.max(11);
+        b.extend_from_slice(&(len as u32).to_le_bytes());
+        b.extend_from_slice(&cid.to_le_bytes());
+        b.push(class as u8);
+        b.extend_from_slice(&seq.to_le_bytes());
+        b.resize(b.len() + len - 11, 0xaa);
+        s.commit_cmd(class, cid, now);
+    }
+
+    /// Drains the due bytes into (cid, class, seq) records.
+    fn drain(s: &mut dyn SendScheduler, out: &mut Vec<(u16, u8, u32)>, pending: &mut Vec<u8>) {
+        let n = s.due().len();
+        pending.extend_from_slice(s.due());
+        s.consume(n);
+        while pending.len() >= 11 {
+            let len = u32::from_le_bytes(pending[0..4].try_into().unwrap()) as usize;
+            if pending.len() < len {
+                break;
+            }
+            let cid = u16::from_le_bytes([pending[4], pending[5]]);
+            let seq = u32::from_le_bytes(pending[7..11].try_into().unwrap());
+            out.push((cid, pending[6], seq));
+            pending.drain(..len);
+        }
+    }
+
+    fn fp(size: u32, degree: u32, timer_us: u64) -> FreightParams {
+        FreightParams {
+            size_bytes: size,
+            degree,
+            timer: Duration::from_micros(timer_us),
+        }
+    }
+
+    #[test]
+    fn unified_degree_fires_exactly_at_the_degree() {
+        let t0 = Instant::now();
+        let mut s = Freighted::unified(fp(64 * 1024, 16, 50));
+        for i in 0..15 {
+            put(&mut s, PduClass::Response, i, i as u32, 24, t0);
+            assert!(s.due().is_empty(), "held at {i}");
+        }
+        assert_eq!(s.next_deadline(), Some(t0 + 50 * US));
+        put(&mut s, PduClass::Response, 15, 15, 24, t0 + US);
+        assert_eq!(s.due().len(), 16 * 24);
+        assert_eq!(s.stats().reason(FlushReason::Degree), 1);
+        assert_eq!(s.next_deadline(), None);
+        assert_eq!(s.stats().wait_ns_latency, 15 * 1000, "15 PDUs waited 1 µs");
+    }
+
+    #[test]
+    fn size_trigger_sends_what_fits_and_keeps_the_new_pdu() {
+        let t0 = Instant::now();
+        let mut s = Freighted::unified(fp(64 * 1024, 16, 50));
+        for i in 0..15 {
+            put(&mut s, PduClass::Data, 1, i, 4120, t0);
+        }
+        assert!(s.due().is_empty());
+        // 15 × 4120 = 61800; the 16th would make 65920 > 65536.
+        put(&mut s, PduClass::Data, 1, 15, 4120, t0 + 2 * US);
+        assert_eq!(s.due().len(), 15 * 4120);
+        assert_eq!(s.stats().reason(FlushReason::Size), 1);
+        assert_eq!(s.backlog_bytes(), 16 * 4120);
+        // The kept PDU's timer starts at its own commit.
+        assert_eq!(s.next_deadline(), Some(t0 + 52 * US));
+        // A PDU as large as the freight goes out by itself.
+        let mut s = Freighted::unified(fp(4096, 16, 50));
+        put(&mut s, PduClass::Data, 1, 0, 4096, t0);
+        assert_eq!(s.due().len(), 4096);
+        assert_eq!(s.stats().reason(FlushReason::Size), 1);
+    }
+
+    #[test]
+    fn timer_fires_exactly_at_the_deadline() {
+        let t0 = Instant::now();
+        let mut s = Freighted::isolated(
+            fp(512, 8, 25),
+            fp(65536, 16, 75),
+            Weights {
+                r2t: 3,
+                response: 2,
+                data: 1,
+            },
+        );
+        put(&mut s, PduClass::Response, 1, 0, 24, t0);
+        put(&mut s, PduClass::Data, 2, 1, 4120, t0 + US);
+        assert_eq!(s.next_deadline(), Some(t0 + 25 * US));
+        s.poll(t0 + 25 * US - Duration::from_nanos(1));
+        assert!(s.due().is_empty());
+        s.poll(t0 + 25 * US);
+        assert_eq!(s.due().len(), 24, "only the latency freight");
+        assert_eq!(s.next_deadline(), Some(t0 + 76 * US));
+        s.poll(t0 + 76 * US);
+        assert_eq!(s.due().len(), 24 + 4120);
+        assert_eq!(s.stats().reason(FlushReason::Timer), 2);
+        assert_eq!(s.next_deadline(), None);
+        assert_eq!(s.stats().waited_data, 1);
+        assert_eq!(s.stats().wait_ns_data, 75_000);
+    }
+
+    #[test]
+    fn weights_make_r2t_and_responses_flush_first() {
+        let t0 = Instant::now();
+        let w = Weights {
+            r2t: 3,
+            response: 2,
+            data: 1,
+        };
+        let mut s = Freighted::isolated(fp(512, 8, 25), fp(65536, 16, 75), w);
+        put(&mut s, PduClass::R2t, 1, 0, 24, t0);
+        put(&mut s, PduClass::R2t, 2, 1, 24, t0);
+        assert!(s.due().is_empty());
+        put(&mut s, PduClass::R2t, 3, 2, 24, t0); // 9 >= 8
+        assert_eq!(s.due().len(), 72);
+        assert_eq!(s.stats().reason(FlushReason::Priority), 1);
+        for i in 0..3 {
+            put(&mut s, PduClass::Response, 10 + i, 3, 24, t0);
+        }
+        assert_eq!(s.due().len(), 72);
+        put(&mut s, PduClass::Response, 13, 4, 24, t0); // 8 >= 8
+        assert_eq!(s.due().len(), 72 + 96);
+        assert_eq!(s.stats().reason(FlushReason::Priority), 2);
+        // Without priorities the degree counts PDUs.
+        let mut s = Freighted::isolated(
+            fp(512, 8, 25),
+            fp(65536, 16, 75),
+            Weights {
+                r2t: 1,
+                response: 1,
+                data: 1,
+            },
+        );
+        for i in 0..7 {
+            put(&mut s, PduClass::R2t, i, i as u32, 24, t0);
+        }
+        assert!(s.due().is_empty());
+        put(&mut s, PduClass::R2t, 7, 7, 24, t0);
+        assert_eq!(s.stats().reason(FlushReason::Degree), 1);
+    }
+
+    #[test]
+    fn priorities_reorder_freights_but_never_a_command() {
+        let t0 = Instant::now();
+        let w = Weights {
+            r2t: 3,
+            response: 2,
+            data: 1,
+        };
+        let mut s = Freighted::isolated(fp(512, 8, 25), fp(65536, 16, 75), w);
+        let (mut out, mut pend) = (Vec::new(), Vec::new());
+        // Read 1: data then its response; the response joins the data freight.
+        put(&mut s, PduClass::Data, 1, 0, 4120, t0);
+        put(&mut s, PduClass::Response, 1, 1, 24, t0);
+        // Writes 2..4: R2Ts overtake the held read (different commands).
+        for c in 2..5 {
+            put(&mut s, PduClass::R2t, c, c as u32, 24, t0);
+        }
+        drain(&mut s, &mut out, &mut pend);
+        assert_eq!(out.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 3, 4]);
+        s.poll(t0 + 75 * US);
+        drain(&mut s, &mut out, &mut pend);
+        let cids: Vec<_> = out.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            cids,
+            vec![
+                (2, 1),
+                (3, 1),
+                (4, 1),
+                (1, PduClass::Data as u8),
+                (1, PduClass::Response as u8)
+            ]
+        );
+    }
+
+    #[test]
+    fn control_flushes_everything_before_it() {
+        let t0 = Instant::now();
+        let mut s = Freighted::isolated(
+            fp(512, 8, 25),
+            fp(65536, 16, 75),
+            Weights {
+                r2t: 3,
+                response: 2,
+                data: 1,
+            },
+        );
+        let (mut out, mut pend) = (Vec::new(), Vec::new());
+        put(&mut s, PduClass::Data, 1, 0, 100, t0);
+        put(&mut s, PduClass::Response, 2, 1, 24, t0);
+        put(&mut s, PduClass::Control, 0, 2, 24, t0);
+        drain(&mut s, &mut out, &mut pend);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].1, PduClass::Control as u8);
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn coalesced_urgent_and_barrier() {
+        let t0 = Instant::now();
+        let cfg = CoalesceConfig {
+            mode: CoalesceMode::Calibrated,
+            threshold: 8,
+            correction: 0.5,
+            ..CoalesceConfig::default()
+        };
+        let mut s = Coalesced::new(Box::new(Immediate::new()), cfg);
+        let (mut out, mut pend) = (Vec::new(), Vec::new());
+        for c in 1..=4 {
+            s.command_started(
+                c,
+                if c == 3 {
+                    Hint::Urgent
+                } else if c == 4 {
+                    Hint::Barrier
+                } else {
+                    Hint::Normal
+                },
+            );
+        }
+        put(&mut s, PduClass::Response, 1, 0, 24, t0);
+        assert!(s.due().is_empty(), "normal response held");
+        put(&mut s, PduClass::Response, 3, 1, 24, t0);
+        drain(&mut s, &mut out, &mut pend);
+        assert_eq!(
+            out,
+            vec![(3, PduClass::Response as u8, 1)],
+            "urgent overtakes"
+        );
+        put(&mut s, PduClass::Response, 4, 2, 24, t0);
+        assert!(s.due().is_empty(), "barrier waits for command 2");
+        // Command 2's data goes out at once; its response completes the barrier.
+        put(&mut s, PduClass::Data, 2, 3, 100, t0);
+        put(&mut s, PduClass::Response, 2, 4, 24, t0);
+        drain(&mut s, &mut out, &mut pend);
+        let got: Vec<_> = out[1..].iter().map(|r| r.0).collect();
+        assert_eq!(got, vec![2, 1, 4, 2]);
+        assert_eq!(s.stats().reason(FlushReason::Barrier), 1);
+        assert_eq!(s.stats().notifications, 2);
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let mut c = SendConfig {
+            scheduler: SchedulerKind::Isolated,
+            ..SendConfig::default()
+        };
+        c.data.size_bytes = 0;
+        assert_eq!(c.validate().unwrap_err().0, "send.data_size");
+        c = SendConfig {
+            scheduler: SchedulerKind::Unified,
+            ..SendConfig::default()
+        };
+        c.unified.timer = Duration::ZERO;
+        assert_eq!(c.validate().unwrap_err().0, "send.unified_timer_us");
+        c.scheduler = SchedulerKind::Immediate;
+        assert!(c.validate().is_ok(), "timers do not matter for immediate");
+        c = SendConfig {
+            scheduler: SchedulerKind::Isolated,
+            ..SendConfig::default()
+        };
+        c.weights.r2t = 0;
+        assert_eq!(c.validate().unwrap_err().0, "send.weight_r2t");
+        c.weights.r2t = 3;
+        c.latency.degree = 0;
+        assert_eq!(c.validate().unwrap_err().0, "send.latency_degree");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Read { len: usize, pdus: u8, hint: u8 },
+        Write { hint: u8 },
+        Complete(usize),
+        Advance(u16),
+        Consume(u16),
+        Control,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (24usize..5000, 1u8..4, 0u8..3).prop_map(|(len, pdus, hint)| Op::Read {
+                len,
+                pdus,
+                hint
+            }),
+            (0u8..3).prop_map(|hint| Op::Write { hint }),
+            (0usize..64).prop_map(Op::Complete),
+            (0u16..120).prop_map(Op::Advance),
+            (0u16..9000).prop_map(Op::Consume),
+            Just(Op::Control),
+        ]
+    }
+
+    fn sched() -> impl Strategy<Value = SendConfig> {
+        (
+            0u8..3,
+            1u32..9000,
+            1u32..20,
+            1u64..100,
+            1u32..4,
+            0u8..4,
+            any::<bool>(),
+        )
+            .prop_map(|(k, size, degree, timer, w, co, ooo)| {
+                let p = fp(size, degree, timer);
+                SendConfig {
+                    scheduler: [
+                        SchedulerKind::Immediate,
+                        SchedulerKind::Unified,
+                        SchedulerKind::Isolated,
+                    ][k as usize],
+                    unified: p,
+                    latency: fp(size / 4 + 1, degree, timer / 2 + 1),
+                    data: p,
+                    weights: Weights {
+                        r2t: w + 1,
+                        response: w,
+                        data: 1,
+                    },
+                    coalescing: CoalesceConfig {
+                        mode: [
+                            CoalesceMode::Off,
+                            CoalesceMode::Static,
+                            CoalesceMode::Adaptive,
+                            CoalesceMode::Calibrated,
+                        ][co as usize],
+                        threshold: degree,
+                        timeout: Duration::from_micros(timer),
+                        correction: 0.3,
+                        urgent_out_of_order: ooo,
+                        hold_max: Duration::from_micros(300),
+                    },
+                }
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Random interleavings of commands, completions, time and partial
+        /// writes: no PDU is lost or duplicated, PDUs of one command keep
+        /// their order, a held PDU always has a deadline, and after the
+        /// longest bound every PDU is due.
+        #[test]
+        fn no_pdu_lost_duplicated_or_reordered(cfg in sched(), ops in prop::collection::vec(op(), 1..200)) {
+            let t0 = Instant::now();
+            let mut now = t0;
+            let mut s = cfg.build(true);
+            let (mut out, mut pend) = (Vec::new(), Vec::new());
+            let mut sent: Vec<(u16, u8, u32)> = Vec::new();
+            let mut seq = 0u32;
+            let mut next_cid = 0u16;
+            // Commands in flight: (cid, is_read, remaining data pdus, len)
+            let mut inflight: Vec<(u16, bool, u8, usize)> = Vec::new();
+            for o in ops {
+                match o {
+                    Op::Read { len, pdus, hint } => {
+                        next_cid = next_cid.wrapping_add(1);
+                        s.command_started(next_cid, [Hint::Normal, Hint::Urgent, Hint::Barrier][hint as usize]);
+                        inflight.push((next_cid, true, pdus, len));
+                    }
+                    Op::Write { hint } => {
+                        next_cid = next_cid.wrapping_add(1);
+                        s.command_started(next_cid, [Hint::Normal, Hint::Urgent, Hint::Barrier][hint as usize]);
+                        put(&mut *s, PduClass::R2t, next_cid, seq, 24, now);
+                        sent.push((next_cid, PduClass::R2t as u8, seq));
+                        seq += 1;
+                        inflight.push((next_cid, false, 0, 0));
+                    }
+                    Op::Complete(i) if !inflight.is_empty() => {
+                        let (cid, _, pdus, len) = inflight.remove(i % inflight.len());
+                        for _ in 0..pdus {
+                            put(&mut *s, PduClass::Data, cid, seq, len, now);
+                            sent.push((cid, PduClass::Data as u8, seq));
+                            seq += 1;
+                        }
+                        put(&mut *s, PduClass::Response, cid, seq, 24, now);
+                        sent.push((cid, PduClass::Response as u8, seq));
+                        seq += 1;
+                    }
+                    Op::Complete(_) => {}
+                    Op::Advance(us) => {
+                        now += Duration::from_micros(us as u64);
+                        s.poll(now);
+                    }
+                    Op::Consume(n) => {
+                        let n = (n as usize).min(s.due().len());
+                        pend.extend_from_slice(&s.due()[..n]);
+                        s.consume(n);
+                    }
+                    Op::Control => {
+                        put(&mut *s, PduClass::Control, 0, seq, 24, now);
+                        sent.push((0, PduClass::Control as u8, seq));
+                        seq += 1;
+                    }
+                }
+                if s.backlog_bytes() > s.due().len() {
+                    let d = s.next_deadline();
+                    prop_assert!(d.is_some(), "held bytes without a deadline");
+                    prop_assert!(d.unwrap() <= now + Duration::from_micros(400));
+                }
+            }
+            // Everything is due by the longest bound (timer + coalescing hold).
+            now += Duration::from_micros(400);
+            s.poll(now);
+            now += Duration::from_micros(400);
+            s.poll(now);
+            prop_assert_eq!(s.backlog_bytes(), s.due().len());
+            drain(&mut *s, &mut out, &mut pend);
+            prop_assert!(pend.is_empty());
+            let mut a = out.clone();
+            a.sort_by_key(|r| r.2);
+            prop_assert_eq!(&a, &sent, "lost or duplicated PDUs");
+            // Per command order: the order of seq numbers per cid is increasing.
+            let mut last: std::collections::HashMap<u16, u32> = Default::default();
+            for (cid, class, sq) in &out {
+                if *class == PduClass::Control as u8 { continue; }
+                if let Some(p) = last.insert(*cid, *sq) {
+                    prop_assert!(p < *sq, "command {} reordered", cid);
+                }
+            }
+        }
+    }
+}
