@@ -3,6 +3,8 @@
 # kernels in QEMU) against a Sluice target running on this machine.
 #
 #   scripts/interop-linux-host.sh [--kernels "6.1 6.12"] [--keep-logs DIR]
+#       [--send-scheduler immediate|unified|isolated] [--coalescing off|static|adaptive|calibrated]
+#       [--quick]   (one host scenario and the denied host per kernel)
 #
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
 # Starts `sluice target` with a config of three subsystems (RAM 512 B blocks,
@@ -14,9 +16,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KERNELS="6.1 6.12"
 KEEP=""
+SEND_ARGS=()
+QUICK=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --kernels) KERNELS=$2; shift ;;
+        --send-scheduler) SEND_ARGS+=(--send-scheduler "$2"); shift ;;
+        --coalescing) SEND_ARGS+=(--coalescing "$2"); shift ;;
+        --quick) QUICK=1 ;;
         --keep-logs) KEEP=$2; shift ;;
         -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "interop: unknown argument $1" >&2; exit 2 ;;
@@ -93,7 +100,7 @@ backend = "ram"
 size = "16MiB"
 TOML
 
-"$SLUICE" target --config "$WORK/target.toml" --log info >"$LOGDIR/target.log" 2>&1 &
+"$SLUICE" target --config "$WORK/target.toml" "${SEND_ARGS[@]}" --log info >"$LOGDIR/target.log" 2>&1 &
 TARGET_PID=$!
 for _ in $(seq 50); do
     (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
@@ -121,6 +128,11 @@ run() {
 }
 
 for k in $KERNELS; do
+    if [[ $QUICK == 1 ]]; then
+        run "linux-$k-file4k-digests-2q" "$k" host-basic.sh -e SUBNQN=$FILE_NQN -e EXPECT_NS_BYTES=$FILE_BYTES \
+            -e "CONNECT_ARGS=--hdr-digest --data-digest -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=16m
+        continue
+    fi
     run "linux-$k-ram-plain" "$k" host-basic.sh -e SUBNQN=$RAM_NQN -e EXPECT_NS_BYTES=$RAM_BYTES -e FIO_SIZE=32m
     run "linux-$k-file4k-digests-2q" "$k" host-basic.sh -e SUBNQN=$FILE_NQN -e EXPECT_NS_BYTES=$FILE_BYTES \
         -e "CONNECT_ARGS=--hdr-digest --data-digest -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=32m
@@ -128,7 +140,7 @@ for k in $KERNELS; do
 done
 # SQ flow control disabled: the target answers reads with C2HData + SUCCESS.
 last=${KERNELS##* }
-run "linux-$last-ram-sqflow-off" "$last" host-basic.sh -e SUBNQN=$RAM_NQN -e "CONNECT_ARGS=--disable-sqflow" -e FIO_SIZE=16m
+[[ $QUICK == 1 ]] || run "linux-$last-ram-sqflow-off" "$last" host-basic.sh -e SUBNQN=$RAM_NQN -e "CONNECT_ARGS=--disable-sqflow" -e FIO_SIZE=16m
 
 kill -INT "$TARGET_PID"
 if ! wait "$TARGET_PID"; then

@@ -31,12 +31,42 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// Allocates a zeroed buffer of `len_bytes` bytes.
     ///
+    /// Buffers up to [`POOL_CLASS_BYTES_MAX`] come from a per-thread free
+    /// list by power-of-two size class, so the I/O path does not pay for
+    /// `mmap`/`munmap` and page faults on every large transfer.
     /// Aborts via `handle_alloc_error` if memory is exhausted, like `Vec`.
     pub fn new(len_bytes: usize) -> Self {
-        let capacity_bytes = len_bytes
-            .max(1)
+        Self::alloc(len_bytes, true)
+    }
+
+    /// Allocates a buffer holding a copy of `data`.
+    pub fn from_slice(data: &[u8]) -> Self {
+        let mut buf = Self::alloc(data.len(), false);
+        buf.as_mut_slice().copy_from_slice(data);
+        buf
+    }
+
+    /// `zero = false` only when the caller overwrites all `len_bytes` at once.
+    fn alloc(len_bytes: usize, zero: bool) -> Self {
+        let min = len_bytes.max(1);
+        if min <= POOL_CLASS_BYTES_MAX {
+            let capacity_bytes = min.next_power_of_two().max(BUF_ALIGN_BYTES);
+            if let Some(ptr) = pool::take(capacity_bytes) {
+                if zero {
+                    // SAFETY: the pooled allocation holds capacity_bytes >= len_bytes bytes.
+                    unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len_bytes) };
+                }
+                return Self { ptr, len_bytes, capacity_bytes };
+            }
+            return Self::fresh(len_bytes, capacity_bytes);
+        }
+        let capacity_bytes = min
             .checked_next_multiple_of(BUF_ALIGN_BYTES)
             .unwrap_or(usize::MAX - BUF_ALIGN_BYTES + 1);
+        Self::fresh(len_bytes, capacity_bytes)
+    }
+
+    fn fresh(len_bytes: usize, capacity_bytes: usize) -> Self {
         let layout = Self::layout(capacity_bytes);
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
@@ -50,13 +80,6 @@ impl AlignedBuf {
             len_bytes,
             capacity_bytes,
         }
-    }
-
-    /// Allocates a buffer holding a copy of `data`.
-    pub fn from_slice(data: &[u8]) -> Self {
-        let mut buf = Self::new(data.len());
-        buf.as_mut_slice().copy_from_slice(data);
-        buf
     }
 
     fn layout(capacity_bytes: usize) -> Layout {
@@ -128,8 +151,80 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
+        if pool::give(self.ptr, self.capacity_bytes) {
+            return;
+        }
+        // SAFETY: allocated in `fresh` with exactly this layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity_bytes)) }
+    }
+}
+
+/// Largest buffer kept in the per-thread pool.
+pub const POOL_CLASS_BYTES_MAX: usize = 8 << 20;
+/// Bytes a thread's pool may hold.
+pub const POOL_BYTES_MAX: usize = 64 << 20;
+
+/// Per-thread free lists of aligned allocations, by power-of-two capacity.
+mod pool {
+    use super::{AlignedBuf, BUF_ALIGN_BYTES, POOL_BYTES_MAX, POOL_CLASS_BYTES_MAX};
+    use std::cell::RefCell;
+    use std::ptr::NonNull;
+
+    const CLASSES: usize = (POOL_CLASS_BYTES_MAX / BUF_ALIGN_BYTES).trailing_zeros() as usize + 1;
+
+    struct Pool {
+        free: [Vec<NonNull<u8>>; CLASSES],
+        bytes: usize,
+    }
+
+    impl Drop for Pool {
+        fn drop(&mut self) {
+            for (c, list) in self.free.iter_mut().enumerate() {
+                for p in list.drain(..) {
+                    // SAFETY: every pooled pointer came from `AlignedBuf::fresh`
+                    // with this class's capacity and layout.
+                    unsafe { std::alloc::dealloc(p.as_ptr(), AlignedBuf::layout(BUF_ALIGN_BYTES << c)) }
+                }
+            }
+        }
+    }
+
+    thread_local! {
+        static POOL: RefCell<Pool> = RefCell::new(Pool { free: Default::default(), bytes: 0 });
+    }
+
+    fn class(capacity_bytes: usize) -> Option<usize> {
+        if !capacity_bytes.is_power_of_two() || !(BUF_ALIGN_BYTES..=POOL_CLASS_BYTES_MAX).contains(&capacity_bytes) {
+            return None;
+        }
+        Some((capacity_bytes / BUF_ALIGN_BYTES).trailing_zeros() as usize)
+    }
+
+    pub(super) fn take(capacity_bytes: usize) -> Option<NonNull<u8>> {
+        let c = class(capacity_bytes)?;
+        POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            let ptr = p.free[c].pop()?;
+            p.bytes -= capacity_bytes;
+            Some(ptr)
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// Keeps the allocation for reuse; false when the caller must free it.
+    pub(super) fn give(ptr: NonNull<u8>, capacity_bytes: usize) -> bool {
+        let Some(c) = class(capacity_bytes) else { return false };
+        POOL.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if p.bytes + capacity_bytes > POOL_BYTES_MAX {
+                return false;
+            }
+            p.bytes += capacity_bytes;
+            p.free[c].push(ptr);
+            true
+        })
+        .unwrap_or(false)
     }
 }
 
@@ -172,6 +267,24 @@ impl Eq for AlignedBuf {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pooled_buffers_are_reused_and_zeroed() {
+        let mut a = AlignedBuf::new(100_000);
+        let p = a.as_slice().as_ptr();
+        a.as_mut_slice().fill(0xaa);
+        drop(a);
+        let b = AlignedBuf::new(120_000); // same 128 KiB class
+        assert_eq!(b.as_slice().as_ptr(), p, "the allocation was reused");
+        assert!(b.iter().all(|&x| x == 0), "a reused buffer is zeroed");
+        assert_eq!(b.as_slice().as_ptr() as usize % BUF_ALIGN_BYTES, 0);
+        let c = AlignedBuf::from_slice(&[7u8; 5000]);
+        assert_eq!(c.len(), 5000);
+        assert!(c.iter().all(|&x| x == 7));
+        // Beyond the pooled classes: plain allocations.
+        let big = AlignedBuf::new(POOL_CLASS_BYTES_MAX + 1);
+        assert!(big.iter().all(|&x| x == 0));
+    }
 
     #[test]
     fn aligned_and_zeroed() {

@@ -5,8 +5,8 @@
 //! `interop ADDR:PORT SUBNQN [--digests] [--hostnqn NQN]`
 //!
 //! Checks: discovery lists SUBNQN; connect with 2 I/O queues; writes and
-//! read-back from one block to 3 MiB (in-capsule, R2T with several H2CData
-//! PDUs, transfers split at MDTS), 64 concurrent writes then reads spread
+//! read-back from one block to 6 MiB (in-capsule, R2T with several H2CData
+//! PDUs split at the target's MAXH2CDATA, transfers split at MDTS), 64 concurrent writes then reads spread
 //! over both queues, Write Zeroes reads back zeroes, Flush, FUA writes,
 //! reads beyond the namespace fail with LBA Out of Range, clean disconnect.
 
@@ -35,6 +35,9 @@ async fn run() -> Result<(), String> {
         io_queues: 2,
         queue_depth: 32,
         command_timeout: Duration::from_secs(30),
+        // Large enough that one 6 MiB write crosses a 4 MiB MAXH2CDATA
+        // (Linux nvmet's) within a single command; split at MDTS otherwise.
+        max_transfer_bytes: 8 << 20,
         ..Default::default()
     };
     while let Some(a) = args.next() {
