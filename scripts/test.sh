@@ -5,6 +5,8 @@
 #   1. cargo test --workspace        unit, property, in-memory protocol and loopback tests
 #   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
 #   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
+#                                    (all scenarios; then quick runs with the isolated and
+#                                    unified send paths and completion coalescing)
 #   4. scripts/interop-linux-target.sh our host against the Linux kernel target
 #   5. scripts/test-exports.sh       fio (nbd engine), qemu-img, nbdcopy through `sluice nbd`;
 #                                    mkfs/mount through `sluice fuse` and a loop device (needs root)
@@ -47,6 +49,15 @@ if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
     rc=$?
     set -e
     record $rc "interop: Linux host"
+    for modes in "isolated calibrated" "unified adaptive"; do
+        set -- $modes
+        stage "Linux kernel host against the Sluice target, send path $1, coalescing $2"
+        set +e
+        scripts/interop-linux-host.sh --quick --send-scheduler "$1" --coalescing "$2"
+        rc=$?
+        set -e
+        record $rc "interop: Linux host ($1/$2)"
+    done
     stage "Sluice host against the Linux kernel target"
     set +e
     scripts/interop-linux-target.sh

@@ -56,7 +56,11 @@ impl AlignedBuf {
                     // SAFETY: the pooled allocation holds capacity_bytes >= len_bytes bytes.
                     unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len_bytes) };
                 }
-                return Self { ptr, len_bytes, capacity_bytes };
+                return Self {
+                    ptr,
+                    len_bytes,
+                    capacity_bytes,
+                };
             }
             return Self::fresh(len_bytes, capacity_bytes);
         }
@@ -183,7 +187,9 @@ mod pool {
                 for p in list.drain(..) {
                     // SAFETY: every pooled pointer came from `AlignedBuf::fresh`
                     // with this class's capacity and layout.
-                    unsafe { std::alloc::dealloc(p.as_ptr(), AlignedBuf::layout(BUF_ALIGN_BYTES << c)) }
+                    unsafe {
+                        std::alloc::dealloc(p.as_ptr(), AlignedBuf::layout(BUF_ALIGN_BYTES << c))
+                    }
                 }
             }
         }
@@ -194,7 +200,9 @@ mod pool {
     }
 
     fn class(capacity_bytes: usize) -> Option<usize> {
-        if !capacity_bytes.is_power_of_two() || !(BUF_ALIGN_BYTES..=POOL_CLASS_BYTES_MAX).contains(&capacity_bytes) {
+        if !capacity_bytes.is_power_of_two()
+            || !(BUF_ALIGN_BYTES..=POOL_CLASS_BYTES_MAX).contains(&capacity_bytes)
+        {
             return None;
         }
         Some((capacity_bytes / BUF_ALIGN_BYTES).trailing_zeros() as usize)
@@ -214,7 +222,9 @@ mod pool {
 
     /// Keeps the allocation for reuse; false when the caller must free it.
     pub(super) fn give(ptr: NonNull<u8>, capacity_bytes: usize) -> bool {
-        let Some(c) = class(capacity_bytes) else { return false };
+        let Some(c) = class(capacity_bytes) else {
+            return false;
+        };
         POOL.try_with(|p| {
             let mut p = p.borrow_mut();
             if p.bytes + capacity_bytes > POOL_BYTES_MAX {

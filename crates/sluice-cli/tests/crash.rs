@@ -90,6 +90,22 @@ fn acknowledged_writes_survive_a_killed_target() {
         ..Default::default()
     };
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    // A second host that stays connected across the crash: it must report
+    // the loss and then reconnect by itself once the target is back.
+    let survivor_opts = ConnectOptions {
+        hostnqn: "nqn.2014-08.org.nvmexpress:uuid:c0ffee00-0000-4000-8000-000000000002".into(),
+        command_timeout: Duration::from_secs(5),
+        reconnect: ReconnectPolicy {
+            attempts_max: 10,
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(200),
+            retry_io: false,
+        },
+        ..Default::default()
+    };
+    let survivor = rt
+        .block_on(Controller::connect(addr, NQN, survivor_opts))
+        .unwrap();
     let writes_done = rt.block_on(async {
         let c = Controller::connect(addr, NQN, opts.clone()).await.unwrap();
         let ns = c.namespace(1).unwrap();
@@ -136,9 +152,30 @@ fn acknowledged_writes_survive_a_killed_target() {
         "the writers made progress before the kill ({writes_done})"
     );
 
+    // While the target is down, the surviving host reports the loss.
+    let sns = survivor.namespace(1).unwrap();
+    let down = rt.block_on(sns.read(0, 512, IoFlags::default()));
+    assert!(
+        down.is_err(),
+        "a read with the target down must fail, got {down:?}"
+    );
+
     // A new target on the same file returns every acknowledged write.
     let mut child = start_target(&config);
     wait_port(port);
+    // The surviving host reconnects on its next I/O (with back-off) and reads
+    // the same data as a fresh connection.
+    let back = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match sns.read(0, 4096, IoFlags::default()).await {
+                Ok(d) => break Ok(d),
+                Err(e) if Instant::now() >= deadline => break Err(e),
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    let back = back.expect("the surviving host reconnects to the restarted target");
     let acked = acked.lock().unwrap().clone();
     let mismatches = rt.block_on(async {
         let c = Controller::connect(addr, NQN, opts).await.unwrap();
@@ -165,6 +202,17 @@ fn acknowledged_writes_survive_a_killed_target() {
         }
         bad
     });
+    let fresh = rt.block_on(async {
+        let c = Controller::connect(addr, NQN, ConnectOptions::default())
+            .await
+            .unwrap();
+        c.namespace(1)
+            .unwrap()
+            .read(0, 4096, IoFlags::default())
+            .await
+            .unwrap()
+    });
+    assert_eq!(back, fresh, "the reconnected host sees the same data");
     child.kill().unwrap();
     child.wait().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
