@@ -51,6 +51,11 @@ pub struct BenchArgs {
         default_value = "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001"
     )]
     pub hostnqn: String,
+    /// Charge the queue threads through the kernel: every queue thread of
+    /// every job's controller joins this cgroup (v1 `cpu` dir: TID to
+    /// `tasks`; v2 threaded: `cgroup.threads`). Per job: `cgroup=PATH`.
+    #[arg(long)]
+    pub cgroup: Option<std::path::PathBuf>,
     /// I/O pattern: read, write, randread, randwrite, rw, randrw.
     #[arg(long, default_value = "randread")]
     pub rw: RwMode,
@@ -132,6 +137,7 @@ impl BenchArgs {
             nqn: nqn.into(),
             nsid: None,
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001".into(),
+            cgroup: None,
             rw: RwMode::RandRead,
             rwmixread: 50,
             bs: BlockSizes::fixed(4096),
@@ -446,6 +452,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 scheduler: args.send_scheduler,
                 ..SendConfig::default()
             },
+            cgroup: j.cgroup.clone(),
             ..Default::default()
         };
         let c = Controller::connect(addr, &args.nqn, opts)

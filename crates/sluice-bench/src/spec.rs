@@ -176,6 +176,8 @@ pub struct JobSpec {
     pub rate_iops: Option<u64>,
     /// Mark every I/O urgent (host API flag, CDW13 hint).
     pub urgent: bool,
+    /// cgroup the job's queue threads join (`--cgroup`, `cgroup=PATH`).
+    pub cgroup: Option<std::path::PathBuf>,
 }
 
 /// The jobs a run executes: the `--job` ones, or one from the top-level flags.
@@ -190,6 +192,7 @@ pub fn jobs_from_args(a: &BenchArgs) -> anyhow::Result<Vec<JobSpec>> {
         queues: a.queues,
         rate_iops: a.rate_iops,
         urgent: a.urgent,
+        cgroup: a.cgroup.clone(),
     };
     let mut jobs = Vec::new();
     if a.jobs.is_empty() {
@@ -235,6 +238,12 @@ pub fn parse_job(s: &str, base: &JobSpec) -> anyhow::Result<JobSpec> {
         let v = v.trim();
         match k.trim() {
             "hostnqn" => j.hostnqn = v.to_string(),
+            "cgroup" => {
+                if v.is_empty() {
+                    bail!("--job {name}: cgroup= needs a path");
+                }
+                j.cgroup = Some(v.into())
+            }
             "rw" => j.rw = v.parse().map_err(anyhow::Error::msg)?,
             "bs" => j.bs = v.parse().map_err(anyhow::Error::msg)?,
             "qd" => j.qd = v.parse().with_context(|| format!("--job {name}: qd"))?,
@@ -305,6 +314,7 @@ mod tests {
             queues: 1,
             rate_iops: None,
             urgent: false,
+            cgroup: None,
         };
         let j = parse_job(
             "t1,hostnqn=nqn.x,rw=randwrite,bs=8k,qd=4,rate-iops=100",
@@ -317,6 +327,13 @@ mod tests {
         );
         assert_eq!(j.bs, BlockSizes::Fixed(8192));
         assert_eq!(j.rate_iops, Some(100));
+        assert_eq!(j.cgroup, None);
+        let j = parse_job("t2,cgroup=/sys/fs/cgroup/cpu/gold", &base).expect("job");
+        assert_eq!(
+            j.cgroup.as_deref(),
+            Some(std::path::Path::new("/sys/fs/cgroup/cpu/gold"))
+        );
+        assert!(parse_job("t2,cgroup=", &base).is_err());
         assert!(parse_job("t1,foo=1", &base).is_err());
         assert!(parse_job("qd=1", &base).is_err());
     }

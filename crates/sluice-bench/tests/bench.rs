@@ -106,3 +106,61 @@ fn floor_is_measured() {
     );
     assert!(r.table().contains("wire floor"));
 }
+
+#[test]
+fn job_cgroup_bad_path_is_an_error_naming_it() {
+    let (_t, mut a) = target();
+    a.ios = Some(10);
+    a.jobs = vec!["t1,cgroup=/sys/fs/cgroup/cpu/sluice-bench-no-such".into()];
+    let e = format!("{:#}", run(a).expect_err("bad cgroup must fail"));
+    assert!(
+        e.contains("/sys/fs/cgroup/cpu/sluice-bench-no-such") && e.contains("does not exist"),
+        "{e}"
+    );
+}
+
+#[test]
+fn job_cgroup_moves_queue_threads() {
+    let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+    if !root.join("tasks").exists() {
+        println!("SKIPPED: /sys/fs/cgroup/cpu (cgroup v1 cpu) is absent");
+        return;
+    }
+    let cg = root.join(format!("sluice-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&cg).expect("create cgroup (root needed)");
+    std::fs::write(cg.join("cpu.cfs_quota_us"), "1000000").unwrap();
+    let (_t, mut a) = target();
+    a.runtime = Some(0.5);
+    a.qd = 4;
+    a.jobs = vec![
+        format!("in,cgroup={}", cg.display()),
+        "out,hostnqn=nqn.2026-11.io.sluice:other".into(),
+    ];
+    let (p0, _) = periods(&cg);
+    let r = run(a).expect("bench");
+    let (p1, _) = periods(&cg);
+    // Threads are gone after the run; wait for the cgroup to empty, remove it.
+    for _ in 0..100 {
+        if std::fs::read_to_string(cg.join("tasks"))
+            .unwrap()
+            .trim()
+            .is_empty()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_dir(&cg);
+    assert!(r.jobs.iter().all(|j| j.ios > 0));
+    assert!(p1 > p0, "the cgroup saw no CFS periods: {p0} -> {p1}");
+}
+
+fn periods(cg: &std::path::Path) -> (u64, u64) {
+    let s = std::fs::read_to_string(cg.join("cpu.stat")).unwrap();
+    let get = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0u64)
+    };
+    (get("nr_periods "), get("nr_throttled "))
+}

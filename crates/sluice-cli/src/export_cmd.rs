@@ -3,13 +3,16 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use sluice_cpu::ThrottleParams;
+use sluice_export::account::{CpuAccountant, ExportSpec};
 use sluice_export::fuse::{FuseConfig, SluiceFs};
-use sluice_export::nbd::server::UnixSocketPath;
+use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
 use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller, Namespace};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
 
@@ -19,9 +22,9 @@ pub struct RemoteArgs {
     /// NVMe/TCP target address, e.g. 127.0.0.1:4420.
     #[arg(long)]
     pub target: String,
-    /// Subsystem NQN.
+    /// Subsystem NQN (required unless `nbd --export` gives exports).
     #[arg(long)]
-    pub nqn: String,
+    pub nqn: Option<String>,
     /// Namespace ID (default: the first active namespace).
     #[arg(long)]
     pub nsid: Option<u32>,
@@ -34,6 +37,11 @@ pub struct RemoteArgs {
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
+    /// Charge the NVMe/TCP queue threads through the kernel: each moves
+    /// itself into this cgroup (v1 `cpu` dir: TID to `tasks`; v2 threaded:
+    /// `cgroup.threads`), so its CFS quota covers them.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -49,6 +57,24 @@ pub struct NbdArgs {
     /// Export name (clients may also ask for "", the default export).
     #[arg(long, default_value = "sluice")]
     pub export_name: String,
+    /// A tenant export of a shared exporter (repeatable):
+    /// `NAME,nqn=SUBNQN,hostnqn=NQN[,nsid=N][,cpu-share=FRACTION][,cgroup=PATH][,read-only=1]`.
+    /// Each gets its own controller (host NQN = tenant); `--target` and
+    /// `--io-queues` are shared. With `--nqn` too, that export comes first.
+    #[arg(long = "export")]
+    pub exports: Vec<sluice_export::account::ExportSpec>,
+    /// Serve `GET /metrics` (Prometheus text, per-export counters) here.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// CPU accounting batch (ms): how often thread CPU clocks are sampled.
+    #[arg(long, default_value_t = 2)]
+    pub cpu_batch_ms: u64,
+    /// i-NVMe throttle period (ms) for exports with a cpu-share.
+    #[arg(long, default_value_t = 100)]
+    pub cpu_period_ms: u64,
+    /// i-NVMe k (sub-throttles per period).
+    #[arg(long, default_value_t = 8)]
+    pub cpu_k: u32,
 }
 
 #[derive(Debug, Args)]
@@ -63,14 +89,47 @@ pub struct FuseArgs {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the runtime")
+    runtime_with(None)
 }
 
-async fn connect(r: &RemoteArgs) -> Result<(Controller, Namespace, String)> {
+/// The runtime; with an accountant its worker threads register as shared
+/// protocol threads.
+fn runtime_with(acct: Option<Arc<CpuAccountant>>) -> Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.worker_threads(2).enable_all();
+    if let Some(a) = acct {
+        b.on_thread_start(move || a.register_current_thread());
+    }
+    b.build().context("starting the runtime")
+}
+
+/// One export to connect: subsystem, host NQN (tenant), namespace, cgroup.
+struct Remote<'a> {
+    target: &'a str,
+    nqn: &'a str,
+    nsid: Option<u32>,
+    hostnqn: Option<&'a str>,
+    io_queues: u16,
+    cgroup: Option<&'a PathBuf>,
+}
+
+impl<'a> Remote<'a> {
+    fn from_args(r: &'a RemoteArgs) -> Result<Remote<'a>> {
+        let Some(nqn) = r.nqn.as_deref() else {
+            bail!("--nqn SUBNQN is required (or, for nbd, one or more --export)");
+        };
+        Ok(Remote {
+            target: &r.target,
+            nqn,
+            nsid: r.nsid,
+            hostnqn: r.hostnqn.as_deref(),
+            io_queues: r.io_queues,
+            cgroup: r.cgroup.as_ref(),
+        })
+    }
+}
+
+async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
     let addr: SocketAddr = r
         .target
         .to_socket_addrs()
@@ -79,13 +138,14 @@ async fn connect(r: &RemoteArgs) -> Result<(Controller, Namespace, String)> {
         .with_context(|| format!("`{}` resolves to no address", r.target))?;
     let mut opts = ConnectOptions {
         io_queues: r.io_queues.max(1),
+        cgroup: r.cgroup.cloned(),
         ..ConnectOptions::default()
     };
-    if let Some(h) = &r.hostnqn {
-        opts.hostnqn = h.clone();
+    if let Some(h) = r.hostnqn {
+        opts.hostnqn = h.to_string();
     }
     let hostnqn = opts.hostnqn.clone();
-    let ctrl = Controller::connect(addr, &r.nqn, opts)
+    let ctrl = Controller::connect(addr, r.nqn, opts)
         .await
         .with_context(|| format!("connecting to {} at {addr}", r.nqn))?;
     let nsid = match r.nsid {
@@ -109,23 +169,104 @@ async fn connect(r: &RemoteArgs) -> Result<(Controller, Namespace, String)> {
 }
 
 pub fn nbd(a: NbdArgs) -> Result<()> {
-    let rt = runtime()?;
+    // Every export: the single-export flags first (if --nqn), then --export.
+    let mut specs: Vec<ExportSpec> = Vec::new();
+    if let Some(nqn) = &a.remote.nqn {
+        specs.push(ExportSpec {
+            name: a.export_name.clone(),
+            nqn: nqn.clone(),
+            hostnqn: a.remote.hostnqn.clone().unwrap_or_default(),
+            nsid: a.remote.nsid,
+            cpu_share: None,
+            cgroup: a.remote.cgroup.clone(),
+            read_only: a.remote.read_only,
+        });
+    }
+    for e in &a.exports {
+        specs.push(e.clone());
+    }
+    if specs.is_empty() {
+        bail!("give --nqn SUBNQN (one export) or one or more --export NAME,nqn=...,hostnqn=...");
+    }
+    for (i, s) in specs.iter().enumerate() {
+        if specs[..i].iter().any(|o| o.name == s.name) {
+            bail!("export name `{}` given twice", s.name);
+        }
+    }
+    let acct = CpuAccountant::new();
+    let rt = runtime_with(Some(acct.clone()))?;
     rt.block_on(async {
-        let (ctrl, ns, hostnqn) = connect(&a.remote).await?;
-        let server = NbdServer::new(
-            ByteDevice::new(ns),
-            NbdConfig {
-                export_name: a.export_name.clone(),
-                description: format!("sluice {} nsid via {}", a.remote.nqn, a.remote.target),
-                read_only: a.remote.read_only,
-                hostnqn,
-            },
-        );
+        let mut entries = Vec::new();
+        let mut ctrls = Vec::new();
+        for s in &specs {
+            let remote = Remote {
+                target: &a.remote.target,
+                nqn: &s.nqn,
+                nsid: s.nsid,
+                hostnqn: (!s.hostnqn.is_empty()).then_some(s.hostnqn.as_str()),
+                io_queues: a.remote.io_queues,
+                cgroup: s.cgroup.as_ref(),
+            };
+            let (ctrl, ns, hostnqn) = match connect(&remote)
+                .await
+                .with_context(|| format!("export `{}`", s.name))
+            {
+                Ok(x) => x,
+                Err(e) => {
+                    for c in &ctrls {
+                        Controller::disconnect(c, Duration::from_secs(5)).await;
+                    }
+                    return Err(e);
+                }
+            };
+            let c2 = ctrl.clone();
+            let account = acct.add_export(
+                &s.name,
+                &hostnqn,
+                s.cpu_share,
+                Some(Box::new(move || c2.queue_tids())),
+            );
+            entries.push(ExportEntry {
+                dev: ByteDevice::new(ns),
+                cfg: NbdConfig {
+                    export_name: s.name.clone(),
+                    description: format!("sluice {} via {}", s.nqn, a.remote.target),
+                    read_only: s.read_only,
+                    hostnqn,
+                },
+                account: Some(account),
+            });
+            ctrls.push(ctrl);
+        }
+        let server = NbdServer::with_exports(entries);
+        let params = ThrottleParams {
+            period: Duration::from_millis(a.cpu_period_ms.max(1)),
+            k: a.cpu_k.max(1),
+            ..ThrottleParams::default()
+        };
+        let acct_thread = acct
+            .spawn(Duration::from_millis(a.cpu_batch_ms.max(1)), params)
+            .context("starting the CPU accounting thread")?;
+        let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
+        let metrics = async {
+            match &a.metrics {
+                Some(addr) => {
+                    let l = tokio::net::TcpListener::bind(addr.as_str())
+                        .await
+                        .with_context(|| format!("binding --metrics {addr}"))?;
+                    info!(addr = %l.local_addr()?, "metrics endpoint ready");
+                    sluice_export::account::serve_metrics(acct.clone(), l)
+                        .await
+                        .context("metrics endpoint")
+                }
+                None => std::future::pending().await,
+            }
+        };
         let serve = async {
             if let Some(path) = &a.unix {
                 let (l, _guard) = UnixSocketPath::bind(path)
                     .with_context(|| format!("binding Unix socket {}", path.display()))?;
-                info!(socket = %path.display(), export = %a.export_name, "NBD server ready");
+                info!(socket = %path.display(), exports = ?names, "NBD server ready");
                 server
                     .serve_unix(l)
                     .await
@@ -134,7 +275,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 let l = tokio::net::TcpListener::bind(addr.as_str())
                     .await
                     .with_context(|| format!("binding TCP {addr}"))?;
-                info!(addr = %l.local_addr()?, export = %a.export_name, "NBD server ready");
+                info!(addr = %l.local_addr()?, exports = ?names, "NBD server ready");
                 server.serve_tcp(l).await.context("accepting on TCP")
             } else {
                 bail!("give --unix PATH or --listen ADDR:PORT")
@@ -142,20 +283,52 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
         };
         let r = tokio::select! {
             r = serve => r,
+            r = metrics => r,
             s = sluice_export::shutdown_signal() => {
                 s.context("installing signal handlers")?;
                 info!("signal received, shutting down");
                 Ok(())
             }
         };
-        ctrl.disconnect(Duration::from_secs(5)).await;
+        acct.stop();
+        let _ = acct_thread.join();
+        for c in &ctrls {
+            c.disconnect(Duration::from_secs(5)).await;
+        }
+        print_counters(&acct);
         r
     })
 }
 
+/// Per-export counters, printed on exit.
+fn print_counters(acct: &CpuAccountant) {
+    eprintln!(
+        "{:<16} {:>10} {:>12} {:>10} {:>10} {:>9} {:>10} {:>10}",
+        "export", "ios", "MiB", "cpu_s", "queue_s", "share", "throttles", "thr_s"
+    );
+    for e in acct.exports() {
+        let c = e.counters();
+        eprintln!(
+            "{:<16} {:>10} {:>12.1} {:>10.3} {:>10.3} {:>9} {:>10} {:>10.3}",
+            c.name,
+            c.ios,
+            c.bytes as f64 / (1u64 << 20) as f64,
+            c.cpu.as_secs_f64(),
+            c.own_cpu.as_secs_f64(),
+            c.cpu_share.map_or("-".to_string(), |s| format!("{s}")),
+            c.throttle_events,
+            c.throttled.as_secs_f64()
+        );
+    }
+    eprintln!(
+        "unattributed shared CPU: {:.3} s",
+        acct.unattributed().as_secs_f64()
+    );
+}
+
 pub fn fuse(a: FuseArgs) -> Result<()> {
     let rt = runtime()?;
-    let (ctrl, ns, hostnqn) = rt.block_on(connect(&a.remote))?;
+    let (ctrl, ns, hostnqn) = rt.block_on(connect(&Remote::from_args(&a.remote)?))?;
     let fs = SluiceFs::new(
         ByteDevice::new(ns),
         rt.handle().clone(),

@@ -7,9 +7,12 @@
 //! * [`nbd`]: an NBD server: the sans-IO protocol ([`nbd::proto`]) and a tokio
 //!   I/O layer over Unix and TCP sockets ([`nbd::server`]).
 //! * [`fuse`]: the namespace as one regular file in a FUSE filesystem.
+//! * [`account`]: per-export (tenant) CPU accounting and i-NVMe throttling
+//!   of a shared exporter, Prometheus text of its counters.
 //!
 //! See `docs/exports.md`.
 
+pub mod account;
 pub mod blockio;
 pub mod errno;
 pub mod fuse;

@@ -415,3 +415,61 @@ proptest! {
         }
     }
 }
+
+fn two_exports() -> ServerHandshake {
+    let a = export(false);
+    let b = ExportInfo {
+        name: "second".into(),
+        description: "tenant b".into(),
+        size_bytes: 2 << 20,
+        read_only: true,
+        preferred_block_bytes: 4096,
+    };
+    let mut hs = ServerHandshake::with_exports(vec![a, b]);
+    hs.take_output();
+    hs.feed(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
+    hs
+}
+
+#[test]
+fn several_exports_selected_by_name() {
+    // LIST names every export.
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_LIST, &[]));
+    assert_eq!(hs.process(), Ok(HandshakeStatus::NeedMore));
+    let r = replies(&hs.take_output());
+    let names: Vec<&[u8]> = r
+        .iter()
+        .filter(|(_, t, _)| *t == REP_SERVER)
+        .map(|(_, _, d)| &d[4..4 + u32::from_be_bytes(d[..4].try_into().unwrap()) as usize])
+        .collect();
+    assert_eq!(names, vec![&b"disk"[..], &b"second"[..]]);
+    // GO "second": its size and flags, selected() = 1.
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_GO, &info_data("second", &[])));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    assert_eq!(hs.selected(), 1);
+    let r = replies(&hs.take_output());
+    let info = &r
+        .iter()
+        .find(|(_, t, d)| *t == REP_INFO && d[..2] == INFO_EXPORT.to_be_bytes())
+        .unwrap()
+        .2;
+    assert_eq!(u64::from_be_bytes(info[2..10].try_into().unwrap()), 2 << 20);
+    assert_ne!(
+        u16::from_be_bytes([info[10], info[11]]) & TFLAG_READ_ONLY,
+        0
+    );
+    // EXPORT_NAME "" is the first; an unknown name still fails.
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_EXPORT_NAME, b""));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    assert_eq!(hs.selected(), 0);
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_EXPORT_NAME, b"second"));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    assert_eq!(hs.selected(), 1);
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_EXPORT_NAME, b"third"));
+    assert!(hs.process().is_err());
+}

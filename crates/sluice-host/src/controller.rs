@@ -92,6 +92,20 @@ pub struct ConnectOptions {
     /// a latency freight and writes with in-capsule data plus H2CData in a
     /// data freight (docs/isolation.md). `send.coalescing` is ignored here.
     pub send: sluice_proto::send::SendConfig,
+    /// Charging through the kernel: every queue thread of this controller
+    /// (admin and I/O, and those of later reconnects) moves itself into this
+    /// cgroup when it starts, so the cgroup's CFS quota covers the
+    /// NVMe/TCP protocol work done for this host NQN (tenant). cgroup v1
+    /// (e.g. a directory under `/sys/fs/cgroup/cpu`): the thread's TID is
+    /// written to `tasks`. cgroup v2: a threaded cgroup gets the TID in
+    /// `cgroup.threads`; a domain cgroup only with [`Self::cgroup_procs`].
+    /// A missing or unwritable cgroup fails the connect with
+    /// [`HostError::Cgroup`] naming the path.
+    pub cgroup: Option<std::path::PathBuf>,
+    /// cgroup v2 domain cgroups: write the PID to `cgroup.procs`, which
+    /// moves the **whole process** (every thread), not just the queue
+    /// threads. Off by default; v1 and threaded v2 cgroups ignore it.
+    pub cgroup_procs: bool,
 }
 
 impl Default for ConnectOptions {
@@ -112,6 +126,8 @@ impl Default for ConnectOptions {
             wire_hints: true,
             coalescing: sluice_proto::coalesce::CoalesceConfig::default(),
             send: sluice_proto::send::SendConfig::default(),
+            cgroup: None,
+            cgroup_procs: false,
         }
     }
 }
@@ -331,6 +347,8 @@ pub(crate) async fn open_admin(
             hostnqn: opts.hostnqn.clone(),
             coalescing: opts.coalescing,
             send: sluice_proto::send::SendConfig::default(),
+            cgroup: opts.cgroup.clone(),
+            cgroup_procs: opts.cgroup_procs,
         },
         timeouts,
     )
@@ -420,6 +438,8 @@ async fn establish(
                     hostnqn: opts.hostnqn.clone(),
                     coalescing: opts.coalescing,
                     send: opts.send,
+                    cgroup: opts.cgroup.clone(),
+                    cgroup_procs: opts.cgroup_procs,
                 },
                 Some(to_tx.clone()),
             )
@@ -523,6 +543,13 @@ impl Controller {
                 "send options: {k}: {why}"
             )));
         }
+        if let Some(cg) = &opts.cgroup {
+            if !cg.is_dir() {
+                return Err(HostError::Cgroup(
+                    sluice_cpu::CgroupError::Missing(cg.clone()).to_string(),
+                ));
+            }
+        }
         let assoc = establish(addr, subnqn, &opts, 0).await?;
         Ok(Controller {
             inner: Arc::new(Inner {
@@ -563,6 +590,16 @@ impl Controller {
             s.add(&q.stats());
         }
         s
+    }
+
+    /// TIDs of the queue threads of the current association (admin first,
+    /// then the I/O queues); for cgroup checks and per-thread CPU clocks.
+    pub fn queue_tids(&self) -> Vec<i32> {
+        let a = self.assoc();
+        std::iter::once(&a.admin)
+            .chain(a.io.iter())
+            .map(|q| q.tid())
+            .collect()
     }
 
     /// Number of I/O queues in use.

@@ -38,6 +38,10 @@ pub enum HostError {
     /// The caller asked for something out of limits or unsupported.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A queue thread could not join the configured cgroup
+    /// ([`crate::ConnectOptions::cgroup`]); the message names the path.
+    #[error("cgroup: {0}")]
+    Cgroup(String),
     /// The controller's answers do not allow the operation.
     #[error("controller incompatible: {0}")]
     Incompatible(String),

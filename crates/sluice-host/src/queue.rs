@@ -15,7 +15,8 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -184,6 +185,8 @@ struct Shared {
     waker: Waker,
     close_reason: Mutex<Option<HostError>>,
     counters: Counters,
+    /// The queue thread's TID (0 until it runs).
+    tid: AtomicI32,
 }
 
 impl std::fmt::Debug for Request {
@@ -222,6 +225,11 @@ pub struct QueueParams {
     /// Send scheduler of I/O queues (the admin queue is always immediate).
     /// Its `coalescing` part is the target's and is ignored here.
     pub send: SendConfig,
+    /// cgroup the queue thread moves itself into before anything else
+    /// (see [`crate::ConnectOptions::cgroup`]).
+    pub cgroup: Option<PathBuf>,
+    /// cgroup v2 domain cgroups: allow moving the whole process.
+    pub cgroup_procs: bool,
 }
 
 impl QueueHandle {
@@ -258,6 +266,7 @@ impl QueueHandle {
             waker,
             close_reason: Mutex::new(None),
             counters: Counters::default(),
+            tid: AtomicI32::new(0),
         });
         let (ready_tx, ready_rx) = oneshot::channel();
         let sh = shared.clone();
@@ -266,6 +275,20 @@ impl QueueHandle {
             .spawn(move || {
                 let span = tracing::debug_span!("queue", hostnqn = %p.hostnqn, qid);
                 let _g = span.enter();
+                sh.tid
+                    .store(sluice_cpu::current_tid(), Ordering::Release);
+                if let Some(cg) = &p.cgroup {
+                    match sluice_cpu::join_cgroup(cg, p.cgroup_procs) {
+                        Ok(how) => tracing::debug!(cgroup = %cg.display(), ?how, "queue thread joined cgroup"),
+                        Err(e) => {
+                            sh.closed.store(true, Ordering::Release);
+                            let _ = ready_tx.send(Err(HostError::Cgroup(format!(
+                                "queue {qid} thread: {e}"
+                            ))));
+                            return;
+                        }
+                    }
+                }
                 let co = (qid > 0 && p.coalescing.mode != CoalesceMode::Off)
                     .then(|| Coalescer::new(p.coalescing));
                 let mut d = Driver {
@@ -317,6 +340,11 @@ impl QueueHandle {
             h.waited_data = s.waited_data;
         }
         h
+    }
+
+    /// The TID of this queue's I/O thread (0 before it started).
+    pub fn tid(&self) -> i32 {
+        self.shared.tid.load(Ordering::Acquire)
     }
 
     /// The I/O thread has stopped (connection lost or closed).

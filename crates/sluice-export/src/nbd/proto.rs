@@ -147,7 +147,10 @@ enum Phase {
 /// The server side of the fixed newstyle handshake.
 #[derive(Debug)]
 pub struct ServerHandshake {
-    export: ExportInfo,
+    /// Every export served; the empty name selects the first.
+    exports: Vec<ExportInfo>,
+    /// Index of the export chosen by GO / EXPORT_NAME.
+    selected: usize,
     input: Vec<u8>,
     output: Vec<u8>,
     phase: Phase,
@@ -167,6 +170,14 @@ fn be_u64(b: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(a)
 }
 
+/// The export `name` selects (`""`: the first).
+fn find_export(exports: &[ExportInfo], name: &[u8]) -> Option<usize> {
+    if name.is_empty() {
+        return Some(0);
+    }
+    exports.iter().position(|e| e.matches(name))
+}
+
 /// Encodes an option reply.
 pub fn encode_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
     out.extend_from_slice(&REPLY_MAGIC_OPT.to_be_bytes());
@@ -179,18 +190,32 @@ pub fn encode_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u
 impl ServerHandshake {
     /// Starts a handshake; the greeting is queued as output.
     pub fn new(export: ExportInfo) -> ServerHandshake {
+        Self::with_exports(vec![export])
+    }
+
+    /// A handshake offering several exports (chosen by name; `""` is the
+    /// first). `exports` must not be empty.
+    pub fn with_exports(exports: Vec<ExportInfo>) -> ServerHandshake {
+        assert!(!exports.is_empty(), "an NBD server needs an export");
         let mut output = Vec::with_capacity(18);
         output.extend_from_slice(&NBDMAGIC.to_be_bytes());
         output.extend_from_slice(&IHAVEOPT.to_be_bytes());
         output.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
         ServerHandshake {
-            export,
+            exports,
+            selected: 0,
             input: Vec::new(),
             output,
             phase: Phase::ClientFlags,
             no_zeroes: false,
             options_seen: 0,
         }
+    }
+
+    /// Index (in the list given to [`Self::with_exports`]) of the export the
+    /// client chose; meaningful once the handshake is `Done`.
+    pub fn selected(&self) -> usize {
+        self.selected
     }
 
     /// Appends received bytes.
@@ -289,11 +314,12 @@ impl ServerHandshake {
         r
     }
 
-    fn info_export(&self) -> Vec<u8> {
+    fn info_export(&self, i: usize) -> Vec<u8> {
+        let e = &self.exports[i];
         let mut d = Vec::with_capacity(12);
         d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
-        d.extend_from_slice(&self.export.size_bytes.to_be_bytes());
-        d.extend_from_slice(&self.export.transmission_flags().to_be_bytes());
+        d.extend_from_slice(&e.size_bytes.to_be_bytes());
+        d.extend_from_slice(&e.transmission_flags().to_be_bytes());
         d
     }
 
@@ -305,13 +331,15 @@ impl ServerHandshake {
         let out = &mut self.output;
         match option {
             OPT_EXPORT_NAME => {
-                if !self.export.matches(data) {
+                let Some(i) = find_export(&self.exports, data) else {
                     return Err(HandshakeError::UnknownExport(
                         String::from_utf8_lossy(data).into_owned(),
                     ));
-                }
-                out.extend_from_slice(&self.export.size_bytes.to_be_bytes());
-                out.extend_from_slice(&self.export.transmission_flags().to_be_bytes());
+                };
+                self.selected = i;
+                let e = &self.exports[i];
+                out.extend_from_slice(&e.size_bytes.to_be_bytes());
+                out.extend_from_slice(&e.transmission_flags().to_be_bytes());
                 if !self.no_zeroes {
                     out.extend_from_slice(&[0u8; 124]);
                 }
@@ -331,12 +359,14 @@ impl ServerHandshake {
                     );
                     return Ok(None);
                 }
-                let name = self.export.name.as_bytes();
-                let mut d = Vec::with_capacity(4 + name.len());
-                d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-                d.extend_from_slice(name);
-                d.extend_from_slice(self.export.description.as_bytes());
-                encode_option_reply(out, option, REP_SERVER, &d);
+                for e in &self.exports {
+                    let name = e.name.as_bytes();
+                    let mut d = Vec::with_capacity(4 + name.len());
+                    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    d.extend_from_slice(name);
+                    d.extend_from_slice(e.description.as_bytes());
+                    encode_option_reply(out, option, REP_SERVER, &d);
+                }
                 encode_option_reply(out, option, REP_ACK, &[]);
                 Ok(None)
             }
@@ -345,32 +375,34 @@ impl ServerHandshake {
                     encode_option_reply(out, option, REP_ERR_INVALID, b"malformed NBD_OPT_INFO/GO");
                     return Ok(None);
                 };
-                if !self.export.matches(name) {
+                let Some(i) = find_export(&self.exports, name) else {
                     encode_option_reply(out, option, REP_ERR_UNKNOWN, b"no such export");
                     return Ok(None);
-                }
-                let export = self.info_export();
+                };
+                let export = self.info_export(i);
+                let e = self.exports[i].clone();
                 encode_option_reply(&mut self.output, option, REP_INFO, &export);
                 // Always sent: minimum 1 (sub-block I/O is done by
                 // read-modify-write), preferred = the namespace block size.
                 let mut bsz = Vec::with_capacity(14);
                 bsz.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
                 bsz.extend_from_slice(&1u32.to_be_bytes());
-                bsz.extend_from_slice(&self.export.preferred_block_bytes.max(512).to_be_bytes());
+                bsz.extend_from_slice(&e.preferred_block_bytes.max(512).to_be_bytes());
                 bsz.extend_from_slice(&REQUEST_BYTES_MAX.to_be_bytes());
                 encode_option_reply(&mut self.output, option, REP_INFO, &bsz);
                 if requests.contains(&INFO_NAME) {
                     let mut d = INFO_NAME.to_be_bytes().to_vec();
-                    d.extend_from_slice(self.export.name.as_bytes());
+                    d.extend_from_slice(e.name.as_bytes());
                     encode_option_reply(&mut self.output, option, REP_INFO, &d);
                 }
-                if requests.contains(&INFO_DESCRIPTION) && !self.export.description.is_empty() {
+                if requests.contains(&INFO_DESCRIPTION) && !e.description.is_empty() {
                     let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
-                    d.extend_from_slice(self.export.description.as_bytes());
+                    d.extend_from_slice(e.description.as_bytes());
                     encode_option_reply(&mut self.output, option, REP_INFO, &d);
                 }
                 encode_option_reply(&mut self.output, option, REP_ACK, &[]);
                 if option == OPT_GO {
+                    self.selected = i;
                     Ok(Some(HandshakeStatus::Done { leftover: vec![] }))
                 } else {
                     Ok(None)

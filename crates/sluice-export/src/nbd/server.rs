@@ -7,6 +7,7 @@ use super::proto::{
     encode_simple_reply, validate, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder,
     ServerHandshake, TransmissionError,
 };
+use crate::account::ExportAccount;
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::EINVAL;
 use std::path::{Path, PathBuf};
@@ -38,32 +39,72 @@ pub struct NbdConfig {
     pub hostnqn: String,
 }
 
-/// Serves one [`ByteDevice`] over NBD.
+/// One export of a (possibly shared) server: a device, what clients see of
+/// it, and optionally its tenant account (CPU charging and throttling).
 #[derive(Debug)]
-pub struct NbdServer<D> {
+pub struct ExportEntry<D> {
+    pub dev: Arc<ByteDevice<D>>,
+    pub cfg: NbdConfig,
+    pub account: Option<Arc<ExportAccount>>,
+}
+
+#[derive(Debug)]
+struct Entry<D> {
     dev: Arc<ByteDevice<D>>,
     export: ExportInfo,
     hostnqn: String,
+    account: Option<Arc<ExportAccount>>,
+}
+
+/// Serves one or several [`ByteDevice`]s over NBD (chosen by export name in
+/// the handshake; the empty name is the first).
+#[derive(Debug)]
+pub struct NbdServer<D> {
+    entries: Vec<Entry<D>>,
 }
 
 impl<D: BlockDevice> NbdServer<D> {
     pub fn new(dev: Arc<ByteDevice<D>>, cfg: NbdConfig) -> Arc<NbdServer<D>> {
-        let export = ExportInfo {
-            name: cfg.export_name,
-            description: cfg.description,
-            size_bytes: dev.size_bytes(),
-            read_only: cfg.read_only,
-            preferred_block_bytes: dev.block_size_bytes().max(4096),
-        };
-        Arc::new(NbdServer {
+        Self::with_exports(vec![ExportEntry {
             dev,
-            export,
-            hostnqn: cfg.hostnqn,
-        })
+            cfg,
+            account: None,
+        }])
     }
 
+    /// A server of several exports (a shared exporter serving several
+    /// tenants). Panics if `exports` is empty.
+    pub fn with_exports(exports: Vec<ExportEntry<D>>) -> Arc<NbdServer<D>> {
+        assert!(!exports.is_empty(), "an NBD server needs an export");
+        let entries = exports
+            .into_iter()
+            .map(|e| Entry {
+                export: ExportInfo {
+                    name: e.cfg.export_name,
+                    description: e.cfg.description,
+                    size_bytes: e.dev.size_bytes(),
+                    read_only: e.cfg.read_only,
+                    preferred_block_bytes: e.dev.block_size_bytes().max(4096),
+                },
+                dev: e.dev,
+                hostnqn: e.cfg.hostnqn,
+                account: e.account,
+            })
+            .collect();
+        Arc::new(NbdServer { entries })
+    }
+
+    /// The first (default) export.
     pub fn export(&self) -> &ExportInfo {
-        &self.export
+        &self.entries[0].export
+    }
+
+    fn span_hostnqn(&self) -> &str {
+        if self.entries.len() == 1 {
+            &self.entries[0].hostnqn
+        } else {
+            "(per export)"
+        }
     }
 
     /// Accepts connections on a Unix socket until the future is dropped.
@@ -72,7 +113,7 @@ impl<D: BlockDevice> NbdServer<D> {
         loop {
             let (s, _) = listener.accept().await?;
             n += 1;
-            let span = info_span!("nbd", hostnqn = %self.hostnqn, conn = n, peer = "unix");
+            let span = info_span!("nbd", hostnqn = %self.span_hostnqn(), conn = n, peer = "unix");
             let me = self.clone();
             tokio::spawn(async move { me.serve_conn(s).await }.instrument(span));
         }
@@ -85,7 +126,7 @@ impl<D: BlockDevice> NbdServer<D> {
             let (s, peer) = listener.accept().await?;
             let _ = s.set_nodelay(true);
             n += 1;
-            let span = info_span!("nbd", hostnqn = %self.hostnqn, conn = n, peer = %peer);
+            let span = info_span!("nbd", hostnqn = %self.span_hostnqn(), conn = n, peer = %peer);
             let me = self.clone();
             tokio::spawn(async move { me.serve_conn(s).await }.instrument(span));
         }
@@ -107,7 +148,8 @@ impl<D: BlockDevice> NbdServer<D> {
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
         let (mut rd, mut wr) = tokio::io::split(stream);
-        let mut hs = ServerHandshake::new(self.export.clone());
+        let mut hs =
+            ServerHandshake::with_exports(self.entries.iter().map(|e| e.export.clone()).collect());
         let mut chunk = vec![0u8; READ_CHUNK_BYTES];
         let leftover = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             loop {
@@ -140,7 +182,15 @@ impl<D: BlockDevice> NbdServer<D> {
             return Ok(());
         };
         wr.flush().await?;
-        info!(size_bytes = self.export.size_bytes, "transmission phase");
+        let idx = hs.selected();
+        let entry = &self.entries[idx];
+        let account = entry.account.clone();
+        info!(
+            export = %entry.export.name,
+            hostnqn = %entry.hostnqn,
+            size_bytes = entry.export.size_bytes,
+            "transmission phase"
+        );
 
         // Replies from request tasks go through one writer task.
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REQUESTS_IN_FLIGHT_MAX as usize);
@@ -168,6 +218,9 @@ impl<D: BlockDevice> NbdServer<D> {
                         let units = bytes
                             .div_ceil(BUDGET_UNIT_BYTES)
                             .clamp(1, budget_units as u64);
+                        if let Some(a) = &account {
+                            a.wait_unthrottled().await;
+                        }
                         let Ok(c) = count.clone().acquire_owned().await else {
                             break 'read Ok(());
                         };
@@ -178,7 +231,7 @@ impl<D: BlockDevice> NbdServer<D> {
                         let tx = tx.clone();
                         tokio::spawn(
                             async move {
-                                let reply = me.execute(req).await;
+                                let reply = me.execute(idx, req).await;
                                 let _ = tx.send(reply).await;
                                 drop((c, b));
                             }
@@ -196,6 +249,10 @@ impl<D: BlockDevice> NbdServer<D> {
                     }
                 }
             }
+            // A throttled tenant's sockets are not read: TCP back-pressure.
+            if let Some(a) = &account {
+                a.wait_unthrottled().await;
+            }
             match rd.read(&mut chunk).await {
                 Ok(0) => break Ok(()),
                 Ok(n) => dec.feed(&chunk[..n]),
@@ -212,9 +269,21 @@ impl<D: BlockDevice> NbdServer<D> {
     }
 
     /// Executes one request and encodes its reply.
-    async fn execute(&self, req: Incoming) -> Vec<u8> {
+    async fn execute(&self, idx: usize, req: Incoming) -> Vec<u8> {
+        let e = &self.entries[idx];
+        let written = req.payload.len();
+        let reply = self.execute_on(e, req).await;
+        if let Some(a) = &e.account {
+            // Payload moved: write data in, read data out (after the
+            // 16-byte simple reply header).
+            a.record((written + reply.len().saturating_sub(16)) as u64);
+        }
+        reply
+    }
+
+    async fn execute_on(&self, e: &Entry<D>, req: Incoming) -> Vec<u8> {
         let cookie = req.header.cookie;
-        let cmd = match validate(&req.header, &self.export) {
+        let cmd = match validate(&req.header, &e.export) {
             Ok(c) => c,
             Err(r) => {
                 debug!(
@@ -227,36 +296,34 @@ impl<D: BlockDevice> NbdServer<D> {
             }
         };
         let r = match cmd {
-            Command::Read { offset, length } => {
-                match self.dev.read(offset, length as usize).await {
-                    Ok(data) => {
-                        let mut out = Vec::with_capacity(16 + data.len());
-                        out.extend_from_slice(&encode_simple_reply(cookie, 0));
-                        out.extend_from_slice(&data);
-                        return out;
-                    }
-                    Err(e) => Err(e),
+            Command::Read { offset, length } => match e.dev.read(offset, length as usize).await {
+                Ok(data) => {
+                    let mut out = Vec::with_capacity(16 + data.len());
+                    out.extend_from_slice(&encode_simple_reply(cookie, 0));
+                    out.extend_from_slice(&data);
+                    return out;
                 }
-            }
-            Command::Write { offset, fua } => self.dev.write(offset, req.payload, fua).await,
-            Command::Flush => self.dev.flush().await,
+                Err(e) => Err(e),
+            },
+            Command::Write { offset, fua } => e.dev.write(offset, req.payload, fua).await,
+            Command::Flush => e.dev.flush().await,
             Command::Trim {
                 offset,
                 length,
                 fua,
-            } => self.dev.trim(offset, length as u64, fua).await,
+            } => e.dev.trim(offset, length as u64, fua).await,
             Command::WriteZeroes {
                 offset,
                 length,
                 fua,
-            } => self.dev.write_zeroes(offset, length as u64, fua).await,
+            } => e.dev.write_zeroes(offset, length as u64, fua).await,
             Command::Disconnect => Ok(()),
         };
         match r {
             Ok(()) => encode_simple_reply(cookie, 0).to_vec(),
-            Err(e) => {
-                warn!(cookie, errno = e.errno(), "request failed: {e}");
-                encode_simple_reply(cookie, e.errno()).to_vec()
+            Err(err) => {
+                warn!(cookie, errno = err.errno(), "request failed: {err}");
+                encode_simple_reply(cookie, err.errno()).to_vec()
             }
         }
     }

@@ -1,0 +1,638 @@
+//! Per-export (per-tenant) CPU accounting and i-NVMe throttling of a shared
+//! exporter (`sluice nbd` serving several exports).
+//!
+//! Every export is one tenant: its own `sluice-host` controller with its own
+//! host NQN. Two kinds of threads do protocol work:
+//!
+//! * the exporter's **shared** threads (the tokio runtime workers: NBD
+//!   parsing, RMW, reply encoding, task wake-ups), which work for every
+//!   tenant. They register themselves ([`CpuAccountant::register_current_thread`],
+//!   from the runtime's `on_thread_start`);
+//! * each export's **own** `sluice-host` queue threads (NVMe/TCP), which work
+//!   for that tenant only.
+//!
+//! Once per batch (default every 2 ms, never per I/O) the accountant reads
+//! the per-thread CPU clocks of all of them. The shared threads' CPU of the
+//! batch is split among the exports in proportion to the work each did in
+//! that batch (`4096 + bytes` per completed request, [`ExportAccount::record`]);
+//! each export's own queue threads' CPU is charged to it whole. A batch with
+//! no work is left unattributed. The result feeds the sans-IO i-NVMe
+//! [`Throttle`] of exports with a CPU share; a throttled export's NBD
+//! connections stop reading their sockets until the throttle ends (TCP
+//! back-pressure holds the client), see [`ExportAccount::wait_unthrottled`].
+//!
+//! The split and the throttle decisions are [`SplitCore`] (virtual inputs,
+//! unit-tested); [`CpuAccountant::spawn`] drives it from a thread.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice_cpu::{BatchCharger, Throttle, ThrottleParams};
+
+/// Supplies the TIDs of an export's own threads (its controller's queues).
+pub type TidSource = Box<dyn Fn() -> Vec<i32> + Send + Sync>;
+
+/// Counters and throttle state of one export, shared between its NBD
+/// connections and the accountant.
+pub struct ExportAccount {
+    pub name: String,
+    pub hostnqn: String,
+    /// Fraction of one CPU (0, 1]; `None`: accounted, never throttled.
+    pub cpu_share: Option<f64>,
+    epoch: Instant,
+    /// Requests completed and their payload bytes.
+    pub ios: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Work units of the current batch (taken by the accountant).
+    units: AtomicU64,
+    /// CPU charged in total, and the part from the export's own queue threads.
+    pub cpu_ns: AtomicU64,
+    pub own_cpu_ns: AtomicU64,
+    pub throttle_events: AtomicU64,
+    pub throttled_ns: AtomicU64,
+    /// Throttled until this many ns after `epoch` (0: not throttled).
+    until_ns: AtomicU64,
+    tids: Option<TidSource>,
+}
+
+impl std::fmt::Debug for ExportAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportAccount")
+            .field("name", &self.name)
+            .field("hostnqn", &self.hostnqn)
+            .field("cpu_share", &self.cpu_share)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of an export's counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportCounters {
+    pub name: String,
+    pub hostnqn: String,
+    pub cpu_share: Option<f64>,
+    pub ios: u64,
+    pub bytes: u64,
+    pub cpu: Duration,
+    pub own_cpu: Duration,
+    pub throttle_events: u64,
+    pub throttled: Duration,
+}
+
+impl ExportAccount {
+    pub fn new(
+        name: impl Into<String>,
+        hostnqn: impl Into<String>,
+        cpu_share: Option<f64>,
+        epoch: Instant,
+        tids: Option<TidSource>,
+    ) -> Arc<ExportAccount> {
+        Arc::new(ExportAccount {
+            name: name.into(),
+            hostnqn: hostnqn.into(),
+            cpu_share,
+            epoch,
+            ios: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            units: AtomicU64::new(0),
+            cpu_ns: AtomicU64::new(0),
+            own_cpu_ns: AtomicU64::new(0),
+            throttle_events: AtomicU64::new(0),
+            throttled_ns: AtomicU64::new(0),
+            until_ns: AtomicU64::new(0),
+            tids,
+        })
+    }
+
+    /// One request done for this export (`bytes` of payload).
+    pub fn record(&self, bytes: u64) {
+        self.ios.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.units.fetch_add(4096 + bytes, Ordering::Relaxed);
+    }
+
+    /// When the export is throttled, the instant the throttle ends.
+    pub fn throttled_until(&self) -> Option<Instant> {
+        let u = self.until_ns.load(Ordering::Acquire);
+        if u == 0 {
+            return None;
+        }
+        let t = self.epoch + Duration::from_nanos(u);
+        (t > Instant::now()).then_some(t)
+    }
+
+    /// Sleeps while the export is throttled (the NBD connection calls this
+    /// before reading its socket and before dispatching each request).
+    pub async fn wait_unthrottled(&self) {
+        while let Some(t) = self.throttled_until() {
+            tokio::time::sleep_until(t.into()).await;
+        }
+    }
+
+    fn set_until(&self, t: Option<Instant>) {
+        let v = t.map_or(0, |t| {
+            (t.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
+        });
+        self.until_ns.store(v, Ordering::Release);
+    }
+
+    pub fn counters(&self) -> ExportCounters {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ExportCounters {
+            name: self.name.clone(),
+            hostnqn: self.hostnqn.clone(),
+            cpu_share: self.cpu_share,
+            ios: l(&self.ios),
+            bytes: l(&self.bytes),
+            cpu: Duration::from_nanos(l(&self.cpu_ns)),
+            own_cpu: Duration::from_nanos(l(&self.own_cpu_ns)),
+            throttle_events: l(&self.throttle_events),
+            throttled: Duration::from_nanos(l(&self.throttled_ns)),
+        }
+    }
+}
+
+/// The sans-IO part: one batch's CPU split and the throttles.
+#[derive(Debug)]
+pub struct SplitCore {
+    charger: BatchCharger,
+    throttles: Vec<Option<Throttle>>,
+    out: Vec<(u32, u64)>,
+    charged: Vec<u64>,
+    /// Shared-thread CPU of batches with no work.
+    pub unattributed_ns: u64,
+}
+
+impl SplitCore {
+    /// `shares[i]`: export i's CPU share (None: never throttled).
+    pub fn new(shares: &[Option<f64>], p: ThrottleParams) -> SplitCore {
+        SplitCore {
+            charger: BatchCharger::default(),
+            throttles: shares
+                .iter()
+                .map(|s| s.map(|s| Throttle::new(s, p)))
+                .collect(),
+            out: Vec::new(),
+            charged: vec![0; shares.len()],
+            unattributed_ns: 0,
+        }
+    }
+
+    /// One batch: `shared_ns` of shared-thread CPU split by `units`, plus
+    /// each export's `own_ns`. Returns the CPU charged to each export in
+    /// this batch; the throttles are charged with it.
+    pub fn batch(&mut self, now: Instant, shared_ns: u64, own_ns: &[u64], units: &[u64]) -> &[u64] {
+        for c in &mut self.charged {
+            *c = 0;
+        }
+        for (i, u) in units.iter().enumerate() {
+            if *u > 0 {
+                self.charger.add(i as u32, *u);
+            }
+        }
+        self.charger.charge(shared_ns, &mut self.out);
+        if self.out.is_empty() {
+            self.unattributed_ns += shared_ns;
+        }
+        for (i, ns) in &self.out {
+            self.charged[*i as usize] += ns;
+        }
+        for (i, ns) in own_ns.iter().enumerate() {
+            self.charged[i] += ns;
+        }
+        for (i, th) in self.throttles.iter_mut().enumerate() {
+            if let Some(th) = th {
+                let _ = th.is_throttled(now);
+                th.charge(self.charged[i], now);
+            }
+        }
+        &self.charged
+    }
+
+    /// Whether export `i` is throttled at `now`, and until when.
+    pub fn throttled_until(&mut self, i: usize, now: Instant) -> Option<Instant> {
+        let th = self.throttles.get_mut(i)?.as_mut()?;
+        if th.is_throttled(now) {
+            th.next_deadline()
+        } else {
+            None
+        }
+    }
+
+    /// (events, throttled time) of export `i`'s throttle.
+    pub fn throttle_stats(&self, i: usize) -> (u64, Duration) {
+        match self.throttles.get(i) {
+            Some(Some(th)) => (th.events, th.throttled),
+            _ => (0, Duration::ZERO),
+        }
+    }
+}
+
+/// Registry of shared threads plus the exports; runs the batch loop.
+#[derive(Debug)]
+pub struct CpuAccountant {
+    epoch: Instant,
+    shared_tids: Mutex<Vec<i32>>,
+    exports: Mutex<Vec<Arc<ExportAccount>>>,
+    unattributed_ns: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl CpuAccountant {
+    pub fn new() -> Arc<CpuAccountant> {
+        Arc::new(CpuAccountant {
+            epoch: Instant::now(),
+            shared_tids: Mutex::new(Vec::new()),
+            exports: Mutex::new(Vec::new()),
+            unattributed_ns: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    /// Registers the calling thread as a shared protocol thread (call from
+    /// the tokio runtime's `on_thread_start`).
+    pub fn register_current_thread(&self) {
+        if let Ok(mut g) = self.shared_tids.lock() {
+            g.push(sluice_cpu::current_tid());
+        }
+    }
+
+    /// A new export account on this accountant's clock.
+    pub fn add_export(
+        &self,
+        name: &str,
+        hostnqn: &str,
+        cpu_share: Option<f64>,
+        tids: Option<TidSource>,
+    ) -> Arc<ExportAccount> {
+        let a = ExportAccount::new(name, hostnqn, cpu_share, self.epoch, tids);
+        if let Ok(mut g) = self.exports.lock() {
+            g.push(a.clone());
+        }
+        a
+    }
+
+    pub fn exports(&self) -> Vec<Arc<ExportAccount>> {
+        self.exports.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    pub fn unattributed(&self) -> Duration {
+        Duration::from_nanos(self.unattributed_ns.load(Ordering::Relaxed))
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Starts the batch loop on its own thread (add the exports first).
+    pub fn spawn(
+        self: &Arc<Self>,
+        batch: Duration,
+        p: ThrottleParams,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("sluice-cpu-acct".into())
+            .spawn(move || me.run(batch, p))
+    }
+
+    fn run(&self, batch: Duration, p: ThrottleParams) {
+        let exports = self.exports();
+        let shares: Vec<Option<f64>> = exports.iter().map(|e| e.cpu_share).collect();
+        let mut core = SplitCore::new(&shares, p);
+        let mut last: HashMap<i32, u64> = HashMap::new();
+        // Delta of a thread's CPU clock since the previous batch.
+        fn delta(last: &mut HashMap<i32, u64>, tid: i32, seen: &mut Vec<i32>) -> u64 {
+            seen.push(tid);
+            let Some(now) = sluice_cpu::thread_cpu_ns(tid) else {
+                return 0;
+            };
+            let prev = last.insert(tid, now);
+            prev.map_or(0, |p| now.saturating_sub(p))
+        }
+        let mut own = vec![0u64; exports.len()];
+        let mut units = vec![0u64; exports.len()];
+        let mut seen = Vec::new();
+        // Prime the clocks so the first batch does not charge history.
+        let mut first = true;
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(batch);
+            seen.clear();
+            let tids = self
+                .shared_tids
+                .lock()
+                .map(|g| g.clone())
+                .unwrap_or_default();
+            let shared: u64 = tids.iter().map(|t| delta(&mut last, *t, &mut seen)).sum();
+            for (i, e) in exports.iter().enumerate() {
+                own[i] = e.tids.as_ref().map_or(0, |f| {
+                    f().into_iter()
+                        .filter(|t| *t > 0)
+                        .map(|t| delta(&mut last, t, &mut seen))
+                        .sum()
+                });
+                units[i] = e.units.swap(0, Ordering::Relaxed);
+            }
+            if first {
+                first = false;
+                continue;
+            }
+            let now = Instant::now();
+            let before = core.unattributed_ns;
+            let charged = core.batch(now, shared, &own, &units).to_vec();
+            self.unattributed_ns
+                .fetch_add(core.unattributed_ns - before, Ordering::Relaxed);
+            for (i, e) in exports.iter().enumerate() {
+                e.cpu_ns.fetch_add(charged[i], Ordering::Relaxed);
+                e.own_cpu_ns.fetch_add(own[i], Ordering::Relaxed);
+                e.set_until(core.throttled_until(i, now));
+                let (ev, t) = core.throttle_stats(i);
+                e.throttle_events.store(ev, Ordering::Relaxed);
+                e.throttled_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+            }
+            // Forget threads that are gone (reconnects start new ones).
+            if last.len() > 4 * seen.len().max(16) {
+                last.retain(|t, _| seen.contains(t));
+            }
+        }
+        for e in &exports {
+            e.set_until(None);
+        }
+    }
+
+    /// Prometheus text of the per-export counters.
+    pub fn prometheus(&self) -> String {
+        let mut s = String::new();
+        let ex = self.exports();
+        let metric = |s: &mut String,
+                      name: &str,
+                      help: &str,
+                      kind: &str,
+                      f: &dyn Fn(&ExportCounters) -> String| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for e in &ex {
+                let c = e.counters();
+                let _ = writeln!(
+                    s,
+                    "{name}{{export=\"{}\",hostnqn=\"{}\"}} {}",
+                    esc(&c.name),
+                    esc(&c.hostnqn),
+                    f(&c)
+                );
+            }
+        };
+        metric(
+            &mut s,
+            "sluice_export_ios_total",
+            "NBD requests completed",
+            "counter",
+            &|c| c.ios.to_string(),
+        );
+        metric(
+            &mut s,
+            "sluice_export_bytes_total",
+            "NBD payload bytes",
+            "counter",
+            &|c| c.bytes.to_string(),
+        );
+        metric(
+            &mut s,
+            "sluice_export_cpu_seconds_total",
+            "exporter CPU charged (shared threads by work, plus own queue threads)",
+            "counter",
+            &|c| format!("{:.6}", c.cpu.as_secs_f64()),
+        );
+        metric(
+            &mut s,
+            "sluice_export_queue_cpu_seconds_total",
+            "CPU of the export's own NVMe/TCP queue threads",
+            "counter",
+            &|c| format!("{:.6}", c.own_cpu.as_secs_f64()),
+        );
+        metric(
+            &mut s,
+            "sluice_export_throttle_events_total",
+            "i-NVMe throttle events",
+            "counter",
+            &|c| c.throttle_events.to_string(),
+        );
+        metric(
+            &mut s,
+            "sluice_export_throttle_seconds_total",
+            "time throttled",
+            "counter",
+            &|c| format!("{:.6}", c.throttled.as_secs_f64()),
+        );
+        let _ = writeln!(
+            s,
+            "# HELP sluice_export_unattributed_cpu_seconds_total shared-thread CPU of batches without work\n# TYPE sluice_export_unattributed_cpu_seconds_total counter\nsluice_export_unattributed_cpu_seconds_total {:.6}",
+            self.unattributed().as_secs_f64()
+        );
+        s
+    }
+}
+
+/// One `--export NAME,nqn=SUBNQN,hostnqn=NQN[,nsid=N][,cpu-share=F][,cgroup=PATH][,read-only=1]`
+/// of a shared exporter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportSpec {
+    pub name: String,
+    pub nqn: String,
+    pub hostnqn: String,
+    pub nsid: Option<u32>,
+    pub cpu_share: Option<f64>,
+    pub cgroup: Option<std::path::PathBuf>,
+    pub read_only: bool,
+}
+
+impl std::str::FromStr for ExportSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let name = parts.next().unwrap_or_default().trim();
+        if name.is_empty() || name.contains('=') {
+            return Err(format!("--export `{s}` must start with an export name"));
+        }
+        let mut e = ExportSpec {
+            name: name.into(),
+            nqn: String::new(),
+            hostnqn: String::new(),
+            nsid: None,
+            cpu_share: None,
+            cgroup: None,
+            read_only: false,
+        };
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("--export {name}: `{kv}` is not key=value"))?;
+            let v = v.trim();
+            match k.trim() {
+                "nqn" => e.nqn = v.into(),
+                "hostnqn" => e.hostnqn = v.into(),
+                "nsid" => {
+                    e.nsid = Some(
+                        v.parse()
+                            .map_err(|_| format!("--export {name}: nsid `{v}` is not a number"))?,
+                    )
+                }
+                "cpu-share" | "cpu_share" => {
+                    let f: f64 = v
+                        .parse()
+                        .map_err(|_| format!("--export {name}: cpu-share `{v}` is not a number"))?;
+                    if !(f > 0.0 && f <= 1.0) {
+                        return Err(format!(
+                            "--export {name}: cpu-share {v} must be in (0, 1] (a fraction of one CPU)"
+                        ));
+                    }
+                    e.cpu_share = Some(f);
+                }
+                "cgroup" => {
+                    if v.is_empty() {
+                        return Err(format!("--export {name}: cgroup= needs a path"));
+                    }
+                    e.cgroup = Some(v.into())
+                }
+                "read-only" | "read_only" => {
+                    e.read_only = match v {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" => false,
+                        o => return Err(format!("--export {name}: read-only=`{o}` is not 0 or 1")),
+                    }
+                }
+                other => return Err(format!("--export {name}: unknown key `{other}`")),
+            }
+        }
+        if e.nqn.is_empty() {
+            return Err(format!("--export {name}: nqn=SUBNQN is required"));
+        }
+        if e.hostnqn.is_empty() {
+            return Err(format!(
+                "--export {name}: hostnqn=NQN is required (it is the tenant)"
+            ));
+        }
+        Ok(e)
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Serves `GET /metrics` (Prometheus text) on `listener` until dropped.
+pub async fn serve_metrics(
+    acct: Arc<CpuAccountant>,
+    listener: tokio::net::TcpListener,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let (mut s, _) = listener.accept().await?;
+        let acct = acct.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let (code, body) = if req.starts_with("GET /metrics") {
+                ("200 OK", acct.prometheus())
+            } else {
+                ("404 Not Found", "not found\n".to_string())
+            };
+            let _ = s
+                .write_all(
+                    format!(
+                        "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_spec_syntax() {
+        let e: ExportSpec =
+            "gold,nqn=nqn.s,hostnqn=nqn.h1,nsid=2,cpu-share=0.25,cgroup=/sys/fs/cgroup/cpu/g"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            (
+                e.name.as_str(),
+                e.nqn.as_str(),
+                e.hostnqn.as_str(),
+                e.nsid,
+                e.cpu_share
+            ),
+            ("gold", "nqn.s", "nqn.h1", Some(2), Some(0.25))
+        );
+        assert_eq!(e.cgroup.unwrap().to_str(), Some("/sys/fs/cgroup/cpu/g"));
+        for bad in [
+            "nqn=x",
+            "a,nqn=s",
+            "a,hostnqn=h",
+            "a,nqn=s,hostnqn=h,cpu-share=0",
+            "a,nqn=s,hostnqn=h,cpu-share=1.5",
+            "a,nqn=s,hostnqn=h,cpu-share=-1",
+            "a,nqn=s,hostnqn=h,nsid=x",
+            "a,nqn=s,hostnqn=h,foo=1",
+            "a,nqn=s,hostnqn=h,cgroup=",
+        ] {
+            assert!(bad.parse::<ExportSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shared_cpu_split_by_bytes_own_cpu_whole() {
+        let mut c = SplitCore::new(&[None, None, None], ThrottleParams::default());
+        let now = Instant::now();
+        // 1 ms of shared CPU; export 0 did 3x the work of export 1; export 2 idle
+        // but its queue threads used 100 µs.
+        let got = c
+            .batch(now, 1_000_000, &[0, 0, 100_000], &[3 * 8192, 8192, 0])
+            .to_vec();
+        assert_eq!(got, vec![750_000, 250_000, 100_000]);
+        assert_eq!(got[0] + got[1], 1_000_000, "the split is exact");
+        // A batch with no work: shared CPU unattributed, own CPU still charged.
+        let got = c.batch(now, 500_000, &[7, 0, 0], &[0, 0, 0]).to_vec();
+        assert_eq!(got, vec![7, 0, 0]);
+        assert_eq!(c.unattributed_ns, 500_000);
+    }
+
+    #[test]
+    fn capped_export_is_throttled_other_is_not() {
+        // Export 0 capped at 10 % of a CPU, export 1 uncapped; both always
+        // busy with equal work; the shared threads use all the wall time of
+        // one CPU. With the throttle, export 0 stops contributing work while
+        // throttled, so its charged CPU over time stays near its cap.
+        let p = ThrottleParams::default();
+        let mut c = SplitCore::new(&[Some(0.1), None], p);
+        let t0 = Instant::now();
+        let mut now = t0;
+        let batch = Duration::from_millis(1);
+        let mut total = [0u64; 2];
+        let horizon = Duration::from_secs(5);
+        while now < t0 + horizon {
+            now += batch;
+            let busy0 = c.throttled_until(0, now).is_none();
+            let units = [if busy0 { 8192 } else { 0 }, 8192];
+            let got = c.batch(now, batch.as_nanos() as u64, &[0, 0], &units);
+            total[0] += got[0];
+            total[1] += got[1];
+        }
+        let f0 = total[0] as f64 / horizon.as_nanos() as f64;
+        assert!(c.throttle_stats(0).0 > 0);
+        assert_eq!(c.throttle_stats(1).0, 0);
+        assert!((0.05..=0.15).contains(&f0), "capped export used {f0}");
+        assert!(total[1] > 5 * total[0]);
+    }
+}

@@ -1,0 +1,258 @@
+//! A shared exporter: one NBD server with two exports (two tenants: own
+//! controller and host NQN each), per-export CPU accounting, and i-NVMe
+//! throttling of the export whose CPU share is small.
+#![allow(clippy::unwrap_used)]
+
+use sluice_cpu::ThrottleParams;
+use sluice_export::account::CpuAccountant;
+use sluice_export::nbd::proto::*;
+use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
+use sluice_export::nbd::{NbdConfig, NbdServer};
+use sluice_export::ByteDevice;
+use sluice_host::{ConnectOptions, Controller};
+use sluice_target::config::Config;
+use sluice_target::Target;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SUBNQN: &str = "nqn.2026-11.io.sluice:shared-exporter";
+
+struct Client {
+    s: UnixStream,
+    size: u64,
+    flags: u16,
+}
+
+impl Client {
+    fn connect(path: &std::path::Path, name: &str) -> Client {
+        let mut s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap();
+        assert_eq!(&g[..8], b"NBDMAGIC");
+        assert_eq!(&g[8..16], b"IHAVEOPT");
+        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
+            .unwrap();
+        // NBD_OPT_GO asking for the block size.
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+        let mut o = IHAVEOPT.to_be_bytes().to_vec();
+        o.extend_from_slice(&OPT_GO.to_be_bytes());
+        o.extend_from_slice(&(d.len() as u32).to_be_bytes());
+        o.extend_from_slice(&d);
+        s.write_all(&o).unwrap();
+        let (mut size, mut flags) = (0, 0);
+        loop {
+            let mut h = [0u8; 20];
+            s.read_exact(&mut h).unwrap();
+            assert_eq!(
+                u64::from_be_bytes(h[..8].try_into().unwrap()),
+                REPLY_MAGIC_OPT
+            );
+            let t = u32::from_be_bytes(h[12..16].try_into().unwrap());
+            let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+            s.read_exact(&mut data).unwrap();
+            match t {
+                REP_ACK => break,
+                REP_INFO if data[..2] == INFO_EXPORT.to_be_bytes() => {
+                    size = u64::from_be_bytes(data[2..10].try_into().unwrap());
+                    flags = u16::from_be_bytes([data[10], data[11]]);
+                }
+                REP_INFO => {}
+                other => panic!("option reply {other:#x}"),
+            }
+        }
+        Client { s, size, flags }
+    }
+
+    fn send(&mut self, kind: u16, flags: u16, cookie: u64, offset: u64, length: u32, data: &[u8]) {
+        let h = RequestHeader {
+            flags,
+            kind,
+            cookie,
+            offset,
+            length,
+        };
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(data);
+        self.s.write_all(&b).unwrap();
+    }
+
+    /// Reads one simple reply; `read_len` bytes follow on success of a read.
+    fn reply(&mut self, read_len: impl Fn(u64) -> usize) -> (u64, u32, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.s.read_exact(&mut h).unwrap();
+        let (errno, cookie) = decode_simple_reply(&h).unwrap();
+        let mut data = vec![];
+        if errno == 0 {
+            data = vec![0u8; read_len(cookie)];
+            self.s.read_exact(&mut data).unwrap();
+        }
+        (cookie, errno, data)
+    }
+
+    fn call(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        offset: u64,
+        length: u32,
+        data: &[u8],
+    ) -> (u32, Vec<u8>) {
+        self.send(kind, flags, 7, offset, length, data);
+        let n = if kind == CMD_READ { length as usize } else { 0 };
+        let (c, e, d) = self.reply(|_| n);
+        assert_eq!(c, 7);
+        (e, d)
+    }
+}
+
+#[test]
+fn capped_export_is_throttled_the_other_is_not() {
+    let toml = format!(
+        r#"
+[target]
+listen = "127.0.0.1:0"
+discovery_listen = ""
+workers = 1
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "16MiB"
+"#
+    );
+    let target = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let addr = target.local_addr();
+    let dir = std::env::temp_dir().join(format!("sluice-shared-exp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("nbd.sock");
+
+    let acct = CpuAccountant::new();
+    let a2 = acct.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || a2.register_current_thread())
+        .build()
+        .unwrap();
+    const CAP: f64 = 0.05;
+    let (server, ctrls) = rt.block_on(async {
+        let mut entries = Vec::new();
+        let mut ctrls = Vec::new();
+        for (name, host, share) in [
+            ("capped", "nqn.2026-11.io.sluice:tenant-capped", Some(CAP)),
+            ("free", "nqn.2026-11.io.sluice:tenant-free", None),
+        ] {
+            let opts = ConnectOptions {
+                hostnqn: host.into(),
+                io_queues: 1,
+                ..Default::default()
+            };
+            let c = Controller::connect(addr, SUBNQN, opts).await.unwrap();
+            let ns = c.namespace(1).unwrap();
+            let c2 = c.clone();
+            let account =
+                acct.add_export(name, host, share, Some(Box::new(move || c2.queue_tids())));
+            entries.push(ExportEntry {
+                dev: ByteDevice::new(ns),
+                cfg: NbdConfig {
+                    export_name: name.into(),
+                    description: String::new(),
+                    read_only: false,
+                    hostnqn: host.into(),
+                },
+                account: Some(account),
+            });
+            ctrls.push(c);
+        }
+        (NbdServer::with_exports(entries), ctrls)
+    });
+    let acct_thread = acct
+        .spawn(Duration::from_millis(2), ThrottleParams::default())
+        .unwrap();
+    let (l, _guard) = rt.block_on(async { UnixSocketPath::bind(&sock) }).unwrap();
+    let srv = rt.spawn(server.clone().serve_unix(l));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for name in ["capped", "free"] {
+        let sock = sock.clone();
+        let stop = stop.clone();
+        clients.push(std::thread::spawn(move || {
+            let mut c = Client::connect(&sock, name);
+            assert_eq!(c.size, 16 << 20, "export {name}: size from NBD_INFO_EXPORT");
+            assert_ne!(c.flags, 0);
+            let data = vec![0x42u8; 128 * 1024];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let off = (n % 64) * data.len() as u64;
+                let (e, _) = c.call(CMD_WRITE, 0, off, data.len() as u32, &data);
+                assert_eq!(e, 0);
+                let (e, d) = c.call(CMD_READ, 0, off, data.len() as u32, &[]);
+                assert_eq!((e, d.len()), (0, data.len()));
+                n += 1;
+            }
+            c.send(CMD_DISC, 0, 1, 0, 0, &[]);
+            n
+        }));
+    }
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let counts: Vec<u64> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    acct.stop();
+    acct_thread.join().unwrap();
+    let ex = acct.exports();
+    let (cap, free) = (ex[0].counters(), ex[1].counters());
+    println!(
+        "{cap:?}\n{free:?}\nunattributed {:?}\nloops {counts:?}",
+        acct.unattributed()
+    );
+    println!("{}", acct.prometheus());
+    let cap_rate = cap.cpu.as_secs_f64() / elapsed;
+    let free_rate = free.cpu.as_secs_f64() / elapsed;
+    assert!(cap.ios > 0 && free.ios > 0);
+    assert!(
+        cap.throttle_events > 0,
+        "capped export never throttled: {cap:?}"
+    );
+    assert!(cap.throttled > Duration::ZERO);
+    assert_eq!(
+        free.throttle_events, 0,
+        "uncapped export throttled: {free:?}"
+    );
+    // Its charged CPU stays near its cap (generous: overshoot of one 2 ms
+    // batch per sub-throttle on a loaded 2-vCPU machine).
+    assert!(
+        cap_rate <= CAP * 3.0,
+        "capped export used {cap_rate:.3} CPU, cap {CAP}"
+    );
+    assert!(
+        cap_rate >= CAP * 0.2,
+        "capped export starved: {cap_rate:.3}"
+    );
+    // The uncapped one is not held back.
+    assert!(
+        free_rate > cap_rate * 2.0 && free.bytes > cap.bytes * 2,
+        "free {free_rate:.3} CPU {} B, capped {cap_rate:.3} CPU {} B",
+        free.bytes,
+        cap.bytes
+    );
+    srv.abort();
+    rt.block_on(async {
+        for c in ctrls {
+            c.disconnect(Duration::from_secs(2)).await;
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(target);
+}
