@@ -51,7 +51,7 @@ enum Command {
     /// Show tenants live (IOPS, bandwidth, latency, CPU, throttling) from a
     /// target's admin endpoint.
     Top(top_cmd::TopArgs),
-    /// Run a tenant experiment and write tables and plots.
+    /// Run one of the papers' experiments (tenants and CPU, isolated data path, coalescing) and write tables and plots under docs/experiments.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
