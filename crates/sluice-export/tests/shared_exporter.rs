@@ -12,105 +12,14 @@ use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
 use sluice_target::config::Config;
 use sluice_target::Target;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:shared-exporter";
 
-struct Client {
-    s: UnixStream,
-    size: u64,
-    flags: u16,
-}
-
-impl Client {
-    fn connect(path: &std::path::Path, name: &str) -> Client {
-        let mut s = UnixStream::connect(path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut g = [0u8; 18];
-        s.read_exact(&mut g).unwrap();
-        assert_eq!(&g[..8], b"NBDMAGIC");
-        assert_eq!(&g[8..16], b"IHAVEOPT");
-        s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
-            .unwrap();
-        // NBD_OPT_GO asking for the block size.
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&1u16.to_be_bytes());
-        d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        let mut o = IHAVEOPT.to_be_bytes().to_vec();
-        o.extend_from_slice(&OPT_GO.to_be_bytes());
-        o.extend_from_slice(&(d.len() as u32).to_be_bytes());
-        o.extend_from_slice(&d);
-        s.write_all(&o).unwrap();
-        let (mut size, mut flags) = (0, 0);
-        loop {
-            let mut h = [0u8; 20];
-            s.read_exact(&mut h).unwrap();
-            assert_eq!(
-                u64::from_be_bytes(h[..8].try_into().unwrap()),
-                REPLY_MAGIC_OPT
-            );
-            let t = u32::from_be_bytes(h[12..16].try_into().unwrap());
-            let mut data = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
-            s.read_exact(&mut data).unwrap();
-            match t {
-                REP_ACK => break,
-                REP_INFO if data[..2] == INFO_EXPORT.to_be_bytes() => {
-                    size = u64::from_be_bytes(data[2..10].try_into().unwrap());
-                    flags = u16::from_be_bytes([data[10], data[11]]);
-                }
-                REP_INFO => {}
-                other => panic!("option reply {other:#x}"),
-            }
-        }
-        Client { s, size, flags }
-    }
-
-    fn send(&mut self, kind: u16, flags: u16, cookie: u64, offset: u64, length: u32, data: &[u8]) {
-        let h = RequestHeader {
-            flags,
-            kind,
-            cookie,
-            offset,
-            length,
-        };
-        let mut b = h.encode().to_vec();
-        b.extend_from_slice(data);
-        self.s.write_all(&b).unwrap();
-    }
-
-    /// Reads one simple reply; `read_len` bytes follow on success of a read.
-    fn reply(&mut self, read_len: impl Fn(u64) -> usize) -> (u64, u32, Vec<u8>) {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h).unwrap();
-        let (errno, cookie) = decode_simple_reply(&h).unwrap();
-        let mut data = vec![];
-        if errno == 0 {
-            data = vec![0u8; read_len(cookie)];
-            self.s.read_exact(&mut data).unwrap();
-        }
-        (cookie, errno, data)
-    }
-
-    fn call(
-        &mut self,
-        kind: u16,
-        flags: u16,
-        offset: u64,
-        length: u32,
-        data: &[u8],
-    ) -> (u32, Vec<u8>) {
-        self.send(kind, flags, 7, offset, length, data);
-        let n = if kind == CMD_READ { length as usize } else { 0 };
-        let (c, e, d) = self.reply(|_| n);
-        assert_eq!(c, 7);
-        (e, d)
-    }
-}
+mod common;
+use common::Client;
 
 #[test]
 fn capped_export_is_throttled_the_other_is_not() {
