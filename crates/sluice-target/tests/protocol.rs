@@ -6,9 +6,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use sluice_proto::command::{admin, io, sgl, SglDescriptor, Sqe};
-use sluice_proto::fabrics::{
-    cc, connect_data_offset, ConnectCommand, ConnectData, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
-};
+use sluice_proto::fabrics::{cc, connect_data_offset, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC};
 use sluice_proto::identify::{self, IdentifyController, IdentifyNamespace};
 use sluice_proto::log::{self, lid, GetLogPage};
 use sluice_proto::pdu::{fes, DataHeader, PduHeader};
@@ -95,23 +93,7 @@ fn host_not_on_allow_list_is_refused_with_0x184() {
 fn connect_to_unknown_subsystem_names_subnqn() {
     let mut p = Pair::new(reg());
     p.icreq(false, false);
-    let cid = p.cid();
-    let cmd = ConnectCommand {
-        cid,
-        recfmt: 0,
-        qid: 0,
-        sqsize: 31,
-        cattr: 0,
-        kato_ms: 0,
-    };
-    let data = ConnectData {
-        hostid: HOSTID,
-        cntlid: 0xffff,
-        subnqn: "nqn.nope:x".into(),
-        hostnqn: HOSTNQN.into(),
-    }
-    .encode();
-    let (c, _) = p.command(cmd.to_sqe(), &data);
+    let c = p.connect_to("nqn.nope:x", 0, 0xffff, 0);
     assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
     assert_eq!(
         c.result,
@@ -569,23 +551,7 @@ fn sq_flow_control_disabled_uses_success_flag() {
     let (_a, cntlid) = admin_pair(&r);
     let mut p = Pair::new(r.clone());
     p.icreq(false, false);
-    let cid = p.cid();
-    let cmd = ConnectCommand {
-        cid,
-        recfmt: 0,
-        qid: 1,
-        sqsize: 31,
-        cattr: CATTR_DISABLE_SQ_FLOW,
-        kato_ms: 0,
-    };
-    let data = ConnectData {
-        hostid: HOSTID,
-        cntlid,
-        subnqn: SUBNQN.into(),
-        hostnqn: HOSTNQN.into(),
-    }
-    .encode();
-    let (c, _) = p.command(cmd.to_sqe(), &data);
+    let c = p.connect_to(SUBNQN, 1, cntlid, CATTR_DISABLE_SQ_FLOW);
     assert_eq!(c.status(), Status::SUCCESS);
     assert_eq!(p.write(0, &pattern(1024, 3), 8192), Status::SUCCESS);
     let cid = p.cid();
@@ -745,24 +711,9 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
     let r = registry(&toml);
     let mut p = Pair::new(r.clone());
     p.icreq(false, false);
-    let cid = p.cid();
-    let cmd = ConnectCommand {
-        cid,
-        recfmt: 0,
-        qid: 0,
-        sqsize: 31,
-        cattr: 0,
-        kato_ms: 0,
-    };
-    let data = ConnectData {
-        hostid: HOSTID,
-        cntlid: 0xffff,
-        subnqn: sluice_proto::DISCOVERY_NQN.into(),
-        hostnqn: HOSTNQN.into(),
-    }
-    .encode();
-    let (c, _) = p.command(cmd.to_sqe(), &data);
-    assert_eq!(c.status(), Status::SUCCESS);
+    let disc = p.connect_to(sluice_proto::DISCOVERY_NQN, 0, 0xffff, 0);
+    assert_eq!(disc.status(), Status::SUCCESS);
+    let disc_cntlid = disc.result as u16;
     assert_eq!(
         p.prop_set(sluice_proto::fabrics::prop::CC, 1),
         Status::SUCCESS
@@ -809,24 +760,9 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
     // No I/O queues on a discovery controller.
     let mut q = Pair::new(r.clone());
     q.icreq(false, false);
-    let cid = q.cid();
-    let cmd = ConnectCommand {
-        cid,
-        recfmt: 0,
-        qid: 1,
-        sqsize: 31,
-        cattr: 0,
-        kato_ms: 0,
-    };
-    let data = ConnectData {
-        hostid: HOSTID,
-        cntlid: c.cid,
-        subnqn: sluice_proto::DISCOVERY_NQN.into(),
-        hostnqn: HOSTNQN.into(),
-    }
-    .encode();
     assert_eq!(
-        q.command(cmd.to_sqe(), &data).0.status(),
+        q.connect_to(sluice_proto::DISCOVERY_NQN, 1, disc_cntlid, 0)
+            .status(),
         Status::CONNECT_INVALID_PARAMETERS
     );
 }

@@ -265,19 +265,39 @@ impl Pair {
     }
 
     pub fn connect(&mut self, qid: u16, cntlid: u16, hostnqn: &str, kato_ms: u32) -> Cqe {
+        let sqsize = if qid == 0 { 31 } else { 63 };
+        self.connect_req(SUBNQN, hostnqn, qid, cntlid, sqsize, 0, kato_ms)
+    }
+
+    /// Connect to any subsystem (SQSIZE 31, no KATO) with the given CATTR.
+    pub fn connect_to(&mut self, subnqn: &str, qid: u16, cntlid: u16, cattr: u8) -> Cqe {
+        self.connect_req(subnqn, HOSTNQN, qid, cntlid, 31, cattr, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect_req(
+        &mut self,
+        subnqn: &str,
+        hostnqn: &str,
+        qid: u16,
+        cntlid: u16,
+        sqsize: u16,
+        cattr: u8,
+        kato_ms: u32,
+    ) -> Cqe {
         let cid = self.cid();
         let cmd = ConnectCommand {
             cid,
             recfmt: 0,
             qid,
-            sqsize: if qid == 0 { 31 } else { 63 },
-            cattr: 0,
+            sqsize,
+            cattr,
             kato_ms,
         };
         let data = ConnectData {
             hostid: HOSTID,
             cntlid,
-            subnqn: SUBNQN.into(),
+            subnqn: subnqn.into(),
             hostnqn: hostnqn.into(),
         }
         .encode();
