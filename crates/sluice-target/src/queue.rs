@@ -1042,11 +1042,10 @@ impl QueueConnection {
 
     /// Hands back a backend completion (low 32 bits of the tag).
     pub fn handle_backend_completion(&mut self, c: IoCompletion, now: Instant) {
-        let _g = self.span.clone().entered();
         self.backend_in_flight = self.backend_in_flight.saturating_sub(1);
         if c.tag & 0xffff_ffff == SHUTDOWN_FLUSH_TAG {
             if let Err(e) = &c.result {
-                tracing::error!(error = %e, "flush for the shutdown notification failed");
+                tracing::error!(parent: &self.span, error = %e, "flush for the shutdown notification failed");
             }
             self.shutdown_flushes = self.shutdown_flushes.saturating_sub(1);
             if self.shutdown_flushes == 0 {
@@ -1058,12 +1057,13 @@ impl QueueConnection {
             return;
         }
         let slot = (c.tag & 0xffff) as u16;
+        let span = &self.span;
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(|c| c.as_mut()) else {
             self.maybe_finish_close();
             return;
         };
         if let Err(e) = &c.result {
-            tracing::debug!(error = %e, cid = cmd.sqe.cid(), "backend error");
+            tracing::debug!(parent: span, error = %e, cid = cmd.sqe.cid(), "backend error");
             if cmd.status.is_success() {
                 cmd.status = backend_status(e);
             }

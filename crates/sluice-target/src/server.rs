@@ -495,7 +495,7 @@ impl Worker {
                 self.publish_send_stats();
                 next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
             }
-            let deadline = self.next_deadline();
+            let deadline = self.next_deadline(now);
             // Deadlines under SPIN_BELOW are met by polling; longer sleeps
             // use the timerfd (epoll itself sleeps in whole milliseconds).
             let until_deadline = deadline.map(|d| d.saturating_duration_since(now));
@@ -604,7 +604,9 @@ impl Worker {
         }
     }
 
-    fn next_deadline(&mut self) -> Option<Instant> {
+    /// The earliest timer of any connection, backend queue or tenant, as of
+    /// `now` (the loop's one clock read).
+    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
         let mut d: Option<Instant> = None;
         let mut take = |x: Option<Instant>| {
             if let Some(x) = x {
@@ -619,11 +621,11 @@ impl Worker {
             if q.queue.in_flight() > 0 && !q.notify_registered && q.queue.next_deadline().is_none()
             {
                 // Completions that neither notify nor have a deadline: poll soon.
-                take(Some(Instant::now() + Duration::from_micros(50)));
+                take(Some(now + Duration::from_micros(50)));
             }
         }
         if let Some(t) = self.tenancy.as_mut() {
-            take(t.next_deadline(Instant::now()));
+            take(t.next_deadline(now));
         }
         d
     }
