@@ -289,15 +289,9 @@ pub fn process_cpu() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// CPU time of the calling thread.
+/// CPU time of the calling thread (one clock read: sample per batch, not per I/O).
 pub fn thread_cpu() -> Duration {
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer; CLOCK_THREAD_CPUTIME_ID is always available on Linux.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    Duration::from_nanos(sluice_cpu::current_thread_cpu_ns())
 }
 
 struct Acceptor {
