@@ -146,14 +146,26 @@ impl Target {
         let mut senders = Vec::new();
         let mut wakers = Vec::new();
         let mut workers = Vec::new();
-        for id in 0..st.workers {
+        // Every worker's poll and waker exist before any worker runs: the
+        // shared tenant schedulers wake workers by index.
+        let mut polls = Vec::new();
+        for _ in 0..st.workers {
             let poll = Poll::new().map_err(StartError::Thread)?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(StartError::Thread)?);
+            wakers.push(waker);
+            polls.push(poll);
+        }
+        let grant_wakers = wakers.clone();
+        tenants.set_waker(Box::new(move |i| {
+            if let Some(w) = grant_wakers.get(i) {
+                let _ = w.wake();
+            }
+        }));
+        for (id, poll) in polls.into_iter().enumerate() {
             let (tx, rx) = channel();
             senders.push(tx);
-            wakers.push(waker.clone());
             let mut w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone());
-            w.tenancy = Some(WorkerTenancy::new(tenants.clone()));
+            w.tenancy = Some(WorkerTenancy::new(tenants.clone(), id));
             match TimerFd::new(&w.poll) {
                 Ok(t) => w.timer = Some(t),
                 Err(e) => {
@@ -676,10 +688,7 @@ impl Worker {
                 continue;
             };
             let tenant = conn_tenant(e, self.tenancy.as_ref());
-            let throttled = self
-                .tenancy
-                .as_mut()
-                .is_some_and(|t| t.throttled(tenant, now));
+            let throttled = self.tenancy.as_ref().is_some_and(|t| t.throttled(tenant));
             if e.read_ready && e.conn.wants_read() && !throttled {
                 work |= read_conn(e, now);
             }
@@ -755,10 +764,7 @@ impl Worker {
                 continue;
             };
             let tenant = conn_tenant(e, self.tenancy.as_ref());
-            let throttled = self
-                .tenancy
-                .as_mut()
-                .is_some_and(|t| t.throttled(tenant, now));
+            let throttled = self.tenancy.as_ref().is_some_and(|t| t.throttled(tenant));
             if let Some(t) = e.conn.poll_timeout() {
                 if t <= now {
                     e.conn.handle_timeout(now);

@@ -3,11 +3,14 @@
 //! A tenant is a set of host NQNs (config `[[tenant]]`); hosts on no tenant
 //! belong to the implicit `default` tenant. Per tenant: a weight, optional
 //! reservations and limits (IOPS and bytes/s, read/write/total) and a CPU
-//! share of each worker thread.
+//! share of the worker pool. All of it is target-wide, whatever worker
+//! thread a tenant's connections land on.
 //!
 //! * [`rate`]: token buckets with injected time.
 //! * [`fair`]: the work-conserving weighted fair scheduler (SFQ over a cost
-//!   model) with reservations and limits, one per backend queue per worker.
+//!   model) with reservations and limits.
+//! * [`shared`]: one scheduler per backend shared by all workers (decisions
+//!   global, requests local) and one CPU throttle per tenant for the pool.
 //! * [`cpu`]: i-NVMe CPU accounting and k-split throttling; cgroup v1 `cpu`.
 //! * [`worker`]: the glue a worker thread uses.
 //! * [`admin`]: the admin HTTP endpoint (`GET /metrics`, tenant updates).
@@ -20,6 +23,7 @@ pub mod admin;
 pub mod cpu;
 pub mod fair;
 pub mod rate;
+pub mod shared;
 pub mod worker;
 
 use crate::config::{validate_nqn, ConfigError};
@@ -33,7 +37,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Dense tenant index, stable for the life of the target.
 pub type TenantId = u32;
@@ -58,7 +62,7 @@ pub struct TenantSpec {
     pub weight: u32,
     pub reservation: RateSpec,
     pub limit: RateSpec,
-    /// Fraction of each worker thread's CPU (None: unlimited).
+    /// Fraction of the worker pool's CPU (`workers` CPUs; None: unlimited).
     pub cpu_share: Option<f64>,
 }
 
@@ -96,10 +100,10 @@ pub enum CostKind {
 pub struct TenantsSettings {
     pub scheduler: SchedulerMode,
     pub cost: CostKind,
-    /// Most I/Os outstanding at one backend queue of one worker.
+    /// Most I/Os outstanding at one backend (all workers together).
     pub dispatch_depth: u32,
     /// Optional cap on the summed cost of outstanding I/Os per backend
-    /// queue: µs of device time (device cost) or thousands of bytes (bytes cost).
+    /// (all workers): µs of device time (device cost) or thousands of bytes (bytes cost).
     pub dispatch_budget_us: Option<u64>,
     pub admin_listen: Option<SocketAddr>,
     /// CPU accounting (thread CPU per loop batch) on/off.
@@ -604,7 +608,6 @@ impl TenantStats {
 }
 
 /// Tenant state shared by the workers and the admin endpoint.
-#[derive(Debug)]
 pub struct TenantRuntime {
     pub settings: TenantsSettings,
     table: RwLock<Arc<TenantTable>>,
@@ -614,7 +617,30 @@ pub struct TenantRuntime {
     pub unattributed_cpu_ns: AtomicU64,
     /// Cost model per namespace index.
     pub cost_models: Vec<CostModel>,
+    /// The scheduler of each namespace (by index), shared by all workers.
+    pub arbiters: Vec<shared::BackendArbiter>,
+    /// The CPU throttles of the worker pool.
+    pub cpu: shared::CpuGovernor,
+    /// Number of worker threads.
+    pub workers: usize,
+    /// Wakes worker `i` (set by the server once the workers exist).
+    waker: std::sync::OnceLock<WakeWorker>,
     mdts: u64,
+}
+
+/// Wakes one worker thread by index.
+pub type WakeWorker = Box<dyn Fn(usize) + Send + Sync>;
+
+impl std::fmt::Debug for TenantRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantRuntime")
+            .field("settings", &self.settings)
+            .field("generation", &self.generation())
+            .field("workers", &self.workers)
+            .field("arbiters", &self.arbiters.len())
+            .field("cpu", &self.cpu)
+            .finish()
+    }
 }
 
 /// A rejected update; the running table is unchanged.
@@ -660,14 +686,74 @@ impl TenantRuntime {
                 }
             }
         }
-        TenantRuntime {
+        let workers = cfg.target.workers.clamp(1, shared::WORKERS_MAX);
+        let st = &tc.settings;
+        let arbiters = cost_models
+            .iter()
+            .map(|&c| {
+                shared::BackendArbiter::new(
+                    c,
+                    st.dispatch_depth,
+                    st.dispatch_budget_us.map(|us| us * 1000),
+                    workers,
+                )
+            })
+            .collect();
+        let victims = if st.cpu_isolation && !st.victim_cgroups.is_empty() {
+            match cpu::VictimWatch::new(&st.victim_cgroups) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!(error = %e, "victim cgroups unreadable; adaptive T disabled");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let rt = TenantRuntime {
             settings: tc.settings.clone(),
             table: RwLock::new(Arc::new(table)),
             default_name: tc.default_tenant.clone(),
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
             unattributed_cpu_ns: AtomicU64::new(0),
             cost_models,
+            arbiters,
+            cpu: shared::CpuGovernor::new(st.throttle, workers, st.cpu_isolation, victims),
+            workers,
+            waker: std::sync::OnceLock::new(),
             mdts: u64::from(cfg.target.mdts_bytes),
+        };
+        rt.apply_table(&rt.table(), Instant::now());
+        rt
+    }
+
+    /// Pushes a table's weights, rates and CPU shares into the shared
+    /// schedulers and throttles (buckets keep their fill when unchanged).
+    fn apply_table(&self, table: &TenantTable, now: Instant) {
+        for (id, spec) in table.iter() {
+            let params = fair::TenantParams {
+                weight: spec.weight,
+                reservation: spec.reservation,
+                limit: spec.limit,
+            };
+            for a in &self.arbiters {
+                a.set_params(id, params.clone(), now);
+            }
+            self.cpu.set_share(id, spec.cpu_share);
+        }
+    }
+
+    /// Installs the function that wakes a worker (once).
+    pub fn set_waker(&self, wake: WakeWorker) {
+        if self.waker.set(wake).is_err() {
+            tracing::warn!("worker waker installed twice; keeping the first");
+        }
+    }
+
+    /// Wakes worker `i` (a grant is waiting for it).
+    pub fn wake(&self, i: usize) {
+        if let Some(w) = self.waker.get() {
+            w(i);
         }
     }
 
@@ -736,11 +822,13 @@ impl TenantRuntime {
         }
         let all: Vec<TenantSpec> = tenants.iter().flatten().cloned().collect();
         validate_set(&all, &self.default_name, "tenant")?;
-        *guard = Arc::new(TenantTable::build(
+        let table = Arc::new(TenantTable::build(
             tenants,
             &self.default_name,
             cur.generation + 1,
         ));
+        self.apply_table(&table, Instant::now());
+        *guard = table;
         tracing::info!(tenant = name, ?spec, "tenant updated");
         Ok(spec)
     }

@@ -1,18 +1,19 @@
-//! What a worker thread does for tenants: route backend I/O through one
-//! [`FairQueue`] per backend queue, keep per-tenant telemetry, sample the
-//! thread CPU clock once per loop batch and charge it, and throttle tenants
-//! over their CPU share.
+//! What a worker thread does for tenants: queue backend I/O per tenant and
+//! let the namespace's shared [`BackendArbiter`] decide what goes next
+//! (target-wide weights, reservations, limits and dispatch window), keep
+//! per-tenant telemetry, sample the thread CPU clock once per loop batch and
+//! charge it, and skip the sockets of tenants the shared [`CpuGovernor`]
+//! has throttled.
 //!
-//! Limitation: fairness and CPU shares are per worker thread. Connections
-//! are spread over workers round robin, so with several workers each one
-//! divides its own backend queue (and its own CPU) among the tenants it sees.
+//! [`BackendArbiter`]: super::shared::BackendArbiter
+//! [`CpuGovernor`]: super::shared::CpuGovernor
 
-use super::cpu::{BatchCharger, Throttle, VictimWatch};
-use super::fair::{FairQueue, TenantParams};
+use super::cpu::BatchCharger;
 use super::rate::Dir;
+use super::shared::Grant;
 use super::{SchedulerMode, TenantId, TenantRuntime, TenantTable};
 use sluice_backend::{BackendQueue, IoOp, IoRequest};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,19 +34,43 @@ struct Meta {
     cost: u64,
 }
 
+/// This worker's requests waiting for the scheduler of one namespace.
+#[derive(Default)]
+struct NsLocal {
+    /// One FIFO per tenant, in the order the arbiter was told of them.
+    fifos: Vec<VecDeque<IoRequest>>,
+    queued: usize,
+    /// A completion freed room or a request was queued: arbitrate.
+    dirty: bool,
+}
+
 /// Per-worker tenant state.
-#[derive(Debug)]
 pub struct WorkerTenancy {
+    id: usize,
     rt: Arc<TenantRuntime>,
     table: Arc<TenantTable>,
-    fair: HashMap<usize, FairQueue<IoRequest>>,
+    local: HashMap<usize, NsLocal>,
     meta: HashMap<u64, Meta>,
     charger: BatchCharger,
     charged: Vec<(TenantId, u64)>,
     last_cpu: Option<Duration>,
-    throttles: Vec<Option<Throttle>>,
-    victims: Option<VictimWatch>,
-    next_period: Option<Instant>,
+    /// Which tenants are throttled, as of this loop iteration.
+    throttled: Vec<bool>,
+    ended: Vec<(TenantId, u64)>,
+    started: Vec<TenantId>,
+    mine: Vec<Grant>,
+    wake: Vec<usize>,
+}
+
+impl std::fmt::Debug for WorkerTenancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerTenancy")
+            .field("id", &self.id)
+            .field("generation", &self.table.generation)
+            .field("queued", &self.queued())
+            .field("meta", &self.meta.len())
+            .finish()
+    }
 }
 
 fn dir_of(op: &IoOp) -> Dir {
@@ -57,73 +82,43 @@ fn dir_of(op: &IoOp) -> Dir {
 }
 
 impl WorkerTenancy {
-    pub fn new(rt: Arc<TenantRuntime>) -> Self {
-        let victims = if rt.settings.cpu_isolation && !rt.settings.victim_cgroups.is_empty() {
-            match VictimWatch::new(&rt.settings.victim_cgroups) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    tracing::warn!(error = %e, "victim cgroups unreadable; adaptive T disabled");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+    /// State of worker `id` (its index in the grant lists).
+    pub fn new(rt: Arc<TenantRuntime>, id: usize) -> Self {
+        assert!(id < rt.workers, "worker {id} of {}", rt.workers);
         let table = rt.table();
-        let mut w = WorkerTenancy {
+        WorkerTenancy {
+            id,
             rt,
             table,
-            fair: HashMap::new(),
+            local: HashMap::new(),
             meta: HashMap::new(),
             charger: BatchCharger::default(),
             charged: Vec::new(),
             last_cpu: None,
-            throttles: Vec::new(),
-            victims,
-            next_period: None,
-        };
-        w.apply_table(Instant::now());
-        w
+            throttled: Vec::new(),
+            ended: Vec::new(),
+            started: Vec::new(),
+            mine: Vec::new(),
+            wake: Vec::new(),
+        }
     }
 
     pub fn runtime(&self) -> &Arc<TenantRuntime> {
         &self.rt
     }
 
-    fn params(spec: &super::TenantSpec) -> TenantParams {
-        TenantParams {
-            weight: spec.weight,
-            reservation: spec.reservation,
-            limit: spec.limit,
-        }
-    }
-
-    fn apply_table(&mut self, now: Instant) {
-        let table = self.table.clone();
-        for (id, spec) in table.iter() {
-            for fq in self.fair.values_mut() {
-                fq.set_params(id, Self::params(spec), now);
-            }
-            let i = id as usize;
-            if self.throttles.len() <= i {
-                self.throttles.resize_with(i + 1, || None);
-            }
-            match (spec.cpu_share, self.rt.settings.cpu_isolation) {
-                (Some(s), true) => match &mut self.throttles[i] {
-                    Some(t) => t.set_share(s),
-                    slot @ None => *slot = Some(Throttle::new(s, self.rt.settings.throttle)),
-                },
-                _ => self.throttles[i] = None,
-            }
-        }
-    }
-
-    /// Picks up a new tenant table (cheap when unchanged).
+    /// Once per loop iteration: picks up a new tenant table (cheap when
+    /// unchanged) and which tenants are throttled now.
     pub fn refresh(&mut self, now: Instant) {
         let t = self.rt.table();
         if t.generation != self.table.generation {
             self.table = t;
-            self.apply_table(now);
+        }
+        self.rt
+            .cpu
+            .snapshot(now, &mut self.throttled, &mut self.ended);
+        for (t, ns) in self.ended.drain(..) {
+            self.rt.stats(t).throttle_ns.fetch_add(ns, Relaxed);
         }
     }
 
@@ -168,40 +163,69 @@ impl WorkerTenancy {
             queue.submit(req, now);
             return;
         }
-        let rt = &self.rt;
-        let table = &self.table;
-        let fq = self.fair.entry(ns).or_insert_with(|| {
-            let cost = rt
-                .cost_models
-                .get(ns)
-                .copied()
-                .unwrap_or_else(super::fair::CostModel::bytes);
-            let mut fq = FairQueue::new(cost, rt.settings.dispatch_depth);
-            fq.set_budget(rt.settings.dispatch_budget_us.map(|us| us * 1000));
-            for (id, spec) in table.iter() {
-                fq.set_params(id, Self::params(spec), now);
+        let Some(arb) = self.rt.arbiters.get(ns) else {
+            // Unreachable: one arbiter per namespace index. Do not hold it.
+            debug_assert!(false, "no arbiter for namespace index {ns}");
+            if let Some(m) = self.meta.get_mut(&req.tag) {
+                m.scheduled = false;
             }
-            fq
-        });
-        fq.enqueue(tenant, dir, bytes, req, now);
+            queue.submit(req, now);
+            return;
+        };
+        let l = self.local.entry(ns).or_default();
+        let i = tenant as usize;
+        if l.fifos.len() <= i {
+            l.fifos.resize_with(i + 1, VecDeque::new);
+        }
+        l.fifos[i].push_back(req);
+        l.queued += 1;
+        l.dirty = true;
+        arb.enqueue(self.id, tenant, dir, bytes, now);
     }
 
-    /// Sends what the scheduler allows to the backend queue of `ns`.
+    /// Runs the namespace's shared scheduler if there is reason to (queued
+    /// requests, a completion, grants from other workers), wakes the workers
+    /// it handed I/Os to, and sends this worker's granted I/Os to `queue`.
     pub fn dispatch(&mut self, ns: usize, queue: &mut dyn BackendQueue, now: Instant) -> bool {
-        let Some(fq) = self.fair.get_mut(&ns) else {
+        let (Some(l), Some(arb)) = (self.local.get_mut(&ns), self.rt.arbiters.get(ns)) else {
             return false;
         };
-        let mut any = false;
-        while let Some(d) = fq.dequeue(now) {
-            any = true;
+        if l.queued == 0 && !l.dirty && !arb.has_grant(self.id) {
+            return false;
+        }
+        l.dirty = false;
+        self.mine.clear();
+        self.wake.clear();
+        arb.arbitrate(self.id, now, &mut self.mine, &mut self.wake);
+        for &w in &self.wake {
+            self.rt.wake(w);
+        }
+        let any = !self.mine.is_empty();
+        for g in self.mine.drain(..) {
+            let Some(req) = l
+                .fifos
+                .get_mut(g.tenant as usize)
+                .and_then(|f| f.pop_front())
+            else {
+                // The arbiter's descriptors and our FIFOs disagree: a bug.
+                // Give the slot back rather than leak it.
+                debug_assert!(false, "grant for tenant {} with nothing queued", g.tenant);
+                tracing::error!(
+                    tenant = g.tenant,
+                    "scheduler grant without a queued request"
+                );
+                arb.complete(g.cost);
+                continue;
+            };
+            l.queued -= 1;
             self.rt
-                .stats(d.tenant)
+                .stats(g.tenant)
                 .sched_wait_ns
-                .fetch_add(d.waited.as_nanos() as u64, Relaxed);
-            if let Some(m) = self.meta.get_mut(&d.item.tag) {
-                m.cost = d.cost;
+                .fetch_add(g.waited.as_nanos() as u64, Relaxed);
+            if let Some(m) = self.meta.get_mut(&req.tag) {
+                m.cost = g.cost;
             }
-            queue.submit(d.item, now);
+            queue.submit(req, now);
         }
         any
     }
@@ -210,8 +234,11 @@ impl WorkerTenancy {
     pub fn completed(&mut self, tag: u64, ok: bool, now: Instant) -> Option<TenantId> {
         let m = self.meta.remove(&tag)?;
         if m.scheduled {
-            if let Some(fq) = self.fair.get_mut(&m.ns) {
-                fq.complete(m.cost);
+            if let Some(arb) = self.rt.arbiters.get(m.ns) {
+                arb.complete(m.cost);
+            }
+            if let Some(l) = self.local.get_mut(&m.ns) {
+                l.dirty = true;
             }
         }
         let st = self.rt.stats(m.tenant);
@@ -238,21 +265,13 @@ impl WorkerTenancy {
         Some(m.tenant)
     }
 
-    /// Whether the worker should leave this tenant's sockets unread now.
-    pub fn throttled(&mut self, tenant: TenantId, now: Instant) -> bool {
-        let Some(Some(t)) = self.throttles.get_mut(tenant as usize) else {
-            return false;
-        };
-        let before = t.throttled;
-        let r = t.is_throttled(now);
-        let ended = t.throttled - before;
-        if !ended.is_zero() {
-            self.rt
-                .stats(tenant)
-                .throttle_ns
-                .fetch_add(ended.as_nanos() as u64, Relaxed);
-        }
-        r
+    /// Whether the worker should leave this tenant's sockets unread (as of
+    /// the last [`refresh`](Self::refresh)).
+    pub fn throttled(&self, tenant: TenantId) -> bool {
+        self.throttled
+            .get(tenant as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Once per loop batch: charge the CPU used since the last sample.
@@ -269,29 +288,15 @@ impl WorkerTenancy {
         if self.charged.is_empty() {
             self.rt.unattributed_cpu_ns.fetch_add(delta, Relaxed);
         }
-        for (t, ns) in self.charged.drain(..) {
-            let st = self.rt.stats(t);
-            st.cpu_ns.fetch_add(ns, Relaxed);
-            if let Some(Some(th)) = self.throttles.get_mut(t as usize) {
-                let ev = th.events;
-                th.charge(ns, now);
-                if th.events != ev {
-                    st.throttle_events.fetch_add(1, Relaxed);
-                }
-            }
+        for &(t, ns) in &self.charged {
+            self.rt.stats(t).cpu_ns.fetch_add(ns, Relaxed);
         }
-        // Period end: the victim signal for the adaptive threshold.
-        if self.rt.settings.cpu_isolation {
-            let period = self.rt.settings.throttle.period;
-            let end = *self.next_period.get_or_insert(now + period);
-            if now >= end {
-                self.next_period = Some(now + period);
-                let ok = self.victims.as_mut().and_then(|v| v.victims_ok());
-                for th in self.throttles.iter_mut().flatten() {
-                    th.roll_period(now, ok);
-                }
-            }
+        // Target-wide throttles; also rolls the period (victim signal).
+        self.rt.cpu.charge(&self.charged, now, &mut self.started);
+        for t in self.started.drain(..) {
+            self.rt.stats(t).throttle_events.fetch_add(1, Relaxed);
         }
+        self.charged.clear();
     }
 
     /// Earliest time the worker must wake for tenants: a throttle ending,
@@ -303,17 +308,19 @@ impl WorkerTenancy {
                 d = Some(d.map_or(x, |y| y.min(x)));
             }
         };
-        for th in self.throttles.iter().flatten() {
-            take(th.next_deadline());
-        }
-        for fq in self.fair.values_mut() {
-            take(fq.next_eligible(now));
+        take(self.rt.cpu.next_deadline());
+        for (&ns, l) in &self.local {
+            if l.queued > 0 {
+                if let Some(arb) = self.rt.arbiters.get(ns) {
+                    take(arb.next_eligible(now));
+                }
+            }
         }
         d
     }
 
     /// Queued requests still held by the scheduler (shutdown).
     pub fn queued(&self) -> usize {
-        self.fair.values().map(|f| f.queued()).sum()
+        self.local.values().map(|l| l.queued).sum()
     }
 }
