@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Exports with unmodified tools: `sluice nbd` driven by fio (nbd engine),
-# qemu-img and nbdcopy; `sluice fuse` + losetup + mkfs.ext4 + mount.
+# qemu-img and nbdcopy; `sluice fuse` + losetup + mkfs.ext4 + mount; a
+# `sluice fuse --cpu-share` mount that must be throttled (metrics, exit table).
 # Self-contained: installs the tools it needs (root, Debian). Prints one
 # PASS/FAIL line per check and "N passed, M failed"; exits non-zero on failure.
 set -uo pipefail
@@ -17,6 +18,7 @@ PIDS=()
 LOOP=""
 MNT_EXT=""
 MNT_FUSE=""
+MNT_CAP=""
 cleanup() {
     set +e
     [ -n "$MNT_EXT" ] && mountpoint -q "$MNT_EXT" && umount "$MNT_EXT"
@@ -27,6 +29,7 @@ cleanup() {
         kill -KILL "${PIDS[$i]}" 2>/dev/null
     done
     [ -n "$MNT_FUSE" ] && mountpoint -q "$MNT_FUSE" && fusermount3 -u "$MNT_FUSE"
+    [ -n "$MNT_CAP" ] && mountpoint -q "$MNT_CAP" && fusermount3 -u "$MNT_CAP"
     if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi
 }
 trap cleanup EXIT INT TERM
@@ -37,6 +40,7 @@ command -v qemu-img >/dev/null || need+=(qemu-utils)
 command -v nbdcopy >/dev/null || need+=(libnbd-bin)
 command -v fusermount3 >/dev/null || need+=(fuse3)
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v curl >/dev/null || need+=(curl)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >"$WORK/apt.log" 2>&1 \
@@ -113,6 +117,27 @@ check "fsck clean" e2fsck -fn "$LOOP"
 check "detach loop" losetup -d "$LOOP"
 LOOP=""
 check "SIGTERM unmounts FUSE" bash -c "kill -TERM $FUSE_PID; for i in \$(seq 100); do mountpoint -q '$MNT_FUSE' || exit 0; sleep 0.1; done; exit 1"
+
+# FUSE with a CPU cap (i-NVMe throttle): data still correct, the export is
+# throttled, its counters are on --metrics and printed on exit.
+MNT_CAP=$WORK/fuse-cap
+mkdir -p "$MNT_CAP"
+MPORT=$(free_port)
+"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_CAP" --cpu-share 0.05 --metrics 127.0.0.1:$MPORT \
+    >"$WORK/fuse-cap.log" 2>&1 &
+CAP_PID=$!
+PIDS+=($CAP_PID)
+if wait_for "[ -f '$MNT_CAP/disk.img' ]"; then pass "sluice fuse --cpu-share 0.05 mounted"; else fail "sluice fuse --cpu-share mount"; cat "$WORK/fuse-cap.log"; fi
+check "dd 16 MiB through the capped FUSE file, read back" bash -c \
+    "dd if='$WORK/in.raw' of='$MNT_CAP/disk.img' bs=1M seek=256 count=16 conv=notrunc,fsync status=none && \
+     dd if='$MNT_CAP/disk.img' bs=1M skip=256 count=16 status=none | cmp - <(head -c 16M '$WORK/in.raw')"
+check "capped FUSE export throttled (--metrics)" bash -c \
+    "curl -sf http://127.0.0.1:$MPORT/metrics | tee '$WORK/metrics.txt' | \
+     grep -E '^sluice_export_throttle_events_total\{export=\"disk.img\",hostnqn=\"[^\"]+\"\} [1-9]'"
+if [ -f "$WORK/metrics.txt" ]; then grep -E '^sluice_export_(cpu_seconds|throttle)' "$WORK/metrics.txt" | sed 's/^/    /'; fi
+check "SIGTERM prints the capped export's counters" bash -c "kill -TERM $CAP_PID; \
+    for i in \$(seq 100); do kill -0 $CAP_PID 2>/dev/null || break; sleep 0.1; done; \
+    ! mountpoint -q '$MNT_CAP' && awk '\$1 == \"disk.img\" && \$7 > 0 { ok = 1 } END { exit !ok }' '$WORK/fuse-cap.log'"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

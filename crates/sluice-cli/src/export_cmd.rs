@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use sluice_cpu::ThrottleParams;
 use sluice_export::account::{CpuAccountant, ExportSpec};
-use sluice_export::fuse::{FuseConfig, SluiceFs};
+use sluice_export::fuse::{FuseAccounting, FuseConfig, SluiceFs};
 use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
 use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
@@ -63,18 +63,65 @@ pub struct NbdArgs {
     /// `--io-queues` are shared. With `--nqn` too, that export comes first.
     #[arg(long = "export")]
     pub exports: Vec<sluice_export::account::ExportSpec>,
+    #[command(flatten)]
+    pub account: AccountArgs,
+}
+
+/// Per-export CPU accounting, throttling and metrics (`nbd` and `fuse`).
+#[derive(Debug, Args)]
+pub struct AccountArgs {
     /// Serve `GET /metrics` (Prometheus text, per-export counters) here.
-    #[arg(long)]
+    #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
     /// CPU accounting batch (ms): how often thread CPU clocks are sampled.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub cpu_batch_ms: u64,
     /// i-NVMe throttle period (ms) for exports with a cpu-share.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub cpu_period_ms: u64,
     /// i-NVMe k (sub-throttles per period).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub cpu_k: u32,
+}
+
+impl AccountArgs {
+    fn batch(&self) -> Duration {
+        Duration::from_millis(self.cpu_batch_ms)
+    }
+
+    fn throttle_params(&self) -> ThrottleParams {
+        ThrottleParams {
+            period: Duration::from_millis(self.cpu_period_ms),
+            k: self.cpu_k,
+            ..ThrottleParams::default()
+        }
+    }
+
+    /// Binds `--metrics` (before anything is served, so a bad address fails
+    /// early).
+    async fn bind_metrics(&self) -> Result<Option<tokio::net::TcpListener>> {
+        let Some(addr) = &self.metrics else {
+            return Ok(None);
+        };
+        let l = tokio::net::TcpListener::bind(addr.as_str())
+            .await
+            .with_context(|| format!("binding --metrics {addr}"))?;
+        info!(addr = %l.local_addr()?, "metrics endpoint ready");
+        Ok(Some(l))
+    }
+}
+
+/// Serves the accountant's counters on `listener`; without one, never ends.
+async fn serve_metrics(
+    acct: Arc<CpuAccountant>,
+    listener: Option<tokio::net::TcpListener>,
+) -> Result<()> {
+    match listener {
+        Some(l) => sluice_export::account::serve_metrics(acct, l)
+            .await
+            .context("metrics endpoint"),
+        None => std::future::pending().await,
+    }
 }
 
 #[derive(Debug, Args)]
@@ -83,13 +130,17 @@ pub struct FuseArgs {
     pub remote: RemoteArgs,
     /// Directory to mount on.
     pub mountpoint: PathBuf,
-    /// Name of the file inside the mount.
+    /// Name of the file inside the mount (also the `export` label of the
+    /// counters).
     #[arg(long, default_value = "disk.img")]
     pub file_name: String,
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    runtime_with(None)
+    /// Cap the export's CPU (FUSE session thread, runtime workers, NVMe/TCP
+    /// queue threads) at this fraction of one CPU, (0, 1], by i-NVMe
+    /// throttling: while throttled, reads and writes wait before dispatch.
+    #[arg(long, value_name = "FRACTION", value_parser = sluice_export::account::parse_cpu_share, allow_negative_numbers = true)]
+    pub cpu_share: Option<f64>,
+    #[command(flatten)]
+    pub account: AccountArgs,
 }
 
 /// The runtime; with an accountant its worker threads register as shared
@@ -239,28 +290,13 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
             ctrls.push(ctrl);
         }
         let server = NbdServer::with_exports(entries);
-        let params = ThrottleParams {
-            period: Duration::from_millis(a.cpu_period_ms.max(1)),
-            k: a.cpu_k.max(1),
-            ..ThrottleParams::default()
-        };
         let acct_thread = acct
-            .spawn(Duration::from_millis(a.cpu_batch_ms.max(1)), params)
+            .spawn(a.account.batch(), a.account.throttle_params())
             .context("starting the CPU accounting thread")?;
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
         let metrics = async {
-            match &a.metrics {
-                Some(addr) => {
-                    let l = tokio::net::TcpListener::bind(addr.as_str())
-                        .await
-                        .with_context(|| format!("binding --metrics {addr}"))?;
-                    info!(addr = %l.local_addr()?, "metrics endpoint ready");
-                    sluice_export::account::serve_metrics(acct.clone(), l)
-                        .await
-                        .context("metrics endpoint")
-                }
-                None => std::future::pending().await,
-            }
+            let l = a.account.bind_metrics().await?;
+            serve_metrics(acct.clone(), l).await
         };
         let serve = async {
             if let Some(path) = &a.unix {
@@ -327,8 +363,18 @@ fn print_counters(acct: &CpuAccountant) {
 }
 
 pub fn fuse(a: FuseArgs) -> Result<()> {
-    let rt = runtime()?;
-    let (ctrl, ns, hostnqn) = rt.block_on(connect(&Remote::from_args(&a.remote)?))?;
+    let remote = Remote::from_args(&a.remote)?;
+    let acct = CpuAccountant::new();
+    let rt = runtime_with(Some(acct.clone()))?;
+    let metrics = rt.block_on(a.account.bind_metrics())?;
+    let (ctrl, ns, hostnqn) = rt.block_on(connect(&remote))?;
+    let c2 = ctrl.clone();
+    let export = acct.add_export(
+        &a.file_name,
+        &hostnqn,
+        a.cpu_share,
+        Some(Box::new(move || c2.queue_tids())),
+    );
     let fs = SluiceFs::new(
         ByteDevice::new(ns),
         rt.handle().clone(),
@@ -337,36 +383,66 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
             read_only: a.remote.read_only,
             hostnqn,
         },
+    )
+    .with_accounting(FuseAccounting {
+        accountant: acct.clone(),
+        export,
+    });
+    let session = match sluice_export::fuse::mount(fs, &a.mountpoint) {
+        Ok(s) => s,
+        Err(e) => {
+            rt.block_on(ctrl.disconnect(Duration::from_secs(5)));
+            return Err(e).with_context(|| {
+                format!(
+                    "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
+                    a.mountpoint.display()
+                )
+            });
+        }
+    };
+    info!(
+        mountpoint = %a.mountpoint.display(),
+        file = %a.file_name,
+        cpu_share = ?a.cpu_share,
+        "FUSE export mounted"
     );
-    let session = sluice_export::fuse::mount(fs, &a.mountpoint).with_context(|| {
-        format!(
-            "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
-            a.mountpoint.display()
-        )
-    })?;
-    info!(mountpoint = %a.mountpoint.display(), file = %a.file_name, "FUSE export mounted");
-    rt.block_on(async {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let signal = sluice_export::shutdown_signal();
-        tokio::pin!(signal);
-        loop {
-            tokio::select! {
-                s = &mut signal => {
-                    s.context("installing signal handlers")?;
-                    info!("signal received, unmounting");
-                    break;
-                }
-                _ = tick.tick() => {
-                    if session.guard.is_finished() {
-                        info!("filesystem unmounted externally");
-                        break;
+    let r = match acct
+        .spawn(a.account.batch(), a.account.throttle_params())
+        .context("starting the CPU accounting thread")
+    {
+        Ok(acct_thread) => {
+            let r = rt.block_on(async {
+                let mut tick = tokio::time::interval(Duration::from_millis(200));
+                let signal = sluice_export::shutdown_signal();
+                let metrics = serve_metrics(acct.clone(), metrics);
+                tokio::pin!(signal, metrics);
+                loop {
+                    tokio::select! {
+                        s = &mut signal => {
+                            s.context("installing signal handlers")?;
+                            info!("signal received, unmounting");
+                            break;
+                        }
+                        m = &mut metrics => return m,
+                        _ = tick.tick() => {
+                            if session.guard.is_finished() {
+                                info!("filesystem unmounted externally");
+                                break;
+                            }
+                        }
                     }
                 }
-            }
+                anyhow::Ok(())
+            });
+            // Lift any throttle, so the session thread is not held, then unmount.
+            acct.stop();
+            let _ = acct_thread.join();
+            r
         }
-        anyhow::Ok(())
-    })?;
+        Err(e) => Err(e),
+    };
     drop(session);
     rt.block_on(ctrl.disconnect(Duration::from_secs(5)));
-    Ok(())
+    print_counters(&acct);
+    r
 }

@@ -102,3 +102,40 @@ fn host_flags() {
     fails_naming(&["discover", "-a", "nowhere"], "nowhere");
     fails_naming(&["nbd", "--target", "127.0.0.1:1", "--nqn", "x"], "--unix");
 }
+
+#[test]
+fn export_accounting_flags() {
+    let fuse = [
+        "fuse",
+        "--target",
+        "127.0.0.1:1",
+        "--nqn",
+        "x",
+        "/nonexistent",
+    ];
+    for share in ["0", "1.5", "NaN", "-0.1", "inf", "lots", ""] {
+        let mut args = fuse.to_vec();
+        args.extend(["--cpu-share", share]);
+        fails_naming(&args, "--cpu-share");
+    }
+    for flag in ["--cpu-batch-ms", "--cpu-period-ms", "--cpu-k"] {
+        let mut args = fuse.to_vec();
+        args.extend([flag, "0"]);
+        fails_naming(&args, flag);
+    }
+    let mut args = fuse.to_vec();
+    args.extend(["--metrics", "nowhere"]);
+    fails_naming(&args, "--metrics");
+    fails_naming(
+        &[
+            "nbd",
+            "--target",
+            "127.0.0.1:1",
+            "--unix",
+            "/nonexistent/s",
+            "--export",
+            "a,nqn=s,hostnqn=h,cpu-share=0",
+        ],
+        "cpu-share",
+    );
+}

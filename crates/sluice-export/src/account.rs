@@ -1,13 +1,15 @@
-//! Per-export (per-tenant) CPU accounting and i-NVMe throttling of a shared
-//! exporter (`sluice nbd` serving several exports).
+//! Per-export (per-tenant) CPU accounting and i-NVMe throttling, for the
+//! shared exporter (`sluice nbd` serving several exports) and for
+//! `sluice fuse` (one export).
 //!
 //! Every export is one tenant: its own `sluice-host` controller with its own
 //! host NQN. Two kinds of threads do protocol work:
 //!
-//! * the exporter's **shared** threads (the tokio runtime workers: NBD
-//!   parsing, RMW, reply encoding, task wake-ups), which work for every
-//!   tenant. They register themselves ([`CpuAccountant::register_current_thread`],
-//!   from the runtime's `on_thread_start`);
+//! * the exporter's **shared** threads, which register themselves
+//!   ([`CpuAccountant::register_current_thread`]): the tokio runtime workers
+//!   (NBD parsing, RMW, reply encoding, task wake-ups; from the runtime's
+//!   `on_thread_start`) and, for FUSE, fuser's session thread (reads
+//!   `/dev/fuse` and dispatches; it registers when it serves `FUSE_INIT`);
 //! * each export's **own** `sluice-host` queue threads (NVMe/TCP), which work
 //!   for that tenant only.
 //!
@@ -19,7 +21,10 @@
 //! no work is left unattributed. The result feeds the sans-IO i-NVMe
 //! [`Throttle`] of exports with a CPU share; a throttled export's NBD
 //! connections stop reading their sockets until the throttle ends (TCP
-//! back-pressure holds the client), see [`ExportAccount::wait_unthrottled`].
+//! back-pressure holds the client), see [`ExportAccount::wait_unthrottled`];
+//! its FUSE session thread stops taking requests from `/dev/fuse` (the
+//! kernel's FUSE queue holds the application), see
+//! [`ExportAccount::block_while_throttled`].
 //!
 //! The split and the throttle decisions are [`SplitCore`] (virtual inputs,
 //! unit-tested); [`CpuAccountant::spawn`] drives it from a thread.
@@ -125,11 +130,24 @@ impl ExportAccount {
     }
 
     /// Sleeps while the export is throttled (the NBD connection calls this
-    /// before reading its socket and before dispatching each request).
+    /// before reading its socket and before dispatching each request). Each
+    /// sleep lasts at most one sub-throttle (`period / k`).
     pub async fn wait_unthrottled(&self) {
         while let Some(t) = self.throttled_until() {
             tokio::time::sleep_until(t.into()).await;
         }
+    }
+
+    /// Blocks the calling thread while the export is throttled, like
+    /// [`ExportAccount::wait_unthrottled`] (the FUSE session thread calls
+    /// this before dispatching a read, write or fallocate, so the kernel
+    /// queues the application's requests). Returns how long it waited.
+    pub fn block_while_throttled(&self) -> Duration {
+        let start = Instant::now();
+        while let Some(t) = self.throttled_until() {
+            std::thread::sleep(t.saturating_duration_since(Instant::now()));
+        }
+        start.elapsed()
     }
 
     fn set_until(&self, t: Option<Instant>) {
@@ -253,11 +271,23 @@ impl CpuAccountant {
     }
 
     /// Registers the calling thread as a shared protocol thread (call from
-    /// the tokio runtime's `on_thread_start`).
+    /// the tokio runtime's `on_thread_start`, or from the FUSE session
+    /// thread). Registering a thread twice has no effect.
     pub fn register_current_thread(&self) {
+        let tid = sluice_cpu::current_tid();
         if let Ok(mut g) = self.shared_tids.lock() {
-            g.push(sluice_cpu::current_tid());
+            if !g.contains(&tid) {
+                g.push(tid);
+            }
         }
+    }
+
+    /// TIDs of the registered shared threads.
+    pub fn shared_tids(&self) -> Vec<i32> {
+        self.shared_tids
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_default()
     }
 
     /// A new export account on this accountant's clock.
@@ -321,11 +351,7 @@ impl CpuAccountant {
         while !self.stop.load(Ordering::Acquire) {
             std::thread::sleep(batch);
             seen.clear();
-            let tids = self
-                .shared_tids
-                .lock()
-                .map(|g| g.clone())
-                .unwrap_or_default();
+            let tids = self.shared_tids();
             let shared: u64 = tids.iter().map(|t| delta(&mut last, *t, &mut seen)).sum();
             for (i, e) in exports.iter().enumerate() {
                 own[i] = e.tids.as_ref().map_or(0, |f| {
@@ -387,14 +413,14 @@ impl CpuAccountant {
         metric(
             &mut s,
             "sluice_export_ios_total",
-            "NBD requests completed",
+            "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
             "counter",
             &|c| c.ios.to_string(),
         );
         metric(
             &mut s,
             "sluice_export_bytes_total",
-            "NBD payload bytes",
+            "payload bytes read and written",
             "counter",
             &|c| c.bytes.to_string(),
         );
@@ -432,6 +458,29 @@ impl CpuAccountant {
             self.unattributed().as_secs_f64()
         );
         s
+    }
+}
+
+/// A CPU share that is not a fraction of one CPU.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CpuShareError {
+    #[error("`{0}` is not a number")]
+    NotANumber(String),
+    #[error("{0} must be in (0, 1] (a fraction of one CPU)")]
+    OutOfRange(String),
+}
+
+/// Parses a CPU share: a fraction of one CPU in (0, 1] (NaN, infinities,
+/// 0 and negative values are refused).
+pub fn parse_cpu_share(s: &str) -> Result<f64, CpuShareError> {
+    let s = s.trim();
+    let f: f64 = s
+        .parse()
+        .map_err(|_| CpuShareError::NotANumber(s.to_string()))?;
+    if f > 0.0 && f <= 1.0 {
+        Ok(f)
+    } else {
+        Err(CpuShareError::OutOfRange(s.to_string()))
     }
 }
 
@@ -481,15 +530,10 @@ impl std::str::FromStr for ExportSpec {
                     )
                 }
                 "cpu-share" | "cpu_share" => {
-                    let f: f64 = v
-                        .parse()
-                        .map_err(|_| format!("--export {name}: cpu-share `{v}` is not a number"))?;
-                    if !(f > 0.0 && f <= 1.0) {
-                        return Err(format!(
-                            "--export {name}: cpu-share {v} must be in (0, 1] (a fraction of one CPU)"
-                        ));
-                    }
-                    e.cpu_share = Some(f);
+                    e.cpu_share = Some(
+                        parse_cpu_share(v)
+                            .map_err(|err| format!("--export {name}: cpu-share {err}"))?,
+                    );
                 }
                 "cgroup" => {
                     if v.is_empty() {
@@ -589,6 +633,40 @@ mod tests {
         ] {
             assert!(bad.parse::<ExportSpec>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cpu_share_must_be_a_fraction_of_one_cpu() {
+        for (ok, want) in [("0.05", 0.05), ("1", 1.0), (" 0.5 ", 0.5), ("1e-3", 0.001)] {
+            assert_eq!(parse_cpu_share(ok), Ok(want), "{ok}");
+        }
+        for bad in ["0", "-0.1", "1.5", "NaN", "nan", "inf", "-inf"] {
+            assert!(
+                matches!(parse_cpu_share(bad), Err(CpuShareError::OutOfRange(_))),
+                "{bad}"
+            );
+        }
+        for bad in ["", "abc", "0.5x", "1/2"] {
+            assert!(
+                matches!(parse_cpu_share(bad), Err(CpuShareError::NotANumber(_))),
+                "{bad}"
+            );
+        }
+        let e = parse_cpu_share("2").unwrap_err().to_string();
+        assert!(e.contains("(0, 1]"), "{e}");
+    }
+
+    #[test]
+    fn blocking_wait_lasts_until_the_throttle_ends() {
+        let a = ExportAccount::new("e", "h", Some(0.1), Instant::now(), None);
+        assert!(a.block_while_throttled() < Duration::from_millis(5));
+        a.set_until(Some(Instant::now() + Duration::from_millis(30)));
+        let waited = a.block_while_throttled();
+        assert!(
+            waited >= Duration::from_millis(25) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
+        assert_eq!(a.throttled_until(), None);
     }
 
     #[test]

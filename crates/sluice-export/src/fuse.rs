@@ -11,7 +11,16 @@
 //! Zeroes for whole blocks). The size is fixed: truncation to another size
 //! is refused with `EPERM`, a write starting at or past the end gets
 //! `ENOSPC` and one crossing the end is shortened.
+//!
+//! With [`SluiceFs::with_accounting`] the export is a tenant of a
+//! [`CpuAccountant`] (see [`crate::account`]): the session thread registers
+//! as a shared thread when it serves `FUSE_INIT`, every request that reaches
+//! the namespace is recorded, and while the export is throttled the session
+//! thread blocks before dispatching a read, write or fallocate, so it stops
+//! taking requests from `/dev/fuse` and the kernel's queue holds the
+//! application.
 
+use crate::account::{CpuAccountant, ExportAccount};
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::EIO;
 use fuser::consts::FOPEN_DIRECT_IO;
@@ -38,12 +47,21 @@ pub struct FuseConfig {
     pub hostnqn: String,
 }
 
+/// CPU accounting of the export: the accountant the session thread
+/// registers with, and the export's account (counters, throttle).
+#[derive(Debug, Clone)]
+pub struct FuseAccounting {
+    pub accountant: Arc<CpuAccountant>,
+    pub export: Arc<ExportAccount>,
+}
+
 /// The filesystem.
 #[derive(Debug)]
 pub struct SluiceFs<D> {
     dev: Arc<ByteDevice<D>>,
     rt: tokio::runtime::Handle,
     cfg: FuseConfig,
+    acct: Option<FuseAccounting>,
     uid: u32,
     gid: u32,
     started: SystemTime,
@@ -62,10 +80,30 @@ impl<D: BlockDevice> SluiceFs<D> {
             dev,
             rt,
             cfg,
+            acct: None,
             uid,
             gid,
             started: SystemTime::now(),
         }
+    }
+
+    /// Accounts the export's CPU and throttles it (see the module docs).
+    pub fn with_accounting(mut self, acct: FuseAccounting) -> Self {
+        self.acct = Some(acct);
+        self
+    }
+
+    /// Waits while the export is throttled (called on the session thread
+    /// before a read, write or fallocate is dispatched).
+    fn wait_unthrottled(&self) {
+        if let Some(a) = &self.acct {
+            a.export.block_while_throttled();
+        }
+    }
+
+    /// The account to record a completed request on.
+    fn export(&self) -> Option<Arc<ExportAccount>> {
+        self.acct.as_ref().map(|a| a.export.clone())
     }
 
     /// Mount options used by [`crate::fuse::mount`].
@@ -111,6 +149,10 @@ impl<D: BlockDevice> SluiceFs<D> {
 
 impl<D: BlockDevice> Filesystem for SluiceFs<D> {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        // FUSE_INIT is the first request the session thread serves.
+        if let Some(a) = &self.acct {
+            a.accountant.register_current_thread();
+        }
         if let Err(n) = config.set_max_write(FUSE_MAX_WRITE_BYTES) {
             let _ = config.set_max_write(n);
         }
@@ -198,9 +240,15 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         if offset >= end {
             return reply.data(&[]);
         }
+        self.wait_unthrottled();
         let dev = self.dev.clone();
+        let export = self.export();
         self.rt.spawn(async move {
-            match dev.read(offset, (end - offset) as usize).await {
+            let r = dev.read(offset, (end - offset) as usize).await;
+            if let Some(a) = export {
+                a.record(r.as_ref().map_or(0, |d| d.len() as u64));
+            }
+            match r {
                 Ok(d) => reply.data(&d),
                 Err(e) => {
                     warn!(offset, "fuse read failed: {e}");
@@ -236,11 +284,17 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
             return reply.error(libc::ENOSPC);
         }
         let n = (data.len() as u64).min(size - offset.min(size)) as usize;
+        self.wait_unthrottled();
         let buf = data[..n].to_vec();
         let fua = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
         let dev = self.dev.clone();
+        let export = self.export();
         self.rt.spawn(async move {
-            match dev.write(offset, buf, fua).await {
+            let r = dev.write(offset, buf, fua).await;
+            if let Some(a) = export {
+                a.record(n as u64);
+            }
+            match r {
                 Ok(()) => reply.written(n as u32),
                 Err(e) => {
                     warn!(offset, "fuse write failed: {e}");
@@ -296,9 +350,15 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         if offset >= end {
             return reply.ok();
         }
+        self.wait_unthrottled();
         let dev = self.dev.clone();
+        let export = self.export();
         self.rt.spawn(async move {
-            match dev.write_zeroes(offset, end - offset, false).await {
+            let r = dev.write_zeroes(offset, end - offset, false).await;
+            if let Some(a) = export {
+                a.record(0);
+            }
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(neg(e.errno())),
             }
@@ -336,8 +396,13 @@ impl<D: BlockDevice> SluiceFs<D> {
             return reply.ok();
         }
         let dev = self.dev.clone();
+        let export = self.export();
         self.rt.spawn(async move {
-            match dev.flush().await {
+            let r = dev.flush().await;
+            if let Some(a) = export {
+                a.record(0);
+            }
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => {
                     warn!("fuse flush failed: {e}");

@@ -195,3 +195,135 @@ async fn unwritable_cgroup_fails_connect_naming_path() {
         "{e}"
     );
 }
+
+/// The cgroup v2 mount point, if any (a unified hierarchy beside v1 here,
+/// `/sys/fs/cgroup` itself on a v2-only machine).
+fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_dev, dir, ty) = (f.next()?, f.next()?, f.next()?);
+        (ty == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+/// This process's cgroup v2 path relative to the mount (`0::/path`).
+fn own_v2_cgroup() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("0::").map(|p| p.to_string()))
+}
+
+/// Puts the process back into its v2 cgroup and removes the test ones.
+struct V2Guard {
+    root: PathBuf,
+    orig: String,
+    domain: PathBuf,
+}
+
+impl Drop for V2Guard {
+    fn drop(&mut self) {
+        let orig = self.root.join(self.orig.trim_start_matches('/'));
+        let _ = std::fs::write(orig.join("cgroup.procs"), std::process::id().to_string());
+        let _ = std::fs::remove_dir(self.domain.join("t"));
+        let _ = std::fs::remove_dir(&self.domain);
+    }
+}
+
+/// cgroup v2: the queue threads join a threaded cgroup through
+/// `cgroup.threads` (the kernel's own view, `/proc/self/task/TID/cgroup`,
+/// is checked), and a domain cgroup is refused unless `cgroup_procs` is
+/// set. The v2 hierarchy here has no `cpu` controller, so quota enforcement
+/// is not shown; only the kernel's membership rules are exercised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_threads_join_cgroup_v2_threaded() {
+    let (Some(root), Some(orig)) = (cgroup2_root(), own_v2_cgroup()) else {
+        println!("SKIPPED: no cgroup v2 mount");
+        return;
+    };
+    let domain = root.join(format!("sluice-host-v2-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&domain) {
+        println!(
+            "SKIPPED: cannot create {} ({e}; root needed)",
+            domain.display()
+        );
+        return;
+    }
+    let guard = V2Guard {
+        root: root.clone(),
+        orig,
+        domain: domain.clone(),
+    };
+    let cfg = MemTargetConfig::default();
+    let t = MemTarget::start(cfg.clone()).expect("target");
+
+    // A domain cgroup without the opt-in: refused, naming the path.
+    let e = Controller::connect(
+        t.addr(),
+        &cfg.subnqn,
+        ConnectOptions {
+            cgroup: Some(domain.clone()),
+            ..opts()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, HostError::Cgroup(_)), "{e:?}");
+    assert!(e.to_string().contains(domain.to_str().unwrap()), "{e}");
+
+    // The process joins the domain, whose child is made threaded.
+    std::fs::write(domain.join("cgroup.procs"), std::process::id().to_string())
+        .expect("move the test process into the v2 domain");
+    let threaded = domain.join("t");
+    std::fs::create_dir(&threaded).unwrap();
+    std::fs::write(threaded.join("cgroup.type"), "threaded").unwrap();
+    let c = Controller::connect(
+        t.addr(),
+        &cfg.subnqn,
+        ConnectOptions {
+            cgroup: Some(threaded.clone()),
+            ..opts()
+        },
+    )
+    .await
+    .expect("connect with a threaded v2 cgroup");
+    let rel = format!(
+        "0::/{}",
+        threaded.strip_prefix(&root).unwrap().to_str().unwrap()
+    );
+    let tids = c.queue_tids();
+    assert_eq!(tids.len(), 3, "admin + 2 I/O queues");
+    let listed = std::fs::read_to_string(threaded.join("cgroup.threads")).unwrap();
+    for tid in &tids {
+        let own = sluice_cpu::thread_cgroups(*tid).unwrap();
+        assert!(
+            own.lines().any(|l| l == rel),
+            "tid {tid}: {own} (want {rel})"
+        );
+        assert!(listed.lines().any(|l| l == tid.to_string()), "{listed}");
+    }
+    // The caller's thread stays in the domain.
+    let me = sluice_cpu::thread_cgroups(sluice_cpu::current_tid()).unwrap();
+    assert!(!me.lines().any(|l| l == rel), "{me}");
+    // And the queue threads work from there.
+    let ns = c.namespace(1).expect("ns");
+    let data = vec![0xa5u8; 8192];
+    ns.write(0, &data, IoFlags::default()).await.expect("write");
+    let r = ns
+        .read(0, data.len(), IoFlags::default())
+        .await
+        .expect("read");
+    assert_eq!(&r[..], &data[..]);
+    c.disconnect(Duration::from_secs(2)).await;
+    // Thread exit empties the threaded cgroup before the guard removes it.
+    let end = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < end
+        && !std::fs::read_to_string(threaded.join("cgroup.threads"))
+            .unwrap_or_default()
+            .trim()
+            .is_empty()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(guard);
+}
