@@ -55,13 +55,17 @@ fn scaled_model() -> sluice_backend::SsdModel {
 }
 
 fn target(tenants: &str, backend: &str) -> Result<TargetHandle> {
+    target_workers(tenants, backend, 1)
+}
+
+fn target_workers(tenants: &str, backend: &str, workers: u32) -> Result<TargetHandle> {
     let toml = format!(
         r#"
 [target]
 listen = "127.0.0.1:0"
 discovery_listen = ""
 polling = "interrupt"
-workers = 1
+workers = {workers}
 shutdown_drain_ms = 2000
 {tenants}
 [[subsystem]]
@@ -279,19 +283,26 @@ fn fairness(a: &ExperimentArgs) -> Result<()> {
     )?;
 
     // Weights 1:2:4 and limits.
-    let _ = writeln!(md, "\n## Weights 1:2:4 (three tenants, 4 KiB random reads, QD 16 each)\n\n| scheduler | tenant | weight | IOPS | share | expected share | error |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "\n## Weights 1:2:4 (three tenants, 4 KiB random reads, QD 16 each)\n\n`fair, 2 workers`: two target worker threads and two I/O queues per tenant (connections are dealt round robin, so every tenant has queues on both workers; the scheduler is shared).\n\n| scheduler | tenant | weight | IOPS | share | expected share | error |\n|---|---|---|---|---|---|---|");
     let mut wshares = Vec::new();
-    for (mode, settings) in [
-        ("off", "scheduler = \"none\""),
-        ("fair", "scheduler = \"fair\""),
+    for (mode, settings, workers) in [
+        ("off", "scheduler = \"none\"", 1),
+        ("fair", "scheduler = \"fair\"", 1),
+        ("fair, 2 workers", "scheduler = \"fair\"", 2),
     ] {
-        let t = target(
+        let t = target_workers(
             &tenants_toml(settings, &[("w1", 1, ""), ("w2", 2, ""), ("w4", 4, "")]),
             &ssd_backend(SCALED_SSD),
+            workers,
         )?;
         let jobs: Vec<String> = ["w1", "w2", "w4"]
             .iter()
-            .map(|n| format!("{n},hostnqn={},rw=randread,bs=4k,qd=16", host(n)))
+            .map(|n| {
+                format!(
+                    "{n},hostnqn={},rw=randread,bs=4k,qd=16,queues={workers}",
+                    host(n)
+                )
+            })
             .collect();
         let r = bench(&t, &jobs, a.runtime)?;
         t.shutdown();
@@ -370,7 +381,7 @@ fn noisy(a: &ExperimentArgs) -> Result<()> {
     let default_ssd = "read_iops_max = 100000, read_bytes_per_sec_max = 1000000000, base_read_latency_us = 80, parallelism = 8";
     let victim = format!("v,hostnqn={},rw=randread,bs=4k,qd=1", host("v"));
     let heavy = format!("h,hostnqn={},rw=randread,bs=128k,qd=32", host("h"));
-    let runs: [(&str, String, bool); 6] = [
+    let runs: [(&str, String, bool); 10] = [
         ("alone", "scheduler = \"none\"".into(), false),
         ("+ heavy, no isolation", "scheduler = \"none\"".into(), true),
         (
@@ -393,16 +404,36 @@ fn noisy(a: &ExperimentArgs) -> Result<()> {
             "scheduler = \"fair\"\ndispatch_depth = 32\ndispatch_budget_us = 300".into(),
             true,
         ),
+        (
+            "+ heavy, fair depth 1",
+            "scheduler = \"fair\"\ndispatch_depth = 1".into(),
+            true,
+        ),
+        (
+            "+ heavy, fair depth 2, heavy CPU share 0.25 (i-NVMe)",
+            "scheduler = \"fair\"\ndispatch_depth = 2\ncpu_isolation = true".into(),
+            true,
+        ),
+        (
+            "+ heavy, fair depth 2, split 32 KiB",
+            "scheduler = \"fair\"\ndispatch_depth = 2\nsplit_bytes = \"32KiB\"".into(),
+            true,
+        ),
+        (
+            "+ heavy, fair depth 4, split 32 KiB",
+            "scheduler = \"fair\"\ndispatch_depth = 4\nsplit_bytes = \"32KiB\"".into(),
+            true,
+        ),
     ];
     let mut md = format!("# Noisy neighbour\n\nCommand: `cargo run --release -p sluice-cli -- experiment noisy --runtime {}`\n\nEmulated SSD with the default model (`{default_ssd}`), one worker. Victim: 4 KiB random reads at QD 1. Heavy: 128 KiB random reads at QD 32 (another host NQN).\n\n| run | victim IOPS | p50 µs | p99 µs | p99.9 µs | p99 / solo p99 | heavy MiB/s |\n|---|---|---|---|---|---|---|\n", a.runtime);
     let mut solo_p99 = 0.0;
     let mut xs = Vec::new();
     let (mut p50, mut p99, mut p999) = (vec![], vec![], vec![]);
     for (i, (name, settings, with_heavy)) in runs.iter().enumerate() {
-        let limit = if i == 4 {
-            "limit = { read_bytes_per_sec = \"400MiB\" }"
-        } else {
-            ""
+        let limit = match i {
+            4 => "limit = { read_bytes_per_sec = \"400MiB\" }",
+            7 => "cpu_share = 0.25",
+            _ => "",
         };
         let t = target(
             &tenants_toml(settings, &[("v", 1, ""), ("h", 1, limit)]),

@@ -743,9 +743,14 @@ impl Worker {
         let completions = std::mem::take(&mut self.completions);
         for c in completions {
             work = true;
-            if let Some(t) = self.tenancy.as_mut() {
-                t.completed(c.tag, c.result.is_ok(), now);
-            }
+            // Pieces of a split request come back as one completion.
+            let c = match self.tenancy.as_mut() {
+                Some(t) => match t.complete(c, now) {
+                    Some(c) => c,
+                    None => continue,
+                },
+                None => c,
+            };
             let idx = (c.tag >> 32) as usize;
             if let Some(Some(e)) = self.conns.get_mut(idx) {
                 e.conn.handle_backend_completion(

@@ -95,6 +95,11 @@ pub enum CostKind {
     Bytes,
 }
 
+/// Bounds of `[tenants] split_bytes` (pieces stay block- and
+/// O_DIRECT-aligned: a multiple of 4 KiB).
+pub const SPLIT_BYTES_MIN: u64 = 4096;
+pub const SPLIT_BYTES_MAX: u64 = 16 << 20;
+
 /// Global tenant settings (`[tenants]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantsSettings {
@@ -105,6 +110,10 @@ pub struct TenantsSettings {
     /// Optional cap on the summed cost of outstanding I/Os per backend
     /// (all workers): µs of device time (device cost) or thousands of bytes (bytes cost).
     pub dispatch_budget_us: Option<u64>,
+    /// Reads and writes larger than this go to the backend as separately
+    /// scheduled pieces of at most this size (None: whole), so a large
+    /// transfer cannot hold the device for long ahead of a small one.
+    pub split_bytes: Option<u64>,
     pub admin_listen: Option<SocketAddr>,
     /// CPU accounting (thread CPU per loop batch) on/off.
     pub cpu_accounting: bool,
@@ -121,6 +130,7 @@ impl Default for TenantsSettings {
             cost: CostKind::Device,
             dispatch_depth: 8,
             dispatch_budget_us: None,
+            split_bytes: None,
             admin_listen: None,
             cpu_accounting: true,
             cpu_isolation: false,
@@ -209,6 +219,7 @@ pub struct RawTenants {
     cost: Option<String>,
     dispatch_depth: Option<i64>,
     dispatch_budget_us: Option<i64>,
+    split_bytes: Option<RawNum>,
     admin_listen: Option<String>,
     default: Option<String>,
     cpu_accounting: Option<bool>,
@@ -437,6 +448,21 @@ impl TenantsConfig {
                 ));
             }
             s.dispatch_budget_us = Some(v as u64);
+        }
+        if let Some(v) = &r.split_bytes {
+            let key = "tenants.split_bytes";
+            let v = v.value(key)?;
+            if !(SPLIT_BYTES_MIN as i64..=SPLIT_BYTES_MAX as i64).contains(&v)
+                || v % SPLIT_BYTES_MIN as i64 != 0
+            {
+                return Err(err(
+                    key,
+                    format!(
+                        "{v} must be a multiple of {SPLIT_BYTES_MIN} from {SPLIT_BYTES_MIN} to {SPLIT_BYTES_MAX}"
+                    ),
+                ));
+            }
+            s.split_bytes = Some(v as u64);
         }
         if let Some(a) = &r.admin_listen {
             s.admin_listen = Some(a.parse().map_err(|_| {
@@ -1077,6 +1103,16 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:b"]
             "twice",
         );
         must_fail("[[tenant]]\nname = \"a\"\nhosts = [\"nqn.x:h\"]\n[[tenant]]\nname = \"b\"\nhosts = [\"nqn.x:h\"]", "tenant[1].hosts[0]", "already belongs");
+        must_fail(
+            "[tenants]\nsplit_bytes = 5000",
+            "tenants.split_bytes",
+            "multiple of 4096",
+        );
+        must_fail(
+            "[tenants]\nsplit_bytes = \"1GiB\"",
+            "tenants.split_bytes",
+            "multiple of 4096",
+        );
         must_fail(
             "[tenants]\ndefault = \"nope\"",
             "tenants.default",

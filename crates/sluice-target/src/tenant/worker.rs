@@ -12,7 +12,7 @@ use super::cpu::BatchCharger;
 use super::rate::Dir;
 use super::shared::Grant;
 use super::{SchedulerMode, TenantId, TenantRuntime, TenantTable};
-use sluice_backend::{BackendQueue, IoOp, IoRequest};
+use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 /// data moved (C2H/H2C PDUs, copies, digests).
 const UNITS_PER_COMMAND: u64 = 2;
 const BYTES_PER_UNIT: u64 = 16 * 1024;
+/// Tags of the pieces of a split request (connection tags never set it).
+const PIECE_TAG_BIT: u64 = 1 << 63;
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Meta {
     ns: usize,
     tenant: TenantId,
@@ -32,6 +34,18 @@ struct Meta {
     arrived: Instant,
     scheduled: bool,
     cost: u64,
+    /// A piece of a split request: (parent tag, offset in the parent).
+    parent: Option<(u64, u64)>,
+}
+
+/// A request split into pieces (`[tenants] split_bytes`), waiting for them.
+struct Split {
+    /// The whole request's telemetry.
+    meta: Meta,
+    /// The parent's buffer: read pieces are copied in, returned at the end.
+    buf: Option<AlignedBuf>,
+    remaining: u64,
+    result: Result<(), BackendError>,
 }
 
 /// This worker's requests waiting for the scheduler of one namespace.
@@ -51,6 +65,8 @@ pub struct WorkerTenancy {
     table: Arc<TenantTable>,
     local: HashMap<usize, NsLocal>,
     meta: HashMap<u64, Meta>,
+    splits: HashMap<u64, Split>,
+    next_piece: u64,
     charger: BatchCharger,
     charged: Vec<(TenantId, u64)>,
     last_cpu: Option<Duration>,
@@ -92,6 +108,8 @@ impl WorkerTenancy {
             table,
             local: HashMap::new(),
             meta: HashMap::new(),
+            splits: HashMap::new(),
+            next_piece: 0,
             charger: BatchCharger::default(),
             charged: Vec::new(),
             last_cpu: None,
@@ -146,30 +164,97 @@ impl WorkerTenancy {
         self.charger
             .add(tenant, UNITS_PER_COMMAND / 2 + bytes / BYTES_PER_UNIT);
         self.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
-        let scheduled = self.rt.settings.scheduler == SchedulerMode::Fair;
-        self.meta.insert(
-            req.tag,
-            Meta {
-                ns,
-                tenant,
-                dir,
-                bytes,
-                arrived: now,
-                scheduled,
-                cost: 0,
-            },
+        debug_assert_eq!(
+            req.tag & PIECE_TAG_BIT,
+            0,
+            "connection tags leave bit 63 clear"
         );
+        let scheduled =
+            self.rt.settings.scheduler == SchedulerMode::Fair && self.rt.arbiters.get(ns).is_some();
+        let meta = Meta {
+            ns,
+            tenant,
+            dir,
+            bytes,
+            arrived: now,
+            scheduled,
+            cost: 0,
+            parent: None,
+        };
         if !scheduled {
+            self.meta.insert(req.tag, meta);
             queue.submit(req, now);
             return;
         }
-        let Some(arb) = self.rt.arbiters.get(ns) else {
-            // Unreachable: one arbiter per namespace index. Do not hold it.
-            debug_assert!(false, "no arbiter for namespace index {ns}");
-            if let Some(m) = self.meta.get_mut(&req.tag) {
-                m.scheduled = false;
+        match self.rt.settings.split_bytes {
+            Some(piece) if dir != Dir::Other && bytes > piece && req.buf.is_some() => {
+                self.submit_split(meta, req, piece, now);
             }
-            queue.submit(req, now);
+            _ => {
+                self.meta.insert(req.tag, meta);
+                self.enqueue(ns, tenant, dir, req, now);
+            }
+        }
+    }
+
+    /// Splits a read or write into pieces of at most `piece` bytes, each
+    /// scheduled on its own; the parent completes when the last piece does.
+    fn submit_split(&mut self, meta: Meta, mut req: IoRequest, piece: u64, now: Instant) {
+        let parent = req.tag;
+        let mut buf = req.buf.take();
+        let len = req
+            .len_bytes
+            .min(buf.as_ref().map_or(0, |b| b.len() as u64));
+        let n = len.div_ceil(piece);
+        for i in 0..n {
+            let off = i * piece;
+            let plen = piece.min(len - off);
+            let mut b = AlignedBuf::new(plen as usize);
+            if meta.dir == Dir::Write {
+                if let Some(src) = buf.as_mut() {
+                    let (o, l) = (off as usize, plen as usize);
+                    b.as_mut_slice().copy_from_slice(&src.as_slice()[o..o + l]);
+                }
+            }
+            let tag = PIECE_TAG_BIT | self.next_piece;
+            self.next_piece = (self.next_piece + 1) & !PIECE_TAG_BIT;
+            self.meta.insert(
+                tag,
+                Meta {
+                    bytes: plen,
+                    parent: Some((parent, off)),
+                    ..meta
+                },
+            );
+            let piece_req = IoRequest {
+                tag,
+                op: req.op,
+                offset_bytes: req.offset_bytes + off,
+                len_bytes: plen,
+                buf: Some(b),
+            };
+            self.enqueue(meta.ns, meta.tenant, meta.dir, piece_req, now);
+        }
+        self.splits.insert(
+            parent,
+            Split {
+                meta: Meta {
+                    scheduled: false,
+                    ..meta
+                },
+                buf,
+                remaining: n,
+                result: Ok(()),
+            },
+        );
+    }
+
+    /// Queues one scheduled request locally and tells the arbiter.
+    fn enqueue(&mut self, ns: usize, tenant: TenantId, dir: Dir, req: IoRequest, now: Instant) {
+        let bytes = if dir == Dir::Other { 0 } else { req.len_bytes };
+        let Some(arb) = self.rt.arbiters.get(ns) else {
+            // Unreachable: one arbiter per namespace index.
+            debug_assert!(false, "no arbiter for namespace index {ns}");
             return;
         };
         let l = self.local.entry(ns).or_default();
@@ -230,9 +315,13 @@ impl WorkerTenancy {
         any
     }
 
-    /// A backend completion (tag as submitted). Returns the tenant.
-    pub fn completed(&mut self, tag: u64, ok: bool, now: Instant) -> Option<TenantId> {
-        let m = self.meta.remove(&tag)?;
+    /// A backend completion. Returns the completion to hand to the
+    /// connection: this one, the whole request when its last piece is in,
+    /// or None while pieces are outstanding.
+    pub fn complete(&mut self, c: IoCompletion, now: Instant) -> Option<IoCompletion> {
+        let Some(m) = self.meta.remove(&c.tag) else {
+            return Some(c);
+        };
         if m.scheduled {
             if let Some(arb) = self.rt.arbiters.get(m.ns) {
                 arb.complete(m.cost);
@@ -241,6 +330,48 @@ impl WorkerTenancy {
                 l.dirty = true;
             }
         }
+        let Some((parent, off)) = m.parent else {
+            self.account(&m, c.result.is_ok(), now);
+            return Some(c);
+        };
+        let Some(sp) = self.splits.get_mut(&parent) else {
+            debug_assert!(false, "piece of unknown request {parent:#x}");
+            return None;
+        };
+        match c.result {
+            Ok(()) if m.dir == Dir::Read => {
+                if let (Some(dst), Some(src)) = (sp.buf.as_mut(), c.buf.as_ref()) {
+                    let (o, l) = (off as usize, m.bytes as usize);
+                    if let (Some(d), Some(s)) = (
+                        dst.as_mut_slice().get_mut(o..o + l),
+                        src.as_slice().get(..l),
+                    ) {
+                        d.copy_from_slice(s);
+                    }
+                }
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if sp.result.is_ok() {
+                    sp.result = Err(e);
+                }
+            }
+        }
+        sp.remaining -= 1;
+        if sp.remaining > 0 {
+            return None;
+        }
+        let sp = self.splits.remove(&parent)?;
+        self.account(&sp.meta, sp.result.is_ok(), now);
+        Some(IoCompletion {
+            tag: parent,
+            result: sp.result,
+            buf: sp.buf,
+        })
+    }
+
+    /// Telemetry and CPU work units of one finished request.
+    fn account(&mut self, m: &Meta, ok: bool, now: Instant) {
         let st = self.rt.stats(m.tenant);
         st.queue_depth.fetch_sub(1, Relaxed);
         if !ok {
@@ -262,7 +393,6 @@ impl WorkerTenancy {
         st.record_latency(now.saturating_duration_since(m.arrived));
         self.charger
             .add(m.tenant, UNITS_PER_COMMAND / 2 + m.bytes / BYTES_PER_UNIT);
-        Some(m.tenant)
     }
 
     /// Whether the worker should leave this tenant's sockets unread (as of
