@@ -205,6 +205,14 @@ fn fairness(a: &ExperimentArgs) -> Result<()> {
             "fair (bytes, depth 32, budget 400)",
             "scheduler = \"fair\"\ncost = \"bytes\"\ndispatch_depth = 32\ndispatch_budget_us = 400",
         ),
+        (
+            "fair (bytes, split 32 KiB)",
+            "scheduler = \"fair\"\ncost = \"bytes\"\nsplit_bytes = \"32KiB\"",
+        ),
+        (
+            "fair (device, split 32 KiB)",
+            "scheduler = \"fair\"\ncost = \"device\"\nsplit_bytes = \"32KiB\"",
+        ),
     ];
     let mut md = String::new();
     let _ = writeln!(md, "# Bandwidth fairness (Flint W1-W5) on the emulated SSD\n\nCommand: `cargo run --release -p sluice-cli -- experiment fairness --runtime {}`\n\nEmulated SSD (scaled so the device is the bottleneck on this 2-core machine): `{SCALED_SSD}`. One target worker, `dispatch_depth` 8 unless stated (`budget 400` = `dispatch_budget_us = 400`, i.e. at most 400 000 bytes of cost outstanding), equal weights. Tenant A and B are two host NQNs. `Jain(bytes)` is over the two tenants' bandwidth, `Jain(dev)` over their device time (the device cost model's estimate of how long the SSD spent on each).\n", a.runtime);
