@@ -30,6 +30,26 @@ pub struct ExperimentArgs {
     /// Parent cgroup (v1 `cpu`) for the CPU experiments.
     #[arg(long, default_value = "/sys/fs/cgroup/cpu")]
     pub cgroup_root: PathBuf,
+    /// CPU experiments: measure every point this many times and report the
+    /// median (and the range).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn range(xs: &[f64]) -> (f64, f64) {
+    let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
 }
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:exp";
@@ -774,7 +794,7 @@ fn calibrate(cpu_s: f64) -> Result<u64> {
     Ok((per_s * cpu_s) as u64)
 }
 
-const SETUP: &str = "Setup (the paper's n-container experiment on one core): CPU 0 holds the victims and the interferer, each in its own cgroup v1 `cpu` cgroup with quota period/n (period 100 ms, n = victims + 1). Victims run a fixed computation (xorshift rounds, 0.4 s of CPU at full speed), the interferer runs the same kind of CPU hog for the whole measurement (the paper's sysbench in the FIO container) and drives 4 KiB 50/50 random read/write I/O at QD 32 through `sluice-bench` on CPU 1 against a target whose single worker thread is pinned to CPU 0 at nice -20 (the kernel's WQ_HIGHPRI `nvme_tcp_wq` analogue; RAM backend). Degrading factor (DF) = victim completion time with the interferer's I/O / without it (hog still running), measured back to back at each point. Modes: `off` = stock (worker charged to nobody); `i-NVMe` = the worker's CPU is charged to the interferer tenant per loop batch, its cgroup quota lowered by that charge each period (Algorithms 1-2, from user space) and its sockets throttled at T (Algorithm 3: k = 8 unless stated, α = 5 ms, min T = quota/2, victims' cgroups watched for the adaptive T); `cgroup` = the worker thread placed in the interferer's cgroup (kernel charging). The machine has 2 cores shared with other jobs (QEMU, compilers), so absolute numbers are noisy; every figure is from one run.";
+const SETUP: &str = "Setup (the paper's n-container experiment on one core): CPU 0 holds the victims and the interferer, each in its own cgroup v1 `cpu` cgroup with quota period/n (period 100 ms, n = victims + 1). Victims run a fixed computation (xorshift rounds, 0.4 s of CPU at full speed), the interferer runs the same kind of CPU hog for the whole measurement (the paper's sysbench in the FIO container) and drives 4 KiB 50/50 random read/write I/O at QD 32 through `sluice-bench` on CPU 1 against a target whose single worker thread is pinned to CPU 0 at nice -20 (the kernel's WQ_HIGHPRI `nvme_tcp_wq` analogue; RAM backend). Degrading factor (DF) = victim completion time with the interferer's I/O / without it (hog still running), measured back to back at each point. Modes: `off` = stock (worker charged to nobody); `i-NVMe` = the worker's CPU is charged to the interferer tenant per loop batch, its cgroup quota lowered by that charge each period (Algorithms 1-2, from user space) and its sockets throttled at T (Algorithm 3: k = 8 unless stated, α = 5 ms, min T = quota/2, victims' cgroups watched for the adaptive T); `cgroup` = the worker thread placed in the interferer's cgroup (kernel charging). The machine has 2 cores shared with other jobs (QEMU, compilers), so absolute numbers are noisy; with `--repeat N` every point is measured N times and the median reported.";
 
 fn cpu(a: &ExperimentArgs) -> Result<()> {
     pin(0, 1)?;
@@ -783,7 +803,7 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
 
     // Figs. 1 / 4: n = 2 (one victim, one interferer), interferer IOPS from low to unlimited.
     let v = Victims::new(&a.cgroup_root, 1, iters)?;
-    let _ = writeln!(md, "## Figs. 1 and 4: one victim, one interferer (quota 50 % each)\n\n| interferer target IOPS | mode | victim baseline s | DF | interferer IOPS | p99 µs | p99.9 µs |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "Each point measured {} time(s); the table gives medians and the DF range.\n\n## Figs. 1 and 4: one victim, one interferer (quota 50 % each)\n\n| interferer target IOPS | mode | victim baseline s | DF | DF range | interferer IOPS | p99 µs | p99.9 µs |\n|---|---|---|---|---|---|---|---|", a.repeat);
     let rates = [Some(2000u64), Some(5000), Some(10000), Some(20000), None];
     let modes = [Mode::Off, Mode::INvme, Mode::Cgroup];
     let mut series: Vec<(String, Vec<f64>)> = modes
@@ -793,28 +813,28 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
     let mut iops_series = series.clone();
     for rate in rates {
         for (mi, mode) in modes.iter().enumerate() {
-            let t = cpu_target(*mode, 8, &v)?;
-            let p = cpu_point(&t, &v, *mode, rate)?;
-            t.shutdown();
+            let mut ps = Vec::new();
+            for _ in 0..a.repeat {
+                let t = cpu_target(*mode, 8, &v)?;
+                ps.push(cpu_point(&t, &v, *mode, rate)?);
+                t.shutdown();
+            }
+            let med = |f: &dyn Fn(&Point) -> f64| median(&ps.iter().map(f).collect::<Vec<_>>());
+            let dfs: Vec<f64> = ps.iter().map(|p| p.df[0]).collect();
+            let (lo, hi) = range(&dfs);
+            let (df, iops) = (median(&dfs), med(&|p| p.iops));
             let rs = rate.map_or("unlimited".to_string(), |r| r.to_string());
             let _ = writeln!(
                 md,
-                "| {rs} | {} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} |",
+                "| {rs} | {} | {:.3} | {df:.3} | {lo:.3}-{hi:.3} | {iops:.0} | {:.0} | {:.0} |",
                 mode.name(),
-                p.alone,
-                p.df[0],
-                p.iops,
-                p.p99,
-                p.p999
+                med(&|p| p.alone),
+                med(&|p| p.p99),
+                med(&|p| p.p999)
             );
-            eprintln!(
-                "rate {rs} {}: DF {:.3} IOPS {:.0}",
-                mode.name(),
-                p.df[0],
-                p.iops
-            );
-            series[mi].1.push(p.df[0]);
-            iops_series[mi].1.push(p.iops);
+            eprintln!("rate {rs} {}: DF {df:.3} ({lo:.3}-{hi:.3}) IOPS {iops:.0}", mode.name());
+            series[mi].1.push(df);
+            iops_series[mi].1.push(iops);
         }
     }
     let xs: Vec<String> = rates
@@ -847,7 +867,7 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
     )?;
 
     // Fig. 7: several victims, one unlimited interferer.
-    let _ = writeln!(md, "\n## Fig. 7: n − 1 victims and one unlimited interferer, quota 1/n each\n\n| victims | mode | mean DF | max DF | interferer IOPS |\n|---|---|---|---|---|");
+    let _ = writeln!(md, "\n## Fig. 7: n − 1 victims and one unlimited interferer, quota 1/n each\n\n| victims | mode | mean DF | max DF | mean DF range | interferer IOPS |\n|---|---|---|---|---|---|");
     let mut f7: Vec<(String, Vec<f64>)> = modes
         .iter()
         .map(|m| (m.name().to_string(), vec![]))
@@ -856,16 +876,22 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
         let frac = 1.0 / (n as f64 + 1.0);
         let v = Victims::new(&a.cgroup_root, n, (iters as f64 * frac / 0.5) as u64)?;
         for (mi, mode) in modes.iter().enumerate() {
-            let t = cpu_target(*mode, 8, &v)?;
-            let p = cpu_point(&t, &v, *mode, None)?;
-            t.shutdown();
-            let mean = p.df.iter().sum::<f64>() / p.df.len() as f64;
-            let max = p.df.iter().copied().fold(0.0, f64::max);
+            let (mut means, mut maxes, mut iops) = (vec![], vec![], vec![]);
+            for _ in 0..a.repeat {
+                let t = cpu_target(*mode, 8, &v)?;
+                let p = cpu_point(&t, &v, *mode, None)?;
+                t.shutdown();
+                means.push(p.df.iter().sum::<f64>() / p.df.len() as f64);
+                maxes.push(p.df.iter().copied().fold(0.0, f64::max));
+                iops.push(p.iops);
+            }
+            let (lo, hi) = range(&means);
+            let (mean, max) = (median(&means), median(&maxes));
             let _ = writeln!(
                 md,
-                "| {n} | {} | {mean:.3} | {max:.3} | {:.0} |",
+                "| {n} | {} | {mean:.3} | {max:.3} | {lo:.3}-{hi:.3} | {:.0} |",
                 mode.name(),
-                p.iops
+                median(&iops)
             );
             eprintln!(
                 "victims {n} {}: DF mean {mean:.3} max {max:.3}",
