@@ -799,7 +799,7 @@ const SETUP: &str = "Setup (the paper's n-container experiment on one core): CPU
 fn cpu(a: &ExperimentArgs) -> Result<()> {
     pin(0, 1)?;
     let iters = calibrate(0.4)?;
-    let mut md = format!("# CPU isolation (i-NVMe Figs. 1, 4, 7)\n\nCommand: `cargo run --release -p sluice-cli -- experiment cpu` (as root: needs cgroup v1 `cpu` at `{}`)\n\n{SETUP}\n\n", a.cgroup_root.display());
+    let mut md = format!("# CPU isolation (i-NVMe Figs. 1, 4, 7)\n\nCommand: `cargo run --release -p sluice-cli -- experiment cpu --repeat {}` (as root: needs cgroup v1 `cpu` at `{}`)\n\n{SETUP}\n\n", a.repeat, a.cgroup_root.display());
 
     // Figs. 1 / 4: n = 2 (one victim, one interferer), interferer IOPS from low to unlimited.
     let v = Victims::new(&a.cgroup_root, 1, iters)?;
@@ -919,26 +919,37 @@ fn ksplit(a: &ExperimentArgs) -> Result<()> {
     pin(0, 1)?;
     let iters = calibrate(0.4)?;
     let v = Victims::new(&a.cgroup_root, 1, iters)?;
-    let mut md = format!("# k-split throttling (i-NVMe Fig. 3)\n\nCommand: `cargo run --release -p sluice-cli -- experiment ksplit`\n\n{SETUP}\n\nHere: n = 2, interferer unlimited, mode i-NVMe, k from 2 to 32.\n\n| k | victim baseline s | interferer IOPS | p99 µs | p99.9 µs | victim DF |\n|---|---|---|---|---|---|\n");
+    let mut md = format!("# k-split throttling (i-NVMe Fig. 3)\n\nCommand: `cargo run --release -p sluice-cli -- experiment ksplit --repeat {}`\n\n{SETUP}\n\nHere: n = 2, interferer unlimited, mode i-NVMe, k from 2 to 32; medians of {} run(s) per k.\n\n| k | victim baseline s | interferer IOPS | p99 µs | p99.9 µs | victim DF |\n|---|---|---|---|---|---|\n", a.repeat, a.repeat);
     let ks = [2u32, 4, 8, 16, 32];
     let (mut iops, mut p99, mut p999, mut df) = (vec![], vec![], vec![], vec![]);
     for k in ks {
-        let t = cpu_target(Mode::INvme, k, &v)?;
-        let p = cpu_point(&t, &v, Mode::INvme, None)?;
-        t.shutdown();
+        let mut ps = Vec::new();
+        for _ in 0..a.repeat {
+            let t = cpu_target(Mode::INvme, k, &v)?;
+            ps.push(cpu_point(&t, &v, Mode::INvme, None)?);
+            t.shutdown();
+        }
+        let med = |f: &dyn Fn(&Point) -> f64| median(&ps.iter().map(f).collect::<Vec<_>>());
+        let p = (
+            med(&|p| p.alone),
+            med(&|p| p.iops),
+            med(&|p| p.p99),
+            med(&|p| p.p999),
+            med(&|p| p.df[0]),
+        );
         let _ = writeln!(
             md,
             "| {k} | {:.3} | {:.0} | {:.0} | {:.0} | {:.3} |",
-            p.alone, p.iops, p.p99, p.p999, p.df[0]
+            p.0, p.1, p.2, p.3, p.4
         );
         eprintln!(
             "k {k}: IOPS {:.0} p99 {:.0} p99.9 {:.0} DF {:.3}",
-            p.iops, p.p99, p.p999, p.df[0]
+            p.1, p.2, p.3, p.4
         );
-        iops.push(p.iops);
-        p99.push(p.p99);
-        p999.push(p.p999);
-        df.push(p.df[0]);
+        iops.push(p.1);
+        p99.push(p.2);
+        p999.push(p.3);
+        df.push(p.4);
     }
     let xs: Vec<String> = ks.iter().map(|k| k.to_string()).collect();
     write(
