@@ -6,7 +6,7 @@
 use crate::svg;
 use anyhow::{bail, Context, Result};
 use sluice_bench::{BenchArgs, BenchReport, JobReport};
-use sluice_target::tenant::cpu::{current_tid, CpuCgroup, QuotaCharger};
+use sluice_target::tenant::cpu::{current_tid, CpuCgroup, QuotaAgent};
 use sluice_target::tenant::fair::CostModel;
 use sluice_target::tenant::rate::Dir;
 use sluice_target::{Config, Target, TargetHandle};
@@ -737,7 +737,8 @@ fn cpu_point(t: &TargetHandle, v: &Victims, mode: Mode, rate: Option<u64>) -> Re
         sluice_bench::run(a)
     });
     // i-NVMe Algorithms 1-2 from user space: each period, lower the
-    // interferer's cgroup quota by the worker CPU charged to it.
+    // interferer's cgroup quota by the worker CPU charged to it, written
+    // just after each CFS period boundary (see `QuotaAgent`).
     let charging = Arc::new(AtomicBool::new(mode == Mode::INvme));
     let agent = {
         let (c, rt, g, q) = (
@@ -746,22 +747,26 @@ fn cpu_point(t: &TargetHandle, v: &Victims, mode: Mode, rate: Option<u64>) -> Re
             v.interferer.clone(),
             v.interferer_quota,
         );
-        std::thread::spawn(move || {
-            let id = rt.table().id("i").unwrap_or(0);
-            let mut charger = QuotaCharger::new(q);
-            let mut prev = rt.stats(id).cpu_ns.load(Ordering::Relaxed);
-            while c.load(Ordering::Relaxed) {
-                std::thread::sleep(PERIOD);
-                let cur = rt.stats(id).cpu_ns.load(Ordering::Relaxed);
-                let _ = g.set_quota(Some(charger.next_quota(cur - prev)), PERIOD);
-                prev = cur;
+        std::thread::spawn(move || -> Result<()> {
+            if !c.load(Ordering::Relaxed) {
+                return Ok(());
             }
+            let id = rt.table().id("i").unwrap_or(0);
+            let mut agent = QuotaAgent::new(g, q, PERIOD)?;
+            while c.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(500));
+                agent.poll(rt.stats(id).cpu_ns.load(Ordering::Relaxed), Instant::now())?;
+            }
+            Ok(())
         })
     };
     std::thread::sleep(Duration::from_millis(500));
     let times = v.run()?;
     charging.store(false, Ordering::Relaxed);
-    let _ = agent.join();
+    agent
+        .join()
+        .map_err(|_| anyhow::anyhow!("quota agent panicked"))?
+        .context("driving the interferer's cgroup quota")?;
     let r = h.join().map_err(|_| anyhow::anyhow!("bench panicked"))??;
     stop.store(true, Ordering::Relaxed);
     hog.join().map_err(|_| anyhow::anyhow!("hog panicked"))??;
@@ -832,7 +837,10 @@ fn cpu(a: &ExperimentArgs) -> Result<()> {
                 med(&|p| p.p99),
                 med(&|p| p.p999)
             );
-            eprintln!("rate {rs} {}: DF {df:.3} ({lo:.3}-{hi:.3}) IOPS {iops:.0}", mode.name());
+            eprintln!(
+                "rate {rs} {}: DF {df:.3} ({lo:.3}-{hi:.3}) IOPS {iops:.0}",
+                mode.name()
+            );
             series[mi].1.push(df);
             iops_series[mi].1.push(iops);
         }

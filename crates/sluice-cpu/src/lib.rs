@@ -197,6 +197,77 @@ impl QuotaCharger {
     }
 }
 
+/// Drives a [`QuotaCharger`] against a real cgroup v1 `cpu` directory.
+///
+/// Writing `cpu.cfs_quota_us` makes the kernel refill the cgroup's runtime
+/// at once. Written at an arbitrary moment, that refill hands the cgroup
+/// up to a second quota within the current period (measured: the victim's
+/// degrading factor was 1.20 with mid-period writes, 1.01 with aligned
+/// ones). So the agent writes only just after a CFS period boundary, seen
+/// as `nr_periods` in `cpu.stat` advancing, where the kernel refills the
+/// runtime anyway. Call [`poll`](Self::poll) every ~0.5 ms from a thread
+/// that does not share a CPU with the cgroup's tasks.
+#[derive(Debug)]
+pub struct QuotaAgent {
+    cgroup: CpuCgroup,
+    charger: QuotaCharger,
+    period: Duration,
+    last_periods: u64,
+    last_write: Option<Instant>,
+    last_charged_ns: Option<u64>,
+}
+
+impl QuotaAgent {
+    /// Sets the cgroup's period and base quota and starts from there.
+    pub fn new(
+        cgroup: CpuCgroup,
+        base_quota: Duration,
+        period: Duration,
+    ) -> Result<Self, CgroupError> {
+        cgroup.set_quota(Some(base_quota), period)?;
+        let (last_periods, _, _) = cgroup.stat()?;
+        Ok(QuotaAgent {
+            cgroup,
+            charger: QuotaCharger::new(base_quota),
+            period,
+            last_periods,
+            last_write: None,
+            last_charged_ns: None,
+        })
+    }
+
+    /// Whether a quota write is due: a period boundary was crossed since
+    /// the last write, or (the cgroup idle, its period timer stopped) two
+    /// periods of wall time passed.
+    pub fn due(&self, periods: u64, now: Instant) -> bool {
+        periods != self.last_periods
+            || self
+                .last_write
+                .is_none_or(|w| now.saturating_duration_since(w) >= self.period * 2)
+    }
+
+    /// `charged_total_ns`: the tenant's cumulative charged worker CPU.
+    /// Returns the quota written, if any.
+    pub fn poll(
+        &mut self,
+        charged_total_ns: u64,
+        now: Instant,
+    ) -> Result<Option<Duration>, CgroupError> {
+        let (periods, _, _) = self.cgroup.stat()?;
+        if !self.due(periods, now) {
+            return Ok(None);
+        }
+        let prev = self.last_charged_ns.replace(charged_total_ns);
+        let charged = prev.map_or(0, |p| charged_total_ns.saturating_sub(p));
+        let quota = self.charger.next_quota(charged);
+        self.cgroup
+            .write("cpu.cfs_quota_us", &quota.as_micros().max(1000).to_string())?;
+        self.last_periods = periods;
+        self.last_write = Some(now);
+        Ok(Some(quota))
+    }
+}
+
 /// Splits one batch's CPU among tenants by work units.
 #[derive(Debug, Default, Clone)]
 pub struct BatchCharger {

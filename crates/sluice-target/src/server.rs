@@ -82,6 +82,7 @@ pub struct TargetHandle {
     started: Instant,
     tenants: Arc<TenantRuntime>,
     admin: Option<AdminServer>,
+    charging: Option<crate::tenant::cpu::ChargeAgents>,
 }
 
 const WAKER: Token = Token(0);
@@ -112,6 +113,8 @@ impl Target {
             ),
             None => None,
         };
+        let charging =
+            crate::tenant::cpu::ChargeAgents::start(&tenants).map_err(StartError::Thread)?;
         let st = &reg.settings;
         let std_listener =
             std::net::TcpListener::bind(st.listen).map_err(|source| StartError::Listen {
@@ -221,6 +224,7 @@ impl Target {
             started: Instant::now(),
             tenants,
             admin,
+            charging,
         })
     }
 }
@@ -265,6 +269,9 @@ impl TargetHandle {
             if let Ok(r) = h.join() {
                 report.workers.push(r);
             }
+        }
+        if let Some(c) = self.charging.take() {
+            c.stop();
         }
         report.process_cpu = process_cpu();
         report.send = self.reg.send.snapshot();

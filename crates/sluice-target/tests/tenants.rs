@@ -236,3 +236,106 @@ hosts = ["{HOST_A}"]
     assert!(pieces > j.ios, "no request was split ({pieces} pieces)");
     t.shutdown();
 }
+
+/// `charge_cgroup`: the worker CPU charged to a tenant is taken out of its
+/// own cgroup's CFS quota while it runs (i-NVMe Algorithms 1-2), the base
+/// quota is put back at shutdown, and bad paths are refused naming the key.
+#[test]
+fn charge_cgroup_lowers_the_tenant_quota() {
+    let _serial = serial();
+    // Bad input first (no root needed).
+    let e = Config::from_toml(&format!(
+        r#"
+[tenants]
+[[tenant]]
+name = "a"
+hosts = ["{HOST_A}"]
+charge_cgroup = "/sys/fs/cgroup/cpu/sluice-no-such-cgroup"
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1MiB"
+"#
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("tenant[0].charge_cgroup") && e.contains("sluice-no-such-cgroup"),
+        "{e}"
+    );
+
+    let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+    if !root.join("tasks").exists() {
+        println!("SKIPPED: no cgroup v1 cpu controller");
+        return;
+    }
+    let Ok(cg) = sluice_target::tenant::cpu::CpuCgroup::create(
+        root,
+        &format!("sluice-charge-test-{}", std::process::id()),
+    ) else {
+        println!("SKIPPED: cannot create a cgroup (root needed)");
+        return;
+    };
+    let period = std::time::Duration::from_millis(100);
+    cg.set_quota(Some(period / 2), period).unwrap();
+    let quota_us = |cg: &sluice_target::tenant::cpu::CpuCgroup| -> i64 {
+        std::fs::read_to_string(cg.path().join("cpu.cfs_quota_us"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let cfg = config_workers(
+        &format!(
+            r#"
+[[tenant]]
+name = "a"
+hosts = ["{HOST_A}"]
+charge_cgroup = "{}"
+"#,
+            cg.path().display()
+        ),
+        1,
+        8,
+    );
+    let t = Target::start(&cfg).unwrap();
+    let admin = t.admin_addr().unwrap().to_string();
+    // The key cannot change at run time.
+    let (code, body) =
+        http_request(&admin, "POST", "/tenants/a", r#"{"charge_cgroup": "/tmp"}"#).unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("tenant[a].charge_cgroup"), "{body}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (stop, cg) = (stop.clone(), cg.clone());
+        std::thread::spawn(move || {
+            let mut min = i64::MAX;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                min = min.min(quota_us(&cg));
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            min
+        })
+    };
+    let r = bench(t.local_addr(), &[&format!("a,hostnqn={HOST_A},qd=16")]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let min = sampler.join().unwrap();
+    assert!(iops(&r, "a") > 100.0);
+    let id = t.tenants().table().id("a").unwrap();
+    let cpu_ns = t
+        .tenants()
+        .stats(id)
+        .cpu_ns
+        .load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("tenant a charged {cpu_ns} ns; its cgroup quota went down to {min} us of 50000");
+    assert!(cpu_ns > 0);
+    assert!(min < 50_000, "quota never lowered (min {min})");
+    assert!(min >= 1_000, "quota below the kernel's floor: {min}");
+    t.shutdown();
+    assert_eq!(quota_us(&cg), 50_000, "base quota restored at shutdown");
+    let _ = cg.remove();
+}

@@ -25,6 +25,99 @@
 
 pub use sluice_cpu::*;
 
+use super::{cgroup_base_quota, TenantRuntime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the charging thread looks for CFS period boundaries.
+const CHARGE_POLL: Duration = Duration::from_micros(500);
+
+/// The thread that takes each tenant's charged worker CPU out of its own
+/// cgroup's CFS quota (`[[tenant]] charge_cgroup`, i-NVMe Algorithms 1-2
+/// through [`QuotaAgent`]). On stop the base quotas are put back.
+#[derive(Debug)]
+pub struct ChargeAgents {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ChargeAgents {
+    /// Starts the thread if some tenant has a `charge_cgroup` (the table
+    /// as of now; the key cannot change at run time).
+    pub fn start(rt: &Arc<TenantRuntime>) -> std::io::Result<Option<Self>> {
+        let table = rt.table();
+        let mut agents: Vec<(TenantId, String, QuotaAgent, CpuCgroup, Duration, Duration)> =
+            Vec::new();
+        for (id, spec) in table.iter() {
+            let Some(path) = &spec.charge_cgroup else {
+                continue;
+            };
+            let opened = cgroup_base_quota(path).and_then(|(quota, period)| {
+                let cg = CpuCgroup::open(path).map_err(|e| e.to_string())?;
+                let agent =
+                    QuotaAgent::new(cg.clone(), quota, period).map_err(|e| e.to_string())?;
+                Ok((agent, cg, quota, period))
+            });
+            match opened {
+                Ok((agent, cg, quota, period)) => {
+                    tracing::info!(tenant = %spec.name, cgroup = %path.display(), quota_us = quota.as_micros() as u64, "charging the tenant's worker CPU to its cgroup quota");
+                    agents.push((id, spec.name.clone(), agent, cg, quota, period));
+                }
+                Err(e) => {
+                    tracing::error!(tenant = %spec.name, error = %e, "cannot charge the tenant's cgroup")
+                }
+            }
+        }
+        if agents.is_empty() {
+            return Ok(None);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s2, rt) = (stop.clone(), rt.clone());
+        let thread = std::thread::Builder::new()
+            .name("sluice-cpu-charge".into())
+            .spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    std::thread::sleep(CHARGE_POLL);
+                    let now = Instant::now();
+                    agents.retain_mut(|(id, name, agent, ..)| {
+                        let charged = rt.stats(*id).cpu_ns.load(Ordering::Relaxed);
+                        match agent.poll(charged, now) {
+                            Ok(_) => true,
+                            Err(e) => {
+                                tracing::error!(tenant = %name, error = %e, "charging the tenant's cgroup failed; stopped for this tenant");
+                                false
+                            }
+                        }
+                    });
+                }
+                for (_, name, _, cg, quota, period) in agents {
+                    if let Err(e) = cg.set_quota(Some(quota), period) {
+                        tracing::warn!(tenant = %name, error = %e, "cannot restore the cgroup's base quota");
+                    }
+                }
+            })?;
+        Ok(Some(ChargeAgents {
+            stop,
+            thread: Some(thread),
+        }))
+    }
+
+    /// Stops charging and restores the base quotas.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ChargeAgents {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -64,6 +64,11 @@ pub struct TenantSpec {
     pub limit: RateSpec,
     /// Fraction of the worker pool's CPU (`workers` CPUs; None: unlimited).
     pub cpu_share: Option<f64>,
+    /// The tenant's own cgroup v1 `cpu` directory: the worker CPU charged
+    /// to the tenant is taken out of its CFS quota, period by period
+    /// (i-NVMe Algorithms 1-2, [`cpu::QuotaAgent`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge_cgroup: Option<PathBuf>,
 }
 
 impl TenantSpec {
@@ -75,6 +80,7 @@ impl TenantSpec {
             reservation: RateSpec::default(),
             limit: RateSpec::default(),
             cpu_share: None,
+            charge_cgroup: None,
         }
     }
 }
@@ -209,6 +215,7 @@ pub struct RawTenant {
     pub reservation: Option<RawRate>,
     pub limit: Option<RawRate>,
     pub cpu_share: Option<f64>,
+    pub charge_cgroup: Option<PathBuf>,
 }
 
 /// `[tenants]`.
@@ -351,6 +358,13 @@ pub fn validate_tenant(
         }
         None => base.and_then(|b| b.cpu_share),
     };
+    let charge_cgroup = match &raw.charge_cgroup {
+        Some(p) => {
+            cgroup_base_quota(p).map_err(|r| err(format!("{key}.charge_cgroup"), r))?;
+            Some(p.clone())
+        }
+        None => base.and_then(|b| b.charge_cgroup.clone()),
+    };
     Ok(TenantSpec {
         name,
         hosts,
@@ -358,7 +372,38 @@ pub fn validate_tenant(
         reservation,
         limit,
         cpu_share,
+        charge_cgroup,
     })
+}
+
+/// The CFS quota and period a tenant's `charge_cgroup` has now: the base
+/// the charged CPU is taken out of. Errors say what is wrong with the path.
+pub fn cgroup_base_quota(p: &std::path::Path) -> Result<(Duration, Duration), String> {
+    let read = |f: &str| -> Result<i64, String> {
+        let path = p.join(f);
+        let s = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "`{}` is not a cgroup v1 `cpu` directory ({}: {e})",
+                p.display(),
+                path.display()
+            )
+        })?;
+        s.trim()
+            .parse()
+            .map_err(|_| format!("`{}` holds `{}`, not a number", path.display(), s.trim()))
+    };
+    let quota = read("cpu.cfs_quota_us")?;
+    let period = read("cpu.cfs_period_us")?;
+    if quota <= 0 || period <= 0 {
+        return Err(format!(
+            "`{}` has no CPU quota (cpu.cfs_quota_us = {quota}); set the tenant's quota first",
+            p.display()
+        ));
+    }
+    Ok((
+        Duration::from_micros(quota as u64),
+        Duration::from_micros(period as u64),
+    ))
 }
 
 /// Cross-tenant checks: unique names, a host in one tenant only, the
@@ -828,6 +873,13 @@ impl TenantRuntime {
         let id = cur.id(name);
         if id.is_none() && !create {
             return Err(UpdateError::Unknown(name.into()));
+        }
+        if raw.charge_cgroup.is_some() {
+            return Err(ConfigError {
+                key: format!("{key}.charge_cgroup"),
+                reason: "is set in the config file; it cannot be changed at run time".into(),
+            }
+            .into());
         }
         let mut raw = raw.clone();
         raw.name = Some(name.to_string());
