@@ -14,13 +14,13 @@ use sluice_export::account::{CpuAccountant, ExportCounters};
 use sluice_export::fuse::{FuseAccounting, FuseConfig, SluiceFs};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
-use sluice_target::config::Config;
-use sluice_target::Target;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod common;
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:fuse-export";
 const FILE: &str = "disk.img";
@@ -158,22 +158,7 @@ fn capped_fuse_export_is_throttled_uncapped_is_not_and_data_reads_back() {
         eprintln!("skipped: needs /dev/fuse and fusermount3");
         return;
     }
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "32MiB"
-"#
-    );
-    let target = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let target = common::ram_target(SUBNQN, "32MiB");
     let addr = target.local_addr();
     const CAP: f64 = 0.05;
     let mut capped = Mounted::start(addr, "capped", Some(CAP));

@@ -8,8 +8,6 @@ use sluice_export::nbd::server::UnixSocketPath;
 use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
-use sluice_target::config::Config;
-use sluice_target::Target;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -27,22 +25,7 @@ fn pattern(seed: u8, n: usize) -> Vec<u8> {
 
 #[test]
 fn nbd_over_sluice_target() {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "16MiB"
-"#
-    );
-    let target = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let target = common::ram_target(SUBNQN, "16MiB");
     let addr = target.local_addr();
     let dir = std::env::temp_dir().join(format!("sluice-nbd-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

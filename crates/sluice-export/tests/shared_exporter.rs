@@ -10,8 +10,6 @@ use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
 use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
-use sluice_target::config::Config;
-use sluice_target::Target;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,22 +21,7 @@ use common::Client;
 
 #[test]
 fn capped_export_is_throttled_the_other_is_not() {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "16MiB"
-"#
-    );
-    let target = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let target = common::ram_target(SUBNQN, "16MiB");
     let addr = target.local_addr();
     let dir = std::env::temp_dir().join(format!("sluice-shared-exp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

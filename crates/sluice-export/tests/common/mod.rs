@@ -1,10 +1,33 @@
-//! The minimal blocking NBD client both end-to-end tests drive the server with.
+//! What the end-to-end tests share: a Sluice target on a RAM namespace and
+//! the minimal blocking NBD client they drive the server with.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use sluice_export::nbd::proto::*;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+
+/// A one-worker target on loopback exporting `size` of RAM as namespace 1
+/// of `subnqn`, open to any host.
+pub fn ram_target(subnqn: &str, size: &str) -> sluice_target::TargetHandle {
+    let toml = format!(
+        r#"
+[target]
+listen = "127.0.0.1:0"
+discovery_listen = ""
+workers = 1
+[[subsystem]]
+nqn = "{subnqn}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "{size}"
+"#
+    );
+    let cfg = sluice_target::config::Config::from_toml(&toml).unwrap();
+    sluice_target::Target::start(&cfg).unwrap()
+}
 pub struct Client {
     pub s: UnixStream,
     pub size: u64,
