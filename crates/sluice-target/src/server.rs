@@ -83,6 +83,7 @@ pub struct TargetHandle {
     tenants: Arc<TenantRuntime>,
     admin: Option<AdminServer>,
     charging: Option<crate::tenant::cpu::ChargeAgents>,
+    io_queues: Arc<Vec<AtomicUsize>>,
 }
 
 const WAKER: Token = Token(0);
@@ -164,10 +165,23 @@ impl Target {
                 let _ = w.wake();
             }
         }));
-        for (id, poll) in polls.into_iter().enumerate() {
+        let mut receivers = Vec::new();
+        for _ in 0..st.workers {
             let (tx, rx) = channel();
             senders.push(tx);
+            receivers.push(rx);
+        }
+        let peers: Vec<(Sender<Incoming>, Arc<Waker>)> = senders
+            .iter()
+            .cloned()
+            .zip(wakers.iter().cloned())
+            .collect();
+        let io_queues: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..st.workers).map(|_| AtomicUsize::new(0)).collect());
+        for (id, (poll, rx)) in polls.into_iter().zip(receivers).enumerate() {
             let mut w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone());
+            w.peers = peers.clone();
+            w.io_queues = io_queues.clone();
             w.tenancy = Some(WorkerTenancy::new(tenants.clone(), id));
             match TimerFd::new(&w.poll) {
                 Ok(t) => w.timer = Some(t),
@@ -225,6 +239,7 @@ impl Target {
             tenants,
             admin,
             charging,
+            io_queues,
         })
     }
 }
@@ -247,6 +262,14 @@ impl TargetHandle {
     pub fn tenants(&self) -> &Arc<TenantRuntime> {
         &self.tenants
     }
+    /// Live I/O queues on each worker (placed after their Connect).
+    pub fn io_queues_per_worker(&self) -> Vec<usize> {
+        self.io_queues
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// Address of the admin endpoint, when configured.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(|a| a.local_addr())
@@ -317,7 +340,7 @@ struct Acceptor {
     poll: Poll,
     io_l: TcpListener,
     disc_l: Option<TcpListener>,
-    senders: Vec<Sender<(TcpStream, SocketAddr)>>,
+    senders: Vec<Sender<Incoming>>,
     wakers: Vec<Arc<Waker>>,
     shutdown: Arc<AtomicBool>,
     next: AtomicUsize,
@@ -350,7 +373,7 @@ impl Acceptor {
                         Ok((s, peer)) => {
                             let _ = s.set_nodelay(true);
                             let i = self.next.fetch_add(1, Ordering::Relaxed) % self.senders.len();
-                            if self.senders[i].send((s, peer)).is_ok() {
+                            if self.senders[i].send(Incoming::Accepted(s, peer)).is_ok() {
                                 let _ = self.wakers[i].wake();
                             }
                         }
@@ -378,6 +401,19 @@ struct ConnEntry {
     closed_socket: bool,
     /// (tenant table generation, tenant) once the host NQN is known.
     tenant: Option<(u64, TenantId)>,
+    /// An I/O queue counted in `io_queues` (placed after its Connect).
+    placed: bool,
+}
+
+/// What a worker's channel carries.
+enum Incoming {
+    /// A socket the acceptor dealt to this worker.
+    Accepted(TcpStream, SocketAddr),
+    /// An I/O queue another worker hands over right after its Connect, so
+    /// that I/O queues spread evenly over workers (the acceptor cannot tell
+    /// an admin queue from an I/O queue, and round robin would put every
+    /// controller's single I/O queue on the same worker).
+    Moved(Box<ConnEntry>),
 }
 
 struct BackendSlot {
@@ -388,7 +424,11 @@ struct BackendSlot {
 struct Worker {
     id: usize,
     poll: Poll,
-    rx: Receiver<(TcpStream, SocketAddr)>,
+    rx: Receiver<Incoming>,
+    /// Every worker's channel and waker (hand-overs), by worker index.
+    peers: Vec<(Sender<Incoming>, Arc<Waker>)>,
+    /// Live I/O queues per worker, shared by all workers.
+    io_queues: Arc<Vec<AtomicUsize>>,
     reg: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
     conns: Vec<Option<ConnEntry>>,
@@ -471,7 +511,7 @@ impl Worker {
     fn new(
         id: usize,
         poll: Poll,
-        rx: Receiver<(TcpStream, SocketAddr)>,
+        rx: Receiver<Incoming>,
         reg: Arc<Registry>,
         shutdown: Arc<AtomicBool>,
     ) -> Self {
@@ -479,6 +519,8 @@ impl Worker {
             id,
             poll,
             rx,
+            peers: Vec::new(),
+            io_queues: Arc::new(Vec::new()),
             reg,
             shutdown,
             conns: Vec::new(),
@@ -645,12 +687,22 @@ impl Worker {
 
     fn accept_new(&mut self, now: Instant) -> bool {
         let mut any = false;
-        while let Ok((mut stream, peer)) = self.rx.try_recv() {
+        while let Ok(incoming) = self.rx.try_recv() {
             any = true;
-            if self.shutdown.load(Ordering::Acquire)
-                || self.conns.iter().flatten().count() >= CONNECTIONS_PER_WORKER_MAX
-            {
-                tracing::warn!(%peer, "refusing connection (shutting down or connection limit reached)");
+            let (mut stream, peer, moved) = match incoming {
+                Incoming::Accepted(stream, peer) => (stream, Some(peer), None),
+                Incoming::Moved(e) => {
+                    let e = *e;
+                    let peer = e.stream.peer_addr().ok();
+                    (e.stream, peer, Some((e.conn, e.tenant)))
+                }
+            };
+            let full = self.conns.iter().flatten().count() >= CONNECTIONS_PER_WORKER_MAX;
+            if moved.is_none() && (self.shutdown.load(Ordering::Acquire) || full) {
+                tracing::warn!(
+                    ?peer,
+                    "refusing connection (shutting down or connection limit reached)"
+                );
                 continue;
             }
             let idx = match self.free.pop() {
@@ -666,24 +718,105 @@ impl Worker {
                 token,
                 Interest::READABLE | Interest::WRITABLE,
             ) {
-                tracing::warn!(%peer, error = %e, "cannot register connection");
+                tracing::warn!(?peer, error = %e, "cannot register connection");
                 self.free.push(idx);
+                if moved.is_some() {
+                    // Counted for this worker by the one that moved it.
+                    self.io_queues[self.id].fetch_sub(1, Ordering::Relaxed);
+                }
                 continue;
             }
-            let local = stream.local_addr().ok();
-            let conn = QueueConnection::new(self.reg.clone(), Some(peer), local, now);
-            tracing::debug!(%peer, "connection accepted");
-            self.connections_total += 1;
+            let (conn, tenant, placed) = match moved {
+                Some((conn, tenant)) => {
+                    tracing::debug!(?peer, qid = conn.qid(), "I/O queue taken over");
+                    (conn, tenant, true)
+                }
+                None => {
+                    let local = stream.local_addr().ok();
+                    tracing::debug!(?peer, "connection accepted");
+                    self.connections_total += 1;
+                    (
+                        QueueConnection::new(self.reg.clone(), peer, local, now),
+                        None,
+                        false,
+                    )
+                }
+            };
             self.conns[idx] = Some(ConnEntry {
                 stream,
                 conn,
+                // A moved socket may hold bytes whose edge the old worker saw.
                 read_ready: true,
                 write_blocked: false,
                 closed_socket: false,
-                tenant: None,
+                tenant,
+                placed,
             });
         }
         any
+    }
+
+    /// Places an I/O queue once its Connect is answered and nothing of it
+    /// is in flight: on the worker with the fewest live I/O queues (this one
+    /// on a tie). Returns whether the connection was handed over.
+    fn place_io_queue(&mut self, i: usize) -> bool {
+        let Some(e) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            return false;
+        };
+        if e.placed
+            || e.conn.qid() == 0
+            || e.conn.is_closing()
+            || e.conn.backend_in_flight() > 0
+            || !e.conn.due().is_empty()
+            || e.conn.send_deadline().is_some()
+        {
+            return false;
+        }
+        e.placed = true;
+        let counts = &self.io_queues;
+        let mine = counts[self.id].load(Ordering::Relaxed);
+        let (best, least) = counts
+            .iter()
+            .enumerate()
+            .map(|(w, c)| (w, c.load(Ordering::Relaxed)))
+            .min_by_key(|&(w, c)| (c, w != self.id))
+            .unwrap_or((self.id, mine));
+        if best == self.id || least >= mine || self.shutdown.load(Ordering::Acquire) {
+            counts[self.id].fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let Some(mut e) = self.conns[i].take() else {
+            return false;
+        };
+        let _ = self.poll.registry().deregister(&mut e.stream);
+        // Its send counters move with it (the new worker's live sum).
+        counts[best].fetch_add(1, Ordering::Relaxed);
+        let qid = e.conn.qid();
+        let (tx, waker) = &self.peers[best];
+        match tx.send(Incoming::Moved(Box::new(e))) {
+            Ok(()) => {
+                let _ = waker.wake();
+                tracing::debug!(qid, to = best, "I/O queue handed to a less loaded worker");
+                self.free.push(i);
+                self.publish_send_stats();
+                true
+            }
+            Err(std::sync::mpsc::SendError(Incoming::Moved(mut e))) => {
+                // The other worker is gone (shutdown): keep it here.
+                counts[best].fetch_sub(1, Ordering::Relaxed);
+                counts[self.id].fetch_add(1, Ordering::Relaxed);
+                let token = Token(CONN_BASE + i);
+                let _ = self.poll.registry().register(
+                    &mut e.stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                );
+                e.read_ready = true;
+                self.conns[i] = Some(*e);
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// One pass over every connection and backend queue. Returns whether
@@ -691,6 +824,10 @@ impl Worker {
     fn drive(&mut self, now: Instant) -> bool {
         let mut work = false;
         for i in 0..self.conns.len() {
+            if self.peers.len() > 1 && self.place_io_queue(i) {
+                work = true;
+                continue;
+            }
             let Some(e) = self.conns[i].as_mut() else {
                 continue;
             };
@@ -824,6 +961,11 @@ impl Worker {
 
     fn remove_conn(&mut self, i: usize) {
         if let Some(mut e) = self.conns.get_mut(i).and_then(|c| c.take()) {
+            if e.placed {
+                if let Some(c) = self.io_queues.get(self.id) {
+                    c.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
             let _ = self.poll.registry().deregister(&mut e.stream);
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
             e.conn.finish();

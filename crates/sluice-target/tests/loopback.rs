@@ -385,3 +385,45 @@ fn shutdown_drains_and_closes() {
     q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert_eq!(q.s.read(&mut b).unwrap_or(0), 0);
 }
+
+/// The acceptor deals sockets round robin, which puts every controller's
+/// single I/O queue on the same worker (admin, I/O, admin, I/O ...). Each
+/// I/O queue is placed after its Connect on the worker with the fewest I/O
+/// queues, handed over with its state; data written before and after the
+/// hand-over reads back on every queue.
+#[test]
+fn io_queues_spread_over_workers() {
+    let t = start("interrupt", 2);
+    let addr = t.local_addr();
+    let mut queues = Vec::new();
+    let mut admins = Vec::new();
+    for _ in 0..3 {
+        let (admin, cntlid) = Client::admin(addr);
+        let mut q = Client::connect(addr, false);
+        assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+        admins.push(admin);
+        queues.push(q);
+    }
+    for round in 0..3u8 {
+        for (i, q) in queues.iter_mut().enumerate() {
+            let len = [4096usize, 1 << 20, 8192][round as usize];
+            let d = pattern(len, round * 16 + i as u8);
+            let slba = (i as u64) * 4096 + u64::from(round) * 1024;
+            assert_eq!(q.write(slba, &d), Status::SUCCESS);
+            let (st, back) = q.read(slba, (len / 512) as u32);
+            assert_eq!(st, Status::SUCCESS);
+            assert!(back == d, "queue {i} round {round}: data differs");
+        }
+    }
+    let mut per = t.io_queues_per_worker();
+    per.sort_unstable();
+    assert_eq!(per, vec![1, 2], "I/O queues per worker");
+    drop(queues);
+    drop(admins);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while t.io_queues_per_worker().iter().sum::<usize>() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(t.io_queues_per_worker(), vec![0, 0], "counts follow closes");
+    t.shutdown();
+}
