@@ -727,8 +727,12 @@ impl Worker {
                 continue;
             }
             let (conn, tenant, placed) = match moved {
-                Some((conn, tenant)) => {
+                Some((mut conn, tenant)) => {
                     tracing::debug!(?peer, qid = conn.qid(), "I/O queue taken over");
+                    if self.shutdown.load(Ordering::Acquire) {
+                        // Arrived after this worker began draining.
+                        conn.begin_drain();
+                    }
                     (conn, tenant, true)
                 }
                 None => {
