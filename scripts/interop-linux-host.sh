@@ -138,6 +138,24 @@ for k in $KERNELS; do
         -e "CONNECT_ARGS=--hdr-digest --data-digest -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=32m
     run "linux-$k-denied" "$k" host-denied.sh -e SUBNQN=$CLOSED_NQN
 done
+if [[ $QUICK == 0 ]]; then
+    # Two controllers with one I/O queue each: round robin deals both I/O
+    # queues to the same worker, and the target hands one over after its
+    # Connect (docs/target.md, "Workers and queue placement").
+    k=${KERNELS##* }
+    before=$(grep -c "handed to a less loaded worker" "$LOGDIR/target.log" || true)
+    run "linux-$k-two-controllers-spread" "$k" host-basic.sh -e SUBNQN=$RAM_NQN -e EXPECT_NS_BYTES=$RAM_BYTES \
+        -e "CONNECT_ARGS=-i 1" -e SECOND_CONTROLLER=1 -e SKIP_DISCOVER=1 -e FIO_SIZE=16m
+    after=$(grep -c "handed to a less loaded worker" "$LOGDIR/target.log" || true)
+    if [[ $after -gt $before ]]; then
+        echo "interop: PASS I/O queue handed over between workers ($((after - before)) hand-overs)"
+        PASSED=$((PASSED + 1))
+    else
+        echo "interop: FAIL no I/O queue was handed over between workers"
+        FAILED=$((FAILED + 1))
+        FAILED_NAMES+=("two-controllers-hand-over")
+    fi
+fi
 # SQ flow control disabled: the target answers reads with C2HData + SUCCESS.
 last=${KERNELS##* }
 [[ $QUICK == 1 ]] || run "linux-$last-ram-sqflow-off" "$last" host-basic.sh -e SUBNQN=$RAM_NQN -e "CONNECT_ARGS=--disable-sqflow" -e FIO_SIZE=16m

@@ -129,6 +129,15 @@ mkdir -p "$(dirname "$LOG")"
 
 log "kernel $KVER, script $(basename "$SCRIPT"), timeout ${TIMEOUT}s, log $LOG"
 START=$(date +%s.%N)
+# A stock kernel under TCG occasionally dies while booting, before any test
+# runs (seen: an int3 oops in sched_clock_cpu while jump labels are patched
+# at ~3 s). Such a boot, with no SLUICE-PEER-BOOTED marker and a kernel
+# panic in the log, is retried (3 boots at most); a guest that booted and
+# then failed is never retried.
+BOOT_ATTEMPT=0
+while :; do
+BOOT_ATTEMPT=$((BOOT_ATTEMPT + 1))
+: > "$LOG"
 qemu-system-x86_64 -machine q35 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
     -nographic -no-reboot -nodefaults -serial stdio \
     -kernel "$VMLINUZ" -initrd "$TMP/initrd" -append "$APPEND" \
@@ -171,6 +180,14 @@ if [[ -n $TAIL_PID ]]; then sleep 0.3; kill "$TAIL_PID" 2>/dev/null || true; wai
 ELAPSED=$(awk -v s="$START" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}')
 
 booted=$(grep -ao 'SLUICE-PEER-BOOTED.*' "$LOG" | tail -n1 | tr -d '\r' || true)
+if [[ -z $booted && $result != "SLUICE-PEER-RESULT: PASS" && $BOOT_ATTEMPT -lt 3 ]] &&
+    grep -aq 'Kernel panic' "$LOG"; then
+    cp "$LOG" "$LOG.boot-$BOOT_ATTEMPT" 2>/dev/null || true
+    log "guest kernel died while booting (attempt $BOOT_ATTEMPT, before the test ran): booting again"
+    continue
+fi
+break
+done
 if [[ $result == "SLUICE-PEER-RESULT: PASS" ]]; then
     log "PASS in ${ELAPSED}s (kernel $KVER; ${booted:-no boot marker})"
     exit 0

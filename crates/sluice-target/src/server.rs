@@ -800,7 +800,7 @@ impl Worker {
         match tx.send(Incoming::Moved(Box::new(e))) {
             Ok(()) => {
                 let _ = waker.wake();
-                tracing::debug!(qid, to = best, "I/O queue handed to a less loaded worker");
+                tracing::info!(qid, to = best, "I/O queue handed to a less loaded worker");
                 self.free.push(i);
                 self.publish_send_stats();
                 true

@@ -12,6 +12,9 @@
 #   SKIP_DISCOVER=1   skip the discovery step (target without a discovery service)
 #   FIO_SIZE          fio region size (default 64m); FIO=0 skips fio
 #   FIO_OFFSET        fio region offset (default 16m; the dd patterns live outside it)
+#   SECOND_CONTROLLER=1  after connecting, connect a second controller to the same
+#                     subsystem through DISC_PORT (a second path) and spread I/O over
+#                     both paths (multipath iopolicy round-robin)
 set -eu
 . /guest/lib.sh
 
@@ -70,6 +73,23 @@ fi
 
 step connect
 do_connect
+
+if [ "${SECOND_CONTROLLER:-0}" = 1 ]; then
+    step second-controller
+    # shellcheck disable=SC2086
+    # A second path: the same subsystem through the target's other port
+    # (nvme-cli refuses a second controller with identical parameters).
+    run nvme connect -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" -n "$SUBNQN" $CONNECT_ARGS
+    i=0
+    while [ "$(ctrls_for_nqn "$SUBNQN" | wc -l)" -lt 2 ] && [ $i -lt 50 ]; do
+        sleep 0.2; i=$((i + 1))
+    done
+    [ "$(ctrls_for_nqn "$SUBNQN" | wc -l)" -ge 2 ] || fail "no second controller for $SUBNQN"
+    for p in /sys/class/nvme-subsystem/nvme-subsys*/iopolicy; do
+        [ -e "$p" ] && echo round-robin >"$p" 2>/dev/null && info "$p: $(cat "$p")"
+    done
+    info "controllers for $SUBNQN: $(ctrls_for_nqn "$SUBNQN" | tr '\n' ' ')"
+fi
 
 step list
 run nvme list
