@@ -201,7 +201,7 @@ impl WorkerTenancy {
     /// scheduled on its own; the parent completes when the last piece does.
     fn submit_split(&mut self, meta: Meta, mut req: IoRequest, piece: u64, now: Instant) {
         let parent = req.tag;
-        let mut buf = req.buf.take();
+        let buf = req.buf.take();
         let len = req
             .len_bytes
             .min(buf.as_ref().map_or(0, |b| b.len() as u64));
@@ -209,13 +209,11 @@ impl WorkerTenancy {
         for i in 0..n {
             let off = i * piece;
             let plen = piece.min(len - off);
-            let mut b = AlignedBuf::new(plen as usize);
-            if meta.dir == Dir::Write {
-                if let Some(src) = buf.as_mut() {
-                    let (o, l) = (off as usize, plen as usize);
-                    b.as_mut_slice().copy_from_slice(&src.as_slice()[o..o + l]);
-                }
-            }
+            let (o, l) = (off as usize, plen as usize);
+            let b = match (meta.dir, buf.as_ref()) {
+                (Dir::Write, Some(src)) => AlignedBuf::from_slice(&src.as_slice()[o..o + l]),
+                _ => AlignedBuf::new(l),
+            };
             let tag = PIECE_TAG_BIT | self.next_piece;
             self.next_piece = (self.next_piece + 1) & !PIECE_TAG_BIT;
             self.meta.insert(
