@@ -383,6 +383,30 @@ impl CpuCgroup {
         self.write("cpu.cfs_quota_us", &q)
     }
 
+    /// `cpu.cfs_quota_us` (None: no quota, -1) and `cpu.cfs_period_us`.
+    pub fn quota(&self) -> Result<(Option<Duration>, Duration), CgroupError> {
+        let read = |f: &str| -> Result<i64, CgroupError> {
+            let path = self.path.join(f);
+            let s = fs::read_to_string(&path).map_err(|source| CgroupError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            s.trim().parse().map_err(|_| CgroupError::Read {
+                path,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("`{}` is not a number", s.trim()),
+                ),
+            })
+        };
+        let quota = read("cpu.cfs_quota_us")?;
+        let period = Duration::from_micros(read("cpu.cfs_period_us")?.max(0) as u64);
+        Ok((
+            (quota > 0).then(|| Duration::from_micros(quota as u64)),
+            period,
+        ))
+    }
+
     /// Moves one thread (TID) into the cgroup (`tasks`).
     pub fn add_thread(&self, tid: i32) -> Result<(), CgroupError> {
         self.write("tasks", &tid.to_string())

@@ -280,6 +280,30 @@ size = "1MiB"
         return;
     };
     let period = std::time::Duration::from_millis(100);
+    // A cgroup without a quota has nothing to charge against: refused.
+    cg.set_quota(None, period).unwrap();
+    let e = Config::from_toml(&format!(
+        r#"
+[[tenant]]
+name = "a"
+hosts = ["{HOST_A}"]
+charge_cgroup = "{}"
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1MiB"
+"#,
+        cg.path().display()
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("tenant[0].charge_cgroup") && e.contains("has no CPU quota"),
+        "{e}"
+    );
     cg.set_quota(Some(period / 2), period).unwrap();
     let quota_us = |cg: &sluice_target::tenant::cpu::CpuCgroup| -> i64 {
         std::fs::read_to_string(cg.path().join("cpu.cfs_quota_us"))

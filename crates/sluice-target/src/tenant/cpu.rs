@@ -53,8 +53,7 @@ impl ChargeAgents {
             let Some(path) = &spec.charge_cgroup else {
                 continue;
             };
-            let opened = cgroup_base_quota(path).and_then(|(quota, period)| {
-                let cg = CpuCgroup::open(path).map_err(|e| e.to_string())?;
+            let opened = cgroup_base_quota(path).and_then(|(cg, quota, period)| {
                 let agent =
                     QuotaAgent::new(cg.clone(), quota, period).map_err(|e| e.to_string())?;
                 Ok((agent, cg, quota, period))

@@ -376,34 +376,19 @@ pub fn validate_tenant(
     })
 }
 
-/// The CFS quota and period a tenant's `charge_cgroup` has now: the base
-/// the charged CPU is taken out of. Errors say what is wrong with the path.
-pub fn cgroup_base_quota(p: &std::path::Path) -> Result<(Duration, Duration), String> {
-    let read = |f: &str| -> Result<i64, String> {
-        let path = p.join(f);
-        let s = std::fs::read_to_string(&path).map_err(|e| {
-            format!(
-                "`{}` is not a cgroup v1 `cpu` directory ({}: {e})",
-                p.display(),
-                path.display()
-            )
-        })?;
-        s.trim()
-            .parse()
-            .map_err(|_| format!("`{}` holds `{}`, not a number", path.display(), s.trim()))
-    };
-    let quota = read("cpu.cfs_quota_us")?;
-    let period = read("cpu.cfs_period_us")?;
-    if quota <= 0 || period <= 0 {
-        return Err(format!(
-            "`{}` has no CPU quota (cpu.cfs_quota_us = {quota}); set the tenant's quota first",
+/// A tenant's `charge_cgroup`, with the CFS quota and period it has now
+/// (the base the charged CPU is taken out of). Errors say what is wrong.
+pub fn cgroup_base_quota(
+    p: &std::path::Path,
+) -> Result<(cpu::CpuCgroup, Duration, Duration), String> {
+    let cg = cpu::CpuCgroup::open(p).map_err(|e| e.to_string())?;
+    match cg.quota().map_err(|e| e.to_string())? {
+        (Some(quota), period) if !period.is_zero() => Ok((cg, quota, period)),
+        _ => Err(format!(
+            "`{}` has no CPU quota (cpu.cfs_quota_us = -1); set the tenant's quota first",
             p.display()
-        ));
+        )),
     }
-    Ok((
-        Duration::from_micros(quota as u64),
-        Duration::from_micros(period as u64),
-    ))
 }
 
 /// Cross-tenant checks: unique names, a host in one tenant only, the
