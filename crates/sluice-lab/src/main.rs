@@ -1,0 +1,183 @@
+//! `sluice-lab`: the papers' experiments, kept out of the shipped `sluice`
+//! binary. Each subcommand starts Sluice targets in this process (the
+//! library crates, not the `sluice` binary), drives them with
+//! `sluice-bench` and writes a Markdown table and SVG plots under `--out`
+//! (default `docs/experiments`).
+//!
+//! * tenants and CPU (docs/tenants.md): `fairness`, `noisy`, `cpu`,
+//!   `ksplit`, and `all` for the four in turn;
+//! * isolated data path (docs/isolation.md): `pinof-fig5`, `pinof-fig6`,
+//!   `coalescing`, and `isolation` for the three in turn.
+//!
+//! Modules: one per experiment under `tenant/` and `datapath/` (each group's
+//! harness in its `mod.rs`, the CPU experiments' victims and hog in
+//! `tenant/cpu_setup.rs`), every target configuration in `configs.rs`, plots
+//! in `plot.rs`, output and statistics in `report.rs`.
+
+mod affinity;
+mod configs;
+mod datapath;
+mod plot;
+mod report;
+mod tenant;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice-lab",
+    version,
+    about = "The papers' experiments against in-process Sluice targets: tables and plots under docs/experiments",
+    long_about = "The papers' experiments against in-process Sluice targets: tables and plots under docs/experiments. These are long benchmarks: run them from a release build (`cargo run --release -p sluice-lab -- <experiment>`) on an otherwise idle machine."
+)]
+struct Cli {
+    /// Log filter (RUST_LOG syntax), e.g. `info`, `sluice_target=debug`.
+    #[arg(long, global = true, default_value = "info", env = "SLUICE_LOG")]
+    log: String,
+    #[command(subcommand)]
+    experiment: Experiment,
+}
+
+#[derive(Debug, Subcommand)]
+enum Experiment {
+    /// Bandwidth fairness (Flint W1-W5), weights 1:2:4 and limits on the
+    /// scaled emulated SSD: fairness.md, fairness-{jain-bytes,jain-device,weights}.svg.
+    Fairness(RunArgs),
+    /// Noisy neighbour: a QD 1 reader next to a 128 KiB QD 32 reader, with
+    /// and without isolation: noisy-neighbour.md, noisy-neighbour.svg.
+    #[command(visible_alias = "noisy-neighbour")]
+    Noisy(RunArgs),
+    /// CPU isolation, i-NVMe Figs. 1, 4, 7 (root, cgroup v1 `cpu`):
+    /// cpu-isolation.md, cpu-fig1-4-{df,iops}.svg, cpu-fig7.svg.
+    Cpu(CpuArgs),
+    /// k-split throttling, i-NVMe Fig. 3 (root, cgroup v1 `cpu`): ksplit.md,
+    /// ksplit-{latency,iops,df}.svg.
+    #[command(visible_alias = "k-split")]
+    Ksplit(CpuArgs),
+    /// fairness, noisy, cpu and ksplit in turn.
+    All(AllArgs),
+    /// PINoF Fig. 5: 4 KiB random I/O at QD 8, varying write ratio, per send
+    /// scheduler: pinof-fig5.md, pinof-fig5-{ram,ssd}-{latency,p99,bandwidth}.svg.
+    #[command(name = "pinof-fig5")]
+    PinofFig5(RunArgs),
+    /// PINoF Fig. 6: random writes at QD 8, 4 KiB to 128 KiB, priorities vs
+    /// Nprio: pinof-fig6.md, pinof-fig6-{ram,ssd}-{iops,latency}.svg.
+    #[command(name = "pinof-fig6")]
+    PinofFig6(RunArgs),
+    /// Latency-aware coalescing Figs. 6-8 (host wake-up coalescing):
+    /// coalescing.md, coalescing-{iops,latency,notifications}.svg.
+    Coalescing(RunArgs),
+    /// pinof-fig5, pinof-fig6 and coalescing in turn.
+    Isolation(RunArgs),
+}
+
+/// A positive, finite number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err("must be a positive number of seconds".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Flags of the bandwidth and latency experiments.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunArgs {
+    /// Directory for tables and plots.
+    #[arg(long, default_value = "docs/experiments")]
+    pub out: PathBuf,
+    /// Seconds per bandwidth/latency run.
+    #[arg(long, default_value_t = 3.0, value_parser = seconds, allow_negative_numbers = true)]
+    pub runtime: f64,
+}
+
+/// Flags of the CPU experiments.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct CpuArgs {
+    /// Directory for tables and plots.
+    #[arg(long, default_value = "docs/experiments")]
+    pub out: PathBuf,
+    /// Parent cgroup (v1 `cpu`) for the CPU experiments.
+    #[arg(long, default_value = "/sys/fs/cgroup/cpu")]
+    pub cgroup_root: PathBuf,
+    /// Measure every point this many times and report the median (and the
+    /// range).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
+}
+
+/// Flags of `all`: those of every experiment it runs.
+#[derive(Debug, Clone, Args)]
+struct AllArgs {
+    /// Directory for tables and plots.
+    #[arg(long, default_value = "docs/experiments")]
+    out: PathBuf,
+    /// Seconds per bandwidth/latency run.
+    #[arg(long, default_value_t = 3.0, value_parser = seconds, allow_negative_numbers = true)]
+    runtime: f64,
+    /// Parent cgroup (v1 `cpu`) for the CPU experiments.
+    #[arg(long, default_value = "/sys/fs/cgroup/cpu")]
+    cgroup_root: PathBuf,
+    /// CPU experiments: measure every point this many times and report the
+    /// median (and the range).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    repeat: u32,
+}
+
+fn run(e: Experiment) -> anyhow::Result<()> {
+    match e {
+        Experiment::Fairness(a) => tenant::fairness::run(&a),
+        Experiment::Noisy(a) => tenant::noisy::run(&a),
+        Experiment::Cpu(a) => tenant::cpu::run(&a),
+        Experiment::Ksplit(a) => tenant::ksplit::run(&a),
+        Experiment::All(a) => {
+            let r = RunArgs {
+                out: a.out.clone(),
+                runtime: a.runtime,
+            };
+            let c = CpuArgs {
+                out: a.out,
+                cgroup_root: a.cgroup_root,
+                repeat: a.repeat,
+            };
+            tenant::fairness::run(&r)?;
+            tenant::noisy::run(&r)?;
+            tenant::cpu::run(&c)?;
+            tenant::ksplit::run(&c)
+        }
+        Experiment::PinofFig5(a) => datapath::pinof_fig5::run(&a.out, a.runtime),
+        Experiment::PinofFig6(a) => datapath::pinof_fig6::run(&a.out, a.runtime),
+        Experiment::Coalescing(a) => datapath::coalescing::run(&a.out, a.runtime),
+        Experiment::Isolation(a) => {
+            datapath::pinof_fig5::run(&a.out, a.runtime)?;
+            datapath::pinof_fig6::run(&a.out, a.runtime)?;
+            datapath::coalescing::run(&a.out, a.runtime)
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(cli.experiment) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
