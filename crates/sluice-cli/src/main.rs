@@ -6,15 +6,14 @@
 //!   and the raw TCP floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
 //! * `sluice top`: live per-tenant view from a target's admin endpoint.
-//! * `sluice experiment`: the tenant experiments (docs/experiments).
 //! * `sluice nbd`, `sluice fuse`: export a remote namespace over NBD or as a
 //!   file in a FUSE mount.
+//!
+//! The papers' experiments are a separate binary, `sluice-lab`
+//! (crates/sluice-lab), so this one carries none of their machinery.
 
-mod experiment_cmd;
 mod export_cmd;
 mod host_cmd;
-mod isolation_cmd;
-mod svg;
 mod target_cmd;
 mod top_cmd;
 
@@ -51,8 +50,6 @@ enum Command {
     /// Show tenants live (IOPS, bandwidth, latency, CPU, throttling) from a
     /// target's admin endpoint.
     Top(top_cmd::TopArgs),
-    /// Run one of the papers' experiments (tenants and CPU, isolated data path, coalescing) and write tables and plots under docs/experiments.
-    Experiment(experiment_cmd::ExperimentArgs),
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
@@ -74,7 +71,6 @@ fn main() {
         Command::Bench(a) => host_cmd::bench(*a),
         Command::Discover(a) => host_cmd::discover(a),
         Command::Top(a) => top_cmd::run(a),
-        Command::Experiment(a) => experiment_cmd::run(a),
         Command::Nbd(a) => export_cmd::nbd(a),
         Command::Fuse(a) => export_cmd::fuse(a),
     };
