@@ -180,6 +180,7 @@ fn draw(
         .configure_mesh()
         .disable_x_mesh()
         .y_labels(5)
+        .max_light_lines(1)
         .x_label_formatter(&x_label)
         .y_label_formatter(&|y| tick(*y))
         .x_desc(xlabel)
