@@ -19,13 +19,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let (mut p50, mut p99, mut p999) = (vec![], vec![], vec![]);
     for (i, run) in runs.iter().enumerate() {
         let (name, settings, with_heavy, limit) =
-            (run.name, run.settings, &run.with_heavy, run.heavy_extra);
+            (run.name, run.settings, run.with_heavy, run.heavy_extra);
         let t = target(
             &configs::tenants(settings, &[("v", 1, ""), ("h", 1, limit)]),
             &ssd_backend(default_ssd),
         )?;
         let mut jobs = vec![victim.clone()];
-        if *with_heavy {
+        if with_heavy {
             jobs.push(heavy.clone());
         }
         let r = bench(&t, &jobs, a.runtime)?;
@@ -34,7 +34,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if i == 0 {
             solo_p99 = v.latency_us_p99;
         }
-        let hb = if *with_heavy {
+        let hb = if with_heavy {
             job(&r, "h").bandwidth_mib_s
         } else {
             0.0
