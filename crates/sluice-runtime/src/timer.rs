@@ -76,9 +76,7 @@ impl Sleeper {
         if policy.wait(idle_for) == Wait::Spin {
             return Some(Duration::ZERO);
         }
-        let Some(deadline) = deadline else {
-            return None;
-        };
+        let deadline = deadline?;
         let until = deadline.saturating_duration_since(now);
         match self.timer.as_mut() {
             _ if until < SPIN_BELOW => Some(Duration::ZERO),
