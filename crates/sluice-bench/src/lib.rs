@@ -380,15 +380,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<BenchReport> {
 }
 
 fn cpu_times_s() -> (f64, f64) {
-    // SAFETY: getrusage writes into the struct we pass; zeroed is a valid rusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to an owned rusage.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    if rc != 0 {
-        return (0.0, 0.0);
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    (tv(ru.ru_utime), tv(ru.ru_stime))
+    let (user, system) = sluice_runtime::clock::process_cpu_split();
+    (user.as_secs_f64(), system.as_secs_f64())
 }
 
 fn resolve(target: &str) -> anyhow::Result<SocketAddr> {

@@ -27,6 +27,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+// The thread clocks live in the shared runtime toolkit; named here because
+// cgroup membership and CPU charging are read per thread.
+pub use sluice_runtime::clock::{current_thread_cpu_ns, current_tid, thread_cpu_ns};
+
 /// Whom CPU is charged to (a tenant id on the target, an export index on
 /// the host).
 pub type TenantId = u32;
@@ -437,12 +441,6 @@ impl CpuCgroup {
     }
 }
 
-/// The calling thread's TID.
-pub fn current_tid() -> i32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() }
-}
-
 /// Watches CPU-bound victims' cgroups: a period in which a victim was not
 /// throttled by its own quota means it could not use its quota (violation).
 #[derive(Debug)]
@@ -485,29 +483,6 @@ impl VictimWatch {
         }
         Some(ok)
     }
-}
-
-/// CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`, ~0.4 µs).
-pub fn current_thread_cpu_ns() -> u64 {
-    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
-}
-
-/// CPU time of thread `tid` of this process (its per-thread CPU clock,
-/// `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`); `None` once it has exited.
-pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
-    // Linux: ((~tid) << 3) | CPUCLOCK_PERTHREAD_MASK (4) | CPUCLOCK_SCHED (2).
-    let clock = ((!(tid as libc::clockid_t)) << 3) | 6;
-    clock_ns(clock)
-}
-
-fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
-    // SAFETY: an all-zero timespec is valid.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer; an invalid clock id only returns EINVAL.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return None;
-    }
-    Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 /// How [`join_cgroup`] moved the thread.

@@ -20,7 +20,8 @@ use tokio::sync::mpsc;
 
 use crate::core::{Completion, CoreConfig, Payload};
 use crate::error::{HostError, Result};
-use crate::queue::{wait, PollingPolicy, QueueHandle, QueueParams, TimedOutCommand};
+use crate::queue::{wait, QueueHandle, QueueParams, TimedOutCommand};
+use sluice_runtime::PollingPolicy;
 
 /// Admin queue depth (SQSIZE 31).
 pub const ADMIN_QUEUE_DEPTH: u16 = 32;

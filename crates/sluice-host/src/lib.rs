@@ -22,4 +22,5 @@ pub use controller::{
 };
 pub use discovery::discover;
 pub use error::{HostError, Result};
-pub use queue::{HostQueueStats, PollingPolicy};
+pub use queue::HostQueueStats;
+pub use sluice_runtime::PollingPolicy;

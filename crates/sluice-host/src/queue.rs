@@ -24,43 +24,11 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
+use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::core::{Completion, CoreConfig, Event, Negotiated, Payload, QueuePairCore};
 use crate::error::{HostError, Result};
-
-/// How the receive path waits for data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PollingPolicy {
-    /// Sleep in epoll until the socket is readable or a command is submitted.
-    #[default]
-    Interrupt,
-    /// Spin on non-blocking socket reads; never sleep.
-    BusyPoll,
-    /// Spin for `spin_us` microseconds after the last progress, then sleep.
-    Adaptive { spin_us: u32 },
-}
-
-impl std::str::FromStr for PollingPolicy {
-    type Err = String;
-    /// `interrupt`, `busy`, `adaptive` (50 µs) or `adaptive:SPIN_US`.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "interrupt" | "irq" => Ok(PollingPolicy::Interrupt),
-            "busy" | "busypoll" | "busy-poll" => Ok(PollingPolicy::BusyPoll),
-            "adaptive" => Ok(PollingPolicy::Adaptive { spin_us: 50 }),
-            _ => match s.strip_prefix("adaptive:") {
-                Some(n) => n
-                    .parse()
-                    .map(|spin_us| PollingPolicy::Adaptive { spin_us })
-                    .map_err(|e| format!("bad spin time `{n}`: {e}")),
-                None => Err(format!(
-                    "unknown polling policy `{s}` (interrupt, busy, adaptive[:SPIN_US])"
-                )),
-            },
-        }
-    }
-}
 
 /// Longest a sleeping queue thread waits before re-checking timers.
 const IDLE_WAIT_MAX: Duration = Duration::from_millis(100);
@@ -71,6 +39,7 @@ const READS_PER_TURN_MAX: usize = 64;
 
 const SOCKET: Token = Token(0);
 const WAKER: Token = Token(1);
+const TIMER: Token = Token(2);
 
 /// Counters of one queue's I/O thread (issue 4), readable at any time with
 /// [`QueueHandle::stats`] and summed per controller by
@@ -276,7 +245,7 @@ impl QueueHandle {
                 let span = tracing::debug_span!("queue", hostnqn = %p.hostnqn, qid);
                 let _g = span.enter();
                 sh.tid
-                    .store(sluice_cpu::current_tid(), Ordering::Release);
+                    .store(sluice_runtime::clock::current_tid(), Ordering::Release);
                 if let Some(cg) = &p.cgroup {
                     match sluice_cpu::join_cgroup(cg, p.cgroup_procs) {
                         Ok(how) => tracing::debug!(cgroup = %cg.display(), ?how, "queue thread joined cgroup"),
@@ -444,6 +413,10 @@ impl Driver {
         ) {
             self.core.close(&format!("epoll register: {e}"));
         }
+        let (mut sleeper, timer_err) = Sleeper::new(self.poll.registry(), TIMER);
+        if let Some(e) = timer_err {
+            tracing::warn!(error = %e, "no timerfd; sleeps will have millisecond granularity");
+        }
         let mut next_timer = Instant::now();
         let mut last_progress = Instant::now();
         loop {
@@ -481,46 +454,39 @@ impl Driver {
                 self.publish_send_stats();
                 continue;
             }
-            // Held completions or PDUs held in a send freight: epoll sleeps in
-            // whole milliseconds, so a nearer deadline is met by spinning.
-            let tx_wait = self
-                .core
-                .send_deadline()
-                .map(|d| d.saturating_duration_since(now));
-            let co_wait = match (co_wait, tx_wait) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let co_spin = co_wait.is_some_and(|w| w < Duration::from_millis(1));
-            let spin = co_spin
-                || match self.polling {
-                    PollingPolicy::BusyPoll => true,
-                    PollingPolicy::Adaptive { spin_us } => {
-                        now.duration_since(last_progress) < Duration::from_micros(spin_us as u64)
-                    }
-                    PollingPolicy::Interrupt => false,
-                };
-            if spin {
+            // The nearest of: held completions, PDUs held in a send freight,
+            // command timeouts (checked every TIMER_CHECK) and the idle cap.
+            let deadline = [
+                co_wait.map(|w| now + w),
+                self.core.send_deadline(),
+                self.core.poll_timeout().map(|t| t.max(now) + TIMER_CHECK),
+            ]
+            .into_iter()
+            .flatten()
+            .fold(now + IDLE_WAIT_MAX, Instant::min);
+            let timeout = sleeper.timeout(
+                self.polling,
+                now,
+                now.duration_since(last_progress),
+                Some(deadline),
+            );
+            if timeout == Some(Duration::ZERO) {
                 std::hint::spin_loop();
                 continue;
             }
-            // Sleep until the socket, a submission or the next deadline.
+            // Sleep until the socket, a submission or the deadline.
             self.shared.parked.store(true, Ordering::Release);
             if !self.pending_empty() || self.shared.shutdown.load(Ordering::Acquire) {
                 self.shared.parked.store(false, Ordering::Release);
                 continue;
             }
-            let wait = self
-                .core
-                .poll_timeout()
-                .map(|t| t.saturating_duration_since(now) + TIMER_CHECK)
-                .unwrap_or(IDLE_WAIT_MAX)
-                .min(IDLE_WAIT_MAX)
-                .min(co_wait.unwrap_or(IDLE_WAIT_MAX));
-            if let Err(e) = self.poll.poll(&mut events, Some(wait)) {
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != ErrorKind::Interrupted {
                     self.core.close(&format!("epoll wait: {e}"));
                 }
+            }
+            for ev in events.iter() {
+                sleeper.handle_event(ev.token());
             }
             self.shared.parked.store(false, Ordering::Release);
         }

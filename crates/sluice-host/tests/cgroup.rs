@@ -95,11 +95,11 @@ async fn queue_threads_join_cgroup_v1() {
         );
     }
     // This (test) thread stays outside.
-    assert!(!tasks.contains(&sluice_cpu::current_tid()));
+    assert!(!tasks.contains(&sluice_runtime::clock::current_tid()));
 
     let cpu0: u64 = tids
         .iter()
-        .map(|t| sluice_cpu::thread_cpu_ns(*t).unwrap())
+        .map(|t| sluice_runtime::clock::thread_cpu_ns(*t).unwrap())
         .sum();
     let (p0, _) = cpu_stat(&cg);
     let ns = c.namespace(1).expect("ns");
@@ -115,7 +115,7 @@ async fn queue_threads_join_cgroup_v1() {
     }
     let cpu1: u64 = tids
         .iter()
-        .map(|t| sluice_cpu::thread_cpu_ns(*t).unwrap())
+        .map(|t| sluice_runtime::clock::thread_cpu_ns(*t).unwrap())
         .sum();
     let (p1, _) = cpu_stat(&cg);
     assert!(cpu1 > cpu0, "queue threads used no CPU: {cpu0} -> {cpu1}");
@@ -303,7 +303,7 @@ async fn queue_threads_join_cgroup_v2_threaded() {
         assert!(listed.lines().any(|l| l == tid.to_string()), "{listed}");
     }
     // The caller's thread stays in the domain.
-    let me = sluice_cpu::thread_cgroups(sluice_cpu::current_tid()).unwrap();
+    let me = sluice_cpu::thread_cgroups(sluice_runtime::clock::current_tid()).unwrap();
     assert!(!me.lines().any(|l| l == rel), "{me}");
     // And the queue threads work from there.
     let ns = c.namespace(1).expect("ns");

@@ -1,0 +1,23 @@
+//! The runtime toolkit that the target, the host library, `sluice bench` and
+//! the exports share, so each side waits, sleeps and measures CPU the same
+//! way:
+//!
+//! - [`polling`]: [`PollingPolicy`] (interrupt / busy-poll / adaptive), one
+//!   type with one spelling on both sides, and the sans-IO decision of how a
+//!   loop with nothing to do waits ([`PollingPolicy::wait`]).
+//! - [`timer`]: [`Sleeper`], which meets sub-millisecond deadlines with a
+//!   timerfd registered in the loop's `mio::Poll` (epoll itself sleeps in
+//!   whole milliseconds) and spins only for the last few microseconds.
+//! - [`clock`]: thread and process CPU clocks and the caller's TID.
+//! - [`limits`]: the limits every loop shares (worker threads).
+//!
+//! Syscalls go through `rustix`; `libc` remains only for the per-thread CPU
+//! clock of *another* thread, which rustix does not expose.
+
+pub mod clock;
+pub mod limits;
+pub mod polling;
+pub mod timer;
+
+pub use polling::{PollingPolicy, Wait};
+pub use timer::Sleeper;
