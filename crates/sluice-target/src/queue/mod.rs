@@ -19,14 +19,14 @@
 //! * this file: the [`QueueConnection`] and its public `handle_*`/`poll_*`
 //!   API, the PDU dispatch loop and the connection's life (draining,
 //!   closing, timers);
-//! * `handshake`: ICReq/ICResp and Connect ([`handshake::Session`]: queue id,
+//! * `handshake`: ICReq/ICResp and Connect (`Session`: queue id,
 //!   depth, controller);
 //! * `admit`: the checks every CapsuleCmd passes before any data moves;
 //! * `data`: R2T and H2CData collection;
 //! * `execute`: fabrics and admin commands inline, I/O commands turned into
-//!   backend requests ([`execute::Execution`]);
+//!   backend requests (`Execution`);
 //! * `complete`: backend completions, CapsuleResp and C2HData encoding into
-//!   the send scheduler ([`complete::Responder`]);
+//!   the send scheduler (`Responder`);
 //! * `commands`: the in-flight command table the stages share.
 
 mod admit;
@@ -72,7 +72,7 @@ enum ConnState {
 }
 
 /// A backend request the I/O layer must submit; `req.tag` is a local
-/// [`BackendTag`](crate::tag::BackendTag) (connection index 0) that
+/// `BackendTag` (connection index 0) that
 /// identifies the command within this connection.
 #[derive(Debug)]
 pub struct BackendSubmit {
