@@ -9,6 +9,8 @@
 //!   checking PLEN/HLEN/PDO, padding and CRC32C digests.
 //! * [`command`]: the 64-byte submission queue entry and the 16-byte
 //!   completion queue entry, opcodes and SGL descriptors.
+//! * [`dsm`]: Dataset Management fields and its range list (a decoder that
+//!   returns errors, never panics, on short data).
 //! * [`status`]: NVMe status codes with readable names.
 //! * [`fabrics`]: Connect, Property Get/Set, Disconnect, controller properties.
 //! * [`identify`]: Identify Controller/Namespace, active namespace list and
@@ -23,6 +25,7 @@
 pub mod coalesce;
 pub mod command;
 pub mod digest;
+pub mod dsm;
 pub mod fabrics;
 pub mod framer;
 pub mod identify;

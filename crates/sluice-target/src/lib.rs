@@ -8,6 +8,7 @@
 //! * [`send`]: the per-queue send scheduler.
 //! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
 //! * [`metrics`]: counters per namespace and host.
+//! * `tag`: the backend request tag layout (`BackendTag`).
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
@@ -19,6 +20,7 @@ pub mod send;
 mod send_config;
 pub mod server;
 pub mod subsystem;
+mod tag;
 pub mod tenant;
 
 pub use config::Config;

@@ -270,9 +270,16 @@ impl<T> FairQueue<T> {
     }
 
     /// The device finished one dispatched I/O of `cost`.
+    /// Every completion matches one [`Self::dequeue`] of the same cost.
     pub fn complete(&mut self, cost: u64) {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.in_flight_cost = self.in_flight_cost.saturating_sub(cost);
+        debug_assert!(self.in_flight > 0, "completion with nothing in flight");
+        debug_assert!(
+            self.in_flight_cost >= cost,
+            "completion of cost {cost} but only {} in flight",
+            self.in_flight_cost
+        );
+        self.in_flight -= 1;
+        self.in_flight_cost -= cost;
     }
 
     /// The next I/O to send to the device, if the device has room and some

@@ -12,6 +12,7 @@ use super::cpu::BatchCharger;
 use super::rate::Dir;
 use super::shared::Grant;
 use super::{SchedulerMode, TenantId, TenantRuntime, TenantTable};
+use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -22,8 +23,6 @@ use std::time::{Duration, Instant};
 /// data moved (C2H/H2C PDUs, copies, digests).
 const UNITS_PER_COMMAND: u64 = 2;
 const BYTES_PER_UNIT: u64 = 16 * 1024;
-/// Tags of the pieces of a split request (connection tags never set it).
-const PIECE_TAG_BIT: u64 = 1 << 63;
 
 #[derive(Debug, Clone, Copy)]
 struct Meta {
@@ -164,10 +163,10 @@ impl WorkerTenancy {
         self.charger
             .add(tenant, UNITS_PER_COMMAND / 2 + bytes / BYTES_PER_UNIT);
         self.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
-        debug_assert_eq!(
-            req.tag & PIECE_TAG_BIT,
-            0,
-            "connection tags leave bit 63 clear"
+        debug_assert!(
+            BackendTag::from_raw(req.tag).is_conn(),
+            "only connection tags are submitted: {:?}",
+            BackendTag::from_raw(req.tag)
         );
         let scheduled =
             self.rt.settings.scheduler == SchedulerMode::Fair && self.rt.arbiters.get(ns).is_some();
@@ -214,8 +213,8 @@ impl WorkerTenancy {
                 (Dir::Write, Some(src)) => AlignedBuf::from_slice(&src.as_slice()[o..o + l]),
                 _ => AlignedBuf::new(l),
             };
-            let tag = PIECE_TAG_BIT | self.next_piece;
-            self.next_piece = (self.next_piece + 1) & !PIECE_TAG_BIT;
+            let tag = BackendTag::piece(self.next_piece).raw();
+            self.next_piece = BackendTag::next_piece(self.next_piece);
             self.meta.insert(
                 tag,
                 Meta {

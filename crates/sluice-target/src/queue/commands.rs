@@ -1,0 +1,180 @@
+//! The in-flight command table the stages share: one slot per admitted
+//! command, from admission to its completion. A slot's index is the R2T
+//! transfer tag and the slot of its backend tag; the table also finds a
+//! slot by CID (CID conflicts) and counts outstanding commands (queue
+//! depth).
+
+use crate::subsystem::Namespace;
+use sluice_backend::{AlignedBuf, IoOp};
+use sluice_proto::{Sqe, Status};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What executing a command means, decided at admission.
+#[derive(Debug)]
+pub(super) enum CmdKind {
+    /// Fabrics or admin command whose data has arrived and is executed inline.
+    Inline,
+    Read {
+        ns: Arc<Namespace>,
+        offset_bytes: u64,
+        len_bytes: u64,
+    },
+    Write {
+        ns: Arc<Namespace>,
+        offset_bytes: u64,
+        len_bytes: u64,
+        fua: bool,
+    },
+    /// Flush, Write Zeroes, DSM: one or more backend ops without data.
+    NoData {
+        ops: Vec<(Arc<Namespace>, IoOp, u64, u64)>,
+        write: bool,
+    },
+    /// Dataset Management: the ranges are decoded once the data is in.
+    Dsm {
+        ns: Arc<Namespace>,
+        nr: u32,
+        deallocate: bool,
+    },
+}
+
+/// One admitted command.
+#[derive(Debug)]
+pub(super) struct Cmd {
+    pub(super) sqe: Sqe,
+    pub(super) kind: CmdKind,
+    /// Host-to-controller data being received (R2T path).
+    pub(super) buf: Option<AlignedBuf>,
+    pub(super) h2c_expected: u32,
+    pub(super) h2c_received: u32,
+    /// A data digest error was seen: fail the command once its data is in.
+    pub(super) digest_error: bool,
+    /// Backend requests issued and not yet completed.
+    pub(super) ops_pending: u32,
+    pub(super) status: Status,
+}
+
+impl Cmd {
+    pub(super) fn new(sqe: Sqe, kind: CmdKind, digest_ok: bool) -> Self {
+        Cmd {
+            sqe,
+            kind,
+            buf: None,
+            h2c_expected: 0,
+            h2c_received: 0,
+            digest_error: !digest_ok,
+            ops_pending: 0,
+            status: Status::SUCCESS,
+        }
+    }
+}
+
+/// Admitted commands by slot.
+#[derive(Debug, Default)]
+pub(super) struct CommandTable {
+    slots: Vec<Option<Cmd>>,
+    free: Vec<u16>,
+    by_cid: HashMap<u16, u16>,
+    outstanding: u16,
+}
+
+impl CommandTable {
+    /// Stores `cmd` in a free slot and returns the slot. The caller has
+    /// checked the queue depth and that the CID is not in use.
+    pub(super) fn alloc(&mut self, cmd: Cmd) -> u16 {
+        let cid = cmd.sqe.cid();
+        debug_assert!(!self.by_cid.contains_key(&cid), "CID {cid} in use");
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = Some(cmd);
+                s
+            }
+            None => {
+                self.slots.push(Some(cmd));
+                (self.slots.len() - 1) as u16
+            }
+        };
+        self.by_cid.insert(cid, slot);
+        self.outstanding += 1;
+        slot
+    }
+
+    /// Takes the command out of `slot`; None when the slot is empty.
+    pub(super) fn free(&mut self, slot: u16) -> Option<Cmd> {
+        let cmd = self.slots.get_mut(slot as usize)?.take()?;
+        self.by_cid.remove(&cmd.sqe.cid());
+        self.free.push(slot);
+        debug_assert!(
+            self.outstanding > 0,
+            "a command was taken from an empty table"
+        );
+        self.outstanding -= 1;
+        Some(cmd)
+    }
+
+    pub(super) fn get(&self, slot: u16) -> Option<&Cmd> {
+        self.slots.get(slot as usize).and_then(|c| c.as_ref())
+    }
+
+    pub(super) fn get_mut(&mut self, slot: u16) -> Option<&mut Cmd> {
+        self.slots.get_mut(slot as usize).and_then(|c| c.as_mut())
+    }
+
+    /// Whether a command with `cid` is outstanding.
+    pub(super) fn has_cid(&self, cid: u16) -> bool {
+        self.by_cid.contains_key(&cid)
+    }
+
+    pub(super) fn outstanding(&self) -> u16 {
+        self.outstanding
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(cid: u16) -> Cmd {
+        Cmd::new(Sqe::new(0, cid, 0), CmdKind::Inline, true)
+    }
+
+    #[test]
+    fn slots_are_reused_and_counted() {
+        let mut t = CommandTable::default();
+        let a = t.alloc(cmd(10));
+        let b = t.alloc(cmd(11));
+        assert_ne!(a, b);
+        assert_eq!(t.outstanding(), 2);
+        assert!(t.has_cid(10) && t.has_cid(11));
+        assert_eq!(t.get(a).map(|c| c.sqe.cid()), Some(10));
+        let c = t.free(a).expect("slot in use");
+        assert_eq!(c.sqe.cid(), 10);
+        assert!(!t.has_cid(10));
+        assert_eq!(t.outstanding(), 1);
+        // A freed slot is freed once.
+        assert!(t.free(a).is_none());
+        assert_eq!(t.outstanding(), 1);
+        // ... and handed out again.
+        assert_eq!(t.alloc(cmd(12)), a);
+        assert!(t.get_mut(b).is_some());
+    }
+
+    #[test]
+    fn unknown_slots_are_none() {
+        let mut t = CommandTable::default();
+        assert!(t.get(0).is_none());
+        assert!(t.get_mut(u16::MAX).is_none());
+        assert!(t.free(7).is_none());
+        assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_new_command_starts_clean() {
+        let c = Cmd::new(Sqe::new(1, 3, 1), CmdKind::Inline, false);
+        assert!(c.digest_error);
+        assert_eq!(c.ops_pending, 0);
+        assert!(c.status.is_success());
+        assert!(c.buf.is_none());
+    }
+}

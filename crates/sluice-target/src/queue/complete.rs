@@ -1,0 +1,324 @@
+//! Completion stage: backend completions come back by tag and update the
+//! namespace and host counters; commands end with a CapsuleResp (SQHD, CID,
+//! status), reads and admin data first as C2HData PDUs (split at
+//! `max_c2h_data_bytes`, padded to HPDA, with a data digest if
+//! negotiated), or with the SUCCESS flag on the last C2HData when the host
+//! disabled SQ flow control. [`Responder`] owns the send scheduler, the
+//! negotiated encoding and the SQ head.
+
+use super::commands::CmdKind;
+use super::QueueConnection;
+use crate::send::{Immediate, PduClass, SendScheduler};
+use crate::tag::BackendTag;
+use sluice_backend::{BackendError, IoCompletion};
+use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
+use sluice_proto::{Cqe, Status};
+use std::time::Instant;
+
+/// The send side of the queue.
+#[derive(Debug)]
+pub(super) struct Responder {
+    pub(super) tx: Box<dyn SendScheduler>,
+    /// Digests and alignment negotiated by ICReq.
+    pub(super) txp: TxParams,
+    sq_flow_disabled: bool,
+    /// SQ head pointer reported in CQEs.
+    sqhd: u16,
+}
+
+impl Responder {
+    pub(super) fn new() -> Self {
+        Responder {
+            tx: Box::new(Immediate::new()),
+            txp: TxParams::default(),
+            sq_flow_disabled: false,
+            sqhd: 0,
+        }
+    }
+
+    /// Connect accepted: SQ flow control as the host asked, SQ head at 0.
+    pub(super) fn connected(&mut self, sq_flow_disabled: bool) {
+        self.sq_flow_disabled = sq_flow_disabled;
+        self.sqhd = 0;
+    }
+
+    /// One SQE consumed on a queue of `depth` entries (unless SQ flow
+    /// control is disabled).
+    pub(super) fn advance_sqhd(&mut self, depth: u16) {
+        if self.sq_flow_disabled {
+            return;
+        }
+        // A Ready queue has depth = SQSIZE + 1 >= 2.
+        debug_assert!(depth > 0, "SQ head advanced before Connect set the depth");
+        self.sqhd = (self.sqhd + 1) % depth;
+    }
+
+    /// Swaps the send scheduler (at Connect, once the subsystem is known);
+    /// bytes the old one still holds go first.
+    pub(super) fn replace_scheduler(&mut self, mut new: Box<dyn SendScheduler>, now: Instant) {
+        let old = self.tx.due().to_vec();
+        if !old.is_empty() {
+            new.buffer(PduClass::Control).extend_from_slice(&old);
+            new.commit(PduClass::Control, now);
+        }
+        self.tx = new;
+    }
+
+    pub(super) fn send_pdu(&mut self, class: PduClass, h: &PduHeader, data: &[u8], now: Instant) {
+        let buf = self.tx.buffer(class);
+        encode_pdu(h, data, &self.txp, buf);
+        self.tx.commit(class, now);
+    }
+
+    /// Encodes a PDU without data that belongs to command `cid`.
+    pub(super) fn send_cmd_pdu(&mut self, class: PduClass, cid: u16, h: &PduHeader, now: Instant) {
+        let buf = self.tx.buffer(class);
+        encode_pdu(h, &[], &self.txp, buf);
+        self.tx.commit_cmd(class, cid, now);
+    }
+
+    fn cqe(&self, qid: u16, cid: u16, status: Status, result: u32, dw1: u32) -> Cqe {
+        Cqe {
+            result,
+            dw1,
+            sqhd: if self.sq_flow_disabled {
+                0xffff
+            } else {
+                self.sqhd
+            },
+            sqid: qid,
+            cid,
+            status: status.into(),
+        }
+    }
+}
+
+impl QueueConnection {
+    /// A backend completion (local tag: slot or shutdown flush).
+    pub(super) fn backend_completion(&mut self, c: IoCompletion, now: Instant) {
+        self.exec.completed();
+        let tag = BackendTag::from_raw(c.tag);
+        if tag.is_shutdown_flush() {
+            if let Err(e) = &c.result {
+                tracing::error!(parent: &self.span, error = %e, "flush for the shutdown notification failed");
+            }
+            if self.exec.shutdown_flush_done() {
+                if let Some(ctrl) = &self.session.ctrl {
+                    ctrl.shutdown_flushed();
+                }
+            }
+            self.maybe_finish_close();
+            return;
+        }
+        let slot = tag.slot_index();
+        let span = &self.span;
+        let Some(cmd) = self.cmds.get_mut(slot) else {
+            self.maybe_finish_close();
+            return;
+        };
+        if let Err(e) = &c.result {
+            tracing::debug!(parent: span, error = %e, cid = cmd.sqe.cid(), "backend error");
+            if cmd.status.is_success() {
+                cmd.status = backend_status(e);
+            }
+        }
+        debug_assert!(
+            cmd.ops_pending > 0,
+            "completion for slot {slot} with no backend request pending"
+        );
+        cmd.ops_pending -= 1;
+        if cmd.ops_pending > 0 {
+            return;
+        }
+        let status = cmd.status;
+        let cid = cmd.sqe.cid();
+        let ctrl = &self.session.ctrl;
+        match &cmd.kind {
+            CmdKind::Read { ns, len_bytes, .. } => {
+                let ns = ns.clone();
+                let len = *len_bytes;
+                if status.is_success() {
+                    ns.counters.record_read(len);
+                    if let Some(c) = ctrl {
+                        c.host_counters.record_read(len);
+                    }
+                    let buf = c.buf;
+                    let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                    self.send_c2h_data_and_complete(slot, cid, data, now);
+                    return;
+                }
+                ns.counters.record_error();
+            }
+            CmdKind::Write { ns, len_bytes, .. } => {
+                if status.is_success() {
+                    ns.counters.record_write(*len_bytes);
+                    if let Some(c) = ctrl {
+                        c.host_counters.record_write(*len_bytes);
+                    }
+                } else {
+                    ns.counters.record_error();
+                }
+            }
+            _ => {
+                if let Some(c) = ctrl {
+                    c.host_counters.record_other();
+                }
+            }
+        }
+        if !status.is_success() {
+            if let Some(c) = ctrl {
+                c.host_counters.record_error();
+            }
+        }
+        self.complete(slot, status, 0, 0, now);
+    }
+
+    /// Answers a command that was never admitted (no slot).
+    pub(super) fn respond_now(&mut self, cid: u16, status: Status, result: u32, now: Instant) {
+        let cqe = self.out.cqe(self.session.qid, cid, status, result, 0);
+        self.out
+            .send_cmd_pdu(PduClass::Response, cid, &PduHeader::CapsuleResp(cqe), now);
+    }
+
+    /// Completes the command in `slot` with a CapsuleResp.
+    pub(super) fn complete(
+        &mut self,
+        slot: u16,
+        status: Status,
+        result: u32,
+        dw1: u32,
+        now: Instant,
+    ) {
+        let Some(cmd) = self.cmds.free(slot) else {
+            return;
+        };
+        if !status.is_success() {
+            tracing::debug!(cid = cmd.sqe.cid(), opcode = cmd.sqe.opcode(), %status, "command failed");
+        }
+        let cid = cmd.sqe.cid();
+        let cqe = self.out.cqe(self.session.qid, cid, status, result, dw1);
+        self.out
+            .send_cmd_pdu(PduClass::Response, cid, &PduHeader::CapsuleResp(cqe), now);
+        self.maybe_finish_close();
+    }
+
+    fn send_c2h_data_and_complete(&mut self, slot: u16, cid: u16, data: &[u8], now: Instant) {
+        self.send_c2h_data_then(slot, cid, data, 0, 0, now);
+    }
+
+    /// Sends `data` as C2HData PDUs, then completes the command; with SQ flow
+    /// control disabled and nothing else to report, the last PDU carries the
+    /// SUCCESS flag instead of a CapsuleResp.
+    pub(super) fn send_c2h_data_then(
+        &mut self,
+        slot: u16,
+        cid: u16,
+        data: &[u8],
+        result: u32,
+        dw1: u32,
+        now: Instant,
+    ) {
+        let chunk = self.reg.settings.max_c2h_data_bytes as usize;
+        let success_flag = self.out.sq_flow_disabled && result == 0 && dw1 == 0;
+        let mut off = 0usize;
+        while off < data.len() {
+            let n = chunk.min(data.len() - off);
+            let last = off + n == data.len();
+            let h = PduHeader::C2HData(DataHeader {
+                cccid: cid,
+                ttag: 0,
+                offset: off as u32,
+                len: n as u32,
+                last,
+                success: last && success_flag,
+            });
+            let piece = &data[off..off + n];
+            let buf = self.out.tx.buffer(PduClass::Data);
+            let dd = encode_prefix(&h, n, &self.out.txp, buf);
+            buf.extend_from_slice(piece);
+            if dd > 0 {
+                buf.extend_from_slice(&sluice_proto::digest::crc32c(piece).to_le_bytes());
+            }
+            self.out.tx.commit_cmd(PduClass::Data, cid, now);
+            self.stats.c2h_pdus += 1;
+            off += n;
+        }
+        if success_flag && !data.is_empty() {
+            self.cmds.free(slot);
+            self.maybe_finish_close();
+        } else {
+            self.complete(slot, Status::SUCCESS, result, dw1, now);
+        }
+    }
+}
+
+/// Maps a backend error to the NVMe status the host sees.
+pub fn backend_status(e: &BackendError) -> Status {
+    match e {
+        BackendError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE,
+        BackendError::Misaligned { .. } | BackendError::TransferTooLarge { .. } => {
+            Status::INVALID_FIELD
+        }
+        BackendError::WriteFault { .. } => Status::WRITE_FAULT,
+        BackendError::ReadError { .. } => Status::UNRECOVERED_READ_ERROR,
+        BackendError::ReadOnly => Status::new(0, 0x20).dnr(), // Namespace Is Write Protected
+        BackendError::QueueFull { .. } => Status::NAMESPACE_NOT_READY,
+        BackendError::Unsupported(_) => Status::INVALID_OPCODE,
+        _ => Status::INTERNAL_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sq_head_wraps_at_the_queue_depth() {
+        let mut r = Responder::new();
+        r.connected(false);
+        for _ in 0..3 {
+            r.advance_sqhd(4);
+        }
+        assert_eq!(r.cqe(1, 9, Status::SUCCESS, 0, 0).sqhd, 3);
+        r.advance_sqhd(4);
+        let c = r.cqe(1, 9, Status::SUCCESS, 7, 8);
+        assert_eq!((c.sqhd, c.sqid, c.cid, c.result, c.dw1), (0, 1, 9, 7, 8));
+    }
+
+    #[test]
+    fn sq_flow_disabled_reports_ffff_and_never_advances() {
+        let mut r = Responder::new();
+        r.connected(true);
+        r.advance_sqhd(0);
+        r.advance_sqhd(4);
+        assert_eq!(r.sqhd, 0);
+        assert_eq!(r.cqe(2, 1, Status::SUCCESS, 0, 0).sqhd, 0xffff);
+        // A new Connect resets both.
+        r.connected(false);
+        assert_eq!(r.cqe(2, 1, Status::SUCCESS, 0, 0).sqhd, 0);
+    }
+
+    #[test]
+    fn backend_errors_map_to_nvme_statuses() {
+        assert_eq!(
+            backend_status(&BackendError::ReadOnly),
+            Status::new(0, 0x20).dnr()
+        );
+        assert_eq!(
+            backend_status(&BackendError::QueueFull { in_flight: 3 }),
+            Status::NAMESPACE_NOT_READY
+        );
+        assert_eq!(
+            backend_status(&BackendError::Unsupported("x")),
+            Status::INVALID_OPCODE
+        );
+        assert_eq!(
+            backend_status(&BackendError::OutOfRange {
+                offset_bytes: 0,
+                len_bytes: 1,
+                size_bytes: 0
+            }),
+            Status::LBA_OUT_OF_RANGE
+        );
+    }
+}

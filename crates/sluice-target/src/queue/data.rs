@@ -1,0 +1,96 @@
+//! Data stage: host-to-controller data that is not in the capsule. One R2T
+//! asks for the whole transfer (its transfer tag is the command's slot);
+//! H2CData PDUs must arrive in order within it and are copied into the
+//! command's aligned buffer. Out-of-range or unexpected data is a fatal
+//! [`DecodeError`]; a data digest error fails only the command, once its
+//! data is in. The last PDU hands the command to execution.
+
+use super::QueueConnection;
+use crate::send::PduClass;
+use sluice_backend::AlignedBuf;
+use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t};
+use sluice_proto::Status;
+use std::time::Instant;
+
+impl QueueConnection {
+    /// Asks for the command's `len` bytes of data: one R2T for the whole
+    /// transfer (MAXR2T >= 1).
+    pub(super) fn request_data(&mut self, slot: u16, cid: u16, len: u32, now: Instant) {
+        let Some(cmd) = self.cmds.get_mut(slot) else {
+            debug_assert!(false, "slot {slot} was just allocated");
+            return;
+        };
+        cmd.buf = Some(AlignedBuf::new(len as usize));
+        cmd.h2c_expected = len;
+        self.stats.r2ts += 1;
+        let r2t = R2t {
+            cccid: cid,
+            ttag: slot,
+            offset: 0,
+            len,
+        };
+        self.out
+            .send_cmd_pdu(PduClass::R2t, cid, &PduHeader::R2t(r2t), now);
+    }
+
+    /// One H2CData PDU. An error is fatal for the connection.
+    pub(super) fn handle_h2c_data(
+        &mut self,
+        d: DataHeader,
+        data: &[u8],
+        digest_ok: bool,
+        now: Instant,
+    ) -> Result<(), DecodeError> {
+        self.stats.h2c_pdus += 1;
+        let slot = d.ttag;
+        let cmd = match self.cmds.get_mut(slot) {
+            Some(c) if c.sqe.cid() == d.cccid && c.buf.is_some() && c.h2c_expected > 0 => c,
+            _ => {
+                return Err(DecodeError::invalid(
+                    "ttag",
+                    10,
+                    format!("no R2T outstanding for ttag {} / cccid {}", d.ttag, d.cccid),
+                ))
+            }
+        };
+        if d.offset != cmd.h2c_received {
+            return Err(DecodeError::DataOutOfRange(format!(
+                "H2CData offset {} but {} bytes of the R2T were received",
+                d.offset, cmd.h2c_received
+            )));
+        }
+        let end = d.offset as u64 + d.len as u64;
+        if end > cmd.h2c_expected as u64 {
+            return Err(DecodeError::DataOutOfRange(format!(
+                "H2CData ends at {end}, beyond the R2T's {} bytes",
+                cmd.h2c_expected
+            )));
+        }
+        let last_needed = end == cmd.h2c_expected as u64;
+        if d.last != last_needed {
+            return Err(DecodeError::invalid(
+                "flags",
+                1,
+                "LAST_PDU does not match the end of the R2T",
+            ));
+        }
+        if let Some(buf) = cmd.buf.as_mut() {
+            buf[d.offset as usize..end as usize].copy_from_slice(data);
+        }
+        cmd.h2c_received = end as u32;
+        if !digest_ok {
+            cmd.digest_error = true;
+        }
+        if last_needed {
+            let failed = cmd.digest_error;
+            let buf = cmd.buf.take();
+            cmd.h2c_expected = 0;
+            if failed {
+                self.complete(slot, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0, now);
+            } else {
+                self.execute_with_buf(slot, buf, now);
+            }
+        }
+        Ok(())
+    }
+}

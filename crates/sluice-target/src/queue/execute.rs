@@ -1,0 +1,340 @@
+//! Execution stage: an admitted command whose data is in runs. Fabrics
+//! (Connect, Property Get/Set, Disconnect) and admin commands execute
+//! inline against the controller; I/O commands become backend requests
+//! (Read, Write, Flush, Write Zeroes, Dataset Management ranges) queued in
+//! [`Execution`] for the I/O layer, tagged with the command's slot. A
+//! shutdown notification flushes every namespace of the subsystem.
+
+use super::commands::CmdKind;
+use super::{BackendSubmit, QueueConnection};
+use crate::controller::{AdminContext, AdminReply, Controller, AER_MAX};
+use crate::subsystem::Namespace;
+use crate::tag::BackendTag;
+use sluice_backend::{AlignedBuf, IoOp, IoRequest};
+use sluice_proto::command::admin;
+use sluice_proto::dsm;
+use sluice_proto::fabrics::{fctype, PropertyCommand};
+use sluice_proto::{Sqe, Status};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Backend requests of this connection and the AERs it holds.
+#[derive(Debug, Default)]
+pub(super) struct Execution {
+    /// Requests waiting for the I/O layer ([`QueueConnection::poll_backend`]).
+    out: VecDeque<BackendSubmit>,
+    /// Requests handed to the I/O layer and not yet completed.
+    in_flight: u32,
+    /// Flushes outstanding for a shutdown notification.
+    shutdown_flushes: u32,
+    /// CIDs of Asynchronous Event Requests held for a future event.
+    pub(super) held_aers: Vec<u16>,
+}
+
+impl Execution {
+    fn push(&mut self, ns: Arc<Namespace>, req: IoRequest) {
+        self.out.push_back(BackendSubmit { ns, req });
+    }
+
+    /// The next request for the I/O layer, counted in flight.
+    pub(super) fn poll(&mut self) -> Option<BackendSubmit> {
+        let s = self.out.pop_front()?;
+        self.in_flight += 1;
+        Some(s)
+    }
+
+    pub(super) fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// One request handed out by [`Self::poll`] has completed.
+    pub(super) fn completed(&mut self) {
+        debug_assert!(
+            self.in_flight > 0,
+            "a backend completion without a request in flight"
+        );
+        self.in_flight -= 1;
+    }
+
+    /// One shutdown flush has completed; true when it was the last.
+    pub(super) fn shutdown_flush_done(&mut self) -> bool {
+        debug_assert!(
+            self.shutdown_flushes > 0,
+            "a shutdown flush completed that was never issued"
+        );
+        self.shutdown_flushes -= 1;
+        self.shutdown_flushes == 0
+    }
+
+    /// Nothing queued for or in the backend.
+    pub(super) fn is_idle(&self) -> bool {
+        self.out.is_empty() && self.in_flight == 0
+    }
+}
+
+impl QueueConnection {
+    /// Executes the command in `slot` with in-capsule `data` (if any).
+    pub(super) fn execute(&mut self, slot: u16, data: &[u8], now: Instant) {
+        let needs_buf = matches!(
+            self.cmds.get(slot).map(|c| &c.kind),
+            Some(CmdKind::Write { .. })
+        );
+        let buf = if needs_buf || !data.is_empty() {
+            Some(AlignedBuf::from_slice(data))
+        } else {
+            None
+        };
+        self.execute_with_buf(slot, buf, now);
+    }
+
+    /// Executes the command in `slot` whose data (if any) is in `buf`.
+    pub(super) fn execute_with_buf(&mut self, slot: u16, buf: Option<AlignedBuf>, now: Instant) {
+        let Some(cmd) = self.cmds.get_mut(slot) else {
+            return;
+        };
+        let sqe = cmd.sqe;
+        let tag = BackendTag::slot(slot).raw();
+        match std::mem::replace(&mut cmd.kind, CmdKind::Inline) {
+            CmdKind::Inline => {
+                let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                let data = data.to_vec();
+                self.execute_inline(slot, &sqe, &data, now);
+            }
+            CmdKind::Read {
+                ns,
+                offset_bytes,
+                len_bytes,
+            } => {
+                cmd.ops_pending = 1;
+                cmd.kind = CmdKind::Read {
+                    ns: ns.clone(),
+                    offset_bytes,
+                    len_bytes,
+                };
+                let req = IoRequest {
+                    tag,
+                    op: IoOp::Read,
+                    offset_bytes,
+                    len_bytes,
+                    buf: Some(AlignedBuf::new(len_bytes as usize)),
+                };
+                self.exec.push(ns, req);
+            }
+            CmdKind::Write {
+                ns,
+                offset_bytes,
+                len_bytes,
+                fua,
+            } => {
+                cmd.ops_pending = 1;
+                cmd.kind = CmdKind::Write {
+                    ns: ns.clone(),
+                    offset_bytes,
+                    len_bytes,
+                    fua,
+                };
+                let req = IoRequest {
+                    tag,
+                    op: IoOp::Write { fua },
+                    offset_bytes,
+                    len_bytes,
+                    buf,
+                };
+                self.exec.push(ns, req);
+            }
+            CmdKind::NoData { ops, write } => {
+                cmd.ops_pending = ops.len() as u32;
+                cmd.kind = CmdKind::NoData {
+                    ops: Vec::new(),
+                    write,
+                };
+                if ops.is_empty() {
+                    self.complete(slot, Status::SUCCESS, 0, 0, now);
+                    return;
+                }
+                for (ns, op, offset_bytes, len_bytes) in ops {
+                    let req = IoRequest {
+                        tag,
+                        op,
+                        offset_bytes,
+                        len_bytes,
+                        buf: None,
+                    };
+                    self.exec.push(ns, req);
+                }
+            }
+            CmdKind::Dsm { ns, nr, deallocate } => {
+                self.execute_dsm(slot, ns, nr, deallocate, buf, now);
+            }
+        }
+    }
+
+    /// Dataset Management: checks every range, then one Deallocate per
+    /// non-empty range when the AD attribute is set.
+    fn execute_dsm(
+        &mut self,
+        slot: u16,
+        ns: Arc<Namespace>,
+        nr: u32,
+        deallocate: bool,
+        buf: Option<AlignedBuf>,
+        now: Instant,
+    ) {
+        let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+        let ranges = match dsm::ranges(data, nr) {
+            Ok(r) => r,
+            Err(e) => {
+                // Admission checked SGL length = ranges × 16; defensive.
+                tracing::debug!(error = %e, "bad Dataset Management range list");
+                self.complete(slot, Status::DATA_SGL_LENGTH_INVALID, 0, 0, now);
+                return;
+            }
+        };
+        let blocks = ns.blocks();
+        let mut ops = Vec::new();
+        for r in ranges {
+            match r.end() {
+                Some(end) if end <= blocks => {}
+                _ => {
+                    self.complete(slot, Status::LBA_OUT_OF_RANGE, 0, 0, now);
+                    return;
+                }
+            }
+            if r.nlb > 0 && deallocate {
+                ops.push((r.slba << ns.lba_shift, u64::from(r.nlb) << ns.lba_shift));
+            }
+        }
+        let Some(cmd) = self.cmds.get_mut(slot) else {
+            return;
+        };
+        cmd.ops_pending = ops.len() as u32;
+        cmd.kind = CmdKind::NoData {
+            ops: Vec::new(),
+            write: true,
+        };
+        if ops.is_empty() {
+            self.complete(slot, Status::SUCCESS, 0, 0, now);
+            return;
+        }
+        let tag = BackendTag::slot(slot).raw();
+        for (offset_bytes, len_bytes) in ops {
+            let req = IoRequest {
+                tag,
+                op: IoOp::Deallocate,
+                offset_bytes,
+                len_bytes,
+                buf: None,
+            };
+            self.exec.push(ns.clone(), req);
+        }
+    }
+
+    fn execute_inline(&mut self, slot: u16, sqe: &Sqe, data: &[u8], now: Instant) {
+        if sqe.opcode() == admin::FABRICS {
+            self.execute_fabrics(slot, sqe, data, now);
+            return;
+        }
+        let Some(ctrl) = self.session.ctrl.clone() else {
+            self.complete(slot, Status::COMMAND_SEQUENCE_ERROR, 0, 0, now);
+            return;
+        };
+        if self.session.qid != 0 {
+            // I/O opcodes were planned in plan_io; anything else is invalid here.
+            self.complete(slot, Status::INVALID_OPCODE, 0, 0, now);
+            return;
+        }
+        let ctx = AdminContext {
+            local_addr: self.local,
+            local_port: self.local.map(|a| a.port()).unwrap_or(0),
+        };
+        let reply: AdminReply = ctrl.admin(sqe, data, &self.reg, &ctx, now);
+        if reply.hold {
+            if self.exec.held_aers.len() >= AER_MAX {
+                self.complete(slot, Status::AER_LIMIT_EXCEEDED, 0, 0, now);
+            } else {
+                self.exec.held_aers.push(sqe.cid());
+            }
+            return;
+        }
+        if reply.status.is_success() && !reply.data.is_empty() {
+            let want = sqe.sgl().length as usize;
+            let mut d = reply.data;
+            d.resize(want.min(d.len().max(want)), 0);
+            d.truncate(want);
+            if d.is_empty() {
+                self.complete(slot, reply.status, reply.result, reply.dw1, now);
+            } else {
+                let cid = sqe.cid();
+                self.send_c2h_data_then(slot, cid, &d, reply.result, reply.dw1, now);
+            }
+            return;
+        }
+        self.complete(slot, reply.status, reply.result, reply.dw1, now);
+    }
+
+    fn execute_fabrics(&mut self, slot: u16, sqe: &Sqe, data: &[u8], now: Instant) {
+        match sqe.fctype() {
+            fctype::CONNECT => {
+                let (status, result) = self.connect(sqe, data, now);
+                self.complete(slot, status, result, 0, now);
+            }
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => {
+                let Some(ctrl) = self.session.ctrl.clone() else {
+                    self.complete(slot, Status::COMMAND_SEQUENCE_ERROR, 0, 0, now);
+                    return;
+                };
+                if self.session.qid != 0 || !PropertyCommand::attrib_valid(sqe) {
+                    self.complete(slot, Status::INVALID_FIELD, 0, 0, now);
+                    return;
+                }
+                ctrl.keep_alive(now);
+                let p = PropertyCommand::parse(sqe);
+                if sqe.fctype() == fctype::PROPERTY_GET {
+                    match ctrl.property_get(p.offset, p.size8, &self.reg) {
+                        Ok(v) => {
+                            self.complete(slot, Status::SUCCESS, v as u32, (v >> 32) as u32, now)
+                        }
+                        Err(s) => self.complete(slot, s, 0, 0, now),
+                    }
+                } else {
+                    match ctrl.property_set(p.offset, p.size8, p.value) {
+                        Ok(shutdown_started) => {
+                            if shutdown_started {
+                                self.start_shutdown_flush(&ctrl);
+                            }
+                            self.complete(slot, Status::SUCCESS, 0, 0, now);
+                        }
+                        Err(st) => self.complete(slot, st, 0, 0, now),
+                    }
+                }
+            }
+            fctype::DISCONNECT => {
+                self.complete(slot, Status::SUCCESS, 0, 0, now);
+                self.close("host disconnected the queue");
+            }
+            _ => self.complete(slot, Status::INVALID_FIELD, 0, 0, now),
+        }
+    }
+
+    /// Flushes every namespace of the controller's subsystem for a shutdown
+    /// notification; SHST becomes "complete" when the last flush finishes.
+    fn start_shutdown_flush(&mut self, ctrl: &Arc<Controller>) {
+        let namespaces: Vec<Arc<Namespace>> = ctrl.subsystem.namespaces.values().cloned().collect();
+        if namespaces.is_empty() {
+            ctrl.shutdown_flushed();
+            return;
+        }
+        self.exec.shutdown_flushes += namespaces.len() as u32;
+        for ns in namespaces {
+            let req = IoRequest {
+                tag: BackendTag::SHUTDOWN_FLUSH.raw(),
+                op: IoOp::Flush,
+                offset_bytes: 0,
+                len_bytes: 0,
+                buf: None,
+            };
+            self.exec.push(ns, req);
+        }
+    }
+}

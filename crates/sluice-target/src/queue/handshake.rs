@@ -1,0 +1,200 @@
+//! Handshake stage: ICReq → ICResp (digests, PDA, MAXH2CDATA), then the
+//! Connect command, which creates the controller (admin queue) or joins an
+//! existing one (I/O queue) and fixes the queue's id, depth, SQ flow
+//! control and send scheduler. [`Session`] is what the handshake settled.
+
+use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
+use crate::controller::Controller;
+use crate::send::PduClass;
+use crate::subsystem::{Registry, SubsystemKind};
+use sluice_proto::fabrics::{
+    connect_data_offset, connect_invalid_param_result, connect_offset, ConnectCommand, ConnectData,
+    CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{IcReq, IcResp, PduHeader, TxParams};
+use sluice_proto::{Sqe, Status};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the handshake settled: the association of this queue.
+#[derive(Debug)]
+pub(super) struct Session {
+    /// When the connection was accepted (connect timeout).
+    pub(super) created: Instant,
+    pub(super) qid: u16,
+    /// Queue depth (SQSIZE + 1); 0 before Connect.
+    pub(super) depth: u16,
+    pub(super) ctrl: Option<Arc<Controller>>,
+    /// The host's MAXR2T from ICReq (we issue one R2T per command).
+    pub(super) maxr2t: u32,
+}
+
+impl Session {
+    pub(super) fn new(now: Instant) -> Self {
+        Session {
+            created: now,
+            qid: 0,
+            depth: 0,
+            ctrl: None,
+            maxr2t: 0,
+        }
+    }
+
+    /// The keep-alive deadline; only the admin queue watches it.
+    pub(super) fn keep_alive_deadline(&self, reg: &Registry) -> Option<Instant> {
+        match (&self.ctrl, self.qid) {
+            (Some(c), 0) => c.keep_alive_deadline(reg.settings.kato_grace_ms),
+            _ => None,
+        }
+    }
+
+    /// Ends this queue's part in the association: the admin queue removes
+    /// the controller, an I/O queue gives its queue id back.
+    pub(super) fn release(&mut self, span: &tracing::Span) {
+        if let Some(c) = self.ctrl.take() {
+            if self.qid == 0 {
+                // The admin queue ends the association.
+                c.fail();
+                c.subsystem.remove_controller(c.cntlid);
+                tracing::info!(parent: span, cntlid = c.cntlid, "controller removed");
+            } else {
+                c.disconnect_io_queue(self.qid);
+            }
+        }
+    }
+}
+
+/// Largest PDU data the framer accepts (in-capsule, H2CData, admin capsule).
+pub(super) fn rx_data_max(reg: &Registry) -> u32 {
+    let st = &reg.settings;
+    st.inline_data_bytes
+        .max(st.max_h2c_data_bytes)
+        .max(ADMIN_INLINE_BYTES)
+}
+
+impl QueueConnection {
+    /// ICReq: answer with ICResp and switch the framer and the encoder to
+    /// the negotiated digests and alignment.
+    pub(super) fn handle_ic_req(&mut self, framer: &mut Framer, r: IcReq, now: Instant) {
+        self.session.maxr2t = r.maxr2t;
+        let resp = IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: r.hdgst,
+            ddgst: r.ddgst,
+            maxh2cdata: self.reg.settings.max_h2c_data_bytes,
+        };
+        framer.set_initialized(r.hdgst, r.ddgst, 0, rx_data_max(&self.reg));
+        self.out.txp = TxParams {
+            hdgst: r.hdgst,
+            ddgst: r.ddgst,
+            pda: r.hpda,
+        };
+        self.out
+            .send_pdu(PduClass::Control, &PduHeader::IcResp(resp), &[], now);
+        self.state = ConnState::AwaitConnect;
+        tracing::debug!(
+            hdgst = r.hdgst,
+            ddgst = r.ddgst,
+            hpda = r.hpda,
+            "connection initialized"
+        );
+    }
+
+    /// The Connect command: returns its status and result (CNTLID).
+    pub(super) fn connect(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> (Status, u32) {
+        let c = ConnectCommand::parse(sqe);
+        let invalid = |in_data: bool, ipo: u16| {
+            (
+                Status::CONNECT_INVALID_PARAMETERS,
+                connect_invalid_param_result(in_data, ipo),
+            )
+        };
+        if c.recfmt != 0 {
+            return (Status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+        }
+        let cd = match ConnectData::parse(data) {
+            Ok(cd) => cd,
+            Err(e) => {
+                tracing::warn!(error = %e, "rejecting Connect");
+                return invalid(true, e.offset);
+            }
+        };
+        self.span.record("hostnqn", cd.hostnqn.as_str());
+        self.span.record("subnqn", cd.subnqn.as_str());
+        let Some(sub) = self.reg.subsystem(&cd.subnqn) else {
+            tracing::warn!(subnqn = %cd.subnqn, "Connect to an unknown subsystem");
+            return invalid(true, connect_data_offset::SUBNQN);
+        };
+        if !sub.host_allowed(&cd.hostnqn) {
+            tracing::warn!(hostnqn = %cd.hostnqn, subnqn = %sub.nqn, "host is not on the subsystem's allow-list; Connect refused");
+            return (Status::CONNECT_INVALID_HOST, 0);
+        }
+        let mqes = self.reg.settings.queue_depth_max - 1;
+        if c.sqsize == 0 || c.sqsize > mqes || (c.qid == 0 && c.sqsize < 31) {
+            return invalid(false, connect_offset::SQSIZE);
+        }
+        let ctrl = if c.qid == 0 {
+            if cd.cntlid != CNTLID_DYNAMIC {
+                return invalid(true, connect_data_offset::CNTLID);
+            }
+            let counters = self.reg.hosts.counters_for(&cd.hostnqn);
+            let kato = c.kato_ms;
+            let made = sub.add_controller(|id| {
+                Arc::new(Controller::new(
+                    id,
+                    sub.clone(),
+                    cd.hostnqn.clone(),
+                    cd.hostid,
+                    kato,
+                    counters,
+                    now,
+                ))
+            });
+            match made {
+                Some(ctrl) => {
+                    tracing::info!(cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
+                    ctrl
+                }
+                None => return (Status::CONNECT_CONTROLLER_BUSY, 0),
+            }
+        } else {
+            if sub.kind == SubsystemKind::Discovery {
+                return invalid(false, connect_offset::QID);
+            }
+            let Some(ctrl) = sub.controller(cd.cntlid) else {
+                return invalid(true, connect_data_offset::CNTLID);
+            };
+            if ctrl.hostnqn != cd.hostnqn {
+                return invalid(true, connect_data_offset::HOSTNQN);
+            }
+            if ctrl.hostid != cd.hostid {
+                return invalid(true, connect_data_offset::HOSTID);
+            }
+            if let Err(st) = ctrl.connect_io_queue(c.qid, self.reg.settings.io_queues_max) {
+                return if st == Status::CONNECT_INVALID_PARAMETERS {
+                    invalid(false, connect_offset::QID)
+                } else {
+                    (st, 0)
+                };
+            }
+            ctrl
+        };
+        self.span.record("cntlid", ctrl.cntlid);
+        self.span.record("qid", c.qid);
+        let st = &self.reg.settings;
+        let send = st.subsystem_send.get(&cd.subnqn).unwrap_or(&st.send);
+        self.out.replace_scheduler(send.build(c.qid > 0), now);
+        self.session.qid = c.qid;
+        // sqsize <= queue_depth_max - 1 (checked above): no overflow.
+        self.session.depth = c.sqsize + 1;
+        let sq_flow_disabled = c.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+        self.out.connected(sq_flow_disabled);
+        let cntlid = ctrl.cntlid;
+        self.session.ctrl = Some(ctrl);
+        self.state = ConnState::Ready;
+        tracing::debug!(sqsize = c.sqsize, sq_flow_disabled, "queue connected");
+        (Status::SUCCESS, cntlid as u32)
+    }
+}

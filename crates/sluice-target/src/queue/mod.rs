@@ -1,0 +1,439 @@
+//! One NVMe/TCP queue pair on the target: a sans-IO state machine.
+//!
+//! The I/O layer feeds received bytes ([`QueueConnection::recv_buf`] +
+//! [`QueueConnection::handle_received`]), submits the backend I/O it asks for
+//! ([`QueueConnection::poll_backend`]), hands back completions
+//! ([`QueueConnection::handle_backend_completion`]), writes out what the send
+//! scheduler says is due ([`QueueConnection::due`] / [`QueueConnection::consume`])
+//! and calls [`QueueConnection::handle_timeout`] at [`QueueConnection::poll_timeout`].
+//! Time always comes in as `now`; nothing here touches a socket or a clock.
+//!
+//! Life of a command: CapsuleCmd → checks (state, queue depth, CID, SGL,
+//! namespace and LBA range) → for host-to-controller data without in-capsule
+//! data, an R2T and H2CData PDUs fill a buffer → backend request(s) → on
+//! completion, C2HData PDUs (reads) and a CapsuleResp (or C2HData with the
+//! SUCCESS flag when the host disabled SQ flow control).
+//!
+//! One file per stage, each owning its state:
+//!
+//! * this file: the [`QueueConnection`] and its public `handle_*`/`poll_*`
+//!   API, the PDU dispatch loop and the connection's life (draining,
+//!   closing, timers);
+//! * `handshake`: ICReq/ICResp and Connect (`Session`: queue id,
+//!   depth, controller);
+//! * `admit`: the checks every CapsuleCmd passes before any data moves;
+//! * `data`: R2T and H2CData collection;
+//! * `execute`: fabrics and admin commands inline, I/O commands turned into
+//!   backend requests (`Execution`);
+//! * `complete`: backend completions, CapsuleResp and C2HData encoding into
+//!   the send scheduler (`Responder`);
+//! * `commands`: the in-flight command table the stages share.
+
+mod admit;
+mod commands;
+mod complete;
+mod data;
+mod execute;
+mod handshake;
+
+pub use complete::backend_status;
+
+use crate::controller::Controller;
+use crate::send::SendStats;
+use crate::subsystem::{Namespace, Registry};
+use commands::CommandTable;
+use complete::Responder;
+use execute::Execution;
+use handshake::Session;
+use sluice_backend::{IoCompletion, IoRequest};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{self, DecodeError, Direction, PduHeader, TermReq};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// In-capsule data accepted on the admin queue (what Linux sends: 8 KiB).
+pub const ADMIN_INLINE_BYTES: u32 = 8192;
+/// A connection that has not completed ICReq + Connect by then is closed.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a queue checks whether its controller has failed.
+pub const CONTROLLER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+/// Stop reading from a host whose unsent output exceeds this.
+pub const TX_BACKLOG_BYTES_MAX: usize = 8 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConnState {
+    AwaitIcReq,
+    AwaitConnect,
+    Ready,
+    /// Fatal error or disconnect: flush what is queued, read nothing more.
+    Closing,
+    Closed,
+}
+
+/// A backend request the I/O layer must submit; `req.tag` is a local
+/// `BackendTag` (connection index 0) that
+/// identifies the command within this connection.
+#[derive(Debug)]
+pub struct BackendSubmit {
+    pub ns: Arc<Namespace>,
+    pub req: IoRequest,
+}
+
+/// Counters of one queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    pub commands: u64,
+    pub r2ts: u64,
+    pub h2c_pdus: u64,
+    pub c2h_pdus: u64,
+}
+
+/// One queue pair (one TCP connection) on the target.
+#[derive(Debug)]
+pub struct QueueConnection {
+    reg: Arc<Registry>,
+    span: tracing::Span,
+    local: Option<SocketAddr>,
+    /// Always present except while `process_input` runs.
+    framer: Option<Framer>,
+    state: ConnState,
+    draining: bool,
+    close_reason: Option<String>,
+    next_check: Instant,
+    /// Handshake: queue id, depth, controller.
+    session: Session,
+    /// Admitted commands not yet completed.
+    cmds: CommandTable,
+    /// Backend requests and held AERs.
+    exec: Execution,
+    /// The send path and the SQ head.
+    out: Responder,
+    stats: QueueStats,
+}
+
+impl QueueConnection {
+    pub fn new(
+        reg: Arc<Registry>,
+        peer: Option<SocketAddr>,
+        local: Option<SocketAddr>,
+        now: Instant,
+    ) -> Self {
+        let data_max = handshake::rx_data_max(&reg);
+        let span = tracing::info_span!(
+            "queue",
+            peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
+            hostnqn = tracing::field::Empty,
+            subnqn = tracing::field::Empty,
+            cntlid = tracing::field::Empty,
+            qid = tracing::field::Empty,
+        );
+        QueueConnection {
+            reg,
+            span,
+            local,
+            framer: Some(Framer::new(Direction::HostToController, data_max)),
+            state: ConnState::AwaitIcReq,
+            draining: false,
+            close_reason: None,
+            next_check: now + CONTROLLER_CHECK_INTERVAL,
+            session: Session::new(now),
+            cmds: CommandTable::default(),
+            exec: Execution::default(),
+            out: Responder::new(),
+            stats: QueueStats::default(),
+        }
+    }
+
+    // ---------------------------------------------------------------- I/O layer API
+
+    /// Space to read socket bytes into.
+    pub fn recv_buf(&mut self) -> &mut [u8] {
+        self.framer
+            .as_mut()
+            .expect("framer present outside process_input")
+            .read_buf()
+    }
+
+    /// Processes `n` bytes just read into [`Self::recv_buf`].
+    pub fn handle_received(&mut self, n: usize, now: Instant) {
+        self.framer
+            .as_mut()
+            .expect("framer present outside process_input")
+            .advance(n);
+        self.process_input(now);
+    }
+
+    /// Feeds bytes by copy (in-memory peers and tests).
+    pub fn feed(&mut self, bytes: &[u8], now: Instant) {
+        self.framer
+            .as_mut()
+            .expect("framer present outside process_input")
+            .feed(bytes);
+        self.process_input(now);
+    }
+
+    /// Whether the I/O layer should read more from the socket now.
+    pub fn wants_read(&self) -> bool {
+        matches!(
+            self.state,
+            ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Ready
+        ) && !self.draining
+            && self.out.tx.backlog_bytes() < TX_BACKLOG_BYTES_MAX
+    }
+
+    /// The next backend request to submit.
+    pub fn poll_backend(&mut self) -> Option<BackendSubmit> {
+        self.exec.poll()
+    }
+
+    /// Backend requests submitted and not yet completed.
+    pub fn backend_in_flight(&self) -> u32 {
+        self.exec.in_flight()
+    }
+
+    /// Hands back a backend completion; its tag is the local tag the request
+    /// was issued with (connection index stripped).
+    pub fn handle_backend_completion(&mut self, c: IoCompletion, now: Instant) {
+        self.backend_completion(c, now);
+    }
+
+    /// Bytes due for the socket.
+    pub fn due(&self) -> &[u8] {
+        self.out.tx.due()
+    }
+
+    /// Reports `n` due bytes written to the socket.
+    pub fn consume(&mut self, n: usize, now: Instant) {
+        self.out.tx.consume(n);
+        self.out.tx.poll(now);
+        self.maybe_finish_close();
+    }
+
+    /// When the send path must next be polled (a held PDU's deadline).
+    pub fn send_deadline(&self) -> Option<Instant> {
+        self.out.tx.next_deadline()
+    }
+
+    /// When [`Self::handle_timeout`] must run next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == ConnState::Closed {
+            return None;
+        }
+        let mut t = Some(self.next_check);
+        if let Some(d) = self.out.tx.next_deadline() {
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
+        if let Some(d) = self.session.keep_alive_deadline(&self.reg) {
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
+        t
+    }
+
+    /// Runs timers: keep-alive, controller failure, connect timeout, send deadlines.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let _g = self.span.clone().entered();
+        self.out.tx.poll(now);
+        if self.state == ConnState::Closed {
+            return;
+        }
+        if matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect)
+            && now >= self.session.created + CONNECT_TIMEOUT
+        {
+            self.close("no ICReq/Connect within the connect timeout");
+            return;
+        }
+        if let Some(c) = self.session.ctrl.clone() {
+            if let Some(d) = self.session.keep_alive_deadline(&self.reg) {
+                if now >= d {
+                    tracing::warn!(
+                        cntlid = c.cntlid,
+                        "keep alive timer expired; failing the controller"
+                    );
+                    c.fail();
+                    self.close("keep alive timeout");
+                    return;
+                }
+            }
+            if c.is_failed() && self.state != ConnState::Closing {
+                self.close("controller failed or association ended");
+                return;
+            }
+        }
+        if now >= self.next_check {
+            self.next_check = now + CONTROLLER_CHECK_INTERVAL;
+        }
+    }
+
+    /// Stops taking new commands; the connection closes once in-flight ones
+    /// have completed and their responses are written (graceful shutdown).
+    pub fn begin_drain(&mut self) {
+        self.draining = true;
+        self.maybe_finish_close();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state == ConnState::Closed
+    }
+
+    /// Closing or closed: the I/O layer writes what is due, then closes the socket.
+    pub fn is_closing(&self) -> bool {
+        matches!(self.state, ConnState::Closing | ConnState::Closed)
+    }
+
+    pub fn close_reason(&self) -> Option<&str> {
+        self.close_reason.as_deref()
+    }
+
+    pub fn qid(&self) -> u16 {
+        self.session.qid
+    }
+
+    pub fn hostnqn(&self) -> Option<&str> {
+        self.session.ctrl.as_ref().map(|c| c.hostnqn.as_str())
+    }
+
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        self.session.ctrl.as_ref()
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// Counters of the send path (flushes, reasons, waits, notifications).
+    pub fn send_stats(&self) -> SendStats {
+        self.out.tx.stats()
+    }
+
+    /// The peer closed the socket or it failed: nothing more can be sent.
+    pub fn handle_peer_closed(&mut self, why: &str) {
+        let _g = self.span.clone().entered();
+        if self.close_reason.is_none() {
+            tracing::info!(reason = why, "connection closed by peer");
+            self.close_reason = Some(why.to_string());
+        }
+        self.state = ConnState::Closed;
+        let n = self.out.tx.due().len();
+        self.out.tx.consume(n);
+    }
+
+    /// Releases controller state; call once when the socket is gone.
+    pub fn finish(&mut self) {
+        if self.state != ConnState::Closed {
+            self.state = ConnState::Closed;
+        }
+        self.session.release(&self.span);
+    }
+
+    // ---------------------------------------------------------------- input
+
+    fn process_input(&mut self, now: Instant) {
+        let Some(mut framer) = self.framer.take() else {
+            return;
+        };
+        let _g = self.span.clone().entered();
+        self.process_with(&mut framer, now);
+        self.framer = Some(framer);
+    }
+
+    /// Routes each whole PDU to its stage.
+    fn process_with(&mut self, framer: &mut Framer, now: Instant) {
+        loop {
+            if !matches!(
+                self.state,
+                ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Ready
+            ) || self.draining
+            {
+                return;
+            }
+            let pdu = match framer.next_pdu() {
+                Ok(Some(p)) => p,
+                Ok(None) => return,
+                Err(e) => {
+                    let quote = framer.current_header().to_vec();
+                    self.fatal(&e, &quote, now);
+                    return;
+                }
+            };
+            match pdu.header {
+                PduHeader::IcReq(r) => self.handle_ic_req(framer, r, now),
+                PduHeader::CapsuleCmd(sqe) => {
+                    self.handle_command(sqe, pdu.data, pdu.data_digest_ok, now);
+                }
+                PduHeader::H2CData(d) => {
+                    if let Err(e) = self.handle_h2c_data(d, pdu.data, pdu.data_digest_ok, now) {
+                        let quote = pdu.raw_header.to_vec();
+                        self.fatal(&e, &quote, now);
+                        return;
+                    }
+                }
+                PduHeader::H2CTermReq(t) => {
+                    tracing::warn!(
+                        fes = t.fes,
+                        fei = t.fei,
+                        "host terminated the connection (H2CTermReq)"
+                    );
+                    self.close("host sent H2CTermReq");
+                    return;
+                }
+                other => {
+                    // The framer only yields host-to-controller PDUs.
+                    let e =
+                        DecodeError::Sequence(format!("unexpected PDU {:#04x}", other.pdu_type()));
+                    let quote = pdu.raw_header.to_vec();
+                    self.fatal(&e, &quote, now);
+                    return;
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- life
+
+    /// A protocol error: C2HTermReq quoting the offending header, then close.
+    fn fatal(&mut self, e: &DecodeError, quote: &[u8], now: Instant) {
+        tracing::warn!(error = %e, fes = e.fes(), "protocol error; sending C2HTermReq and closing");
+        let t = pdu::term_req_for(e, quote);
+        let data = t.data.clone();
+        self.out.send_pdu(
+            crate::send::PduClass::Control,
+            &PduHeader::C2HTermReq(TermReq {
+                data: Vec::new(),
+                ..t
+            }),
+            &data,
+            now,
+        );
+        self.close(&format!("protocol error: {e}"));
+    }
+
+    fn close(&mut self, reason: &str) {
+        if self.close_reason.is_none() {
+            tracing::info!(reason, "closing queue");
+            self.close_reason = Some(reason.to_string());
+        }
+        if self.state != ConnState::Closed {
+            self.state = ConnState::Closing;
+        }
+        self.maybe_finish_close();
+    }
+
+    fn maybe_finish_close(&mut self) {
+        let quiet = self.out.tx.backlog_bytes() == 0;
+        match self.state {
+            ConnState::Closing if quiet => self.state = ConnState::Closed,
+            ConnState::Ready | ConnState::AwaitConnect | ConnState::AwaitIcReq
+                if self.draining
+                    && quiet
+                    && self.cmds.outstanding() as usize == self.exec.held_aers.len()
+                    && self.exec.is_idle() =>
+            {
+                self.close_reason
+                    .get_or_insert_with(|| "drained for shutdown".into());
+                self.state = ConnState::Closed;
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! One connection as a worker holds it: the socket, its
+//! [`QueueConnection`], readiness flags and the cached tenant; reading
+//! (with a per-socket budget for fairness) and writing until WouldBlock.
+
+use crate::queue::QueueConnection;
+use crate::tenant::worker::WorkerTenancy;
+use crate::tenant::TenantId;
+use mio::net::TcpStream;
+use std::io::{self, Read, Write};
+use std::time::Instant;
+
+/// Bytes read from one socket before moving on to others (fairness).
+const READ_BUDGET_BYTES: usize = 1 << 20;
+
+pub(super) struct ConnEntry {
+    pub(super) stream: TcpStream,
+    pub(super) conn: QueueConnection,
+    /// Readable edge seen and not yet read to WouldBlock.
+    pub(super) read_ready: bool,
+    /// Last write hit WouldBlock; wait for a writable edge.
+    pub(super) write_blocked: bool,
+    pub(super) closed_socket: bool,
+    /// (tenant table generation, tenant) once the host NQN is known.
+    pub(super) tenant: Option<(u64, TenantId)>,
+    /// An I/O queue counted in `io_queues` (placed after its Connect).
+    pub(super) placed: bool,
+}
+
+/// The connection's tenant, cached once its host NQN is known.
+pub(super) fn conn_tenant(e: &mut ConnEntry, t: &WorkerTenancy) -> TenantId {
+    let gen = t.generation();
+    match e.tenant {
+        Some((g, id)) if g == gen => id,
+        _ => {
+            let host = e.conn.hostnqn();
+            let id = t.tenant_of(host);
+            if host.is_some() {
+                e.tenant = Some((gen, id));
+            }
+            id
+        }
+    }
+}
+
+pub(super) fn read_conn(e: &mut ConnEntry, now: Instant) -> bool {
+    let mut total = 0usize;
+    loop {
+        if !e.conn.wants_read() {
+            return total > 0;
+        }
+        let buf = e.conn.recv_buf();
+        match e.stream.read(buf) {
+            Ok(0) => {
+                e.read_ready = false;
+                e.conn.handle_peer_closed("peer closed the connection");
+                return true;
+            }
+            Ok(n) => {
+                e.conn.handle_received(n, now);
+                total += n;
+                if total >= READ_BUDGET_BYTES {
+                    // Leave read_ready set: more may be waiting.
+                    return true;
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                e.read_ready = false;
+                return total > 0;
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                e.read_ready = false;
+                e.conn.handle_peer_closed(&format!("read error: {err}"));
+                return true;
+            }
+        }
+    }
+}
+
+pub(super) fn write_conn(e: &mut ConnEntry, now: Instant) -> bool {
+    let mut wrote = false;
+    loop {
+        let due = e.conn.due();
+        if due.is_empty() {
+            return wrote;
+        }
+        match e.stream.write(due) {
+            Ok(0) => {
+                e.conn.handle_peer_closed("socket accepted no bytes");
+                return true;
+            }
+            Ok(n) => {
+                wrote = true;
+                e.conn.consume(n, now);
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                e.write_blocked = true;
+                return wrote;
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                e.conn.handle_peer_closed(&format!("write error: {err}"));
+                return true;
+            }
+        }
+    }
+}

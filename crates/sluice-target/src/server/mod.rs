@@ -1,0 +1,179 @@
+//! The I/O layer: listeners, worker threads and their event loops.
+//!
+//! An acceptor thread accepts connections on the I/O and discovery ports and
+//! hands each to a worker, round robin. Each worker owns its connections
+//! (mio, edge-triggered), one backend queue per namespace it touches, and
+//! drives the sans-IO [`QueueConnection`](crate::queue::QueueConnection)s:
+//! read → process → submit backend I/O → poll completions → run timers →
+//! write. The clock is read once per loop iteration and passed down.
+//!
+//! Polling policy (config `target.polling`): `interrupt` sleeps in epoll
+//! until a socket, a completion fd or a timer is due; `busy-poll` never
+//! sleeps; `adaptive` polls for `adaptive_spin_us` after the last work, then
+//! sleeps. Each worker reports the CPU time its thread used.
+//!
+//! * this file: [`Target`], [`TargetHandle`] (the public API: addresses,
+//!   tenants, graceful shutdown) and the reports;
+//! * `start`: start-up (registry, tenants, listeners, worker and acceptor
+//!   threads);
+//! * `acceptor`: the acceptor thread;
+//! * `worker`: a worker's mio loop (polling policy, placement of I/O
+//!   queues, backend submissions and completions, drain and final flush);
+//! * `conn`: one connection's socket reads and writes;
+//! * `timer`: the worker's timerfd;
+//! * `cpu`: process and thread CPU clocks.
+
+mod acceptor;
+mod conn;
+mod cpu;
+mod start;
+mod timer;
+mod worker;
+
+pub use cpu::{process_cpu, thread_cpu};
+
+use crate::subsystem::{Registry, RegistryError};
+use crate::tenant::admin::AdminServer;
+use crate::tenant::TenantRuntime;
+use mio::{Token, Waker};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Errors starting the target.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: io::Error },
+    #[error("cannot start worker threads: {0}")]
+    Thread(io::Error),
+}
+
+/// CPU and activity of one worker thread.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkerReport {
+    pub worker: usize,
+    pub cpu: Duration,
+    pub wall: Duration,
+    pub loops: u64,
+    pub connections: u64,
+}
+
+/// What the target did, reported at shutdown.
+#[derive(Debug, Clone, Default)]
+pub struct ShutdownReport {
+    pub workers: Vec<WorkerReport>,
+    /// CPU (user + system) of the whole process.
+    pub process_cpu: Duration,
+    /// Send path and coalescing totals of every queue (issue 4).
+    pub send: crate::send::SendStats,
+    /// Read and Write commands served (for per-I/O ratios).
+    pub io_commands: u64,
+}
+
+/// Starts targets.
+#[derive(Debug)]
+pub struct Target;
+
+/// A running target.
+#[derive(Debug)]
+pub struct TargetHandle {
+    reg: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+    wakers: Vec<Arc<Waker>>,
+    workers: Vec<JoinHandle<WorkerReport>>,
+    acceptor: Option<JoinHandle<()>>,
+    acceptor_waker: Arc<Waker>,
+    local_addr: SocketAddr,
+    discovery_addr: Option<SocketAddr>,
+    started: Instant,
+    tenants: Arc<TenantRuntime>,
+    admin: Option<AdminServer>,
+    charging: Option<crate::tenant::cpu::ChargeAgents>,
+    io_queues: Arc<Vec<AtomicUsize>>,
+}
+
+/// Every poll's waker (acceptor and workers).
+const WAKER: Token = Token(0);
+/// Connections per worker.
+pub const CONNECTIONS_PER_WORKER_MAX: usize = 4096;
+
+impl TargetHandle {
+    /// Address the I/O port is bound to (with the real port when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+    pub fn discovery_addr(&self) -> Option<SocketAddr> {
+        self.discovery_addr
+    }
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.reg
+    }
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+    /// Tenant table, counters and run-time updates.
+    pub fn tenants(&self) -> &Arc<TenantRuntime> {
+        &self.tenants
+    }
+    /// Live I/O queues on each worker (placed after their Connect).
+    pub fn io_queues_per_worker(&self) -> Vec<usize> {
+        self.io_queues
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Address of the admin endpoint, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|a| a.local_addr())
+    }
+
+    /// Graceful shutdown: stop accepting, let in-flight commands finish and
+    /// their responses reach the hosts (bounded by `shutdown_drain_ms`),
+    /// flush every backend, join the threads.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.shutdown.store(true, Ordering::Release);
+        let _ = self.acceptor_waker.wake();
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        let mut report = ShutdownReport::default();
+        for h in self.workers.drain(..) {
+            if let Ok(r) = h.join() {
+                report.workers.push(r);
+            }
+        }
+        if let Some(c) = self.charging.take() {
+            c.stop();
+        }
+        report.process_cpu = process_cpu();
+        report.send = self.reg.send.snapshot();
+        report.io_commands = self.io_commands();
+        report
+    }
+
+    /// Send path and coalescing totals so far (live queues as of their
+    /// worker's last publish, see [`crate::metrics::SendTotals`]).
+    pub fn send_totals(&self) -> crate::send::SendStats {
+        self.reg.send.snapshot()
+    }
+
+    /// Read and Write commands served so far, all hosts.
+    pub fn io_commands(&self) -> u64 {
+        self.reg
+            .hosts
+            .snapshot()
+            .iter()
+            .map(|(_, s)| s.read_commands + s.write_commands)
+            .sum()
+    }
+}

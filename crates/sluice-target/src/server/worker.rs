@@ -1,0 +1,575 @@
+//! A worker thread's mio loop (edge-triggered) over its connections and
+//! backend queues: the polling policy (interrupt / busy-poll / adaptive,
+//! timerfd for precise sleeps), one clock read per iteration, placement of
+//! I/O queues on the least loaded worker after their Connect, backend
+//! submissions through the tenant scheduler, completions routed back by
+//! [`BackendTag`], graceful drain on shutdown and a final backend flush.
+
+use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
+use super::cpu::thread_cpu;
+use super::timer::{TimerFd, TIMER};
+use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
+use crate::config::PollingMode;
+use crate::queue::QueueConnection;
+use crate::subsystem::Registry;
+use crate::tag::BackendTag;
+use crate::tenant::worker::WorkerTenancy;
+use mio::net::TcpStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Deadlines closer than this are met by polling instead of sleeping: a
+/// wake-up costs about as much here.
+const SPIN_BELOW: Duration = Duration::from_micros(100);
+const CONN_BASE: usize = 16;
+/// Backend notification fds use tokens counted down from here.
+const BACKEND_TOKEN_TOP: usize = usize::MAX / 2;
+
+/// What a worker's channel carries.
+pub(super) enum Incoming {
+    /// A socket the acceptor dealt to this worker.
+    Accepted(TcpStream, SocketAddr),
+    /// An I/O queue another worker hands over right after its Connect, so
+    /// that I/O queues spread evenly over workers (the acceptor cannot tell
+    /// an admin queue from an I/O queue, and round robin would put every
+    /// controller's single I/O queue on the same worker).
+    Moved(Box<ConnEntry>),
+}
+
+struct BackendSlot {
+    queue: Box<dyn BackendQueue>,
+    notify_registered: bool,
+}
+
+pub(super) struct Worker {
+    id: usize,
+    pub(super) poll: Poll,
+    rx: Receiver<Incoming>,
+    /// Every worker's channel and waker (hand-overs), by worker index.
+    pub(super) peers: Vec<(Sender<Incoming>, Arc<Waker>)>,
+    /// Live I/O queues per worker, shared by all workers.
+    pub(super) io_queues: Arc<Vec<AtomicUsize>>,
+    reg: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+    conns: Vec<Option<ConnEntry>>,
+    free: Vec<usize>,
+    queues: HashMap<usize, BackendSlot>,
+    completions: Vec<IoCompletion>,
+    connections_total: u64,
+    /// Tenant scheduling and CPU accounting.
+    tenancy: WorkerTenancy,
+    /// epoll sleeps in whole milliseconds; a timerfd wakes us on time.
+    pub(super) timer: Option<TimerFd>,
+}
+
+impl Worker {
+    pub(super) fn new(
+        id: usize,
+        poll: Poll,
+        rx: Receiver<Incoming>,
+        reg: Arc<Registry>,
+        shutdown: Arc<AtomicBool>,
+        tenancy: WorkerTenancy,
+    ) -> Self {
+        Worker {
+            id,
+            poll,
+            rx,
+            peers: Vec::new(),
+            io_queues: Arc::new(Vec::new()),
+            reg,
+            shutdown,
+            conns: Vec::new(),
+            free: Vec::new(),
+            queues: HashMap::new(),
+            completions: Vec::new(),
+            connections_total: 0,
+            tenancy,
+            timer: None,
+        }
+    }
+
+    pub(super) fn run(mut self) -> WorkerReport {
+        let span = tracing::info_span!("worker", id = self.id);
+        let _g = span.enter();
+        let started = Instant::now();
+        let mut events = Events::with_capacity(1024);
+        let polling = self.reg.settings.polling;
+        let mut last_work = Instant::now();
+        let mut loops = 0u64;
+        let mut drain_deadline: Option<Instant> = None;
+        let mut next_publish = started + crate::metrics::SEND_PUBLISH_INTERVAL;
+        loop {
+            loops += 1;
+            let now = Instant::now();
+            if now >= next_publish {
+                self.publish_send_stats();
+                next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
+            }
+            let deadline = self.next_deadline(now);
+            // Deadlines under SPIN_BELOW are met by polling; longer sleeps
+            // use the timerfd (epoll itself sleeps in whole milliseconds).
+            let until_deadline = deadline.map(|d| d.saturating_duration_since(now));
+            let until_deadline = match (until_deadline, self.timer.as_mut()) {
+                (Some(t), _) if t < SPIN_BELOW => Some(Duration::ZERO),
+                (Some(t), Some(timer)) => {
+                    if let Some(d) = deadline {
+                        timer.arm(d, t);
+                    }
+                    None
+                }
+                (Some(t), None) if t < Duration::from_millis(1) => Some(Duration::ZERO),
+                (other, _) => other,
+            };
+            let timeout = match polling {
+                PollingMode::BusyPoll => Some(Duration::ZERO),
+                PollingMode::Interrupt => until_deadline,
+                PollingMode::Adaptive { spin_us } => {
+                    if now.duration_since(last_work) < Duration::from_micros(spin_us) {
+                        Some(Duration::ZERO)
+                    } else {
+                        until_deadline
+                    }
+                }
+            };
+            let timeout = if drain_deadline.is_some() {
+                Some(
+                    timeout
+                        .unwrap_or(Duration::from_millis(10))
+                        .min(Duration::from_millis(10)),
+                )
+            } else {
+                timeout
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!(error = %e, "worker poll failed");
+                    break;
+                }
+            }
+            let now = Instant::now();
+            // One thread-CPU clock read per loop batch, charged to the
+            // tenants served in the previous batch.
+            self.tenancy.refresh(now);
+            self.tenancy.cpu_sample(thread_cpu(), now);
+            let mut work = !events.is_empty();
+            for ev in events.iter() {
+                let t = ev.token().0;
+                if ev.token() == TIMER {
+                    if let Some(timer) = self.timer.as_mut() {
+                        timer.drain();
+                    }
+                    continue;
+                }
+                if (CONN_BASE..BACKEND_TOKEN_TOP).contains(&t) {
+                    if let Some(Some(e)) = self.conns.get_mut(t - CONN_BASE) {
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            e.read_ready = true;
+                        }
+                        if ev.is_writable() {
+                            e.write_blocked = false;
+                        }
+                    }
+                }
+            }
+            if self.accept_new(now) {
+                work = true;
+            }
+            if self.shutdown.load(Ordering::Acquire) && drain_deadline.is_none() {
+                drain_deadline =
+                    Some(now + Duration::from_millis(self.reg.settings.shutdown_drain_ms));
+                for e in self.conns.iter_mut().flatten() {
+                    e.conn.begin_drain();
+                }
+            }
+            work |= self.drive(now);
+            if work {
+                last_work = now;
+            }
+            if let Some(d) = drain_deadline {
+                let live = self.conns.iter().flatten().count();
+                if live == 0 || now >= d {
+                    if live > 0 {
+                        tracing::warn!(
+                            connections = live,
+                            "drain deadline passed; closing connections with commands in flight"
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+        self.flush_backends();
+        for i in 0..self.conns.len() {
+            self.remove_conn(i);
+        }
+        self.reg.send.publish_live(self.id, Default::default());
+        WorkerReport {
+            worker: self.id,
+            cpu: thread_cpu(),
+            wall: started.elapsed(),
+            loops,
+            connections: self.connections_total,
+        }
+    }
+
+    /// The earliest timer of any connection, backend queue or tenant, as of
+    /// `now` (the loop's one clock read).
+    fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+        let mut d: Option<Instant> = None;
+        let mut take = |x: Option<Instant>| {
+            if let Some(x) = x {
+                d = Some(d.map_or(x, |y| y.min(x)));
+            }
+        };
+        for e in self.conns.iter().flatten() {
+            take(e.conn.poll_timeout());
+        }
+        for q in self.queues.values() {
+            take(q.queue.next_deadline());
+            if q.queue.in_flight() > 0 && !q.notify_registered && q.queue.next_deadline().is_none()
+            {
+                // Completions that neither notify nor have a deadline: poll soon.
+                take(Some(now + Duration::from_micros(50)));
+            }
+        }
+        take(self.tenancy.next_deadline(now));
+        d
+    }
+
+    fn accept_new(&mut self, now: Instant) -> bool {
+        let mut any = false;
+        while let Ok(incoming) = self.rx.try_recv() {
+            any = true;
+            let (mut stream, peer, moved) = match incoming {
+                Incoming::Accepted(stream, peer) => (stream, Some(peer), None),
+                Incoming::Moved(e) => {
+                    let e = *e;
+                    let peer = e.stream.peer_addr().ok();
+                    (e.stream, peer, Some((e.conn, e.tenant)))
+                }
+            };
+            let full = self.conns.iter().flatten().count() >= CONNECTIONS_PER_WORKER_MAX;
+            if moved.is_none() && (self.shutdown.load(Ordering::Acquire) || full) {
+                tracing::warn!(
+                    ?peer,
+                    "refusing connection (shutting down or connection limit reached)"
+                );
+                continue;
+            }
+            let idx = match self.free.pop() {
+                Some(i) => i,
+                None => {
+                    self.conns.push(None);
+                    self.conns.len() - 1
+                }
+            };
+            let token = Token(CONN_BASE + idx);
+            if let Err(e) = self.poll.registry().register(
+                &mut stream,
+                token,
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                tracing::warn!(?peer, error = %e, "cannot register connection");
+                self.free.push(idx);
+                if moved.is_some() {
+                    // Counted for this worker by the one that moved it.
+                    let prev = self.io_queues[self.id].fetch_sub(1, Ordering::Relaxed);
+                    debug_assert!(prev > 0, "I/O queue count of worker {} underflows", self.id);
+                }
+                continue;
+            }
+            let (conn, tenant, placed) = match moved {
+                Some((mut conn, tenant)) => {
+                    tracing::debug!(?peer, qid = conn.qid(), "I/O queue taken over");
+                    if self.shutdown.load(Ordering::Acquire) {
+                        // Arrived after this worker began draining.
+                        conn.begin_drain();
+                    }
+                    (conn, tenant, true)
+                }
+                None => {
+                    let local = stream.local_addr().ok();
+                    tracing::debug!(?peer, "connection accepted");
+                    self.connections_total += 1;
+                    (
+                        QueueConnection::new(self.reg.clone(), peer, local, now),
+                        None,
+                        false,
+                    )
+                }
+            };
+            self.conns[idx] = Some(ConnEntry {
+                stream,
+                conn,
+                // A moved socket may hold bytes whose edge the old worker saw.
+                read_ready: true,
+                write_blocked: false,
+                closed_socket: false,
+                tenant,
+                placed,
+            });
+        }
+        any
+    }
+
+    /// Places an I/O queue once its Connect is answered and nothing of it
+    /// is in flight: on the worker with the fewest live I/O queues (this one
+    /// on a tie). Returns whether the connection was handed over.
+    fn place_io_queue(&mut self, i: usize) -> bool {
+        let Some(e) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            return false;
+        };
+        if e.placed
+            || e.conn.qid() == 0
+            || e.conn.is_closing()
+            || e.conn.backend_in_flight() > 0
+            || !e.conn.due().is_empty()
+            || e.conn.send_deadline().is_some()
+        {
+            return false;
+        }
+        e.placed = true;
+        let counts = &self.io_queues;
+        let mine = counts[self.id].load(Ordering::Relaxed);
+        let (best, least) = counts
+            .iter()
+            .enumerate()
+            .map(|(w, c)| (w, c.load(Ordering::Relaxed)))
+            .min_by_key(|&(w, c)| (c, w != self.id))
+            .unwrap_or((self.id, mine));
+        if best == self.id || least >= mine || self.shutdown.load(Ordering::Acquire) {
+            counts[self.id].fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let Some(mut e) = self.conns[i].take() else {
+            return false;
+        };
+        let _ = self.poll.registry().deregister(&mut e.stream);
+        // Its send counters move with it (the new worker's live sum).
+        counts[best].fetch_add(1, Ordering::Relaxed);
+        let qid = e.conn.qid();
+        let (tx, waker) = &self.peers[best];
+        match tx.send(Incoming::Moved(Box::new(e))) {
+            Ok(()) => {
+                let _ = waker.wake();
+                tracing::info!(qid, to = best, "I/O queue handed to a less loaded worker");
+                self.free.push(i);
+                self.publish_send_stats();
+                true
+            }
+            Err(std::sync::mpsc::SendError(Incoming::Moved(mut e))) => {
+                // The other worker is gone (shutdown): keep it here.
+                let prev = counts[best].fetch_sub(1, Ordering::Relaxed);
+                debug_assert!(prev > 0, "I/O queue count of worker {best} underflows");
+                counts[self.id].fetch_add(1, Ordering::Relaxed);
+                let token = Token(CONN_BASE + i);
+                let _ = self.poll.registry().register(
+                    &mut e.stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                );
+                e.read_ready = true;
+                self.conns[i] = Some(*e);
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// One pass over every connection and backend queue. Returns whether
+    /// anything happened.
+    fn drive(&mut self, now: Instant) -> bool {
+        let mut work = false;
+        for i in 0..self.conns.len() {
+            if self.peers.len() > 1 && self.place_io_queue(i) {
+                work = true;
+                continue;
+            }
+            let Some(e) = self.conns[i].as_mut() else {
+                continue;
+            };
+            let tenant = conn_tenant(e, &self.tenancy);
+            let throttled = self.tenancy.throttled(tenant);
+            if e.read_ready && e.conn.wants_read() && !throttled {
+                work |= read_conn(e, now);
+            }
+            // Backend submissions.
+            while let Some(sub) = e.conn.poll_backend() {
+                work = true;
+                let ns_index = sub.ns.index;
+                let mut req = sub.req;
+                req.tag = BackendTag::from_raw(req.tag).with_conn(i).raw();
+                let slot = match self.queues.entry(ns_index) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        match sub.ns.backend.open_queue() {
+                            Ok(q) => {
+                                let mut notify_registered = false;
+                                if let Some(fd) = q.notify_fd() {
+                                    let tok = Token(BACKEND_TOKEN_TOP + 1 + ns_index);
+                                    notify_registered = self
+                                        .poll
+                                        .registry()
+                                        .register(&mut SourceFd(&fd), tok, Interest::READABLE)
+                                        .is_ok();
+                                }
+                                v.insert(BackendSlot {
+                                    queue: q,
+                                    notify_registered,
+                                })
+                            }
+                            Err(err) => {
+                                tracing::error!(nsid = sub.ns.nsid, error = %err, "cannot open a backend queue");
+                                self.completions.push(IoCompletion {
+                                    tag: req.tag,
+                                    result: Err(err),
+                                    buf: req.buf,
+                                });
+                                continue;
+                            }
+                        }
+                    }
+                };
+                self.tenancy
+                    .submit(ns_index, tenant, req, slot.queue.as_mut(), now);
+            }
+        }
+        self.dispatch_fair(now);
+        // Completions.
+        for q in self.queues.values_mut() {
+            q.queue.poll_completions(now, &mut self.completions);
+        }
+        let completions = std::mem::take(&mut self.completions);
+        for c in completions {
+            work = true;
+            // Pieces of a split request come back as one completion.
+            let Some(c) = self.tenancy.complete(c, now) else {
+                continue;
+            };
+            let tag = BackendTag::from_raw(c.tag);
+            debug_assert!(tag.is_conn(), "completion with a foreign tag {tag:?}");
+            if let Some(Some(e)) = self.conns.get_mut(tag.conn()) {
+                e.conn.handle_backend_completion(
+                    IoCompletion {
+                        tag: tag.local().raw(),
+                        ..c
+                    },
+                    now,
+                );
+            }
+        }
+        work |= self.dispatch_fair(now);
+        // Timers and writes.
+        for i in 0..self.conns.len() {
+            let Some(e) = self.conns[i].as_mut() else {
+                continue;
+            };
+            let tenant = conn_tenant(e, &self.tenancy);
+            let throttled = self.tenancy.throttled(tenant);
+            if let Some(t) = e.conn.poll_timeout() {
+                if t <= now {
+                    e.conn.handle_timeout(now);
+                }
+            }
+            // A response may have unblocked more input (back-pressure released).
+            if e.read_ready && e.conn.wants_read() && !throttled {
+                work |= read_conn(e, now);
+            }
+            if !e.write_blocked && !e.conn.due().is_empty() {
+                work |= write_conn(e, now);
+            }
+            if e.conn.is_closed() && e.conn.backend_in_flight() == 0 {
+                self.remove_conn(i);
+                work = true;
+            } else if e.conn.is_closed() && !e.closed_socket {
+                // Keep the entry until the backend returns its buffers.
+                let _ = e.stream.shutdown(std::net::Shutdown::Both);
+                e.closed_socket = true;
+            }
+        }
+        work
+    }
+
+    /// Sends what the fair schedulers allow to the backend queues.
+    fn dispatch_fair(&mut self, now: Instant) -> bool {
+        let t = &mut self.tenancy;
+        let mut any = false;
+        for (ns, slot) in self.queues.iter_mut() {
+            any |= t.dispatch(*ns, slot.queue.as_mut(), now);
+        }
+        any
+    }
+
+    /// Publishes the send counters of this worker's live connections.
+    fn publish_send_stats(&self) {
+        let mut s = crate::send::SendStats::default();
+        for e in self.conns.iter().flatten() {
+            s.add(&e.conn.send_stats());
+        }
+        self.reg.send.publish_live(self.id, s);
+    }
+
+    fn remove_conn(&mut self, i: usize) {
+        if let Some(mut e) = self.conns.get_mut(i).and_then(|c| c.take()) {
+            if e.placed {
+                if let Some(c) = self.io_queues.get(self.id) {
+                    let prev = c.fetch_sub(1, Ordering::Relaxed);
+                    debug_assert!(prev > 0, "I/O queue count of worker {} underflows", self.id);
+                }
+            }
+            let _ = self.poll.registry().deregister(&mut e.stream);
+            let _ = e.stream.shutdown(std::net::Shutdown::Both);
+            e.conn.finish();
+            self.reg.send.add_closed(&e.conn.send_stats());
+            // Drop it from the live sum at once, so it is never counted twice.
+            self.publish_send_stats();
+            tracing::debug!(
+                reason = e.conn.close_reason().unwrap_or("closed"),
+                "connection removed"
+            );
+            self.free.push(i);
+        }
+    }
+
+    /// Makes every completed write durable before the process exits.
+    fn flush_backends(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for q in self.queues.values_mut() {
+            q.queue.submit(
+                IoRequest {
+                    tag: BackendTag::FINAL_FLUSH.raw(),
+                    op: IoOp::Flush,
+                    offset_bytes: 0,
+                    len_bytes: 0,
+                    buf: None,
+                },
+                Instant::now(),
+            );
+        }
+        let mut out = Vec::new();
+        for q in self.queues.values_mut() {
+            while q.queue.in_flight() > 0 && Instant::now() < deadline {
+                q.queue.poll_completions(Instant::now(), &mut out);
+                if q.queue.in_flight() > 0 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            for c in out.drain(..) {
+                if let Err(e) = &c.result {
+                    if BackendTag::from_raw(c.tag) == BackendTag::FINAL_FLUSH {
+                        tracing::error!(error = %e, "final backend flush failed");
+                    }
+                }
+            }
+        }
+    }
+}
