@@ -20,17 +20,17 @@
 //! * `worker`: a worker's mio loop (polling policy, placement of I/O
 //!   queues, backend submissions and completions, drain and final flush);
 //! * `conn`: one connection's socket reads and writes;
-//! * `timer`: the worker's timerfd;
-//! * `cpu`: process and thread CPU clocks.
+//!
+//! Waiting (the polling policy and the timerfd that makes sub-millisecond
+//! sleeps precise) and the CPU clocks come from `sluice-runtime`, shared with
+//! the host side.
 
 mod acceptor;
 mod conn;
-mod cpu;
 mod start;
-mod timer;
 mod worker;
 
-pub use cpu::{process_cpu, thread_cpu};
+use sluice_runtime::clock::process_cpu;
 
 use crate::subsystem::{Registry, RegistryError};
 use crate::tenant::admin::AdminServer;

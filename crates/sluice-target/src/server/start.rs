@@ -5,7 +5,7 @@
 //! acceptor threads.
 
 use super::acceptor::{Acceptor, LISTEN_DISC, LISTEN_IO};
-use super::timer::TimerFd;
+use super::worker::TIMER;
 use super::worker::{Incoming, Worker};
 use super::{StartError, Target, TargetHandle, WAKER};
 use crate::config::Config;
@@ -15,6 +15,7 @@ use crate::tenant::worker::WorkerTenancy;
 use crate::tenant::TenantRuntime;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Waker};
+use sluice_runtime::Sleeper;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
@@ -101,11 +102,10 @@ impl Target {
             let mut w = Worker::new(id, poll, rx, reg.clone(), shutdown.clone(), tenancy);
             w.peers = peers.clone();
             w.io_queues = io_queues.clone();
-            match TimerFd::new(&w.poll) {
-                Ok(t) => w.timer = Some(t),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no timerfd; timers will have millisecond granularity")
-                }
+            let (sleeper, timer_err) = Sleeper::new(w.poll.registry(), TIMER);
+            w.sleeper = sleeper;
+            if let Some(e) = timer_err {
+                tracing::warn!(error = %e, "no timerfd; timers will have millisecond granularity");
             }
             let h = std::thread::Builder::new()
                 .name(format!("sluice-worker-{id}"))

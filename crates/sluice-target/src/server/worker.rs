@@ -6,8 +6,6 @@
 //! [`BackendTag`], graceful drain on shutdown and a final backend flush.
 
 use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
-use super::cpu::thread_cpu;
-use super::timer::{TimerFd, TIMER};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
 use crate::config::PollingMode;
 use crate::queue::QueueConnection;
@@ -18,6 +16,8 @@ use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
+use sluice_runtime::clock::thread_cpu;
+use sluice_runtime::{PollingPolicy, Sleeper};
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -26,9 +26,8 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Deadlines closer than this are met by polling instead of sleeping: a
-/// wake-up costs about as much here.
-const SPIN_BELOW: Duration = Duration::from_micros(100);
+/// The worker's timerfd token (precise sleeps in interrupt and adaptive modes).
+pub(super) const TIMER: Token = Token(3);
 const CONN_BASE: usize = 16;
 /// Backend notification fds use tokens counted down from here.
 const BACKEND_TOKEN_TOP: usize = usize::MAX / 2;
@@ -67,7 +66,7 @@ pub(super) struct Worker {
     /// Tenant scheduling and CPU accounting.
     tenancy: WorkerTenancy,
     /// epoll sleeps in whole milliseconds; a timerfd wakes us on time.
-    pub(super) timer: Option<TimerFd>,
+    pub(super) sleeper: Sleeper,
 }
 
 impl Worker {
@@ -93,7 +92,7 @@ impl Worker {
             completions: Vec::new(),
             connections_total: 0,
             tenancy,
-            timer: None,
+            sleeper: Sleeper::without_timer(),
         }
     }
 
@@ -102,7 +101,7 @@ impl Worker {
         let _g = span.enter();
         let started = Instant::now();
         let mut events = Events::with_capacity(1024);
-        let polling = self.reg.settings.polling;
+        let polling = policy(self.reg.settings.polling);
         let mut last_work = Instant::now();
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
@@ -115,31 +114,9 @@ impl Worker {
                 next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
             }
             let deadline = self.next_deadline(now);
-            // Deadlines under SPIN_BELOW are met by polling; longer sleeps
-            // use the timerfd (epoll itself sleeps in whole milliseconds).
-            let until_deadline = deadline.map(|d| d.saturating_duration_since(now));
-            let until_deadline = match (until_deadline, self.timer.as_mut()) {
-                (Some(t), _) if t < SPIN_BELOW => Some(Duration::ZERO),
-                (Some(t), Some(timer)) => {
-                    if let Some(d) = deadline {
-                        timer.arm(d, t);
-                    }
-                    None
-                }
-                (Some(t), None) if t < Duration::from_millis(1) => Some(Duration::ZERO),
-                (other, _) => other,
-            };
-            let timeout = match polling {
-                PollingMode::BusyPoll => Some(Duration::ZERO),
-                PollingMode::Interrupt => until_deadline,
-                PollingMode::Adaptive { spin_us } => {
-                    if now.duration_since(last_work) < Duration::from_micros(spin_us) {
-                        Some(Duration::ZERO)
-                    } else {
-                        until_deadline
-                    }
-                }
-            };
+            let timeout =
+                self.sleeper
+                    .timeout(polling, now, now.duration_since(last_work), deadline);
             let timeout = if drain_deadline.is_some() {
                 Some(
                     timeout
@@ -163,10 +140,7 @@ impl Worker {
             let mut work = !events.is_empty();
             for ev in events.iter() {
                 let t = ev.token().0;
-                if ev.token() == TIMER {
-                    if let Some(timer) = self.timer.as_mut() {
-                        timer.drain();
-                    }
+                if self.sleeper.handle_event(ev.token()) {
                     continue;
                 }
                 if (CONN_BASE..BACKEND_TOKEN_TOP).contains(&t) {
@@ -571,5 +545,16 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// The configured polling mode as the runtime's policy.
+fn policy(mode: PollingMode) -> PollingPolicy {
+    match mode {
+        PollingMode::Interrupt => PollingPolicy::Interrupt,
+        PollingMode::BusyPoll => PollingPolicy::BusyPoll,
+        PollingMode::Adaptive { spin_us } => PollingPolicy::Adaptive {
+            spin_us: u32::try_from(spin_us).unwrap_or(u32::MAX),
+        },
     }
 }
