@@ -64,6 +64,30 @@ pub fn counters<L: EncodeLabelSet, V: EncodeCounterValue>(
     Ok(())
 }
 
+/// One counter without labels.
+pub fn counter<V: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: V,
+) -> fmt::Result {
+    enc.encode_descriptor(name, help, unit, MetricType::Counter)?
+        .encode_counter::<NoLabelSet, V, f64>(&v, None)
+}
+
+/// One gauge without labels.
+pub fn gauge<V: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: V,
+) -> fmt::Result {
+    enc.encode_descriptor(name, help, unit, MetricType::Gauge)?
+        .encode_gauge(&v)
+}
+
 /// One gauge family.
 pub fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue>(
     enc: &mut DescriptorEncoder,

@@ -22,7 +22,10 @@ const KNOWN: &[&str] = &[
 
 #[test]
 fn dashboard_json_is_valid() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/grafana/sluice.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/grafana/sluice.json"
+    );
     let text = std::fs::read_to_string(path).unwrap();
     let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard JSON parses");
     let vars = d["templating"]["list"].as_array().unwrap();

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_admin::metrics::{counters, Esc};
+use sluice_admin::metrics::{counter, counters, Esc};
 use sluice_admin::prometheus_client::collector::Collector;
 use sluice_admin::prometheus_client::encoding::DescriptorEncoder;
 use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Unit};
@@ -488,15 +488,12 @@ impl Collector for ExportCollector {
                 }),
             )?;
         }
-        counters(
+        counter(
             e,
             "sluice_export_unattributed_cpu",
             "shared-thread CPU of batches without work",
             Some(&Unit::Seconds),
-            [(
-                Vec::<(&str, Esc)>::new(),
-                self.0.unattributed().as_secs_f64(),
-            )],
+            self.0.unattributed().as_secs_f64(),
         )
     }
 }

@@ -22,7 +22,7 @@
 
 use super::{RawTenant, TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
 use crate::subsystem::Registry;
-use sluice_admin::metrics::{counters, gauges, histograms, Esc, HistogramSample};
+use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
 use sluice_admin::prometheus_client::collector::Collector;
 use sluice_admin::prometheus_client::encoding::DescriptorEncoder;
 use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Unit};
@@ -348,19 +348,19 @@ impl Collector for TargetCollector {
                 .iter()
                 .map(|(n, _, w)| ([("tenant", Esc(n))], i64::from(*w))),
         )?;
-        counters(
+        counter(
             e,
             "sluice_target_unattributed_cpu",
             "Worker CPU in batches with no tenant work.",
             Some(&Unit::Seconds),
-            [(Vec::<(&str, Esc)>::new(), secs(&rt.unattributed_cpu_ns))],
+            secs(&rt.unattributed_cpu_ns),
         )?;
-        gauges(
+        gauge(
             e,
             "sluice_tenant_table_generation",
             "Generation of the running tenant table.",
             None,
-            [(Vec::<(&str, Esc)>::new(), t.generation as i64)],
+            t.generation as i64,
         )?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
