@@ -134,9 +134,12 @@ pub fn histograms<L: EncodeLabelSet>(
     Ok(())
 }
 
+/// One parsed sample: name, labels, value.
+pub type Sample = (String, Vec<(String, String)>, f64);
+
 /// A minimal parser of the text exposition for tests and tools: every
 /// sample as (name, labels, value). `# ` lines are skipped.
-pub fn parse_text(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+pub fn parse_text(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {

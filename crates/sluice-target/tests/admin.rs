@@ -111,6 +111,8 @@ size = "1MiB"
 "#,
     )
     .unwrap();
-    let e = Target::start(&cfg).err().expect("refused");
+    let Err(e) = Target::start(&cfg) else {
+        panic!("a missing token file must fail the start")
+    };
     assert!(e.to_string().contains("sluice-token"), "{e}");
 }
