@@ -70,9 +70,14 @@ pub struct NbdArgs {
 /// Per-export CPU accounting, throttling and metrics (`nbd` and `fuse`).
 #[derive(Debug, Args)]
 pub struct AccountArgs {
-    /// Serve `GET /metrics` (Prometheus text, per-export counters) here.
+    /// Serve the admin endpoint here: `GET /metrics` (per-export
+    /// counters), `GET /v1/status`, `GET /v1/exports`.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// File with a bearer token the admin endpoint requires
+    /// (`Authorization: Bearer ...`).
+    #[arg(long, value_name = "PATH")]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// CPU accounting batch (ms): how often thread CPU clocks are sampled.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub cpu_batch_ms: u64,
@@ -97,30 +102,33 @@ impl AccountArgs {
         }
     }
 
-    /// Binds `--metrics` (before anything is served, so a bad address fails
-    /// early).
-    async fn bind_metrics(&self) -> Result<Option<tokio::net::TcpListener>> {
+    /// Starts the admin endpoint on `--metrics` (its own thread; a bad
+    /// address or token file fails here, before anything is served).
+    fn start_metrics(
+        &self,
+        acct: &Arc<CpuAccountant>,
+        service: &str,
+    ) -> Result<Option<sluice_admin::AdminServer>> {
         let Some(addr) = &self.metrics else {
             return Ok(None);
         };
-        let l = tokio::net::TcpListener::bind(addr.as_str())
-            .await
-            .with_context(|| format!("binding --metrics {addr}"))?;
-        info!(addr = %l.local_addr()?, "metrics endpoint ready");
-        Ok(Some(l))
-    }
-}
-
-/// Serves the accountant's counters on `listener`; without one, never ends.
-async fn serve_metrics(
-    acct: Arc<CpuAccountant>,
-    listener: Option<tokio::net::TcpListener>,
-) -> Result<()> {
-    match listener {
-        Some(l) => sluice_export::account::serve_metrics(acct, l)
-            .await
-            .context("metrics endpoint"),
-        None => std::future::pending().await,
+        let listen = addr
+            .to_socket_addrs()
+            .with_context(|| format!("--metrics {addr}"))?
+            .next()
+            .with_context(|| format!("--metrics {addr}: no address"))?;
+        let mut cfg = sluice_admin::AdminConfig::new(listen);
+        if let Some(p) = &self.admin_token_file {
+            cfg.token = Some(sluice_admin::BearerToken::from_file(p)?);
+        }
+        let app = sluice_admin::compose(
+            &cfg,
+            sluice_export::account::admin_parts(acct.clone(), service),
+        );
+        let s = sluice_admin::AdminServer::start(cfg, app)
+            .with_context(|| format!("starting --metrics {addr}"))?;
+        info!(addr = %s.local_addr(), "admin endpoint ready (/metrics, /v1/status, /v1/exports)");
+        Ok(Some(s))
     }
 }
 
@@ -294,10 +302,8 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
             .spawn(a.account.batch(), a.account.throttle_params())
             .context("starting the CPU accounting thread")?;
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-        let metrics = async {
-            let l = a.account.bind_metrics().await?;
-            serve_metrics(acct.clone(), l).await
-        };
+        let _admin = a.account.start_metrics(&acct, "sluice-nbd")?;
+        let metrics = std::future::pending::<Result<()>>();
         let serve = async {
             if let Some(path) = &a.unix {
                 let (l, _guard) = UnixSocketPath::bind(path)
@@ -366,7 +372,7 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     let remote = Remote::from_args(&a.remote)?;
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
-    let metrics = rt.block_on(a.account.bind_metrics())?;
+    let _admin = a.account.start_metrics(&acct, "sluice-fuse")?;
     let (ctrl, ns, hostnqn) = rt.block_on(connect(&remote))?;
     let c2 = ctrl.clone();
     let export = acct.add_export(
@@ -414,7 +420,7 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
             let r = rt.block_on(async {
                 let mut tick = tokio::time::interval(Duration::from_millis(200));
                 let signal = sluice_export::shutdown_signal();
-                let metrics = serve_metrics(acct.clone(), metrics);
+                let metrics = std::future::pending::<Result<()>>();
                 tokio::pin!(signal, metrics);
                 loop {
                     tokio::select! {

@@ -1,7 +1,7 @@
 //! `sluice top`: live per-tenant view polled from a target's admin endpoint.
 
 use anyhow::{bail, Context, Result};
-use sluice_target::tenant::admin::http_request;
+use sluice_admin::schema::{interval_quantile, TenantStats, TenantStatsReport};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,9 @@ pub struct TopArgs {
     /// Admin endpoint of the target (`[tenants] admin_listen`).
     #[arg(long, default_value = "127.0.0.1:9100")]
     pub admin: String,
+    /// Bearer token of the admin endpoint (`[tenants] admin_token_file`).
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Seconds between samples.
     #[arg(long, default_value_t = 1.0)]
     pub interval: f64,
@@ -18,80 +21,22 @@ pub struct TopArgs {
     pub count: Option<u64>,
 }
 
-/// Per-tenant values of one /metrics scrape.
-#[derive(Debug, Default, Clone)]
-pub struct Sample {
-    pub ios: f64,
-    pub bytes: f64,
-    pub cpu_s: f64,
-    pub throttle_s: f64,
-    pub throttle_events: f64,
-    pub queue_depth: f64,
-    pub weight: f64,
-    /// Cumulative latency histogram (upper bound in s, count).
-    pub lat: Vec<(f64, f64)>,
+/// Decodes `GET /v1/stats` into per-tenant samples.
+pub fn parse(json: &str) -> Result<BTreeMap<String, TenantStats>> {
+    let r: TenantStatsReport =
+        serde_json::from_str(json).context("the admin endpoint sent bad /v1/stats JSON")?;
+    Ok(r.tenants.into_iter().map(|t| (t.name.clone(), t)).collect())
 }
 
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let pat = format!("{key}=\"");
-    let i = labels.find(&pat)? + pat.len();
-    let j = labels[i..].find('"')? + i;
-    Some(&labels[i..j])
-}
-
-/// Parses the Prometheus text of a Sluice target into per-tenant samples.
-pub fn parse(text: &str) -> BTreeMap<String, Sample> {
-    let mut m: BTreeMap<String, Sample> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((name_labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(v) = value.parse::<f64>() else {
-            continue;
-        };
-        let Some((name, labels)) = name_labels.split_once('{') else {
-            continue;
-        };
-        let Some(t) = label(labels, "tenant") else {
-            continue;
-        };
-        let s = m.entry(t.to_string()).or_default();
-        match name {
-            "sluice_tenant_ios_total" => s.ios += v,
-            "sluice_tenant_bytes_total" => s.bytes += v,
-            "sluice_tenant_cpu_seconds_total" => s.cpu_s = v,
-            "sluice_tenant_throttle_seconds_total" => s.throttle_s = v,
-            "sluice_tenant_throttle_events_total" => s.throttle_events = v,
-            "sluice_tenant_queue_depth" => s.queue_depth = v,
-            "sluice_tenant_weight" => s.weight = v,
-            "sluice_tenant_latency_seconds_bucket" => {
-                let le = label(labels, "le").unwrap_or("+Inf");
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().unwrap_or(f64::INFINITY)
-                };
-                s.lat.push((le, v));
-            }
-            _ => {}
-        }
+/// One /v1/stats sample from `addr`.
+pub fn scrape(addr: &str, token: Option<&str>) -> Result<BTreeMap<String, TenantStats>> {
+    let r = sluice_admin::client::request(addr, "GET", "/v1/stats", "", token)
+        .with_context(|| format!("cannot reach the admin endpoint {addr}"))?;
+    match r.status {
+        200 => parse(&r.body),
+        401 => bail!("{addr} answered HTTP 401: give --admin-token or SLUICE_ADMIN_TOKEN"),
+        c => bail!("{addr} answered HTTP {c}: {}", r.body.trim()),
     }
-    m
-}
-
-/// Upper bound of quantile `q` of the latency recorded between two samples.
-pub fn quantile(prev: &[(f64, f64)], cur: &[(f64, f64)], q: f64) -> Option<f64> {
-    let total = cur.last()?.1 - prev.last().map_or(0.0, |p| p.1);
-    if total <= 0.0 {
-        return None;
-    }
-    for (i, (le, c)) in cur.iter().enumerate() {
-        let p = prev.get(i).map_or(0.0, |p| p.1);
-        if c - p >= q * total {
-            return Some(*le);
-        }
-    }
-    None
 }
 
 fn fmt_lat(s: Option<f64>) -> String {
@@ -107,14 +52,8 @@ pub fn run(a: TopArgs) -> Result<()> {
     if a.interval.is_nan() || a.interval <= 0.0 {
         bail!("--interval must be positive");
     }
-    let scrape = || -> Result<BTreeMap<String, Sample>> {
-        let (code, body) = http_request(&a.admin, "GET", "/metrics", "")
-            .with_context(|| format!("cannot reach the admin endpoint {}", a.admin))?;
-        if code != 200 {
-            bail!("{} answered HTTP {code}", a.admin);
-        }
-        Ok(parse(&body))
-    };
+    let token = a.admin_token.as_deref().filter(|t| !t.is_empty());
+    let scrape = || scrape(&a.admin, token);
     let mut prev = scrape()?;
     let mut t_prev = Instant::now();
     let mut n = 0u64;
@@ -138,17 +77,18 @@ pub fn run(a: TopArgs) -> Result<()> {
         );
         for (name, c) in &cur {
             let p = prev.get(name).cloned().unwrap_or_default();
+            let d = |c: u64, p: u64| c.saturating_sub(p) as f64;
             println!(
                 "{:<20} {:>6} {:>10.0} {:>10.1} {:>7.1} {:>8} {:>8} {:>9.1} {:>8.1} {:>6}",
                 name,
                 c.weight,
-                (c.ios - p.ios) / dt,
-                (c.bytes - p.bytes) / dt / 1048576.0,
-                (c.cpu_s - p.cpu_s) / dt * 100.0,
-                fmt_lat(quantile(&p.lat, &c.lat, 0.5)),
-                fmt_lat(quantile(&p.lat, &c.lat, 0.99)),
-                (c.throttle_s - p.throttle_s) / dt * 100.0,
-                (c.throttle_events - p.throttle_events) / dt,
+                d(c.ios(), p.ios()) / dt,
+                d(c.bytes(), p.bytes()) / dt / 1048576.0,
+                (c.cpu_seconds - p.cpu_seconds) / dt * 100.0,
+                fmt_lat(interval_quantile(&p.latency, &c.latency, 0.5)),
+                fmt_lat(interval_quantile(&p.latency, &c.latency, 0.99)),
+                (c.throttle_seconds - p.throttle_seconds) / dt * 100.0,
+                d(c.throttle_events, p.throttle_events) / dt,
                 c.queue_depth,
             );
         }
@@ -162,17 +102,49 @@ pub fn run(a: TopArgs) -> Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use sluice_admin::schema::{Bucket, Latency};
 
     #[test]
-    fn parses_target_metrics() {
-        let text = "# TYPE x counter\nsluice_tenant_ios_total{tenant=\"a\",op=\"read\"} 10\nsluice_tenant_ios_total{tenant=\"a\",op=\"write\"} 5\nsluice_tenant_latency_seconds_bucket{tenant=\"a\",le=\"0.000128\"} 3\nsluice_tenant_latency_seconds_bucket{tenant=\"a\",le=\"+Inf\"} 15\nsluice_tenant_weight{tenant=\"a\"} 2\n";
-        let m = parse(text);
+    fn decodes_target_stats() {
+        let json = r#"{"generation": 2, "unattributed_cpu_seconds": 0.5, "tenants": [
+          {"name": "a", "weight": 2, "read_ios": 10, "write_ios": 5, "other_ios": 0,
+           "read_bytes": 40960, "write_bytes": 20480, "errors": 0, "cpu_seconds": 0.25,
+           "throttle_events": 3, "throttle_seconds": 0.1, "sched_wait_seconds": 0.0,
+           "queue_depth": 4, "latency": {"count": 15, "sum_seconds": 0.003,
+           "buckets": [{"le_seconds": 0.000128, "count": 3}, {"le_seconds": 0.001, "count": 14}]}}]}"#;
+        let m = parse(json).unwrap();
         let a = &m["a"];
-        assert_eq!(a.ios, 15.0);
-        assert_eq!(a.weight, 2.0);
-        assert_eq!(quantile(&[], &a.lat, 0.1), Some(0.000128));
-        assert_eq!(quantile(&[], &a.lat, 0.99), Some(f64::INFINITY));
+        assert_eq!(
+            (a.ios(), a.bytes(), a.weight, a.queue_depth),
+            (15, 61440, 2, 4)
+        );
+        let none = Latency::default();
+        assert_eq!(interval_quantile(&none, &a.latency, 0.1), Some(0.000128));
+        assert_eq!(interval_quantile(&none, &a.latency, 0.5), Some(0.001));
+        assert_eq!(
+            interval_quantile(&none, &a.latency, 0.99),
+            Some(f64::INFINITY)
+        );
+        // Between two samples only the new I/Os count.
+        let later = Latency {
+            count: 25,
+            sum_seconds: 0.004,
+            buckets: vec![
+                Bucket {
+                    le_seconds: 0.000128,
+                    count: 13,
+                },
+                Bucket {
+                    le_seconds: 0.001,
+                    count: 24,
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(interval_quantile(&a.latency, &later, 0.99), Some(0.000128));
+        assert!(parse("{}").is_err());
     }
 }

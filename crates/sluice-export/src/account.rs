@@ -30,11 +30,16 @@
 //! unit-tested); [`CpuAccountant::spawn`] drives it from a thread.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_admin::metrics::{counter, counters, Esc};
+use sluice_admin::prometheus_client::collector::Collector;
+use sluice_admin::prometheus_client::encoding::DescriptorEncoder;
+use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Unit};
+use sluice_admin::routes;
+use sluice_admin::schema::{ExportStats, ExportsReport, Status};
 use sluice_cpu::{BatchCharger, Throttle, ThrottleParams};
 
 /// Supplies the TIDs of an export's own threads (its controller's queues).
@@ -389,76 +394,129 @@ impl CpuAccountant {
         }
     }
 
-    /// Prometheus text of the per-export counters.
-    pub fn prometheus(&self) -> String {
-        let mut s = String::new();
-        let ex = self.exports();
-        let metric = |s: &mut String,
-                      name: &str,
-                      help: &str,
-                      kind: &str,
-                      f: &dyn Fn(&ExportCounters) -> String| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for e in &ex {
-                let c = e.counters();
-                let _ = writeln!(
-                    s,
-                    "{name}{{export=\"{}\",hostnqn=\"{}\"}} {}",
-                    esc(&c.name),
-                    esc(&c.hostnqn),
-                    f(&c)
-                );
-            }
-        };
-        metric(
-            &mut s,
-            "sluice_export_ios_total",
-            "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
-            "counter",
-            &|c| c.ios.to_string(),
-        );
-        metric(
-            &mut s,
-            "sluice_export_bytes_total",
-            "payload bytes read and written",
-            "counter",
-            &|c| c.bytes.to_string(),
-        );
-        metric(
-            &mut s,
-            "sluice_export_cpu_seconds_total",
-            "exporter CPU charged (shared threads by work, plus own queue threads)",
-            "counter",
-            &|c| format!("{:.6}", c.cpu.as_secs_f64()),
-        );
-        metric(
-            &mut s,
-            "sluice_export_queue_cpu_seconds_total",
-            "CPU of the export's own NVMe/TCP queue threads",
-            "counter",
-            &|c| format!("{:.6}", c.own_cpu.as_secs_f64()),
-        );
-        metric(
-            &mut s,
-            "sluice_export_throttle_events_total",
-            "i-NVMe throttle events",
-            "counter",
-            &|c| c.throttle_events.to_string(),
-        );
-        metric(
-            &mut s,
-            "sluice_export_throttle_seconds_total",
-            "time throttled",
-            "counter",
-            &|c| format!("{:.6}", c.throttled.as_secs_f64()),
-        );
-        let _ = writeln!(
-            s,
-            "# HELP sluice_export_unattributed_cpu_seconds_total shared-thread CPU of batches without work\n# TYPE sluice_export_unattributed_cpu_seconds_total counter\nsluice_export_unattributed_cpu_seconds_total {:.6}",
-            self.unattributed().as_secs_f64()
-        );
-        s
+    /// The per-export counters as the admin API's JSON document.
+    pub fn report(&self) -> ExportsReport {
+        ExportsReport {
+            unattributed_cpu_seconds: self.unattributed().as_secs_f64(),
+            exports: self
+                .exports()
+                .iter()
+                .map(|e| {
+                    let c = e.counters();
+                    ExportStats {
+                        name: c.name,
+                        hostnqn: c.hostnqn,
+                        cpu_share: c.cpu_share,
+                        ios: c.ios,
+                        bytes: c.bytes,
+                        cpu_seconds: c.cpu.as_secs_f64(),
+                        queue_cpu_seconds: c.own_cpu.as_secs_f64(),
+                        throttle_events: c.throttle_events,
+                        throttle_seconds: c.throttled.as_secs_f64(),
+                    }
+                })
+                .collect(),
+        }
     }
+
+    /// The per-export counters as metrics text (logs and tests).
+    pub fn prometheus(self: &Arc<Self>) -> String {
+        let mut reg = MetricsRegistry::default();
+        reg.register_collector(Box::new(ExportCollector(self.clone())));
+        sluice_admin::metrics::encode(&reg).unwrap_or_default()
+    }
+}
+
+/// Reads the exports' atomic counters at scrape time.
+#[derive(Debug)]
+pub struct ExportCollector(pub Arc<CpuAccountant>);
+
+impl Collector for ExportCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let ex: Vec<ExportCounters> = self.0.exports().iter().map(|e| e.counters()).collect();
+        let e = &mut enc;
+        type F = fn(&ExportCounters) -> f64;
+        let families: [(&str, &str, Option<Unit>, F); 6] = [
+            (
+                "sluice_export_ios",
+                "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
+                None,
+                |c| c.ios as f64,
+            ),
+            (
+                "sluice_export_bytes",
+                "payload bytes read and written",
+                None,
+                |c| c.bytes as f64,
+            ),
+            (
+                "sluice_export_cpu",
+                "exporter CPU charged (shared threads by work, plus own queue threads)",
+                Some(Unit::Seconds),
+                |c| c.cpu.as_secs_f64(),
+            ),
+            (
+                "sluice_export_queue_cpu",
+                "CPU of the export's own NVMe/TCP queue threads",
+                Some(Unit::Seconds),
+                |c| c.own_cpu.as_secs_f64(),
+            ),
+            (
+                "sluice_export_throttle_events",
+                "i-NVMe throttle events",
+                None,
+                |c| c.throttle_events as f64,
+            ),
+            (
+                "sluice_export_throttle",
+                "time throttled",
+                Some(Unit::Seconds),
+                |c| c.throttled.as_secs_f64(),
+            ),
+        ];
+        for (name, help, unit, f) in families {
+            counters(
+                e,
+                name,
+                help,
+                unit.as_ref(),
+                ex.iter().map(|c| {
+                    (
+                        [("export", Esc(&c.name)), ("hostnqn", Esc(&c.hostnqn))],
+                        f(c),
+                    )
+                }),
+            )?;
+        }
+        counter(
+            e,
+            "sluice_export_unattributed_cpu",
+            "shared-thread CPU of batches without work",
+            Some(&Unit::Seconds),
+            self.0.unattributed().as_secs_f64(),
+        )
+    }
+}
+
+/// The exporter's parts of the admin API: `GET /metrics`,
+/// `GET /v1/status`, `GET /v1/exports` (for [`sluice_admin::compose`]).
+pub fn admin_parts(acct: Arc<CpuAccountant>, service: &str) -> Vec<sluice_admin::Router> {
+    let started = Instant::now();
+    let mut reg = MetricsRegistry::default();
+    reg.register_collector(Box::new(ExportCollector(acct.clone())));
+    let (a1, a2) = (acct.clone(), acct);
+    let service = service.to_string();
+    vec![
+        routes::metrics(Arc::new(reg)),
+        routes::get_json("/v1/status", move || Status {
+            service: service.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_seconds: started.elapsed().as_secs_f64(),
+            exports: Some(a1.exports().len()),
+            ..Default::default()
+        }),
+        routes::get_json("/v1/exports", move || a2.report()),
+    ]
 }
 
 /// A CPU share that is not a fraction of one CPU.
@@ -563,45 +621,37 @@ impl std::str::FromStr for ExportSpec {
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
-}
-
-/// Serves `GET /metrics` (Prometheus text) on `listener` until dropped.
-pub async fn serve_metrics(
-    acct: Arc<CpuAccountant>,
-    listener: tokio::net::TcpListener,
-) -> std::io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let (mut s, _) = listener.accept().await?;
-        let acct = acct.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = s.read(&mut buf).await.unwrap_or(0);
-            let req = String::from_utf8_lossy(&buf[..n]);
-            let (code, body) = if req.starts_with("GET /metrics") {
-                ("200 OK", acct.prometheus())
-            } else {
-                ("404 Not Found", "not found\n".to_string())
-            };
-            let _ = s
-                .write_all(
-                    format!(
-                        "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                )
-                .await;
-        });
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_and_report_keep_their_names() {
+        let acct = CpuAccountant::new();
+        let e = acct.add_export("g\"old", "nqn.h", Some(0.5), None);
+        e.record(4096);
+        let text = acct.prometheus();
+        let s = sluice_admin::metrics::parse_text(&text);
+        for fam in [
+            "sluice_export_ios_total",
+            "sluice_export_bytes_total",
+            "sluice_export_cpu_seconds_total",
+            "sluice_export_queue_cpu_seconds_total",
+            "sluice_export_throttle_events_total",
+            "sluice_export_throttle_seconds_total",
+            "sluice_export_unattributed_cpu_seconds_total",
+        ] {
+            assert!(s.iter().any(|x| x.0 == fam), "{fam} missing in\n{text}");
+        }
+        let ios = s.iter().find(|x| x.0 == "sluice_export_ios_total").unwrap();
+        assert_eq!(ios.2, 1.0);
+        assert!(ios
+            .1
+            .contains(&("export".to_string(), "g\"old".to_string())));
+        let r = acct.report();
+        assert_eq!((r.exports[0].ios, r.exports[0].bytes), (1, 4096));
+    }
 
     #[test]
     fn export_spec_syntax() {

@@ -125,7 +125,9 @@ weight = 3
     assert_eq!(code, 200);
     for needle in [
         "sluice_tenant_ios_total{tenant=\"a\",op=\"read\"}",
-        "sluice_tenant_latency_seconds_bucket{tenant=\"b\"",
+        // prometheus-client writes `le` first: {le="...",tenant="b"}
+        ",tenant=\"b\"}",
+        "sluice_tenant_latency_seconds_count{tenant=\"b\"}",
         "sluice_tenant_cpu_seconds_total{tenant=\"a\"}",
         "sluice_tenant_weight{tenant=\"b\"} 1",
     ] {

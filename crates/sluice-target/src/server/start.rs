@@ -28,7 +28,7 @@ impl Target {
         let tenants = Arc::new(TenantRuntime::new(config, &reg));
         let admin = match tenants.settings.admin_listen {
             Some(a) => Some(
-                AdminServer::start(a, tenants.clone())
+                AdminServer::start(a, tenants.clone(), reg.clone())
                     .map_err(|source| StartError::Listen { addr: a, source })?,
             ),
             None => None,

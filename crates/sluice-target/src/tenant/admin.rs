@@ -1,201 +1,468 @@
-//! The admin endpoint: a small blocking HTTP/1.1 server on its own thread.
+//! The target's admin endpoint, served by `sluice-admin` (axum on its own
+//! tokio thread `sluice-admin`; the mio workers are untouched).
 //!
-//! * `GET /metrics`: Prometheus text (per-tenant and target counters).
-//! * `GET /tenants`: the running tenant table as JSON.
-//! * `PUT /tenants/NAME` (or `POST`): create or update a tenant from a JSON
-//!   object with any of `hosts`, `weight`, `reservation`, `limit`,
-//!   `cpu_share`. A bad update gets `400` with the error naming the key and
-//!   leaves the running table unchanged; `POST` to an unknown tenant is
-//!   `404`, `PUT` creates it.
+//! * `GET /metrics`: OpenMetrics text of the per-tenant, per-namespace and
+//!   per-host counters ([`TargetCollector`] reads the existing atomics at
+//!   scrape time; nothing is added to the I/O path).
+//! * `GET /v1/status`: service, version, uptime, workers, table generation.
+//! * `GET /v1/stats`: per-tenant counters and latency (what `sluice top`
+//!   reads), [`sluice_admin::schema::TenantStatsReport`].
+//! * `GET /v1/tenants` (and `/tenants`): the running tenant table;
+//!   `GET /v1/tenants/NAME`: one tenant.
+//! * `PUT /v1/tenants/NAME` (and `/tenants/NAME`): create or update a
+//!   tenant from a JSON object with any of `hosts`, `weight`,
+//!   `reservation`, `limit`, `cpu_share`; `POST`: update an existing one
+//!   (404 if unknown). A bad update gets `400` with the error naming the
+//!   key and leaves the running table unchanged.
 //!
-//! One request per connection, bodies up to 64 KiB, 2 s socket timeouts; no
-//! authentication, so bind it to loopback or a management network.
+//! Limits: 64 KiB bodies (413), 16 KiB request heads (431), 5 s to send
+//! the head, 10 s per request (408), 64 connections at once. With
+//! `[tenants] admin_token_file` every request needs
+//! `Authorization: Bearer TOKEN` (401 otherwise).
 
-use super::{RawTenant, TenantRuntime, UpdateError};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use super::{RawTenant, TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
+use crate::subsystem::Registry;
+use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
+use sluice_admin::prometheus_client::collector::Collector;
+use sluice_admin::prometheus_client::encoding::DescriptorEncoder;
+use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Unit};
+use sluice_admin::routes::{self, TenantApi, TenantUpdateError};
+use sluice_admin::schema::{self, Bucket, Latency, TenantStatsReport};
+use sluice_admin::{AdminConfig, BearerToken};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::Instant;
 
-const BODY_MAX: usize = 64 * 1024;
-
-/// A running admin server.
+/// A running admin server (stopped when dropped).
 #[derive(Debug)]
 pub struct AdminServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    inner: sluice_admin::AdminServer,
 }
 
 impl AdminServer {
-    pub fn start(addr: SocketAddr, rt: Arc<TenantRuntime>) -> io::Result<AdminServer> {
-        let l = TcpListener::bind(addr)?;
-        let addr = l.local_addr()?;
-        l.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("sluice-admin".into())
-            .spawn(move || {
-                while !s2.load(Ordering::Acquire) {
-                    match l.accept() {
-                        Ok((s, _)) => {
-                            let _ = s.set_nonblocking(false);
-                            if let Err(e) = serve(s, &rt) {
-                                tracing::debug!(error = %e, "admin request failed");
-                            }
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "admin accept failed");
-                            std::thread::sleep(Duration::from_millis(100));
-                        }
-                    }
-                }
-            })?;
-        tracing::info!(%addr, "admin endpoint listening (GET /metrics, GET/PUT /tenants)");
-        Ok(AdminServer {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
+    /// Starts the endpoint on `addr` for the target's tenants and
+    /// namespaces (token from `[tenants] admin_token_file`, if set).
+    pub fn start(
+        addr: SocketAddr,
+        rt: Arc<TenantRuntime>,
+        reg: Arc<Registry>,
+    ) -> io::Result<AdminServer> {
+        let mut cfg = AdminConfig::new(addr);
+        if let Some(p) = &rt.settings.admin_token_file {
+            cfg.token = Some(BearerToken::from_file(p).map_err(io::Error::other)?);
+        }
+        let rt_has_token = cfg.token.is_some();
+        let app = sluice_admin::compose(&cfg, parts(rt, reg));
+        let inner = sluice_admin::AdminServer::start(cfg, app).map_err(|e| match e {
+            sluice_admin::AdminError::Listen { source, .. } => source,
+            e => io::Error::other(e),
+        })?;
+        tracing::info!(
+            addr = %inner.local_addr(),
+            bearer_token = rt_has_token,
+            "target admin endpoint: /metrics /v1/status /v1/stats /v1/tenants"
+        );
+        Ok(AdminServer { inner })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.addr
+        self.inner.local_addr()
     }
 }
 
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// The target's parts of the admin API (for [`sluice_admin::compose`]).
+pub fn parts(rt: Arc<TenantRuntime>, reg: Arc<Registry>) -> Vec<sluice_admin::Router> {
+    let started = Instant::now();
+    let mut metrics = MetricsRegistry::default();
+    metrics.register_collector(Box::new(TargetCollector {
+        rt: rt.clone(),
+        reg,
+    }));
+    let status_rt = rt.clone();
+    let stats_rt = rt.clone();
+    vec![
+        routes::metrics(Arc::new(metrics)),
+        routes::get_json("/v1/status", move || {
+            let t = status_rt.table();
+            schema::Status {
+                service: "sluice-target".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                uptime_seconds: started.elapsed().as_secs_f64(),
+                workers: Some(status_rt.workers),
+                tenant_table_generation: Some(t.generation),
+                tenants: Some(t.iter().count()),
+                exports: None,
+            }
+        }),
+        routes::get_json("/v1/stats", move || stats_report(&stats_rt)),
+        routes::tenants(Arc::new(Tenants(rt))),
+    ]
+}
+
+/// The tenant table API over the running table.
+#[derive(Debug)]
+struct Tenants(Arc<TenantRuntime>);
+
+impl TenantApi for Tenants {
+    fn list(&self) -> serde_json::Value {
+        let t = self.0.table();
+        let v: Vec<_> = t.iter().map(|(_, s)| s).collect();
+        serde_json::to_value(v).unwrap_or_default()
+    }
+
+    fn get(&self, name: &str) -> Option<serde_json::Value> {
+        let t = self.0.table();
+        let s = t.spec(t.id(name)?)?;
+        serde_json::to_value(s).ok()
+    }
+
+    fn update(
+        &self,
+        name: &str,
+        body: &str,
+        create: bool,
+    ) -> Result<serde_json::Value, TenantUpdateError> {
+        let res = if create {
+            self.0.update_json(name, body)
+        } else {
+            serde_json::from_str::<RawTenant>(body)
+                .map_err(|e| UpdateError::Json(format!("bad tenant JSON: {e}")))
+                .and_then(|raw| self.0.update(name, &raw, false))
+        };
+        match res {
+            Ok(spec) => serde_json::to_value(spec)
+                .map_err(|e| TenantUpdateError::Invalid(format!("cannot encode the tenant: {e}"))),
+            Err(UpdateError::Unknown(n)) => Err(TenantUpdateError::Unknown(n)),
+            Err(e) => Err(TenantUpdateError::Invalid(e.to_string())),
         }
     }
 }
 
-fn respond(s: &mut TcpStream, code: u16, ctype: &str, body: &str) -> io::Result<()> {
-    let reason = match code {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        413 => "Payload Too Large",
-        _ => "Error",
+fn secs(ns: &AtomicU64) -> f64 {
+    ns.load(Relaxed) as f64 / 1e9
+}
+
+/// Upper bound in seconds of latency bucket `i` (2^i µs).
+fn bucket_le(i: usize) -> f64 {
+    (1u64 << i) as f64 / 1e6
+}
+
+/// The latency distribution of a tenant: buckets of 2^i µs.
+fn latency(st: &TenantStats) -> Latency {
+    let counts: Vec<u64> = st.lat_buckets.iter().map(|b| b.load(Relaxed)).collect();
+    let count: u64 = counts.iter().sum();
+    let mut cum = 0u64;
+    let mut buckets = Vec::with_capacity(LAT_BUCKETS);
+    for (i, c) in counts.iter().enumerate().take(LAT_BUCKETS - 1) {
+        cum += c;
+        buckets.push(Bucket {
+            le_seconds: bucket_le(i),
+            count: cum,
+        });
+    }
+    let q = |q: f64| {
+        let want = ((q * count as f64).ceil() as u64).max(1);
+        if count == 0 {
+            return None;
+        }
+        Some(
+            buckets
+                .iter()
+                .find(|b| b.count >= want)
+                .map_or(bucket_le(LAT_BUCKETS - 1), |b| b.le_seconds),
+        )
     };
-    write!(
-        s,
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    s.flush()
+    Latency {
+        count,
+        sum_seconds: secs(&st.lat_sum_ns),
+        p50_seconds: q(0.5),
+        p90_seconds: q(0.9),
+        p99_seconds: q(0.99),
+        p999_seconds: q(0.999),
+        max_seconds: q(1.0),
+        buckets,
+    }
 }
 
-fn json_error(msg: &str) -> String {
-    serde_json::json!({ "error": msg }).to_string() + "\n"
+/// `GET /v1/stats`.
+pub fn stats_report(rt: &TenantRuntime) -> TenantStatsReport {
+    let t = rt.table();
+    TenantStatsReport {
+        generation: t.generation,
+        unattributed_cpu_seconds: secs(&rt.unattributed_cpu_ns),
+        tenants: t
+            .iter()
+            .map(|(id, sp)| {
+                let st = rt.stats(id);
+                let l = |a: &AtomicU64| a.load(Relaxed);
+                schema::TenantStats {
+                    name: sp.name.clone(),
+                    weight: sp.weight,
+                    read_ios: l(&st.read_ios),
+                    write_ios: l(&st.write_ios),
+                    other_ios: l(&st.other_ios),
+                    read_bytes: l(&st.read_bytes),
+                    write_bytes: l(&st.write_bytes),
+                    errors: l(&st.errors),
+                    cpu_seconds: secs(&st.cpu_ns),
+                    throttle_events: l(&st.throttle_events),
+                    throttle_seconds: secs(&st.throttle_ns),
+                    sched_wait_seconds: secs(&st.sched_wait_ns),
+                    queue_depth: st.queue_depth.load(Relaxed).max(0) as u64,
+                    latency: latency(st),
+                }
+            })
+            .collect(),
+    }
 }
 
-fn serve(mut s: TcpStream, rt: &TenantRuntime) -> io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut r = BufReader::new(s.try_clone()?);
-    let mut line = String::new();
-    r.read_line(&mut line)?;
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("").to_string();
-    let path = parts.next().unwrap_or("").to_string();
-    let mut len = 0usize;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-            break;
+/// Reads the tenants' and namespaces' atomic counters at scrape time.
+#[derive(Debug)]
+pub struct TargetCollector {
+    rt: Arc<TenantRuntime>,
+    reg: Arc<Registry>,
+}
+
+impl Collector for TargetCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let rt = &self.rt;
+        let t = rt.table();
+        let tenants: Vec<(&str, &TenantStats, u32)> = t
+            .iter()
+            .map(|(id, sp)| (sp.name.as_str(), rt.stats(id), sp.weight))
+            .collect();
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        let e = &mut enc;
+        counters(
+            e,
+            "sluice_tenant_ios",
+            "I/O commands completed by the backend.",
+            None,
+            tenants.iter().flat_map(|(n, st, _)| {
+                [
+                    ("read", l(&st.read_ios)),
+                    ("write", l(&st.write_ios)),
+                    ("other", l(&st.other_ios)),
+                ]
+                .map(|(op, v)| ([("tenant", Esc(n)), ("op", Esc(op))], v))
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_tenant_bytes",
+            "Bytes read and written.",
+            None,
+            tenants.iter().flat_map(|(n, st, _)| {
+                [("read", l(&st.read_bytes)), ("write", l(&st.write_bytes))]
+                    .map(|(op, v)| ([("tenant", Esc(n)), ("op", Esc(op))], v))
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_tenant_errors",
+            "I/O commands completed with an error.",
+            None,
+            tenants
+                .iter()
+                .map(|(n, st, _)| ([("tenant", Esc(n))], l(&st.errors))),
+        )?;
+        histograms(
+            e,
+            "sluice_tenant_latency",
+            "Scheduler arrival to backend completion.",
+            Some(&Unit::Seconds),
+            tenants.iter().map(|(n, st, _)| {
+                let mut buckets: Vec<(f64, u64)> = st
+                    .lat_buckets
+                    .iter()
+                    .take(LAT_BUCKETS - 1)
+                    .enumerate()
+                    .map(|(i, b)| (bucket_le(i), l(b)))
+                    .collect();
+                let count =
+                    buckets.iter().map(|b| b.1).sum::<u64>() + l(&st.lat_buckets[LAT_BUCKETS - 1]);
+                buckets.push((f64::MAX, l(&st.lat_buckets[LAT_BUCKETS - 1])));
+                (
+                    [("tenant", Esc(n))],
+                    HistogramSample {
+                        sum: secs(&st.lat_sum_ns),
+                        count,
+                        buckets,
+                    },
+                )
+            }),
+        )?;
+        for (name, help, f) in [
+            (
+                "sluice_tenant_cpu",
+                "Worker CPU charged to the tenant.",
+                (|st: &TenantStats| secs(&st.cpu_ns)) as fn(&TenantStats) -> f64,
+            ),
+            (
+                "sluice_tenant_throttle",
+                "Time the tenant's sockets were not read (CPU throttle).",
+                |st: &TenantStats| secs(&st.throttle_ns),
+            ),
+            (
+                "sluice_tenant_sched_wait",
+                "Time I/Os waited in the fair scheduler.",
+                |st: &TenantStats| secs(&st.sched_wait_ns),
+            ),
+        ] {
+            counters(
+                e,
+                name,
+                help,
+                Some(&Unit::Seconds),
+                tenants
+                    .iter()
+                    .map(|(n, st, _)| ([("tenant", Esc(n))], f(st))),
+            )?;
         }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.trim().eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(usize::MAX);
+        counters(
+            e,
+            "sluice_tenant_throttle_events",
+            "CPU throttle events.",
+            None,
+            tenants
+                .iter()
+                .map(|(n, st, _)| ([("tenant", Esc(n))], l(&st.throttle_events))),
+        )?;
+        gauges(
+            e,
+            "sluice_tenant_queue_depth",
+            "I/Os queued in the scheduler plus outstanding at the backend.",
+            None,
+            tenants
+                .iter()
+                .map(|(n, st, _)| ([("tenant", Esc(n))], st.queue_depth.load(Relaxed).max(0))),
+        )?;
+        gauges(
+            e,
+            "sluice_tenant_weight",
+            "Scheduler weight.",
+            None,
+            tenants
+                .iter()
+                .map(|(n, _, w)| ([("tenant", Esc(n))], i64::from(*w))),
+        )?;
+        counter(
+            e,
+            "sluice_target_unattributed_cpu",
+            "Worker CPU in batches with no tenant work.",
+            Some(&Unit::Seconds),
+            secs(&rt.unattributed_cpu_ns),
+        )?;
+        gauge(
+            e,
+            "sluice_tenant_table_generation",
+            "Generation of the running tenant table.",
+            None,
+            t.generation as i64,
+        )?;
+        // Per namespace (all hosts) and per host NQN.
+        let mut ns = Vec::new();
+        for (nqn, sub) in &self.reg.subsystems {
+            for (nsid, n) in &sub.namespaces {
+                ns.push((nqn.as_str(), nsid.to_string(), n.counters.snapshot()));
             }
         }
-    }
-    if len > BODY_MAX {
-        return respond(
-            &mut s,
-            413,
-            "application/json",
-            &json_error("body too large"),
-        );
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body)?;
-    let body = String::from_utf8_lossy(&body);
-    match (method.as_str(), path.as_str()) {
-        ("GET", "/metrics") => respond(&mut s, 200, "text/plain; version=0.0.4", &rt.prometheus()),
-        ("GET", "/tenants") => {
-            respond(&mut s, 200, "application/json", &(rt.tenants_json() + "\n"))
-        }
-        ("PUT" | "POST", p) if p.starts_with("/tenants/") => {
-            let name = &p["/tenants/".len()..];
-            let res = if method == "PUT" {
-                rt.update_json(name, &body)
-            } else {
-                serde_json::from_str::<RawTenant>(&body)
-                    .map_err(|e| UpdateError::Json(format!("bad tenant JSON: {e}")))
-                    .and_then(|raw| rt.update(name, &raw, false))
-            };
-            match res {
-                Ok(spec) => respond(
-                    &mut s,
-                    200,
-                    "application/json",
-                    &(serde_json::to_string(&spec).unwrap_or_default() + "\n"),
-                ),
-                Err(UpdateError::Unknown(n)) => respond(
-                    &mut s,
-                    404,
-                    "application/json",
-                    &json_error(&format!("unknown tenant `{n}`")),
-                ),
-                Err(e) => respond(&mut s, 400, "application/json", &json_error(&e.to_string())),
-            }
-        }
-        ("GET", _) => respond(
-            &mut s,
-            404,
-            "application/json",
-            &json_error("not found; try /metrics or /tenants"),
-        ),
-        _ => respond(
-            &mut s,
-            405,
-            "application/json",
-            &json_error("method not allowed"),
-        ),
+        counters(
+            e,
+            "sluice_namespace_ios",
+            "I/O commands completed, per namespace.",
+            None,
+            ns.iter().flat_map(|(nqn, nsid, s)| {
+                [
+                    ("read", s.read_commands),
+                    ("write", s.write_commands),
+                    ("other", s.other_commands),
+                ]
+                .map(|(op, v)| {
+                    (
+                        [
+                            ("subsystem", Esc(nqn)),
+                            ("nsid", Esc(nsid)),
+                            ("op", Esc(op)),
+                        ],
+                        v,
+                    )
+                })
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_bytes",
+            "Bytes read and written, per namespace.",
+            None,
+            ns.iter().flat_map(|(nqn, nsid, s)| {
+                [("read", s.read_bytes), ("write", s.write_bytes)].map(|(op, v)| {
+                    (
+                        [
+                            ("subsystem", Esc(nqn)),
+                            ("nsid", Esc(nsid)),
+                            ("op", Esc(op)),
+                        ],
+                        v,
+                    )
+                })
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_errors",
+            "I/O commands completed with an error, per namespace.",
+            None,
+            ns.iter()
+                .map(|(nqn, nsid, s)| ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], s.errors)),
+        )?;
+        let hosts = self.reg.hosts.snapshot();
+        counters(
+            e,
+            "sluice_host_ios",
+            "I/O commands completed, per host NQN.",
+            None,
+            hosts.iter().flat_map(|(h, s)| {
+                [
+                    ("read", s.read_commands),
+                    ("write", s.write_commands),
+                    ("other", s.other_commands),
+                ]
+                .map(|(op, v)| ([("hostnqn", Esc(h)), ("op", Esc(op))], v))
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_host_bytes",
+            "Bytes read and written, per host NQN.",
+            None,
+            hosts.iter().flat_map(|(h, s)| {
+                [("read", s.read_bytes), ("write", s.write_bytes)]
+                    .map(|(op, v)| ([("hostnqn", Esc(h)), ("op", Esc(op))], v))
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_host_errors",
+            "I/O commands completed with an error, per host NQN.",
+            None,
+            hosts.iter().map(|(h, s)| ([("hostnqn", Esc(h))], s.errors)),
+        )
     }
 }
 
-/// A minimal HTTP client for the admin endpoint (`sluice top`, tests).
+/// Renders the target's metrics as text (for logs and tests).
+pub fn metrics_text(rt: Arc<TenantRuntime>, reg: Arc<Registry>) -> String {
+    let mut m = MetricsRegistry::default();
+    m.register_collector(Box::new(TargetCollector { rt, reg }));
+    sluice_admin::metrics::encode(&m).unwrap_or_default()
+}
+
+/// A minimal blocking HTTP client for the admin endpoint (tests, tools):
+/// `(status, body)`.
 pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
+    let r = sluice_admin::client::request(addr, method, path, body, None)?;
+    Ok((r.status, r.body))
 }

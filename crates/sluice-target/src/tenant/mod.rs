@@ -32,7 +32,6 @@ use fair::CostModel;
 use rate::{RateSpec, BYTES_PER_SEC_MIN};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -121,6 +120,8 @@ pub struct TenantsSettings {
     /// transfer cannot hold the device for long ahead of a small one.
     pub split_bytes: Option<u64>,
     pub admin_listen: Option<SocketAddr>,
+    /// File holding the admin endpoint's bearer token (none: no auth).
+    pub admin_token_file: Option<PathBuf>,
     /// CPU accounting (thread CPU per loop batch) on/off.
     pub cpu_accounting: bool,
     /// i-NVMe throttling on/off (needs accounting).
@@ -138,6 +139,7 @@ impl Default for TenantsSettings {
             dispatch_budget_us: None,
             split_bytes: None,
             admin_listen: None,
+            admin_token_file: None,
             cpu_accounting: true,
             cpu_isolation: false,
             throttle: cpu::ThrottleParams::default(),
@@ -228,6 +230,7 @@ pub struct RawTenants {
     dispatch_budget_us: Option<i64>,
     split_bytes: Option<RawNum>,
     admin_listen: Option<String>,
+    admin_token_file: Option<PathBuf>,
     default: Option<String>,
     cpu_accounting: Option<bool>,
     cpu_isolation: Option<bool>,
@@ -502,6 +505,7 @@ impl TenantsConfig {
                 )
             })?);
         }
+        s.admin_token_file = r.admin_token_file.clone();
         if let Some(b) = r.cpu_accounting {
             s.cpu_accounting = b;
         }
@@ -902,142 +906,6 @@ impl TenantRuntime {
         let v: Vec<&TenantSpec> = t.iter().map(|(_, s)| s).collect();
         serde_json::to_string_pretty(&v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
-
-    /// Prometheus text exposition of every tenant.
-    pub fn prometheus(&self) -> String {
-        let t = self.table();
-        let mut o = String::new();
-        let s = |v: &AtomicU64| v.load(Relaxed);
-        let _ = writeln!(o, "# HELP sluice_tenant_ios_total I/O commands completed by the backend.\n# TYPE sluice_tenant_ios_total counter");
-        for (id, sp) in t.iter() {
-            let st = self.stats(id);
-            for (op, v) in [
-                ("read", &st.read_ios),
-                ("write", &st.write_ios),
-                ("other", &st.other_ios),
-            ] {
-                let _ = writeln!(
-                    o,
-                    "sluice_tenant_ios_total{{tenant=\"{}\",op=\"{op}\"}} {}",
-                    sp.name,
-                    s(v)
-                );
-            }
-        }
-        let _ = writeln!(o, "# TYPE sluice_tenant_bytes_total counter");
-        for (id, sp) in t.iter() {
-            let st = self.stats(id);
-            for (op, v) in [("read", &st.read_bytes), ("write", &st.write_bytes)] {
-                let _ = writeln!(
-                    o,
-                    "sluice_tenant_bytes_total{{tenant=\"{}\",op=\"{op}\"}} {}",
-                    sp.name,
-                    s(v)
-                );
-            }
-        }
-        let _ = writeln!(o, "# TYPE sluice_tenant_errors_total counter");
-        for (id, sp) in t.iter() {
-            let _ = writeln!(
-                o,
-                "sluice_tenant_errors_total{{tenant=\"{}\"}} {}",
-                sp.name,
-                s(&self.stats(id).errors)
-            );
-        }
-        let _ = writeln!(o, "# HELP sluice_tenant_latency_seconds Scheduler arrival to backend completion.\n# TYPE sluice_tenant_latency_seconds histogram");
-        for (id, sp) in t.iter() {
-            let st = self.stats(id);
-            let mut cum = 0u64;
-            for (i, b) in st.lat_buckets.iter().enumerate() {
-                cum += s(b);
-                if i + 1 < LAT_BUCKETS {
-                    let le = (1u64 << i) as f64 / 1e6;
-                    let _ = writeln!(
-                        o,
-                        "sluice_tenant_latency_seconds_bucket{{tenant=\"{}\",le=\"{le}\"}} {cum}",
-                        sp.name
-                    );
-                }
-            }
-            let _ = writeln!(
-                o,
-                "sluice_tenant_latency_seconds_bucket{{tenant=\"{}\",le=\"+Inf\"}} {cum}",
-                sp.name
-            );
-            let _ = writeln!(
-                o,
-                "sluice_tenant_latency_seconds_sum{{tenant=\"{}\"}} {}",
-                sp.name,
-                s(&st.lat_sum_ns) as f64 / 1e9
-            );
-            let _ = writeln!(
-                o,
-                "sluice_tenant_latency_seconds_count{{tenant=\"{}\"}} {cum}",
-                sp.name
-            );
-        }
-        for (metric, help, f) in [
-            (
-                "sluice_tenant_cpu_seconds_total",
-                "Worker CPU charged to the tenant.",
-                &(|st: &TenantStats| st.cpu_ns.load(Relaxed)) as &dyn Fn(&TenantStats) -> u64,
-            ),
-            (
-                "sluice_tenant_throttle_seconds_total",
-                "Time the tenant's sockets were not read (CPU throttle).",
-                &|st: &TenantStats| st.throttle_ns.load(Relaxed),
-            ),
-            (
-                "sluice_tenant_sched_wait_seconds_total",
-                "Time I/Os waited in the fair scheduler.",
-                &|st: &TenantStats| st.sched_wait_ns.load(Relaxed),
-            ),
-        ] {
-            let _ = writeln!(o, "# HELP {metric} {help}\n# TYPE {metric} counter");
-            for (id, sp) in t.iter() {
-                let _ = writeln!(
-                    o,
-                    "{metric}{{tenant=\"{}\"}} {}",
-                    sp.name,
-                    f(self.stats(id)) as f64 / 1e9
-                );
-            }
-        }
-        let _ = writeln!(o, "# TYPE sluice_tenant_throttle_events_total counter");
-        for (id, sp) in t.iter() {
-            let _ = writeln!(
-                o,
-                "sluice_tenant_throttle_events_total{{tenant=\"{}\"}} {}",
-                sp.name,
-                s(&self.stats(id).throttle_events)
-            );
-        }
-        let _ = writeln!(o, "# TYPE sluice_tenant_queue_depth gauge");
-        for (id, sp) in t.iter() {
-            let _ = writeln!(
-                o,
-                "sluice_tenant_queue_depth{{tenant=\"{}\"}} {}",
-                sp.name,
-                self.stats(id).queue_depth.load(Relaxed).max(0)
-            );
-        }
-        let _ = writeln!(o, "# TYPE sluice_tenant_weight gauge");
-        for (_, sp) in t.iter() {
-            let _ = writeln!(
-                o,
-                "sluice_tenant_weight{{tenant=\"{}\"}} {}",
-                sp.name, sp.weight
-            );
-        }
-        let _ = writeln!(o, "# TYPE sluice_target_unattributed_cpu_seconds_total counter\nsluice_target_unattributed_cpu_seconds_total {}", s(&self.unattributed_cpu_ns) as f64 / 1e9);
-        let _ = writeln!(
-            o,
-            "# TYPE sluice_tenant_table_generation gauge\nsluice_tenant_table_generation {}",
-            t.generation
-        );
-        o
-    }
 }
 
 #[cfg(test)]
@@ -1215,7 +1083,7 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:b"]
             t.tenant_of(Some("nqn.x:zzz")),
             t.id(DEFAULT_TENANT).expect("default")
         );
-        let m = rt.prometheus();
-        assert!(m.contains("sluice_tenant_weight{tenant=\"c\"} 2"), "{m}");
+        let m = admin::stats_report(&rt);
+        assert!(m.tenants.iter().any(|t| t.name == "c" && t.weight == 2));
     }
 }

@@ -1,0 +1,118 @@
+//! The target's admin endpoint through sluice-admin: token, metrics
+//! families (tenants, namespaces), JSON stats, updates.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use sluice_admin::client::request;
+use sluice_admin::metrics::parse_text;
+use sluice_admin::schema::{Status, TenantStatsReport};
+use sluice_target::{Config, Target};
+
+#[test]
+fn admin_endpoint_with_token() {
+    let dir = std::env::temp_dir().join(format!("sluice-admin-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "tok-123\n").unwrap();
+    let cfg = Config::from_toml(&format!(
+        r#"
+[target]
+workers = 1
+listen = "127.0.0.1:0"
+discovery_listen = ""
+[tenants]
+admin_listen = "127.0.0.1:0"
+admin_token_file = "{}"
+[[tenant]]
+name = "gold"
+hosts = ["nqn.2014-08.org.nvmexpress:uuid:gold"]
+weight = 4
+[[subsystem]]
+nqn = "nqn.2026-11.io.sluice:admin"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1MiB"
+"#,
+        token_file.display()
+    ))
+    .unwrap();
+    let t = Target::start(&cfg).unwrap();
+    let admin = t.admin_addr().unwrap().to_string();
+    let tok = Some("tok-123");
+    assert_eq!(
+        request(&admin, "GET", "/metrics", "", None).unwrap().status,
+        401
+    );
+    assert_eq!(
+        request(&admin, "GET", "/metrics", "", Some("tok-12"))
+            .unwrap()
+            .status,
+        401
+    );
+    let m = request(&admin, "GET", "/metrics", "", tok).unwrap();
+    assert_eq!(m.status, 200);
+    let s = parse_text(&m.body);
+    for fam in [
+        "sluice_tenant_ios_total",
+        "sluice_tenant_bytes_total",
+        "sluice_tenant_latency_seconds_bucket",
+        "sluice_tenant_cpu_seconds_total",
+        "sluice_tenant_throttle_events_total",
+        "sluice_tenant_throttle_seconds_total",
+        "sluice_tenant_queue_depth",
+        "sluice_tenant_weight",
+        "sluice_target_unattributed_cpu_seconds_total",
+        "sluice_tenant_table_generation",
+        "sluice_namespace_ios_total",
+    ] {
+        assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
+    }
+    assert!(
+        m.body.contains("sluice_tenant_weight{tenant=\"gold\"} 4"),
+        "{}",
+        m.body
+    );
+    let st: Status =
+        serde_json::from_str(&request(&admin, "GET", "/v1/status", "", tok).unwrap().body).unwrap();
+    assert_eq!(st.service, "sluice-target");
+    let r = request(&admin, "PUT", "/v1/tenants/gold", r#"{"weight": 0}"#, tok).unwrap();
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("tenant[gold].weight"), "{}", r.body);
+    let r = request(&admin, "PUT", "/tenants/gold", r#"{"weight": 6}"#, tok).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let stats: TenantStatsReport =
+        serde_json::from_str(&request(&admin, "GET", "/v1/stats", "", tok).unwrap().body).unwrap();
+    let gold = stats.tenants.iter().find(|t| t.name == "gold").unwrap();
+    assert_eq!(gold.weight, 6);
+    assert_eq!(stats.generation, 2);
+    t.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn missing_token_file_fails_the_start() {
+    let cfg = Config::from_toml(
+        r#"
+[target]
+workers = 1
+listen = "127.0.0.1:0"
+discovery_listen = ""
+[tenants]
+admin_listen = "127.0.0.1:0"
+admin_token_file = "/nonexistent/sluice-token"
+[[subsystem]]
+nqn = "nqn.2026-11.io.sluice:admin2"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1MiB"
+"#,
+    )
+    .unwrap();
+    let Err(e) = Target::start(&cfg) else {
+        panic!("a missing token file must fail the start")
+    };
+    assert!(e.to_string().contains("sluice-token"), "{e}");
+}
