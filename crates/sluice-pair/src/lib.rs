@@ -397,7 +397,11 @@ impl Pair {
     }
 
     /// The result of `token` if it completed (taken).
-    pub fn take_result(&mut self, link: usize, token: u64) -> Option<Result<Completion, HostError>> {
+    pub fn take_result(
+        &mut self,
+        link: usize,
+        token: u64,
+    ) -> Option<Result<Completion, HostError>> {
         self.links[link].results.remove(&token)
     }
 
@@ -609,12 +613,10 @@ impl Pair {
                 progress = true;
                 let mut req = sub.req;
                 req.tag = ((i as u64) << 32) | (req.tag & 0xffff_ffff);
-                let q = self.queues.entry(sub.ns.index).or_insert_with(|| {
-                    sub.ns
-                        .backend
-                        .open_queue()
-                        .expect("backend queue opens")
-                });
+                let q = self
+                    .queues
+                    .entry(sub.ns.index)
+                    .or_insert_with(|| sub.ns.backend.open_queue().expect("backend queue opens"));
                 q.submit(req, now);
             }
         }
@@ -727,7 +729,7 @@ impl Pair {
 }
 
 /// The NVMe status of a failed command, if it failed with one.
-pub fn nvme_status(r: &Result<Completion, HostError>) -> Option<Status> {
+pub fn nvme_status<T>(r: &Result<T, HostError>) -> Option<Status> {
     match r {
         Err(HostError::Nvme { status, .. }) => Some(*status),
         _ => None,

@@ -56,17 +56,31 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
                 .take_result(IO, t)
                 .expect("read completed")
                 .unwrap_or_else(|e| panic!("read failed: {e} with {what}"));
-            assert!(got.data == *d, "LBA {lba}: read differs from write with {what}");
+            assert!(
+                got.data == *d,
+                "LBA {lba}: read differs from write with {what}"
+            );
         }
     }
-    let wire: Vec<WirePdu> = pair.take_wire().into_iter().filter(|w| w.link == IO).collect();
+    let wire: Vec<WirePdu> = pair
+        .take_wire()
+        .into_iter()
+        .filter(|w| w.link == IO)
+        .collect();
     let n = sizes.len();
-    let r2t_writes = sizes.iter().filter(|&&l| l > p.in_capsule_bytes as usize).count();
+    let r2t_writes = sizes
+        .iter()
+        .filter(|&&l| l > p.in_capsule_bytes as usize)
+        .count();
     let count = |t: u8| wire.iter().filter(|w| w.pdu_type == t).count();
     assert_eq!(count(pdu_type::R2T), r2t_writes, "R2Ts with {what}");
     assert_eq!(count(pdu_type::CAPSULE_CMD), 2 * n, "commands with {what}");
     let resps = if p.c2h_success { n } else { 2 * n };
-    assert_eq!(count(pdu_type::CAPSULE_RESP), resps, "CapsuleResps with {what}");
+    assert_eq!(
+        count(pdu_type::CAPSULE_RESP),
+        resps,
+        "CapsuleResps with {what}"
+    );
     let successes = wire
         .iter()
         .filter(|w| w.pdu_type == pdu_type::C2H_DATA && w.has(flags::SUCCESS))
