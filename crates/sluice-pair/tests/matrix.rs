@@ -105,6 +105,9 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
         }
         if w.pdu_type == pdu_type::C2H_DATA {
             assert!(data_len(w) <= p.max_c2h_data_bytes, "{w:?} with {what}");
+            if w.has(flags::SUCCESS) {
+                assert!(w.has(flags::LAST_PDU), "SUCCESS without LAST_PDU with {what}");
+            }
         }
     }
     // The send paths under test are the ones that ran.
