@@ -62,6 +62,9 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
             );
         }
     }
+    // Blocks never written read as zeroes.
+    let bs = p.block_size as usize;
+    assert_eq!(pair.read(slba + 1, bs).unwrap(), vec![0; bs], "{what}");
     let wire: Vec<WirePdu> = pair
         .take_wire()
         .into_iter()
@@ -74,8 +77,8 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
         .count();
     let count = |t: u8| wire.iter().filter(|w| w.pdu_type == t).count();
     assert_eq!(count(pdu_type::R2T), r2t_writes, "R2Ts with {what}");
-    assert_eq!(count(pdu_type::CAPSULE_CMD), 2 * n, "commands with {what}");
-    let resps = if p.c2h_success { n } else { 2 * n };
+    assert_eq!(count(pdu_type::CAPSULE_CMD), 2 * n + 1, "commands with {what}");
+    let resps = if p.c2h_success { n } else { 2 * n + 1 };
     assert_eq!(
         count(pdu_type::CAPSULE_RESP),
         resps,
@@ -87,7 +90,7 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
         .count();
     assert_eq!(
         successes,
-        if p.c2h_success { n } else { 0 },
+        if p.c2h_success { n + 1 } else { 0 },
         "C2HData with SUCCESS with {what}"
     );
     for w in &wire {
