@@ -41,9 +41,7 @@ async fn round_trip_real(o: ConnectOptions) {
 }
 
 async fn round_trip_at(addr: SocketAddr, subnqn: &str, size_blocks: u64, o: ConnectOptions) {
-    let c = Controller::connect(addr, subnqn, o)
-        .await
-        .expect("connect");
+    let c = Controller::connect(addr, subnqn, o).await.expect("connect");
     assert_eq!(c.io_queue_count(), 2);
     assert_eq!(c.queue_depth(), 16);
     let nss = c.namespaces();
@@ -115,10 +113,9 @@ async fn round_trip_busy_and_adaptive_polling() {
         PollingPolicy::Adaptive { spin_us: 20 },
     ] {
         round_trip_real(ConnectOptions {
-                polling: p,
-                ..opts()
-            },
-        )
+            polling: p,
+            ..opts()
+        })
         .await;
     }
 }
@@ -382,10 +379,9 @@ async fn round_trip_every_coalescing_mode() {
             ..CoalesceConfig::default()
         };
         round_trip_real(ConnectOptions {
-                coalescing: co,
-                ..opts()
-            },
-        )
+            coalescing: co,
+            ..opts()
+        })
         .await;
         let t = RealTarget::start();
         let c = Controller::connect(

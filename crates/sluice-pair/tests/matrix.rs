@@ -77,7 +77,11 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
         .count();
     let count = |t: u8| wire.iter().filter(|w| w.pdu_type == t).count();
     assert_eq!(count(pdu_type::R2T), r2t_writes, "R2Ts with {what}");
-    assert_eq!(count(pdu_type::CAPSULE_CMD), 2 * n + 1, "commands with {what}");
+    assert_eq!(
+        count(pdu_type::CAPSULE_CMD),
+        2 * n + 1,
+        "commands with {what}"
+    );
     let resps = if p.c2h_success { n } else { 2 * n + 1 };
     assert_eq!(
         count(pdu_type::CAPSULE_RESP),
@@ -109,7 +113,10 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
         if w.pdu_type == pdu_type::C2H_DATA {
             assert!(data_len(w) <= p.max_c2h_data_bytes, "{w:?} with {what}");
             if w.has(flags::SUCCESS) {
-                assert!(w.has(flags::LAST_PDU), "SUCCESS without LAST_PDU with {what}");
+                assert!(
+                    w.has(flags::LAST_PDU),
+                    "SUCCESS without LAST_PDU with {what}"
+                );
             }
         }
     }
