@@ -222,6 +222,8 @@ pub struct Pair {
     pub reg: Arc<Registry>,
     /// CNTLID the target assigned.
     pub cntlid: u16,
+    /// Origin of the virtual clock.
+    start: Instant,
     now: Instant,
     links: Vec<Link>,
     /// The harness's backend queues, one per namespace (a worker's).
@@ -280,12 +282,14 @@ impl Pair {
     /// A pair with no queue yet (to script the bring-up in a test).
     pub fn unconnected(params: Params) -> Pair {
         let reg = registry(&params);
+        // The origin of the virtual clock: the only time ever read.
+        let start = Instant::now();
         Pair {
+            start,
             params,
             reg,
             cntlid: 0,
-            // The origin of the virtual clock: the only time ever read.
-            now: Instant::now(),
+            now: start,
             links: Vec::new(),
             queues: HashMap::new(),
             backend_paused: false,
@@ -483,6 +487,11 @@ impl Pair {
     /// The current virtual time.
     pub fn now(&self) -> Instant {
         self.now
+    }
+
+    /// Virtual time since the pair was created.
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.start
     }
 
     pub fn link(&self, i: usize) -> &Link {
