@@ -72,7 +72,7 @@ pub struct Params {
     /// The host's send path (its coalescing lives in the threaded I/O layer,
     /// not in the core, and is ignored here).
     pub host_send: SendConfig,
-    /// I/O queue depth (host command slots and SQSIZE + 1).
+    /// I/O queue depth (host command slots and SQSIZE + 1), at least 2.
     pub depth: u16,
     /// MAXH2CDATA the target announces.
     pub max_h2c_data_bytes: u32,
