@@ -1,17 +1,47 @@
-//! The bench engine against the in-memory target on loopback.
+//! The bench engine against Sluice's target on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{run, BenchArgs, BenchReport, BlockSizes, RwMode};
-use sluice_host::testing::{MemTarget, MemTargetConfig};
+use sluice_target::config::Config;
+use sluice_target::{Target, TargetHandle};
 
-fn target() -> (MemTarget, BenchArgs) {
-    let cfg = MemTargetConfig {
-        size_blocks: 65536,
-        ..Default::default()
-    };
-    let t = MemTarget::start(cfg.clone()).expect("target");
-    let a = BenchArgs::new(t.addr().to_string(), cfg.subnqn);
-    (t, a)
+const SUBNQN: &str = "nqn.2024-01.io.sluice:bench";
+
+/// The real target (one RAM namespace of 32 MiB, any host: the bench uses
+/// one host NQN per job); shut down when dropped.
+struct RealTarget(Option<TargetHandle>);
+
+impl Drop for RealTarget {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            h.shutdown();
+        }
+    }
+}
+
+fn target() -> (RealTarget, BenchArgs) {
+    let toml = format!(
+        r#"
+[target]
+listen = "127.0.0.1:0"
+discovery_listen = ""
+workers = 1
+polling = "interrupt"
+shutdown_drain_ms = 1000
+[[subsystem]]
+nqn = "{SUBNQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "32MiB"
+block_size = 512
+"#
+    );
+    let c = Config::from_toml(&toml).expect("config");
+    let t = Target::start(&c).expect("target");
+    let a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
+    (RealTarget(Some(t)), a)
 }
 
 fn check_consistent(r: &BenchReport) {

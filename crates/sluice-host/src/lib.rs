@@ -6,7 +6,6 @@
 //! * [`controller`]: association setup (ICReq, Connect, properties, Identify,
 //!   queues, keep alive), namespaces and I/O ([`Controller`], [`Namespace`]).
 //! * [`discovery`]: the discovery log page with referrals ([`discover`]).
-//! * [`testing`]: a small in-memory NVMe/TCP target for tests and benches.
 //!
 //! See `docs/host.md` for the design and the wire use of I/O hints.
 
@@ -15,7 +14,6 @@ pub mod core;
 pub mod discovery;
 pub mod error;
 pub mod queue;
-pub mod testing;
 
 pub use controller::{
     ConnectOptions, Controller, IoFlags, Namespace, NamespaceInfo, ReconnectPolicy,

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use sluice_host::testing::{MemTarget, MemTargetConfig};
+mod common;
+
+use common::RealTarget;
 use sluice_host::{ConnectOptions, Controller, HostError, IoFlags};
 
 const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
@@ -65,11 +67,10 @@ async fn queue_threads_join_cgroup_v1() {
     std::fs::write(cg.join("cpu.cfs_period_us"), "100000").unwrap();
     std::fs::write(cg.join("cpu.cfs_quota_us"), "500000").unwrap();
 
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
     let c = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(cg.clone()),
             ..opts()
@@ -128,12 +129,11 @@ async fn queue_threads_join_cgroup_v1() {
 
 #[tokio::test]
 async fn missing_cgroup_fails_connect_naming_path() {
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
     let bad = PathBuf::from("/sys/fs/cgroup/cpu/sluice-no-such-cgroup");
     let e = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(bad.clone()),
             ..opts()
@@ -156,11 +156,10 @@ async fn unwritable_cgroup_fails_connect_naming_path() {
     // connect returns that error, naming the file.
     let d = std::env::temp_dir().join(format!("sluice-host-cg-{}", std::process::id()));
     std::fs::create_dir_all(d.join("tasks")).unwrap();
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
     let e = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(d.clone()),
             ..opts()
@@ -180,7 +179,7 @@ async fn unwritable_cgroup_fails_connect_naming_path() {
     std::fs::create_dir_all(&plain).unwrap();
     let e = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(plain.clone()),
             ..opts()
@@ -254,13 +253,12 @@ async fn queue_threads_join_cgroup_v2_threaded() {
         orig,
         domain: domain.clone(),
     };
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
 
     // A domain cgroup without the opt-in: refused, naming the path.
     let e = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(domain.clone()),
             ..opts()
@@ -279,7 +277,7 @@ async fn queue_threads_join_cgroup_v2_threaded() {
     std::fs::write(threaded.join("cgroup.type"), "threaded").unwrap();
     let c = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             cgroup: Some(threaded.clone()),
             ..opts()

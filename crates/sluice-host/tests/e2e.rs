@@ -1,9 +1,16 @@
-//! The host library over real loopback TCP against the in-memory target.
+//! The host library over real loopback TCP: against Sluice's real target
+//! wherever a well-behaved controller will do, against the scripted
+//! `MemTarget` for what only it can show (CPDA, odd C2HData sizes, referrals,
+//! dropped connections, the CDW13 it received).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use sluice_host::testing::{MemTarget, MemTargetConfig};
+use common::mem_target::{MemTarget, MemTargetConfig};
+use common::RealTarget;
 use sluice_host::{discover, ConnectOptions, Controller, HostError, IoFlags, PollingPolicy};
 use sluice_proto::log::{adrfam, subtype, DiscoveryEntry, TRTYPE_TCP};
 
@@ -25,9 +32,16 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 async fn round_trip(cfg: MemTargetConfig, o: ConnectOptions) {
     let t = MemTarget::start(cfg.clone()).expect("target");
-    let c = Controller::connect(t.addr(), &cfg.subnqn, o)
-        .await
-        .expect("connect");
+    round_trip_at(t.addr(), &cfg.subnqn, cfg.size_blocks, o).await;
+}
+
+async fn round_trip_real(o: ConnectOptions) {
+    let t = RealTarget::start();
+    round_trip_at(t.addr(), &t.subnqn.clone(), t.size_blocks, o).await;
+}
+
+async fn round_trip_at(addr: SocketAddr, subnqn: &str, size_blocks: u64, o: ConnectOptions) {
+    let c = Controller::connect(addr, subnqn, o).await.expect("connect");
     assert_eq!(c.io_queue_count(), 2);
     assert_eq!(c.queue_depth(), 16);
     let nss = c.namespaces();
@@ -63,7 +77,7 @@ async fn round_trip(cfg: MemTargetConfig, o: ConnectOptions) {
         .all(|&b| b == 0));
     // Out of range is refused locally; the controller's status carries a name.
     assert!(matches!(
-        ns.read(cfg.size_blocks, 512, IoFlags::default()).await,
+        ns.read(size_blocks, 512, IoFlags::default()).await,
         Err(HostError::InvalidArgument(_))
     ));
     c.disconnect(Duration::from_secs(1)).await;
@@ -71,7 +85,7 @@ async fn round_trip(cfg: MemTargetConfig, o: ConnectOptions) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_default() {
-    round_trip(MemTargetConfig::default(), opts()).await;
+    round_trip_real(opts()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +102,8 @@ async fn round_trip_digests_capsule_resp_and_cpda() {
         data_digest: true,
         ..opts()
     };
-    round_trip(cfg, o).await;
+    round_trip(cfg, o.clone()).await;
+    round_trip_real(o).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,13 +112,10 @@ async fn round_trip_busy_and_adaptive_polling() {
         PollingPolicy::BusyPoll,
         PollingPolicy::Adaptive { spin_us: 20 },
     ] {
-        round_trip(
-            MemTargetConfig::default(),
-            ConnectOptions {
-                polling: p,
-                ..opts()
-            },
-        )
+        round_trip_real(ConnectOptions {
+            polling: p,
+            ..opts()
+        })
         .await;
     }
 }
@@ -139,12 +151,8 @@ async fn hints_travel_in_cdw13() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_host_gets_named_status() {
-    let cfg = MemTargetConfig {
-        allowed_hosts: vec!["nqn.2024-01.io.sluice:someone-else".into()],
-        ..Default::default()
-    };
-    let t = MemTarget::start(cfg.clone()).expect("target");
-    let e = Controller::connect(t.addr(), &cfg.subnqn, opts())
+    let t = RealTarget::start_with(&["nqn.2024-01.io.sluice:someone-else"], "");
+    let e = Controller::connect(t.addr(), &t.subnqn, opts())
         .await
         .expect_err("refused");
     assert!(e.to_string().contains("Connect Invalid Host"), "{e}");
@@ -215,13 +223,12 @@ async fn discovery_follows_referrals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_connection_fails_then_reconnects() {
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
     let o = ConnectOptions {
         kato: Duration::from_millis(200),
         ..opts()
     };
-    let c = Controller::connect(t.addr(), &cfg.subnqn, o)
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
         .await
         .expect("connect");
     let ns = c.namespace(1).expect("ns");
@@ -307,10 +314,9 @@ async fn round_trip_every_send_mode() {
     }
     for send in modes {
         let o = ConnectOptions { send, ..opts() };
-        round_trip(MemTargetConfig::default(), o.clone()).await;
-        let cfg = MemTargetConfig::default();
-        let t = MemTarget::start(cfg.clone()).expect("target");
-        let c = Controller::connect(t.addr(), &cfg.subnqn, o)
+        round_trip_real(o.clone()).await;
+        let t = RealTarget::start();
+        let c = Controller::connect(t.addr(), &t.subnqn, o)
             .await
             .expect("connect");
         let ns = c.namespace(1).expect("ns");
@@ -344,11 +350,10 @@ async fn round_trip_every_send_mode() {
         },
         ..SendConfig::default()
     };
-    let cfg = MemTargetConfig::default();
-    let t = MemTarget::start(cfg.clone()).expect("target");
+    let t = RealTarget::start();
     let e = Controller::connect(
         t.addr(),
-        &cfg.subnqn,
+        &t.subnqn,
         ConnectOptions {
             send: bad,
             ..opts()
@@ -373,19 +378,15 @@ async fn round_trip_every_coalescing_mode() {
             timeout: Duration::from_micros(50),
             ..CoalesceConfig::default()
         };
-        round_trip(
-            MemTargetConfig::default(),
-            ConnectOptions {
-                coalescing: co,
-                ..opts()
-            },
-        )
+        round_trip_real(ConnectOptions {
+            coalescing: co,
+            ..opts()
+        })
         .await;
-        let cfg = MemTargetConfig::default();
-        let t = MemTarget::start(cfg.clone()).expect("target");
+        let t = RealTarget::start();
         let c = Controller::connect(
             t.addr(),
-            &cfg.subnqn,
+            &t.subnqn,
             ConnectOptions {
                 coalescing: co,
                 ..opts()

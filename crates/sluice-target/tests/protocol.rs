@@ -1,687 +1,371 @@
-//! Protocol behaviour of the target, driven in memory with virtual time.
+//! Protocol behaviour of the target that needs a byte-level host (in memory,
+//! virtual time): hostile and malformed PDUs, CID conflicts, queue overruns,
+//! wrong Connects, SGLs and chunkings Sluice's host never sends, discovery,
+//! an emulated SSD. Each test runs in every send mode (`SEND_MODES`). What a
+//! well-behaved host does is tested on the real pair in `crates/sluice-pair`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::*;
 use proptest::prelude::*;
-use sluice_proto::command::{admin, io, sgl, SglDescriptor, Sqe};
-use sluice_proto::fabrics::{cc, connect_data_offset, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC};
-use sluice_proto::identify::{self, IdentifyController, IdentifyNamespace};
+use sluice_proto::command::{io, sgl, SglDescriptor, Sqe};
+use sluice_proto::fabrics::{connect_data_offset, CNTLID_DYNAMIC};
+use sluice_proto::identify::{self, IdentifyController};
 use sluice_proto::log::{self, lid, GetLogPage};
 use sluice_proto::pdu::{fes, DataHeader, PduHeader};
 use sluice_proto::Status;
 use std::time::Duration;
 
-fn reg() -> std::sync::Arc<sluice_target::subsystem::Registry> {
-    registry(&config_toml("", default_ns()))
-}
-
-#[test]
-fn connect_enable_identify() {
-    let r = reg();
-    let (mut a, cntlid) = admin_pair(&r);
-    assert!(cntlid >= 1);
-    let cap = a.prop_get(sluice_proto::fabrics::prop::CAP, true);
-    assert_eq!(cap & 0xffff, 127, "MQES = queue_depth_max - 1");
-    assert_ne!(cap & (1 << 37), 0, "NVM command set");
-    assert_eq!(
-        a.prop_get(sluice_proto::fabrics::prop::VS, false),
-        0x0001_0300
-    );
-
-    let (st, d) = a.identify(identify::cns::CONTROLLER, 0);
-    assert_eq!(st, Status::SUCCESS);
-    let id = IdentifyController::decode(&d).unwrap();
-    assert_eq!(id.cntlid, cntlid);
-    assert_eq!(id.subnqn, SUBNQN);
-    assert_eq!(id.cntrltype, identify::cntrltype::IO);
-    assert_eq!(id.ioccsz, (64 + 8192) / 16);
-    assert_eq!(id.iorcsz, 1);
-    assert_eq!(id.icdoff, 0);
-    assert_eq!(id.mdts, 8, "1 MiB = 2^8 x 4 KiB");
-    assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
-    assert_eq!(id.nn, 1);
-    assert_ne!(id.sgls & 1, 0);
-    assert!(id.maxcmd > 0);
-
-    let (st, d) = a.identify(identify::cns::NAMESPACE, 1);
-    assert_eq!(st, Status::SUCCESS);
-    let ns = IdentifyNamespace::decode(&d).unwrap();
-    assert_eq!(ns.nsze, 4 * 1024 * 1024 / 512);
-    assert_eq!(ns.block_size_bytes(), 512);
-
-    let (st, d) = a.identify(identify::cns::ACTIVE_NS_LIST, 0);
-    assert_eq!(st, Status::SUCCESS);
-    assert_eq!(identify::decode_active_ns_list(&d), vec![1]);
-    let (st, d) = a.identify(identify::cns::NS_DESCRIPTORS, 1);
-    assert_eq!(st, Status::SUCCESS);
-    let descs = identify::decode_ns_descriptors(&d);
-    assert!(descs
-        .iter()
-        .any(|(t, v)| *t == identify::nidt::NGUID && v[..] == ns.nguid[..]));
-
-    assert_eq!(
-        a.identify(identify::cns::NAMESPACE, 9999).0,
-        Status::INVALID_NAMESPACE
-    );
-    assert_eq!(a.identify(0x1f, 0).0, Status::INVALID_FIELD);
-    // Unknown admin opcode.
-    assert_eq!(
-        a.admin_cmd(0x7e, 0, 0, 0, 0).0.status(),
-        Status::INVALID_OPCODE
-    );
+/// The target with the default namespace and the send path `mode` (see
+/// `common::SEND_MODES`): every test that is not about one send path runs
+/// in each of them.
+fn reg_in(mode: &str) -> std::sync::Arc<sluice_target::subsystem::Registry> {
+    registry(&config_toml_in(mode, "", default_ns()))
 }
 
 #[test]
 fn host_not_on_allow_list_is_refused_with_0x184() {
-    let r = reg();
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    let c = p.connect(
-        0,
-        CNTLID_DYNAMIC,
-        "nqn.2014-08.org.nvmexpress:uuid:intruder",
-        0,
-    );
-    assert_eq!(c.status(), Status::CONNECT_INVALID_HOST);
-    assert_eq!((c.status().sct, c.status().sc), (1, 0x84));
-    assert_eq!(r.subsystems[SUBNQN].controller_count(), 0);
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let mut p = Pair::new(r.clone());
+        p.icreq(false, false);
+        let c = p.connect(
+            0,
+            CNTLID_DYNAMIC,
+            "nqn.2014-08.org.nvmexpress:uuid:intruder",
+            0,
+        );
+        assert_eq!(c.status(), Status::CONNECT_INVALID_HOST);
+        assert_eq!((c.status().sct, c.status().sc), (1, 0x84));
+        assert_eq!(r.subsystems[SUBNQN].controller_count(), 0);
+    }
 }
 
 #[test]
 fn connect_to_unknown_subsystem_names_subnqn() {
-    let mut p = Pair::new(reg());
-    p.icreq(false, false);
-    let c = p.connect_to("nqn.nope:x", 0, 0xffff, 0);
-    assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
-    assert_eq!(
-        c.result,
-        1 << 16 | connect_data_offset::SUBNQN as u32,
-        "IATTR=data, IPO=subnqn"
-    );
+    for mode in SEND_MODES {
+        let mut p = Pair::new(reg_in(mode));
+        p.icreq(false, false);
+        let c = p.connect_to("nqn.nope:x", 0, 0xffff, 0);
+        assert_eq!(c.status(), Status::CONNECT_INVALID_PARAMETERS);
+        assert_eq!(
+            c.result,
+            1 << 16 | connect_data_offset::SUBNQN as u32,
+            "IATTR=data, IPO=subnqn"
+        );
+    }
 }
 
 #[test]
 fn io_queue_connect_checks_controller() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    assert_eq!(
-        p.connect(1, cntlid.wrapping_add(100), HOSTNQN, 0).status(),
-        Status::CONNECT_INVALID_PARAMETERS
-    );
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    assert_eq!(p.connect(1, cntlid, HOSTNQN, 0).status(), Status::SUCCESS);
-    // The same qid twice is refused.
-    let mut q = Pair::new(r.clone());
-    q.icreq(false, false);
-    assert_eq!(
-        q.connect(1, cntlid, HOSTNQN, 0).status(),
-        Status::CONNECT_INVALID_PARAMETERS
-    );
-}
-
-#[test]
-fn number_of_queues_limits_io_connects() {
-    let r = reg();
-    let (mut a, cntlid) = admin_pair(&r);
-    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x07, 0x0001_0001, 0);
-    assert_eq!(c.status(), Status::SUCCESS);
-    assert_eq!(c.result, 0x0001_0001, "2 queues granted (0's based)");
-    for qid in [1u16, 2] {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
         let mut p = Pair::new(r.clone());
         p.icreq(false, false);
-        assert_eq!(p.connect(qid, cntlid, HOSTNQN, 0).status(), Status::SUCCESS);
+        assert_eq!(
+            p.connect(1, cntlid.wrapping_add(100), HOSTNQN, 0).status(),
+            Status::CONNECT_INVALID_PARAMETERS
+        );
+        let mut p = Pair::new(r.clone());
+        p.icreq(false, false);
+        assert_eq!(p.connect(1, cntlid, HOSTNQN, 0).status(), Status::SUCCESS);
+        // The same qid twice is refused.
+        let mut q = Pair::new(r.clone());
+        q.icreq(false, false);
+        assert_eq!(
+            q.connect(1, cntlid, HOSTNQN, 0).status(),
+            Status::CONNECT_INVALID_PARAMETERS
+        );
     }
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    assert_eq!(
-        p.connect(3, cntlid, HOSTNQN, 0).status(),
-        Status::CONNECT_INVALID_PARAMETERS
-    );
 }
 
 #[test]
 fn io_before_enable_is_command_sequence_error() {
-    let r = reg();
-    let mut a = Pair::new(r.clone());
-    a.icreq(false, false);
-    let c = a.connect(0, CNTLID_DYNAMIC, HOSTNQN, 0);
-    let cntlid = c.result as u16;
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    assert_eq!(
-        p.connect(1, cntlid, HOSTNQN, 0).status(),
-        Status::COMMAND_SEQUENCE_ERROR
-    );
-}
-
-fn write_read_cycle(hdgst: bool, ddgst: bool) {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, hdgst, ddgst);
-    // In-capsule write (4 KiB), R2T write (64 KiB, 8 H2CData PDUs of 8 KiB).
-    let small = pattern(4096, 1);
-    let big = pattern(65536, 2);
-    assert_eq!(p.write(8, &small, 8192), Status::SUCCESS);
-    assert_eq!(p.write(1000, &big, 8192), Status::SUCCESS);
-    let (st, d) = p.read(8, 8);
-    assert_eq!(st, Status::SUCCESS);
-    assert_eq!(d, small);
-    let (st, d) = p.read(1000, 128);
-    assert_eq!(st, Status::SUCCESS);
-    assert_eq!(d, big);
-    // Untouched blocks read as zeroes.
-    let (st, d) = p.read(5000, 1);
-    assert_eq!(st, Status::SUCCESS);
-    assert_eq!(d, vec![0; 512]);
-}
-
-#[test]
-fn write_read_plain() {
-    write_read_cycle(false, false);
-}
-
-#[test]
-fn write_read_with_digests() {
-    write_read_cycle(true, true);
-    write_read_cycle(true, false);
-    write_read_cycle(false, true);
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let mut a = Pair::new(r.clone());
+        a.icreq(false, false);
+        let c = a.connect(0, CNTLID_DYNAMIC, HOSTNQN, 0);
+        let cntlid = c.result as u16;
+        let mut p = Pair::new(r.clone());
+        p.icreq(false, false);
+        assert_eq!(
+            p.connect(1, cntlid, HOSTNQN, 0).status(),
+            Status::COMMAND_SEQUENCE_ERROR
+        );
+    }
 }
 
 #[test]
 fn io_errors_have_the_right_status() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let blocks = 4 * 1024 * 1024 / 512;
-    assert_eq!(p.read(blocks - 1, 2).0, Status::LBA_OUT_OF_RANGE);
-    assert_eq!(
-        p.read(u64::MAX - 1, 4).0,
-        Status::LBA_OUT_OF_RANGE,
-        "overflowing range"
-    );
-    assert_eq!(p.write(blocks, &[0; 512], 8192), Status::LBA_OUT_OF_RANGE);
-    // Wrong namespace.
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::READ, cid, 2, 0, 1, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    assert_eq!(p.command(s, &[]).0.status(), Status::INVALID_NAMESPACE);
-    // Unknown I/O opcode.
-    let cid = p.cid();
-    assert_eq!(
-        p.command(Sqe::new(0x7c, cid, 1), &[]).0.status(),
-        Status::INVALID_OPCODE
-    );
-    // SGL length disagrees with NLB.
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::READ, cid, 1, 0, 2, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    assert_eq!(
-        p.command(s, &[]).0.status(),
-        Status::DATA_SGL_LENGTH_INVALID
-    );
-    // In-capsule data shorter than the SGL says.
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 16, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 8192,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    assert_eq!(
-        p.command(s, &[0; 4096]).0.status(),
-        Status::DATA_SGL_LENGTH_INVALID
-    );
-    // Data on a command that moves none.
-    let cid = p.cid();
-    let mut s = Sqe::new(io::FLUSH, cid, 1);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    assert_eq!(p.command(s, &[0; 512]).0.status(), Status::INVALID_FIELD);
-    // Beyond MDTS (1 MiB).
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::READ, cid, 1, 0, 4096, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 4096 * 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    assert_eq!(
-        p.command(s, &[]).0.status(),
-        Status::DATA_SGL_LENGTH_INVALID
-    );
-    // Unknown SGL type.
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::READ, cid, 1, 0, 1, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: 0x30,
-    });
-    assert_eq!(
-        p.command(s, &[]).0.status(),
-        Status::SGL_DESCRIPTOR_TYPE_INVALID
-    );
-    // The connection is still fine.
-    assert_eq!(p.read(0, 1).0, Status::SUCCESS);
-    assert!(p.term.is_none());
-}
-
-#[test]
-fn flush_write_zeroes_and_deallocate() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    assert_eq!(p.write(0, &pattern(8192, 9), 8192), Status::SUCCESS);
-    let cid = p.cid();
-    assert_eq!(
-        p.command(Sqe::new(io::FLUSH, cid, 1), &[]).0.status(),
-        Status::SUCCESS
-    );
-    let cid = p.cid();
-    assert_eq!(
-        p.command(Sqe::new(io::FLUSH, cid, 0xffff_ffff), &[])
-            .0
-            .status(),
-        Status::SUCCESS
-    );
-    // Write Zeroes blocks 0..4.
-    let cid = p.cid();
-    let s = Sqe::rw(io::WRITE_ZEROES, cid, 1, 0, 4, false);
-    assert_eq!(p.command(s, &[]).0.status(), Status::SUCCESS);
-    let (_, d) = p.read(0, 8);
-    assert_eq!(&d[..2048], &[0u8; 2048][..]);
-    assert_eq!(&d[2048..], &pattern(8192, 9)[2048..4096]);
-    // DSM deallocate blocks 4..8 (RAM reads deallocated blocks as zeroes).
-    let cid = p.cid();
-    let mut s = Sqe::new(io::DATASET_MANAGEMENT, cid, 1);
-    s.set_cdw(10, 0); // one range
-    s.set_cdw(11, 0x4); // AD
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 16,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    let mut range = [0u8; 16];
-    range[4..8].copy_from_slice(&4u32.to_le_bytes());
-    range[8..16].copy_from_slice(&4u64.to_le_bytes());
-    assert_eq!(p.command(s, &range).0.status(), Status::SUCCESS);
-    let (_, d) = p.read(0, 16);
-    assert_eq!(&d[..4096], &[0u8; 4096][..]);
-    assert_eq!(&d[4096..8192], &pattern(8192, 9)[4096..]);
-    // A range past the end fails.
-    let cid = p.cid();
-    let mut s = Sqe::new(io::DATASET_MANAGEMENT, cid, 1);
-    s.set_cdw(11, 0x4);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 16,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    range[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    assert_eq!(p.command(s, &range).0.status(), Status::LBA_OUT_OF_RANGE);
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let blocks = 4 * 1024 * 1024 / 512;
+        assert_eq!(p.read(blocks - 1, 2).0, Status::LBA_OUT_OF_RANGE);
+        assert_eq!(
+            p.read(u64::MAX - 1, 4).0,
+            Status::LBA_OUT_OF_RANGE,
+            "overflowing range"
+        );
+        assert_eq!(p.write(blocks, &[0; 512], 8192), Status::LBA_OUT_OF_RANGE);
+        // Wrong namespace.
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::READ, cid, 2, 0, 1, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        assert_eq!(p.command(s, &[]).0.status(), Status::INVALID_NAMESPACE);
+        // Unknown I/O opcode.
+        let cid = p.cid();
+        assert_eq!(
+            p.command(Sqe::new(0x7c, cid, 1), &[]).0.status(),
+            Status::INVALID_OPCODE
+        );
+        // SGL length disagrees with NLB.
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::READ, cid, 1, 0, 2, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        assert_eq!(
+            p.command(s, &[]).0.status(),
+            Status::DATA_SGL_LENGTH_INVALID
+        );
+        // In-capsule data shorter than the SGL says.
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 16, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 8192,
+            id: sgl::DATA_BLOCK_OFFSET,
+        });
+        assert_eq!(
+            p.command(s, &[0; 4096]).0.status(),
+            Status::DATA_SGL_LENGTH_INVALID
+        );
+        // Data on a command that moves none.
+        let cid = p.cid();
+        let mut s = Sqe::new(io::FLUSH, cid, 1);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::DATA_BLOCK_OFFSET,
+        });
+        assert_eq!(p.command(s, &[0; 512]).0.status(), Status::INVALID_FIELD);
+        // Beyond MDTS (1 MiB).
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::READ, cid, 1, 0, 4096, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 4096 * 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        assert_eq!(
+            p.command(s, &[]).0.status(),
+            Status::DATA_SGL_LENGTH_INVALID
+        );
+        // Unknown SGL type.
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::READ, cid, 1, 0, 1, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: 0x30,
+        });
+        assert_eq!(
+            p.command(s, &[]).0.status(),
+            Status::SGL_DESCRIPTOR_TYPE_INVALID
+        );
+        // The connection is still fine.
+        assert_eq!(p.read(0, 1).0, Status::SUCCESS);
+        assert!(p.term.is_none());
+    }
 }
 
 #[test]
 fn h2c_data_outside_r2t_is_fatal_fes_4() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 32, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 16384,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    p.send(&PduHeader::CapsuleCmd(s), &[]);
-    let r2t = match p.take().as_slice() {
-        [Got {
-            header: PduHeader::R2t(r),
-            ..
-        }] => *r,
-        other => panic!("{other:?}"),
-    };
-    let h = PduHeader::H2CData(DataHeader {
-        cccid: cid,
-        ttag: r2t.ttag,
-        offset: 12288,
-        len: 8192,
-        last: true,
-        success: false,
-    });
-    p.send(&h, &[0; 8192]);
-    assert_eq!(p.term.map(|t| t.0), Some(fes::DATA_OUT_OF_RANGE));
-    assert!(p.conn.is_closed());
-}
-
-#[test]
-fn h2c_data_for_unknown_ttag_is_fatal() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let h = PduHeader::H2CData(DataHeader {
-        cccid: 5,
-        ttag: 77,
-        offset: 0,
-        len: 512,
-        last: true,
-        success: false,
-    });
-    p.send(&h, &[0; 512]);
-    assert_eq!(p.term, Some((fes::INVALID_HEADER_FIELD, 10)));
-    assert!(p.conn.is_closed());
-}
-
-#[test]
-fn capsule_beyond_in_capsule_size_is_fatal() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let mut s = Sqe::rw(io::WRITE, 3, 1, 0, 32, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 16384,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    p.send(&PduHeader::CapsuleCmd(s), &[0; 16384]);
-    assert_eq!(
-        p.term,
-        Some((fes::INVALID_HEADER_FIELD, 4)),
-        "PLEN beyond what was advertised"
-    );
-    assert!(p.conn.is_closed());
-}
-
-#[test]
-fn malformed_header_gets_term_req_and_close() {
-    let r = reg();
-    let mut p = Pair::new(r);
-    p.icreq(false, false);
-    let mut w = Vec::new();
-    sluice_proto::pdu::encode_pdu(
-        &PduHeader::CapsuleCmd(Sqe::new(0x06, 1, 0)),
-        &[],
-        &p.txp,
-        &mut w,
-    );
-    w[2] = 100; // HLEN
-    p.send_raw(&w);
-    assert_eq!(p.term, Some((fes::INVALID_HEADER_FIELD, 2)));
-    assert!(p.conn.is_closed());
-}
-
-#[test]
-fn header_digest_error_is_fes_3() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, true, false);
-    let mut w = Vec::new();
-    let mut s = Sqe::rw(io::READ, 9, 1, 0, 1, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), &[], &p.txp, &mut w);
-    w[20] ^= 0x55;
-    p.send_raw(&w);
-    assert_eq!(p.term.map(|t| t.0), Some(fes::HEADER_DIGEST_ERROR));
-    assert!(p.conn.is_closed());
-}
-
-#[test]
-fn data_digest_error_fails_only_the_command() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, true);
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 1, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    let mut w = Vec::new();
-    sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), &[0xaa; 512], &p.txp, &mut w);
-    let n = w.len();
-    w[n - 1] ^= 1;
-    p.send_raw(&w);
-    let (c, _) = p.collect_response(cid);
-    assert_eq!(c.status(), Status::TRANSIENT_TRANSPORT_ERROR);
-    // Nothing was written, and the queue still works.
-    assert_eq!(p.read(0, 1), (Status::SUCCESS, vec![0; 512]));
-}
-
-#[test]
-fn exceeding_queue_depth_is_fatal() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    // Queue depth 64: park 64 writes waiting for their data, then one more.
-    for i in 0..64u16 {
-        let mut s = Sqe::rw(io::WRITE, 100 + i, 1, 0, 32, false);
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let cid = p.cid();
+        let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 32, false);
         s.set_sgl(SglDescriptor {
             address: 0,
             length: 16384,
             id: sgl::TRANSPORT_DATA_BLOCK,
         });
         p.send(&PduHeader::CapsuleCmd(s), &[]);
+        let r2t = match p.take().as_slice() {
+            [Got {
+                header: PduHeader::R2t(r),
+                ..
+            }] => *r,
+            other => panic!("{other:?}"),
+        };
+        let h = PduHeader::H2CData(DataHeader {
+            cccid: cid,
+            ttag: r2t.ttag,
+            offset: 12288,
+            len: 8192,
+            last: true,
+            success: false,
+        });
+        p.send(&h, &[0; 8192]);
+        assert_eq!(p.term.map(|t| t.0), Some(fes::DATA_OUT_OF_RANGE));
+        assert!(p.conn.is_closed());
     }
-    assert_eq!(p.take().len(), 64, "64 R2Ts");
-    assert!(p.term.is_none());
-    let mut s = Sqe::rw(io::READ, 500, 1, 0, 1, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    p.send(&PduHeader::CapsuleCmd(s), &[]);
-    assert_eq!(p.term.map(|t| t.0), Some(fes::PDU_SEQUENCE_ERROR));
+}
+
+#[test]
+fn h2c_data_for_unknown_ttag_is_fatal() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let h = PduHeader::H2CData(DataHeader {
+            cccid: 5,
+            ttag: 77,
+            offset: 0,
+            len: 512,
+            last: true,
+            success: false,
+        });
+        p.send(&h, &[0; 512]);
+        assert_eq!(p.term, Some((fes::INVALID_HEADER_FIELD, 10)));
+        assert!(p.conn.is_closed());
+    }
+}
+
+#[test]
+fn capsule_beyond_in_capsule_size_is_fatal() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let mut s = Sqe::rw(io::WRITE, 3, 1, 0, 32, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 16384,
+            id: sgl::DATA_BLOCK_OFFSET,
+        });
+        p.send(&PduHeader::CapsuleCmd(s), &[0; 16384]);
+        assert_eq!(
+            p.term,
+            Some((fes::INVALID_HEADER_FIELD, 4)),
+            "PLEN beyond what was advertised"
+        );
+        assert!(p.conn.is_closed());
+    }
+}
+
+#[test]
+fn malformed_header_gets_term_req_and_close() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let mut p = Pair::new(r);
+        p.icreq(false, false);
+        let mut w = Vec::new();
+        sluice_proto::pdu::encode_pdu(
+            &PduHeader::CapsuleCmd(Sqe::new(0x06, 1, 0)),
+            &[],
+            &p.txp,
+            &mut w,
+        );
+        w[2] = 100; // HLEN
+        p.send_raw(&w);
+        assert_eq!(p.term, Some((fes::INVALID_HEADER_FIELD, 2)));
+        assert!(p.conn.is_closed());
+    }
+}
+
+#[test]
+fn header_digest_error_is_fes_3() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, true, false);
+        let mut w = Vec::new();
+        let mut s = Sqe::rw(io::READ, 9, 1, 0, 1, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), &[], &p.txp, &mut w);
+        w[20] ^= 0x55;
+        p.send_raw(&w);
+        assert_eq!(p.term.map(|t| t.0), Some(fes::HEADER_DIGEST_ERROR));
+        assert!(p.conn.is_closed());
+    }
+}
+
+#[test]
+fn exceeding_queue_depth_is_fatal() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        // Queue depth 64: park 64 writes waiting for their data, then one more.
+        for i in 0..64u16 {
+            let mut s = Sqe::rw(io::WRITE, 100 + i, 1, 0, 32, false);
+            s.set_sgl(SglDescriptor {
+                address: 0,
+                length: 16384,
+                id: sgl::TRANSPORT_DATA_BLOCK,
+            });
+            p.send(&PduHeader::CapsuleCmd(s), &[]);
+        }
+        assert_eq!(p.take().len(), 64, "64 R2Ts");
+        assert!(p.term.is_none());
+        let mut s = Sqe::rw(io::READ, 500, 1, 0, 1, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        p.send(&PduHeader::CapsuleCmd(s), &[]);
+        assert_eq!(p.term.map(|t| t.0), Some(fes::PDU_SEQUENCE_ERROR));
+    }
 }
 
 #[test]
 fn cid_conflict() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let mut s = Sqe::rw(io::WRITE, 42, 1, 0, 32, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 16384,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    p.send(&PduHeader::CapsuleCmd(s), &[]);
-    assert!(matches!(
-        p.take().as_slice(),
-        [Got {
-            header: PduHeader::R2t(_),
-            ..
-        }]
-    ));
-    let mut s2 = Sqe::rw(io::READ, 42, 1, 0, 1, false);
-    s2.set_sgl(SglDescriptor {
-        address: 0,
-        length: 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    let (c, _) = p.command(s2, &[]);
-    assert_eq!(c.status(), Status::CID_CONFLICT);
-}
-
-#[test]
-fn keep_alive_timeout_fails_controller_and_its_queues() {
-    let r = reg();
-    let (mut a, cntlid) = admin_pair(&r); // KATO 5000 ms
-    let mut io = io_pair(&r, cntlid, false, false);
-    a.advance(Duration::from_millis(4000));
-    assert_eq!(
-        a.admin_cmd(admin::KEEP_ALIVE, 0, 0, 0, 0).0.status(),
-        Status::SUCCESS
-    );
-    a.advance(Duration::from_millis(4000));
-    assert!(!a.conn.is_closed(), "keep alive reset the timer");
-    a.advance(Duration::from_millis(2000));
-    assert!(a.conn.is_closed(), "KATO (5 s) + grace expired");
-    a.conn.finish();
-    assert!(r.subsystems[SUBNQN].controller(cntlid).is_none());
-    io.now = a.now;
-    io.advance(Duration::from_millis(300));
-    assert!(io.conn.is_closed(), "I/O queue follows its controller");
-}
-
-#[test]
-fn sq_flow_control_disabled_uses_success_flag() {
-    let r = reg();
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = Pair::new(r.clone());
-    p.icreq(false, false);
-    let c = p.connect_to(SUBNQN, 1, cntlid, CATTR_DISABLE_SQ_FLOW);
-    assert_eq!(c.status(), Status::SUCCESS);
-    assert_eq!(p.write(0, &pattern(1024, 3), 8192), Status::SUCCESS);
-    let cid = p.cid();
-    let mut s = Sqe::rw(io::READ, cid, 1, 0, 2, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: 1024,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    p.send(&PduHeader::CapsuleCmd(s), &[]);
-    let got = p.take();
-    assert_eq!(
-        got.len(),
-        1,
-        "only a C2HData with SUCCESS, no CapsuleResp: {got:?}"
-    );
-    match &got[0].header {
-        PduHeader::C2HData(d) => assert!(d.success && d.last),
-        other => panic!("{other:?}"),
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let mut s = Sqe::rw(io::WRITE, 42, 1, 0, 32, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 16384,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        p.send(&PduHeader::CapsuleCmd(s), &[]);
+        assert!(matches!(
+            p.take().as_slice(),
+            [Got {
+                header: PduHeader::R2t(_),
+                ..
+            }]
+        ));
+        let mut s2 = Sqe::rw(io::READ, 42, 1, 0, 1, false);
+        s2.set_sgl(SglDescriptor {
+            address: 0,
+            length: 512,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        let (c, _) = p.command(s2, &[]);
+        assert_eq!(c.status(), Status::CID_CONFLICT);
     }
-    assert_eq!(got[0].data, pattern(1024, 3));
-}
-
-#[test]
-fn async_event_requests_are_held_up_to_the_limit() {
-    let r = reg();
-    let (mut a, _) = admin_pair(&r);
-    for i in 0..4u16 {
-        a.send(
-            &PduHeader::CapsuleCmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, 900 + i, 0)),
-            &[],
-        );
-    }
-    assert!(a.take().is_empty(), "AERs are held");
-    let (c, _) = a.command(Sqe::new(admin::ASYNC_EVENT_REQUEST, 999, 0), &[]);
-    assert_eq!(c.status(), Status::AER_LIMIT_EXCEEDED);
-}
-
-#[test]
-fn shutdown_via_cc_reports_shst_complete() {
-    let r = reg();
-    let (mut a, _) = admin_pair(&r);
-    let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
-    assert_eq!(
-        a.prop_set(
-            sluice_proto::fabrics::prop::CC,
-            (en | 1 << cc::SHN_SHIFT) as u64
-        ),
-        Status::SUCCESS
-    );
-    let csts = a.prop_get(sluice_proto::fabrics::prop::CSTS, false);
-    assert_eq!(csts & 0xc, 0x8, "SHST = shutdown complete");
-    // Disable: RDY clears.
-    assert_eq!(
-        a.prop_set(sluice_proto::fabrics::prop::CC, 0),
-        Status::SUCCESS
-    );
-    assert_eq!(a.prop_get(sluice_proto::fabrics::prop::CSTS, false) & 1, 0);
-}
-
-#[test]
-fn logs_and_features() {
-    let r = reg();
-    let (mut a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    assert_eq!(p.write(0, &pattern(4096, 5), 8192), Status::SUCCESS);
-    let g = GetLogPage {
-        lid: lid::SMART,
-        lsp: 0,
-        rae: false,
-        len_bytes: 512,
-        offset_bytes: 0,
-    };
-    let cid = a.cid();
-    let (c, d) = a.command(with_c2h(g.to_sqe(cid, 0xffff_ffff), 512), &[]);
-    assert_eq!(c.status(), Status::SUCCESS);
-    let smart = log::SmartLog::decode(&d).unwrap();
-    assert_eq!(smart.host_write_commands, 1);
-    assert_eq!(smart.data_units_written, 1);
-    for l in [
-        lid::ERROR,
-        lid::FIRMWARE_SLOT,
-        lid::CHANGED_NS_LIST,
-        lid::COMMANDS_SUPPORTED,
-    ] {
-        let g = GetLogPage {
-            lid: l,
-            lsp: 0,
-            rae: false,
-            len_bytes: 64,
-            offset_bytes: 0,
-        };
-        let cid = a.cid();
-        let (c, d) = a.command(with_c2h(g.to_sqe(cid, 0), 64), &[]);
-        assert_eq!(c.status(), Status::SUCCESS, "log {l:#x}");
-        assert_eq!(d.len(), 64);
-    }
-    let g = GetLogPage {
-        lid: 0x42,
-        lsp: 0,
-        rae: false,
-        len_bytes: 64,
-        offset_bytes: 0,
-    };
-    let cid = a.cid();
-    assert_eq!(
-        a.command(with_c2h(g.to_sqe(cid, 0), 64), &[]).0.status(),
-        Status::INVALID_LOG_PAGE
-    );
-    // Keep alive timer feature round trip; saving is refused.
-    assert_eq!(
-        a.admin_cmd(admin::SET_FEATURES, 0, 0x0f, 12000, 0)
-            .0
-            .status(),
-        Status::SUCCESS
-    );
-    assert_eq!(
-        a.admin_cmd(admin::GET_FEATURES, 0, 0x0f, 0, 0).0.result,
-        12000
-    );
-    assert_eq!(
-        a.admin_cmd(admin::SET_FEATURES, 0, 0x0f | 1 << 31, 1, 0)
-            .0
-            .status(),
-        Status::FEATURE_NOT_SAVEABLE
-    );
-    assert_eq!(
-        a.admin_cmd(admin::GET_FEATURES, 0, 0x55, 0, 0).0.status(),
-        Status::INVALID_FIELD
-    );
 }
 
 fn with_c2h(mut s: Sqe, len: u32) -> Sqe {
@@ -769,17 +453,19 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
 
 #[test]
 fn emulated_ssd_namespace_completes_in_virtual_time() {
-    let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"emulated-ssd\"\nsize = \"4MiB\"\nssd = { base_read_latency_us = 100, base_write_latency_us = 30 }\n";
-    let r = registry(&config_toml("", ns));
-    let (_a, cntlid) = admin_pair(&r);
-    let mut p = io_pair(&r, cntlid, false, false);
-    let t0 = p.now;
-    assert_eq!(p.write(16, &pattern(4096, 4), 8192), Status::SUCCESS);
-    assert_eq!(p.read(16, 8), (Status::SUCCESS, pattern(4096, 4)));
-    assert!(
-        p.now - t0 >= Duration::from_micros(130),
-        "service time elapsed in virtual time"
-    );
+    for mode in SEND_MODES {
+        let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"emulated-ssd\"\nsize = \"4MiB\"\nssd = { base_read_latency_us = 100, base_write_latency_us = 30 }\n";
+        let r = registry(&config_toml_in(mode, "", ns));
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let t0 = p.now;
+        assert_eq!(p.write(16, &pattern(4096, 4), 8192), Status::SUCCESS);
+        assert_eq!(p.read(16, 8), (Status::SUCCESS, pattern(4096, 4)));
+        assert!(
+            p.now - t0 >= Duration::from_micros(130),
+            "service time elapsed in virtual time"
+        );
+    }
 }
 
 proptest! {
@@ -789,11 +475,12 @@ proptest! {
     #[test]
     fn random_io_matches_model(ops in prop::collection::vec((any::<bool>(), 0u64..8000, 1u32..48, any::<u8>(), 1usize..4), 1..24),
                                hdgst: bool, ddgst: bool) {
-        let r = reg();
+        for mode in SEND_MODES {
+        let r = reg_in(mode);
         let (_a, cntlid) = admin_pair(&r);
         let mut p = io_pair(&r, cntlid, hdgst, ddgst);
         let mut model = vec![0u8; 4 * 1024 * 1024];
-        for (is_write, slba, nlb, seed, chunk_k) in ops {
+        for (is_write, slba, nlb, seed, chunk_k) in ops.iter().copied() {
             let off = slba as usize * 512;
             let len = nlb as usize * 512;
             if is_write {
@@ -818,13 +505,15 @@ proptest! {
                 prop_assert_eq!(&d[..], &model[off..off + len]);
             }
         }
+        }
     }
 
     /// Random bytes after a valid ICReq never panic the target; it either
     /// waits for more, answers, or sends a TermReq with a valid FES and closes.
     #[test]
     fn garbage_after_icreq_is_handled(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
-        let mut p = Pair::new(reg());
+        for mode in SEND_MODES {
+        let mut p = Pair::new(reg_in(mode));
         p.icreq(false, false);
         p.conn.feed(&bytes, p.now);
         let due = p.conn.due().to_vec();
@@ -832,37 +521,7 @@ proptest! {
         if let Some((fes, _)) = p.term {
             prop_assert!((1..=6).contains(&fes));
         }
-    }
-}
-
-/// Runs every test of this file again under each send scheduler and
-/// coalescing mode (a child process per mode, selected by
-/// `SLUICE_TEST_SEND_MODE`; see `common::send_mode_toml`).
-#[test]
-fn every_send_mode() {
-    if std::env::var("SLUICE_TEST_SEND_MODE").is_ok() {
-        return; // already a child
-    }
-    let exe = std::env::current_exe().unwrap();
-    for mode in [
-        "unified",
-        "isolated",
-        "immediate/static",
-        "immediate/adaptive",
-        "isolated/calibrated",
-        "unified/calibrated",
-    ] {
-        let out = std::process::Command::new(&exe)
-            .env("SLUICE_TEST_SEND_MODE", mode)
-            .args(["--skip", "every_send_mode", "--test-threads", "2"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "protocol tests fail with send mode {mode}:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        }
     }
 }
 

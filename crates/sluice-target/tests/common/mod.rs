@@ -1,4 +1,7 @@
-//! An in-memory host driving a target `QueueConnection` with virtual time.
+//! A hand-written, byte-level host driving a target `QueueConnection` with
+//! virtual time. It exists for what the real host never does: hostile or
+//! malformed PDUs, out-of-order data, commands the host API cannot express.
+//! Well-behaved protocol tests run on the real pair in `crates/sluice-pair`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
 
@@ -21,22 +24,38 @@ pub const SUBNQN: &str = "nqn.2026-11.io.sluice:test";
 pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
 pub const HOSTID: [u8; 16] = [7; 16];
 
-/// The send path under test: `SLUICE_TEST_SEND_MODE` = `SCHEDULER[/COALESCING]`
-/// (e.g. `isolated/calibrated`); `immediate` when unset. `every_send_mode`
-/// in protocol.rs re-runs the whole file under each mode.
-pub fn send_mode_toml() -> String {
-    let m = std::env::var("SLUICE_TEST_SEND_MODE").unwrap_or_else(|_| "immediate".into());
-    let (sched, co) = m.split_once('/').unwrap_or((m.as_str(), "off"));
+/// The send paths (`SCHEDULER[/COALESCING]`) the target's protocol tests
+/// run in: each test loops over them (the well-behaved host's view of every
+/// combination is in `crates/sluice-pair`).
+pub const SEND_MODES: [&str; 7] = [
+    "immediate",
+    "unified",
+    "isolated",
+    "immediate/static",
+    "immediate/adaptive",
+    "isolated/calibrated",
+    "unified/calibrated",
+];
+
+/// The target settings of send path `mode` (`SCHEDULER[/COALESCING]`).
+pub fn send_mode_toml(mode: &str) -> String {
+    let (sched, co) = mode.split_once('/').unwrap_or((mode, "off"));
     format!(
         "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 4, timeout_us = 20 }}\n"
     )
 }
 
+/// A target config with the immediate send path.
 pub fn config_toml(extra_target: &str, ns: &str) -> String {
+    config_toml_in("immediate", extra_target, ns)
+}
+
+/// A target config with send path `mode` (unless `extra_target` sets one).
+pub fn config_toml_in(mode: &str, extra_target: &str, ns: &str) -> String {
     let mode = if extra_target.contains("send_scheduler") {
         String::new()
     } else {
-        send_mode_toml()
+        send_mode_toml(mode)
     };
     format!(
         r#"

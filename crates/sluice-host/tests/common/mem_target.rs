@@ -1,9 +1,11 @@
-//! A small in-memory NVMe/TCP target for tests and self-checks of the host
-//! and the bench: one RAM namespace, one thread per connection, blocking
-//! sockets on loopback. It implements just what the host uses (Connect,
-//! properties, Identify, Set Features Number of Queues, Keep Alive, Abort,
-//! discovery log, Read/Write/Flush/Write Zeroes/Dataset Management) and is
-//! not Sluice's real target.
+//! A small, scriptable in-memory NVMe/TCP target (one RAM namespace, one
+//! thread per connection, blocking sockets on loopback). It is not Sluice's
+//! target: the host's tests use the real one (`RealTarget` in `mod.rs`,
+//! and the in-memory pair in `crates/sluice-pair`) wherever a well-behaved
+//! controller will do, and keep this one only for peer behaviour the real
+//! target does not have or cannot be made to show: a CPDA other than 0 and
+//! odd C2HData sizes, discovery logs with referrals, dropping every
+//! connection while still listening, and recording the CDW13 it received.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
