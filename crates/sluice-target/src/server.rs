@@ -12,7 +12,7 @@
 //! sleeps; `adaptive` polls for `adaptive_spin_us` after the last work, then
 //! sleeps. Each worker reports the CPU time its thread used.
 
-use crate::config::{Config, PollingMode};
+use sluice_config::{Config, PollingMode};
 use crate::queue::QueueConnection;
 use crate::subsystem::{Registry, RegistryError};
 use crate::tenant::admin::AdminServer;

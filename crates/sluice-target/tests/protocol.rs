@@ -14,7 +14,7 @@ use sluice_proto::Status;
 use std::time::Duration;
 
 fn reg() -> std::sync::Arc<sluice_target::subsystem::Registry> {
-    registry(&config_toml("", default_ns()))
+    registry(&test_config(test_target(), default_ns()))
 }
 
 #[test]
@@ -695,20 +695,19 @@ fn with_c2h(mut s: Sqe, len: u32) -> Sqe {
 
 #[test]
 fn discovery_lists_only_allowed_subsystems_at_the_advertised_address() {
-    let toml = format!(
-        r#"
-[target]
-advertise_addr = "10.0.2.2"
-advertise_port = 14420
-[[subsystem]]
-nqn = "{SUBNQN}"
-hosts = ["{HOSTNQN}"]
-[[subsystem]]
-nqn = "nqn.2026-11.io.sluice:other"
-hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
-"#
-    );
-    let r = registry(&toml);
+    let c = sluice_config::Config::default()
+        .with_target(
+            sluice_config::TargetSettings::default()
+                .with_advertise(Some("10.0.2.2".into()), Some(14420)),
+        )
+        .with_subsystem(sluice_config::SubsystemConfig::new(SUBNQN).with_host(HOSTNQN))
+        .with_subsystem(
+            sluice_config::SubsystemConfig::new("nqn.2026-11.io.sluice:other")
+                .with_host("nqn.2014-08.org.nvmexpress:uuid:someone-else"),
+        )
+        .validated()
+        .unwrap();
+    let r = registry(&c);
     let mut p = Pair::new(r.clone());
     p.icreq(false, false);
     let disc = p.connect_to(sluice_proto::DISCOVERY_NQN, 0, 0xffff, 0);
@@ -769,8 +768,14 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
 
 #[test]
 fn emulated_ssd_namespace_completes_in_virtual_time() {
-    let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"emulated-ssd\"\nsize = \"4MiB\"\nssd = { base_read_latency_us = 100, base_write_latency_us = 30 }\n";
-    let r = registry(&config_toml("", ns));
+    let ns = sluice_config::NamespaceConfig::emulated_ssd(
+        1,
+        4 << 20,
+        sluice_config::SsdConfig::default()
+            .with_base_read_latency_us(100)
+            .with_base_write_latency_us(30),
+    );
+    let r = registry(&test_config(test_target(), ns));
     let (_a, cntlid) = admin_pair(&r);
     let mut p = io_pair(&r, cntlid, false, false);
     let t0 = p.now;
@@ -837,7 +842,7 @@ proptest! {
 
 /// Runs every test of this file again under each send scheduler and
 /// coalescing mode (a child process per mode, selected by
-/// `SLUICE_TEST_SEND_MODE`; see `common::send_mode_toml`).
+/// `SLUICE_TEST_SEND_MODE`; see `common::send_mode`).
 #[test]
 fn every_send_mode() {
     if std::env::var("SLUICE_TEST_SEND_MODE").is_ok() {
@@ -871,10 +876,11 @@ fn every_send_mode() {
 /// (the worker sleeps on it).
 #[test]
 fn held_pdu_is_flushed_at_its_deadline() {
-    let r = registry(&config_toml(
-        "send_scheduler = \"isolated\"\nsend = { latency_timer_us = 40, data_timer_us = 90 }",
-        default_ns(),
-    ));
+    let mut send = sluice_target::send::SendConfig::default();
+    send.scheduler = sluice_target::send::SchedulerKind::Isolated;
+    send.latency.timer = Duration::from_micros(40);
+    send.data.timer = Duration::from_micros(90);
+    let r = registry(&test_config(test_target().with_send(send), default_ns()));
     let (_a, cntlid) = admin_pair(&r);
     let mut q = io_pair(&r, cntlid, false, false);
     // A 16 KiB write without in-capsule data: the R2T waits in the latency freight.

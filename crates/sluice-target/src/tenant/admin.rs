@@ -11,7 +11,8 @@
 //! One request per connection, bodies up to 64 KiB, 2 s socket timeouts; no
 //! authentication, so bind it to loopback or a management network.
 
-use super::{RawTenant, TenantRuntime, UpdateError};
+use super::{TenantRuntime, UpdateError};
+use sluice_config::tenants::RawTenant;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};

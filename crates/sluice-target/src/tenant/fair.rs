@@ -23,7 +23,8 @@
 //! emulated SSD (derived from its service model, so read/write asymmetry
 //! and size are the device's own), or bytes plus a per-operation charge.
 
-use super::rate::{Dir, RateLimiter, RateSpec};
+use super::rate::{Dir, RateLimiter};
+use sluice_config::tenants::RateSpec;
 use super::TenantId;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

@@ -304,7 +304,7 @@ impl CpuGovernor {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::tenant::rate::RateSpec;
+    use sluice_config::tenants::RateSpec;
     use proptest::prelude::*;
     use std::collections::VecDeque;
 

@@ -11,7 +11,8 @@
 use super::cpu::BatchCharger;
 use super::rate::Dir;
 use super::shared::Grant;
-use super::{SchedulerMode, TenantId, TenantRuntime, TenantTable};
+use super::{TenantId, TenantRuntime, TenantTable};
+use sluice_config::tenants::SchedulerMode;
 use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;

@@ -10,7 +10,7 @@ use sluice_proto::fabrics::{
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
-use sluice_target::config::Config;
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_target::queue::QueueConnection;
 use sluice_target::subsystem::Registry;
 use std::collections::HashMap;
@@ -24,43 +24,47 @@ pub const HOSTID: [u8; 16] = [7; 16];
 /// The send path under test: `SLUICE_TEST_SEND_MODE` = `SCHEDULER[/COALESCING]`
 /// (e.g. `isolated/calibrated`); `immediate` when unset. `every_send_mode`
 /// in protocol.rs re-runs the whole file under each mode.
-pub fn send_mode_toml() -> String {
+pub fn send_mode() -> sluice_target::send::SendConfig {
     let m = std::env::var("SLUICE_TEST_SEND_MODE").unwrap_or_else(|_| "immediate".into());
     let (sched, co) = m.split_once('/').unwrap_or((m.as_str(), "off"));
-    format!(
-        "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 4, timeout_us = 20 }}\n"
-    )
+    let mut s = sluice_target::send::SendConfig::default();
+    s.scheduler = sched.parse().expect("SLUICE_TEST_SEND_MODE scheduler");
+    s.coalescing.mode = co.parse().expect("SLUICE_TEST_SEND_MODE coalescing");
+    s.coalescing.threshold = 4;
+    s.coalescing.timeout = Duration::from_micros(20);
+    s
 }
 
-pub fn config_toml(extra_target: &str, ns: &str) -> String {
-    let mode = if extra_target.contains("send_scheduler") {
-        String::new()
-    } else {
-        send_mode_toml()
-    };
-    format!(
-        r#"
-[target]
-inline_data_bytes = 8192
-max_h2c_data_bytes = 8192
-max_c2h_data_bytes = 8192
-{extra_target}
-{mode}
-[[subsystem]]
-nqn = "{SUBNQN}"
-hosts = ["{HOSTNQN}"]
-{ns}
-"#
-    )
+/// Target settings of the in-memory tests: 8 KiB in-capsule data and PDUs,
+/// the send path under test.
+pub fn test_target() -> TargetSettings {
+    TargetSettings::default()
+        .with_inline_data_bytes(8192)
+        .with_max_h2c_data_bytes(8192)
+        .with_max_c2h_data_bytes(8192)
+        .with_send(send_mode())
 }
 
-pub fn default_ns() -> &'static str {
-    "[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"4MiB\"\nblock_size = 512\n"
+/// Subsystem `SUBNQN` admitting `HOSTNQN`, with `ns`, validated.
+pub fn test_config(target: TargetSettings, ns: NamespaceConfig) -> Config {
+    Config::default()
+        .with_target(target)
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(ns),
+        )
+        .validated()
+        .expect("test config is valid")
 }
 
-pub fn registry(toml: &str) -> Arc<Registry> {
-    let c = Config::from_toml(toml).expect("test config is valid");
-    Arc::new(Registry::build(&c).expect("registry builds"))
+/// 4 MiB of RAM, 512-byte blocks.
+pub fn default_ns() -> NamespaceConfig {
+    NamespaceConfig::ram(1, 4 << 20)
+}
+
+pub fn registry(c: &Config) -> Arc<Registry> {
+    Arc::new(Registry::build(c).expect("registry builds"))
 }
 
 /// A received PDU.
