@@ -108,8 +108,8 @@ fn load(args: &TargetArgs) -> Result<Config> {
     if args.config.is_none() {
         let sub = &mut c.subsystems[0];
         if let Some(s) = &args.ram_size {
-            let bytes = sluice_config::parse_size(s)
-                .map_err(|e| anyhow::anyhow!("--ram-size: {e}"))?;
+            let bytes =
+                sluice_config::parse_size(s).map_err(|e| anyhow::anyhow!("--ram-size: {e}"))?;
             if bytes == 0 || bytes % 512 != 0 {
                 bail!("--ram-size must be a non-zero multiple of 512 bytes");
             }

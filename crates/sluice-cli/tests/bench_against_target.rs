@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{BenchArgs, RwMode};
-use sluice_config::{Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings};
+use sluice_config::{
+    Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
+};
 use sluice_target::Target;
 
 const NQN: &str = "nqn.2026-11.io.sluice:rated";

@@ -218,8 +218,7 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
         t.mdts_bytes = v as u32;
     }
     if let Some(v) = r.queue_depth_max {
-        t.queue_depth_max =
-            ranged("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX as i64)? as u16;
+        t.queue_depth_max = ranged("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX as i64)? as u16;
     }
     if let Some(v) = r.io_queues_max {
         t.io_queues_max = ranged("target.io_queues_max", v, 1, IO_QUEUES_MAX as i64)? as u16;
@@ -310,8 +309,7 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
             ));
         }
     }
-    let kind: BackendKind =
-        parse_word(&n.backend).map_err(|e| err(format!("{nk}.backend"), e))?;
+    let kind: BackendKind = parse_word(&n.backend).map_err(|e| err(format!("{nk}.backend"), e))?;
     let backend = match kind {
         BackendKind::Ram | BackendKind::EmulatedSsd => {
             if size_bytes.is_none() {

@@ -74,7 +74,9 @@ fn size(prefix: &str, name: &str, v: &toml::Value) -> Result<u32, ConfigError> {
     let key = format!("{prefix}.send.{name}");
     let n = match v {
         toml::Value::Integer(i) if *i >= 0 => *i as u64,
-        toml::Value::String(s) => crate::parse_size(s).map_err(|r| err(key.clone(), r.to_string()))?,
+        toml::Value::String(s) => {
+            crate::parse_size(s).map_err(|r| err(key.clone(), r.to_string()))?
+        }
         other => return Err(err(key, format!("{other} is not a size"))),
     };
     u32::try_from(n).map_err(|_| err(key, format!("{n} is too large")))
@@ -162,8 +164,8 @@ pub fn resolve(
             c.coalescing.correction = v;
         }
         if let Some(u) = &r.urgent {
-            let u: Urgent = crate::parse_word(u)
-                .map_err(|r| err(format!("{prefix}.coalescing.urgent"), r))?;
+            let u: Urgent =
+                crate::parse_word(u).map_err(|r| err(format!("{prefix}.coalescing.urgent"), r))?;
             c.coalescing.urgent_out_of_order = u == Urgent::OutOfOrder;
         }
         if let Some(v) = r.hold_max_us {

@@ -34,7 +34,12 @@ pub enum SizeError {
 }
 
 /// Units from largest to smallest, as [`format_size`] writes them.
-const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+const UNITS: [(&str, u64); 4] = [
+    ("TiB", 1 << 40),
+    ("GiB", 1 << 30),
+    ("MiB", 1 << 20),
+    ("KiB", 1 << 10),
+];
 
 fn multiplier(unit: &str) -> Option<u64> {
     Some(match unit.to_ascii_lowercase().as_str() {
@@ -96,7 +101,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
             .fold(0u128, |a, d| a * 10 + u128::from(d - b'0'));
         let scale = 10u128.pow(frac.len() as u32);
         let scaled = digits * u128::from(mul);
-        if scaled % scale != 0 {
+        if !scaled.is_multiple_of(scale) {
             return Err(SizeError::Fraction(s.to_string()));
         }
         let extra = u64::try_from(scaled / scale).map_err(|_| overflow())?;
@@ -109,7 +114,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
 /// (`4096` → `"4KiB"`, `4097` → `"4097"`); [`parse_size`] reads it back.
 pub fn format_size(bytes: u64) -> String {
     for (name, m) in UNITS {
-        if bytes != 0 && bytes % m == 0 {
+        if bytes != 0 && bytes.is_multiple_of(m) {
             return format!("{}{name}", bytes / m);
         }
     }
@@ -188,13 +193,31 @@ mod tests {
         assert!(matches!(parse_size("k"), Err(SizeError::NotANumber(_))));
         assert!(matches!(parse_size("lots"), Err(SizeError::NotANumber(_))));
         assert!(matches!(parse_size("."), Err(SizeError::NotANumber(_))));
-        assert!(matches!(parse_size("1.2.3k"), Err(SizeError::NotANumber(_))));
-        assert!(matches!(parse_size("4ib"), Err(SizeError::UnknownUnit { .. })));
-        assert!(matches!(parse_size("4xb"), Err(SizeError::UnknownUnit { .. })));
-        assert!(matches!(parse_size("4P"), Err(SizeError::UnknownUnit { .. })));
+        assert!(matches!(
+            parse_size("1.2.3k"),
+            Err(SizeError::NotANumber(_))
+        ));
+        assert!(matches!(
+            parse_size("4ib"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_size("4xb"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
+        assert!(matches!(
+            parse_size("4P"),
+            Err(SizeError::UnknownUnit { .. })
+        ));
         assert!(matches!(parse_size("1.5"), Err(SizeError::Fraction(_))));
-        assert!(matches!(parse_size("9999999999T"), Err(SizeError::Overflow(_))));
-        assert!(matches!(parse_size("18446744073709551616"), Err(SizeError::Overflow(_))));
+        assert!(matches!(
+            parse_size("9999999999T"),
+            Err(SizeError::Overflow(_))
+        ));
+        assert!(matches!(
+            parse_size("18446744073709551616"),
+            Err(SizeError::Overflow(_))
+        ));
         let e = parse_size("4xb").expect_err("unknown unit").to_string();
         assert!(e.contains("`xb`") && e.contains("`4xb`"), "{e}");
     }

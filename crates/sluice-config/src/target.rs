@@ -60,10 +60,7 @@ impl PollingMode {
 /// overrides (`subsystem_send`) are written with their subsystems by
 /// [`crate::Config`] and are not part of this table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    try_from = "crate::file::TargetFile",
-    into = "crate::file::TargetFile"
-)]
+#[serde(try_from = "crate::file::TargetFile", into = "crate::file::TargetFile")]
 pub struct TargetSettings {
     pub listen: SocketAddr,
     pub discovery_listen: Option<SocketAddr>,

@@ -724,6 +724,9 @@ impl TenantsConfig {
             cpu_min_t_fraction: t.min_t_fraction,
             victim_cgroups: (!s.victim_cgroups.is_empty()).then(|| s.victim_cgroups.clone()),
         };
-        (Some(raw), self.tenants.iter().map(RawTenant::from).collect())
+        (
+            Some(raw),
+            self.tenants.iter().map(RawTenant::from).collect(),
+        )
     }
 }

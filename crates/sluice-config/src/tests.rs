@@ -83,7 +83,11 @@ fn errors_name_the_key() {
         &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"tape\""),
         "subsystem[0].namespace[0].backend",
     );
-    assert!(e.reason.contains("`tape` is not one of ram, file, emulated-ssd"), "{e}");
+    assert!(
+        e.reason
+            .contains("`tape` is not one of ram, file, emulated-ssd"),
+        "{e}"
+    );
     must_fail(
         &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = 4096\nblock_size = 1024"),
         "subsystem[0].namespace[0].block_size",
@@ -101,7 +105,9 @@ fn errors_name_the_key() {
         "subsystem[0].namespace[0].path",
     );
     must_fail(
-        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}"),
+        &format!(
+            "[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}"
+        ),
         "subsystem[1].nqn",
     );
     must_fail(
@@ -218,7 +224,10 @@ fn builders_match_toml() {
     ))
     .unwrap();
     assert_eq!(built, parsed);
-    assert_eq!(Config::embedded_default().validated(), Ok(Config::embedded_default()));
+    assert_eq!(
+        Config::embedded_default().validated(),
+        Ok(Config::embedded_default())
+    );
 }
 
 #[test]
@@ -284,9 +293,14 @@ fn toml_round_trip() {
     assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), c);
     // Deserializing validates.
     let bad = written.replace("workers = 3", "workers = 0");
-    let e = toml::from_str::<Config>(&bad).expect_err("invalid").to_string();
+    let e = toml::from_str::<Config>(&bad)
+        .expect_err("invalid")
+        .to_string();
     assert!(e.contains("target.workers"), "{e}");
-    assert_eq!(Config::from_toml(&Config::default().to_toml().unwrap()), Ok(Config::default()));
+    assert_eq!(
+        Config::from_toml(&Config::default().to_toml().unwrap()),
+        Ok(Config::default())
+    );
 }
 
 fn cfg(extra: &str) -> Result<Config, ConfigError> {
@@ -346,15 +360,27 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:b"]
         SchedulerMode::None
     );
     assert_eq!(
-        cfg("[tenants]\nscheduler = \"off\"").expect("valid").tenants.settings.scheduler,
+        cfg("[tenants]\nscheduler = \"off\"")
+            .expect("valid")
+            .tenants
+            .settings
+            .scheduler,
         SchedulerMode::None
     );
 }
 
 #[test]
 fn bad_tenants_name_the_key() {
-    tenants_must_fail("[[tenant]]\nname = \"a\"\nweight = 0", "tenant[0].weight", "from 1");
-    tenants_must_fail("[[tenant]]\nname = \"a\"\nweight = -3", "tenant[0].weight", "from 1");
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nweight = 0",
+        "tenant[0].weight",
+        "from 1",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nweight = -3",
+        "tenant[0].weight",
+        "from 1",
+    );
     tenants_must_fail(
         "[[tenant]]\nname = \"a\"\nlimit = { iops = 0 }",
         "tenant[0].limit.iops",
@@ -370,13 +396,37 @@ fn bad_tenants_name_the_key() {
         "tenant[0].reservation.iops",
         "above the limit",
     );
-    tenants_must_fail("[[tenant]]\nname = \"a\"\ncpu_share = 1.5", "tenant[0].cpu_share", "(0, 1]");
-    tenants_must_fail("[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"a\"", "tenant[1].name", "twice");
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\ncpu_share = 1.5",
+        "tenant[0].cpu_share",
+        "(0, 1]",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"a\"",
+        "tenant[1].name",
+        "twice",
+    );
     tenants_must_fail("[[tenant]]\nname = \"a\"\nhosts = [\"nqn.x:h\"]\n[[tenant]]\nname = \"b\"\nhosts = [\"nqn.x:h\"]", "tenant[1].hosts[0]", "already belongs");
-    tenants_must_fail("[tenants]\nsplit_bytes = 5000", "tenants.split_bytes", "multiple of 4096");
-    tenants_must_fail("[tenants]\nsplit_bytes = \"1GiB\"", "tenants.split_bytes", "multiple of 4096");
-    tenants_must_fail("[tenants]\ndefault = \"nope\"", "tenants.default", "unknown tenant `nope`");
-    tenants_must_fail("[tenants]\nscheduler = \"wfq\"", "tenants.scheduler", "not one of");
+    tenants_must_fail(
+        "[tenants]\nsplit_bytes = 5000",
+        "tenants.split_bytes",
+        "multiple of 4096",
+    );
+    tenants_must_fail(
+        "[tenants]\nsplit_bytes = \"1GiB\"",
+        "tenants.split_bytes",
+        "multiple of 4096",
+    );
+    tenants_must_fail(
+        "[tenants]\ndefault = \"nope\"",
+        "tenants.default",
+        "unknown tenant `nope`",
+    );
+    tenants_must_fail(
+        "[tenants]\nscheduler = \"wfq\"",
+        "tenants.scheduler",
+        "not one of",
+    );
     tenants_must_fail("[tenants]\ncost = \"time\"", "tenants.cost", "not one of");
     tenants_must_fail(
         "[tenants]\nvictim_cgroups = [\"/nonexistent\"]",
@@ -389,7 +439,11 @@ fn bad_tenants_name_the_key() {
         "nonexistent-cgroup",
     );
     tenants_must_fail("[[tenant]]\nname = \"a b\"", "tenant[0].name", "must be");
-    tenants_must_fail("[[tenant]]\nname = \"a\"\nhosts = [\"host\"]", "tenant[0].hosts[0]", "nqn.");
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nhosts = [\"host\"]",
+        "tenant[0].hosts[0]",
+        "nqn.",
+    );
     let e = cfg("[[tenant]]\nname = \"a\"\nwheight = 2").expect_err("unknown key");
     assert!(e.reason.contains("wheight"), "{e}");
 }
@@ -398,8 +452,7 @@ fn bad_tenants_name_the_key() {
 #[test]
 fn tenant_update_request() {
     let base = TenantSpec::new("a").with_host("nqn.x:a").with_weight(2);
-    let raw: tenants::RawTenant =
-        serde_json::from_str(r#"{"limit": {"iops": 100}}"#).unwrap();
+    let raw: tenants::RawTenant = serde_json::from_str(r#"{"limit": {"iops": 100}}"#).unwrap();
     let t = tenants::validate_tenant("tenant[a]", &raw, Some(&base)).unwrap();
     assert_eq!((t.weight, t.limit.iops, t.hosts.len()), (2, Some(100), 1));
     assert!(serde_json::from_str::<tenants::RawTenant>(r#"{"colour": 1}"#).is_err());

@@ -21,6 +21,6 @@ pub mod server;
 pub mod subsystem;
 pub mod tenant;
 
+pub use server::{Target, TargetHandle};
 /// The configuration the target starts from (`sluice_config::Config`).
 pub use sluice_config::Config;
-pub use server::{Target, TargetHandle};

@@ -12,7 +12,6 @@
 //! sleeps; `adaptive` polls for `adaptive_spin_us` after the last work, then
 //! sleeps. Each worker reports the CPU time its thread used.
 
-use sluice_config::{Config, PollingMode};
 use crate::queue::QueueConnection;
 use crate::subsystem::{Registry, RegistryError};
 use crate::tenant::admin::AdminServer;
@@ -22,6 +21,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
+use sluice_config::{Config, PollingMode};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;

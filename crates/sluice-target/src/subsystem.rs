@@ -5,11 +5,13 @@
 //! The registry is built once from the configuration and shared by every
 //! worker thread.
 
-use sluice_config::{BackendConfig, Config, Engine, NamespaceConfig, SsdConfig, SubsystemConfig, TargetSettings};
 use crate::controller::Controller;
 use crate::metrics::{HostRegistry, IoCounters};
 use sluice_backend::{
     Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions, Geometry, RamBackend, SsdModel,
+};
+use sluice_config::{
+    BackendConfig, Config, Engine, NamespaceConfig, SsdConfig, SubsystemConfig, TargetSettings,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -222,7 +224,9 @@ pub fn ssd_model(c: &SsdConfig) -> SsdModel {
         read_iops_max: c.read_iops_max.unwrap_or(d.read_iops_max),
         write_iops_max: c.write_iops_max.unwrap_or(d.write_iops_max),
         read_bytes_per_sec_max: c.read_bytes_per_sec_max.unwrap_or(d.read_bytes_per_sec_max),
-        write_bytes_per_sec_max: c.write_bytes_per_sec_max.unwrap_or(d.write_bytes_per_sec_max),
+        write_bytes_per_sec_max: c
+            .write_bytes_per_sec_max
+            .unwrap_or(d.write_bytes_per_sec_max),
         base_read_latency_us: c.base_read_latency_us.unwrap_or(d.base_read_latency_us),
         base_write_latency_us: c.base_write_latency_us.unwrap_or(d.base_write_latency_us),
         parallelism: c.parallelism.unwrap_or(d.parallelism),
@@ -325,5 +329,29 @@ impl Registry {
 
     pub fn genctr(&self) -> u64 {
         self.discovery_genctr.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod ssd_defaults {
+    use super::*;
+
+    /// An `emulated-ssd` namespace without `ssd` keys gets the model
+    /// documented in docs/configuration.md, from `SsdModel::default()`.
+    #[test]
+    fn config_without_ssd_keys_gets_the_documented_model() {
+        let m = ssd_model(&SsdConfig::default());
+        assert_eq!(m, SsdModel::default());
+        assert_eq!(
+            (m.read_iops_max, m.write_iops_max, m.parallelism),
+            (100_000, 50_000, 8)
+        );
+        assert_eq!(
+            (m.read_bytes_per_sec_max, m.write_bytes_per_sec_max),
+            (1_000_000_000, 500_000_000)
+        );
+        assert_eq!((m.base_read_latency_us, m.base_write_latency_us), (80, 20));
+        let m = ssd_model(&SsdConfig::default().with_read_iops_max(7));
+        assert_eq!((m.read_iops_max, m.write_iops_max), (7, 50_000));
     }
 }

@@ -2,12 +2,12 @@
 //! the protocol crate talks to a running target.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use sluice_config::{Config, NamespaceConfig, PollingMode, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
-use sluice_config::{Config, NamespaceConfig, PollingMode, SubsystemConfig, TargetSettings};
 use sluice_target::send::{SchedulerKind, SendConfig};
 use sluice_target::{Target, TargetHandle};
 use std::io::{Read, Write};
@@ -272,8 +272,10 @@ fn write_read_every_send_mode() {
         ("immediate", "adaptive"),
         ("isolated", "calibrated"),
     ] {
-        let mut send = SendConfig::default();
-        send.scheduler = sched.parse::<SchedulerKind>().unwrap();
+        let mut send = SendConfig {
+            scheduler: sched.parse::<SchedulerKind>().unwrap(),
+            ..SendConfig::default()
+        };
         // Slow freights: degrees no single command reaches, millisecond timers.
         send.unified.degree = 64;
         send.unified.timer = Duration::from_micros(3000);

@@ -876,8 +876,10 @@ fn every_send_mode() {
 /// (the worker sleeps on it).
 #[test]
 fn held_pdu_is_flushed_at_its_deadline() {
-    let mut send = sluice_target::send::SendConfig::default();
-    send.scheduler = sluice_target::send::SchedulerKind::Isolated;
+    let mut send = sluice_target::send::SendConfig {
+        scheduler: sluice_target::send::SchedulerKind::Isolated,
+        ..Default::default()
+    };
     send.latency.timer = Duration::from_micros(40);
     send.data.timer = Duration::from_micros(90);
     let r = registry(&test_config(test_target().with_send(send), default_ns()));

@@ -4,11 +4,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{BenchArgs, BlockSizes};
-use sluice_target::tenant::admin::http_request;
 use sluice_config::tenants::{RateSpec, TenantSpec, TenantsConfig};
 use sluice_config::{
     Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
 };
+use sluice_target::tenant::admin::http_request;
 use sluice_target::Target;
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:tenants";
@@ -43,8 +43,9 @@ fn config_workers(mut tenants: TenantsConfig, workers: usize, depth: u32) -> Con
         )
         .with_tenants(tenants)
         .with_subsystem(
-            SubsystemConfig::new(SUBNQN).allow_any_host().with_namespace(
-                NamespaceConfig::emulated_ssd(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::emulated_ssd(
                     1,
                     64 << 20,
                     SsdConfig::default()
@@ -53,8 +54,7 @@ fn config_workers(mut tenants: TenantsConfig, workers: usize, depth: u32) -> Con
                         .with_base_read_latency_us(200)
                         .with_base_write_latency_us(200)
                         .with_parallelism(4),
-                ),
-            ),
+                )),
         )
         .validated()
         .unwrap()
@@ -273,8 +273,11 @@ size = "1MiB"
     cg.set_quota(None, period).unwrap();
     let e = Config::default()
         .with_tenants(
-            TenantsConfig::fair()
-                .with_tenant(TenantSpec::new("a").with_host(HOST_A).with_charge_cgroup(cg.path())),
+            TenantsConfig::fair().with_tenant(
+                TenantSpec::new("a")
+                    .with_host(HOST_A)
+                    .with_charge_cgroup(cg.path()),
+            ),
         )
         .with_subsystem(
             SubsystemConfig::new(SUBNQN)
@@ -297,8 +300,11 @@ size = "1MiB"
             .unwrap()
     };
     let cfg = config_workers(
-        TenantsConfig::fair()
-            .with_tenant(TenantSpec::new("a").with_host(HOST_A).with_charge_cgroup(cg.path())),
+        TenantsConfig::fair().with_tenant(
+            TenantSpec::new("a")
+                .with_host(HOST_A)
+                .with_charge_cgroup(cg.path()),
+        ),
         1,
         8,
     );

@@ -24,8 +24,8 @@
 //! and size are the device's own), or bytes plus a per-operation charge.
 
 use super::rate::{Dir, RateLimiter};
-use sluice_config::tenants::RateSpec;
 use super::TenantId;
+use sluice_config::tenants::RateSpec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

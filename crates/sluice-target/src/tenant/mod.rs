@@ -29,8 +29,8 @@ pub mod worker;
 use crate::subsystem::Registry;
 use fair::CostModel;
 use sluice_config::tenants::{
-    validate_set, validate_tenant, CostKind, RawTenant, ThrottleConfig, TenantSpec,
-    TenantsSettings, DEFAULT_TENANT, TENANTS_MAX,
+    validate_set, validate_tenant, CostKind, RawTenant, TenantSpec, TenantsSettings,
+    ThrottleConfig, DEFAULT_TENANT, TENANTS_MAX,
 };
 use sluice_config::{BackendConfig, ConfigError};
 use std::collections::{BTreeMap, HashMap};
@@ -51,21 +51,6 @@ pub fn throttle_params(c: &ThrottleConfig) -> cpu::ThrottleParams {
         k: c.k.unwrap_or(d.k),
         alpha: c.alpha.unwrap_or(d.alpha),
         min_t_fraction: c.min_t_fraction.unwrap_or(d.min_t_fraction),
-    }
-}
-
-/// A tenant's `charge_cgroup`, with the CFS quota and period it has now
-/// (the base the charged CPU is taken out of). Errors say what is wrong.
-pub fn cgroup_base_quota(
-    p: &std::path::Path,
-) -> Result<(cpu::CpuCgroup, Duration, Duration), String> {
-    let cg = cpu::CpuCgroup::open(p).map_err(|e| e.to_string())?;
-    match cg.quota().map_err(|e| e.to_string())? {
-        (Some(quota), period) if !period.is_zero() => Ok((cg, quota, period)),
-        _ => Err(format!(
-            "`{}` has no CPU quota (cpu.cfs_quota_us = -1); set the tenant's quota first",
-            p.display()
-        )),
     }
 }
 

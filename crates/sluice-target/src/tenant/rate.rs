@@ -7,7 +7,7 @@
 //! (negative), so the long-run rate is honoured exactly for any request size
 //! (Firecracker calls this over-consumption). Nothing here reads a clock.
 
-pub use sluice_config::tenants::{RateSpec, BYTES_PER_SEC_MIN};
+use sluice_config::tenants::{RateSpec, BYTES_PER_SEC_MIN};
 use std::time::{Duration, Instant};
 
 const NANO: i128 = 1_000_000_000;

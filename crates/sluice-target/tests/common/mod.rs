@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use sluice_backend::{BackendQueue, IoCompletion};
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{admin, io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{
     cc, fctype, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
@@ -10,7 +11,6 @@ use sluice_proto::fabrics::{
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
-use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_target::queue::QueueConnection;
 use sluice_target::subsystem::Registry;
 use std::collections::HashMap;
@@ -27,8 +27,10 @@ pub const HOSTID: [u8; 16] = [7; 16];
 pub fn send_mode() -> sluice_target::send::SendConfig {
     let m = std::env::var("SLUICE_TEST_SEND_MODE").unwrap_or_else(|_| "immediate".into());
     let (sched, co) = m.split_once('/').unwrap_or((m.as_str(), "off"));
-    let mut s = sluice_target::send::SendConfig::default();
-    s.scheduler = sched.parse().expect("SLUICE_TEST_SEND_MODE scheduler");
+    let mut s = sluice_target::send::SendConfig {
+        scheduler: sched.parse().expect("SLUICE_TEST_SEND_MODE scheduler"),
+        ..Default::default()
+    };
     s.coalescing.mode = co.parse().expect("SLUICE_TEST_SEND_MODE coalescing");
     s.coalescing.threshold = 4;
     s.coalescing.timeout = Duration::from_micros(20);
