@@ -209,6 +209,71 @@ impl Default for TenantsSettings {
     }
 }
 
+/// Builder-style setters (validated by [`crate::Config::validated`]).
+impl TenantsSettings {
+    pub fn with_scheduler(mut self, m: SchedulerMode) -> Self {
+        self.scheduler = m;
+        self
+    }
+    pub fn with_cost(mut self, c: CostKind) -> Self {
+        self.cost = c;
+        self
+    }
+    pub fn with_dispatch_depth(mut self, n: u32) -> Self {
+        self.dispatch_depth = n;
+        self
+    }
+    pub fn with_dispatch_budget_us(mut self, us: u64) -> Self {
+        self.dispatch_budget_us = Some(us);
+        self
+    }
+    pub fn with_split_bytes(mut self, bytes: u64) -> Self {
+        self.split_bytes = Some(bytes);
+        self
+    }
+    pub fn with_admin_listen(mut self, a: SocketAddr) -> Self {
+        self.admin_listen = Some(a);
+        self
+    }
+    pub fn with_cpu_accounting(mut self, on: bool) -> Self {
+        self.cpu_accounting = on;
+        self
+    }
+    /// i-NVMe throttling (turns CPU accounting on too).
+    pub fn with_cpu_isolation(mut self, on: bool) -> Self {
+        self.cpu_isolation = on;
+        self.cpu_accounting |= on;
+        self
+    }
+    pub fn with_throttle(mut self, t: ThrottleConfig) -> Self {
+        self.throttle = t;
+        self
+    }
+    pub fn with_victim_cgroup(mut self, p: impl Into<PathBuf>) -> Self {
+        self.victim_cgroups.push(p.into());
+        self
+    }
+}
+
+impl ThrottleConfig {
+    pub fn with_period(mut self, d: Duration) -> Self {
+        self.period = Some(d);
+        self
+    }
+    pub fn with_k(mut self, k: u32) -> Self {
+        self.k = Some(k);
+        self
+    }
+    pub fn with_alpha(mut self, d: Duration) -> Self {
+        self.alpha = Some(d);
+        self
+    }
+    pub fn with_min_t_fraction(mut self, f: f64) -> Self {
+        self.min_t_fraction = Some(f);
+        self
+    }
+}
+
 /// The validated `[tenants]` + `[[tenant]]` configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
-use crate::tenants::{CostKind, RateSpec, SchedulerMode};
+use crate::tenants::{CostKind, RateSpec, SchedulerMode, WEIGHT_MAX};
 
 fn must_fail(toml: &str, key: &str) -> ConfigError {
     let e = Config::from_toml(toml).expect_err("config should be rejected");
@@ -456,4 +456,112 @@ fn tenant_update_request() {
     let t = tenants::validate_tenant("tenant[a]", &raw, Some(&base)).unwrap();
     assert_eq!((t.weight, t.limit.iops, t.hosts.len()), (2, Some(100), 1));
     assert!(serde_json::from_str::<tenants::RawTenant>(r#"{"colour": 1}"#).is_err());
+}
+
+#[test]
+fn word_errors_list_the_choices() {
+    let e = PollingMode::parse("sometimes", 1).expect_err("bad word");
+    // Aliases are words that are accepted, so they are listed too.
+    assert_eq!(
+        e,
+        "`sometimes` is not one of interrupt, busy, busy-poll, adaptive"
+    );
+    let e = cfg("[tenants]\nscheduler = \"wfq\"").expect_err("bad word");
+    assert!(e.reason.contains("`wfq` is not one of none"), "{e}");
+}
+
+mod round_trip {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn namespace() -> impl Strategy<Value = NamespaceConfig> {
+        (
+            1u32..=1024,
+            1u64..4096,
+            any::<bool>(),
+            0u8..3,
+            any::<Option<u64>>(),
+            any::<bool>(),
+        )
+            .prop_map(|(nsid, blocks, big, kind, iops, direct)| {
+                let bs = if big { 4096 } else { 512 };
+                let size = blocks * u64::from(bs);
+                let ns = match kind {
+                    0 => NamespaceConfig::ram(nsid, size),
+                    1 => {
+                        let mut m = SsdConfig::default().with_parallelism(4);
+                        m.read_iops_max = iops.map(|v| (v >> 1).max(1));
+                        NamespaceConfig::emulated_ssd(nsid, size, m)
+                    }
+                    _ => NamespaceConfig::file(nsid, format!("/tmp/ns{nsid}.img"))
+                        .with_size(size)
+                        .with_direct(direct)
+                        .with_engine(if direct {
+                            Engine::IoUring
+                        } else {
+                            Engine::Sync
+                        })
+                        .with_create(!direct),
+                };
+                ns.with_block_size(bs)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever valid configuration the builders make, writing it as
+        /// TOML and reading it back gives it again.
+        #[test]
+        fn builders_to_toml_and_back(
+            workers in 1usize..=WORKERS_MAX,
+            polling in 0u8..3,
+            spin in 1u64..1_000_000,
+            inline in 0u32..=(INLINE_DATA_BYTES_MAX / 16),
+            mdts_shift in 12u32..=23,
+            qd in 32u16..=QUEUE_DEPTH_MAX,
+            nss in proptest::collection::vec(namespace(), 0..4),
+            hosts in proptest::collection::vec("[a-z0-9]{1,12}", 0..3),
+            tenants in proptest::option::of((1u32..=WEIGHT_MAX, proptest::option::of(1u64..1_000_000))),
+        ) {
+            let polling = match polling {
+                0 => PollingMode::Interrupt,
+                1 => PollingMode::BusyPoll,
+                _ => PollingMode::Adaptive { spin_us: spin },
+            };
+            let mut sub = SubsystemConfig::new("nqn.2026-11.io.sluice:p");
+            for h in &hosts {
+                sub = sub.with_host(format!("nqn.2014-08.org.nvmexpress:{h}"));
+            }
+            if hosts.is_empty() {
+                sub = sub.allow_any_host();
+            }
+            let mut seen = std::collections::HashSet::new();
+            for ns in nss {
+                if seen.insert(ns.nsid) {
+                    sub = sub.with_namespace(ns);
+                }
+            }
+            let mut c = Config::default()
+                .with_target(
+                    TargetSettings::default()
+                        .with_workers(workers)
+                        .with_polling(polling)
+                        .with_inline_data_bytes(inline * 16)
+                        .with_mdts_bytes(1 << mdts_shift)
+                        .with_queue_depth_max(qd),
+                )
+                .with_subsystem(sub);
+            if let Some((w, iops)) = tenants {
+                let mut t = TenantSpec::new("t").with_weight(w).with_host("nqn.2014-08.org.nvmexpress:tenant");
+                if let Some(i) = iops {
+                    t = t.with_limit(RateSpec::default().with_iops(i));
+                }
+                c = c.with_tenants(TenantsConfig::fair().with_tenant(t));
+            }
+            let c = c.validated().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let text = c.to_toml().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(Config::from_toml(&text), Ok(c), "{}", text);
+        }
+    }
 }
