@@ -42,16 +42,18 @@ pub struct SsdModel {
 }
 
 impl Default for SsdModel {
-    /// A modest datacenter NVMe drive.
+    /// A modest NVMe drive. These are the only defaults of the emulated
+    /// SSD: the target config (`ssd = { ... }`, docs/configuration.md)
+    /// fills absent keys from here.
     fn default() -> Self {
         Self {
-            read_iops_max: 500_000,
-            write_iops_max: 200_000,
-            read_bytes_per_sec_max: 3_000_000_000,
-            write_bytes_per_sec_max: 1_500_000_000,
+            read_iops_max: 100_000,
+            write_iops_max: 50_000,
+            read_bytes_per_sec_max: 1_000_000_000,
+            write_bytes_per_sec_max: 500_000_000,
             base_read_latency_us: 80,
             base_write_latency_us: 20,
-            parallelism: 32,
+            parallelism: 8,
         }
     }
 }

@@ -60,22 +60,11 @@ impl fmt::Display for RwMode {
     }
 }
 
-/// Parses `4096`, `4k`, `4KiB`, `1m`, `2g` (binary units) into bytes.
+/// Parses `4096`, `4k`, `4KiB`, `1m`, `2g` (binary units) into bytes with
+/// the project's one size parser ([`sluice_config::parse_size`], whose
+/// documentation gives the rules).
 pub fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.trim_end_matches("ib").trim_end_matches('b');
-    let (num, mult) = match t.chars().last() {
-        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m') => (&t[..t.len() - 1], 1 << 20),
-        Some('g') => (&t[..t.len() - 1], 1 << 30),
-        Some('t') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("bad size `{s}` (e.g. 4096, 4k, 1m)"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size `{s}` overflows"))
+    Ok(sluice_config::parse_size(s)?)
 }
 
 /// Block size distribution.

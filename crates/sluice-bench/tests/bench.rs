@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{run, BenchArgs, BenchReport, BlockSizes, RwMode};
-use sluice_target::config::Config;
+use sluice_config::Config;
 use sluice_target::{Target, TargetHandle};
 
 const SUBNQN: &str = "nqn.2024-01.io.sluice:bench";

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_target::config::{Config, PollingMode, DEFAULT_SUBSYSTEM_NQN};
+use sluice_config::{Config, PollingMode, DEFAULT_SUBSYSTEM_NQN};
 use sluice_target::Target;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,10 +86,10 @@ fn load(args: &TargetArgs) -> Result<Config> {
         t.advertise_port = Some(p);
     }
     if let Some(w) = args.workers {
-        if w == 0 || w > sluice_target::config::WORKERS_MAX {
+        if w == 0 || w > sluice_config::WORKERS_MAX {
             bail!(
                 "--workers {w} is outside 1..={}",
-                sluice_target::config::WORKERS_MAX
+                sluice_config::WORKERS_MAX
             );
         }
         t.workers = w;
@@ -108,8 +108,8 @@ fn load(args: &TargetArgs) -> Result<Config> {
     if args.config.is_none() {
         let sub = &mut c.subsystems[0];
         if let Some(s) = &args.ram_size {
-            let bytes = sluice_target::config::parse_size(s)
-                .map_err(|e| anyhow::anyhow!("--ram-size: {e}"))?;
+            let bytes =
+                sluice_config::parse_size(s).map_err(|e| anyhow::anyhow!("--ram-size: {e}"))?;
             if bytes == 0 || bytes % 512 != 0 {
                 bail!("--ram-size must be a non-zero multiple of 512 bytes");
             }
@@ -117,7 +117,7 @@ fn load(args: &TargetArgs) -> Result<Config> {
         }
         if !args.allow_hosts.is_empty() {
             for (i, h) in args.allow_hosts.iter().enumerate() {
-                sluice_target::config::validate_nqn(&format!("--allow-host[{i}]"), h)?;
+                sluice_config::validate_nqn(&format!("--allow-host[{i}]"), h)?;
             }
             sub.allow_any_host = false;
             sub.hosts = args.allow_hosts.clone();

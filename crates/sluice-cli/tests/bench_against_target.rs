@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{BenchArgs, RwMode};
-use sluice_target::config::Config;
+use sluice_config::{
+    Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
+};
 use sluice_target::Target;
 
 const NQN: &str = "nqn.2026-11.io.sluice:rated";
@@ -12,24 +14,28 @@ const IOPS_MAX: u64 = 1000;
 
 #[test]
 fn bench_reports_what_a_rate_limited_target_serves() {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-polling = "interrupt"
-[[subsystem]]
-nqn = "{NQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "emulated-ssd"
-size = "256MiB"
-block_size = 512
-ssd = {{ read_iops_max = {IOPS_MAX}, base_read_latency_us = 50, parallelism = 4 }}
-"#
-    );
-    let t = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let cfg = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_polling(PollingMode::Interrupt),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(NQN).allow_any_host().with_namespace(
+                NamespaceConfig::emulated_ssd(
+                    1,
+                    256 << 20,
+                    SsdConfig::default()
+                        .with_read_iops_max(IOPS_MAX)
+                        .with_base_read_latency_us(50)
+                        .with_parallelism(4),
+                ),
+            ),
+        )
+        .validated()
+        .unwrap();
+    let t = Target::start(&cfg).unwrap();
     let ns = t.registry().subsystems[NQN].namespaces[&1].clone();
     let before = ns.counters.snapshot().read_commands;
 

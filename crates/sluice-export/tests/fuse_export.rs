@@ -158,7 +158,7 @@ fn capped_fuse_export_is_throttled_uncapped_is_not_and_data_reads_back() {
         eprintln!("skipped: needs /dev/fuse and fusermount3");
         return;
     }
-    let target = common::ram_target(SUBNQN, "32MiB");
+    let target = common::ram_target(SUBNQN, 32 << 20);
     let addr = target.local_addr();
     const CAP: f64 = 0.05;
     let mut capped = Mounted::start(addr, "capped", Some(CAP));

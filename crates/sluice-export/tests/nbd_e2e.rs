@@ -25,7 +25,7 @@ fn pattern(seed: u8, n: usize) -> Vec<u8> {
 
 #[test]
 fn nbd_over_sluice_target() {
-    let target = common::ram_target(SUBNQN, "16MiB");
+    let target = common::ram_target(SUBNQN, 16 << 20);
     let addr = target.local_addr();
     let dir = std::env::temp_dir().join(format!("sluice-nbd-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -21,7 +21,7 @@ use common::Client;
 
 #[test]
 fn capped_export_is_throttled_the_other_is_not() {
-    let target = common::ram_target(SUBNQN, "16MiB");
+    let target = common::ram_target(SUBNQN, 16 << 20);
     let addr = target.local_addr();
     let dir = std::env::temp_dir().join(format!("sluice-shared-exp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

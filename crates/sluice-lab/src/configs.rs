@@ -1,7 +1,7 @@
 //! Every target configuration the experiments start, and nothing else.
 //!
 //! The experiments describe targets as TOML text parsed by
-//! `sluice_target::Config::from_toml`: the two document templates
+//! `sluice_config::Config::from_toml`: the two document templates
 //! ([`tenant_target`], [`datapath_target`]) and the fragments they are filled
 //! with (scheduler settings, tenant sections, limits, backends) all live
 //! here, so that they can be replaced by typed builders in one place. The
@@ -9,8 +9,8 @@
 //! tables.
 
 use anyhow::{Context, Result};
+use sluice_config::Config;
 use sluice_proto::coalesce::CoalesceMode;
-use sluice_target::Config;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_backend::{BackendQueue, IoCompletion};
+use sluice_config::Config;
 use sluice_host::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
 use sluice_host::HostError;
 use sluice_proto::coalesce::CoalesceMode;
@@ -35,7 +36,6 @@ use sluice_proto::fabrics::{
 use sluice_proto::pdu::flags;
 use sluice_proto::send::SendConfig;
 use sluice_proto::Status;
-use sluice_target::config::Config;
 use sluice_target::queue::QueueConnection;
 use sluice_target::subsystem::Registry;
 

@@ -614,7 +614,7 @@ impl Controller {
 }
 
 fn config_nsid_max() -> u32 {
-    crate::config::NAMESPACES_PER_SUBSYSTEM_MAX
+    sluice_config::NAMESPACES_PER_SUBSYSTEM_MAX
 }
 
 /// Discovery log entries visible to this (discovery) controller's host:

@@ -1,6 +1,8 @@
 //! Sluice's NVMe/TCP target.
 //!
-//! * [`config`]: TOML configuration, validated with errors naming the key.
+//! The configuration (TOML schema, validation, builders) is the leaf crate
+//! `sluice-config`; this crate only reads it.
+//!
 //! * [`subsystem`]: subsystems, namespaces (over `sluice-backend`), the registry.
 //! * [`controller`]: controller state (CC/CSTS, keep alive, features) and
 //!   admin commands, including the discovery log.
@@ -12,16 +14,13 @@
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
-pub mod config;
 pub mod controller;
 pub mod metrics;
 pub mod queue;
 pub mod send;
-mod send_config;
 pub mod server;
 pub mod subsystem;
 mod tag;
 pub mod tenant;
 
-pub use config::Config;
 pub use server::{Target, TargetHandle};

@@ -5,11 +5,13 @@
 //! The registry is built once from the configuration and shared by every
 //! worker thread.
 
-use crate::config::{BackendConfig, Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use crate::controller::Controller;
 use crate::metrics::{HostRegistry, IoCounters};
 use sluice_backend::{
     Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions, Geometry, RamBackend, SsdModel,
+};
+use sluice_config::{
+    BackendConfig, Config, Engine, NamespaceConfig, SsdConfig, SubsystemConfig, TargetSettings,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -189,16 +191,7 @@ fn open_backend(
     Ok(match &nc.backend {
         BackendConfig::Ram => Arc::new(RamBackend::new(size, nc.block_size_bytes).map_err(wrap)?),
         BackendConfig::EmulatedSsd(m) => {
-            let model = SsdModel {
-                read_iops_max: m.read_iops_max,
-                write_iops_max: m.write_iops_max,
-                read_bytes_per_sec_max: m.read_bytes_per_sec_max,
-                write_bytes_per_sec_max: m.write_bytes_per_sec_max,
-                base_read_latency_us: m.base_read_latency_us,
-                base_write_latency_us: m.base_write_latency_us,
-                parallelism: m.parallelism,
-            };
-            Arc::new(EmulatedSsd::new(size, nc.block_size_bytes, model).map_err(wrap)?)
+            Arc::new(EmulatedSsd::new(size, nc.block_size_bytes, ssd_model(m)).map_err(wrap)?)
         }
         BackendConfig::File {
             path,
@@ -206,10 +199,10 @@ fn open_backend(
             engine,
             create,
         } => {
-            let engine = match engine.as_str() {
-                "io-uring" => EngineKind::IoUring,
-                "sync" => EngineKind::Sync,
-                _ => EngineKind::Auto,
+            let engine = match engine {
+                Engine::IoUring => EngineKind::IoUring,
+                Engine::Sync => EngineKind::Sync,
+                Engine::Auto => EngineKind::Auto,
             };
             let opts = FileOptions {
                 direct: *direct,
@@ -221,6 +214,23 @@ fn open_backend(
             Arc::new(FileBackend::open(path, opts).map_err(wrap)?)
         }
     })
+}
+
+/// The emulated SSD's service model: the configured values over
+/// `SsdModel::default()` (the one place the defaults are defined).
+pub fn ssd_model(c: &SsdConfig) -> SsdModel {
+    let d = SsdModel::default();
+    SsdModel {
+        read_iops_max: c.read_iops_max.unwrap_or(d.read_iops_max),
+        write_iops_max: c.write_iops_max.unwrap_or(d.write_iops_max),
+        read_bytes_per_sec_max: c.read_bytes_per_sec_max.unwrap_or(d.read_bytes_per_sec_max),
+        write_bytes_per_sec_max: c
+            .write_bytes_per_sec_max
+            .unwrap_or(d.write_bytes_per_sec_max),
+        base_read_latency_us: c.base_read_latency_us.unwrap_or(d.base_read_latency_us),
+        base_write_latency_us: c.base_write_latency_us.unwrap_or(d.base_write_latency_us),
+        parallelism: c.parallelism.unwrap_or(d.parallelism),
+    }
 }
 
 impl Registry {
@@ -290,7 +300,7 @@ impl Registry {
         let discovery = Arc::new(Subsystem {
             nqn: sluice_proto::DISCOVERY_NQN.to_string(),
             kind: SubsystemKind::Discovery,
-            serial: crate::config::default_serial(sluice_proto::DISCOVERY_NQN),
+            serial: sluice_config::default_serial(sluice_proto::DISCOVERY_NQN),
             model: "Sluice Discovery".into(),
             allow_any_host: true,
             hosts: HashSet::new(),
@@ -319,5 +329,29 @@ impl Registry {
 
     pub fn genctr(&self) -> u64 {
         self.discovery_genctr.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod ssd_defaults {
+    use super::*;
+
+    /// An `emulated-ssd` namespace without `ssd` keys gets the model
+    /// documented in docs/configuration.md, from `SsdModel::default()`.
+    #[test]
+    fn config_without_ssd_keys_gets_the_documented_model() {
+        let m = ssd_model(&SsdConfig::default());
+        assert_eq!(m, SsdModel::default());
+        assert_eq!(
+            (m.read_iops_max, m.write_iops_max, m.parallelism),
+            (100_000, 50_000, 8)
+        );
+        assert_eq!(
+            (m.read_bytes_per_sec_max, m.write_bytes_per_sec_max),
+            (1_000_000_000, 500_000_000)
+        );
+        assert_eq!((m.base_read_latency_us, m.base_write_latency_us), (80, 20));
+        let m = ssd_model(&SsdConfig::default().with_read_iops_max(7));
+        assert_eq!((m.read_iops_max, m.write_iops_max), (7, 50_000));
     }
 }

@@ -5,7 +5,8 @@
 use sluice_admin::client::request;
 use sluice_admin::metrics::parse_text;
 use sluice_admin::schema::{Status, TenantStatsReport};
-use sluice_target::{Config, Target};
+use sluice_config::Config;
+use sluice_target::Target;
 
 #[test]
 fn admin_endpoint_with_token() {

@@ -2,12 +2,13 @@
 //! the protocol crate talks to a running target.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use sluice_config::{Config, NamespaceConfig, PollingMode, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
-use sluice_target::config::{Config, PollingMode};
+use sluice_target::send::{SchedulerKind, SendConfig};
 use sluice_target::{Target, TargetHandle};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -17,33 +18,27 @@ const SUBNQN: &str = "nqn.2026-11.io.sluice:loop";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:loopback-host";
 
 fn start(polling: &str, workers: usize) -> TargetHandle {
-    start_with(polling, workers, "")
+    start_with(polling, workers, SendConfig::default())
 }
 
-fn start_with(polling: &str, workers: usize, extra: &str) -> TargetHandle {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = {workers}
-polling = "{polling}"
-shutdown_drain_ms = 2000
-{extra}
-[[subsystem]]
-nqn = "{SUBNQN}"
-hosts = ["{HOSTNQN}"]
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "16MiB"
-"#
-    );
-    let c = Config::from_toml(&toml).unwrap();
-    assert!(matches!(
-        c.target.polling,
-        PollingMode::Interrupt | PollingMode::BusyPoll | PollingMode::Adaptive { .. }
-    ));
+fn start_with(polling: &str, workers: usize, send: SendConfig) -> TargetHandle {
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .with_discovery_listen(None)
+                .with_workers(workers)
+                .with_polling(PollingMode::parse(polling, 50).unwrap())
+                .with_shutdown_drain_ms(2000)
+                .with_send(send),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
+        )
+        .validated()
+        .unwrap();
     Target::start(&c).unwrap()
 }
 
@@ -228,11 +223,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn write_read_over(polling: &str, workers: usize, digests: bool) {
-    write_read_with(polling, workers, digests, "");
+    write_read_with(polling, workers, digests, SendConfig::default());
 }
 
-fn write_read_with(polling: &str, workers: usize, digests: bool, extra: &str) {
-    let t = start_with(polling, workers, extra);
+fn write_read_with(polling: &str, workers: usize, digests: bool, send: SendConfig) {
+    let t = start_with(polling, workers, send);
     let addr = t.local_addr();
     let (_admin, cntlid) = Client::admin(addr);
     let mut q = Client::connect(addr, digests);
@@ -270,7 +265,6 @@ fn write_read_busy_poll_two_workers_digests() {
 /// path's deadline (even in `interrupt` mode, where nothing else wakes it).
 #[test]
 fn write_read_every_send_mode() {
-    let slow = "[target.send]\nunified_degree = 64\nunified_timer_us = 3000\nlatency_degree = 64\nlatency_timer_us = 2000\ndata_degree = 64\ndata_timer_us = 4000\n";
     for (sched, co) in [
         ("unified", "off"),
         ("isolated", "off"),
@@ -278,12 +272,24 @@ fn write_read_every_send_mode() {
         ("immediate", "adaptive"),
         ("isolated", "calibrated"),
     ] {
-        let extra = format!(
-            "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 8, timeout_us = 2500, correction = 2.0 }}\n{slow}"
-        );
+        let mut send = SendConfig {
+            scheduler: sched.parse::<SchedulerKind>().unwrap(),
+            ..SendConfig::default()
+        };
+        // Slow freights: degrees no single command reaches, millisecond timers.
+        send.unified.degree = 64;
+        send.unified.timer = Duration::from_micros(3000);
+        send.latency.degree = 64;
+        send.latency.timer = Duration::from_micros(2000);
+        send.data.degree = 64;
+        send.data.timer = Duration::from_micros(4000);
+        send.coalescing.mode = co.parse().unwrap();
+        send.coalescing.threshold = 8;
+        send.coalescing.timeout = Duration::from_micros(2500);
+        send.coalescing.correction = 2.0;
         let t0 = std::time::Instant::now();
-        write_read_with("interrupt", 1, false, &extra);
-        write_read_with("adaptive", 2, true, &extra);
+        write_read_with("interrupt", 1, false, send);
+        write_read_with("adaptive", 2, true, send);
         assert!(
             t0.elapsed() < Duration::from_secs(20),
             "{sched}/{co}: held PDUs waited far beyond their deadlines"

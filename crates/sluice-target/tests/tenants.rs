@@ -4,8 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{BenchArgs, BlockSizes};
+use sluice_config::tenants::{RateSpec, TenantSpec, TenantsConfig};
+use sluice_config::{
+    Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
+};
 use sluice_target::tenant::admin::http_request;
-use sluice_target::{Config, Target};
+use sluice_target::Target;
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:tenants";
 const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:tenant-a";
@@ -19,35 +23,41 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn config(tenants: &str) -> Config {
+fn config(tenants: TenantsConfig) -> Config {
     config_workers(tenants, 1, 4)
 }
 
-fn config_workers(tenants: &str, workers: u32, depth: u32) -> Config {
-    Config::from_toml(&format!(
-        r#"
-[target]
-workers = {workers}
-listen = "127.0.0.1:0"
-discovery_listen = ""
-polling = "interrupt"
-shutdown_drain_ms = 2000
-[tenants]
-scheduler = "fair"
-dispatch_depth = {depth}
-admin_listen = "127.0.0.1:0"
-{tenants}
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "emulated-ssd"
-size = "64MiB"
-ssd = {{ read_iops_max = 4000, write_iops_max = 4000, base_read_latency_us = 200, base_write_latency_us = 200, parallelism = 4 }}
-"#
-    ))
-    .unwrap()
+/// One subsystem on an emulated SSD slow enough to be the bottleneck, the
+/// fair scheduler at `depth` and the admin endpoint on an ephemeral port.
+fn config_workers(mut tenants: TenantsConfig, workers: usize, depth: u32) -> Config {
+    tenants.settings.dispatch_depth = depth;
+    tenants.settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_workers(workers)
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_polling(PollingMode::Interrupt)
+                .with_shutdown_drain_ms(2000),
+        )
+        .with_tenants(tenants)
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::emulated_ssd(
+                    1,
+                    64 << 20,
+                    SsdConfig::default()
+                        .with_read_iops_max(4000)
+                        .with_write_iops_max(4000)
+                        .with_base_read_latency_us(200)
+                        .with_base_write_latency_us(200)
+                        .with_parallelism(4),
+                )),
+        )
+        .validated()
+        .unwrap()
 }
 
 fn bench(addr: std::net::SocketAddr, jobs: &[&str]) -> sluice_bench::BenchReport {
@@ -67,18 +77,11 @@ fn iops(r: &sluice_bench::BenchReport, name: &str) -> f64 {
 #[test]
 fn weights_and_limits_are_honoured_and_updatable() {
     let _serial = serial();
-    let cfg = config(&format!(
-        r#"
-[[tenant]]
-name = "a"
-hosts = ["{HOST_A}"]
-weight = 1
-[[tenant]]
-name = "b"
-hosts = ["{HOST_B}"]
-weight = 3
-"#
-    ));
+    let cfg = config(
+        TenantsConfig::fair()
+            .with_tenant(TenantSpec::new("a").with_host(HOST_A).with_weight(1))
+            .with_tenant(TenantSpec::new("b").with_host(HOST_B).with_weight(3)),
+    );
     let t = Target::start(&cfg).unwrap();
     let addr = t.local_addr();
     let admin = t.admin_addr().unwrap().to_string();
@@ -153,19 +156,14 @@ weight = 3
 fn limits_and_weights_hold_across_workers() {
     let _serial = serial();
     let cfg = config_workers(
-        &format!(
-            r#"
-[[tenant]]
-name = "a"
-hosts = ["{HOST_A}"]
-weight = 1
-[[tenant]]
-name = "b"
-hosts = ["{HOST_B}"]
-weight = 1
-limit = {{ iops = 600 }}
-"#
-        ),
+        TenantsConfig::fair()
+            .with_tenant(TenantSpec::new("a").with_host(HOST_A).with_weight(1))
+            .with_tenant(
+                TenantSpec::new("b")
+                    .with_host(HOST_B)
+                    .with_weight(1)
+                    .with_limit(RateSpec::default().with_iops(600)),
+            ),
         2,
         8,
     );
@@ -203,18 +201,9 @@ limit = {{ iops = 600 }}
 #[test]
 fn split_requests_keep_data_intact() {
     let _serial = serial();
-    let cfg = config_workers(
-        &format!(
-            r#"
-split_bytes = "8KiB"
-[[tenant]]
-name = "a"
-hosts = ["{HOST_A}"]
-"#
-        ),
-        2,
-        8,
-    );
+    let mut tenants = TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host(HOST_A));
+    tenants.settings.split_bytes = Some(8 << 10);
+    let cfg = config_workers(tenants, 2, 8);
     let t = Target::start(&cfg).unwrap();
     let mut a = BenchArgs::new(t.local_addr().to_string(), SUBNQN);
     a.runtime = Some(1.5);
@@ -245,23 +234,23 @@ hosts = ["{HOST_A}"]
 #[test]
 fn charge_cgroup_lowers_the_tenant_quota() {
     let _serial = serial();
-    // Bad input first (no root needed).
-    let e = Config::from_toml(&format!(
+    // Bad input first (no root needed), as a file would say it.
+    let e = Config::from_toml(
         r#"
 [tenants]
 [[tenant]]
 name = "a"
-hosts = ["{HOST_A}"]
+hosts = ["nqn.2014-08.org.nvmexpress:uuid:tenant-a"]
 charge_cgroup = "/sys/fs/cgroup/cpu/sluice-no-such-cgroup"
 [[subsystem]]
-nqn = "{SUBNQN}"
+nqn = "nqn.2026-11.io.sluice:tenants"
 allow_any_host = true
 [[subsystem.namespace]]
 nsid = 1
 backend = "ram"
 size = "1MiB"
-"#
-    ))
+"#,
+    )
     .unwrap_err()
     .to_string();
     assert!(
@@ -284,24 +273,22 @@ size = "1MiB"
     let period = std::time::Duration::from_millis(100);
     // A cgroup without a quota has nothing to charge against: refused.
     cg.set_quota(None, period).unwrap();
-    let e = Config::from_toml(&format!(
-        r#"
-[[tenant]]
-name = "a"
-hosts = ["{HOST_A}"]
-charge_cgroup = "{}"
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "1MiB"
-"#,
-        cg.path().display()
-    ))
-    .unwrap_err()
-    .to_string();
+    let e = Config::default()
+        .with_tenants(
+            TenantsConfig::fair().with_tenant(
+                TenantSpec::new("a")
+                    .with_host(HOST_A)
+                    .with_charge_cgroup(cg.path()),
+            ),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+        )
+        .validated()
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("tenant[0].charge_cgroup") && e.contains("has no CPU quota"),
         "{e}"
@@ -315,14 +302,10 @@ size = "1MiB"
             .unwrap()
     };
     let cfg = config_workers(
-        &format!(
-            r#"
-[[tenant]]
-name = "a"
-hosts = ["{HOST_A}"]
-charge_cgroup = "{}"
-"#,
-            cg.path().display()
+        TenantsConfig::fair().with_tenant(
+            TenantSpec::new("a")
+                .with_host(HOST_A)
+                .with_charge_cgroup(cg.path()),
         ),
         1,
         8,

@@ -7,25 +7,24 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-/// A one-worker target on loopback exporting `size` of RAM as namespace 1
-/// of `subnqn`, open to any host.
-pub fn ram_target(subnqn: &str, size: &str) -> sluice_target::TargetHandle {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-[[subsystem]]
-nqn = "{subnqn}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "{size}"
-"#
-    );
-    let cfg = sluice_target::config::Config::from_toml(&toml).unwrap();
+/// A one-worker target on loopback exporting `size_bytes` of RAM as
+/// namespace 1 of `subnqn`, open to any host.
+pub fn ram_target(subnqn: &str, size_bytes: u64) -> sluice_target::TargetHandle {
+    use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
+    let cfg = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_workers(1),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(subnqn)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, size_bytes)),
+        )
+        .validated()
+        .unwrap();
     sluice_target::Target::start(&cfg).unwrap()
 }
 pub struct Client {

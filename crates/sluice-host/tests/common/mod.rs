@@ -7,7 +7,7 @@ pub mod mem_target;
 
 use std::net::SocketAddr;
 
-use sluice_target::config::Config;
+use sluice_config::Config;
 use sluice_target::{Target, TargetHandle};
 
 /// Sluice's target on 127.0.0.1 (ephemeral port, no discovery listener),

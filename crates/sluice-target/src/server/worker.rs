@@ -7,7 +7,6 @@
 
 use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
-use crate::config::PollingMode;
 use crate::queue::QueueConnection;
 use crate::subsystem::Registry;
 use crate::tag::BackendTag;
@@ -16,6 +15,7 @@ use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
+use sluice_config::PollingMode;
 use sluice_runtime::clock::thread_cpu;
 use sluice_runtime::{PollingPolicy, Sleeper};
 use std::collections::HashMap;

@@ -20,7 +20,7 @@
 //! `[tenants] admin_token_file` every request needs
 //! `Authorization: Bearer TOKEN` (401 otherwise).
 
-use super::{RawTenant, TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
+use super::{TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
 use crate::subsystem::Registry;
 use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
 use sluice_admin::prometheus_client::collector::Collector;
@@ -29,6 +29,7 @@ use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Uni
 use sluice_admin::routes::{self, TenantApi, TenantUpdateError};
 use sluice_admin::schema::{self, Bucket, Latency, TenantStatsReport};
 use sluice_admin::{AdminConfig, BearerToken};
+use sluice_config::tenants::RawTenant;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

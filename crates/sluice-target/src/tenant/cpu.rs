@@ -25,7 +25,7 @@
 
 pub use sluice_cpu::*;
 
-use super::{cgroup_base_quota, TenantRuntime};
+use super::TenantRuntime;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -114,6 +114,19 @@ impl ChargeAgents {
 impl Drop for ChargeAgents {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A tenant's `charge_cgroup`, with the CFS quota and period it has now
+/// (the base the charged CPU is taken out of). Errors say what is wrong.
+pub fn cgroup_base_quota(p: &std::path::Path) -> Result<(CpuCgroup, Duration, Duration), String> {
+    let cg = CpuCgroup::open(p).map_err(|e| e.to_string())?;
+    match cg.quota().map_err(|e| e.to_string())? {
+        (Some(quota), period) if !period.is_zero() => Ok((cg, quota, period)),
+        _ => Err(format!(
+            "`{}` has no CPU quota (cpu.cfs_quota_us = -1); set the tenant's quota first",
+            p.display()
+        )),
     }
 }
 

@@ -23,8 +23,9 @@
 //! emulated SSD (derived from its service model, so read/write asymmetry
 //! and size are the device's own), or bytes plus a per-operation charge.
 
-use super::rate::{Dir, RateLimiter, RateSpec};
+use super::rate::{Dir, RateLimiter};
 use super::TenantId;
+use sluice_config::tenants::RateSpec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

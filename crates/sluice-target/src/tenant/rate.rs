@@ -7,6 +7,7 @@
 //! (negative), so the long-run rate is honoured exactly for any request size
 //! (Firecracker calls this over-consumption). Nothing here reads a clock.
 
+use sluice_config::tenants::{RateSpec, BYTES_PER_SEC_MIN};
 use std::time::{Duration, Instant};
 
 const NANO: i128 = 1_000_000_000;
@@ -116,32 +117,6 @@ pub enum Dir {
     Other,
 }
 
-/// Optional rates: operations/s and bytes/s (read, write, total).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RateSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iops: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_iops: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_iops: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_per_sec: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_bytes_per_sec: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_bytes_per_sec: Option<u64>,
-}
-
-impl RateSpec {
-    pub fn is_empty(&self) -> bool {
-        *self == RateSpec::default()
-    }
-}
-
-/// Smallest byte rate accepted: one 4 KiB I/O per second.
-pub const BYTES_PER_SEC_MIN: u64 = 4096;
 /// Burst allowed by a bucket: this fraction of a second of its rate.
 pub const BURST_DIVISOR: u64 = 50; // 20 ms
 

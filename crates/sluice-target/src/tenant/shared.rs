@@ -304,8 +304,8 @@ impl CpuGovernor {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::tenant::rate::RateSpec;
     use proptest::prelude::*;
+    use sluice_config::tenants::RateSpec;
     use std::collections::VecDeque;
 
     /// Workers holding local FIFOs of request ids, driving one shared

@@ -11,9 +11,10 @@
 use super::cpu::BatchCharger;
 use super::rate::Dir;
 use super::shared::Grant;
-use super::{SchedulerMode, TenantId, TenantRuntime, TenantTable};
+use super::{TenantId, TenantRuntime, TenantTable};
 use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
+use sluice_config::tenants::SchedulerMode;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use sluice_backend::{BackendQueue, IoCompletion};
+use sluice_config::Config;
 use sluice_proto::command::{admin, io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{
     cc, fctype, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
@@ -13,7 +14,6 @@ use sluice_proto::fabrics::{
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
-use sluice_target::config::Config;
 use sluice_target::queue::QueueConnection;
 use sluice_target::subsystem::Registry;
 use std::collections::HashMap;

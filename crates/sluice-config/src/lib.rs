@@ -1,0 +1,203 @@
+//! Sluice target configuration, as a leaf crate: the whole schema (target
+//! settings, listeners, polling, subsystems, namespaces and their backends,
+//! the send path, tenants), its validation with errors that name the
+//! offending key (e.g. `subsystem[1].namespace[0].path`), builders so that
+//! tests and tools write configurations in Rust, and the one size parser
+//! ([`size::parse_size`]) of the project.
+//!
+//! It depends on `serde`, `toml`, `thiserror` and, for protocol constants
+//! and the send-path value types, `sluice-proto`; nothing in it knows about
+//! sockets, threads or backends.
+//!
+//! * [`file`]: the TOML shapes (what a file may say, as written); `Config`
+//!   is (de)serialized through them, so `Config` ⇄ TOML round-trips and
+//!   deserializing always validates.
+//! * [`target`]: `[target]`: listeners, workers, polling, PDU and queue limits.
+//! * [`subsystem`]: `[[subsystem]]` and `[[subsystem.namespace]]`, backends
+//!   and engines as enums, the emulated SSD's model parameters.
+//! * [`send`]: `send_scheduler`, `[*.send]`, `[*.coalescing]`.
+//! * [`tenants`]: `[tenants]` and `[[tenant]]`, and the run-time tenant
+//!   update request (the same shape in JSON).
+//! * [`size`]: sizes such as `"4KiB"`, `"1.5G"`.
+//!
+//! ```toml
+//! [target]
+//! listen = "127.0.0.1:4420"
+//! discovery_listen = "127.0.0.1:8009"   # "" disables the discovery port
+//! advertise_addr = "10.0.2.2"           # address put in discovery log entries (NAT)
+//! workers = 1
+//! polling = "adaptive"                  # interrupt | busy-poll | adaptive
+//!
+//! [[subsystem]]
+//! nqn = "nqn.2026-11.io.sluice:ram0"
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:..."]
+//! allow_any_host = false
+//!
+//! [[subsystem.namespace]]
+//! nsid = 1
+//! backend = "ram"                       # ram | file | emulated-ssd
+//! size = "1GiB"
+//! block_size = 512
+//! ```
+//!
+//! The same in Rust:
+//!
+//! ```
+//! use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
+//! let c = Config::default()
+//!     .with_subsystem(
+//!         SubsystemConfig::new("nqn.2026-11.io.sluice:ram0")
+//!             .with_host("nqn.2014-08.org.nvmexpress:uuid:1")
+//!             .with_namespace(NamespaceConfig::ram(1, 1 << 30)),
+//!     )
+//!     .validated()
+//!     .expect("valid");
+//! assert_eq!(Config::from_toml(&c.to_toml().expect("toml")), Ok(c));
+//! ```
+
+pub mod file;
+pub mod send;
+pub mod size;
+pub mod subsystem;
+pub mod target;
+pub mod tenants;
+
+pub use size::{format_size, parse_size, SizeError};
+pub use subsystem::{
+    default_serial, validate_nqn, BackendConfig, Engine, NamespaceConfig, SsdConfig,
+    SubsystemConfig, DEFAULT_SUBSYSTEM_NQN,
+};
+pub use target::{PollingMode, TargetSettings};
+pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};
+
+use serde::{Deserialize, Serialize};
+
+/// Limits on the whole target (TIGER_STYLE: a limit on everything).
+pub const WORKERS_MAX: usize = 64;
+pub const SUBSYSTEMS_MAX: usize = 1024;
+pub const NAMESPACES_PER_SUBSYSTEM_MAX: u32 = 1024;
+pub const HOSTS_PER_SUBSYSTEM_MAX: usize = 4096;
+pub const QUEUE_DEPTH_MAX: u16 = 1024;
+pub const IO_QUEUES_MAX: u16 = 128;
+pub const INLINE_DATA_BYTES_MAX: u32 = 128 * 1024;
+pub const MDTS_BYTES_MAX: u32 = 8 * 1024 * 1024;
+
+/// A configuration problem, naming the key and saying what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config key `{key}`: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub reason: String,
+}
+
+pub(crate) fn err(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads a config word (`"busy-poll"`, `"emulated-ssd"`...) into one of the
+/// unit variants of a serde enum; unknown words give
+/// "`word` is not one of a, b, c".
+pub fn parse_word<T: serde::de::DeserializeOwned>(word: &str) -> Result<T, String> {
+    use serde::de::IntoDeserializer;
+    let d: serde::de::value::StrDeserializer<'_, WordError> = word.into_deserializer();
+    T::deserialize(d).map_err(|e| e.0)
+}
+
+/// The error of [`parse_word`]: a message.
+#[derive(Debug)]
+struct WordError(String);
+
+impl std::fmt::Display for WordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for WordError {}
+
+impl serde::de::Error for WordError {
+    fn custom<M: std::fmt::Display>(m: M) -> Self {
+        WordError(m.to_string())
+    }
+    fn unknown_variant(variant: &str, expected: &'static [&'static str]) -> Self {
+        WordError(format!("`{variant}` is not one of {}", expected.join(", ")))
+    }
+}
+
+/// The word a unit variant of a serde enum is written as.
+pub fn word_of<T: Serialize>(v: &T) -> String {
+    toml::Value::try_from(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The validated configuration.
+///
+/// (De)serialized as the TOML file: deserializing validates everything
+/// (errors name the key), serializing writes a file that reads back to
+/// the same `Config`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(try_from = "file::ConfigFile", into = "file::ConfigFile")]
+pub struct Config {
+    pub target: TargetSettings,
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Tenants, QoS and CPU isolation (`[tenants]`, `[[tenant]]`).
+    pub tenants: TenantsConfig,
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let raw: file::ConfigFile = toml::from_str(text).map_err(|e| {
+            let span = e
+                .span()
+                .map(|s| format!(" at byte {}", s.start))
+                .unwrap_or_default();
+            err("(file)", format!("{}{}", e.message(), span))
+        })?;
+        Config::try_from(raw)
+    }
+
+    /// The configuration as a TOML document that [`Config::from_toml`]
+    /// reads back to the same value.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| err("(file)", e.to_string()))
+    }
+
+    /// Runs the validation a file goes through (limits, defaults filled,
+    /// cross checks) on a configuration built in Rust.
+    pub fn validated(self) -> Result<Config, ConfigError> {
+        Config::try_from(file::ConfigFile::from(self))
+    }
+
+    /// The embedded default: one 1 GiB RAM namespace on loopback, open to any host.
+    pub fn embedded_default() -> Config {
+        Config::default().with_subsystem(
+            SubsystemConfig::new(DEFAULT_SUBSYSTEM_NQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 1 << 30)),
+        )
+    }
+
+    pub fn with_target(mut self, target: TargetSettings) -> Self {
+        self.target = target;
+        self
+    }
+
+    pub fn with_subsystem(mut self, subsystem: SubsystemConfig) -> Self {
+        self.subsystems.push(subsystem);
+        self
+    }
+
+    pub fn with_tenants(mut self, tenants: TenantsConfig) -> Self {
+        self.tenants = tenants;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,567 @@
+//! Parsing real TOML text, errors naming keys, builders, and the
+//! `Config` ⇄ TOML round trip.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::tenants::{CostKind, RateSpec, SchedulerMode, WEIGHT_MAX};
+
+fn must_fail(toml: &str, key: &str) -> ConfigError {
+    let e = Config::from_toml(toml).expect_err("config should be rejected");
+    assert_eq!(e.key, key, "{e}");
+    e
+}
+
+const HOSTS: &str = r#"hosts = ["nqn.2014-08.org.nvmexpress:uuid:1"]"#;
+
+#[test]
+fn full_config_parses() {
+    let c = Config::from_toml(&format!(
+        r#"
+        [target]
+        listen = "0.0.0.0:4420"
+        discovery_listen = ""
+        advertise_addr = "10.0.2.2"
+        workers = 2
+        polling = "busy-poll"
+        inline_data_bytes = "16k"
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.sluice:a"
+        {HOSTS}
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "ram"
+        size = "64MiB"
+        [[subsystem.namespace]]
+        nsid = 2
+        backend = "emulated-ssd"
+        size = 1048576
+        block_size = 4096
+        ssd = {{ read_iops_max = 1000 }}
+        [[subsystem.namespace]]
+        nsid = 3
+        backend = "file"
+        path = "/tmp/x.img"
+        "#
+    ))
+    .unwrap();
+    assert_eq!(c.target.workers, 2);
+    assert_eq!(c.target.polling, PollingMode::BusyPoll);
+    assert_eq!(c.target.discovery_listen, None);
+    assert_eq!(c.target.inline_data_bytes, 16384);
+    assert_eq!(c.subsystems[0].namespaces.len(), 3);
+    assert_eq!(c.subsystems[0].namespaces[0].size_bytes, Some(64 << 20));
+    match &c.subsystems[0].namespaces[1].backend {
+        BackendConfig::EmulatedSsd(m) => assert_eq!(m.read_iops_max, Some(1000)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        c.subsystems[0].namespaces[2].backend,
+        BackendConfig::file("/tmp/x.img")
+    );
+}
+
+#[test]
+fn errors_name_the_key() {
+    must_fail("[target]\nworkers = 0", "target.workers");
+    let e = must_fail("[target]\npolling = \"sometimes\"", "target.polling");
+    assert!(e.reason.contains("`sometimes` is not one of"), "{e}");
+    must_fail("[target]\nlisten = \"nowhere\"", "target.listen");
+    must_fail("[target]\nmdts_bytes = \"3k\"", "target.mdts_bytes");
+    must_fail("[target]\nmdts_bytes = \"-4k\"", "target.mdts_bytes");
+    must_fail("[target]\nbogus = 1", "(file)");
+    must_fail(
+        "[[subsystem]]\nnqn = \"bad\"\nallow_any_host = true",
+        "subsystem[0].nqn",
+    );
+    must_fail("[[subsystem]]\nnqn = \"nqn.x:y\"", "subsystem[0].hosts");
+    let e = must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"1000\""),
+        "subsystem[0].namespace[0].size",
+    );
+    assert!(e.reason.contains("multiple of the block size"));
+    let e = must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"tape\""),
+        "subsystem[0].namespace[0].backend",
+    );
+    assert!(
+        e.reason
+            .contains("`tape` is not one of ram, file, emulated-ssd"),
+        "{e}"
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = 4096\nblock_size = 1024"),
+        "subsystem[0].namespace[0].block_size",
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"emulated-ssd\"\nsize = 4096\nssd = {{ parallelism = 0 }}"),
+        "subsystem[0].namespace[0].ssd.parallelism",
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"/x\"\nengine = \"aio\""),
+        "subsystem[0].namespace[0].engine",
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\""),
+        "subsystem[0].namespace[0].path",
+    );
+    must_fail(
+        &format!(
+            "[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}"
+        ),
+        "subsystem[1].nqn",
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem]]\nnqn = \"nqn.x:z\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = 3"),
+        "(file)",
+    );
+    must_fail(
+        &format!("[[subsystem]]\nnqn = \"nqn.x:y\"\n{HOSTS}\n[[subsystem]]\nnqn = \"nqn.x:z\"\n{HOSTS}\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"1M\"\npath = \"/x\""),
+        "subsystem[1].namespace[0].path",
+    );
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("4k"), Ok(4096));
+    assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+    assert_eq!(parse_size("1.5M"), Ok(3 << 19));
+    assert!(parse_size("1.5").is_err());
+    assert!(parse_size("k").is_err());
+    assert!(parse_size("9999999999T").is_err());
+}
+
+#[test]
+fn example_file_parses() {
+    let text = include_str!("../../../examples/target.toml");
+    let c = Config::from_toml(text).expect("examples/target.toml is valid");
+    assert_eq!(Config::from_toml(&c.to_toml().expect("toml")), Ok(c));
+}
+
+#[test]
+fn polling_words() {
+    assert_eq!(PollingMode::parse("busy", 1), Ok(PollingMode::BusyPoll));
+    assert_eq!(
+        PollingMode::parse("adaptive", 7),
+        Ok(PollingMode::Adaptive { spin_us: 7 })
+    );
+    assert!(PollingMode::parse("never", 1).is_err());
+}
+
+/// A configuration built in Rust equals the same written in TOML.
+#[test]
+fn builders_match_toml() {
+    let built = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("0.0.0.0:4420".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_workers(2)
+                .with_polling(PollingMode::BusyPoll)
+                .with_inline_data_bytes(16384),
+        )
+        .with_subsystem(
+            SubsystemConfig::new("nqn.2026-11.io.sluice:a")
+                .with_host("nqn.2014-08.org.nvmexpress:uuid:1")
+                .with_namespace(NamespaceConfig::ram(1, 64 << 20))
+                .with_namespace(
+                    NamespaceConfig::emulated_ssd(
+                        2,
+                        1 << 20,
+                        SsdConfig::default().with_read_iops_max(1000),
+                    )
+                    .with_block_size(4096),
+                )
+                .with_namespace(
+                    NamespaceConfig::file(3, "/tmp/x.img")
+                        .with_engine(Engine::Sync)
+                        .with_direct(false),
+                ),
+        )
+        .with_tenants(
+            TenantsConfig::fair().with_tenant(
+                TenantSpec::new("gold")
+                    .with_host("nqn.2014-08.org.nvmexpress:uuid:a")
+                    .with_weight(4)
+                    .with_limit(RateSpec::default().with_iops(50_000)),
+            ),
+        )
+        .validated()
+        .unwrap();
+    let parsed = Config::from_toml(&format!(
+        r#"
+        [target]
+        listen = "0.0.0.0:4420"
+        discovery_listen = ""
+        workers = 2
+        polling = "busy-poll"
+        inline_data_bytes = "16k"
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.sluice:a"
+        {HOSTS}
+        [[subsystem.namespace]]
+        nsid = 1
+        backend = "ram"
+        size = "64MiB"
+        [[subsystem.namespace]]
+        nsid = 2
+        backend = "emulated-ssd"
+        size = "1M"
+        block_size = 4096
+        ssd = {{ read_iops_max = 1000 }}
+        [[subsystem.namespace]]
+        nsid = 3
+        backend = "file"
+        path = "/tmp/x.img"
+        engine = "sync"
+        direct = false
+        [tenants]
+        [[tenant]]
+        name = "gold"
+        hosts = ["nqn.2014-08.org.nvmexpress:uuid:a"]
+        weight = 4
+        limit = {{ iops = 50000 }}
+        "#
+    ))
+    .unwrap();
+    assert_eq!(built, parsed);
+    assert_eq!(
+        Config::embedded_default().validated(),
+        Ok(Config::embedded_default())
+    );
+}
+
+#[test]
+fn builder_errors_name_the_key() {
+    let e = Config::default()
+        .with_subsystem(
+            SubsystemConfig::new("nqn.x:y")
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 1000)),
+        )
+        .validated()
+        .expect_err("size not a multiple of 512");
+    assert_eq!(e.key, "subsystem[0].namespace[0].size");
+}
+
+/// Serializing writes every setting; reading it back gives the same
+/// configuration, also through the per-subsystem send overrides and
+/// tenants.
+#[test]
+fn toml_round_trip() {
+    let text = format!(
+        r#"
+        [target]
+        workers = 3
+        polling = "adaptive"
+        adaptive_spin_us = 7
+        mdts_bytes = "256k"
+        send_scheduler = "isolated"
+        send = {{ latency_size = "1k", data_degree = 4 }}
+        coalescing = {{ mode = "static", threshold = 4, timeout_us = 20, urgent = "flush-all" }}
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.sluice:a"
+        {HOSTS}
+        serial = "S1"
+        send_scheduler = "unified"
+        [[subsystem.namespace]]
+        nsid = 7
+        backend = "ram"
+        size = "1M"
+        uuid = "00112233-4455-6677-8899-aabbccddeeff"
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.sluice:b"
+        allow_any_host = true
+        [tenants]
+        cost = "bytes"
+        cpu_k = 16
+        split_bytes = "64k"
+        admin_listen = "127.0.0.1:0"
+        default = "gold"
+        [[tenant]]
+        name = "gold"
+        hosts = ["nqn.2014-08.org.nvmexpress:uuid:a"]
+        reservation = {{ iops = 10 }}
+        limit = {{ iops = 50000, read_bytes_per_sec = "200MiB" }}
+        cpu_share = 0.5
+        "#
+    );
+    let c = Config::from_toml(&text).unwrap();
+    let written = c.to_toml().unwrap();
+    assert_eq!(Config::from_toml(&written), Ok(c.clone()), "{written}");
+    // Also through JSON (serde, not just TOML).
+    let json = serde_json::to_string(&c).unwrap();
+    assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), c);
+    // Deserializing validates.
+    let bad = written.replace("workers = 3", "workers = 0");
+    let e = toml::from_str::<Config>(&bad)
+        .expect_err("invalid")
+        .to_string();
+    assert!(e.contains("target.workers"), "{e}");
+    assert_eq!(
+        Config::from_toml(&Config::default().to_toml().unwrap()),
+        Ok(Config::default())
+    );
+}
+
+fn cfg(extra: &str) -> Result<Config, ConfigError> {
+    Config::from_toml(&format!(
+        r#"
+[[subsystem]]
+nqn = "nqn.2026-11.io.sluice:t"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "1MiB"
+{extra}
+"#
+    ))
+}
+
+fn tenants_must_fail(extra: &str, key: &str, words: &str) {
+    let e = cfg(extra).expect_err("config should be refused");
+    assert_eq!(e.key, key, "{e}");
+    assert!(e.reason.contains(words), "{e}");
+}
+
+#[test]
+fn tenants_parse() {
+    let c = cfg(r#"
+[tenants]
+scheduler = "fair"
+cost = "bytes"
+dispatch_depth = 4
+admin_listen = "127.0.0.1:0"
+cpu_isolation = true
+cpu_k = 16
+[[tenant]]
+name = "gold"
+hosts = ["nqn.2014-08.org.nvmexpress:uuid:a"]
+weight = 4
+reservation = { iops = 1000 }
+limit = { iops = 50000, read_bytes_per_sec = "200MiB" }
+cpu_share = 0.5
+[[tenant]]
+name = "bronze"
+hosts = ["nqn.2014-08.org.nvmexpress:uuid:b"]
+"#)
+    .expect("valid");
+    let t = &c.tenants;
+    assert_eq!(t.tenants.len(), 2);
+    assert_eq!(t.tenants[0].weight, 4);
+    assert_eq!(t.tenants[0].limit.read_bytes_per_sec, Some(200 << 20));
+    assert_eq!(t.tenants[1].weight, 1);
+    assert_eq!(t.settings.throttle.k, Some(16));
+    assert_eq!(t.settings.cost, CostKind::Bytes);
+    assert!(t.settings.cpu_isolation);
+    // No tenants at all: stock behaviour.
+    assert_eq!(
+        cfg("").expect("valid").tenants.settings.scheduler,
+        SchedulerMode::None
+    );
+    assert_eq!(
+        cfg("[tenants]\nscheduler = \"off\"")
+            .expect("valid")
+            .tenants
+            .settings
+            .scheduler,
+        SchedulerMode::None
+    );
+}
+
+#[test]
+fn bad_tenants_name_the_key() {
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nweight = 0",
+        "tenant[0].weight",
+        "from 1",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nweight = -3",
+        "tenant[0].weight",
+        "from 1",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nlimit = { iops = 0 }",
+        "tenant[0].limit.iops",
+        "below one I/O",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nlimit = { bytes_per_sec = 100 }",
+        "tenant[0].limit.bytes_per_sec",
+        "below one I/O",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nreservation = { iops = 10 }\nlimit = { iops = 5 }",
+        "tenant[0].reservation.iops",
+        "above the limit",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\ncpu_share = 1.5",
+        "tenant[0].cpu_share",
+        "(0, 1]",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\n[[tenant]]\nname = \"a\"",
+        "tenant[1].name",
+        "twice",
+    );
+    tenants_must_fail("[[tenant]]\nname = \"a\"\nhosts = [\"nqn.x:h\"]\n[[tenant]]\nname = \"b\"\nhosts = [\"nqn.x:h\"]", "tenant[1].hosts[0]", "already belongs");
+    tenants_must_fail(
+        "[tenants]\nsplit_bytes = 5000",
+        "tenants.split_bytes",
+        "multiple of 4096",
+    );
+    tenants_must_fail(
+        "[tenants]\nsplit_bytes = \"1GiB\"",
+        "tenants.split_bytes",
+        "multiple of 4096",
+    );
+    tenants_must_fail(
+        "[tenants]\ndefault = \"nope\"",
+        "tenants.default",
+        "unknown tenant `nope`",
+    );
+    tenants_must_fail(
+        "[tenants]\nscheduler = \"wfq\"",
+        "tenants.scheduler",
+        "not one of",
+    );
+    tenants_must_fail("[tenants]\ncost = \"time\"", "tenants.cost", "not one of");
+    tenants_must_fail(
+        "[tenants]\nvictim_cgroups = [\"/nonexistent\"]",
+        "tenants.victim_cgroups[0]",
+        "not a cgroup",
+    );
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\ncharge_cgroup = \"/nonexistent-cgroup\"",
+        "tenant[0].charge_cgroup",
+        "nonexistent-cgroup",
+    );
+    tenants_must_fail("[[tenant]]\nname = \"a b\"", "tenant[0].name", "must be");
+    tenants_must_fail(
+        "[[tenant]]\nname = \"a\"\nhosts = [\"host\"]",
+        "tenant[0].hosts[0]",
+        "nqn.",
+    );
+    let e = cfg("[[tenant]]\nname = \"a\"\nwheight = 2").expect_err("unknown key");
+    assert!(e.reason.contains("wheight"), "{e}");
+}
+
+/// The run-time update request: JSON with absent fields kept.
+#[test]
+fn tenant_update_request() {
+    let base = TenantSpec::new("a").with_host("nqn.x:a").with_weight(2);
+    let raw: tenants::RawTenant = serde_json::from_str(r#"{"limit": {"iops": 100}}"#).unwrap();
+    let t = tenants::validate_tenant("tenant[a]", &raw, Some(&base)).unwrap();
+    assert_eq!((t.weight, t.limit.iops, t.hosts.len()), (2, Some(100), 1));
+    assert!(serde_json::from_str::<tenants::RawTenant>(r#"{"colour": 1}"#).is_err());
+}
+
+#[test]
+fn word_errors_list_the_choices() {
+    let e = PollingMode::parse("sometimes", 1).expect_err("bad word");
+    // Aliases are words that are accepted, so they are listed too.
+    assert_eq!(
+        e,
+        "`sometimes` is not one of interrupt, busy, busy-poll, adaptive"
+    );
+    let e = cfg("[tenants]\nscheduler = \"wfq\"").expect_err("bad word");
+    assert!(e.reason.contains("`wfq` is not one of none"), "{e}");
+}
+
+mod round_trip {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn namespace() -> impl Strategy<Value = NamespaceConfig> {
+        (
+            1u32..=1024,
+            1u64..4096,
+            any::<bool>(),
+            0u8..3,
+            any::<Option<u64>>(),
+            any::<bool>(),
+        )
+            .prop_map(|(nsid, blocks, big, kind, iops, direct)| {
+                let bs = if big { 4096 } else { 512 };
+                let size = blocks * u64::from(bs);
+                let ns = match kind {
+                    0 => NamespaceConfig::ram(nsid, size),
+                    1 => {
+                        let mut m = SsdConfig::default().with_parallelism(4);
+                        m.read_iops_max = iops.map(|v| (v >> 1).max(1));
+                        NamespaceConfig::emulated_ssd(nsid, size, m)
+                    }
+                    _ => NamespaceConfig::file(nsid, format!("/tmp/ns{nsid}.img"))
+                        .with_size(size)
+                        .with_direct(direct)
+                        .with_engine(if direct {
+                            Engine::IoUring
+                        } else {
+                            Engine::Sync
+                        })
+                        .with_create(!direct),
+                };
+                ns.with_block_size(bs)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever valid configuration the builders make, writing it as
+        /// TOML and reading it back gives it again.
+        #[test]
+        fn builders_to_toml_and_back(
+            workers in 1usize..=WORKERS_MAX,
+            polling in 0u8..3,
+            spin in 1u64..1_000_000,
+            inline in 0u32..=(INLINE_DATA_BYTES_MAX / 16),
+            mdts_shift in 12u32..=23,
+            qd in 32u16..=QUEUE_DEPTH_MAX,
+            nss in proptest::collection::vec(namespace(), 0..4),
+            hosts in proptest::collection::vec("[a-z0-9]{1,12}", 0..3),
+            tenants in proptest::option::of((1u32..=WEIGHT_MAX, proptest::option::of(1u64..1_000_000))),
+        ) {
+            let polling = match polling {
+                0 => PollingMode::Interrupt,
+                1 => PollingMode::BusyPoll,
+                _ => PollingMode::Adaptive { spin_us: spin },
+            };
+            let mut sub = SubsystemConfig::new("nqn.2026-11.io.sluice:p");
+            for h in &hosts {
+                sub = sub.with_host(format!("nqn.2014-08.org.nvmexpress:{h}"));
+            }
+            if hosts.is_empty() {
+                sub = sub.allow_any_host();
+            }
+            let mut seen = std::collections::HashSet::new();
+            for ns in nss {
+                if seen.insert(ns.nsid) {
+                    sub = sub.with_namespace(ns);
+                }
+            }
+            let mut c = Config::default()
+                .with_target(
+                    TargetSettings::default()
+                        .with_workers(workers)
+                        .with_polling(polling)
+                        .with_inline_data_bytes(inline * 16)
+                        .with_mdts_bytes(1 << mdts_shift)
+                        .with_queue_depth_max(qd),
+                )
+                .with_subsystem(sub);
+            if let Some((w, iops)) = tenants {
+                let mut t = TenantSpec::new("t").with_weight(w).with_host("nqn.2014-08.org.nvmexpress:tenant");
+                if let Some(i) = iops {
+                    t = t.with_limit(RateSpec::default().with_iops(i));
+                }
+                c = c.with_tenants(TenantsConfig::fair().with_tenant(t));
+            }
+            let c = c.validated().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let text = c.to_toml().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(Config::from_toml(&text), Ok(c), "{}", text);
+        }
+    }
+}
