@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sluice_config::{Config, PollingMode, DEFAULT_SUBSYSTEM_NQN};
+use sluice_config::{Config, PollingPolicy, DEFAULT_SUBSYSTEM_NQN};
 use sluice_target::Target;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,8 +34,8 @@ pub struct TargetArgs {
     #[arg(long)]
     pub polling: Option<String>,
     /// Adaptive polling: spin this long after the last work before sleeping.
-    #[arg(long, default_value_t = 50)]
-    pub adaptive_spin_us: u64,
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub adaptive_spin_us: u32,
     /// Size of the default RAM namespace when no --config is given (e.g. 4GiB).
     #[arg(long)]
     pub ram_size: Option<String>,
@@ -95,11 +95,11 @@ fn load(args: &TargetArgs) -> Result<Config> {
         t.workers = w;
     }
     if let Some(p) = &args.polling {
-        t.polling = PollingMode::parse(p, args.adaptive_spin_us)
+        t.polling = PollingPolicy::parse(p, args.adaptive_spin_us)
             .map_err(|e| anyhow::anyhow!("--polling: {e}"))?;
-    } else if let PollingMode::Adaptive { .. } = t.polling {
+    } else if let PollingPolicy::Adaptive { .. } = t.polling {
         if args.config.is_none() {
-            t.polling = PollingMode::Adaptive {
+            t.polling = PollingPolicy::Adaptive {
                 spin_us: args.adaptive_spin_us,
             };
         }

@@ -5,7 +5,7 @@
 
 use sluice_bench::{BenchArgs, RwMode};
 use sluice_config::{
-    Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
 };
 use sluice_target::Target;
 
@@ -19,7 +19,7 @@ fn bench_reports_what_a_rate_limited_target_serves() {
             TargetSettings::default()
                 .with_listen("127.0.0.1:0".parse().unwrap())
                 .with_discovery_listen(None)
-                .with_polling(PollingMode::Interrupt),
+                .with_polling(PollingPolicy::Interrupt),
         )
         .with_subsystem(
             SubsystemConfig::new(NQN).allow_any_host().with_namespace(

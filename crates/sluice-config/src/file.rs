@@ -170,12 +170,12 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
         t.workers = ranged("target.workers", w, 1, WORKERS_MAX as i64)? as usize;
     }
     let spin = match r.adaptive_spin_us {
-        Some(v) => ranged("target.adaptive_spin_us", v, 1, 1_000_000)? as u64,
+        Some(v) => ranged("target.adaptive_spin_us", v, 1, 1_000_000)? as u32,
         None => ADAPTIVE_SPIN_US_DEFAULT,
     };
     t.polling = match &r.polling {
-        Some(p) => PollingMode::parse(p, spin).map_err(|e| err("target.polling", e))?,
-        None => PollingMode::Adaptive { spin_us: spin },
+        Some(p) => PollingPolicy::parse(p, spin).map_err(|e| err("target.polling", e))?,
+        None => PollingPolicy::Adaptive { spin_us: spin },
     };
     if let Some(s) = &r.inline_data_bytes {
         let v = bytes("target.inline_data_bytes", s)?;
@@ -251,7 +251,7 @@ impl From<TargetSettings> for TargetFile {
         let (sched, send, co) = send::to_raw(&t.send);
         let size = |n: u32| Some(SizeValue::from(u64::from(n)));
         let spin = match t.polling {
-            PollingMode::Adaptive { spin_us } => spin_us,
+            PollingPolicy::Adaptive { spin_us } => spin_us,
             _ => ADAPTIVE_SPIN_US_DEFAULT,
         };
         TargetFile {
@@ -260,8 +260,8 @@ impl From<TargetSettings> for TargetFile {
             advertise_addr: t.advertise_addr,
             advertise_port: t.advertise_port,
             workers: Some(t.workers as i64),
-            polling: Some(word_of(&t.polling.kind())),
-            adaptive_spin_us: Some(spin as i64),
+            polling: Some(t.polling.name().to_string()),
+            adaptive_spin_us: Some(i64::from(spin)),
             inline_data_bytes: size(t.inline_data_bytes),
             max_h2c_data_bytes: size(t.max_h2c_data_bytes),
             max_c2h_data_bytes: size(t.max_c2h_data_bytes),

@@ -63,11 +63,12 @@ pub mod target;
 pub mod tenants;
 
 pub use size::{format_size, parse_size, SizeError};
+pub use sluice_runtime::PollingPolicy;
 pub use subsystem::{
     default_serial, validate_nqn, BackendConfig, Engine, NamespaceConfig, SsdConfig,
     SubsystemConfig, DEFAULT_SUBSYSTEM_NQN,
 };
-pub use target::{PollingMode, TargetSettings};
+pub use target::TargetSettings;
 pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};
 
 use serde::{Deserialize, Serialize};

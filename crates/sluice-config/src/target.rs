@@ -6,53 +6,8 @@ use sluice_proto::send::SendConfig;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-/// How a worker thread waits for work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "polling", rename_all = "kebab-case")]
-pub enum PollingMode {
-    /// Sleep in epoll until a socket or completion is ready.
-    Interrupt,
-    /// Never sleep: poll with a zero timeout.
-    BusyPoll,
-    /// Poll for `spin_us` after the last work, then sleep.
-    Adaptive { spin_us: u64 },
-}
-
-/// The words of `polling` (`busy` is accepted for `busy-poll`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PollingKind {
-    Interrupt,
-    #[serde(alias = "busy")]
-    BusyPoll,
-    Adaptive,
-}
-
-/// Default of `adaptive_spin_us`.
-pub const ADAPTIVE_SPIN_US_DEFAULT: u64 = 50;
-
-impl PollingMode {
-    /// `interrupt`, `busy-poll` (or `busy`), `adaptive` (spinning `spin_us`).
-    pub fn parse(s: &str, spin_us: u64) -> Result<Self, String> {
-        Ok(Self::of(crate::parse_word(s)?, spin_us))
-    }
-
-    pub fn of(kind: PollingKind, spin_us: u64) -> Self {
-        match kind {
-            PollingKind::Interrupt => PollingMode::Interrupt,
-            PollingKind::BusyPoll => PollingMode::BusyPoll,
-            PollingKind::Adaptive => PollingMode::Adaptive { spin_us },
-        }
-    }
-
-    pub fn kind(self) -> PollingKind {
-        match self {
-            PollingMode::Interrupt => PollingKind::Interrupt,
-            PollingMode::BusyPoll => PollingKind::BusyPoll,
-            PollingMode::Adaptive { .. } => PollingKind::Adaptive,
-        }
-    }
-}
+pub use sluice_runtime::polling::ADAPTIVE_SPIN_US_DEFAULT;
+use sluice_runtime::PollingPolicy;
 
 /// Settings of the whole target.
 ///
@@ -67,7 +22,7 @@ pub struct TargetSettings {
     pub advertise_addr: Option<String>,
     pub advertise_port: Option<u16>,
     pub workers: usize,
-    pub polling: PollingMode,
+    pub polling: PollingPolicy,
     /// In-capsule data accepted on I/O queues (IOCCSZ = 4 + this / 16).
     pub inline_data_bytes: u32,
     /// Largest H2CData payload (MAXH2CDATA).
@@ -101,7 +56,7 @@ impl Default for TargetSettings {
             advertise_addr: None,
             advertise_port: None,
             workers: 1,
-            polling: PollingMode::Adaptive {
+            polling: PollingPolicy::Adaptive {
                 spin_us: ADAPTIVE_SPIN_US_DEFAULT,
             },
             inline_data_bytes: 8192,
@@ -138,7 +93,7 @@ impl TargetSettings {
         self.workers = n;
         self
     }
-    pub fn with_polling(mut self, p: PollingMode) -> Self {
+    pub fn with_polling(mut self, p: PollingPolicy) -> Self {
         self.polling = p;
         self
     }

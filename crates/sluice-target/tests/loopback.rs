@@ -2,7 +2,7 @@
 //! the protocol crate talks to a running target.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sluice_config::{Config, NamespaceConfig, PollingMode, SubsystemConfig, TargetSettings};
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
 use sluice_proto::framer::Framer;
@@ -28,7 +28,7 @@ fn start_with(polling: &str, workers: usize, send: SendConfig) -> TargetHandle {
                 .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
                 .with_discovery_listen(None)
                 .with_workers(workers)
-                .with_polling(PollingMode::parse(polling, 50).unwrap())
+                .with_polling(PollingPolicy::parse(polling, 50).unwrap())
                 .with_shutdown_drain_ms(2000)
                 .with_send(send),
         )

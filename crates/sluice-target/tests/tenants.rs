@@ -6,7 +6,7 @@
 use sluice_bench::{BenchArgs, BlockSizes};
 use sluice_config::tenants::{RateSpec, TenantSpec, TenantsConfig};
 use sluice_config::{
-    Config, NamespaceConfig, PollingMode, SsdConfig, SubsystemConfig, TargetSettings,
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
 };
 use sluice_target::tenant::admin::http_request;
 use sluice_target::Target;
@@ -38,7 +38,7 @@ fn config_workers(mut tenants: TenantsConfig, workers: usize, depth: u32) -> Con
                 .with_workers(workers)
                 .with_listen("127.0.0.1:0".parse().unwrap())
                 .with_discovery_listen(None)
-                .with_polling(PollingMode::Interrupt)
+                .with_polling(PollingPolicy::Interrupt)
                 .with_shutdown_drain_ms(2000),
         )
         .with_tenants(tenants)

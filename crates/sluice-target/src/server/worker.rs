@@ -15,9 +15,8 @@ use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
-use sluice_config::PollingMode;
 use sluice_runtime::clock::thread_cpu;
-use sluice_runtime::{PollingPolicy, Sleeper};
+use sluice_runtime::Sleeper;
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -101,7 +100,7 @@ impl Worker {
         let _g = span.enter();
         let started = Instant::now();
         let mut events = Events::with_capacity(1024);
-        let polling = policy(self.reg.settings.polling);
+        let polling = self.reg.settings.polling;
         let mut last_work = Instant::now();
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
@@ -545,16 +544,5 @@ impl Worker {
                 }
             }
         }
-    }
-}
-
-/// The configured polling mode as the runtime's policy.
-fn policy(mode: PollingMode) -> PollingPolicy {
-    match mode {
-        PollingMode::Interrupt => PollingPolicy::Interrupt,
-        PollingMode::BusyPoll => PollingPolicy::BusyPoll,
-        PollingMode::Adaptive { spin_us } => PollingPolicy::Adaptive {
-            spin_us: u32::try_from(spin_us).unwrap_or(u32::MAX),
-        },
     }
 }
