@@ -73,8 +73,9 @@ pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};
 
 use serde::{Deserialize, Serialize};
 
-/// Limits on the whole target (TIGER_STYLE: a limit on everything).
-pub const WORKERS_MAX: usize = 64;
+/// Limits on the whole target (TIGER_STYLE: a limit on everything). The
+/// worker limit is the runtime's, shared by every event-loop pool.
+pub use sluice_runtime::limits::WORKERS_MAX;
 pub const SUBSYSTEMS_MAX: usize = 1024;
 pub const NAMESPACES_PER_SUBSYSTEM_MAX: u32 = 1024;
 pub const HOSTS_PER_SUBSYSTEM_MAX: usize = 4096;

@@ -213,7 +213,10 @@ impl TenantRuntime {
                 }
             }
         }
-        let workers = cfg.target.workers.clamp(1, shared::WORKERS_MAX);
+        let workers = cfg
+            .target
+            .workers
+            .clamp(1, sluice_runtime::limits::WORKERS_MAX);
         let st = &tc.settings;
         let arbiters = cost_models
             .iter()

@@ -26,8 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Worker threads one target may run (a grant list per worker).
-pub const WORKERS_MAX: usize = 256;
+use sluice_runtime::limits::WORKERS_MAX;
 
 /// A scheduling decision for the worker holding the I/O: send the head of
 /// your FIFO for `tenant` to the backend.
