@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sluice_bench::{run, BenchArgs, BenchReport, BlockSizes, RwMode};
-use sluice_config::Config;
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_target::{Target, TargetHandle};
 
 const SUBNQN: &str = "nqn.2024-01.io.sluice:bench";
@@ -20,25 +20,22 @@ impl Drop for RealTarget {
 }
 
 fn target() -> (RealTarget, BenchArgs) {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-polling = "interrupt"
-shutdown_drain_ms = 1000
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "32MiB"
-block_size = 512
-"#
-    );
-    let c = Config::from_toml(&toml).expect("config");
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().expect("address"))
+                .with_discovery_listen(None)
+                .with_workers(1)
+                .with_polling(PollingPolicy::Interrupt)
+                .with_shutdown_drain_ms(1000),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512)),
+        )
+        .validated()
+        .expect("config");
     let t = Target::start(&c).expect("target");
     let a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
     (RealTarget(Some(t)), a)

@@ -3,8 +3,9 @@
 //! acknowledged before the kill (sled-style).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_host::{ConnectOptions, Controller, IoFlags, ReconnectPolicy};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,17 +59,25 @@ fn acknowledged_writes_survive_a_killed_target() {
     let img = dir.join("ns.img");
     let port = free_port();
     let config = dir.join("target.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[target]\nlisten = \"127.0.0.1:{port}\"\ndiscovery_listen = \"\"\n\
-             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
-             [[subsystem.namespace]]\nnsid = 1\nbackend = \"file\"\npath = \"{}\"\ncreate = true\nsize = \"{}\"\nblock_size = 512\n",
-            img.display(),
-            SLOTS * BLOCKS_PER_WRITE * 512
-        ),
-    )
-    .unwrap();
+    // The `sluice target --config FILE` path: the file is written from a
+    // builder-made config.
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], port)))
+                .with_discovery_listen(None),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(NQN).allow_any_host().with_namespace(
+                NamespaceConfig::file(1, &img)
+                    .with_create(true)
+                    .with_size(SLOTS * BLOCKS_PER_WRITE * 512)
+                    .with_block_size(512),
+            ),
+        )
+        .validated()
+        .unwrap();
+    std::fs::write(&config, c.to_toml().unwrap()).unwrap();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -151,7 +151,7 @@ async fn hints_travel_in_cdw13() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_host_gets_named_status() {
-    let t = RealTarget::start_with(&["nqn.2024-01.io.sluice:someone-else"], "");
+    let t = RealTarget::start_with(&["nqn.2024-01.io.sluice:someone-else"], |t| t);
     let e = Controller::connect(t.addr(), &t.subnqn, opts())
         .await
         .expect_err("refused");

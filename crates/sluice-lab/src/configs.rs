@@ -1,18 +1,43 @@
 //! Every target configuration the experiments start, and nothing else.
 //!
-//! The experiments describe targets as TOML text parsed by
-//! `sluice_config::Config::from_toml`: the two document templates
-//! ([`tenant_target`], [`datapath_target`]) and the fragments they are filled
-//! with (scheduler settings, tenant sections, limits, backends) all live
-//! here, so that they can be replaced by typed builders in one place. The
-//! experiment modules only pick fragments by name and print them in their
-//! tables.
+//! The experiments' targets are built here with `sluice_config`'s builders
+//! and validated (`Config::validated`, the checks a file goes through): one
+//! function per experiment's target ([`fairness_target`], [`weights_target`],
+//! [`limits_target`], [`noisy_target`], [`cpu_target`], [`datapath_target`])
+//! and the pieces they share (SSD models, namespaces, tenants). The
+//! experiment modules pick them by name and print their labels in their
+//! tables. The tests check every one against the TOML it was written as
+//! before the builders, so no experiment's target changed.
 
 use anyhow::{Context, Result};
-use sluice_config::Config;
-use sluice_proto::coalesce::CoalesceMode;
-use std::fmt::Write as _;
+use sluice_backend::SsdModel;
+use sluice_config::tenants::{
+    CostKind, RateSpec, SchedulerMode, TenantSpec, TenantsConfig, TenantsSettings,
+};
+use sluice_config::{
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
+};
+use sluice_proto::send::{SchedulerKind, SendConfig};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+
+/// Every experiment's target listens on an ephemeral loopback port.
+fn ephemeral() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// `workers` workers on an ephemeral loopback port, no discovery port,
+/// interrupt polling, 2 s to drain at shutdown.
+fn experiment_settings(workers: usize) -> TargetSettings {
+    TargetSettings::default()
+        .with_listen(ephemeral())
+        .with_discovery_listen(None)
+        .with_polling(PollingPolicy::Interrupt)
+        .with_workers(workers)
+        .with_shutdown_drain_ms(2000)
+}
+
+const GIB: u64 = 1 << 30;
 
 // ------------------------------------------------------------ tenant experiments
 
@@ -25,202 +50,294 @@ pub fn host(n: &str) -> String {
 }
 
 /// Emulated SSD scaled down so the device, not this 2-core machine's CPU,
-/// is the bottleneck of the bandwidth experiments. Same numbers as
-/// [`scaled_model`].
-pub const SCALED_SSD: &str = "read_iops_max = 20000, write_iops_max = 10000, read_bytes_per_sec_max = 400000000, write_bytes_per_sec_max = 200000000, base_read_latency_us = 80, base_write_latency_us = 20, parallelism = 8";
-
-/// [`SCALED_SSD`] as a model, for the device cost of a job.
-pub fn scaled_model() -> sluice_backend::SsdModel {
-    sluice_backend::SsdModel {
-        read_iops_max: 20000,
-        write_iops_max: 10000,
-        read_bytes_per_sec_max: 400_000_000,
-        write_bytes_per_sec_max: 200_000_000,
-        base_read_latency_us: 80,
-        base_write_latency_us: 20,
-        parallelism: 8,
-    }
+/// is the bottleneck of the bandwidth experiments.
+pub fn scaled_ssd() -> SsdConfig {
+    SsdConfig::default()
+        .with_read_iops_max(20_000)
+        .with_write_iops_max(10_000)
+        .with_read_bytes_per_sec_max(400_000_000)
+        .with_write_bytes_per_sec_max(200_000_000)
+        .with_base_read_latency_us(80)
+        .with_base_write_latency_us(20)
+        .with_parallelism(8)
 }
 
-/// The noisy-neighbour experiment's SSD (the default model).
-pub const NOISY_SSD: &str = "read_iops_max = 100000, read_bytes_per_sec_max = 1000000000, base_read_latency_us = 80, parallelism = 8";
-
-/// Namespace lines for a 1 GiB emulated SSD with `model` (inline table body).
-pub fn ssd_backend(model: &str) -> String {
-    format!("backend = \"emulated-ssd\"\nsize = \"1GiB\"\nssd = {{ {model} }}")
+/// [`scaled_ssd`] as the model the target runs (absent keys would take
+/// `SsdModel::default()`'s values), for the device cost of a job.
+pub fn scaled_model() -> SsdModel {
+    sluice_target::subsystem::ssd_model(&scaled_ssd())
 }
 
-/// Namespace of the CPU experiments.
-pub const CPU_RAM: &str = "backend = \"ram\"\nsize = \"256MiB\"";
+/// The noisy-neighbour experiment's SSD (the default model's numbers).
+pub fn noisy_ssd() -> SsdConfig {
+    SsdConfig::default()
+        .with_read_iops_max(100_000)
+        .with_read_bytes_per_sec_max(1_000_000_000)
+        .with_base_read_latency_us(80)
+        .with_parallelism(8)
+}
 
-/// `[tenants]` with `settings`, then one `[[tenant]]` per (name, weight,
-/// extra lines), each with the host NQN [`host`]`(name)`.
-pub fn tenants(settings: &str, tenants: &[(&str, u32, &str)]) -> String {
-    let mut s = format!("[tenants]\n{settings}\n");
-    for (n, w, extra) in tenants {
-        let _ = writeln!(
-            s,
-            "[[tenant]]\nname = \"{n}\"\nhosts = [\"{}\"]\nweight = {w}\n{extra}",
-            host(n)
+/// The keys `m` sets, as a config file's `ssd = { ... }` says them
+/// (`read_iops_max = 20000, ...`), for the tables.
+pub fn ssd_text(m: &SsdConfig) -> String {
+    [
+        ("read_iops_max", m.read_iops_max),
+        ("write_iops_max", m.write_iops_max),
+        ("read_bytes_per_sec_max", m.read_bytes_per_sec_max),
+        ("write_bytes_per_sec_max", m.write_bytes_per_sec_max),
+        ("base_read_latency_us", m.base_read_latency_us),
+        ("base_write_latency_us", m.base_write_latency_us),
+        ("parallelism", m.parallelism.map(u64::from)),
+    ]
+    .iter()
+    .filter_map(|(k, v)| v.map(|v| format!("{k} = {v}")))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+/// Namespace 1: a 1 GiB emulated SSD with `model`.
+pub fn ssd_backend(model: SsdConfig) -> NamespaceConfig {
+    NamespaceConfig::emulated_ssd(1, GIB, model)
+}
+
+/// Namespace of the CPU experiments: 256 MiB of RAM.
+pub fn cpu_ram() -> NamespaceConfig {
+    NamespaceConfig::ram(1, 256 << 20)
+}
+
+/// Tenant `name` with weight `weight` and the host NQN [`host`]`(name)`.
+pub fn tenant(name: &str, weight: u32) -> TenantSpec {
+    TenantSpec::new(name)
+        .with_host(host(name))
+        .with_weight(weight)
+}
+
+/// `[tenants]` `settings` and the `tenants`.
+pub fn tenants(
+    settings: TenantsSettings,
+    tenants: impl IntoIterator<Item = TenantSpec>,
+) -> TenantsConfig {
+    tenants
+        .into_iter()
+        .fold(TenantsConfig::fair().with_settings(settings), |c, t| {
+            c.with_tenant(t)
+        })
+}
+
+/// A target on an ephemeral loopback port with `workers` workers,
+/// `tenants` and namespace `backend` in [`TENANT_SUBNQN`] (any host).
+pub fn tenant_target(
+    tenants: TenantsConfig,
+    backend: NamespaceConfig,
+    workers: usize,
+) -> Result<Config> {
+    let c = Config::default()
+        .with_target(experiment_settings(workers))
+        .with_tenants(tenants)
+        .with_subsystem(
+            SubsystemConfig::new(TENANT_SUBNQN)
+                .allow_any_host()
+                .with_namespace(backend),
         );
-    }
-    s
+    let shown = format!("{c:?}");
+    c.validated()
+        .with_context(|| format!("experiment config: {shown}"))
 }
 
-/// A target on an ephemeral loopback port with `workers` workers, the
-/// `tenants` sections and one namespace of `backend` in [`TENANT_SUBNQN`].
-pub fn tenant_target(tenants: &str, backend: &str, workers: u32) -> Result<Config> {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-polling = "interrupt"
-workers = {workers}
-shutdown_drain_ms = 2000
-{tenants}
-[[subsystem]]
-nqn = "{TENANT_SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-{backend}
-"#
-    );
-    Config::from_toml(&toml).with_context(|| format!("experiment config:\n{toml}"))
+/// No I/O scheduler: I/O goes straight to the backend.
+pub fn no_scheduler() -> TenantsSettings {
+    TenantsSettings::default().with_scheduler(SchedulerMode::None)
+}
+
+/// The fair scheduler with its default settings.
+pub fn fair() -> TenantsSettings {
+    TenantsSettings::default().with_scheduler(SchedulerMode::Fair)
 }
 
 /// Fairness: scheduler settings compared on every W pair (label, settings).
-pub const FAIRNESS_MODES: [(&str, &str); 6] = [
-    ("off", "scheduler = \"none\""),
-    (
-        "fair (device cost)",
-        "scheduler = \"fair\"\ncost = \"device\"",
-    ),
-    (
-        "fair (bytes cost)",
-        "scheduler = \"fair\"\ncost = \"bytes\"",
-    ),
-    (
-        "fair (bytes, depth 32, budget 400)",
-        "scheduler = \"fair\"\ncost = \"bytes\"\ndispatch_depth = 32\ndispatch_budget_us = 400",
-    ),
-    (
-        "fair (bytes, split 32 KiB)",
-        "scheduler = \"fair\"\ncost = \"bytes\"\nsplit_bytes = \"32KiB\"",
-    ),
-    (
-        "fair (device, split 32 KiB)",
-        "scheduler = \"fair\"\ncost = \"device\"\nsplit_bytes = \"32KiB\"",
-    ),
-];
-
-/// Fairness, weights 1:2:4: (label, settings, target workers).
-pub const WEIGHT_MODES: [(&str, &str, u32); 3] = [
-    ("off", "scheduler = \"none\"", 1),
-    ("fair", "scheduler = \"fair\"", 1),
-    ("fair, 2 workers", "scheduler = \"fair\"", 2),
-];
-
-/// Fairness, limits: settings, and tenant A's limit per workload.
-pub const LIMITS_SETTINGS: &str = "scheduler = \"fair\"";
-pub const LIMIT_IOPS_3000: &str = "limit = { iops = 3000 }";
-pub const LIMIT_READ_50MIB: &str = "limit = { read_bytes_per_sec = \"50MiB\" }";
-
-/// One noisy-neighbour run: label, `[tenants]` settings, whether the heavy
-/// tenant runs, and the heavy tenant's extra lines.
-#[derive(Debug, Clone, Copy)]
-pub struct NoisyRun {
-    pub name: &'static str,
-    pub settings: &'static str,
-    pub with_heavy: bool,
-    pub heavy_extra: &'static str,
+pub fn fairness_modes() -> [(&'static str, TenantsSettings); 6] {
+    [
+        ("off", no_scheduler()),
+        ("fair (device cost)", fair().with_cost(CostKind::Device)),
+        ("fair (bytes cost)", fair().with_cost(CostKind::Bytes)),
+        (
+            "fair (bytes, depth 32, budget 400)",
+            fair()
+                .with_cost(CostKind::Bytes)
+                .with_dispatch_depth(32)
+                .with_dispatch_budget_us(400),
+        ),
+        (
+            "fair (bytes, split 32 KiB)",
+            fair().with_cost(CostKind::Bytes).with_split_bytes(32 << 10),
+        ),
+        (
+            "fair (device, split 32 KiB)",
+            fair()
+                .with_cost(CostKind::Device)
+                .with_split_bytes(32 << 10),
+        ),
+    ]
 }
 
-const fn noisy(
-    name: &'static str,
-    settings: &'static str,
-    with_heavy: bool,
-    heavy_extra: &'static str,
-) -> NoisyRun {
+/// Fairness: tenants A and B with equal weights on the scaled SSD, one
+/// worker, under `settings`.
+pub fn fairness_target(settings: TenantsSettings) -> Result<Config> {
+    tenant_target(
+        tenants(settings, [tenant("a", 1), tenant("b", 1)]),
+        ssd_backend(scaled_ssd()),
+        1,
+    )
+}
+
+/// Fairness, weights 1:2:4: (label, settings, target workers).
+pub fn weight_modes() -> [(&'static str, TenantsSettings, usize); 3] {
+    [
+        ("off", no_scheduler(), 1),
+        ("fair", fair(), 1),
+        ("fair, 2 workers", fair(), 2),
+    ]
+}
+
+/// Fairness, weights: tenants w1, w2, w4 (weights 1, 2, 4) on the scaled
+/// SSD under `settings` with `workers` workers.
+pub fn weights_target(settings: TenantsSettings, workers: usize) -> Result<Config> {
+    tenant_target(
+        tenants(
+            settings,
+            [tenant("w1", 1), tenant("w2", 2), tenant("w4", 4)],
+        ),
+        ssd_backend(scaled_ssd()),
+        workers,
+    )
+}
+
+/// Fairness, limits: tenant A's limit per workload, with the label the
+/// table shows.
+pub fn limits() -> [(&'static str, RateSpec); 2] {
+    [
+        (
+            "limit = { iops = 3000 }",
+            RateSpec::default().with_iops(3000),
+        ),
+        (
+            "limit = { read_bytes_per_sec = \"50MiB\" }",
+            RateSpec::default().with_read_bytes_per_sec(50 << 20),
+        ),
+    ]
+}
+
+/// Fairness, limits: the fair scheduler, tenant A limited to `limit`,
+/// tenant B unlimited, on the scaled SSD.
+pub fn limits_target(limit: RateSpec) -> Result<Config> {
+    tenant_target(
+        tenants(fair(), [tenant("a", 1).with_limit(limit), tenant("b", 1)]),
+        ssd_backend(scaled_ssd()),
+        1,
+    )
+}
+
+/// One noisy-neighbour run: label, `[tenants]` settings, whether the heavy
+/// tenant runs, and the heavy tenant `h`.
+#[derive(Debug, Clone)]
+pub struct NoisyRun {
+    pub name: &'static str,
+    pub settings: TenantsSettings,
+    pub with_heavy: bool,
+    pub heavy: TenantSpec,
+}
+
+fn noisy(name: &'static str, settings: TenantsSettings, with_heavy: bool) -> NoisyRun {
     NoisyRun {
         name,
         settings,
         with_heavy,
-        heavy_extra,
+        heavy: tenant("h", 1),
     }
 }
 
 /// The noisy-neighbour runs, in plot order (x position = index).
-pub const NOISY_RUNS: [NoisyRun; 10] = [
-    noisy("alone", "scheduler = \"none\"", false, ""),
-    noisy("+ heavy, no isolation", "scheduler = \"none\"", true, ""),
-    noisy(
-        "+ heavy, fair depth 8",
-        "scheduler = \"fair\"\ndispatch_depth = 8",
-        true,
-        "",
-    ),
-    noisy(
-        "+ heavy, fair depth 2",
-        "scheduler = \"fair\"\ndispatch_depth = 2",
-        true,
-        "",
-    ),
-    noisy(
-        "+ heavy, fair depth 8, heavy limited 400MiB/s",
-        "scheduler = \"fair\"\ndispatch_depth = 8",
-        true,
-        "limit = { read_bytes_per_sec = \"400MiB\" }",
-    ),
-    noisy(
-        "+ heavy, fair depth 32, budget 300 µs",
-        "scheduler = \"fair\"\ndispatch_depth = 32\ndispatch_budget_us = 300",
-        true,
-        "",
-    ),
-    noisy(
-        "+ heavy, fair depth 1",
-        "scheduler = \"fair\"\ndispatch_depth = 1",
-        true,
-        "",
-    ),
-    noisy(
-        "+ heavy, fair depth 2, heavy CPU share 0.25 (i-NVMe)",
-        "scheduler = \"fair\"\ndispatch_depth = 2\ncpu_isolation = true",
-        true,
-        "cpu_share = 0.25",
-    ),
-    noisy(
-        "+ heavy, fair depth 2, split 32 KiB",
-        "scheduler = \"fair\"\ndispatch_depth = 2\nsplit_bytes = \"32KiB\"",
-        true,
-        "",
-    ),
-    noisy(
-        "+ heavy, fair depth 4, split 32 KiB",
-        "scheduler = \"fair\"\ndispatch_depth = 4\nsplit_bytes = \"32KiB\"",
-        true,
-        "",
-    ),
-];
+pub fn noisy_runs() -> [NoisyRun; 10] {
+    let depth = |n| fair().with_dispatch_depth(n);
+    [
+        noisy("alone", no_scheduler(), false),
+        noisy("+ heavy, no isolation", no_scheduler(), true),
+        noisy("+ heavy, fair depth 8", depth(8), true),
+        noisy("+ heavy, fair depth 2", depth(2), true),
+        NoisyRun {
+            heavy: tenant("h", 1)
+                .with_limit(RateSpec::default().with_read_bytes_per_sec(400 << 20)),
+            ..noisy(
+                "+ heavy, fair depth 8, heavy limited 400MiB/s",
+                depth(8),
+                true,
+            )
+        },
+        noisy(
+            "+ heavy, fair depth 32, budget 300 µs",
+            depth(32).with_dispatch_budget_us(300),
+            true,
+        ),
+        noisy("+ heavy, fair depth 1", depth(1), true),
+        NoisyRun {
+            heavy: tenant("h", 1).with_cpu_share(0.25),
+            ..noisy(
+                "+ heavy, fair depth 2, heavy CPU share 0.25 (i-NVMe)",
+                depth(2).with_cpu_isolation(true),
+                true,
+            )
+        },
+        noisy(
+            "+ heavy, fair depth 2, split 32 KiB",
+            depth(2).with_split_bytes(32 << 10),
+            true,
+        ),
+        noisy(
+            "+ heavy, fair depth 4, split 32 KiB",
+            depth(4).with_split_bytes(32 << 10),
+            true,
+        ),
+    ]
+}
 
-/// CPU experiments: `[tenants]` settings (no I/O scheduler; i-NVMe
-/// isolation on or off, k, the victims' cgroups watched for adaptive T).
-pub fn cpu_settings(isolation: bool, k: u32, victim_cgroups: &[PathBuf]) -> String {
-    let vc: Vec<String> = victim_cgroups
-        .iter()
-        .map(|p| format!("\"{}\"", p.display()))
-        .collect();
-    format!(
-        "scheduler = \"none\"\ncpu_isolation = {isolation}\ncpu_k = {k}\nvictim_cgroups = [{}]",
-        vc.join(", ")
+/// A noisy-neighbour run's target: victim `v` and the heavy tenant on the
+/// [`noisy_ssd`], one worker.
+pub fn noisy_target(run: &NoisyRun) -> Result<Config> {
+    tenant_target(
+        tenants(run.settings.clone(), [tenant("v", 1), run.heavy.clone()]),
+        ssd_backend(noisy_ssd()),
+        1,
     )
 }
 
-/// CPU experiments: the interferer tenant's extra lines.
-pub fn cpu_share(share: f64) -> String {
-    format!("cpu_share = {share}")
+/// CPU experiments: `[tenants]` settings (no I/O scheduler; i-NVMe
+/// isolation on or off, k, the victims' cgroups watched for adaptive T).
+pub fn cpu_settings(isolation: bool, k: u32, victim_cgroups: &[PathBuf]) -> TenantsSettings {
+    let mut s = no_scheduler()
+        .with_cpu_isolation(isolation)
+        .with_throttle(sluice_config::tenants::ThrottleConfig::default().with_k(k));
+    for p in victim_cgroups {
+        s = s.with_victim_cgroup(p);
+    }
+    s
+}
+
+/// CPU experiments: the interferer tenant `i` with CPU share `share` under
+/// [`cpu_settings`], on [`cpu_ram`], one worker.
+pub fn cpu_target(
+    isolation: bool,
+    k: u32,
+    victim_cgroups: &[PathBuf],
+    share: f64,
+) -> Result<Config> {
+    tenant_target(
+        tenants(
+            cpu_settings(isolation, k, victim_cgroups),
+            [tenant("i", 1).with_cpu_share(share)],
+        ),
+        cpu_ram(),
+        1,
+    )
 }
 
 // ------------------------------------------------------------ data path experiments
@@ -228,107 +345,52 @@ pub fn cpu_share(share: f64) -> String {
 /// Subsystem of the isolated data path experiments.
 pub const DATAPATH_SUBNQN: &str = "nqn.2026-11.io.sluice:iso";
 
-pub const RAM: &str = "backend = \"ram\"\nsize = \"1GiB\"";
-/// The emulated SSD with its default model (a modest datacenter drive).
-pub const SSD: &str = "backend = \"emulated-ssd\"\nsize = \"1GiB\"";
+/// Namespace 1: 1 GiB of RAM.
+pub fn ram() -> NamespaceConfig {
+    NamespaceConfig::ram(1, GIB)
+}
 
-/// PINoF_Nprio: weights 1/1/1 and both freights 64 KiB / 16 (PINoF §5).
-pub const NPRIO: &str = "weight_r2t = 1\nweight_response = 1\nweight_data = 1\nlatency_size = \"64KiB\"\nlatency_degree = 16";
+/// Namespace 1: a 1 GiB emulated SSD with its default model (a modest
+/// datacenter drive).
+pub fn ssd() -> NamespaceConfig {
+    ssd_backend(SsdConfig::default())
+}
 
-/// A one-worker target on an ephemeral loopback port with send scheduler
-/// `scheduler`, `[target.send]` lines `send`, response coalescing
-/// `coalescing` and one namespace of `backend` in [`DATAPATH_SUBNQN`].
-pub fn datapath_target(
-    scheduler: &str,
-    send: &str,
-    coalescing: CoalesceMode,
-    backend: &str,
-) -> Result<Config> {
-    let toml = format!(
-        r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-polling = "interrupt"
-workers = 1
-shutdown_drain_ms = 2000
-send_scheduler = "{scheduler}"
-[target.send]
-{send}
-[target.coalescing]
-mode = "{}"
-[[subsystem]]
-nqn = "{DATAPATH_SUBNQN}"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-{backend}
-"#,
-        coalescing.name()
-    );
-    Config::from_toml(&toml).with_context(|| format!("experiment config:\n{toml}"))
+/// The send path with scheduler `scheduler` and every other setting at
+/// its default (no response coalescing).
+pub fn send(scheduler: SchedulerKind) -> SendConfig {
+    SendConfig {
+        scheduler,
+        ..SendConfig::default()
+    }
+}
+
+/// PINoF_Nprio: the isolated scheduler with weights 1/1/1 and both freights
+/// 64 KiB / 16 (PINoF §5).
+pub fn nprio() -> SendConfig {
+    let mut s = send(SchedulerKind::Isolated);
+    s.weights.r2t = 1;
+    s.weights.response = 1;
+    s.weights.data = 1;
+    s.latency.size_bytes = 64 << 10;
+    s.latency.degree = 16;
+    s
+}
+
+/// A one-worker target on an ephemeral loopback port with send path
+/// `send` and namespace `backend` in [`DATAPATH_SUBNQN`] (any host).
+pub fn datapath_target(send: SendConfig, backend: NamespaceConfig) -> Result<Config> {
+    let c = Config::default()
+        .with_target(experiment_settings(1).with_send(send))
+        .with_subsystem(
+            SubsystemConfig::new(DATAPATH_SUBNQN)
+                .allow_any_host()
+                .with_namespace(backend),
+        );
+    let shown = format!("{c:?}");
+    c.validated()
+        .with_context(|| format!("experiment config: {shown}"))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every configuration an experiment can start parses and validates.
-    #[test]
-    fn every_config_is_valid() {
-        let ssd = ssd_backend(SCALED_SSD);
-        for (_, s) in FAIRNESS_MODES {
-            tenant_target(&tenants(s, &[("a", 1, ""), ("b", 1, "")]), &ssd, 1).unwrap();
-        }
-        for (_, s, w) in WEIGHT_MODES {
-            tenant_target(&tenants(s, &[("w1", 1, ""), ("w2", 2, "")]), &ssd, w).unwrap();
-        }
-        for l in [LIMIT_IOPS_3000, LIMIT_READ_50MIB] {
-            tenant_target(
-                &tenants(LIMITS_SETTINGS, &[("a", 1, l), ("b", 1, "")]),
-                &ssd,
-                1,
-            )
-            .unwrap();
-        }
-        for r in NOISY_RUNS {
-            tenant_target(
-                &tenants(r.settings, &[("v", 1, ""), ("h", 1, r.heavy_extra)]),
-                &ssd_backend(NOISY_SSD),
-                1,
-            )
-            .unwrap();
-        }
-        // Victim cgroups must exist (the config checks them): none here.
-        for iso in [false, true] {
-            let s = cpu_settings(iso, 8, &[]);
-            tenant_target(&tenants(&s, &[("i", 1, &cpu_share(0.5))]), CPU_RAM, 1).unwrap();
-        }
-        for sched in ["immediate", "unified", "isolated"] {
-            for backend in [RAM, SSD] {
-                datapath_target(sched, "", CoalesceMode::Off, backend).unwrap();
-            }
-        }
-        datapath_target("isolated", NPRIO, CoalesceMode::Off, RAM).unwrap();
-    }
-
-    #[test]
-    fn cpu_settings_list_the_victims() {
-        let s = cpu_settings(true, 4, &["/cg/v0".into(), "/cg/v1".into()]);
-        assert!(s.contains("cpu_isolation = true\ncpu_k = 4\n"), "{s}");
-        assert!(
-            s.ends_with("victim_cgroups = [\"/cg/v0\", \"/cg/v1\"]"),
-            "{s}"
-        );
-    }
-
-    #[test]
-    fn scaled_model_matches_its_toml() {
-        let c = tenant_target("", &ssd_backend(SCALED_SSD), 1).unwrap();
-        let text = format!("{c:?}");
-        let m = scaled_model();
-        for v in [m.read_iops_max, m.write_iops_max, m.read_bytes_per_sec_max] {
-            assert!(text.contains(&v.to_string()), "{v} not in {text}");
-        }
-    }
-}
+mod tests;

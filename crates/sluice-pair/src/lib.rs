@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_backend::{BackendQueue, IoCompletion};
-use sluice_config::Config;
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
 use sluice_host::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
 use sluice_host::HostError;
 use sluice_proto::coalesce::CoalesceMode;
@@ -237,21 +237,28 @@ pub struct Pair {
 /// The target's registry for `p`: one subsystem admitting [`HOSTNQN`] with
 /// one RAM namespace.
 pub fn registry(p: &Params) -> Arc<Registry> {
-    let toml = format!(
-        "[target]\n[[subsystem]]\nnqn = \"{SUBNQN}\"\nhosts = [\"{HOSTNQN}\"]\n\
-         [[subsystem.namespace]]\nnsid = {NSID}\nbackend = \"ram\"\nsize = \"{}KiB\"\nblock_size = {}\n",
-        p.ns_bytes / 1024,
-        p.block_size
-    );
-    let mut c = Config::from_toml(&toml).expect("harness config is valid");
-    let t = &mut c.target;
-    t.inline_data_bytes = p.in_capsule_bytes;
-    t.max_h2c_data_bytes = p.max_h2c_data_bytes;
-    t.max_c2h_data_bytes = p.max_c2h_data_bytes;
-    t.mdts_bytes = p.mdts_bytes;
-    t.queue_depth_max = t.queue_depth_max.max(p.depth);
-    t.kato_grace_ms = p.kato_grace_ms;
-    t.send = p.target_send;
+    let mut c = Config::default()
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(
+                    NamespaceConfig::ram(NSID, p.ns_bytes).with_block_size(p.block_size),
+                ),
+        )
+        .validated()
+        .expect("harness config is valid");
+    // The protocol parameters are set after validation, as they always
+    // were: the tests choose them, not a file.
+    let depth_max = c.target.queue_depth_max.max(p.depth);
+    c.target = c
+        .target
+        .with_inline_data_bytes(p.in_capsule_bytes)
+        .with_max_h2c_data_bytes(p.max_h2c_data_bytes)
+        .with_max_c2h_data_bytes(p.max_c2h_data_bytes)
+        .with_mdts_bytes(p.mdts_bytes)
+        .with_queue_depth_max(depth_max)
+        .with_kato_grace_ms(p.kato_grace_ms)
+        .with_send(p.target_send);
     Arc::new(Registry::build(&c).expect("registry builds"))
 }
 

@@ -5,8 +5,31 @@
 use sluice_admin::client::request;
 use sluice_admin::metrics::parse_text;
 use sluice_admin::schema::{Status, TenantStatsReport};
-use sluice_config::Config;
+use sluice_config::tenants::{TenantSpec, TenantsConfig, TenantsSettings};
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_target::Target;
+
+/// One worker on an ephemeral port, no discovery port, subsystem `nqn`
+/// (any host, one 1 MiB RAM namespace), `tenants` with the admin endpoint
+/// on an ephemeral port.
+fn admin_config(nqn: &str, mut tenants: TenantsConfig) -> Config {
+    tenants.settings.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_workers(1)
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None),
+        )
+        .with_tenants(tenants)
+        .with_subsystem(
+            SubsystemConfig::new(nqn)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+        )
+        .validated()
+        .unwrap()
+}
 
 #[test]
 fn admin_endpoint_with_token() {
@@ -14,30 +37,16 @@ fn admin_endpoint_with_token() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "tok-123\n").unwrap();
-    let cfg = Config::from_toml(&format!(
-        r#"
-[target]
-workers = 1
-listen = "127.0.0.1:0"
-discovery_listen = ""
-[tenants]
-admin_listen = "127.0.0.1:0"
-admin_token_file = "{}"
-[[tenant]]
-name = "gold"
-hosts = ["nqn.2014-08.org.nvmexpress:uuid:gold"]
-weight = 4
-[[subsystem]]
-nqn = "nqn.2026-11.io.sluice:admin"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "1MiB"
-"#,
-        token_file.display()
-    ))
-    .unwrap();
+    let cfg = admin_config(
+        "nqn.2026-11.io.sluice:admin",
+        TenantsConfig::fair()
+            .with_settings(TenantsSettings::default().with_admin_token_file(&token_file))
+            .with_tenant(
+                TenantSpec::new("gold")
+                    .with_host("nqn.2014-08.org.nvmexpress:uuid:gold")
+                    .with_weight(4),
+            ),
+    );
     let t = Target::start(&cfg).unwrap();
     let admin = t.admin_addr().unwrap().to_string();
     let tok = Some("tok-123");
@@ -93,25 +102,12 @@ size = "1MiB"
 
 #[test]
 fn missing_token_file_fails_the_start() {
-    let cfg = Config::from_toml(
-        r#"
-[target]
-workers = 1
-listen = "127.0.0.1:0"
-discovery_listen = ""
-[tenants]
-admin_listen = "127.0.0.1:0"
-admin_token_file = "/nonexistent/sluice-token"
-[[subsystem]]
-nqn = "nqn.2026-11.io.sluice:admin2"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "1MiB"
-"#,
-    )
-    .unwrap();
+    let cfg = admin_config(
+        "nqn.2026-11.io.sluice:admin2",
+        TenantsConfig::fair().with_settings(
+            TenantsSettings::default().with_admin_token_file("/nonexistent/sluice-token"),
+        ),
+    );
     let Err(e) = Target::start(&cfg) else {
         panic!("a missing token file must fail the start")
     };

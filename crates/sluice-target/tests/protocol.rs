@@ -9,11 +9,13 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
+use sluice_config::{Config, NamespaceConfig, SsdConfig, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{connect_data_offset, CNTLID_DYNAMIC};
 use sluice_proto::identify::{self, IdentifyController};
 use sluice_proto::log::{self, lid, GetLogPage};
 use sluice_proto::pdu::{fes, DataHeader, PduHeader};
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::Status;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ use std::time::Duration;
 /// `common::SEND_MODES`): every test that is not about one send path runs
 /// in each of them.
 fn reg_in(mode: &str) -> std::sync::Arc<sluice_target::subsystem::Registry> {
-    registry(&config_toml_in(mode, "", default_ns()))
+    registry(&config_in(mode, default_ns()))
 }
 
 #[test]
@@ -379,20 +381,16 @@ fn with_c2h(mut s: Sqe, len: u32) -> Sqe {
 
 #[test]
 fn discovery_lists_only_allowed_subsystems_at_the_advertised_address() {
-    let toml = format!(
-        r#"
-[target]
-advertise_addr = "10.0.2.2"
-advertise_port = 14420
-[[subsystem]]
-nqn = "{SUBNQN}"
-hosts = ["{HOSTNQN}"]
-[[subsystem]]
-nqn = "nqn.2026-11.io.sluice:other"
-hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
-"#
-    );
-    let r = registry(&toml);
+    let c = Config::default()
+        .with_target(TargetSettings::default().with_advertise(Some("10.0.2.2".into()), Some(14420)))
+        .with_subsystem(SubsystemConfig::new(SUBNQN).with_host(HOSTNQN))
+        .with_subsystem(
+            SubsystemConfig::new("nqn.2026-11.io.sluice:other")
+                .with_host("nqn.2014-08.org.nvmexpress:uuid:someone-else"),
+        )
+        .validated()
+        .unwrap();
+    let r = registry(&c);
     let mut p = Pair::new(r.clone());
     p.icreq(false, false);
     let disc = p.connect_to(sluice_proto::DISCOVERY_NQN, 0, 0xffff, 0);
@@ -454,8 +452,14 @@ hosts = ["nqn.2014-08.org.nvmexpress:uuid:someone-else"]
 #[test]
 fn emulated_ssd_namespace_completes_in_virtual_time() {
     for mode in SEND_MODES {
-        let ns = "[[subsystem.namespace]]\nnsid = 1\nbackend = \"emulated-ssd\"\nsize = \"4MiB\"\nssd = { base_read_latency_us = 100, base_write_latency_us = 30 }\n";
-        let r = registry(&config_toml_in(mode, "", ns));
+        let ns = NamespaceConfig::emulated_ssd(
+            1,
+            4 << 20,
+            SsdConfig::default()
+                .with_base_read_latency_us(100)
+                .with_base_write_latency_us(30),
+        );
+        let r = registry(&config_in(mode, ns));
         let (_a, cntlid) = admin_pair(&r);
         let mut p = io_pair(&r, cntlid, false, false);
         let t0 = p.now;
@@ -530,10 +534,13 @@ proptest! {
 /// (the worker sleeps on it).
 #[test]
 fn held_pdu_is_flushed_at_its_deadline() {
-    let r = registry(&config_toml(
-        "send_scheduler = \"isolated\"\nsend = { latency_timer_us = 40, data_timer_us = 90 }",
-        default_ns(),
-    ));
+    let mut send = SendConfig {
+        scheduler: SchedulerKind::Isolated,
+        ..SendConfig::default()
+    };
+    send.latency.timer = Duration::from_micros(40);
+    send.data.timer = Duration::from_micros(90);
+    let r = registry(&config(send, default_ns()));
     let (_a, cntlid) = admin_pair(&r);
     let mut q = io_pair(&r, cntlid, false, false);
     // A 16 KiB write without in-capsule data: the R2T waits in the latency freight.

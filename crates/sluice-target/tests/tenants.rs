@@ -234,25 +234,23 @@ fn split_requests_keep_data_intact() {
 #[test]
 fn charge_cgroup_lowers_the_tenant_quota() {
     let _serial = serial();
-    // Bad input first (no root needed), as a file would say it.
-    let e = Config::from_toml(
-        r#"
-[tenants]
-[[tenant]]
-name = "a"
-hosts = ["nqn.2014-08.org.nvmexpress:uuid:tenant-a"]
-charge_cgroup = "/sys/fs/cgroup/cpu/sluice-no-such-cgroup"
-[[subsystem]]
-nqn = "nqn.2026-11.io.sluice:tenants"
-allow_any_host = true
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "1MiB"
-"#,
-    )
-    .unwrap_err()
-    .to_string();
+    // Bad input first (no root needed): validation names the key.
+    let e = Config::default()
+        .with_tenants(
+            TenantsConfig::fair().with_tenant(
+                TenantSpec::new("a")
+                    .with_host(HOST_A)
+                    .with_charge_cgroup("/sys/fs/cgroup/cpu/sluice-no-such-cgroup"),
+            ),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+        )
+        .validated()
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("tenant[0].charge_cgroup") && e.contains("sluice-no-such-cgroup"),
         "{e}"

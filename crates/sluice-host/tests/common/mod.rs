@@ -7,7 +7,7 @@ pub mod mem_target;
 
 use std::net::SocketAddr;
 
-use sluice_config::Config;
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_target::{Target, TargetHandle};
 
 /// Sluice's target on 127.0.0.1 (ephemeral port, no discovery listener),
@@ -24,43 +24,39 @@ pub struct RealTarget {
 impl RealTarget {
     /// Admits any host.
     pub fn start() -> RealTarget {
-        RealTarget::start_with(&[], "")
+        RealTarget::start_with(&[], |t| t)
     }
 
-    /// Admits only `hosts` (any host when empty); `extra` is added to the
-    /// `[target]` table.
-    pub fn start_with(hosts: &[&str], extra: &str) -> RealTarget {
+    /// Admits only `hosts` (any host when empty); `target` adjusts the
+    /// target settings.
+    pub fn start_with(
+        hosts: &[&str],
+        target: impl FnOnce(TargetSettings) -> TargetSettings,
+    ) -> RealTarget {
         let subnqn = "nqn.2024-01.io.sluice:real".to_string();
-        let access = if hosts.is_empty() {
-            "allow_any_host = true".to_string()
-        } else {
-            let l: Vec<String> = hosts.iter().map(|h| format!("\"{h}\"")).collect();
-            format!("hosts = [{}]", l.join(", "))
-        };
-        let toml = format!(
-            r#"
-[target]
-listen = "127.0.0.1:0"
-discovery_listen = ""
-workers = 1
-polling = "interrupt"
-inline_data_bytes = 8192
-max_h2c_data_bytes = 32768
-max_c2h_data_bytes = 65536
-mdts_bytes = 131072
-shutdown_drain_ms = 1000
-{extra}
-[[subsystem]]
-nqn = "{subnqn}"
-{access}
-[[subsystem.namespace]]
-nsid = 1
-backend = "ram"
-size = "16MiB"
-block_size = 512
-"#
-        );
-        let c = Config::from_toml(&toml).expect("test target config");
+        let mut sub = SubsystemConfig::new(&subnqn)
+            .with_namespace(NamespaceConfig::ram(1, 16 << 20).with_block_size(512));
+        if hosts.is_empty() {
+            sub = sub.allow_any_host();
+        }
+        for h in hosts {
+            sub = sub.with_host(*h);
+        }
+        let settings = TargetSettings::default()
+            .with_listen("127.0.0.1:0".parse().expect("address"))
+            .with_discovery_listen(None)
+            .with_workers(1)
+            .with_polling(PollingPolicy::Interrupt)
+            .with_inline_data_bytes(8192)
+            .with_max_h2c_data_bytes(32768)
+            .with_max_c2h_data_bytes(65536)
+            .with_mdts_bytes(131072)
+            .with_shutdown_drain_ms(1000);
+        let c = Config::default()
+            .with_target(target(settings))
+            .with_subsystem(sub)
+            .validated()
+            .expect("test target config");
         let handle = Target::start(&c).expect("target starts");
         RealTarget {
             handle: Some(handle),

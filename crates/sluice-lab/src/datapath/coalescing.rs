@@ -2,12 +2,13 @@
 //! random reads with the host's wake-up coalescing in every mode.
 
 use super::{bench_args, header, loadavg, point, TargetSetup};
-use crate::configs::RAM;
+use crate::configs::ram;
 use crate::plot;
 use crate::report::{ratio as r, write};
 use anyhow::Result;
 use sluice_bench::JobReport;
 use sluice_proto::coalesce::CoalesceMode;
+use sluice_proto::send::SchedulerKind;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -83,7 +84,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
                     }
                 })
                 .collect();
-            let p = point(&TargetSetup::sched("immediate"), RAM, &a)?;
+            let p = point(&TargetSetup::sched(SchedulerKind::Immediate), &ram(), &a)?;
             let t = &p.bench.total;
             let slow = p
                 .bench

@@ -17,7 +17,8 @@ use crate::configs::{self, DATAPATH_SUBNQN};
 use crate::report::per;
 use anyhow::Result;
 use sluice_bench::{BenchArgs, BenchReport};
-use sluice_proto::coalesce::CoalesceMode;
+use sluice_config::NamespaceConfig;
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_target::send::SendStats;
 use sluice_target::Target;
 use std::fmt::Write as _;
@@ -28,22 +29,18 @@ pub(super) fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// One target setting.
+/// One target setting: the target's send path (scheduler, freights,
+/// response coalescing).
 #[derive(Debug, Clone)]
 pub(super) struct TargetSetup {
-    pub(super) scheduler: &'static str,
-    /// `[target.send]` lines.
-    pub(super) send: String,
-    /// Target response coalescing mode.
-    pub(super) coalescing: CoalesceMode,
+    pub(super) send: SendConfig,
 }
 
 impl TargetSetup {
-    pub(super) fn sched(s: &'static str) -> Self {
+    /// Scheduler `s`, everything else at its default (no coalescing).
+    pub(super) fn sched(s: SchedulerKind) -> Self {
         TargetSetup {
-            scheduler: s,
-            send: String::new(),
-            coalescing: CoalesceMode::Off,
+            send: configs::send(s),
         }
     }
 }
@@ -55,8 +52,8 @@ pub(super) struct Point {
     pub(super) target_ios: u64,
 }
 
-pub(super) fn point(ts: &TargetSetup, backend: &str, b: &BenchArgs) -> Result<Point> {
-    let c = configs::datapath_target(ts.scheduler, &ts.send, ts.coalescing, backend)?;
+pub(super) fn point(ts: &TargetSetup, backend: &NamespaceConfig, b: &BenchArgs) -> Result<Point> {
+    let c = configs::datapath_target(ts.send, backend.clone())?;
     let pinned = cpus() >= 2;
     let saved = get_mask()?;
     if pinned {

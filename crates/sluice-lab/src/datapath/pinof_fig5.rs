@@ -2,10 +2,11 @@
 //! varying write ratio, under each send scheduler (RAM and emulated SSD).
 
 use super::{bench_args, header, loadavg, pdus_per_flush, point, TargetSetup};
-use crate::configs::{RAM, SSD};
+use crate::configs::{ram, ssd};
 use crate::plot;
 use crate::report::{per, ratio as r, write};
 use anyhow::Result;
+use sluice_proto::send::SchedulerKind;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -23,7 +24,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         runtime,
         &load0,
     );
-    for (bname, backend) in [("RAM", RAM), ("emulated SSD", SSD)] {
+    for (bname, backend) in [("RAM", ram()), ("emulated SSD", ssd())] {
         // [sched][write idx] -> (mean, p99, MiB/s)
         let mut res = vec![vec![(0.0, 0.0, 0.0); writes.len()]; scheds.len()];
         let _ = writeln!(md, "## {bname}\n");
@@ -39,12 +40,12 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
                 a.rwmixread = 100 - w;
                 a.qd = 8;
                 let ts = if *s == "isolated+host" {
-                    a.send_scheduler = sluice_proto::send::SchedulerKind::Isolated;
-                    TargetSetup::sched("isolated")
+                    a.send_scheduler = SchedulerKind::Isolated;
+                    TargetSetup::sched(SchedulerKind::Isolated)
                 } else {
-                    TargetSetup::sched(s)
+                    TargetSetup::sched(s.parse().map_err(anyhow::Error::msg)?)
                 };
-                let p = point(&ts, backend, &a)?;
+                let p = point(&ts, &backend, &a)?;
                 let t = &p.bench.total;
                 res[si][wi] = (t.latency_us_mean, t.latency_us_p99, t.bandwidth_mib_s);
                 let _ = writeln!(

@@ -2,18 +2,24 @@
 //! to 128 KiB, isolated scheduler with and without priorities.
 
 use super::{bench_args, header, loadavg, pdus_per_flush, point, TargetSetup};
-use crate::configs::{NPRIO, RAM, SSD};
+use crate::configs::{self, nprio, ram, ssd};
 use crate::plot;
 use crate::report::{ratio as r, write};
 use anyhow::Result;
-use sluice_proto::coalesce::CoalesceMode;
+use sluice_proto::send::SchedulerKind;
 use std::fmt::Write as _;
 use std::path::Path;
 
 pub fn run(out: &Path, runtime: f64) -> Result<()> {
     let load0 = loadavg();
     let sizes = [4u64, 8, 16, 32, 64, 128];
-    let setups = [("isolated (priorities)", ""), ("isolated Nprio", NPRIO)];
+    let setups = [
+        (
+            "isolated (priorities)",
+            configs::send(SchedulerKind::Isolated),
+        ),
+        ("isolated Nprio", nprio()),
+    ];
     let mut md = String::new();
     header(
         &mut md,
@@ -26,7 +32,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         md,
         "Nprio = `weight_r2t = weight_response = weight_data = 1`, latency freight 64 KiB / 16 (data freight is 64 KiB / 16 already).\n"
     );
-    for (bname, backend) in [("RAM", RAM), ("emulated SSD", SSD)] {
+    for (bname, backend) in [("RAM", ram()), ("emulated SSD", ssd())] {
         let mut res = vec![vec![(0.0, 0.0); sizes.len()]; setups.len()];
         let _ = writeln!(md, "## {bname}\n");
         let _ = writeln!(
@@ -40,12 +46,8 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
                 a.rw = sluice_bench::RwMode::RandWrite;
                 a.qd = 8;
                 a.bs = format!("{kib}k").parse().map_err(anyhow::Error::msg)?;
-                let ts = TargetSetup {
-                    scheduler: "isolated",
-                    send: send.to_string(),
-                    coalescing: CoalesceMode::Off,
-                };
-                let p = point(&ts, backend, &a)?;
+                let ts = TargetSetup { send: *send };
+                let p = point(&ts, &backend, &a)?;
                 let t = &p.bench.total;
                 res[si][bi] = (t.iops, t.latency_us_mean);
                 let _ = writeln!(

@@ -136,11 +136,12 @@ impl Mode {
 pub(super) fn cpu_target(mode: Mode, k: u32, v: &Victims) -> Result<TargetHandle> {
     let share = v.interferer_quota.as_secs_f64() / PERIOD.as_secs_f64();
     let victims: Vec<PathBuf> = v.groups.iter().map(|g| g.path().to_path_buf()).collect();
-    let settings = configs::cpu_settings(mode == Mode::INvme, k, &victims);
-    let t = target(
-        &configs::tenants(&settings, &[("i", 1, &configs::cpu_share(share))]),
-        configs::CPU_RAM,
-    )?;
+    let t = target(&configs::cpu_target(
+        mode == Mode::INvme,
+        k,
+        &victims,
+        share,
+    )?)?;
     // The thread names itself once it runs: wait for it.
     let mut tid = None;
     for _ in 0..200 {

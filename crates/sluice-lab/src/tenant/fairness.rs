@@ -1,10 +1,9 @@
 //! `sluice-lab fairness`: bandwidth fairness (Flint W1-W5), weights 1:2:4
 //! and limits on the scaled emulated SSD (docs/tenants.md).
 
-use super::{bench, job, target, target_workers};
+use super::{bench, job, target};
 use crate::configs::{
-    self, host, scaled_model, ssd_backend, FAIRNESS_MODES, LIMITS_SETTINGS, LIMIT_IOPS_3000,
-    LIMIT_READ_50MIB, SCALED_SSD, WEIGHT_MODES,
+    self, fairness_modes, host, limits, scaled_model, scaled_ssd, ssd_text, weight_modes,
 };
 use crate::report::{jain, write};
 use crate::{plot, RunArgs};
@@ -58,18 +57,16 @@ pub fn run(a: &RunArgs) -> Result<()> {
             4096,
         ),
     ];
-    let modes = FAIRNESS_MODES;
+    let modes = fairness_modes();
+    let scaled = ssd_text(&scaled_ssd());
     let mut md = String::new();
-    let _ = writeln!(md, "# Bandwidth fairness (Flint W1-W5) on the emulated SSD\n\nCommand: `cargo run --release -p sluice-lab -- fairness --runtime {}`\n\nEmulated SSD (scaled so the device is the bottleneck on this 2-core machine): `{SCALED_SSD}`. One target worker, `dispatch_depth` 8 unless stated (`budget 400` = `dispatch_budget_us = 400`, i.e. at most 400 000 bytes of cost outstanding), equal weights. Tenant A and B are two host NQNs. `Jain(bytes)` is over the two tenants' bandwidth, `Jain(dev)` over their device time (the device cost model's estimate of how long the SSD spent on each).\n", a.runtime);
+    let _ = writeln!(md, "# Bandwidth fairness (Flint W1-W5) on the emulated SSD\n\nCommand: `cargo run --release -p sluice-lab -- fairness --runtime {}`\n\nEmulated SSD (scaled so the device is the bottleneck on this 2-core machine): `{scaled}`. One target worker, `dispatch_depth` 8 unless stated (`budget 400` = `dispatch_budget_us = 400`, i.e. at most 400 000 bytes of cost outstanding), equal weights. Tenant A and B are two host NQNs. `Jain(bytes)` is over the two tenants' bandwidth, `Jain(dev)` over their device time (the device cost model's estimate of how long the SSD spent on each).\n", a.runtime);
     let _ = writeln!(md, "| pair | A | B | mode | A MiB/s | B MiB/s | A IOPS | B IOPS | B/A bytes | Jain(bytes) | Jain(dev) |\n|---|---|---|---|---|---|---|---|---|---|---|");
     let mut jb: Vec<Vec<f64>> = vec![vec![]; modes.len()];
     let mut jd: Vec<Vec<f64>> = vec![vec![]; modes.len()];
     for (w, ja, bsa, jbs, bsb) in pairs {
         for (mi, (mode, settings)) in modes.iter().enumerate() {
-            let t = target(
-                &configs::tenants(settings, &[("a", 1, ""), ("b", 1, "")]),
-                &ssd_backend(SCALED_SSD),
-            )?;
+            let t = target(&configs::fairness_target(settings.clone())?)?;
             let r = bench(
                 &t,
                 &[
@@ -138,12 +135,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
     // Weights 1:2:4 and limits.
     let _ = writeln!(md, "\n## Weights 1:2:4 (three tenants, 4 KiB random reads, QD 16 each)\n\n`fair, 2 workers`: two target worker threads and two I/O queues per tenant (connections are dealt round robin, so every tenant has queues on both workers; the scheduler is shared).\n\n| scheduler | tenant | weight | IOPS | share | expected share | error |\n|---|---|---|---|---|---|---|");
     let mut wshares = Vec::new();
-    for (mode, settings, workers) in WEIGHT_MODES {
-        let t = target_workers(
-            &configs::tenants(settings, &[("w1", 1, ""), ("w2", 2, ""), ("w4", 4, "")]),
-            &ssd_backend(SCALED_SSD),
-            workers,
-        )?;
+    for (mode, settings, workers) in weight_modes() {
+        let t = target(&configs::weights_target(settings, workers)?)?;
         let jobs: Vec<String> = ["w1", "w2", "w4"]
             .iter()
             .map(|n| {
@@ -185,19 +178,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     )?;
 
     let _ = writeln!(md, "\n## Limits (fair scheduler)\n\n| tenant A workload | A limit | A measured | B (unlimited) measured |\n|---|---|---|---|");
-    for (ja, limit, unit, bsa) in [
-        ("rw=randread,bs=4k,qd=16", LIMIT_IOPS_3000, "IOPS", 4096u64),
-        (
-            "rw=randread,bs=128k,qd=8",
-            LIMIT_READ_50MIB,
-            "MiB/s",
-            131072,
-        ),
+    let [iops_3000, read_50mib] = limits();
+    for (ja, (limit, rate), unit, bsa) in [
+        ("rw=randread,bs=4k,qd=16", iops_3000, "IOPS", 4096u64),
+        ("rw=randread,bs=128k,qd=8", read_50mib, "MiB/s", 131072),
     ] {
-        let t = target(
-            &configs::tenants(LIMITS_SETTINGS, &[("a", 1, limit), ("b", 1, "")]),
-            &ssd_backend(SCALED_SSD),
-        )?;
+        let t = target(&configs::limits_target(rate)?)?;
         let r = bench(
             &t,
             &[

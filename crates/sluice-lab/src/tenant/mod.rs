@@ -9,19 +9,15 @@ pub mod fairness;
 pub mod ksplit;
 pub mod noisy;
 
-use crate::configs::{self, TENANT_SUBNQN};
+use crate::configs::TENANT_SUBNQN;
 use anyhow::Result;
 use sluice_bench::{BenchArgs, BenchReport, JobReport};
+use sluice_config::Config;
 use sluice_target::{Target, TargetHandle};
 
-/// Starts a one-worker target with `tenants` sections and `backend`.
-fn target(tenants: &str, backend: &str) -> Result<TargetHandle> {
-    target_workers(tenants, backend, 1)
-}
-
-fn target_workers(tenants: &str, backend: &str, workers: u32) -> Result<TargetHandle> {
-    let c = configs::tenant_target(tenants, backend, workers)?;
-    Ok(Target::start(&c)?)
+/// Starts a target with `config` (one of `crate::configs`' targets).
+fn target(config: &Config) -> Result<TargetHandle> {
+    Ok(Target::start(config)?)
 }
 
 /// Runs `jobs` (bench job specs) against `t` for `runtime` seconds.

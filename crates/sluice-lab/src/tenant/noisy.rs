@@ -2,28 +2,24 @@
 //! without and with the tenant scheduler's isolation (docs/tenants.md).
 
 use super::{bench, job, target};
-use crate::configs::{self, host, ssd_backend, NOISY_RUNS, NOISY_SSD};
+use crate::configs::{self, host, noisy_runs, noisy_ssd, ssd_text};
 use crate::report::write;
 use crate::{plot, RunArgs};
 use anyhow::Result;
 use std::fmt::Write as _;
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    let default_ssd = NOISY_SSD;
+    let default_ssd = ssd_text(&noisy_ssd());
     let victim = format!("v,hostnqn={},rw=randread,bs=4k,qd=1", host("v"));
     let heavy = format!("h,hostnqn={},rw=randread,bs=128k,qd=32", host("h"));
-    let runs = NOISY_RUNS;
+    let runs = noisy_runs();
     let mut md = format!("# Noisy neighbour\n\nCommand: `cargo run --release -p sluice-lab -- noisy --runtime {}`\n\nEmulated SSD with the default model (`{default_ssd}`), one worker. Victim: 4 KiB random reads at QD 1. Heavy: 128 KiB random reads at QD 32 (another host NQN).\n\n| run | victim IOPS | p50 µs | p99 µs | p99.9 µs | p99 / solo p99 | heavy MiB/s |\n|---|---|---|---|---|---|---|\n", a.runtime);
     let mut solo_p99 = 0.0;
     let mut xs = Vec::new();
     let (mut p50, mut p99, mut p999) = (vec![], vec![], vec![]);
     for (i, run) in runs.iter().enumerate() {
-        let (name, settings, with_heavy, limit) =
-            (run.name, run.settings, run.with_heavy, run.heavy_extra);
-        let t = target(
-            &configs::tenants(settings, &[("v", 1, ""), ("h", 1, limit)]),
-            &ssd_backend(default_ssd),
-        )?;
+        let (name, with_heavy) = (run.name, run.with_heavy);
+        let t = target(&configs::noisy_target(run)?)?;
         let mut jobs = vec![victim.clone()];
         if with_heavy {
             jobs.push(heavy.clone());

@@ -6,13 +6,15 @@
 #![allow(dead_code)]
 
 use sluice_backend::{BackendQueue, IoCompletion};
-use sluice_config::Config;
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
+use sluice_proto::coalesce::CoalesceMode;
 use sluice_proto::command::{admin, io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{
     cc, fctype, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::Status;
 use sluice_target::queue::QueueConnection;
 use sluice_target::subsystem::Registry;
@@ -37,49 +39,57 @@ pub const SEND_MODES: [&str; 7] = [
     "unified/calibrated",
 ];
 
-/// The target settings of send path `mode` (`SCHEDULER[/COALESCING]`).
-pub fn send_mode_toml(mode: &str) -> String {
+/// The send path `mode` (`SCHEDULER[/COALESCING]`): that scheduler, and
+/// response coalescing in that mode (`off` when absent) with threshold 4
+/// and timeout 20 µs.
+pub fn send_config(mode: &str) -> SendConfig {
     let (sched, co) = mode.split_once('/').unwrap_or((mode, "off"));
-    format!(
-        "send_scheduler = \"{sched}\"\ncoalescing = {{ mode = \"{co}\", threshold = 4, timeout_us = 20 }}\n"
-    )
-}
-
-/// A target config with the immediate send path.
-pub fn config_toml(extra_target: &str, ns: &str) -> String {
-    config_toml_in("immediate", extra_target, ns)
-}
-
-/// A target config with send path `mode` (unless `extra_target` sets one).
-pub fn config_toml_in(mode: &str, extra_target: &str, ns: &str) -> String {
-    let mode = if extra_target.contains("send_scheduler") {
-        String::new()
-    } else {
-        send_mode_toml(mode)
+    let mut s = SendConfig {
+        scheduler: sched.parse::<SchedulerKind>().expect("send mode scheduler"),
+        ..SendConfig::default()
     };
-    format!(
-        r#"
-[target]
-inline_data_bytes = 8192
-max_h2c_data_bytes = 8192
-max_c2h_data_bytes = 8192
-{extra_target}
-{mode}
-[[subsystem]]
-nqn = "{SUBNQN}"
-hosts = ["{HOSTNQN}"]
-{ns}
-"#
-    )
+    s.coalescing.mode = co.parse::<CoalesceMode>().expect("send mode coalescing");
+    s.coalescing.threshold = 4;
+    s.coalescing.timeout = Duration::from_micros(20);
+    s
 }
 
-pub fn default_ns() -> &'static str {
-    "[[subsystem.namespace]]\nnsid = 1\nbackend = \"ram\"\nsize = \"4MiB\"\nblock_size = 512\n"
+/// The tests' target settings: 8 KiB in-capsule data, H2CData and C2HData
+/// PDUs, and the send path `send`.
+pub fn target_settings(send: SendConfig) -> TargetSettings {
+    TargetSettings::default()
+        .with_inline_data_bytes(8192)
+        .with_max_h2c_data_bytes(8192)
+        .with_max_c2h_data_bytes(8192)
+        .with_send(send)
 }
 
-pub fn registry(toml: &str) -> Arc<Registry> {
-    let c = Config::from_toml(toml).expect("test config is valid");
-    Arc::new(Registry::build(&c).expect("registry builds"))
+/// A target config with send path `send`: [`SUBNQN`] admitting [`HOSTNQN`],
+/// with namespace `ns`.
+pub fn config(send: SendConfig, ns: NamespaceConfig) -> Config {
+    Config::default()
+        .with_target(target_settings(send))
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(ns),
+        )
+        .validated()
+        .expect("test config is valid")
+}
+
+/// A target config with send path `mode` (see [`send_config`]).
+pub fn config_in(mode: &str, ns: NamespaceConfig) -> Config {
+    config(send_config(mode), ns)
+}
+
+/// Namespace 1: 4 MiB of RAM, 512-byte blocks.
+pub fn default_ns() -> NamespaceConfig {
+    NamespaceConfig::ram(1, 4 << 20).with_block_size(512)
+}
+
+pub fn registry(c: &Config) -> Arc<Registry> {
+    Arc::new(Registry::build(c).expect("registry builds"))
 }
 
 /// A received PDU.
