@@ -6,7 +6,9 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use sluice_runtime::sync;
 use std::time::Instant;
 
 use crate::io::{fail, valid_block_size, validate_request};
@@ -81,7 +83,7 @@ impl RamStore {
             match self.chunk(index, false) {
                 None => dst.fill(0),
                 Some(lock) => {
-                    let guard = lock.read().unwrap_or_else(PoisonError::into_inner);
+                    let guard = sync::read(lock);
                     match guard.as_deref() {
                         None => dst.fill(0),
                         Some(data) => dst.copy_from_slice(&data[at..at + dst.len()]),
@@ -96,7 +98,7 @@ impl RamStore {
             let Some(lock) = self.chunk(index, true) else {
                 unreachable!("chunk index within size");
             };
-            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = sync::write(lock);
             let data = guard.get_or_insert_with(|| vec![0u8; RAM_CHUNK_BYTES].into_boxed_slice());
             data[at..at + range.len()].copy_from_slice(&src[range]);
         });
@@ -108,7 +110,7 @@ impl RamStore {
             let Some(lock) = self.chunk(index, false) else {
                 return; // Never written: already zero.
             };
-            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = sync::write(lock);
             if range.len() == RAM_CHUNK_BYTES {
                 *guard = None;
             } else if let Some(data) = guard.as_deref_mut() {
@@ -123,7 +125,7 @@ impl RamStore {
             .iter()
             .filter_map(OnceLock::get)
             .flat_map(|g| g.iter())
-            .filter(|c| c.read().unwrap_or_else(PoisonError::into_inner).is_some())
+            .filter(|c| sync::read(c).is_some())
             .count()
     }
 

@@ -14,7 +14,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use sluice_runtime::sync::lock;
 use std::time::{Duration, Instant};
 
 use crate::io::{fail, validate_request};
@@ -232,11 +234,7 @@ impl EmulatedSsd {
     }
 
     pub fn model(&self) -> SsdModel {
-        *self
-            .service
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .model()
+        *lock(&self.service).model()
     }
 }
 
@@ -311,11 +309,7 @@ impl BackendQueue for SsdQueue {
                 Ok(()) => {
                     self.store.execute(&mut req);
                     let (op, bytes) = ServiceOp::classify(req.op, req.len_bytes);
-                    let ready_at = self
-                        .service
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .schedule(op, bytes, now);
+                    let ready_at = lock(&self.service).schedule(op, bytes, now);
                     let completion = IoCompletion {
                         tag: req.tag,
                         result: Ok(()),

@@ -22,6 +22,7 @@ use serde::Serialize;
 use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, Namespace, PollingPolicy};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
+use sluice_runtime::sync::lock;
 
 pub use floor::FloorReport;
 pub use spec::{BlockSizes, JobSpec, RwMode};
@@ -741,7 +742,7 @@ impl JobRun {
             let wh = t.await.context("worker")??;
             h.add(&wh).context("merge histograms")?;
         }
-        let mut st = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut st = lock(&self.stats).clone();
         st.elapsed_s = start.elapsed().as_secs_f64();
         Ok((st, h))
     }
@@ -881,7 +882,8 @@ impl JobRun {
                 }
             }
         }
-        if let Ok(mut s) = self.stats.lock() {
+        {
+            let mut s = lock(&self.stats);
             let samples = std::mem::take(&mut local.error_samples);
             s.merge(&local);
             for e in samples {

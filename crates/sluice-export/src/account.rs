@@ -41,6 +41,7 @@ use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Uni
 use sluice_admin::routes;
 use sluice_admin::schema::{ExportStats, ExportsReport, Status};
 use sluice_cpu::{BatchCharger, Throttle, ThrottleParams};
+use sluice_runtime::sync::lock;
 
 /// Supplies the TIDs of an export's own threads (its controller's queues).
 pub type TidSource = Box<dyn Fn() -> Vec<i32> + Send + Sync>;
@@ -280,19 +281,15 @@ impl CpuAccountant {
     /// thread). Registering a thread twice has no effect.
     pub fn register_current_thread(&self) {
         let tid = sluice_cpu::current_tid();
-        if let Ok(mut g) = self.shared_tids.lock() {
-            if !g.contains(&tid) {
-                g.push(tid);
-            }
+        let mut g = lock(&self.shared_tids);
+        if !g.contains(&tid) {
+            g.push(tid);
         }
     }
 
     /// TIDs of the registered shared threads.
     pub fn shared_tids(&self) -> Vec<i32> {
-        self.shared_tids
-            .lock()
-            .map(|g| g.clone())
-            .unwrap_or_default()
+        lock(&self.shared_tids).clone()
     }
 
     /// A new export account on this accountant's clock.
@@ -304,14 +301,12 @@ impl CpuAccountant {
         tids: Option<TidSource>,
     ) -> Arc<ExportAccount> {
         let a = ExportAccount::new(name, hostnqn, cpu_share, self.epoch, tids);
-        if let Ok(mut g) = self.exports.lock() {
-            g.push(a.clone());
-        }
+        lock(&self.exports).push(a.clone());
         a
     }
 
     pub fn exports(&self) -> Vec<Arc<ExportAccount>> {
-        self.exports.lock().map(|g| g.clone()).unwrap_or_default()
+        lock(&self.exports).clone()
     }
 
     pub fn unattributed(&self) -> Duration {

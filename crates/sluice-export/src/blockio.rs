@@ -9,6 +9,7 @@
 
 use crate::errno::{self, OpKind};
 use sluice_host::{HostError, IoFlags, Namespace};
+use sluice_runtime::sync::lock;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -108,10 +109,6 @@ impl MemDevice {
     fn count(&self, i: usize) {
         lock(&self.counts)[i] += 1;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl BlockDevice for MemDevice {

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::core::{Completion, CoreConfig, Payload};
 use crate::error::{HostError, Result};
 use crate::queue::{wait, QueueHandle, QueueParams, TimedOutCommand};
-use sluice_runtime::PollingPolicy;
+use sluice_runtime::{sync, PollingPolicy};
 
 /// Admin queue depth (SQSIZE 31).
 pub const ADMIN_QUEUE_DEPTH: u16 = 32;
@@ -566,10 +566,7 @@ impl Controller {
     }
 
     fn assoc(&self) -> Arc<Assoc> {
-        match self.inner.assoc.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        sync::read(&self.inner.assoc).clone()
     }
 
     pub fn cntlid(&self) -> u16 {
@@ -713,10 +710,7 @@ impl Controller {
             let gen = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
             match establish(self.inner.addr, &self.inner.subnqn, &self.inner.opts, gen).await {
                 Ok(a) => {
-                    match self.inner.assoc.write() {
-                        Ok(mut g) => *g = Arc::new(a),
-                        Err(p) => *p.into_inner() = Arc::new(a),
-                    }
+                    *sync::write(&self.inner.assoc) = Arc::new(a);
                     return Ok(());
                 }
                 Err(e) => {

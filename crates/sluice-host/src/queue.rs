@@ -24,6 +24,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
+use sluice_runtime::sync::lock;
 use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::{mpsc, oneshot};
 
@@ -299,15 +300,14 @@ impl QueueHandle {
     /// Counters of this queue's thread so far.
     pub fn stats(&self) -> HostQueueStats {
         let mut h = self.shared.counters.snapshot();
-        if let Ok(s) = self.shared.counters.send.lock() {
-            h.flushes = s.flushes;
-            h.flush_pdus = s.flush_pdus;
-            h.timer_flushes = s.reason(FlushReason::Timer);
-            h.wait_ns_latency = s.wait_ns_latency;
-            h.waited_latency = s.waited_latency;
-            h.wait_ns_data = s.wait_ns_data;
-            h.waited_data = s.waited_data;
-        }
+        let s = lock(&self.shared.counters.send);
+        h.flushes = s.flushes;
+        h.flush_pdus = s.flush_pdus;
+        h.timer_flushes = s.reason(FlushReason::Timer);
+        h.wait_ns_latency = s.wait_ns_latency;
+        h.waited_latency = s.waited_latency;
+        h.wait_ns_data = s.wait_ns_data;
+        h.waited_data = s.waited_data;
         h
     }
 
@@ -323,9 +323,7 @@ impl QueueHandle {
 
     /// Sets the in-capsule write limit (after Identify Controller).
     pub fn set_in_capsule_max_bytes(&self, n: u32) {
-        if let Ok(mut g) = self.shared.in_capsule_max_bytes.lock() {
-            *g = Some(n);
-        }
+        *lock(&self.shared.in_capsule_max_bytes) = Some(n);
         self.wake();
     }
 
@@ -342,17 +340,11 @@ impl QueueHandle {
             let _ = tx.send(Err(self.close_error()));
             return rx;
         }
-        match self.shared.pending.lock() {
-            Ok(mut q) => q.push_back(Request {
-                sqe,
-                payload,
-                reply: tx,
-            }),
-            Err(_) => {
-                let _ = tx.send(Err(HostError::ConnectionLost("queue lock poisoned".into())));
-                return rx;
-            }
-        }
+        lock(&self.shared.pending).push_back(Request {
+            sqe,
+            payload,
+            reply: tx,
+        });
         self.wake();
         rx
     }
@@ -364,11 +356,8 @@ impl QueueHandle {
     }
 
     fn close_error(&self) -> HostError {
-        self.shared
-            .close_reason
-            .lock()
-            .ok()
-            .and_then(|g| g.clone())
+        lock(&self.shared.close_reason)
+            .clone()
             .unwrap_or_else(|| HostError::ConnectionLost(format!("queue {} closed", self.qid())))
     }
 
@@ -496,35 +485,23 @@ impl Driver {
     /// reads them (only when they changed).
     fn publish_send_stats(&self) {
         let s = self.core.send_stats();
-        if let Ok(mut g) = self.shared.counters.send.lock() {
-            if g.flushes != s.flushes {
-                *g = s;
-            }
+        let mut g = lock(&self.shared.counters.send);
+        if g.flushes != s.flushes {
+            *g = s;
         }
     }
 
     fn pending_empty(&self) -> bool {
-        self.shared
-            .pending
-            .lock()
-            .map(|q| q.is_empty())
-            .unwrap_or(true)
+        lock(&self.shared.pending).is_empty()
     }
 
     fn take_submissions(&mut self, now: Instant) -> bool {
-        if let Some(n) = self
-            .shared
-            .in_capsule_max_bytes
-            .lock()
-            .ok()
-            .and_then(|mut g| g.take())
-        {
+        let in_capsule_max_bytes = lock(&self.shared.in_capsule_max_bytes).take();
+        if let Some(n) = in_capsule_max_bytes {
             self.core.set_in_capsule_max_bytes(n);
         }
         let mut progress = false;
-        let Ok(mut q) = self.shared.pending.lock() else {
-            return false;
-        };
+        let mut q = lock(&self.shared.pending);
         while self.core.can_submit() {
             let Some(req) = q.pop_front() else { break };
             progress = true;
@@ -651,9 +628,7 @@ impl Driver {
                     }
                 }
                 Event::Closed(e) => {
-                    if let Ok(mut g) = self.shared.close_reason.lock() {
-                        *g = Some(e.clone());
-                    }
+                    *lock(&self.shared.close_reason) = Some(e.clone());
                     if let Some(tx) = self.ready_tx.take() {
                         let _ = tx.send(Err(e));
                     }
@@ -726,17 +701,11 @@ impl Driver {
             }
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let reason = self
-            .shared
-            .close_reason
-            .lock()
-            .ok()
-            .and_then(|g| g.clone())
+        let reason = lock(&self.shared.close_reason)
+            .clone()
             .unwrap_or_else(|| HostError::ConnectionLost("queue closed".into()));
-        if let Ok(mut q) = self.shared.pending.lock() {
-            for r in q.drain(..) {
-                let _ = r.reply.send(Err(reason.clone()));
-            }
+        for r in lock(&self.shared.pending).drain(..) {
+            let _ = r.reply.send(Err(reason.clone()));
         }
         for r in self.replies.iter_mut().filter_map(|r| r.take()) {
             let _ = r.send(Err(reason.clone()));
