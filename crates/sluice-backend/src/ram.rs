@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::{Arc, OnceLock, RwLock};
 
+use sluice_runtime::cast::usize_from;
 use sluice_runtime::sync;
 use std::time::Instant;
 
@@ -41,7 +42,7 @@ impl RamStore {
 
     fn chunk(&self, index: u64, create: bool) -> Option<&Chunk> {
         let group = usize::try_from(index / GROUP_CHUNKS as u64).ok()?;
-        let slot = (index % GROUP_CHUNKS as u64) as usize;
+        let slot = usize_from(index % GROUP_CHUNKS as u64);
         let lock = self.groups.get(group)?;
         let chunks = if create {
             lock.get_or_init(|| (0..GROUP_CHUNKS).map(|_| RwLock::new(None)).collect())
@@ -70,8 +71,8 @@ impl RamStore {
             let n = (chunk - in_chunk).min(len_bytes - done);
             f(
                 pos / chunk,
-                in_chunk as usize,
-                done as usize..(done + n) as usize,
+                usize_from(in_chunk),
+                usize_from(done)..usize_from(done + n),
             );
             done += n;
         }
@@ -267,6 +268,11 @@ impl BackendQueue for RamQueue {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use crate::AlignedBuf;

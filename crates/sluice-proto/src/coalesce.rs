@@ -149,7 +149,10 @@ impl CoalesceConfig {
     pub fn delta(&self, coalesced: u32) -> Duration {
         let x = self.correction * (self.threshold as f64 - coalesced as f64);
         let us = (x.exp() - 1.0).max(0.0);
-        Duration::from_nanos((us * 1000.0).min(1e12) as u64)
+        // In 0.0..=1e12 (NaN saturates to 0): the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ns = (us * 1000.0).min(1e12) as u64;
+        Duration::from_nanos(ns)
     }
 }
 
@@ -335,7 +338,8 @@ impl Coalescer {
             FireReason::HoldMax => self.stats.fired_hold_max += 1,
         }
         for t in self.held_since.drain(..) {
-            self.stats.held_ns += now.saturating_duration_since(t).as_nanos() as u64;
+            let held = now.saturating_duration_since(t).as_nanos();
+            self.stats.held_ns += u64::try_from(held).unwrap_or(u64::MAX);
         }
         self.coalesced = 0;
         self.timeout = None;
@@ -373,6 +377,11 @@ impl Coalescer {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
 

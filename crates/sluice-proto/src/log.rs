@@ -52,7 +52,7 @@ impl GetLogPage {
                 | ((numd & 0xffff) as u32) << 16,
         );
         s.set_cdw(11, ((numd >> 16) & 0xffff) as u32);
-        s.set_cdw(12, self.offset_bytes as u32);
+        s.set_cdw(12, (self.offset_bytes & 0xffff_ffff) as u32);
         s.set_cdw(13, (self.offset_bytes >> 32) as u32);
         s
     }
@@ -272,6 +272,11 @@ pub fn decode_discovery_entries(b: &[u8], numrec: u64) -> Vec<DiscoveryEntry> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -10,12 +10,14 @@
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
 //! - [`limits`]: the limits every loop shares (worker threads).
+//! - [`cast`]: `u64` → `usize` without loss (64-bit targets only).
 //! - [`sync`]: locking std mutexes and rwlocks without poison recovery (a
 //!   panic is a bug; see the module for the decision).
 //!
 //! Syscalls go through `rustix`; `libc` remains only for the per-thread CPU
 //! clock of *another* thread, which rustix does not expose.
 
+pub mod cast;
 pub mod clock;
 pub mod limits;
 pub mod polling;
