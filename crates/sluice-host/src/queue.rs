@@ -24,6 +24,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
+use sluice_runtime::cast::usize_from;
 use sluice_runtime::sync::lock;
 use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::{mpsc, oneshot};
@@ -603,7 +604,7 @@ impl Driver {
             progress = true;
             match ev {
                 Event::Complete { token, result } => {
-                    let t = token as usize;
+                    let t = usize_from(token);
                     let now = Instant::now();
                     bump(&self.shared.counters.completions, 1);
                     let decision = match self.co.as_mut() {
@@ -661,7 +662,10 @@ impl Driver {
         let held_ns: u64 = self
             .held
             .iter()
-            .map(|(_, _, at)| now.saturating_duration_since(*at).as_nanos() as u64)
+            .map(|(_, _, at)| {
+                let ns = now.saturating_duration_since(*at).as_nanos();
+                u64::try_from(ns).unwrap_or(u64::MAX)
+            })
             .sum();
         bump(&c.held_ns, held_ns);
         for (t, r, _) in std::mem::take(&mut self.held) {

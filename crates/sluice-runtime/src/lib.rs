@@ -10,7 +10,8 @@
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
 //! - [`limits`]: the limits every loop shares (worker threads).
-//! - [`cast`]: `u64` → `usize` without loss (64-bit targets only).
+//! - [`cast`]: `u64` → `usize` without loss (64-bit targets only), and
+//!   durations in saturating nanoseconds.
 //! - [`sync`]: locking std mutexes and rwlocks without poison recovery (a
 //!   panic is a bug; see the module for the decision).
 //!
