@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use sluice_runtime::cast::nanos;
 
 /// Request size: the common header plus a 64-byte SQE.
 pub const REQUEST_BYTES: usize = 72;
@@ -127,7 +128,7 @@ fn pingpong(
     while let Some(t0) = sent.pop_front() {
         s.read_exact(&mut reply)?;
         let now = Instant::now();
-        h.record((now - t0).as_nanos().max(1) as u64)?;
+        h.record(nanos(now - t0).max(1))?;
         n += 1;
         if now < end {
             sent.push_back(Instant::now());

@@ -22,6 +22,7 @@ use serde::Serialize;
 use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, Namespace, PollingPolicy};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
+use sluice_runtime::cast::{nanos, usize_from};
 use sluice_runtime::sync::lock;
 
 pub use floor::FloorReport;
@@ -751,13 +752,13 @@ impl JobRun {
     async fn worker(self: Arc<Self>, w: u32, start: Instant) -> anyhow::Result<Histogram<u64>> {
         let mut h = hist()?;
         let bs = self.ns.block_size_bytes() as u64;
-        let mut rng = mix(0x5eed ^ ((w as u64) << 32) ^ start.elapsed().as_nanos() as u64);
+        let mut rng = mix(0x5eed ^ ((w as u64) << 32) ^ nanos(start.elapsed()));
         let qd = self.spec.qd.max(1) as u64;
         // Verify: each worker owns a disjoint region, so generations are exact.
         let region = self.blocks / qd;
         let region_start = w as u64 * region;
         let mut gens: Vec<u32> = if self.verify {
-            vec![0; region as usize]
+            vec![0; usize_from(region)]
         } else {
             Vec::new()
         };
@@ -766,9 +767,9 @@ impl JobRun {
             urgent: self.spec.urgent,
             ..Default::default()
         };
-        let mut junk = vec![0u8; self.spec.bs.max_bytes() as usize];
+        let mut junk = vec![0u8; usize_from(self.spec.bs.max_bytes())];
         for (i, b) in junk.iter_mut().enumerate() {
-            *b = mix(i as u64) as u8;
+            *b = (mix(i as u64) & 0xff) as u8;
         }
         loop {
             if self.stop.load(Ordering::Acquire) {
@@ -818,7 +819,7 @@ impl JobRun {
                 let c = self.seq_cursor.fetch_add(len_blocks, Ordering::AcqRel);
                 lo + (c % (span - len_blocks + 1))
             };
-            let len = (len_blocks * bs) as usize;
+            let len = usize_from(len_blocks * bs);
             let t0 = Instant::now();
             let r = if is_read {
                 self.ns.read(lba, len, flags).await.map(Some)
@@ -826,10 +827,10 @@ impl JobRun {
                 let data = if self.verify {
                     let mut d = vec![0u8; len];
                     for b in 0..len_blocks {
-                        let g = &mut gens[(lba - region_start + b) as usize];
+                        let g = &mut gens[usize_from(lba - region_start + b)];
                         *g = g.wrapping_add(1).max(1);
-                        let at = (b * bs) as usize;
-                        fill_pattern(&mut d[at..at + bs as usize], lba + b, *g);
+                        let at = usize_from(b * bs);
+                        fill_pattern(&mut d[at..at + usize_from(bs)], lba + b, *g);
                     }
                     d
                 } else {
@@ -838,8 +839,7 @@ impl JobRun {
                 self.ns.write_owned(lba, data, flags).await.map(|_| None)
             };
             let dt = t0.elapsed();
-            h.record(dt.as_nanos().max(1) as u64)
-                .context("record latency")?;
+            h.record(nanos(dt).max(1)).context("record latency")?;
             self.done.fetch_add(1, Ordering::Relaxed);
             local.ios += 1;
             match r {
@@ -851,15 +851,15 @@ impl JobRun {
                         local.writes += 1;
                     }
                     if let (true, Some(d)) = (self.verify, data) {
-                        let mut expect = vec![0u8; bs as usize];
+                        let mut expect = vec![0u8; usize_from(bs)];
                         for b in 0..len_blocks {
-                            let g = gens[(lba - region_start + b) as usize];
+                            let g = gens[usize_from(lba - region_start + b)];
                             if g == 0 {
                                 continue;
                             }
                             fill_pattern(&mut expect, lba + b, g);
-                            let at = (b * bs) as usize;
-                            if d[at..at + bs as usize] != expect[..] {
+                            let at = usize_from(b * bs);
+                            if d[at..at + usize_from(bs)] != expect[..] {
                                 local.verify_errors += 1;
                                 if local.error_samples.len() < 5 {
                                     local.error_samples.push(format!(

@@ -41,6 +41,7 @@ use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Uni
 use sluice_admin::routes;
 use sluice_admin::schema::{ExportStats, ExportsReport, Status};
 use sluice_cpu::{BatchCharger, Throttle, ThrottleParams};
+use sluice_runtime::cast::nanos;
 use sluice_runtime::sync::lock;
 
 /// Supplies the TIDs of an export's own threads (its controller's queues).
@@ -157,9 +158,7 @@ impl ExportAccount {
     }
 
     fn set_until(&self, t: Option<Instant>) {
-        let v = t.map_or(0, |t| {
-            (t.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
-        });
+        let v = t.map_or(0, |t| nanos(t.saturating_duration_since(self.epoch)).max(1));
         self.until_ns.store(v, Ordering::Release);
     }
 
@@ -212,9 +211,9 @@ impl SplitCore {
         for c in &mut self.charged {
             *c = 0;
         }
-        for (i, u) in units.iter().enumerate() {
+        for (i, u) in (0u32..).zip(units) {
             if *u > 0 {
-                self.charger.add(i as u32, *u);
+                self.charger.add(i, *u);
             }
         }
         self.charger.charge(shared_ns, &mut self.out);
@@ -377,7 +376,7 @@ impl CpuAccountant {
                 e.set_until(core.throttled_until(i, now));
                 let (ev, t) = core.throttle_stats(i);
                 e.throttle_events.store(ev, Ordering::Relaxed);
-                e.throttled_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+                e.throttled_ns.store(nanos(t), Ordering::Relaxed);
             }
             // Forget threads that are gone (reconnects start new ones).
             if last.len() > 4 * seen.len().max(16) {
@@ -617,7 +616,7 @@ impl std::str::FromStr for ExportSpec {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 
