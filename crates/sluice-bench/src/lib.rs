@@ -191,7 +191,8 @@ pub struct JobReport {
     pub latency_us_p999: f64,
     pub latency_us_p9999: f64,
     pub latency_us_max: f64,
-    /// Host queue counters over the measured window (issue 4).
+    /// Host queue counters (wake-ups, send flushes and waits) over the
+    /// measured window.
     pub host: HostCounters,
     /// First few error messages.
     pub error_samples: Vec<String>,

@@ -43,7 +43,8 @@ const SOCKET: Token = Token(0);
 const WAKER: Token = Token(1);
 const TIMER: Token = Token(2);
 
-/// Counters of one queue's I/O thread (issue 4), readable at any time with
+/// Counters of one queue's I/O thread (completions, wake-ups, the send
+/// scheduler's flushes and waits), readable at any time with
 /// [`QueueHandle::stats`] and summed per controller by
 /// [`crate::Controller::io_stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
