@@ -5,10 +5,10 @@
 //! and returns a [`BenchReport`] with per-job and total IOPS, bandwidth,
 //! latency percentiles (hdrhistogram, µs, measured per I/O from submit to
 //! completion), the CPU the bench process used, and optionally the raw TCP
-//! wire floor measured in the same run ([`floor`]).
+//! wire floor measured in the same run ([`FloorReport`]).
 
-pub mod floor;
-pub mod spec;
+mod floor;
+mod spec;
 
 use std::io::IsTerminal;
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -14,14 +14,14 @@ use crate::controller::{get_log_page, open_admin, ConnectOptions};
 use crate::error::{HostError, Result};
 
 /// How deep referrals are followed.
-pub const REFERRAL_DEPTH_MAX: u32 = 4;
+pub(crate) const REFERRAL_DEPTH_MAX: u32 = 4;
 /// Most records read from one discovery log page.
 pub const DISCOVERY_RECORDS_MAX: u64 = 1024;
 /// Re-reads when GENCTR changes while reading.
 const GENCTR_RETRIES_MAX: u32 = 3;
 
 /// Reads the discovery log at `addr` and, recursively, at the referrals it
-/// lists (at most [`REFERRAL_DEPTH_MAX`] levels, each address once).
+/// lists (at most 4 levels, `REFERRAL_DEPTH_MAX`, each address once).
 /// Returns the non-referral entries of all of them.
 pub async fn discover(addr: SocketAddr, opts: &ConnectOptions) -> Result<Vec<DiscoveryEntry>> {
     let mut seen = HashSet::new();

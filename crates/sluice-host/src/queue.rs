@@ -45,7 +45,7 @@ const TIMER: Token = Token(2);
 
 /// Counters of one queue's I/O thread (completions, wake-ups, the send
 /// scheduler's flushes and waits), readable at any time with
-/// [`QueueHandle::stats`] and summed per controller by
+/// `QueueHandle::stats` and summed per controller by
 /// [`crate::Controller::io_stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostQueueStats {
@@ -153,7 +153,6 @@ struct Shared {
     parked: AtomicBool,
     shutdown: AtomicBool,
     closed: AtomicBool,
-    in_capsule_max_bytes: Mutex<Option<u32>>,
     waker: Waker,
     close_reason: Mutex<Option<HostError>>,
     counters: Counters,
@@ -179,7 +178,6 @@ pub struct TimedOutCommand {
 #[derive(Debug, Clone)]
 pub struct QueueHandle {
     shared: Arc<Shared>,
-    negotiated: Negotiated,
 }
 
 /// Everything needed to open one queue pair.
@@ -234,7 +232,6 @@ impl QueueHandle {
             parked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            in_capsule_max_bytes: Mutex::new(None),
             waker,
             close_reason: Mutex::new(None),
             counters: Counters::default(),
@@ -285,18 +282,14 @@ impl QueueHandle {
                 d.run();
             })
             .map_err(|e| HostError::Transport(format!("spawn queue thread: {e}")))?;
-        let negotiated = ready_rx
+        ready_rx
             .await
             .map_err(|_| HostError::ConnectionLost("queue thread exited".into()))??;
-        Ok(QueueHandle { shared, negotiated })
+        Ok(QueueHandle { shared })
     }
 
     pub fn qid(&self) -> u16 {
         self.shared.qid
-    }
-
-    pub fn negotiated(&self) -> Negotiated {
-        self.negotiated
     }
 
     /// Counters of this queue's thread so far.
@@ -321,12 +314,6 @@ impl QueueHandle {
     /// The I/O thread has stopped (connection lost or closed).
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
-    }
-
-    /// Sets the in-capsule write limit (after Identify Controller).
-    pub fn set_in_capsule_max_bytes(&self, n: u32) {
-        *lock(&self.shared.in_capsule_max_bytes) = Some(n);
-        self.wake();
     }
 
     fn wake(&self) {
@@ -498,10 +485,6 @@ impl Driver {
     }
 
     fn take_submissions(&mut self, now: Instant) -> bool {
-        let in_capsule_max_bytes = lock(&self.shared.in_capsule_max_bytes).take();
-        if let Some(n) = in_capsule_max_bytes {
-            self.core.set_in_capsule_max_bytes(n);
-        }
         let mut progress = false;
         let mut q = lock(&self.shared.pending);
         while self.core.can_submit() {

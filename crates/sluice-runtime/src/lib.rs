@@ -2,10 +2,10 @@
 //! the exports share, so each side waits, sleeps and measures CPU the same
 //! way:
 //!
-//! - [`polling`]: [`PollingPolicy`] (interrupt / busy-poll / adaptive), one
+//! - `polling`: [`PollingPolicy`] (interrupt / busy-poll / adaptive), one
 //!   type with one spelling on both sides, and the sans-IO decision of how a
 //!   loop with nothing to do waits ([`PollingPolicy::wait`]).
-//! - [`timer`]: [`Sleeper`], which meets sub-millisecond deadlines with a
+//! - `timer`: [`Sleeper`], which meets sub-millisecond deadlines with a
 //!   timerfd registered in the loop's `mio::Poll` (epoll itself sleeps in
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
@@ -21,9 +21,9 @@
 pub mod cast;
 pub mod clock;
 pub mod limits;
-pub mod polling;
+mod polling;
 pub mod sync;
-pub mod timer;
+mod timer;
 
 pub use polling::{PollingPolicy, Wait};
 pub use timer::Sleeper;

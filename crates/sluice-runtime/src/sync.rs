@@ -11,7 +11,7 @@
 //! after the bug.
 //!
 //! Every std `Mutex` and `RwLock` outside the target is locked through
-//! [`lock`], [`read`] and [`write`].
+//! [`lock`], [`read()`] and [`write()`].
 
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
