@@ -28,13 +28,13 @@ const BULK_CHUNK_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone, Serialize)]
 pub struct FloorReport {
     pub pingpong_latency_us_p50: f64,
-    pub pingpong_latency_us_p99: f64,
-    pub pingpong_latency_us_mean: f64,
-    pub pingpong_rtt_per_s: f64,
-    pub pipelined_qd: u32,
+    pub(crate) pingpong_latency_us_p99: f64,
+    pub(crate) pingpong_latency_us_mean: f64,
+    pub(crate) pingpong_rtt_per_s: f64,
+    pub(crate) pipelined_qd: u32,
     pub pipelined_iops: f64,
-    pub pipelined_latency_us_p50: f64,
-    pub pipelined_latency_us_p99: f64,
+    pub(crate) pipelined_latency_us_p50: f64,
+    pub(crate) pipelined_latency_us_p99: f64,
     pub bulk_mib_per_s: f64,
 }
 

@@ -46,7 +46,7 @@ pub struct BenchArgs {
     pub nqn: String,
     /// Namespace ID (default: the first active one).
     #[arg(long)]
-    pub nsid: Option<u32>,
+    pub(crate) nsid: Option<u32>,
     /// Host NQN of the default job.
     #[arg(
         long,
@@ -57,7 +57,7 @@ pub struct BenchArgs {
     /// every job's controller joins this cgroup (v1 `cpu` dir: TID to
     /// `tasks`; v2 threaded: `cgroup.threads`). Per job: `cgroup=PATH`.
     #[arg(long)]
-    pub cgroup: Option<std::path::PathBuf>,
+    pub(crate) cgroup: Option<std::path::PathBuf>,
     /// I/O pattern: read, write, randread, randwrite, rw, randrw.
     #[arg(long, default_value = "randread")]
     pub rw: RwMode,
@@ -93,38 +93,38 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     #[arg(long)]
-    pub hdr_digest: bool,
+    pub(crate) hdr_digest: bool,
     #[arg(long)]
-    pub data_digest: bool,
+    pub(crate) data_digest: bool,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US].
     #[arg(long, default_value = "interrupt")]
-    pub polling: PollingPolicy,
+    pub(crate) polling: PollingPolicy,
     /// Also measure the raw TCP wire floor on loopback.
     #[arg(long)]
     pub floor: bool,
     /// Per-command timeout in milliseconds.
     #[arg(long, default_value_t = 30_000)]
-    pub timeout_ms: u64,
+    pub(crate) timeout_ms: u64,
     /// Use only the first SPAN bytes (or blocks with suffix) of the namespace, e.g. 1g.
     #[arg(long)]
     pub span: Option<String>,
     /// Show live IOPS on stderr even when it is not a terminal.
     #[arg(long)]
-    pub progress: bool,
+    pub(crate) progress: bool,
     /// Host completion coalescing of task wake-ups: off, static, adaptive,
     /// calibrated (docs/isolation.md).
     #[arg(long, default_value = "off")]
     pub coalescing: CoalesceMode,
     /// Coalescing threshold (completions per wake-up batch).
     #[arg(long, default_value_t = 16)]
-    pub coalescing_threshold: u32,
+    pub(crate) coalescing_threshold: u32,
     /// Static coalescing: aggregation time in microseconds.
     #[arg(long, default_value_t = 20)]
-    pub coalescing_timeout_us: u64,
+    pub(crate) coalescing_timeout_us: u64,
     /// Mark every I/O urgent (the host API's urgent flag; `--job ...,urgent=1`
     /// per job).
     #[arg(long)]
-    pub urgent: bool,
+    pub(crate) urgent: bool,
     /// Host send scheduler of the I/O queues: immediate, unified, isolated
     /// (paper defaults; docs/isolation.md).
     #[arg(long, default_value = "immediate")]
@@ -171,9 +171,9 @@ impl BenchArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct JobReport {
     pub name: String,
-    pub hostnqn: String,
-    pub rw: String,
-    pub qd: u32,
+    pub(crate) hostnqn: String,
+    pub(crate) rw: String,
+    pub(crate) qd: u32,
     pub ios: u64,
     pub reads: u64,
     pub writes: u64,
@@ -201,22 +201,22 @@ pub struct JobReport {
 /// Host-side send and wake-up counters of a job over the measured window.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct HostCounters {
-    pub completions: u64,
+    pub(crate) completions: u64,
     /// Wake-up batches delivered to waiting tasks.
-    pub notifications: u64,
+    pub(crate) notifications: u64,
     /// Socket write calls that moved bytes.
-    pub send_syscalls: u64,
+    pub(crate) send_syscalls: u64,
     pub notifications_per_io: f64,
     pub send_syscalls_per_io: f64,
     /// Mean time a completion was held by the coalescer, µs (held ones only
     /// count; 0 when coalescing is off).
     pub held_us_per_notification: f64,
     /// Send scheduler: PDUs per flushed container, flushes by timer.
-    pub pdus_per_flush: f64,
-    pub timer_flushes: u64,
+    pub(crate) pdus_per_flush: f64,
+    pub(crate) timer_flushes: u64,
     /// Mean time a PDU waited in the latency / data freight, µs.
-    pub freight_wait_us_latency: f64,
-    pub freight_wait_us_data: f64,
+    pub(crate) freight_wait_us_latency: f64,
+    pub(crate) freight_wait_us_data: f64,
 }
 
 fn ratio(n: u64, d: u64) -> f64 {
@@ -262,7 +262,7 @@ pub struct BenchReport {
     pub total: JobReport,
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
-    pub iops_per_cpu_s: f64,
+    pub(crate) iops_per_cpu_s: f64,
     pub floor: Option<FloorReport>,
 }
 

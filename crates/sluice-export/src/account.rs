@@ -50,21 +50,21 @@ pub type TidSource = Box<dyn Fn() -> Vec<i32> + Send + Sync>;
 /// Counters and throttle state of one export, shared between its NBD
 /// connections and the accountant.
 pub struct ExportAccount {
-    pub name: String,
-    pub hostnqn: String,
+    pub(crate) name: String,
+    pub(crate) hostnqn: String,
     /// Fraction of one CPU (0, 1]; `None`: accounted, never throttled.
-    pub cpu_share: Option<f64>,
+    pub(crate) cpu_share: Option<f64>,
     epoch: Instant,
     /// Requests completed and their payload bytes.
-    pub ios: AtomicU64,
-    pub bytes: AtomicU64,
+    pub(crate) ios: AtomicU64,
+    pub(crate) bytes: AtomicU64,
     /// Work units of the current batch (taken by the accountant).
     units: AtomicU64,
     /// CPU charged in total, and the part from the export's own queue threads.
-    pub cpu_ns: AtomicU64,
-    pub own_cpu_ns: AtomicU64,
-    pub throttle_events: AtomicU64,
-    pub throttled_ns: AtomicU64,
+    pub(crate) cpu_ns: AtomicU64,
+    pub(crate) own_cpu_ns: AtomicU64,
+    pub(crate) throttle_events: AtomicU64,
+    pub(crate) throttled_ns: AtomicU64,
     /// Throttled until this many ns after `epoch` (0: not throttled).
     until_ns: AtomicU64,
     tids: Option<TidSource>,
@@ -186,7 +186,7 @@ pub struct SplitCore {
     out: Vec<(u32, u64)>,
     charged: Vec<u64>,
     /// Shared-thread CPU of batches with no work.
-    pub unattributed_ns: u64,
+    pub(crate) unattributed_ns: u64,
 }
 
 impl SplitCore {

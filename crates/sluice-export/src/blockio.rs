@@ -235,15 +235,15 @@ impl Drop for RangeGuard<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSpan {
     /// First block touched.
-    pub first_lba: u64,
+    pub(crate) first_lba: u64,
     /// Blocks touched (0 for an empty range).
-    pub blocks: u64,
+    pub(crate) blocks: u64,
     /// Byte offset of the range inside the first block.
-    pub head_skip: u64,
+    pub(crate) head_skip: u64,
     /// The first block is only partly covered.
-    pub head_partial: bool,
+    pub(crate) head_partial: bool,
     /// The last block is only partly covered.
-    pub tail_partial: bool,
+    pub(crate) tail_partial: bool,
 }
 
 impl BlockSpan {

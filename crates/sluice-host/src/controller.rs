@@ -328,11 +328,11 @@ async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
 
 /// The admin-queue part of an association (used by discovery too).
 pub(crate) struct AdminSession {
-    pub admin: QueueHandle,
-    pub cntlid: u16,
-    pub cap: u64,
-    pub vs: u32,
-    pub ident: IdentifyController,
+    pub(crate) admin: QueueHandle,
+    pub(crate) cntlid: u16,
+    pub(crate) cap: u64,
+    pub(crate) vs: u32,
+    pub(crate) ident: IdentifyController,
 }
 
 pub(crate) async fn open_admin(

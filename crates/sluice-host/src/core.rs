@@ -65,7 +65,7 @@ pub enum Payload {
 /// A successfully completed command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
-    pub cqe: Cqe,
+    pub(crate) cqe: Cqe,
     /// The data of a read (empty otherwise).
     pub data: Vec<u8>,
 }

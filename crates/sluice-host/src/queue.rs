@@ -50,7 +50,7 @@ const TIMER: Token = Token(2);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostQueueStats {
     /// Commands submitted to the wire.
-    pub submitted: u64,
+    pub(crate) submitted: u64,
     /// Completions that reached the queue thread.
     pub completions: u64,
     /// Wake-up batches: one per completion delivered alone, one per
@@ -58,7 +58,7 @@ pub struct HostQueueStats {
     pub notifications: u64,
     /// Socket write calls that moved bytes.
     pub sends: u64,
-    pub send_bytes: u64,
+    pub(crate) send_bytes: u64,
     /// Completions held by the coalescer, total ns from arrival to wake-up.
     pub held_ns: u64,
     /// Send scheduler: containers flushed and PDUs they carried.
@@ -169,9 +169,9 @@ impl std::fmt::Debug for Request {
 /// A command that timed out, for the controller to Abort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimedOutCommand {
-    pub qid: u16,
-    pub cid: u16,
-    pub opcode: u8,
+    pub(crate) qid: u16,
+    pub(crate) cid: u16,
+    pub(crate) opcode: u8,
 }
 
 /// Handle to one queue pair's I/O thread. Cheap to clone.
@@ -183,23 +183,23 @@ pub struct QueueHandle {
 /// Everything needed to open one queue pair.
 #[derive(Debug, Clone)]
 pub struct QueueParams {
-    pub addr: SocketAddr,
-    pub core: CoreConfig,
-    pub polling: PollingPolicy,
-    pub connect_timeout: Duration,
+    pub(crate) addr: SocketAddr,
+    pub(crate) core: CoreConfig,
+    pub(crate) polling: PollingPolicy,
+    pub(crate) connect_timeout: Duration,
     /// For tracing spans.
-    pub hostnqn: String,
+    pub(crate) hostnqn: String,
     /// Completion coalescing of wake-ups (I/O queues; `Off` delivers each
     /// completion at once).
-    pub coalescing: CoalesceConfig,
+    pub(crate) coalescing: CoalesceConfig,
     /// Send scheduler of I/O queues (the admin queue is always immediate).
     /// Its `coalescing` part is the target's and is ignored here.
-    pub send: SendConfig,
+    pub(crate) send: SendConfig,
     /// cgroup the queue thread moves itself into before anything else
     /// (see [`crate::ConnectOptions::cgroup`]).
-    pub cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
     /// cgroup v2 domain cgroups: allow moving the whole process.
-    pub cgroup_procs: bool,
+    pub(crate) cgroup_procs: bool,
 }
 
 impl QueueHandle {

@@ -181,16 +181,16 @@ pub enum Decision {
 /// Counters of one coalescer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoalesceStats {
-    pub completions: u64,
+    pub(crate) completions: u64,
     /// Deliveries (interrupts / wake-up batches).
-    pub notifications: u64,
-    pub fired_threshold: u64,
-    pub fired_timeout: u64,
-    pub fired_urgent: u64,
-    pub fired_barrier: u64,
-    pub fired_hold_max: u64,
+    pub(crate) notifications: u64,
+    pub(crate) fired_threshold: u64,
+    pub(crate) fired_timeout: u64,
+    pub(crate) fired_urgent: u64,
+    pub(crate) fired_barrier: u64,
+    pub(crate) fired_hold_max: u64,
     /// Sum over delivered completions of the time they were held.
-    pub held_ns: u64,
+    pub(crate) held_ns: u64,
 }
 
 /// Algorithm 1 as a sans-IO state machine.

@@ -105,9 +105,9 @@ pub struct ConnectData {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid Connect data field `{field}` (byte {offset}): {reason}")]
 pub struct ConnectDataError {
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     pub offset: u16,
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 fn parse_nqn(b: &[u8], off: u16, field: &'static str) -> Result<String, ConnectDataError> {

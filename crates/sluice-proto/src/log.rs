@@ -245,7 +245,7 @@ pub fn encode_discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> 
 pub struct DiscoveryHeader {
     pub genctr: u64,
     pub numrec: u64,
-    pub recfmt: u16,
+    pub(crate) recfmt: u16,
 }
 
 pub fn decode_discovery_header(b: &[u8]) -> Option<DiscoveryHeader> {

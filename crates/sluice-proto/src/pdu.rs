@@ -231,11 +231,11 @@ impl DecodeError {
 /// The common header, as read off the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommonHeader {
-    pub pdu_type: u8,
-    pub flags: u8,
-    pub hlen: u8,
-    pub pdo: u8,
-    pub plen: u32,
+    pub(crate) pdu_type: u8,
+    pub(crate) flags: u8,
+    pub(crate) hlen: u8,
+    pub(crate) pdo: u8,
+    pub(crate) plen: u32,
 }
 
 impl CommonHeader {
@@ -254,26 +254,26 @@ impl CommonHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RxParams {
     /// Which PDUs we expect to receive.
-    pub direction: Direction,
+    pub(crate) direction: Direction,
     /// Whether the connection was initialized (ICReq/ICResp exchanged).
-    pub initialized: bool,
-    pub hdgst: bool,
-    pub ddgst: bool,
+    pub(crate) initialized: bool,
+    pub(crate) hdgst: bool,
+    pub(crate) ddgst: bool,
     /// The data alignment (0's based dwords) the sender must honour.
-    pub pda: u8,
+    pub(crate) pda: u8,
     /// Largest data payload accepted in one PDU.
-    pub data_len_max: u32,
+    pub(crate) data_len_max: u32,
 }
 
 /// Layout of a validated PDU: where its pieces sit inside PLEN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PduLayout {
-    pub ch: CommonHeader,
-    pub hdgst: bool,
-    pub ddgst: bool,
+    pub(crate) ch: CommonHeader,
+    pub(crate) hdgst: bool,
+    pub(crate) ddgst: bool,
     /// Offset of the data (PDO, or HLEN for TermReqs).
-    pub data_offset: usize,
-    pub data_len: usize,
+    pub(crate) data_offset: usize,
+    pub(crate) data_len: usize,
 }
 
 fn expected_hlen(t: u8) -> Option<usize> {

@@ -580,7 +580,7 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     pub errno: u32,
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 fn refuse(errno: u32, reason: &'static str) -> Refusal {
