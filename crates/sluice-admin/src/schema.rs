@@ -118,6 +118,9 @@ pub struct ExportsReport {
 /// finite bucket.
 pub fn interval_quantile(prev: &Latency, cur: &Latency, q: f64) -> Option<f64> {
     let total = cur.count.checked_sub(prev.count).filter(|t| *t > 0)?;
+    // At least 1; a float to integer cast saturates (q > 1 asks for more
+    // I/Os than there are: no bucket reaches it).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let want = (q * total as f64).ceil().max(1.0) as u64;
     for b in &cur.buckets {
         let before = prev

@@ -74,24 +74,24 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 /// Server settings. The defaults suit a management endpoint.
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// When set, every request needs `Authorization: Bearer TOKEN` (401).
     pub token: Option<BearerToken>,
     /// Largest request body (413 beyond it).
-    pub body_limit: usize,
+    pub(crate) body_limit: usize,
     /// Largest request head, request line plus headers (431 beyond it;
     /// at least 8 KiB, hyper's minimum buffer).
-    pub header_limit: usize,
+    pub(crate) header_limit: usize,
     /// Most request headers (431 beyond it).
-    pub max_headers: usize,
+    pub(crate) max_headers: usize,
     /// Time allowed to send the request head (the connection is closed).
     pub header_timeout: Duration,
     /// Time allowed for a whole request, body and handler (408).
     pub request_timeout: Duration,
     /// Most connections served at once; more are closed on accept.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// How long shutdown waits for requests in progress.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
 }
 
 impl AdminConfig {

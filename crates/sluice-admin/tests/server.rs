@@ -1,6 +1,11 @@
 //! The admin server on loopback: concurrency, limits, authentication,
 //! metrics text, JSON documents, tenant updates, shutdown.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;

@@ -57,7 +57,7 @@ pub struct Geometry {
     /// Completed writes may be lost on power failure until a Flush (or FUA).
     pub volatile_write_cache: bool,
     /// Deallocate does something useful (frees space).
-    pub supports_deallocate: bool,
+    pub(crate) supports_deallocate: bool,
     /// Reads of deallocated ranges return zeroes.
     pub deallocated_reads_zero: bool,
 }

@@ -85,4 +85,9 @@ pub use ssd::{
 };
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod proptests;

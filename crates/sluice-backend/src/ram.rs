@@ -6,7 +6,10 @@
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use sluice_runtime::cast::usize_from;
+use sluice_runtime::sync;
 use std::time::Instant;
 
 use crate::io::{fail, valid_block_size, validate_request};
@@ -39,7 +42,7 @@ impl RamStore {
 
     fn chunk(&self, index: u64, create: bool) -> Option<&Chunk> {
         let group = usize::try_from(index / GROUP_CHUNKS as u64).ok()?;
-        let slot = (index % GROUP_CHUNKS as u64) as usize;
+        let slot = usize_from(index % GROUP_CHUNKS as u64);
         let lock = self.groups.get(group)?;
         let chunks = if create {
             lock.get_or_init(|| (0..GROUP_CHUNKS).map(|_| RwLock::new(None)).collect())
@@ -68,8 +71,8 @@ impl RamStore {
             let n = (chunk - in_chunk).min(len_bytes - done);
             f(
                 pos / chunk,
-                in_chunk as usize,
-                done as usize..(done + n) as usize,
+                usize_from(in_chunk),
+                usize_from(done)..usize_from(done + n),
             );
             done += n;
         }
@@ -81,7 +84,7 @@ impl RamStore {
             match self.chunk(index, false) {
                 None => dst.fill(0),
                 Some(lock) => {
-                    let guard = lock.read().unwrap_or_else(PoisonError::into_inner);
+                    let guard = sync::read(lock);
                     match guard.as_deref() {
                         None => dst.fill(0),
                         Some(data) => dst.copy_from_slice(&data[at..at + dst.len()]),
@@ -96,7 +99,7 @@ impl RamStore {
             let Some(lock) = self.chunk(index, true) else {
                 unreachable!("chunk index within size");
             };
-            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = sync::write(lock);
             let data = guard.get_or_insert_with(|| vec![0u8; RAM_CHUNK_BYTES].into_boxed_slice());
             data[at..at + range.len()].copy_from_slice(&src[range]);
         });
@@ -108,7 +111,7 @@ impl RamStore {
             let Some(lock) = self.chunk(index, false) else {
                 return; // Never written: already zero.
             };
-            let mut guard = lock.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = sync::write(lock);
             if range.len() == RAM_CHUNK_BYTES {
                 *guard = None;
             } else if let Some(data) = guard.as_deref_mut() {
@@ -123,7 +126,7 @@ impl RamStore {
             .iter()
             .filter_map(OnceLock::get)
             .flat_map(|g| g.iter())
-            .filter(|c| c.read().unwrap_or_else(PoisonError::into_inner).is_some())
+            .filter(|c| sync::read(c).is_some())
             .count()
     }
 
@@ -265,6 +268,11 @@ impl BackendQueue for RamQueue {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use crate::AlignedBuf;

@@ -14,7 +14,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use sluice_runtime::sync::lock;
 use std::time::{Duration, Instant};
 
 use crate::io::{fail, validate_request};
@@ -234,11 +236,7 @@ impl EmulatedSsd {
     }
 
     pub fn model(&self) -> SsdModel {
-        *self
-            .service
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .model()
+        *lock(&self.service).model()
     }
 }
 
@@ -313,11 +311,7 @@ impl BackendQueue for SsdQueue {
                 Ok(()) => {
                     self.store.execute(&mut req);
                     let (op, bytes) = ServiceOp::classify(req.op, req.len_bytes);
-                    let ready_at = self
-                        .service
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .schedule(op, bytes, now);
+                    let ready_at = lock(&self.service).schedule(op, bytes, now);
                     let completion = IoCompletion {
                         tag: req.tag,
                         result: Ok(()),
@@ -357,6 +351,11 @@ impl BackendQueue for SsdQueue {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use crate::AlignedBuf;

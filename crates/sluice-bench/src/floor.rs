@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use sluice_runtime::cast::nanos;
 
 /// Request size: the common header plus a 64-byte SQE.
 pub const REQUEST_BYTES: usize = 72;
@@ -27,13 +28,13 @@ const BULK_CHUNK_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone, Serialize)]
 pub struct FloorReport {
     pub pingpong_latency_us_p50: f64,
-    pub pingpong_latency_us_p99: f64,
-    pub pingpong_latency_us_mean: f64,
-    pub pingpong_rtt_per_s: f64,
-    pub pipelined_qd: u32,
+    pub(crate) pingpong_latency_us_p99: f64,
+    pub(crate) pingpong_latency_us_mean: f64,
+    pub(crate) pingpong_rtt_per_s: f64,
+    pub(crate) pipelined_qd: u32,
     pub pipelined_iops: f64,
-    pub pipelined_latency_us_p50: f64,
-    pub pipelined_latency_us_p99: f64,
+    pub(crate) pipelined_latency_us_p50: f64,
+    pub(crate) pipelined_latency_us_p99: f64,
     pub bulk_mib_per_s: f64,
 }
 
@@ -127,7 +128,7 @@ fn pingpong(
     while let Some(t0) = sent.pop_front() {
         s.read_exact(&mut reply)?;
         let now = Instant::now();
-        h.record((now - t0).as_nanos().max(1) as u64)?;
+        h.record(nanos(now - t0).max(1))?;
         n += 1;
         if now < end {
             sent.push_back(Instant::now());

@@ -5,10 +5,10 @@
 //! and returns a [`BenchReport`] with per-job and total IOPS, bandwidth,
 //! latency percentiles (hdrhistogram, µs, measured per I/O from submit to
 //! completion), the CPU the bench process used, and optionally the raw TCP
-//! wire floor measured in the same run ([`floor`]).
+//! wire floor measured in the same run ([`FloorReport`]).
 
-pub mod floor;
-pub mod spec;
+mod floor;
+mod spec;
 
 use std::io::IsTerminal;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -22,6 +22,8 @@ use serde::Serialize;
 use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, Namespace, PollingPolicy};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
+use sluice_runtime::cast::{nanos, usize_from};
+use sluice_runtime::sync::lock;
 
 pub use floor::FloorReport;
 pub use spec::{BlockSizes, JobSpec, RwMode};
@@ -44,7 +46,7 @@ pub struct BenchArgs {
     pub nqn: String,
     /// Namespace ID (default: the first active one).
     #[arg(long)]
-    pub nsid: Option<u32>,
+    pub(crate) nsid: Option<u32>,
     /// Host NQN of the default job.
     #[arg(
         long,
@@ -55,7 +57,7 @@ pub struct BenchArgs {
     /// every job's controller joins this cgroup (v1 `cpu` dir: TID to
     /// `tasks`; v2 threaded: `cgroup.threads`). Per job: `cgroup=PATH`.
     #[arg(long)]
-    pub cgroup: Option<std::path::PathBuf>,
+    pub(crate) cgroup: Option<std::path::PathBuf>,
     /// I/O pattern: read, write, randread, randwrite, rw, randrw.
     #[arg(long, default_value = "randread")]
     pub rw: RwMode,
@@ -91,38 +93,38 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     #[arg(long)]
-    pub hdr_digest: bool,
+    pub(crate) hdr_digest: bool,
     #[arg(long)]
-    pub data_digest: bool,
+    pub(crate) data_digest: bool,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US].
     #[arg(long, default_value = "interrupt")]
-    pub polling: PollingPolicy,
+    pub(crate) polling: PollingPolicy,
     /// Also measure the raw TCP wire floor on loopback.
     #[arg(long)]
     pub floor: bool,
     /// Per-command timeout in milliseconds.
     #[arg(long, default_value_t = 30_000)]
-    pub timeout_ms: u64,
+    pub(crate) timeout_ms: u64,
     /// Use only the first SPAN bytes (or blocks with suffix) of the namespace, e.g. 1g.
     #[arg(long)]
     pub span: Option<String>,
     /// Show live IOPS on stderr even when it is not a terminal.
     #[arg(long)]
-    pub progress: bool,
+    pub(crate) progress: bool,
     /// Host completion coalescing of task wake-ups: off, static, adaptive,
     /// calibrated (docs/isolation.md).
     #[arg(long, default_value = "off")]
     pub coalescing: CoalesceMode,
     /// Coalescing threshold (completions per wake-up batch).
     #[arg(long, default_value_t = 16)]
-    pub coalescing_threshold: u32,
+    pub(crate) coalescing_threshold: u32,
     /// Static coalescing: aggregation time in microseconds.
     #[arg(long, default_value_t = 20)]
-    pub coalescing_timeout_us: u64,
+    pub(crate) coalescing_timeout_us: u64,
     /// Mark every I/O urgent (the host API's urgent flag; `--job ...,urgent=1`
     /// per job).
     #[arg(long)]
-    pub urgent: bool,
+    pub(crate) urgent: bool,
     /// Host send scheduler of the I/O queues: immediate, unified, isolated
     /// (paper defaults; docs/isolation.md).
     #[arg(long, default_value = "immediate")]
@@ -169,9 +171,9 @@ impl BenchArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct JobReport {
     pub name: String,
-    pub hostnqn: String,
-    pub rw: String,
-    pub qd: u32,
+    pub(crate) hostnqn: String,
+    pub(crate) rw: String,
+    pub(crate) qd: u32,
     pub ios: u64,
     pub reads: u64,
     pub writes: u64,
@@ -189,7 +191,8 @@ pub struct JobReport {
     pub latency_us_p999: f64,
     pub latency_us_p9999: f64,
     pub latency_us_max: f64,
-    /// Host queue counters over the measured window (issue 4).
+    /// Host queue counters (wake-ups, send flushes and waits) over the
+    /// measured window.
     pub host: HostCounters,
     /// First few error messages.
     pub error_samples: Vec<String>,
@@ -198,22 +201,22 @@ pub struct JobReport {
 /// Host-side send and wake-up counters of a job over the measured window.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct HostCounters {
-    pub completions: u64,
+    pub(crate) completions: u64,
     /// Wake-up batches delivered to waiting tasks.
-    pub notifications: u64,
+    pub(crate) notifications: u64,
     /// Socket write calls that moved bytes.
-    pub send_syscalls: u64,
+    pub(crate) send_syscalls: u64,
     pub notifications_per_io: f64,
     pub send_syscalls_per_io: f64,
     /// Mean time a completion was held by the coalescer, µs (held ones only
     /// count; 0 when coalescing is off).
     pub held_us_per_notification: f64,
     /// Send scheduler: PDUs per flushed container, flushes by timer.
-    pub pdus_per_flush: f64,
-    pub timer_flushes: u64,
+    pub(crate) pdus_per_flush: f64,
+    pub(crate) timer_flushes: u64,
     /// Mean time a PDU waited in the latency / data freight, µs.
-    pub freight_wait_us_latency: f64,
-    pub freight_wait_us_data: f64,
+    pub(crate) freight_wait_us_latency: f64,
+    pub(crate) freight_wait_us_data: f64,
 }
 
 fn ratio(n: u64, d: u64) -> f64 {
@@ -259,7 +262,7 @@ pub struct BenchReport {
     pub total: JobReport,
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
-    pub iops_per_cpu_s: f64,
+    pub(crate) iops_per_cpu_s: f64,
     pub floor: Option<FloorReport>,
 }
 
@@ -741,7 +744,7 @@ impl JobRun {
             let wh = t.await.context("worker")??;
             h.add(&wh).context("merge histograms")?;
         }
-        let mut st = self.stats.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut st = lock(&self.stats).clone();
         st.elapsed_s = start.elapsed().as_secs_f64();
         Ok((st, h))
     }
@@ -750,13 +753,13 @@ impl JobRun {
     async fn worker(self: Arc<Self>, w: u32, start: Instant) -> anyhow::Result<Histogram<u64>> {
         let mut h = hist()?;
         let bs = self.ns.block_size_bytes() as u64;
-        let mut rng = mix(0x5eed ^ ((w as u64) << 32) ^ start.elapsed().as_nanos() as u64);
+        let mut rng = mix(0x5eed ^ ((w as u64) << 32) ^ nanos(start.elapsed()));
         let qd = self.spec.qd.max(1) as u64;
         // Verify: each worker owns a disjoint region, so generations are exact.
         let region = self.blocks / qd;
         let region_start = w as u64 * region;
         let mut gens: Vec<u32> = if self.verify {
-            vec![0; region as usize]
+            vec![0; usize_from(region)]
         } else {
             Vec::new()
         };
@@ -765,9 +768,9 @@ impl JobRun {
             urgent: self.spec.urgent,
             ..Default::default()
         };
-        let mut junk = vec![0u8; self.spec.bs.max_bytes() as usize];
+        let mut junk = vec![0u8; usize_from(self.spec.bs.max_bytes())];
         for (i, b) in junk.iter_mut().enumerate() {
-            *b = mix(i as u64) as u8;
+            *b = (mix(i as u64) & 0xff) as u8;
         }
         loop {
             if self.stop.load(Ordering::Acquire) {
@@ -817,7 +820,7 @@ impl JobRun {
                 let c = self.seq_cursor.fetch_add(len_blocks, Ordering::AcqRel);
                 lo + (c % (span - len_blocks + 1))
             };
-            let len = (len_blocks * bs) as usize;
+            let len = usize_from(len_blocks * bs);
             let t0 = Instant::now();
             let r = if is_read {
                 self.ns.read(lba, len, flags).await.map(Some)
@@ -825,10 +828,10 @@ impl JobRun {
                 let data = if self.verify {
                     let mut d = vec![0u8; len];
                     for b in 0..len_blocks {
-                        let g = &mut gens[(lba - region_start + b) as usize];
+                        let g = &mut gens[usize_from(lba - region_start + b)];
                         *g = g.wrapping_add(1).max(1);
-                        let at = (b * bs) as usize;
-                        fill_pattern(&mut d[at..at + bs as usize], lba + b, *g);
+                        let at = usize_from(b * bs);
+                        fill_pattern(&mut d[at..at + usize_from(bs)], lba + b, *g);
                     }
                     d
                 } else {
@@ -837,8 +840,7 @@ impl JobRun {
                 self.ns.write_owned(lba, data, flags).await.map(|_| None)
             };
             let dt = t0.elapsed();
-            h.record(dt.as_nanos().max(1) as u64)
-                .context("record latency")?;
+            h.record(nanos(dt).max(1)).context("record latency")?;
             self.done.fetch_add(1, Ordering::Relaxed);
             local.ios += 1;
             match r {
@@ -850,15 +852,15 @@ impl JobRun {
                         local.writes += 1;
                     }
                     if let (true, Some(d)) = (self.verify, data) {
-                        let mut expect = vec![0u8; bs as usize];
+                        let mut expect = vec![0u8; usize_from(bs)];
                         for b in 0..len_blocks {
-                            let g = gens[(lba - region_start + b) as usize];
+                            let g = gens[usize_from(lba - region_start + b)];
                             if g == 0 {
                                 continue;
                             }
                             fill_pattern(&mut expect, lba + b, g);
-                            let at = (b * bs) as usize;
-                            if d[at..at + bs as usize] != expect[..] {
+                            let at = usize_from(b * bs);
+                            if d[at..at + usize_from(bs)] != expect[..] {
                                 local.verify_errors += 1;
                                 if local.error_samples.len() < 5 {
                                     local.error_samples.push(format!(
@@ -881,7 +883,8 @@ impl JobRun {
                 }
             }
         }
-        if let Ok(mut s) = self.stats.lock() {
+        {
+            let mut s = lock(&self.stats);
             let samples = std::mem::take(&mut local.error_samples);
             s.merge(&local);
             for e in samples {

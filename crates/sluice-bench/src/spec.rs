@@ -155,18 +155,18 @@ impl FromStr for BlockSizes {
 /// One job.
 #[derive(Debug, Clone)]
 pub struct JobSpec {
-    pub name: String,
-    pub hostnqn: String,
-    pub rw: RwMode,
-    pub rwmixread: u8,
-    pub bs: BlockSizes,
-    pub qd: u32,
-    pub queues: u16,
-    pub rate_iops: Option<u64>,
+    pub(crate) name: String,
+    pub(crate) hostnqn: String,
+    pub(crate) rw: RwMode,
+    pub(crate) rwmixread: u8,
+    pub(crate) bs: BlockSizes,
+    pub(crate) qd: u32,
+    pub(crate) queues: u16,
+    pub(crate) rate_iops: Option<u64>,
     /// Mark every I/O urgent (host API flag, CDW13 hint).
-    pub urgent: bool,
+    pub(crate) urgent: bool,
     /// cgroup the job's queue threads join (`--cgroup`, `cgroup=PATH`).
-    pub cgroup: Option<std::path::PathBuf>,
+    pub(crate) cgroup: Option<std::path::PathBuf>,
 }
 
 /// The jobs a run executes: the `--job` ones, or one from the top-level flags.

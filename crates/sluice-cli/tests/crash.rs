@@ -2,6 +2,11 @@
 //! a new target on the same file must return every write that was
 //! acknowledged before the kill (sled-style).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_host::{ConnectOptions, Controller, IoFlags, ReconnectPolicy};

@@ -27,6 +27,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sluice_runtime::cast::nanos;
+
 // The thread clocks live in the shared runtime toolkit; named here because
 // cgroup membership and CPU charging are read per thread.
 pub use sluice_runtime::clock::{current_thread_cpu_ns, current_tid, thread_cpu_ns};
@@ -97,8 +99,13 @@ impl Throttle {
 
     pub fn set_share(&mut self, share: f64) {
         let period = self.p.period.as_nanos() as f64;
-        self.quota_ns = (share.clamp(0.0, 1.0) * period) as u64;
-        self.min_t_ns = (self.quota_ns as f64 * self.p.min_t_fraction) as u64;
+        // Float to integer casts saturate (NaN gives 0); the share is clamped
+        // to 0..=1, so the quota is at most the period.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        {
+            self.quota_ns = (share.clamp(0.0, 1.0) * period) as u64;
+            self.min_t_ns = (self.quota_ns as f64 * self.p.min_t_fraction) as u64;
+        }
         self.t_ns = self
             .t_ns
             .clamp(self.min_t_ns, self.quota_ns.max(self.min_t_ns));
@@ -129,7 +136,7 @@ impl Throttle {
     /// Charges CPU to the tenant (Algorithm 3 lines 4-13).
     pub fn charge(&mut self, ns: u64, now: Instant) {
         self.roll_period(now, None);
-        if self.quota_ns >= self.p.period.as_nanos() as u64 {
+        if self.quota_ns >= nanos(self.p.period) {
             return; // a whole thread: never throttled
         }
         self.runtime_ns += ns;
@@ -137,11 +144,11 @@ impl Throttle {
         if self.until.is_none() && self.runtime_ns >= self.t_ns / k {
             self.num_throttle += 1;
             if self.num_throttle >= self.p.k.max(1) {
-                let alpha = self.p.alpha.as_nanos() as u64;
+                let alpha = nanos(self.p.alpha);
                 self.t_ns = (self.t_ns + alpha).min(self.quota_ns.max(self.min_t_ns));
                 self.num_throttle = 0;
             }
-            let period = self.p.period.as_nanos() as u64;
+            let period = nanos(self.p.period);
             let tau = period.saturating_sub(self.t_ns) / k;
             self.until = Some(now + Duration::from_nanos(tau));
             self.throttled_since = Some(now);
@@ -185,14 +192,14 @@ pub const QUOTA_MIN: Duration = Duration::from_millis(1);
 impl QuotaCharger {
     pub fn new(base_quota: Duration) -> Self {
         QuotaCharger {
-            base_ns: base_quota.as_nanos() as u64,
+            base_ns: nanos(base_quota),
             debt_ns: 0,
         }
     }
 
     /// The quota for the next period after `charged_ns` of worker CPU.
     pub fn next_quota(&mut self, charged_ns: u64) -> Duration {
-        let min = QUOTA_MIN.as_nanos() as u64;
+        let min = nanos(QUOTA_MIN);
         let usage = self.debt_ns + charged_ns;
         let room = self.base_ns.saturating_sub(min);
         let take = usage.min(room);
@@ -309,7 +316,10 @@ impl BatchCharger {
             let share = if j + 1 == self.touched.len() {
                 cpu_ns - given
             } else {
-                (u128::from(cpu_ns) * u / total) as u64
+                // u <= total, so the share is at most cpu_ns.
+                #[allow(clippy::cast_possible_truncation)]
+                let share = (u128::from(cpu_ns) * u / total) as u64;
+                share
             };
             given += share;
             out.push((*t, share));
@@ -404,9 +414,13 @@ impl CpuCgroup {
             })
         };
         let quota = read("cpu.cfs_quota_us")?;
-        let period = Duration::from_micros(read("cpu.cfs_period_us")?.max(0) as u64);
+        // Negative values (-1: no quota) read as none / zero.
+        let period = Duration::from_micros(u64::try_from(read("cpu.cfs_period_us")?).unwrap_or(0));
         Ok((
-            (quota > 0).then(|| Duration::from_micros(quota as u64)),
+            u64::try_from(quota)
+                .ok()
+                .filter(|&q| q > 0)
+                .map(Duration::from_micros),
             period,
         ))
     }

@@ -4,6 +4,11 @@
 //! Needs root and /sys/fs/cgroup/cpu (skipped with a printed reason
 //! otherwise).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_cpu::{current_tid, thread_cpu_ns, CpuCgroup, QuotaAgent};
 use std::path::Path;

@@ -41,6 +41,8 @@ use sluice_admin::prometheus_client::registry::{Registry as MetricsRegistry, Uni
 use sluice_admin::routes;
 use sluice_admin::schema::{ExportStats, ExportsReport, Status};
 use sluice_cpu::{BatchCharger, Throttle, ThrottleParams};
+use sluice_runtime::cast::nanos;
+use sluice_runtime::sync::lock;
 
 /// Supplies the TIDs of an export's own threads (its controller's queues).
 pub type TidSource = Box<dyn Fn() -> Vec<i32> + Send + Sync>;
@@ -48,21 +50,21 @@ pub type TidSource = Box<dyn Fn() -> Vec<i32> + Send + Sync>;
 /// Counters and throttle state of one export, shared between its NBD
 /// connections and the accountant.
 pub struct ExportAccount {
-    pub name: String,
-    pub hostnqn: String,
+    pub(crate) name: String,
+    pub(crate) hostnqn: String,
     /// Fraction of one CPU (0, 1]; `None`: accounted, never throttled.
-    pub cpu_share: Option<f64>,
+    pub(crate) cpu_share: Option<f64>,
     epoch: Instant,
     /// Requests completed and their payload bytes.
-    pub ios: AtomicU64,
-    pub bytes: AtomicU64,
+    pub(crate) ios: AtomicU64,
+    pub(crate) bytes: AtomicU64,
     /// Work units of the current batch (taken by the accountant).
     units: AtomicU64,
     /// CPU charged in total, and the part from the export's own queue threads.
-    pub cpu_ns: AtomicU64,
-    pub own_cpu_ns: AtomicU64,
-    pub throttle_events: AtomicU64,
-    pub throttled_ns: AtomicU64,
+    pub(crate) cpu_ns: AtomicU64,
+    pub(crate) own_cpu_ns: AtomicU64,
+    pub(crate) throttle_events: AtomicU64,
+    pub(crate) throttled_ns: AtomicU64,
     /// Throttled until this many ns after `epoch` (0: not throttled).
     until_ns: AtomicU64,
     tids: Option<TidSource>,
@@ -156,9 +158,7 @@ impl ExportAccount {
     }
 
     fn set_until(&self, t: Option<Instant>) {
-        let v = t.map_or(0, |t| {
-            (t.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
-        });
+        let v = t.map_or(0, |t| nanos(t.saturating_duration_since(self.epoch)).max(1));
         self.until_ns.store(v, Ordering::Release);
     }
 
@@ -186,7 +186,7 @@ pub struct SplitCore {
     out: Vec<(u32, u64)>,
     charged: Vec<u64>,
     /// Shared-thread CPU of batches with no work.
-    pub unattributed_ns: u64,
+    pub(crate) unattributed_ns: u64,
 }
 
 impl SplitCore {
@@ -211,9 +211,9 @@ impl SplitCore {
         for c in &mut self.charged {
             *c = 0;
         }
-        for (i, u) in units.iter().enumerate() {
+        for (i, u) in (0u32..).zip(units) {
             if *u > 0 {
-                self.charger.add(i as u32, *u);
+                self.charger.add(i, *u);
             }
         }
         self.charger.charge(shared_ns, &mut self.out);
@@ -280,19 +280,15 @@ impl CpuAccountant {
     /// thread). Registering a thread twice has no effect.
     pub fn register_current_thread(&self) {
         let tid = sluice_cpu::current_tid();
-        if let Ok(mut g) = self.shared_tids.lock() {
-            if !g.contains(&tid) {
-                g.push(tid);
-            }
+        let mut g = lock(&self.shared_tids);
+        if !g.contains(&tid) {
+            g.push(tid);
         }
     }
 
     /// TIDs of the registered shared threads.
     pub fn shared_tids(&self) -> Vec<i32> {
-        self.shared_tids
-            .lock()
-            .map(|g| g.clone())
-            .unwrap_or_default()
+        lock(&self.shared_tids).clone()
     }
 
     /// A new export account on this accountant's clock.
@@ -304,14 +300,12 @@ impl CpuAccountant {
         tids: Option<TidSource>,
     ) -> Arc<ExportAccount> {
         let a = ExportAccount::new(name, hostnqn, cpu_share, self.epoch, tids);
-        if let Ok(mut g) = self.exports.lock() {
-            g.push(a.clone());
-        }
+        lock(&self.exports).push(a.clone());
         a
     }
 
     pub fn exports(&self) -> Vec<Arc<ExportAccount>> {
-        self.exports.lock().map(|g| g.clone()).unwrap_or_default()
+        lock(&self.exports).clone()
     }
 
     pub fn unattributed(&self) -> Duration {
@@ -382,7 +376,7 @@ impl CpuAccountant {
                 e.set_until(core.throttled_until(i, now));
                 let (ev, t) = core.throttle_stats(i);
                 e.throttle_events.store(ev, Ordering::Relaxed);
-                e.throttled_ns.store(t.as_nanos() as u64, Ordering::Relaxed);
+                e.throttled_ns.store(nanos(t), Ordering::Relaxed);
             }
             // Forget threads that are gone (reconnects start new ones).
             if last.len() > 4 * seen.len().max(16) {
@@ -622,7 +616,7 @@ impl std::str::FromStr for ExportSpec {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
 

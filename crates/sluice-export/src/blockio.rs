@@ -9,6 +9,8 @@
 
 use crate::errno::{self, OpKind};
 use sluice_host::{HostError, IoFlags, Namespace};
+use sluice_runtime::cast::usize_from;
+use sluice_runtime::sync::lock;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
@@ -84,7 +86,10 @@ impl MemDevice {
     pub fn new(block_size_bytes: u32, size_blocks: u64) -> MemDevice {
         MemDevice {
             block_size_bytes,
-            data: Mutex::new(vec![0; (block_size_bytes as u64 * size_blocks) as usize]),
+            data: Mutex::new(vec![
+                0;
+                usize_from(u64::from(block_size_bytes) * size_blocks)
+            ]),
             counts: Mutex::new([0; 5]),
         }
     }
@@ -98,7 +103,7 @@ impl MemDevice {
         let start = lba.checked_mul(bs);
         match start.and_then(|s| s.checked_add(len_bytes).map(|e| (s, e))) {
             Some((s, e)) if e <= total && len_bytes.is_multiple_of(bs) => {
-                Ok(s as usize..e as usize)
+                Ok(usize_from(s)..usize_from(e))
             }
             _ => Err(HostError::InvalidArgument(format!(
                 "LBA {lba} + {len_bytes} bytes beyond the device"
@@ -108,10 +113,6 @@ impl MemDevice {
     fn count(&self, i: usize) {
         lock(&self.counts)[i] += 1;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl BlockDevice for MemDevice {
@@ -234,15 +235,15 @@ impl Drop for RangeGuard<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSpan {
     /// First block touched.
-    pub first_lba: u64,
+    pub(crate) first_lba: u64,
     /// Blocks touched (0 for an empty range).
-    pub blocks: u64,
+    pub(crate) blocks: u64,
     /// Byte offset of the range inside the first block.
-    pub head_skip: u64,
+    pub(crate) head_skip: u64,
     /// The first block is only partly covered.
-    pub head_partial: bool,
+    pub(crate) head_partial: bool,
     /// The last block is only partly covered.
-    pub tail_partial: bool,
+    pub(crate) tail_partial: bool,
 }
 
 impl BlockSpan {
@@ -299,7 +300,10 @@ impl<D: BlockDevice> ByteDevice<D> {
         self.size_bytes
     }
     pub fn block_size_bytes(&self) -> u32 {
-        self.bs as u32
+        // The device's u32 block size, widened in `new`.
+        #[allow(clippy::cast_possible_truncation)]
+        let bs = self.bs as u32;
+        bs
     }
     pub fn locks(&self) -> &RangeLock {
         &self.locks
@@ -331,13 +335,13 @@ impl<D: BlockDevice> ByteDevice<D> {
         let span = BlockSpan::new(offset, len as u64, self.bs);
         let mut data = self
             .dev
-            .read_blocks(span.first_lba, (span.blocks * self.bs) as usize)
+            .read_blocks(span.first_lba, usize_from(span.blocks * self.bs))
             .await
             .map_err(Self::dev_err(OpKind::Read))?;
         if span.aligned() {
             return Ok(data);
         }
-        let skip = span.head_skip as usize;
+        let skip = usize_from(span.head_skip);
         data.truncate(skip + len);
         data.drain(..skip);
         Ok(data)
@@ -368,8 +372,8 @@ impl<D: BlockDevice> ByteDevice<D> {
                 .await
                 .map_err(err);
         }
-        let bs = self.bs as usize;
-        let mut buf = vec![0u8; span.blocks as usize * bs];
+        let bs = usize_from(self.bs);
+        let mut buf = vec![0u8; usize_from(span.blocks) * bs];
         let last_lba = span.first_lba + span.blocks - 1;
         if span.head_partial {
             let b = self
@@ -388,7 +392,7 @@ impl<D: BlockDevice> ByteDevice<D> {
             let at = buf.len() - bs;
             buf[at..].copy_from_slice(&b);
         }
-        let skip = span.head_skip as usize;
+        let skip = usize_from(span.head_skip);
         buf[skip..skip + data.len()].copy_from_slice(&data);
         self.dev
             .write_blocks(span.first_lba, buf, fua)
@@ -410,13 +414,13 @@ impl<D: BlockDevice> ByteDevice<D> {
             .await;
         let (lba, blocks) = BlockSpan::inner(offset, len, self.bs);
         if blocks == 0 {
-            self.write_locked(offset, vec![0; len as usize], false)
+            self.write_locked(offset, vec![0; usize_from(len)], false)
                 .await?;
         } else {
             let inner_start = lba * self.bs;
             let inner_end = inner_start + blocks * self.bs;
             if inner_start > offset {
-                self.write_locked(offset, vec![0; (inner_start - offset) as usize], false)
+                self.write_locked(offset, vec![0; usize_from(inner_start - offset)], false)
                     .await?;
             }
             self.dev
@@ -426,7 +430,7 @@ impl<D: BlockDevice> ByteDevice<D> {
             if offset + len > inner_end {
                 self.write_locked(
                     inner_end,
-                    vec![0; (offset + len - inner_end) as usize],
+                    vec![0; usize_from(offset + len - inner_end)],
                     false,
                 )
                 .await?;

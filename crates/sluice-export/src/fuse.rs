@@ -28,6 +28,7 @@ use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow,
 };
+use sluice_runtime::cast::usize_from;
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -69,7 +70,8 @@ pub struct SluiceFs<D> {
 
 /// errno values as fuser wants them.
 fn neg(errno: u32) -> i32 {
-    errno as i32
+    // errno values are small positive numbers (below 4096).
+    i32::try_from(errno).unwrap_or(libc::EIO)
 }
 
 impl<D: BlockDevice> SluiceFs<D> {
@@ -244,7 +246,7 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         let dev = self.dev.clone();
         let export = self.export();
         self.rt.spawn(async move {
-            let r = dev.read(offset, (end - offset) as usize).await;
+            let r = dev.read(offset, usize_from(end - offset)).await;
             if let Some(a) = export {
                 a.record(r.as_ref().map_or(0, |d| d.len() as u64));
             }
@@ -283,7 +285,7 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         if offset >= size && !data.is_empty() {
             return reply.error(libc::ENOSPC);
         }
-        let n = (data.len() as u64).min(size - offset.min(size)) as usize;
+        let n = data.len().min(usize_from(size - offset.min(size)));
         self.wait_unthrottled();
         let buf = data[..n].to_vec();
         let fua = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
@@ -295,7 +297,8 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
                 a.record(n as u64);
             }
             match r {
-                Ok(()) => reply.written(n as u32),
+                // n <= data.len(), which the kernel bounds by max_write (u32).
+                Ok(()) => reply.written(u32::try_from(n).unwrap_or(u32::MAX)),
                 Err(e) => {
                     warn!(offset, "fuse write failed: {e}");
                     reply.error(neg(e.errno()))
@@ -381,8 +384,10 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
             (ROOT_INO, FileType::Directory, ".."),
             (FILE_INO, FileType::RegularFile, self.cfg.file_name.as_str()),
         ];
-        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset.max(0) as usize) {
-            if reply.add(*ino, (i + 1) as i64, *kind, name) {
+        // The offset of an entry is the index of the next one (1-based).
+        let skip = usize::try_from(offset).unwrap_or(0);
+        for (next, (ino, kind, name)) in (1i64..).zip(&entries).skip(skip) {
+            if reply.add(*ino, next, *kind, name) {
                 break;
             }
         }

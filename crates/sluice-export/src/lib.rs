@@ -1,8 +1,8 @@
 //! Exports of one remote NVMe/TCP namespace (through `sluice-host`) for
 //! unmodified tools.
 //!
-//! * [`blockio`]: byte-addressed I/O over a block device: sub-block writes by
-//!   read-modify-write, serialised per block range ([`blockio::ByteDevice`]).
+//! * `blockio`: byte-addressed I/O over a block device: sub-block writes by
+//!   read-modify-write, serialised per block range ([`ByteDevice`]).
 //! * [`errno`]: NVMe status / host error → errno mapping shared by both exports.
 //! * [`nbd`]: an NBD server: the sans-IO protocol ([`nbd::proto`]) and a tokio
 //!   I/O layer over Unix and TCP sockets ([`nbd::server`]).
@@ -13,7 +13,7 @@
 //! See `docs/exports.md`.
 
 pub mod account;
-pub mod blockio;
+mod blockio;
 pub mod errno;
 pub mod fuse;
 pub mod nbd;

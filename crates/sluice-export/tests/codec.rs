@@ -1,6 +1,11 @@
 //! The NBD sans-IO codec: handshake scenarios, request round trips, every
 //! malformed input's error, and random input never panicking.
 #![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use proptest::prelude::*;
 use sluice_export::errno::{EINVAL, ENOSPC, EPERM};

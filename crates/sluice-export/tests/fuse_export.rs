@@ -8,6 +8,11 @@
 //! Needs `/dev/fuse` and `fusermount3` (or root); skipped, with a message,
 //! when either is missing.
 #![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_cpu::ThrottleParams;
 use sluice_export::account::{CpuAccountant, ExportCounters};

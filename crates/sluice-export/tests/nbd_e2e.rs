@@ -1,6 +1,11 @@
 //! End to end: a Sluice target with a RAM namespace, sluice-host, the NBD
 //! server on a temporary Unix socket, and a minimal blocking NBD client.
 #![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_export::errno::{EINVAL, ENOSPC};
 use sluice_export::nbd::proto::*;

@@ -1,6 +1,11 @@
 //! `ByteDevice` (sub-block read-modify-write) against a byte-array model,
 //! sequentially and with concurrent writes sharing blocks.
 #![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use proptest::prelude::*;
 use sluice_export::errno::{EINVAL, ENOSPC};

@@ -2,6 +2,11 @@
 //! controller and host NQN each), per-export CPU accounting, and i-NVMe
 //! throttling of the export whose CPU share is small.
 #![allow(clippy::unwrap_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_cpu::ThrottleParams;
 use sluice_export::account::CpuAccountant;

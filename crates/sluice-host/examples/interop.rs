@@ -18,7 +18,7 @@ use std::time::Duration;
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len)
-        .map(|i| ((i as u64).wrapping_mul(2654435761) ^ seed) as u8)
+        .map(|i| (((i as u64).wrapping_mul(2654435761) ^ seed) & 0xff) as u8)
         .collect()
 }
 
@@ -162,7 +162,7 @@ async fn run() -> Result<(), String> {
     // Sent raw: the library itself refuses out-of-range I/O before sending.
     let end = ns.size_blocks();
     let sqe = Sqe::rw(sluice_proto::command::io::READ, 0, nsid, end - 1, 2, false);
-    match c.io(sqe, Payload::Read(2 * bs as u32)).await {
+    match c.io(sqe, Payload::Read(2 * ns.block_size_bytes())).await {
         // Sluice answers LBA Out of Range; Linux nvmet on a bdev answers
         // Internal Error. Either way the host must surface an NVMe status.
         Err(HostError::Nvme { status, .. }) if status.sct == 0 && status.dnr => {

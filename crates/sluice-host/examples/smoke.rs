@@ -63,7 +63,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (4096, 3 << 20),
     ] {
         let len = len.div_ceil(bs) * bs;
-        let d: Vec<u8> = (0..len).map(|i| (i as u64 * 7 + lba) as u8).collect();
+        let d: Vec<u8> = (0..len)
+            .map(|i| ((i as u64 * 7 + lba) & 0xff) as u8)
+            .collect();
         ns.write(
             lba,
             &d,

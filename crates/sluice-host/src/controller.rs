@@ -21,7 +21,8 @@ use tokio::sync::mpsc;
 use crate::core::{Completion, CoreConfig, Payload};
 use crate::error::{HostError, Result};
 use crate::queue::{wait, QueueHandle, QueueParams, TimedOutCommand};
-use sluice_runtime::PollingPolicy;
+use sluice_runtime::cast::usize_from;
+use sluice_runtime::{sync, PollingPolicy};
 
 /// Admin queue depth (SQSIZE 31).
 pub const ADMIN_QUEUE_DEPTH: u16 = 32;
@@ -238,7 +239,7 @@ async fn fabrics_connect(
         sqsize,
         cattr: 0,
         kato_ms: if qid == 0 {
-            kato.as_millis().min(u32::MAX as u128) as u32
+            u32::try_from(kato.as_millis()).unwrap_or(u32::MAX)
         } else {
             0
         },
@@ -304,7 +305,8 @@ async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
     property_set(q, prop::CC, v).await?;
     let deadline = Instant::now() + to;
     loop {
-        let st = property_get(q, prop::CSTS, false).await? as u32;
+        // A 4-byte property: the value is in the low half.
+        let st = (property_get(q, prop::CSTS, false).await? & 0xffff_ffff) as u32;
         if st & csts::CFS != 0 {
             return Err(HostError::Incompatible(
                 "controller fatal status (CSTS.CFS)".into(),
@@ -317,7 +319,7 @@ async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
             return Err(HostError::Timeout {
                 opcode: admin::FABRICS,
                 cid: 0,
-                timeout_ms: to.as_millis() as u64,
+                timeout_ms: crate::core::millis(to),
             });
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -326,11 +328,11 @@ async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
 
 /// The admin-queue part of an association (used by discovery too).
 pub(crate) struct AdminSession {
-    pub admin: QueueHandle,
-    pub cntlid: u16,
-    pub cap: u64,
-    pub vs: u32,
-    pub ident: IdentifyController,
+    pub(crate) admin: QueueHandle,
+    pub(crate) cntlid: u16,
+    pub(crate) cap: u64,
+    pub(crate) vs: u32,
+    pub(crate) ident: IdentifyController,
 }
 
 pub(crate) async fn open_admin(
@@ -366,7 +368,7 @@ pub(crate) async fn open_admin(
         )
         .await?;
         let cap = property_get(&admin, prop::CAP, true).await?;
-        let vs = property_get(&admin, prop::VS, false).await? as u32;
+        let vs = (property_get(&admin, prop::VS, false).await? & 0xffff_ffff) as u32;
         enable(&admin, cap).await?;
         let ident = IdentifyController::decode(&identify(&admin, cns::CONTROLLER, 0).await?)
             .ok_or_else(|| HostError::Incompatible("short Identify Controller".into()))?;
@@ -412,14 +414,18 @@ async fn establish(
         sf.set_cdw(10, FID_NUMBER_OF_QUEUES);
         sf.set_cdw(11, (want as u32 - 1) | ((want as u32 - 1) << 16));
         let c = nvme(admin::SET_FEATURES, admin.execute(sf, Payload::None).await)?;
-        let granted = ((c.cqe.result & 0xffff).min(c.cqe.result >> 16) + 1) as u16;
+        // NSQA and NCQA are 0's based: 0xffff grants 65536, which saturates
+        // (we never ask for more than IO_QUEUES_MAX).
+        let granted_0s = (c.cqe.result & 0xffff).min(c.cqe.result >> 16);
+        let granted = u16::try_from(granted_0s + 1).unwrap_or(u16::MAX);
         let nq = want.min(granted);
         let mqes = Cap::decode(s.cap).mqes as u32 + 1;
         let mut depth = (opts.queue_depth as u32).clamp(2, crate::core::QUEUE_DEPTH_MAX as u32).min(mqes);
         if s.ident.maxcmd > 0 {
             depth = depth.min(s.ident.maxcmd as u32);
         }
-        let depth = depth as u16;
+        // Clamped to QUEUE_DEPTH_MAX above.
+        let depth = u16::try_from(depth).unwrap_or(crate::core::QUEUE_DEPTH_MAX);
         let in_capsule = if s.ident.icdoff == 0 && s.ident.ioccsz > 4 {
             (s.ident.ioccsz * 16 - 64).min(TRANSFER_BYTES_MAX)
         } else {
@@ -465,7 +471,9 @@ async fn establish(
             }
             namespaces.push(NamespaceInfo {
                 nsid,
-                block_size_bytes: id.block_size_bytes() as u32,
+                block_size_bytes: u32::try_from(id.block_size_bytes()).map_err(|_| {
+                    HostError::Incompatible(format!("namespace {nsid}: block size over 4 GiB"))
+                })?,
                 size_blocks: id.nsze,
                 identify: id,
             });
@@ -566,10 +574,7 @@ impl Controller {
     }
 
     fn assoc(&self) -> Arc<Assoc> {
-        match self.inner.assoc.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        sync::read(&self.inner.assoc).clone()
     }
 
     pub fn cntlid(&self) -> u16 {
@@ -713,10 +718,7 @@ impl Controller {
             let gen = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
             match establish(self.inner.addr, &self.inner.subnqn, &self.inner.opts, gen).await {
                 Ok(a) => {
-                    match self.inner.assoc.write() {
-                        Ok(mut g) => *g = Arc::new(a),
-                        Err(p) => *p.into_inner() = Arc::new(a),
-                    }
+                    *sync::write(&self.inner.assoc) = Arc::new(a);
                     return Ok(());
                 }
                 Err(e) => {
@@ -822,9 +824,11 @@ impl Namespace {
     }
 
     /// Blocks per command: MDTS and the 16-bit NLB field.
-    fn chunk_blocks(&self) -> u64 {
-        let bs = self.info.block_size_bytes.max(1) as u64;
-        (self.ctrl.max_transfer_bytes() as u64 / bs).clamp(1, 65536)
+    /// Blocks per command: MDTS (the negotiated transfer limit) in blocks,
+    /// at least 1 and at most 65536 (NLB is 16 bits, 0's based).
+    fn chunk_blocks(&self) -> u32 {
+        let bs = self.info.block_size_bytes.max(1);
+        (self.ctrl.max_transfer_bytes() / bs).clamp(1, 65536)
     }
 
     fn rw_sqe(&self, opcode: u8, lba: u64, blocks: u32, flags: IoFlags) -> Sqe {
@@ -847,21 +851,23 @@ impl Namespace {
     pub async fn read(&self, lba: u64, len_bytes: usize, flags: IoFlags) -> Result<Vec<u8>> {
         let blocks = self.check(lba, len_bytes)?;
         let chunk = self.chunk_blocks();
-        let bs = self.info.block_size_bytes as u64;
-        if blocks <= chunk {
-            let s = self.rw_sqe(io::READ, lba, blocks as u32, flags);
-            return Ok(self.ctrl.io(s, Payload::Read(len_bytes as u32)).await?.data);
+        let bs = self.info.block_size_bytes;
+        if blocks <= u64::from(chunk) {
+            // n * bs = len_bytes
+            let n = piece(blocks, chunk);
+            let s = self.rw_sqe(io::READ, lba, n, flags);
+            return Ok(self.ctrl.io(s, Payload::Read(n * bs)).await?.data);
         }
         let mut futs = Vec::new();
         let mut at = 0;
         while at < blocks {
-            let n = (blocks - at).min(chunk);
-            let s = self.rw_sqe(io::READ, lba + at, n as u32, flags);
+            let n = piece(blocks - at, chunk);
+            let s = self.rw_sqe(io::READ, lba + at, n, flags);
             let c = self.ctrl.clone();
-            futs.push(tokio::spawn(async move {
-                c.io(s, Payload::Read((n * bs) as u32)).await
-            }));
-            at += n;
+            futs.push(tokio::spawn(
+                async move { c.io(s, Payload::Read(n * bs)).await },
+            ));
+            at += u64::from(n);
         }
         let mut out = Vec::with_capacity(len_bytes);
         for f in futs {
@@ -878,21 +884,21 @@ impl Namespace {
         let blocks = self.check(lba, data.len())?;
         let chunk = self.chunk_blocks();
         let bs = self.info.block_size_bytes as usize;
-        if blocks <= chunk {
-            let s = self.rw_sqe(io::WRITE, lba, blocks as u32, flags);
+        if blocks <= u64::from(chunk) {
+            let s = self.rw_sqe(io::WRITE, lba, piece(blocks, chunk), flags);
             self.ctrl.io(s, Payload::Write(data.to_vec())).await?;
             return Ok(());
         }
         let mut futs = Vec::new();
-        for (i, piece) in data.chunks(chunk as usize * bs).enumerate() {
+        for (i, bytes) in data.chunks(chunk as usize * bs).enumerate() {
             let s = self.rw_sqe(
                 io::WRITE,
-                lba + i as u64 * chunk,
-                (piece.len() / bs) as u32,
+                lba + i as u64 * u64::from(chunk),
+                piece((bytes.len() / bs) as u64, chunk),
                 flags,
             );
             let c = self.ctrl.clone();
-            let p = piece.to_vec();
+            let p = bytes.to_vec();
             futs.push(tokio::spawn(
                 async move { c.io(s, Payload::Write(p)).await },
             ));
@@ -907,8 +913,9 @@ impl Namespace {
     /// Writes an owned buffer without copying when it fits one command.
     pub async fn write_owned(&self, lba: u64, data: Vec<u8>, flags: IoFlags) -> Result<()> {
         let blocks = self.check(lba, data.len())?;
-        if blocks <= self.chunk_blocks() {
-            let s = self.rw_sqe(io::WRITE, lba, blocks as u32, flags);
+        let chunk = self.chunk_blocks();
+        if blocks <= u64::from(chunk) {
+            let s = self.rw_sqe(io::WRITE, lba, piece(blocks, chunk), flags);
             self.ctrl.io(s, Payload::Write(data)).await?;
             Ok(())
         } else {
@@ -925,34 +932,31 @@ impl Namespace {
 
     /// Write Zeroes over `blocks` blocks (split at 65536 blocks per command).
     pub async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<()> {
-        self.check(lba, (blocks * self.info.block_size_bytes as u64) as usize)?;
+        let bs = u64::from(self.info.block_size_bytes);
+        self.check(lba, usize_from(blocks * bs))?;
         let mut at = 0;
         while at < blocks {
-            let n = (blocks - at).min(65536);
-            let s = Sqe::rw(
-                io::WRITE_ZEROES,
-                0,
-                self.info.nsid,
-                lba + at,
-                n as u32,
-                false,
-            );
+            let n = piece(blocks - at, 65536);
+            let s = Sqe::rw(io::WRITE_ZEROES, 0, self.info.nsid, lba + at, n, false);
             self.ctrl.io(s, Payload::None).await?;
-            at += n;
+            at += u64::from(n);
         }
         Ok(())
     }
 
     /// Deallocate (Dataset Management, AD) `blocks` blocks from `lba`.
     pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<()> {
-        self.check(lba, (blocks * self.info.block_size_bytes as u64) as usize)?;
+        self.check(
+            lba,
+            usize_from(blocks * u64::from(self.info.block_size_bytes)),
+        )?;
         // Ranges of at most 2^32-1 blocks, up to 256 per command.
         let mut ranges = Vec::new();
         let mut at = 0;
         while at < blocks {
-            let n = (blocks - at).min(u32::MAX as u64);
-            ranges.push((lba + at, n as u32));
-            at += n;
+            let n = piece(blocks - at, u32::MAX);
+            ranges.push((lba + at, n));
+            at += u64::from(n);
         }
         for group in ranges.chunks(256) {
             let mut data = vec![0u8; group.len() * 16];
@@ -961,10 +965,18 @@ impl Namespace {
                 data[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
             }
             let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0, self.info.nsid);
-            s.set_cdw(10, group.len() as u32 - 1);
+            // NR, 0's based: a group has 1..=256 ranges.
+            #[allow(clippy::cast_possible_truncation)]
+            let nr = (group.len() - 1) as u32;
+            s.set_cdw(10, nr);
             s.set_cdw(11, 1 << 2); // AD: attribute deallocate
             self.ctrl.io(s, Payload::Write(data)).await?;
         }
         Ok(())
     }
+}
+
+/// The blocks of the next command: the `left` ones, at most `chunk`.
+fn piece(left: u64, chunk: u32) -> u32 {
+    u32::try_from(left).map_or(chunk, |l| l.min(chunk))
 }

@@ -432,15 +432,16 @@ impl QueuePairCore {
                     st.close(HostError::Timeout {
                         opcode: 0,
                         cid: 0,
-                        timeout_ms: st.cfg.command_timeout.as_millis() as u64,
+                        timeout_ms: millis(st.cfg.command_timeout),
                     });
                 }
             }
             Phase::Ready => {
                 let timeout = st.cfg.command_timeout;
                 let mut unresponsive = false;
-                for cid in 0..st.slots.len() {
-                    let Some(slot) = st.slots[cid].as_mut() else {
+                // Slots are indexed by CID.
+                for (cid, slot) in (0u16..).zip(st.slots.iter_mut()) {
+                    let Some(slot) = slot.as_mut() else {
                         continue;
                     };
                     if slot.deadline > now {
@@ -454,8 +455,8 @@ impl QueuePairCore {
                     slot.deadline = now + timeout;
                     let err = HostError::Timeout {
                         opcode: slot.opcode,
-                        cid: cid as u16,
-                        timeout_ms: timeout.as_millis() as u64,
+                        cid,
+                        timeout_ms: millis(timeout),
                     };
                     tracing::warn!(
                         qid = st.cfg.qid,
@@ -469,7 +470,7 @@ impl QueuePairCore {
                     });
                     st.events.push_back(Event::TimedOut {
                         qid: st.cfg.qid,
-                        cid: cid as u16,
+                        cid,
                         opcode: slot.opcode,
                     });
                 }
@@ -754,8 +755,12 @@ impl State {
             ))
             .into());
         };
-        let end = d.offset as u64 + d.len as u64;
-        if end > buf.len() as u64 {
+        // A sum past u32::MAX is past the buffer too (its length is a u32).
+        let end = d
+            .offset
+            .checked_add(d.len)
+            .filter(|&e| e as usize <= buf.len());
+        let Some(end) = end else {
             return Err(DecodeError::DataOutOfRange(format!(
                 "C2HData offset {} + length {} beyond the {} bytes of CID {}",
                 d.offset,
@@ -764,7 +769,7 @@ impl State {
                 d.cccid
             ))
             .into());
-        }
+        };
         if d.offset != *received {
             return Err(DecodeError::invalid(
                 "datao",
@@ -777,7 +782,7 @@ impl State {
             .into());
         }
         buf[d.offset as usize..end as usize].copy_from_slice(data);
-        *received = end as u32;
+        *received = end;
         let complete_len = *received as usize == buf.len();
         if !digest_ok && slot.error.is_none() {
             slot.error = Some(HostError::DataDigest { cid: d.cccid });
@@ -827,8 +832,12 @@ impl State {
             ))
             .into());
         };
-        let end = r.offset as u64 + r.len as u64;
-        if end > buf.len() as u64 {
+        // A sum past u32::MAX is past the buffer too (its length is a u32).
+        let end = r
+            .offset
+            .checked_add(r.len)
+            .filter(|&e| e as usize <= buf.len());
+        let Some(end) = end else {
             return Err(DecodeError::DataOutOfRange(format!(
                 "R2T offset {} + length {} beyond the {} bytes of CID {}",
                 r.offset,
@@ -837,7 +846,7 @@ impl State {
                 r.cccid
             ))
             .into());
-        }
+        };
         if r.offset != *sent {
             return Err(DecodeError::invalid(
                 "r2to",
@@ -850,7 +859,6 @@ impl State {
             .into());
         }
         let mut off = r.offset;
-        let end = end as u32;
         while off < end {
             let n = (end - off).min(maxh2c);
             let h = DataHeader {
@@ -873,4 +881,9 @@ impl State {
         *sent = end;
         Ok(())
     }
+}
+
+/// A duration in whole milliseconds, saturating at `u64::MAX`.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -14,14 +14,14 @@ use crate::controller::{get_log_page, open_admin, ConnectOptions};
 use crate::error::{HostError, Result};
 
 /// How deep referrals are followed.
-pub const REFERRAL_DEPTH_MAX: u32 = 4;
+pub(crate) const REFERRAL_DEPTH_MAX: u32 = 4;
 /// Most records read from one discovery log page.
 pub const DISCOVERY_RECORDS_MAX: u64 = 1024;
 /// Re-reads when GENCTR changes while reading.
 const GENCTR_RETRIES_MAX: u32 = 3;
 
 /// Reads the discovery log at `addr` and, recursively, at the referrals it
-/// lists (at most [`REFERRAL_DEPTH_MAX`] levels, each address once).
+/// lists (at most 4 levels, `REFERRAL_DEPTH_MAX`, each address once).
 /// Returns the non-referral entries of all of them.
 pub async fn discover(addr: SocketAddr, opts: &ConnectOptions) -> Result<Vec<DiscoveryEntry>> {
     let mut seen = HashSet::new();
@@ -70,7 +70,10 @@ pub async fn read_log(addr: SocketAddr, opts: &ConnectOptions) -> Result<Vec<Dis
     let q = s.admin.clone();
     let r = async {
         for _ in 0..GENCTR_RETRIES_MAX {
-            let h = get_log_page(&q, lid::DISCOVERY, 0, 0, DISCOVERY_HEADER_LEN as u32).await?;
+            // DISCOVERY_HEADER_LEN is 1024.
+            #[allow(clippy::cast_possible_truncation)]
+            let header_len = DISCOVERY_HEADER_LEN as u32;
+            let h = get_log_page(&q, lid::DISCOVERY, 0, 0, header_len).await?;
             let hdr = decode_discovery_header(&h)
                 .ok_or_else(|| HostError::Incompatible("short discovery log header".into()))?;
             let n = hdr.numrec.min(DISCOVERY_RECORDS_MAX);
@@ -84,7 +87,10 @@ pub async fn read_log(addr: SocketAddr, opts: &ConnectOptions) -> Result<Vec<Dis
             let mut off = DISCOVERY_HEADER_LEN;
             while off < total {
                 let len = (total - off).min(64 * 1024);
-                let d = get_log_page(&q, lid::DISCOVERY, 0, off as u64, len as u32).await?;
+                // At most 64 KiB.
+                #[allow(clippy::cast_possible_truncation)]
+                let len32 = len as u32;
+                let d = get_log_page(&q, lid::DISCOVERY, 0, off as u64, len32).await?;
                 page.extend_from_slice(&d);
                 off += len;
             }

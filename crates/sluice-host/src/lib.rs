@@ -1,19 +1,19 @@
 //! Sluice's NVMe/TCP initiator.
 //!
 //! * [`core`]: the sans-IO queue-pair state machine ([`core::QueuePairCore`]).
-//! * [`queue`]: the I/O layer: one thread per TCP connection driving a core,
+//! * `queue`: the I/O layer: one thread per TCP connection driving a core,
 //!   with interrupt-style, busy-poll or adaptive receive ([`PollingPolicy`]).
 //! * [`controller`]: association setup (ICReq, Connect, properties, Identify,
 //!   queues, keep alive), namespaces and I/O ([`Controller`], [`Namespace`]).
-//! * [`discovery`]: the discovery log page with referrals ([`discover`]).
+//! * `discovery`: the discovery log page with referrals ([`discover`]).
 //!
 //! See `docs/host.md` for the design and the wire use of I/O hints.
 
 pub mod controller;
 pub mod core;
-pub mod discovery;
-pub mod error;
-pub mod queue;
+mod discovery;
+mod error;
+mod queue;
 
 pub use controller::{
     ConnectOptions, Controller, IoFlags, Namespace, NamespaceInfo, ReconnectPolicy,

@@ -24,6 +24,8 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, Hint};
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
+use sluice_runtime::cast::usize_from;
+use sluice_runtime::sync::lock;
 use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::{mpsc, oneshot};
 
@@ -41,13 +43,14 @@ const SOCKET: Token = Token(0);
 const WAKER: Token = Token(1);
 const TIMER: Token = Token(2);
 
-/// Counters of one queue's I/O thread (issue 4), readable at any time with
-/// [`QueueHandle::stats`] and summed per controller by
+/// Counters of one queue's I/O thread (completions, wake-ups, the send
+/// scheduler's flushes and waits), readable at any time with
+/// `QueueHandle::stats` and summed per controller by
 /// [`crate::Controller::io_stats`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostQueueStats {
     /// Commands submitted to the wire.
-    pub submitted: u64,
+    pub(crate) submitted: u64,
     /// Completions that reached the queue thread.
     pub completions: u64,
     /// Wake-up batches: one per completion delivered alone, one per
@@ -55,7 +58,7 @@ pub struct HostQueueStats {
     pub notifications: u64,
     /// Socket write calls that moved bytes.
     pub sends: u64,
-    pub send_bytes: u64,
+    pub(crate) send_bytes: u64,
     /// Completions held by the coalescer, total ns from arrival to wake-up.
     pub held_ns: u64,
     /// Send scheduler: containers flushed and PDUs they carried.
@@ -150,7 +153,6 @@ struct Shared {
     parked: AtomicBool,
     shutdown: AtomicBool,
     closed: AtomicBool,
-    in_capsule_max_bytes: Mutex<Option<u32>>,
     waker: Waker,
     close_reason: Mutex<Option<HostError>>,
     counters: Counters,
@@ -167,38 +169,37 @@ impl std::fmt::Debug for Request {
 /// A command that timed out, for the controller to Abort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimedOutCommand {
-    pub qid: u16,
-    pub cid: u16,
-    pub opcode: u8,
+    pub(crate) qid: u16,
+    pub(crate) cid: u16,
+    pub(crate) opcode: u8,
 }
 
 /// Handle to one queue pair's I/O thread. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct QueueHandle {
     shared: Arc<Shared>,
-    negotiated: Negotiated,
 }
 
 /// Everything needed to open one queue pair.
 #[derive(Debug, Clone)]
 pub struct QueueParams {
-    pub addr: SocketAddr,
-    pub core: CoreConfig,
-    pub polling: PollingPolicy,
-    pub connect_timeout: Duration,
+    pub(crate) addr: SocketAddr,
+    pub(crate) core: CoreConfig,
+    pub(crate) polling: PollingPolicy,
+    pub(crate) connect_timeout: Duration,
     /// For tracing spans.
-    pub hostnqn: String,
+    pub(crate) hostnqn: String,
     /// Completion coalescing of wake-ups (I/O queues; `Off` delivers each
     /// completion at once).
-    pub coalescing: CoalesceConfig,
+    pub(crate) coalescing: CoalesceConfig,
     /// Send scheduler of I/O queues (the admin queue is always immediate).
     /// Its `coalescing` part is the target's and is ignored here.
-    pub send: SendConfig,
+    pub(crate) send: SendConfig,
     /// cgroup the queue thread moves itself into before anything else
     /// (see [`crate::ConnectOptions::cgroup`]).
-    pub cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
     /// cgroup v2 domain cgroups: allow moving the whole process.
-    pub cgroup_procs: bool,
+    pub(crate) cgroup_procs: bool,
 }
 
 impl QueueHandle {
@@ -231,7 +232,6 @@ impl QueueHandle {
             parked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            in_capsule_max_bytes: Mutex::new(None),
             waker,
             close_reason: Mutex::new(None),
             counters: Counters::default(),
@@ -282,32 +282,27 @@ impl QueueHandle {
                 d.run();
             })
             .map_err(|e| HostError::Transport(format!("spawn queue thread: {e}")))?;
-        let negotiated = ready_rx
+        ready_rx
             .await
             .map_err(|_| HostError::ConnectionLost("queue thread exited".into()))??;
-        Ok(QueueHandle { shared, negotiated })
+        Ok(QueueHandle { shared })
     }
 
     pub fn qid(&self) -> u16 {
         self.shared.qid
     }
 
-    pub fn negotiated(&self) -> Negotiated {
-        self.negotiated
-    }
-
     /// Counters of this queue's thread so far.
     pub fn stats(&self) -> HostQueueStats {
         let mut h = self.shared.counters.snapshot();
-        if let Ok(s) = self.shared.counters.send.lock() {
-            h.flushes = s.flushes;
-            h.flush_pdus = s.flush_pdus;
-            h.timer_flushes = s.reason(FlushReason::Timer);
-            h.wait_ns_latency = s.wait_ns_latency;
-            h.waited_latency = s.waited_latency;
-            h.wait_ns_data = s.wait_ns_data;
-            h.waited_data = s.waited_data;
-        }
+        let s = lock(&self.shared.counters.send);
+        h.flushes = s.flushes;
+        h.flush_pdus = s.flush_pdus;
+        h.timer_flushes = s.reason(FlushReason::Timer);
+        h.wait_ns_latency = s.wait_ns_latency;
+        h.waited_latency = s.waited_latency;
+        h.wait_ns_data = s.wait_ns_data;
+        h.waited_data = s.waited_data;
         h
     }
 
@@ -319,14 +314,6 @@ impl QueueHandle {
     /// The I/O thread has stopped (connection lost or closed).
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
-    }
-
-    /// Sets the in-capsule write limit (after Identify Controller).
-    pub fn set_in_capsule_max_bytes(&self, n: u32) {
-        if let Ok(mut g) = self.shared.in_capsule_max_bytes.lock() {
-            *g = Some(n);
-        }
-        self.wake();
     }
 
     fn wake(&self) {
@@ -342,17 +329,11 @@ impl QueueHandle {
             let _ = tx.send(Err(self.close_error()));
             return rx;
         }
-        match self.shared.pending.lock() {
-            Ok(mut q) => q.push_back(Request {
-                sqe,
-                payload,
-                reply: tx,
-            }),
-            Err(_) => {
-                let _ = tx.send(Err(HostError::ConnectionLost("queue lock poisoned".into())));
-                return rx;
-            }
-        }
+        lock(&self.shared.pending).push_back(Request {
+            sqe,
+            payload,
+            reply: tx,
+        });
         self.wake();
         rx
     }
@@ -364,11 +345,8 @@ impl QueueHandle {
     }
 
     fn close_error(&self) -> HostError {
-        self.shared
-            .close_reason
-            .lock()
-            .ok()
-            .and_then(|g| g.clone())
+        lock(&self.shared.close_reason)
+            .clone()
             .unwrap_or_else(|| HostError::ConnectionLost(format!("queue {} closed", self.qid())))
     }
 
@@ -496,35 +474,19 @@ impl Driver {
     /// reads them (only when they changed).
     fn publish_send_stats(&self) {
         let s = self.core.send_stats();
-        if let Ok(mut g) = self.shared.counters.send.lock() {
-            if g.flushes != s.flushes {
-                *g = s;
-            }
+        let mut g = lock(&self.shared.counters.send);
+        if g.flushes != s.flushes {
+            *g = s;
         }
     }
 
     fn pending_empty(&self) -> bool {
-        self.shared
-            .pending
-            .lock()
-            .map(|q| q.is_empty())
-            .unwrap_or(true)
+        lock(&self.shared.pending).is_empty()
     }
 
     fn take_submissions(&mut self, now: Instant) -> bool {
-        if let Some(n) = self
-            .shared
-            .in_capsule_max_bytes
-            .lock()
-            .ok()
-            .and_then(|mut g| g.take())
-        {
-            self.core.set_in_capsule_max_bytes(n);
-        }
         let mut progress = false;
-        let Ok(mut q) = self.shared.pending.lock() else {
-            return false;
-        };
+        let mut q = lock(&self.shared.pending);
         while self.core.can_submit() {
             let Some(req) = q.pop_front() else { break };
             progress = true;
@@ -626,7 +588,7 @@ impl Driver {
             progress = true;
             match ev {
                 Event::Complete { token, result } => {
-                    let t = token as usize;
+                    let t = usize_from(token);
                     let now = Instant::now();
                     bump(&self.shared.counters.completions, 1);
                     let decision = match self.co.as_mut() {
@@ -651,9 +613,7 @@ impl Driver {
                     }
                 }
                 Event::Closed(e) => {
-                    if let Ok(mut g) = self.shared.close_reason.lock() {
-                        *g = Some(e.clone());
-                    }
+                    *lock(&self.shared.close_reason) = Some(e.clone());
                     if let Some(tx) = self.ready_tx.take() {
                         let _ = tx.send(Err(e));
                     }
@@ -686,7 +646,10 @@ impl Driver {
         let held_ns: u64 = self
             .held
             .iter()
-            .map(|(_, _, at)| now.saturating_duration_since(*at).as_nanos() as u64)
+            .map(|(_, _, at)| {
+                let ns = now.saturating_duration_since(*at).as_nanos();
+                u64::try_from(ns).unwrap_or(u64::MAX)
+            })
             .sum();
         bump(&c.held_ns, held_ns);
         for (t, r, _) in std::mem::take(&mut self.held) {
@@ -726,17 +689,11 @@ impl Driver {
             }
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let reason = self
-            .shared
-            .close_reason
-            .lock()
-            .ok()
-            .and_then(|g| g.clone())
+        let reason = lock(&self.shared.close_reason)
+            .clone()
             .unwrap_or_else(|| HostError::ConnectionLost("queue closed".into()));
-        if let Ok(mut q) = self.shared.pending.lock() {
-            for r in q.drain(..) {
-                let _ = r.reply.send(Err(reason.clone()));
-            }
+        for r in lock(&self.shared.pending).drain(..) {
+            let _ = r.reply.send(Err(reason.clone()));
         }
         for r in self.replies.iter_mut().filter_map(|r| r.take()) {
             let _ = r.send(Err(reason.clone()));

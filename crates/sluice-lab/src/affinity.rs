@@ -45,5 +45,6 @@ pub fn set_mask(set: &libc::cpu_set_t) -> Result<()> {
 pub fn cpus() -> usize {
     // SAFETY: sysconf has no memory effects.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    n.max(1) as usize
+    // -1 on error: at least one CPU.
+    usize::try_from(n).unwrap_or(0).max(1)
 }

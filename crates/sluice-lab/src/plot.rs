@@ -171,7 +171,10 @@ fn draw(
     let x_label = |x: &f64| {
         let i = x.floor();
         if i >= 0.0 {
-            xs.get(i as usize).cloned().unwrap_or_default()
+            // A float to integer cast saturates; out of range gives no label.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let i = i as usize;
+            xs.get(i).cloned().unwrap_or_default()
         } else {
             String::new()
         }
@@ -237,8 +240,8 @@ fn draw(
 }
 
 fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, series: &[Series]) -> Result<()> {
-    for (k, (name, _)) in series.iter().enumerate() {
-        let y = 25 + k as i32 * 18;
+    for ((k, (name, _)), row) in series.iter().enumerate().zip(0i32..) {
+        let y = 25 + row * 18;
         area.draw(&Rectangle::new([(10, y), (22, y + 12)], color(k).filled()))
             .map_err(err("legend"))?;
         area.draw(&Text::new(name.as_str(), (28, y), (FONT, 12)))

@@ -149,7 +149,10 @@ impl CoalesceConfig {
     pub fn delta(&self, coalesced: u32) -> Duration {
         let x = self.correction * (self.threshold as f64 - coalesced as f64);
         let us = (x.exp() - 1.0).max(0.0);
-        Duration::from_nanos((us * 1000.0).min(1e12) as u64)
+        // In 0.0..=1e12 (NaN saturates to 0): the cast cannot truncate.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ns = (us * 1000.0).min(1e12) as u64;
+        Duration::from_nanos(ns)
     }
 }
 
@@ -178,16 +181,16 @@ pub enum Decision {
 /// Counters of one coalescer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoalesceStats {
-    pub completions: u64,
+    pub(crate) completions: u64,
     /// Deliveries (interrupts / wake-up batches).
-    pub notifications: u64,
-    pub fired_threshold: u64,
-    pub fired_timeout: u64,
-    pub fired_urgent: u64,
-    pub fired_barrier: u64,
-    pub fired_hold_max: u64,
+    pub(crate) notifications: u64,
+    pub(crate) fired_threshold: u64,
+    pub(crate) fired_timeout: u64,
+    pub(crate) fired_urgent: u64,
+    pub(crate) fired_barrier: u64,
+    pub(crate) fired_hold_max: u64,
     /// Sum over delivered completions of the time they were held.
-    pub held_ns: u64,
+    pub(crate) held_ns: u64,
 }
 
 /// Algorithm 1 as a sans-IO state machine.
@@ -335,7 +338,8 @@ impl Coalescer {
             FireReason::HoldMax => self.stats.fired_hold_max += 1,
         }
         for t in self.held_since.drain(..) {
-            self.stats.held_ns += now.saturating_duration_since(t).as_nanos() as u64;
+            let held = now.saturating_duration_since(t).as_nanos();
+            self.stats.held_ns += u64::try_from(held).unwrap_or(u64::MAX);
         }
         self.coalesced = 0;
         self.timeout = None;
@@ -373,6 +377,11 @@ impl Coalescer {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
 

@@ -17,6 +17,11 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
 

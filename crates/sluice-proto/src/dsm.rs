@@ -42,7 +42,10 @@ impl DsmCommand {
 
     /// Bytes of the range list the command announces.
     pub fn data_len(&self) -> u32 {
-        self.ranges * RANGE_LEN as u32
+        // RANGE_LEN is 16.
+        #[allow(clippy::cast_possible_truncation)]
+        let range_len = RANGE_LEN as u32;
+        self.ranges * range_len
     }
 
     /// Writes the fields into `sqe` (other attributes cleared).
@@ -125,6 +128,11 @@ pub fn encode_ranges(list: &[DsmRange]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use crate::command::io;

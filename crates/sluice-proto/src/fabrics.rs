@@ -64,9 +64,12 @@ impl ConnectCommand {
         put_u16(&mut s.0, 44, self.sqsize);
         s.0[46] = self.cattr;
         put_u32(&mut s.0, 48, self.kato_ms);
+        // CONNECT_DATA_LEN is 1024.
+        #[allow(clippy::cast_possible_truncation)]
+        let length = CONNECT_DATA_LEN as u32;
         s.set_sgl(SglDescriptor {
             address: 0,
-            length: CONNECT_DATA_LEN as u32,
+            length,
             id: sgl::DATA_BLOCK_OFFSET,
         });
         s
@@ -102,43 +105,44 @@ pub struct ConnectData {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid Connect data field `{field}` (byte {offset}): {reason}")]
 pub struct ConnectDataError {
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     pub offset: u16,
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
-fn parse_nqn(b: &[u8], off: usize, field: &'static str) -> Result<String, ConnectDataError> {
-    let raw = &b[off..off + 256];
+fn parse_nqn(b: &[u8], off: u16, field: &'static str) -> Result<String, ConnectDataError> {
+    let at = usize::from(off);
+    let raw = &b[at..at + 256];
     let Some(end) = raw.iter().position(|&c| c == 0) else {
         return Err(ConnectDataError {
             field,
-            offset: off as u16,
+            offset: off,
             reason: "not NUL terminated",
         });
     };
     if end == 0 {
         return Err(ConnectDataError {
             field,
-            offset: off as u16,
+            offset: off,
             reason: "empty",
         });
     }
     if end > crate::NQN_LEN_MAX {
         return Err(ConnectDataError {
             field,
-            offset: off as u16,
+            offset: off,
             reason: "longer than 223 bytes",
         });
     }
     let s = std::str::from_utf8(&raw[..end]).map_err(|_| ConnectDataError {
         field,
-        offset: off as u16,
+        offset: off,
         reason: "not UTF-8",
     })?;
     if s.chars().any(|c| c.is_control()) {
         return Err(ConnectDataError {
             field,
-            offset: off as u16,
+            offset: off,
             reason: "contains control characters",
         });
     }

@@ -269,7 +269,10 @@ pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
         (nidt::CSI, &[0u8][..]),
     ] {
         b[at] = t;
-        b[at + 1] = v.len() as u8;
+        // NIDL: 16 (NGUID, UUID) or 1 (CSI).
+        #[allow(clippy::cast_possible_truncation)]
+        let nidl = v.len() as u8;
+        b[at + 1] = nidl;
         b[at + 4..at + 4 + v.len()].copy_from_slice(v);
         at += 4 + v.len();
     }

@@ -52,7 +52,7 @@ impl GetLogPage {
                 | ((numd & 0xffff) as u32) << 16,
         );
         s.set_cdw(11, ((numd >> 16) & 0xffff) as u32);
-        s.set_cdw(12, self.offset_bytes as u32);
+        s.set_cdw(12, (self.offset_bytes & 0xffff_ffff) as u32);
         s.set_cdw(13, (self.offset_bytes >> 32) as u32);
         s
     }
@@ -245,7 +245,7 @@ pub fn encode_discovery_log(genctr: u64, entries: &[DiscoveryEntry]) -> Vec<u8> 
 pub struct DiscoveryHeader {
     pub genctr: u64,
     pub numrec: u64,
-    pub recfmt: u16,
+    pub(crate) recfmt: u16,
 }
 
 pub fn decode_discovery_header(b: &[u8]) -> Option<DiscoveryHeader> {
@@ -272,6 +272,11 @@ pub fn decode_discovery_entries(b: &[u8], numrec: u64) -> Vec<DiscoveryEntry> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -198,7 +198,7 @@ impl DecodeError {
     pub fn invalid(field: &'static str, offset: usize, reason: impl Into<String>) -> Self {
         DecodeError::InvalidField {
             field,
-            offset: offset as u32,
+            offset: u32::try_from(offset).unwrap_or(u32::MAX),
             reason: reason.into(),
         }
     }
@@ -231,11 +231,11 @@ impl DecodeError {
 /// The common header, as read off the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommonHeader {
-    pub pdu_type: u8,
-    pub flags: u8,
-    pub hlen: u8,
-    pub pdo: u8,
-    pub plen: u32,
+    pub(crate) pdu_type: u8,
+    pub(crate) flags: u8,
+    pub(crate) hlen: u8,
+    pub(crate) pdo: u8,
+    pub(crate) plen: u32,
 }
 
 impl CommonHeader {
@@ -254,26 +254,26 @@ impl CommonHeader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RxParams {
     /// Which PDUs we expect to receive.
-    pub direction: Direction,
+    pub(crate) direction: Direction,
     /// Whether the connection was initialized (ICReq/ICResp exchanged).
-    pub initialized: bool,
-    pub hdgst: bool,
-    pub ddgst: bool,
+    pub(crate) initialized: bool,
+    pub(crate) hdgst: bool,
+    pub(crate) ddgst: bool,
     /// The data alignment (0's based dwords) the sender must honour.
-    pub pda: u8,
+    pub(crate) pda: u8,
     /// Largest data payload accepted in one PDU.
-    pub data_len_max: u32,
+    pub(crate) data_len_max: u32,
 }
 
 /// Layout of a validated PDU: where its pieces sit inside PLEN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PduLayout {
-    pub ch: CommonHeader,
-    pub hdgst: bool,
-    pub ddgst: bool,
+    pub(crate) ch: CommonHeader,
+    pub(crate) hdgst: bool,
+    pub(crate) ddgst: bool,
     /// Offset of the data (PDO, or HLEN for TermReqs).
-    pub data_offset: usize,
-    pub data_len: usize,
+    pub(crate) data_offset: usize,
+    pub(crate) data_len: usize,
 }
 
 fn expected_hlen(t: u8) -> Option<usize> {
@@ -720,6 +720,15 @@ pub fn encode_prefix(h: &PduHeader, data_len: usize, p: &TxParams, out: &mut Vec
     if ddgst {
         flags_v |= flags::DDGSTF;
     }
+    // HLEN is at most 128 and PDO at most 128 (headers with their digest end
+    // by byte 76, rounded up to an alignment of at most 128 bytes since the
+    // decoder refuses a PDA above 31). The data
+    // length is the caller's contract: one PDU carries less than 4 GiB
+    // (MAXH2CDATA, MDTS and the C2H chunk size are all u32).
+    debug_assert!(hlen <= 255 && pdo <= 255, "hlen {hlen} pdo {pdo}");
+    debug_assert!(u32::try_from(plen).is_ok(), "PDU of {plen} bytes");
+    #[allow(clippy::cast_possible_truncation)]
+    let (hlen8, pdo8, plen32, datal) = (hlen as u8, pdo as u8, plen as u32, data_len as u32);
     let b = &mut out[start..];
     match h {
         PduHeader::IcReq(r) => {
@@ -746,7 +755,7 @@ pub fn encode_prefix(h: &PduHeader, data_len: usize, p: &TxParams, out: &mut Vec
                 put_u16(b, 10, d.ttag);
             }
             put_u32(b, 12, d.offset);
-            put_u32(b, 16, data_len as u32);
+            put_u32(b, 16, datal);
             if d.last {
                 flags_v |= flags::LAST_PDU;
             }
@@ -763,9 +772,9 @@ pub fn encode_prefix(h: &PduHeader, data_len: usize, p: &TxParams, out: &mut Vec
     }
     b[0] = t;
     b[1] = flags_v;
-    b[2] = hlen as u8;
-    b[3] = pdo as u8;
-    put_u32(b, 4, plen as u32);
+    b[2] = hlen8;
+    b[3] = pdo8;
+    put_u32(b, 4, plen32);
     if hdgst {
         let d = crc32c(&out[start..start + hlen]);
         out.extend_from_slice(&d.to_le_bytes());

@@ -514,7 +514,8 @@ impl Freighted {
         }
         let mut waited = 0u64;
         for t in f.times.drain(..npdus) {
-            waited += now.saturating_duration_since(t).as_nanos() as u64;
+            let w = now.saturating_duration_since(t).as_nanos();
+            waited += u64::try_from(w).unwrap_or(u64::MAX);
         }
         f.weight = 0;
         f.cids.clear();
@@ -553,7 +554,12 @@ impl Freighted {
                 f.cids.push(c);
             }
         }
-        let (len, n, weight, degree) = (f.buf.len(), f.times.len() as u32, f.weight, f.p.degree);
+        let (len, n, weight, degree) = (
+            f.buf.len(),
+            u32::try_from(f.times.len()).unwrap_or(u32::MAX),
+            f.weight,
+            f.p.degree,
+        );
         if len >= size {
             self.flush(i, FlushReason::Size, now);
         } else if n >= degree {
@@ -833,6 +839,11 @@ pub fn fire_reason(r: FireReason) -> FlushReason {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
 

@@ -1,6 +1,11 @@
 //! Encode/decode round trips through the streaming framer, and every decode
 //! error mapped to its TermReq FES.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use proptest::prelude::*;
 use sluice_proto::command::{Cqe, Sqe, StatusField};

@@ -7,7 +7,12 @@ use std::time::Duration;
 use rustix::time::{clock_gettime, ClockId, Timespec};
 
 fn nanos(ts: Timespec) -> u64 {
-    (ts.tv_sec.max(0) as u64) * 1_000_000_000 + ts.tv_nsec.max(0) as u64
+    timespec_ns(ts.tv_sec, ts.tv_nsec)
+}
+
+/// Seconds and nanoseconds as ns, negative parts read as zero.
+fn timespec_ns(sec: i64, nsec: i64) -> u64 {
+    u64::try_from(sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(nsec).unwrap_or(0)
 }
 
 /// CPU time the calling thread has used, in ns.
@@ -36,8 +41,8 @@ pub fn process_cpu_split() -> (Duration, Duration) {
     }
     let tv = |t: libc::timeval| {
         Duration::new(
-            t.tv_sec.max(0) as u64,
-            (t.tv_usec.clamp(0, 999_999) as u32) * 1000,
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_usec.clamp(0, 999_999)).unwrap_or(0) * 1000,
         )
     };
     (tv(ru.ru_utime), tv(ru.ru_stime))
@@ -61,7 +66,7 @@ pub fn thread_cpu_ns(tid: i32) -> Option<u64> {
     if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
         return None;
     }
-    Some(ts.tv_sec.max(0) as u64 * 1_000_000_000 + ts.tv_nsec.max(0) as u64)
+    Some(timespec_ns(ts.tv_sec, ts.tv_nsec))
 }
 
 #[cfg(test)]

@@ -403,4 +403,9 @@ impl BackendQueue for FileQueue {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 pub(crate) mod tests;

@@ -6,6 +6,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
 
+use sluice_runtime::cast::usize_from;
+
 use crate::AlignedBuf;
 
 // `_IOR(0x12, 114, u64)`, `_IO(0x12, 119)`, `_IO(0x12, 127)` — the generic
@@ -110,10 +112,10 @@ pub(crate) fn is_unsupported(err: &io::Error) -> bool {
 /// Writes zeroes over the range with ordinary (aligned) writes.
 pub(crate) fn write_zeroes(file: &File, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
     const STEP_BYTES: u64 = 1 << 20;
-    let zeroes = AlignedBuf::new(STEP_BYTES.min(len_bytes) as usize);
+    let zeroes = AlignedBuf::new(usize_from(STEP_BYTES.min(len_bytes)));
     let mut done = 0u64;
     while done < len_bytes {
-        let n = STEP_BYTES.min(len_bytes - done) as usize;
+        let n = usize_from(STEP_BYTES.min(len_bytes - done));
         file.write_all_at(&zeroes[..n], offset_bytes + done)?;
         done += n as u64;
     }

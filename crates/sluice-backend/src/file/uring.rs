@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring, Probe};
+use sluice_runtime::cast::usize_from;
 
 use super::sys;
 use super::{EngineKind, FileEngine};
@@ -96,7 +97,7 @@ impl UringEngine {
         // Validation bounds transfers by TRANSFER_BYTES_MAX < u32::MAX.
         let len = u32::try_from(remaining).unwrap_or(u32::MAX);
         let offset = slot.req.offset_bytes + slot.done_bytes;
-        let done = slot.done_bytes as usize;
+        let done = usize_from(slot.done_bytes);
         let entry = match (slot.req.op, slot.req.buf.as_mut()) {
             (IoOp::Read, Some(buf)) => {
                 assert!(done + len as usize <= buf.len());

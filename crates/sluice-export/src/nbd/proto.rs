@@ -7,6 +7,7 @@
 //! input yields an error value, never a panic.
 
 use crate::errno::{EINVAL, ENOSPC, EPERM};
+use sluice_runtime::cast::usize_from;
 
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
@@ -179,11 +180,17 @@ fn find_export(exports: &[ExportInfo], name: &[u8]) -> Option<usize> {
 }
 
 /// Encodes an option reply.
+///
+/// Option replies are small (export names and descriptions, info blocks):
+/// `data` is under 4 GiB.
 pub fn encode_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
+    debug_assert!(u32::try_from(data.len()).is_ok());
+    #[allow(clippy::cast_possible_truncation)]
+    let len = data.len() as u32;
     out.extend_from_slice(&REPLY_MAGIC_OPT.to_be_bytes());
     out.extend_from_slice(&option.to_be_bytes());
     out.extend_from_slice(&reply.to_be_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(data);
 }
 
@@ -252,7 +259,7 @@ impl ServerHandshake {
                 }
                 Phase::Discard(n) => {
                     let k = (avail.len() as u64).min(n);
-                    pos += k as usize;
+                    pos += usize_from(k);
                     if k == n {
                         self.phase = Phase::Options;
                     } else {
@@ -362,7 +369,12 @@ impl ServerHandshake {
                 for e in &self.exports {
                     let name = e.name.as_bytes();
                     let mut d = Vec::with_capacity(4 + name.len());
-                    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                    // Export names come from our own configuration and are
+                    // short (NBD limits them to 4096 bytes).
+                    debug_assert!(name.len() <= 4096);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let name_len = name.len() as u32;
+                    d.extend_from_slice(&name_len.to_be_bytes());
                     d.extend_from_slice(name);
                     d.extend_from_slice(e.description.as_bytes());
                     encode_option_reply(out, option, REP_SERVER, &d);
@@ -568,7 +580,7 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     pub errno: u32,
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 fn refuse(errno: u32, reason: &'static str) -> Refusal {

@@ -202,6 +202,8 @@ impl<D: BlockDevice> NbdServer<D> {
             wr.shutdown().await
         });
         let count = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX as usize));
+        // 128 MiB in 4 KiB units: 32768.
+        #[allow(clippy::cast_possible_truncation)]
         let budget_units = (IN_FLIGHT_BYTES_MAX / BUDGET_UNIT_BYTES) as u32;
         let budget = Arc::new(Semaphore::new(budget_units as usize));
         let mut dec = RequestDecoder::new();
@@ -217,14 +219,15 @@ impl<D: BlockDevice> NbdServer<D> {
                         let bytes = req.header.length as u64;
                         let units = bytes
                             .div_ceil(BUDGET_UNIT_BYTES)
-                            .clamp(1, budget_units as u64);
+                            .clamp(1, u64::from(budget_units));
+                        let units = u32::try_from(units).unwrap_or(budget_units);
                         if let Some(a) = &account {
                             a.wait_unthrottled().await;
                         }
                         let Ok(c) = count.clone().acquire_owned().await else {
                             break 'read Ok(());
                         };
-                        let Ok(b) = budget.clone().acquire_many_owned(units as u32).await else {
+                        let Ok(b) = budget.clone().acquire_many_owned(units).await else {
                             break 'read Ok(());
                         };
                         let me = self.clone();

@@ -90,7 +90,10 @@ pub fn run(a: &CpuArgs) -> Result<()> {
         .collect();
     for n in 1..=3usize {
         let frac = 1.0 / (n as f64 + 1.0);
-        let v = Victims::new(&a.cgroup_root, n, (iters as f64 * frac / 0.5) as u64)?;
+        // Positive and far below u64::MAX (a float cast saturates anyway).
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let victim_iters = (iters as f64 * frac / 0.5) as u64;
+        let v = Victims::new(&a.cgroup_root, n, victim_iters)?;
         for (mi, mode) in modes.iter().enumerate() {
             let (mut means, mut maxes, mut iops) = (vec![], vec![], vec![]);
             for _ in 0..a.repeat {

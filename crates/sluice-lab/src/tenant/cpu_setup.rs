@@ -52,6 +52,8 @@ pub(super) const PERIOD: Duration = Duration::from_millis(100);
 impl Victims {
     pub(super) fn new(root: &Path, n: usize, iters: u64) -> Result<Self> {
         let frac = 1.0 / (n as f64 + 1.0);
+        // A fraction of the period: 0..=100_000 µs.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let quota = Duration::from_micros((PERIOD.as_micros() as f64 * frac) as u64);
         let mut groups = Vec::new();
         for i in 0..n {
@@ -153,9 +155,10 @@ pub(super) fn cpu_target(mode: Mode, k: u32, v: &Victims) -> Result<TargetHandle
     }
     let tid = tid.context("worker thread `sluice-worker-0` not found in /proc/self/task")?;
     pin(tid, 0)?;
+    let who = libc::id_t::try_from(tid).context("negative thread id")?;
     // SAFETY: setpriority on a thread id of this process.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20);
+        libc::setpriority(libc::PRIO_PROCESS, who, -20);
     }
     if mode == Mode::Cgroup {
         v.interferer.add_thread(tid)?;
@@ -264,7 +267,10 @@ pub(super) fn calibrate(cpu_s: f64) -> Result<u64> {
     std::hint::black_box(burn(n));
     let per_s = n as f64 / t.elapsed().as_secs_f64();
     pin(0, 1)?;
-    Ok((per_s * cpu_s) as u64)
+    // A float to integer cast saturates (and gives 0 for NaN).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rounds = (per_s * cpu_s) as u64;
+    Ok(rounds)
 }
 
 pub(super) const SETUP: &str = "Setup (the paper's n-container experiment on one core): CPU 0 holds the victims and the interferer, each in its own cgroup v1 `cpu` cgroup with quota period/n (period 100 ms, n = victims + 1). Victims run a fixed computation (xorshift rounds, 0.4 s of CPU at full speed), the interferer runs the same kind of CPU hog for the whole measurement (the paper's sysbench in the FIO container) and drives 4 KiB 50/50 random read/write I/O at QD 32 through `sluice-bench` on CPU 1 against a target whose single worker thread is pinned to CPU 0 at nice -20 (the kernel's WQ_HIGHPRI `nvme_tcp_wq` analogue; RAM backend). Degrading factor (DF) = victim completion time with the interferer's I/O / without it (hog still running), measured back to back at each point. Modes: `off` = stock (worker charged to nobody); `i-NVMe` = the worker's CPU is charged to the interferer tenant per loop batch, its cgroup quota lowered by that charge each period (Algorithms 1-2, from user space) and its sockets throttled at T (Algorithm 3: k = 8 unless stated, α = 5 ms, min T = quota/2, victims' cgroups watched for the adaptive T); `cgroup` = the worker thread placed in the interferer's cgroup (kernel charging). The machine has 2 cores shared with other jobs (QEMU, compilers), so absolute numbers are noisy; with `--repeat N` every point is measured N times and the median reported.";
