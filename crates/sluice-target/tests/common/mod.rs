@@ -15,7 +15,7 @@ use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
 use sluice_proto::Status;
 use sluice_target::queue::QueueConnection;
-use sluice_target::subsystem::Registry;
+use sluice_target::registry::Registry;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
