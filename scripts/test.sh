@@ -2,6 +2,7 @@
 # Runs every Sluice test, installing what the tests need on a fresh Debian 12
 # machine (QEMU, two Debian kernels, nvme-cli, fio; a C++ compiler for the
 # fuzzers). Stages:
+#   0. scripts/check-module-cycles.py no import circle inside any crate (python3 only)
 #   1. cargo test --workspace        unit, property, in-memory protocol and loopback tests
 #   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
 #   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
@@ -27,6 +28,13 @@ if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
     stage "installing the Linux peer harness (QEMU, kernels, nvme-cli, fio)"
     scripts/install-linux-peer.sh --no-tshark
 fi
+
+stage "module cycles (no import circle inside any crate)"
+set +e
+python3 scripts/check-module-cycles.py "$ROOT"
+rc=$?
+set -e
+record $rc "module cycles"
 
 stage "cargo test --workspace"
 set +e

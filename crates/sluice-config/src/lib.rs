@@ -9,12 +9,14 @@
 //! and the send-path value types, `sluice-proto`; nothing in it knows about
 //! sockets, threads or backends.
 //!
-//! * [`file`]: the TOML shapes (what a file may say, as written); `Config`
-//!   is (de)serialized through them, so `Config` ⇄ TOML round-trips and
-//!   deserializing always validates.
-//! * [`target`]: `[target]`: listeners, workers, polling, PDU and queue limits.
+//! * [`file`]: the whole file's TOML shape, composed of the sections'
+//!   shapes; `Config` is (de)serialized through it, so `Config` ⇄ TOML
+//!   round-trips and deserializing always validates.
+//! * [`target`]: `[target]`: listeners, workers, polling, PDU and queue
+//!   limits; its TOML shape and validation.
 //! * [`subsystem`]: `[[subsystem]]` and `[[subsystem.namespace]]`, backends
-//!   and engines as enums, the emulated SSD's model parameters.
+//!   and engines as enums, the emulated SSD's model parameters; their TOML
+//!   shapes and validation.
 //! * [`send`]: `send_scheduler`, `[*.send]`, `[*.coalescing]`.
 //! * [`tenants`]: `[tenants]` and `[[tenant]]`, and the run-time tenant
 //!   update request (the same shape in JSON).
@@ -97,6 +99,19 @@ pub(crate) fn err(key: impl Into<String>, reason: impl Into<String>) -> ConfigEr
         key: key.into(),
         reason: reason.into(),
     }
+}
+
+/// `v` if it is within `min..=max`, else an error naming `key`.
+pub(crate) fn ranged(key: &str, v: i64, min: i64, max: i64) -> Result<i64, ConfigError> {
+    if v < min || v > max {
+        return Err(err(key, format!("{v} is outside {min}..={max}")));
+    }
+    Ok(v)
+}
+
+/// A size value in bytes, or an error naming `key`.
+pub(crate) fn bytes(key: &str, v: &size::SizeValue) -> Result<u64, ConfigError> {
+    v.bytes().map_err(|e| err(key, e.to_string()))
 }
 
 /// Reads a config word (`"busy-poll"`, `"emulated-ssd"`...) into one of the

@@ -1,8 +1,18 @@
 //! `[[subsystem]]` and `[[subsystem.namespace]]`: NQNs, host allow-lists,
-//! namespaces and their backends.
+//! namespaces and their backends; the tables as written ([`SubsystemFile`],
+//! [`NamespaceFile`]) and their validation into [`SubsystemConfig`] and
+//! [`NamespaceConfig`] (every error names the key, e.g.
+//! `subsystem[1].namespace[0].size`), and back.
 
-use crate::{err, ConfigError};
+use crate::send::{self, RawCoalescing, RawSend};
+use crate::size::SizeValue;
+use crate::{
+    bytes, err, parse_word, ranged, word_of, ConfigError, HOSTS_PER_SUBSYSTEM_MAX,
+    NAMESPACES_PER_SUBSYSTEM_MAX,
+};
 use serde::{Deserialize, Serialize};
+use sluice_proto::send::SendConfig;
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// NQN of the subsystem in the embedded default configuration.
@@ -139,10 +149,7 @@ impl SsdConfig {
 
 /// One namespace. (De)serialized as its `[[subsystem.namespace]]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(
-    try_from = "crate::file::NamespaceFile",
-    into = "crate::file::NamespaceFile"
-)]
+#[serde(try_from = "NamespaceFile", into = "NamespaceFile")]
 pub struct NamespaceConfig {
     pub nsid: u32,
     pub backend: BackendConfig,
@@ -310,4 +317,295 @@ pub fn parse_uuid(key: &str, s: &str) -> Result<[u8; 16], ConfigError> {
 /// Writes a UUID as 32 hex digits (what [`parse_uuid`] reads).
 pub fn format_uuid(u: &[u8; 16]) -> String {
     u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `[[subsystem]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemFile {
+    pub nqn: String,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_scheduler: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<RawSend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalescing: Option<RawCoalescing>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespace: Vec<NamespaceFile>,
+}
+
+/// `[[subsystem.namespace]]`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceFile {
+    pub nsid: i64,
+    /// `ram`, `file` or `emulated-ssd`.
+    pub backend: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssd: Option<SsdConfig>,
+}
+
+/// Validates one namespace; `nk` is its key (`subsystem[i].namespace[j]`).
+pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigError> {
+    let nsid = ranged(
+        &format!("{nk}.nsid"),
+        n.nsid,
+        1,
+        NAMESPACES_PER_SUBSYSTEM_MAX as i64,
+    )? as u32;
+    let block_size_bytes = match n.block_size {
+        None => BLOCK_SIZE_DEFAULT,
+        Some(512) => 512,
+        Some(4096) => 4096,
+        Some(v) => {
+            return Err(err(
+                format!("{nk}.block_size"),
+                format!("{v} must be 512 or 4096"),
+            ))
+        }
+    };
+    let size_bytes = n
+        .size
+        .as_ref()
+        .map(|s| bytes(&format!("{nk}.size"), s))
+        .transpose()?;
+    if let Some(sz) = size_bytes {
+        if sz == 0 || sz % block_size_bytes as u64 != 0 {
+            return Err(err(
+                format!("{nk}.size"),
+                format!("{sz} must be a non-zero multiple of the block size {block_size_bytes}"),
+            ));
+        }
+    }
+    let kind: BackendKind = parse_word(&n.backend).map_err(|e| err(format!("{nk}.backend"), e))?;
+    let backend = match kind {
+        BackendKind::Ram | BackendKind::EmulatedSsd => {
+            if size_bytes.is_none() {
+                return Err(err(
+                    format!("{nk}.size"),
+                    format!("required for backend `{}`", n.backend),
+                ));
+            }
+            if n.path.is_some() {
+                return Err(err(
+                    format!("{nk}.path"),
+                    format!("not used by backend `{}`", n.backend),
+                ));
+            }
+            if kind == BackendKind::Ram {
+                if n.ssd.is_some() {
+                    return Err(err(format!("{nk}.ssd"), "only for backend `emulated-ssd`"));
+                }
+                BackendConfig::Ram
+            } else {
+                let m = n.ssd.unwrap_or_default();
+                m.validate(&format!("{nk}.ssd"))?;
+                BackendConfig::EmulatedSsd(m)
+            }
+        }
+        BackendKind::File => {
+            let path = n
+                .path
+                .ok_or_else(|| err(format!("{nk}.path"), "required for backend `file`"))?;
+            let engine = match &n.engine {
+                Some(e) => parse_word(e).map_err(|r| err(format!("{nk}.engine"), r))?,
+                None => Engine::Auto,
+            };
+            BackendConfig::File {
+                path,
+                direct: n.direct.unwrap_or(true),
+                engine,
+                create: n.create.unwrap_or(false),
+            }
+        }
+    };
+    let uuid = n
+        .uuid
+        .as_deref()
+        .map(|u| parse_uuid(&format!("{nk}.uuid"), u))
+        .transpose()?;
+    Ok(NamespaceConfig {
+        nsid,
+        backend,
+        size_bytes,
+        block_size_bytes,
+        uuid,
+    })
+}
+
+impl TryFrom<NamespaceFile> for NamespaceConfig {
+    type Error = ConfigError;
+    fn try_from(n: NamespaceFile) -> Result<Self, ConfigError> {
+        namespace("namespace", n)
+    }
+}
+
+impl From<NamespaceConfig> for NamespaceFile {
+    fn from(n: NamespaceConfig) -> Self {
+        let mut f = NamespaceFile {
+            nsid: i64::from(n.nsid),
+            backend: word_of(&n.backend.kind()),
+            size: n.size_bytes.map(SizeValue::from),
+            block_size: Some(i64::from(n.block_size_bytes)),
+            path: None,
+            direct: None,
+            engine: None,
+            create: None,
+            uuid: n.uuid.as_ref().map(format_uuid),
+            ssd: None,
+        };
+        match n.backend {
+            BackendConfig::Ram => {}
+            BackendConfig::File {
+                path,
+                direct,
+                engine,
+                create,
+            } => {
+                f.path = Some(path);
+                f.direct = Some(direct);
+                f.engine = Some(word_of(&engine));
+                f.create = Some(create);
+            }
+            BackendConfig::EmulatedSsd(m) => f.ssd = Some(m),
+        }
+        f
+    }
+}
+
+/// Validates one subsystem; `k` is its key (`subsystem[i]`), `target_send`
+/// the target's send path its overrides start from, `seen` the NQNs of the
+/// subsystems before it. Returns the subsystem and its send path override.
+pub fn subsystem(
+    k: &str,
+    s: SubsystemFile,
+    target_send: &SendConfig,
+    seen: &mut HashSet<String>,
+) -> Result<(SubsystemConfig, Option<SendConfig>), ConfigError> {
+    let send = if s.send_scheduler.is_some() || s.send.is_some() || s.coalescing.is_some() {
+        Some(send::resolve(
+            target_send,
+            k,
+            s.send_scheduler.as_deref(),
+            s.send.as_ref(),
+            s.coalescing.as_ref(),
+        )?)
+    } else {
+        None
+    };
+    validate_nqn(&format!("{k}.nqn"), &s.nqn)?;
+    if s.nqn == sluice_proto::DISCOVERY_NQN {
+        return Err(err(format!("{k}.nqn"), "the discovery NQN is reserved"));
+    }
+    if !seen.insert(s.nqn.clone()) {
+        return Err(err(
+            format!("{k}.nqn"),
+            format!("`{}` is configured twice", s.nqn),
+        ));
+    }
+    if s.hosts.len() > HOSTS_PER_SUBSYSTEM_MAX {
+        return Err(err(
+            format!("{k}.hosts"),
+            format!("more than {HOSTS_PER_SUBSYSTEM_MAX} hosts"),
+        ));
+    }
+    for (j, h) in s.hosts.iter().enumerate() {
+        validate_nqn(&format!("{k}.hosts[{j}]"), h)?;
+    }
+    if !s.allow_any_host && s.hosts.is_empty() {
+        return Err(err(
+            format!("{k}.hosts"),
+            "no host may connect: list host NQNs in `hosts`, or set `allow_any_host = true` to admit every host",
+        ));
+    }
+    let serial = s.serial.unwrap_or_else(|| default_serial(&s.nqn));
+    if serial.len() > 20 || !serial.is_ascii() {
+        return Err(err(
+            format!("{k}.serial"),
+            "must be at most 20 ASCII characters",
+        ));
+    }
+    let model = s.model.unwrap_or_else(|| MODEL_DEFAULT.to_string());
+    if model.len() > 40 || !model.is_ascii() {
+        return Err(err(
+            format!("{k}.model"),
+            "must be at most 40 ASCII characters",
+        ));
+    }
+    if s.namespace.len() > NAMESPACES_PER_SUBSYSTEM_MAX as usize {
+        return Err(err(format!("{k}.namespace"), "too many namespaces"));
+    }
+    let mut nsids = HashSet::new();
+    let mut namespaces = Vec::new();
+    for (j, n) in s.namespace.into_iter().enumerate() {
+        let nk = format!("{k}.namespace[{j}]");
+        let nsid = ranged(
+            &format!("{nk}.nsid"),
+            n.nsid,
+            1,
+            NAMESPACES_PER_SUBSYSTEM_MAX as i64,
+        )?;
+        if !nsids.insert(nsid) {
+            return Err(err(
+                format!("{nk}.nsid"),
+                format!("nsid {nsid} is used twice"),
+            ));
+        }
+        namespaces.push(namespace(&nk, n)?);
+    }
+    let sc = SubsystemConfig {
+        nqn: s.nqn,
+        allow_any_host: s.allow_any_host,
+        hosts: s.hosts,
+        serial,
+        model,
+        namespaces,
+    };
+    Ok((sc, send))
+}
+
+impl SubsystemFile {
+    /// The table of `s`, with its send path override `send` if it has one.
+    pub fn from_config(s: SubsystemConfig, send: Option<&SendConfig>) -> Self {
+        let (send_scheduler, send, coalescing) = match send {
+            Some(sc) => {
+                let (a, b, c) = send::to_raw(sc);
+                (Some(a), Some(b), Some(c))
+            }
+            None => (None, None, None),
+        };
+        SubsystemFile {
+            nqn: s.nqn,
+            allow_any_host: s.allow_any_host,
+            hosts: s.hosts,
+            serial: Some(s.serial),
+            model: Some(s.model),
+            send_scheduler,
+            send,
+            coalescing,
+            namespace: s.namespaces.into_iter().map(NamespaceFile::from).collect(),
+        }
+    }
 }

@@ -1,6 +1,14 @@
 //! `[target]`: listeners, workers, the polling policy, PDU and queue limits,
-//! and the target's send path.
+//! and the target's send path; the table as written ([`TargetFile`]) and its
+//! validation into [`TargetSettings`] (every error names the key, e.g.
+//! `target.mdts_bytes`), and back.
 
+use crate::send::{self, RawCoalescing, RawSend};
+use crate::size::SizeValue;
+use crate::{
+    bytes, err, ranged, ConfigError, INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX,
+    QUEUE_DEPTH_MAX, WORKERS_MAX,
+};
 use serde::{Deserialize, Serialize};
 use sluice_proto::send::SendConfig;
 use std::collections::HashMap;
@@ -15,7 +23,7 @@ use sluice_runtime::PollingPolicy;
 /// overrides (`subsystem_send`) are written with their subsystems by
 /// [`crate::Config`] and are not part of this table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "crate::file::TargetFile", into = "crate::file::TargetFile")]
+#[serde(try_from = "TargetFile", into = "TargetFile")]
 pub struct TargetSettings {
     pub listen: SocketAddr,
     pub discovery_listen: Option<SocketAddr>,
@@ -137,5 +145,193 @@ impl TargetSettings {
     pub fn with_subsystem_send(mut self, nqn: impl Into<String>, s: SendConfig) -> Self {
         self.subsystem_send.insert(nqn.into(), s);
         self
+    }
+}
+
+/// `[target]`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery_listen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub polling: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_spin_us: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline_data_bytes: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_h2c_data_bytes: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_c2h_data_bytes: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mdts_bytes: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_depth_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_queues_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kato_grace_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_drain_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_scheduler: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<RawSend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalescing: Option<RawCoalescing>,
+}
+
+fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse().map_err(|_| {
+        err(
+            key,
+            format!("`{s}` is not an address:port such as 127.0.0.1:4420"),
+        )
+    })
+}
+
+/// `[target]`; the subsystems' send overrides (`subsystem_send`) are
+/// validated with their subsystems.
+fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
+    let mut t = TargetSettings::default();
+    if let Some(s) = &r.listen {
+        t.listen = parse_addr("target.listen", s)?;
+    }
+    if let Some(s) = &r.discovery_listen {
+        t.discovery_listen = if s.is_empty() {
+            None
+        } else {
+            Some(parse_addr("target.discovery_listen", s)?)
+        };
+    }
+    t.advertise_addr = r.advertise_addr.clone();
+    if let Some(a) = &t.advertise_addr {
+        if a.is_empty() || a.len() > 255 {
+            return Err(err("target.advertise_addr", "must be 1 to 255 bytes"));
+        }
+    }
+    if let Some(p) = r.advertise_port {
+        if p == 0 {
+            return Err(err("target.advertise_port", "0 is not a port"));
+        }
+        t.advertise_port = Some(p);
+    }
+    if let Some(w) = r.workers {
+        t.workers = ranged("target.workers", w, 1, WORKERS_MAX as i64)? as usize;
+    }
+    let spin = match r.adaptive_spin_us {
+        Some(v) => ranged("target.adaptive_spin_us", v, 1, 1_000_000)? as u32,
+        None => ADAPTIVE_SPIN_US_DEFAULT,
+    };
+    t.polling = match &r.polling {
+        Some(p) => PollingPolicy::parse(p, spin).map_err(|e| err("target.polling", e))?,
+        None => PollingPolicy::Adaptive { spin_us: spin },
+    };
+    if let Some(s) = &r.inline_data_bytes {
+        let v = bytes("target.inline_data_bytes", s)?;
+        if v > INLINE_DATA_BYTES_MAX as u64 || v % 16 != 0 {
+            return Err(err(
+                "target.inline_data_bytes",
+                format!("{v} must be a multiple of 16 up to {INLINE_DATA_BYTES_MAX}"),
+            ));
+        }
+        t.inline_data_bytes = v as u32;
+    }
+    if let Some(s) = &r.max_h2c_data_bytes {
+        let v = bytes("target.max_h2c_data_bytes", s)?;
+        if !(4096..=(16 << 20)).contains(&v) || v % 4 != 0 {
+            return Err(err(
+                "target.max_h2c_data_bytes",
+                format!("{v} must be a multiple of 4 from 4096 to 16MiB"),
+            ));
+        }
+        t.max_h2c_data_bytes = v as u32;
+    }
+    if let Some(s) = &r.max_c2h_data_bytes {
+        let v = bytes("target.max_c2h_data_bytes", s)?;
+        if !(512..=(16 << 20)).contains(&v) {
+            return Err(err(
+                "target.max_c2h_data_bytes",
+                format!("{v} must be from 512 to 16MiB"),
+            ));
+        }
+        t.max_c2h_data_bytes = v as u32;
+    }
+    if let Some(s) = &r.mdts_bytes {
+        let v = bytes("target.mdts_bytes", s)?;
+        if v < 4096 || v > MDTS_BYTES_MAX as u64 || !v.is_power_of_two() {
+            return Err(err(
+                "target.mdts_bytes",
+                format!("{v} must be a power of two from 4KiB to {MDTS_BYTES_MAX}"),
+            ));
+        }
+        t.mdts_bytes = v as u32;
+    }
+    if let Some(v) = r.queue_depth_max {
+        t.queue_depth_max = ranged("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX as i64)? as u16;
+    }
+    if let Some(v) = r.io_queues_max {
+        t.io_queues_max = ranged("target.io_queues_max", v, 1, IO_QUEUES_MAX as i64)? as u16;
+    }
+    if let Some(v) = r.kato_grace_ms {
+        t.kato_grace_ms = ranged("target.kato_grace_ms", v, 0, 60_000)? as u32;
+    }
+    if let Some(v) = r.shutdown_drain_ms {
+        t.shutdown_drain_ms = ranged("target.shutdown_drain_ms", v, 0, 600_000)? as u64;
+    }
+    t.send = send::resolve(
+        &t.send,
+        "target",
+        r.send_scheduler.as_deref(),
+        r.send.as_ref(),
+        r.coalescing.as_ref(),
+    )?;
+    Ok(t)
+}
+
+impl TryFrom<TargetFile> for TargetSettings {
+    type Error = ConfigError;
+    fn try_from(r: TargetFile) -> Result<Self, ConfigError> {
+        target_settings(&r)
+    }
+}
+
+impl From<TargetSettings> for TargetFile {
+    fn from(t: TargetSettings) -> Self {
+        let (sched, send, co) = send::to_raw(&t.send);
+        let size = |n: u32| Some(SizeValue::from(u64::from(n)));
+        let spin = match t.polling {
+            PollingPolicy::Adaptive { spin_us } => spin_us,
+            _ => ADAPTIVE_SPIN_US_DEFAULT,
+        };
+        TargetFile {
+            listen: Some(t.listen.to_string()),
+            discovery_listen: Some(t.discovery_listen.map_or(String::new(), |a| a.to_string())),
+            advertise_addr: t.advertise_addr,
+            advertise_port: t.advertise_port,
+            workers: Some(t.workers as i64),
+            polling: Some(t.polling.name().to_string()),
+            adaptive_spin_us: Some(i64::from(spin)),
+            inline_data_bytes: size(t.inline_data_bytes),
+            max_h2c_data_bytes: size(t.max_h2c_data_bytes),
+            max_c2h_data_bytes: size(t.max_c2h_data_bytes),
+            mdts_bytes: size(t.mdts_bytes),
+            queue_depth_max: Some(i64::from(t.queue_depth_max)),
+            io_queues_max: Some(i64::from(t.io_queues_max)),
+            kato_grace_ms: Some(i64::from(t.kato_grace_ms)),
+            shutdown_drain_ms: Some(t.shutdown_drain_ms as i64),
+            send_scheduler: Some(sched),
+            send: Some(send),
+            coalescing: Some(co),
+        }
     }
 }

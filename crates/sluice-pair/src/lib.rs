@@ -37,7 +37,7 @@ use sluice_proto::pdu::flags;
 use sluice_proto::send::SendConfig;
 use sluice_proto::Status;
 use sluice_target::queue::QueueConnection;
-use sluice_target::subsystem::Registry;
+use sluice_target::registry::Registry;
 
 pub use sluice_proto::coalesce::CoalesceMode as Coalescing;
 pub use sluice_proto::send::SchedulerKind;

@@ -3,9 +3,11 @@
 //! The configuration (TOML schema, validation, builders) is the leaf crate
 //! `sluice-config`; this crate only reads it.
 //!
-//! * [`subsystem`]: subsystems, namespaces (over `sluice-backend`), the registry.
-//! * [`controller`]: controller state (CC/CSTS, keep alive, features) and
-//!   admin commands, including the discovery log.
+//! * [`subsystem`]: subsystems and namespaces (over `sluice-backend`).
+//! * [`registry`]: the target-wide registry (settings, subsystems,
+//!   namespaces, host counters) and the live controllers.
+//! * [`controller`]: controller state (CC/CSTS, keep alive, features).
+//! * [`admin`]: the admin commands, including the discovery log.
 //! * [`queue`]: one queue pair as a sans-IO state machine.
 //! * [`send`]: the per-queue send scheduler.
 //! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
@@ -14,9 +16,11 @@
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
+pub mod admin;
 pub mod controller;
 pub mod metrics;
 pub mod queue;
+pub mod registry;
 pub mod send;
 pub mod server;
 pub mod subsystem;

@@ -22,7 +22,7 @@ use std::time::Duration;
 /// The target with the default namespace and the send path `mode` (see
 /// `common::SEND_MODES`): every test that is not about one send path runs
 /// in each of them.
-fn reg_in(mode: &str) -> std::sync::Arc<sluice_target::subsystem::Registry> {
+fn reg_in(mode: &str) -> std::sync::Arc<sluice_target::registry::Registry> {
     registry(&config_in(mode, default_ns()))
 }
 

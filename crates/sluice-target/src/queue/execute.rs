@@ -7,7 +7,8 @@
 
 use super::commands::CmdKind;
 use super::{BackendSubmit, QueueConnection};
-use crate::controller::{AdminContext, AdminReply, Controller, AER_MAX};
+use crate::admin::{AdminContext, AdminReply, AER_MAX};
+use crate::controller::Controller;
 use crate::subsystem::Namespace;
 use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, IoOp, IoRequest};
@@ -248,7 +249,7 @@ impl QueueConnection {
             local_addr: self.local,
             local_port: self.local.map(|a| a.port()).unwrap_or(0),
         };
-        let reply: AdminReply = ctrl.admin(sqe, data, &self.reg, &ctx, now);
+        let reply: AdminReply = crate::admin::execute(&ctrl, sqe, data, &self.reg, &ctx, now);
         if reply.hold {
             if self.exec.held_aers.len() >= AER_MAX {
                 self.complete(slot, Status::AER_LIMIT_EXCEEDED, 0, 0, now);
@@ -291,7 +292,7 @@ impl QueueConnection {
                 ctrl.keep_alive(now);
                 let p = PropertyCommand::parse(sqe);
                 if sqe.fctype() == fctype::PROPERTY_GET {
-                    match ctrl.property_get(p.offset, p.size8, &self.reg) {
+                    match ctrl.property_get(p.offset, p.size8, &self.reg.settings) {
                         Ok(v) => {
                             self.complete(slot, Status::SUCCESS, v as u32, (v >> 32) as u32, now)
                         }

@@ -5,8 +5,9 @@
 
 use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
 use crate::controller::Controller;
+use crate::registry::Registry;
 use crate::send::PduClass;
-use crate::subsystem::{Registry, SubsystemKind};
+use crate::subsystem::SubsystemKind;
 use sluice_proto::fabrics::{
     connect_data_offset, connect_invalid_param_result, connect_offset, ConnectCommand, ConnectData,
     CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
@@ -51,12 +52,12 @@ impl Session {
 
     /// Ends this queue's part in the association: the admin queue removes
     /// the controller, an I/O queue gives its queue id back.
-    pub(super) fn release(&mut self, span: &tracing::Span) {
+    pub(super) fn release(&mut self, reg: &Registry, span: &tracing::Span) {
         if let Some(c) = self.ctrl.take() {
             if self.qid == 0 {
                 // The admin queue ends the association.
                 c.fail();
-                c.subsystem.remove_controller(c.cntlid);
+                reg.remove_controller(&c.subsystem, c.cntlid);
                 tracing::info!(parent: span, cntlid = c.cntlid, "controller removed");
             } else {
                 c.disconnect_io_queue(self.qid);
@@ -141,7 +142,7 @@ impl QueueConnection {
             }
             let counters = self.reg.hosts.counters_for(&cd.hostnqn);
             let kato = c.kato_ms;
-            let made = sub.add_controller(|id| {
+            let made = self.reg.add_controller(&sub, |id| {
                 Arc::new(Controller::new(
                     id,
                     sub.clone(),
@@ -163,7 +164,7 @@ impl QueueConnection {
             if sub.kind == SubsystemKind::Discovery {
                 return invalid(false, connect_offset::QID);
             }
-            let Some(ctrl) = sub.controller(cd.cntlid) else {
+            let Some(ctrl) = self.reg.controller(&sub, cd.cntlid) else {
                 return invalid(true, connect_data_offset::CNTLID);
             };
             if ctrl.hostnqn != cd.hostnqn {

@@ -39,8 +39,9 @@ mod handshake;
 pub use complete::backend_status;
 
 use crate::controller::Controller;
+use crate::registry::Registry;
 use crate::send::SendStats;
-use crate::subsystem::{Namespace, Registry};
+use crate::subsystem::Namespace;
 use commands::CommandTable;
 use complete::Responder;
 use execute::Execution;
@@ -323,7 +324,7 @@ impl QueueConnection {
         if self.state != ConnState::Closed {
             self.state = ConnState::Closed;
         }
-        self.session.release(&self.span);
+        self.session.release(&self.reg, &self.span);
     }
 
     // ---------------------------------------------------------------- input

@@ -32,7 +32,7 @@ mod worker;
 
 use sluice_runtime::clock::process_cpu;
 
-use crate::subsystem::{Registry, RegistryError};
+use crate::registry::{Registry, RegistryError};
 use crate::tenant::admin::AdminServer;
 use crate::tenant::TenantRuntime;
 use mio::{Token, Waker};

@@ -8,7 +8,7 @@ use super::acceptor::{Acceptor, LISTEN_DISC, LISTEN_IO};
 use super::worker::TIMER;
 use super::worker::{Incoming, Worker};
 use super::{StartError, Target, TargetHandle, WAKER};
-use crate::subsystem::Registry;
+use crate::registry::Registry;
 use crate::tenant::admin::AdminServer;
 use crate::tenant::worker::WorkerTenancy;
 use crate::tenant::TenantRuntime;

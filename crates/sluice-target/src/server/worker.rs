@@ -8,7 +8,7 @@
 use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
 use crate::queue::QueueConnection;
-use crate::subsystem::Registry;
+use crate::registry::Registry;
 use crate::tag::BackendTag;
 use crate::tenant::worker::WorkerTenancy;
 use mio::net::TcpStream;

@@ -21,7 +21,7 @@
 //! `Authorization: Bearer TOKEN` (401 otherwise).
 
 use super::{TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
-use crate::subsystem::Registry;
+use crate::registry::Registry;
 use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
 use sluice_admin::prometheus_client::collector::Collector;
 use sluice_admin::prometheus_client::encoding::DescriptorEncoder;

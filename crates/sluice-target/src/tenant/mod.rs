@@ -26,7 +26,7 @@ pub mod rate;
 pub mod shared;
 pub mod worker;
 
-use crate::subsystem::Registry;
+use crate::registry::Registry;
 use fair::CostModel;
 use sluice_config::tenants::{
     validate_set, validate_tenant, CostKind, RawTenant, TenantSpec, TenantsSettings,

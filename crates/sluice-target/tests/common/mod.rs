@@ -17,7 +17,7 @@ use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxP
 use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::Status;
 use sluice_target::queue::QueueConnection;
-use sluice_target::subsystem::Registry;
+use sluice_target::registry::Registry;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,0 +1,279 @@
+//! The target-wide registry the queues consult: settings, subsystems,
+//! namespaces, host counters, and the live controllers of each subsystem
+//! (by CNTLID). Built once from the configuration and shared by every
+//! worker thread; controllers are added by admin-queue Connects and live
+//! until their association ends.
+
+use crate::controller::Controller;
+use crate::metrics::{HostRegistry, IoCounters};
+use crate::subsystem::{ssd_model, Namespace, Subsystem, SubsystemKind};
+use sluice_backend::{Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend};
+use sluice_config::{
+    BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Errors building the registry (opening backends).
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("subsystem `{nqn}` namespace {nsid}: {source}")]
+    Backend {
+        nqn: String,
+        nsid: u32,
+        source: sluice_backend::BackendError,
+    },
+    #[error("subsystem `{nqn}` namespace {nsid}: {reason}")]
+    Namespace {
+        nqn: String,
+        nsid: u32,
+        reason: String,
+    },
+}
+
+/// Controller IDs handed out are 1..=CNTLID_MAX (0xFFF0 and up are reserved).
+pub const CNTLID_MAX: u16 = 0xffef;
+/// Live controllers per subsystem.
+pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
+
+/// One subsystem's live controllers.
+#[derive(Debug)]
+struct ControllerTable {
+    live: HashMap<u16, Arc<Controller>>,
+    next_cntlid: u16,
+}
+
+impl ControllerTable {
+    fn new() -> Mutex<Self> {
+        Mutex::new(ControllerTable {
+            live: HashMap::new(),
+            next_cntlid: 1,
+        })
+    }
+}
+
+/// Everything the queues share: settings, subsystems, counters.
+#[derive(Debug)]
+pub struct Registry {
+    pub settings: TargetSettings,
+    pub subsystems: BTreeMap<String, Arc<Subsystem>>,
+    pub discovery: Arc<Subsystem>,
+    pub hosts: HostRegistry,
+    /// Target-wide send path and coalescing counters (issue 4).
+    pub send: crate::metrics::SendTotals,
+    /// Discovery log generation counter.
+    pub discovery_genctr: AtomicU64,
+    /// Namespaces by target-wide index.
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// Live controllers per subsystem NQN (the discovery subsystem included).
+    controllers: HashMap<String, Mutex<ControllerTable>>,
+}
+
+fn derive_ids(nqn: &str, nsid: u32, uuid: Option<[u8; 16]>) -> ([u8; 16], [u8; 8]) {
+    let nguid = uuid.unwrap_or_else(|| {
+        let mut g = [0u8; 16];
+        let a = sluice_proto::digest::crc32c(nqn.as_bytes());
+        let b = sluice_proto::digest::crc32c(&nsid.to_le_bytes());
+        let c = sluice_proto::digest::crc32c_append(a, &nsid.to_be_bytes());
+        let d = sluice_proto::digest::crc32c_append(b, nqn.as_bytes());
+        g[0..4].copy_from_slice(&a.to_be_bytes());
+        g[4..8].copy_from_slice(&b.to_be_bytes());
+        g[8..12].copy_from_slice(&c.to_be_bytes());
+        g[12..16].copy_from_slice(&d.to_be_bytes());
+        // RFC 4122 version 4 / variant bits, so the value is also a valid UUID.
+        g[6] = (g[6] & 0x0f) | 0x40;
+        g[8] = (g[8] & 0x3f) | 0x80;
+        g
+    });
+    let mut eui = [0u8; 8];
+    eui.copy_from_slice(&nguid[8..16]);
+    (nguid, eui)
+}
+
+fn open_backend(
+    sc: &SubsystemConfig,
+    nc: &NamespaceConfig,
+) -> Result<Arc<dyn Backend>, RegistryError> {
+    let wrap = |source| RegistryError::Backend {
+        nqn: sc.nqn.clone(),
+        nsid: nc.nsid,
+        source,
+    };
+    let size = nc.size_bytes.unwrap_or(0);
+    Ok(match &nc.backend {
+        BackendConfig::Ram => Arc::new(RamBackend::new(size, nc.block_size_bytes).map_err(wrap)?),
+        BackendConfig::EmulatedSsd(m) => {
+            Arc::new(EmulatedSsd::new(size, nc.block_size_bytes, ssd_model(m)).map_err(wrap)?)
+        }
+        BackendConfig::File {
+            path,
+            direct,
+            engine,
+            create,
+        } => {
+            let engine = match engine {
+                Engine::IoUring => EngineKind::IoUring,
+                Engine::Sync => EngineKind::Sync,
+                Engine::Auto => EngineKind::Auto,
+            };
+            let opts = FileOptions {
+                direct: *direct,
+                block_size_bytes: Some(nc.block_size_bytes),
+                create_size_bytes: if *create { nc.size_bytes } else { None },
+                engine,
+                read_only: false,
+            };
+            Arc::new(FileBackend::open(path, opts).map_err(wrap)?)
+        }
+    })
+}
+
+impl Registry {
+    /// Opens every backend and builds the registry.
+    pub fn build(config: &Config) -> Result<Registry, RegistryError> {
+        let mut subsystems = BTreeMap::new();
+        let mut all_ns = Vec::new();
+        for sc in &config.subsystems {
+            let mut namespaces = BTreeMap::new();
+            for nc in &sc.namespaces {
+                let backend = open_backend(sc, nc)?;
+                let geometry = backend.geometry();
+                if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
+                    return Err(RegistryError::Namespace {
+                        nqn: sc.nqn.clone(),
+                        nsid: nc.nsid,
+                        reason: format!(
+                            "block size {} is not 512 or 4096",
+                            geometry.block_size_bytes
+                        ),
+                    });
+                }
+                if geometry.size_bytes < geometry.block_size_bytes as u64 {
+                    return Err(RegistryError::Namespace {
+                        nqn: sc.nqn.clone(),
+                        nsid: nc.nsid,
+                        reason: "backend is smaller than one block".into(),
+                    });
+                }
+                let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid);
+                let ns = Arc::new(Namespace {
+                    nsid: nc.nsid,
+                    index: all_ns.len(),
+                    backend,
+                    geometry,
+                    lba_shift: geometry.block_size_bytes.trailing_zeros() as u8,
+                    nguid,
+                    eui64,
+                    counters: IoCounters::default(),
+                });
+                all_ns.push(ns.clone());
+                namespaces.insert(nc.nsid, ns);
+            }
+            if !sc.allow_any_host {
+                tracing::info!(subsystem = %sc.nqn, hosts = sc.hosts.len(), "subsystem admits only its listed hosts");
+            } else {
+                tracing::warn!(
+                    subsystem = %sc.nqn,
+                    "SECURITY: subsystem admits ANY host (allow_any_host = true); list host NQNs to restrict it"
+                );
+            }
+            subsystems.insert(
+                sc.nqn.clone(),
+                Arc::new(Subsystem {
+                    nqn: sc.nqn.clone(),
+                    kind: SubsystemKind::Nvm,
+                    serial: sc.serial.clone(),
+                    model: sc.model.clone(),
+                    allow_any_host: sc.allow_any_host,
+                    hosts: sc.hosts.iter().cloned().collect(),
+                    namespaces,
+                    live_controllers: AtomicUsize::new(0),
+                }),
+            );
+        }
+        let discovery = Arc::new(Subsystem {
+            nqn: sluice_proto::DISCOVERY_NQN.to_string(),
+            kind: SubsystemKind::Discovery,
+            serial: sluice_config::default_serial(sluice_proto::DISCOVERY_NQN),
+            model: "Sluice Discovery".into(),
+            allow_any_host: true,
+            hosts: HashSet::new(),
+            namespaces: BTreeMap::new(),
+            live_controllers: AtomicUsize::new(0),
+        });
+        let controllers = subsystems
+            .keys()
+            .chain([&discovery.nqn])
+            .map(|nqn| (nqn.clone(), ControllerTable::new()))
+            .collect();
+        Ok(Registry {
+            settings: config.target.clone(),
+            subsystems,
+            discovery,
+            hosts: HostRegistry::default(),
+            send: crate::metrics::SendTotals::default(),
+            discovery_genctr: AtomicU64::new(1),
+            namespaces: all_ns,
+            controllers,
+        })
+    }
+
+    /// Finds the subsystem an NQN names (including discovery).
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == sluice_proto::DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems.get(nqn).cloned()
+    }
+
+    pub fn genctr(&self) -> u64 {
+        self.discovery_genctr.load(Ordering::Relaxed)
+    }
+
+    fn controller_table(
+        &self,
+        sub: &Subsystem,
+    ) -> Option<std::sync::MutexGuard<'_, ControllerTable>> {
+        self.controllers
+            .get(&sub.nqn)
+            .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Registers a controller of `sub` under a fresh CNTLID; None when all
+    /// are in use.
+    pub fn add_controller(
+        &self,
+        sub: &Subsystem,
+        make: impl FnOnce(u16) -> Arc<Controller>,
+    ) -> Option<Arc<Controller>> {
+        let mut t = self.controller_table(sub)?;
+        if t.live.len() >= CONTROLLERS_PER_SUBSYSTEM_MAX {
+            return None;
+        }
+        for _ in 0..CNTLID_MAX {
+            let id = t.next_cntlid;
+            t.next_cntlid = if id >= CNTLID_MAX { 1 } else { id + 1 };
+            if let std::collections::hash_map::Entry::Vacant(e) = t.live.entry(id) {
+                let c = make(id);
+                e.insert(c.clone());
+                sub.live_controllers.store(t.live.len(), Ordering::Release);
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// The live controller `cntlid` of `sub`.
+    pub fn controller(&self, sub: &Subsystem, cntlid: u16) -> Option<Arc<Controller>> {
+        self.controller_table(sub)?.live.get(&cntlid).cloned()
+    }
+
+    /// Forgets the controller `cntlid` of `sub` (its association ended).
+    pub fn remove_controller(&self, sub: &Subsystem, cntlid: u16) {
+        if let Some(mut t) = self.controller_table(sub) {
+            t.live.remove(&cntlid);
+            sub.live_controllers.store(t.live.len(), Ordering::Release);
+        }
+    }
+}
