@@ -20,13 +20,9 @@ import os
 import re
 import sys
 
-# Accepted groups, by crate: the exact set of modules.
-ALLOWED = {
-    # `QueueConnection`'s impl blocks are split over child files (one per
-    # stage) that use the parent's struct, and the parent holds their state;
-    # `tag` names `crate::queue::QueueConnection` in a doc link only.
-    ("sluice-target", frozenset({"queue", "queue::complete", "queue::execute", "tag"})),
-}
+# Accepted groups, by crate: the exact set of modules. None today: keep it
+# that way (a stage that needs its parent's state takes it as an argument).
+ALLOWED: set = set()
 
 
 def modname(crate_src, path):

@@ -13,7 +13,7 @@
 //! └─────────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! A [`QueueConnection`](crate::queue::QueueConnection) only knows its own
+//! A `QueueConnection` only knows its own
 //! commands: it emits *local* tags (connection index 0). The worker stamps
 //! the connection index on submission ([`BackendTag::with_conn`]) and
 //! strips it on completion ([`BackendTag::local`]). Tenant scheduling may
