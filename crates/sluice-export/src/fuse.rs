@@ -76,8 +76,8 @@ fn neg(errno: u32) -> i32 {
 
 impl<D: BlockDevice> SluiceFs<D> {
     pub fn new(dev: Arc<ByteDevice<D>>, rt: tokio::runtime::Handle, cfg: FuseConfig) -> Self {
-        // SAFETY: getuid/getgid cannot fail and touch no memory.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let uid = rustix::process::getuid().as_raw();
+        let gid = rustix::process::getgid().as_raw();
         SluiceFs {
             dev,
             rt,

@@ -21,6 +21,7 @@
 pub mod cast;
 pub mod clock;
 pub mod limits;
+pub mod notify;
 pub mod polling;
 pub mod sync;
 mod timer;

@@ -9,6 +9,7 @@ mod sync_engine;
 mod sys;
 mod uring;
 
+use rustix::fs::FallocateFlags;
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -300,11 +301,11 @@ impl FileQueue {
                 other => other,
             };
         }
-        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        let keep = FallocateFlags::KEEP_SIZE;
         if deallocate {
             match sys::fallocate(
                 file,
-                libc::FALLOC_FL_PUNCH_HOLE | keep,
+                FallocateFlags::PUNCH_HOLE | keep,
                 offset_bytes,
                 len_bytes,
             ) {
@@ -314,7 +315,7 @@ impl FileQueue {
         }
         match sys::fallocate(
             file,
-            libc::FALLOC_FL_ZERO_RANGE | keep,
+            FallocateFlags::ZERO_RANGE | keep,
             offset_bytes,
             len_bytes,
         ) {

@@ -1,9 +1,10 @@
 //! Thin safe wrappers over the Linux calls the file backend needs that `std`
 //! lacks: block-device ioctls, `fallocate`, and eventfd.
 
+use rustix::fs::FallocateFlags;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 use sluice_runtime::cast::usize_from;
@@ -78,25 +79,17 @@ pub(crate) fn blk_supports_discard(rdev: u64) -> bool {
     .is_some_and(|n| n > 0)
 }
 
+/// `fallocate(2)` with `mode`, retried on EINTR.
 pub(crate) fn fallocate(
     file: &File,
-    mode: libc::c_int,
+    mode: FallocateFlags,
     offset_bytes: u64,
     len_bytes: u64,
 ) -> io::Result<()> {
-    let offset = libc::off_t::try_from(offset_bytes)
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let len =
-        libc::off_t::try_from(len_bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     loop {
-        // SAFETY: plain syscall on a valid fd.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
+        match rustix::fs::fallocate(file, mode, offset_bytes, len_bytes) {
+            Err(rustix::io::Errno::INTR) => continue,
+            other => return other.map_err(io::Error::from),
         }
     }
 }
@@ -120,30 +113,4 @@ pub(crate) fn write_zeroes(file: &File, offset_bytes: u64, len_bytes: u64) -> io
         done += n as u64;
     }
     Ok(())
-}
-
-/// Non-blocking, close-on-exec eventfd.
-pub(crate) fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; on success we own the returned fd.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a freshly created descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Makes the eventfd readable.
-pub(crate) fn eventfd_signal(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid u64. Failure (counter overflow)
-    // leaves it readable anyway.
-    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-}
-
-/// Resets the eventfd counter (no-op when not readable).
-pub(crate) fn eventfd_drain(fd: RawFd) {
-    let mut value: u64 = 0;
-    // SAFETY: reads 8 bytes into a valid u64; EAGAIN when already zero.
-    let _ = unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) };
 }

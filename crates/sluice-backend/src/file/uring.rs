@@ -4,16 +4,16 @@
 //! remainder. In-flight operations are bounded by the ring size; excess
 //! requests wait in a bounded backlog.
 
+use sluice_runtime::notify::EventFd;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring, Probe};
 use sluice_runtime::cast::usize_from;
 
-use super::sys;
 use super::{EngineKind, FileEngine};
 use crate::{BackendError, IoCompletion, IoOp, IoRequest};
 
@@ -31,7 +31,7 @@ struct Slot {
 pub(crate) struct UringEngine {
     ring: IoUring,
     file: Arc<File>,
-    eventfd: OwnedFd,
+    eventfd: EventFd,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     backlog: VecDeque<IoRequest>,
@@ -71,7 +71,7 @@ pub(crate) fn probe() -> io::Result<()> {
 impl UringEngine {
     pub(crate) fn new(file: Arc<File>) -> io::Result<Self> {
         let ring = IoUring::new(RING_ENTRIES)?;
-        let eventfd = sys::eventfd()?;
+        let eventfd = EventFd::new()?;
         ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
         let slot_count = RING_ENTRIES as usize;
         Ok(Self {
@@ -260,7 +260,7 @@ impl FileEngine for UringEngine {
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) {
         // Reset the eventfd before reaping so no wakeup is lost.
-        sys::eventfd_drain(self.eventfd.as_raw_fd());
+        self.eventfd.drain();
         self.flush_submissions();
         self.cqes.clear();
         self.cqes
@@ -291,7 +291,7 @@ impl FileEngine for UringEngine {
     }
 
     fn signal(&self) {
-        sys::eventfd_signal(self.eventfd.as_raw_fd());
+        self.eventfd.signal();
     }
 
     fn in_flight(&self) -> usize {
