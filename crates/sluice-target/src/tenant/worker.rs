@@ -5,10 +5,16 @@
 //! charge it, and skip the sockets of tenants the shared [`CpuGovernor`]
 //! has throttled.
 //!
+//! Latency: one [`Latency`] histogram per tenant per worker, recorded at
+//! completion without a lock or an allocation, merged into the tenant's
+//! shared histogram every [`MERGE_INTERVAL`] by [`WorkerTenancy::refresh`]
+//! (and when the worker ends); see [`super::latency`].
+//!
 //! [`BackendArbiter`]: super::shared::BackendArbiter
 //! [`CpuGovernor`]: super::shared::CpuGovernor
 
 use super::cpu::BatchCharger;
+use super::latency::{Latency, MERGE_INTERVAL};
 use super::rate::Dir;
 use super::shared::Grant;
 use super::{TenantId, TenantRuntime, TenantTable};
@@ -76,6 +82,13 @@ pub struct WorkerTenancy {
     started: Vec<TenantId>,
     mine: Vec<Grant>,
     wake: Vec<usize>,
+    /// This worker's latency histograms, by tenant id (one per tenant of
+    /// the table, allocated when the table changes, not per I/O).
+    lat: Vec<Option<Latency>>,
+    /// Samples recorded since the last merge.
+    lat_pending: bool,
+    /// When the histograms are next merged into the shared ones.
+    next_merge: Instant,
 }
 
 impl std::fmt::Debug for WorkerTenancy {
@@ -102,7 +115,7 @@ impl WorkerTenancy {
     pub fn new(rt: Arc<TenantRuntime>, id: usize) -> Self {
         assert!(id < rt.workers, "worker {id} of {}", rt.workers);
         let table = rt.table();
-        WorkerTenancy {
+        let mut w = WorkerTenancy {
             id,
             rt,
             table,
@@ -118,7 +131,36 @@ impl WorkerTenancy {
             started: Vec::new(),
             mine: Vec::new(),
             wake: Vec::new(),
+            lat: Vec::new(),
+            lat_pending: false,
+            next_merge: Instant::now() + MERGE_INTERVAL,
+        };
+        w.alloc_histograms();
+        w
+    }
+
+    /// A histogram for every tenant of the table (tenant ids only grow).
+    fn alloc_histograms(&mut self) {
+        for (id, _) in self.table.iter() {
+            let i = id as usize;
+            if self.lat.len() <= i {
+                self.lat.resize_with(i + 1, || None);
+            }
+            if self.lat[i].is_none() {
+                self.lat[i] = Some(Latency::new());
+            }
         }
+    }
+
+    /// Adds this worker's latency histograms into the tenants' shared ones
+    /// and empties them (a lock per tenant with samples).
+    pub fn merge_latency(&mut self) {
+        for (id, h) in self.lat.iter_mut().enumerate() {
+            if let Some(h) = h.as_mut().filter(|h| !h.is_empty()) {
+                self.rt.stats(id as TenantId).merge_latency(h);
+            }
+        }
+        self.lat_pending = false;
     }
 
     pub fn runtime(&self) -> &Arc<TenantRuntime> {
@@ -131,6 +173,13 @@ impl WorkerTenancy {
         let t = self.rt.table();
         if t.generation != self.table.generation {
             self.table = t;
+            self.alloc_histograms();
+        }
+        if now >= self.next_merge {
+            if self.lat_pending {
+                self.merge_latency();
+            }
+            self.next_merge = now + MERGE_INTERVAL;
         }
         self.rt
             .cpu
@@ -388,7 +437,14 @@ impl WorkerTenancy {
                 st.other_ios.fetch_add(1, Relaxed);
             }
         }
-        st.record_latency(now.saturating_duration_since(m.arrived));
+        match self.lat.get_mut(m.tenant as usize) {
+            Some(Some(h)) => {
+                h.record(now.saturating_duration_since(m.arrived));
+                self.lat_pending = true;
+            }
+            // Tenant ids come from this worker's table, which has them all.
+            _ => debug_assert!(false, "no latency histogram for tenant {}", m.tenant),
+        }
         self.charger
             .add(m.tenant, UNITS_PER_COMMAND / 2 + m.bytes / BYTES_PER_UNIT);
     }
@@ -437,6 +493,10 @@ impl WorkerTenancy {
             }
         };
         take(self.rt.cpu.next_deadline());
+        if self.lat_pending {
+            // Merge even if the worker goes idle.
+            take(Some(self.next_merge));
+        }
         for (&ns, l) in &self.local {
             if l.queued > 0 {
                 if let Some(arb) = self.rt.arbiters.get(ns) {
@@ -450,5 +510,12 @@ impl WorkerTenancy {
     /// Queued requests still held by the scheduler (shutdown).
     pub fn queued(&self) -> usize {
         self.local.values().map(|l| l.queued).sum()
+    }
+}
+
+impl Drop for WorkerTenancy {
+    /// The last samples of a worker that ends.
+    fn drop(&mut self) {
+        self.merge_latency();
     }
 }
