@@ -519,3 +519,108 @@ impl Drop for WorkerTenancy {
         self.merge_latency();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subsystem::Registry;
+    use crate::tenant::admin;
+    use sluice_config::{
+        Config, NamespaceConfig, SubsystemConfig, TargetSettings, TenantSpec, TenantsConfig,
+    };
+
+    fn runtime(workers: usize) -> Arc<TenantRuntime> {
+        let c = Config::default()
+            .with_target(TargetSettings::default().with_workers(workers))
+            .with_subsystem(
+                SubsystemConfig::new("nqn.2026-11.io.sluice:lat")
+                    .allow_any_host()
+                    .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+            )
+            .with_tenants(
+                TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host("nqn.x:a")),
+            )
+            .validated()
+            .expect("valid");
+        let reg = Registry::build(&c).expect("registry");
+        Arc::new(TenantRuntime::new(&c, &reg))
+    }
+
+    fn finish(w: &mut WorkerTenancy, tenant: TenantId, arrived: Instant, took: Duration) {
+        let m = Meta {
+            ns: 0,
+            tenant,
+            dir: Dir::Read,
+            bytes: 4096,
+            arrived,
+            scheduled: false,
+            cost: 0,
+            parent: None,
+        };
+        w.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
+        w.account(&m, true, arrived + took);
+    }
+
+    /// Two workers record into their own histograms; nothing is shared
+    /// until the merge tick, then the tenant's histogram holds both.
+    #[test]
+    fn workers_record_locally_and_merge_on_the_tick() {
+        let rt = runtime(2);
+        let a = rt.table().id("a").expect("a");
+        let (mut w0, mut w1) = (
+            WorkerTenancy::new(rt.clone(), 0),
+            WorkerTenancy::new(rt.clone(), 1),
+        );
+        let t0 = Instant::now();
+        for i in 0..98u64 {
+            finish(&mut w0, a, t0, Duration::from_micros(100 + i));
+        }
+        finish(&mut w1, a, t0, Duration::from_millis(5));
+        finish(&mut w1, a, t0, Duration::from_secs(600)); // clamped to 60 s
+        assert!(rt.stats(a).with_latency(|l| l.is_none()), "not merged yet");
+        // The pending merge is a deadline, so an idle worker wakes for it.
+        let due = w0.next_deadline(t0).expect("merge deadline");
+        assert!(due <= t0 + MERGE_INTERVAL + Duration::from_millis(50));
+        w0.refresh(due);
+        let due1 = w1.next_deadline(t0).expect("merge deadline");
+        w1.refresh(due1);
+        assert_eq!(w0.next_deadline(due), None, "nothing left to merge");
+        rt.stats(a).with_latency(|l| {
+            let l = l.expect("merged");
+            assert_eq!(l.count(), 100);
+            let p50 = l.quantile_seconds(0.5).expect("p50");
+            assert!((p50 - 149e-6).abs() < 1e-6, "p50 {p50}");
+            let p99 = l.quantile_seconds(0.99).expect("p99");
+            assert!((p99 - 5e-3).abs() < 5e-6, "p99 {p99}");
+            let max = l.max_seconds().expect("max");
+            assert!((max - 60.0).abs() < 0.06, "max {max}");
+        });
+        let s = admin::stats_report(&rt);
+        let lat = &s.tenants.iter().find(|t| t.name == "a").expect("a").latency;
+        assert_eq!(lat.count, 100);
+        assert!(lat.sum_seconds > 600.0, "the sum keeps the true duration");
+        let le = |b: f64| {
+            lat.buckets
+                .iter()
+                .find(|x| x.le_seconds == b)
+                .map(|x| x.count)
+        };
+        assert_eq!(
+            (le(100e-6), le(200e-6), le(5e-3), le(30.0)),
+            (Some(1), Some(98), Some(99), Some(99))
+        );
+        let none = sluice_admin::schema::Latency::default();
+        assert_eq!(
+            sluice_admin::schema::interval_quantile(&none, lat, 0.5),
+            Some(150e-6)
+        );
+        // Dropping a worker merges what it still holds.
+        finish(&mut w1, a, t0, Duration::from_micros(7));
+        drop(w1);
+        assert_eq!(
+            rt.stats(a).with_latency(|l| l.map(Latency::count)),
+            Some(101)
+        );
+        drop(w0);
+    }
+}
