@@ -2,8 +2,10 @@
 //! tokio thread `sluice-admin`; the mio workers are untouched).
 //!
 //! * `GET /metrics`: OpenMetrics text of the per-tenant, per-namespace and
-//!   per-host counters ([`TargetCollector`] reads the existing atomics at
-//!   scrape time; nothing is added to the I/O path).
+//!   per-host counters ([`TargetCollector`] reads the existing atomics and
+//!   the tenants' merged latency histograms at scrape time; nothing is added
+//!   to the I/O path). `sluice_tenant_latency_seconds` has the fixed `le`
+//!   bounds [`LE_BOUNDS_US`] (see [`super::latency`]).
 //! * `GET /v1/status`: service, version, uptime, workers, table generation.
 //! * `GET /v1/stats`: per-tenant counters and latency (what `sluice top`
 //!   reads), [`sluice_admin::schema::TenantStatsReport`].
