@@ -33,8 +33,11 @@ pub struct Bucket {
 }
 
 /// A latency distribution since start: totals, quantiles, and cumulative
-/// buckets (the implicit last bucket, +Inf, holds `count`), so a client can
-/// compute quantiles of an interval from two samples.
+/// buckets at fixed bounds (the implicit last bucket, +Inf, holds `count`),
+/// so a client can compute quantiles of an interval from two samples with
+/// [`interval_quantile`]. The target fills it from hdrhistogram: the
+/// quantiles are exact to 3 significant digits, the buckets are at the
+/// `le` bounds of `sluice_tenant_latency_seconds` (`docs/tenants.md`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Latency {
     pub count: u64,
@@ -113,9 +116,10 @@ pub struct ExportsReport {
 }
 
 /// Upper bound of quantile `q` of the I/Os recorded between two samples of
-/// one distribution (`prev` may be empty: since start). `None` without
-/// I/Os in between; `f64::INFINITY` if the quantile is beyond the last
-/// finite bucket.
+/// one distribution (`prev` may be empty: since start): the first bucket
+/// bound under which at least `q` of the interval's I/Os fall. `None`
+/// without I/Os in between; `f64::INFINITY` if the quantile is beyond the
+/// last finite bucket.
 pub fn interval_quantile(prev: &Latency, cur: &Latency, q: f64) -> Option<f64> {
     let total = cur.count.checked_sub(prev.count).filter(|t| *t > 0)?;
     // At least 1; a float to integer cast saturates (q > 1 asks for more

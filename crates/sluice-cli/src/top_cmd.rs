@@ -63,7 +63,7 @@ pub fn run(a: TopArgs) -> Result<()> {
         let dt = t_prev.elapsed().as_secs_f64();
         t_prev = Instant::now();
         println!(
-            "{:<20} {:>6} {:>10} {:>10} {:>7} {:>8} {:>8} {:>9} {:>8} {:>6}",
+            "{:<20} {:>6} {:>10} {:>10} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8} {:>6}",
             "TENANT",
             "WEIGHT",
             "IOPS",
@@ -71,6 +71,7 @@ pub fn run(a: TopArgs) -> Result<()> {
             "CPU%",
             "p50<=",
             "p99<=",
+            "p99.9<=",
             "THROTTLE%",
             "THR/s",
             "QD"
@@ -79,7 +80,7 @@ pub fn run(a: TopArgs) -> Result<()> {
             let p = prev.get(name).cloned().unwrap_or_default();
             let d = |c: u64, p: u64| c.saturating_sub(p) as f64;
             println!(
-                "{:<20} {:>6} {:>10.0} {:>10.1} {:>7.1} {:>8} {:>8} {:>9.1} {:>8.1} {:>6}",
+                "{:<20} {:>6} {:>10.0} {:>10.1} {:>7.1} {:>8} {:>8} {:>8} {:>9.1} {:>8.1} {:>6}",
                 name,
                 c.weight,
                 d(c.ios(), p.ios()) / dt,
@@ -87,6 +88,7 @@ pub fn run(a: TopArgs) -> Result<()> {
                 (c.cpu_seconds - p.cpu_seconds) / dt * 100.0,
                 fmt_lat(interval_quantile(&p.latency, &c.latency, 0.5)),
                 fmt_lat(interval_quantile(&p.latency, &c.latency, 0.99)),
+                fmt_lat(interval_quantile(&p.latency, &c.latency, 0.999)),
                 (c.throttle_seconds - p.throttle_seconds) / dt * 100.0,
                 d(c.throttle_events, p.throttle_events) / dt,
                 c.queue_depth,

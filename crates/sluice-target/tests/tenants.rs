@@ -136,6 +136,13 @@ fn weights_and_limits_are_honoured_and_updatable() {
     ] {
         assert!(m.contains(needle), "missing {needle} in\n{m}");
     }
+    // The workers' histograms were merged (every 200 ms) into the tenant's.
+    let count = m
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_tenant_latency_seconds_count{tenant=\"b\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap();
+    assert!(count > 100.0, "latency count of b: {count}");
     let snap = t.tenants().table();
     let a_id = snap.id("a").unwrap();
     assert!(

@@ -2,8 +2,10 @@
 //! tokio thread `sluice-admin`; the mio workers are untouched).
 //!
 //! * `GET /metrics`: OpenMetrics text of the per-tenant, per-namespace and
-//!   per-host counters ([`TargetCollector`] reads the existing atomics at
-//!   scrape time; nothing is added to the I/O path).
+//!   per-host counters ([`TargetCollector`] reads the existing atomics and
+//!   the tenants' merged latency histograms at scrape time; nothing is added
+//!   to the I/O path). `sluice_tenant_latency_seconds` has the fixed `le`
+//!   bounds [`LE_BOUNDS_US`] (see [`super::latency`]).
 //! * `GET /v1/status`: service, version, uptime, workers, table generation.
 //! * `GET /v1/stats`: per-tenant counters and latency (what `sluice top`
 //!   reads), [`sluice_admin::schema::TenantStatsReport`].
@@ -20,7 +22,8 @@
 //! `[tenants] admin_token_file` every request needs
 //! `Authorization: Bearer TOKEN` (401 otherwise).
 
-use super::{TenantRuntime, TenantStats, UpdateError, LAT_BUCKETS};
+use super::latency::LE_BOUNDS_US;
+use super::{TenantRuntime, TenantStats, UpdateError};
 use crate::registry::Registry;
 use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
 use sluice_admin::prometheus_client::collector::Collector;
@@ -145,46 +148,77 @@ fn secs(ns: &AtomicU64) -> f64 {
     ns.load(Relaxed) as f64 / 1e9
 }
 
-/// Upper bound in seconds of latency bucket `i` (2^i µs).
-fn bucket_le(i: usize) -> f64 {
-    (1u64 << i) as f64 / 1e6
+/// Seconds of a bound of [`LE_BOUNDS_US`].
+fn le_seconds(us: u64) -> f64 {
+    us as f64 / 1e6
 }
 
-/// The latency distribution of a tenant: buckets of 2^i µs.
+/// The latency of a tenant since start, from its merged histogram:
+/// quantiles at hdrhistogram's precision and cumulative buckets at
+/// [`LE_BOUNDS_US`] (so a client gets an interval's quantiles from two
+/// samples: `sluice_admin::schema::interval_quantile`).
 fn latency(st: &TenantStats) -> Latency {
-    let counts: Vec<u64> = st.lat_buckets.iter().map(|b| b.load(Relaxed)).collect();
-    let count: u64 = counts.iter().sum();
-    let mut cum = 0u64;
-    let mut buckets = Vec::with_capacity(LAT_BUCKETS);
-    for (i, c) in counts.iter().enumerate().take(LAT_BUCKETS - 1) {
-        cum += c;
-        buckets.push(Bucket {
-            le_seconds: bucket_le(i),
-            count: cum,
-        });
-    }
-    let q = |q: f64| {
-        let want = ((q * count as f64).ceil() as u64).max(1);
-        if count == 0 {
-            return None;
+    st.with_latency(|h| {
+        let Some(h) = h else {
+            return Latency {
+                buckets: LE_BOUNDS_US
+                    .iter()
+                    .map(|&b| Bucket {
+                        le_seconds: le_seconds(b),
+                        count: 0,
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+        };
+        let (counts, _) = h.bucket_counts();
+        let mut cum = 0u64;
+        let buckets = LE_BOUNDS_US
+            .iter()
+            .zip(counts)
+            .map(|(&b, c)| {
+                cum += c;
+                Bucket {
+                    le_seconds: le_seconds(b),
+                    count: cum,
+                }
+            })
+            .collect();
+        Latency {
+            count: h.count(),
+            sum_seconds: h.sum_seconds(),
+            p50_seconds: h.quantile_seconds(0.5),
+            p90_seconds: h.quantile_seconds(0.9),
+            p99_seconds: h.quantile_seconds(0.99),
+            p999_seconds: h.quantile_seconds(0.999),
+            max_seconds: h.max_seconds(),
+            buckets,
         }
-        Some(
-            buckets
-                .iter()
-                .find(|b| b.count >= want)
-                .map_or(bucket_le(LAT_BUCKETS - 1), |b| b.le_seconds),
-        )
-    };
-    Latency {
-        count,
-        sum_seconds: secs(&st.lat_sum_ns),
-        p50_seconds: q(0.5),
-        p90_seconds: q(0.9),
-        p99_seconds: q(0.99),
-        p999_seconds: q(0.999),
-        max_seconds: q(1.0),
-        buckets,
-    }
+    })
+}
+
+/// The Prometheus sample of a tenant's latency (empty before any I/O).
+fn latency_sample(st: &TenantStats) -> HistogramSample {
+    st.with_latency(|h| {
+        let (counts, over, count, sum) = match h {
+            Some(h) => {
+                let (c, o) = h.bucket_counts();
+                (c, o, h.count(), h.sum_seconds())
+            }
+            None => ([0; LE_BOUNDS_US.len()], 0, 0, 0.0),
+        };
+        let mut buckets: Vec<(f64, u64)> = LE_BOUNDS_US
+            .iter()
+            .zip(counts)
+            .map(|(&b, c)| (le_seconds(b), c))
+            .collect();
+        buckets.push((f64::MAX, over));
+        HistogramSample {
+            sum,
+            count,
+            buckets,
+        }
+    })
 }
 
 /// `GET /v1/stats`.
@@ -274,26 +308,9 @@ impl Collector for TargetCollector {
             "sluice_tenant_latency",
             "Scheduler arrival to backend completion.",
             Some(&Unit::Seconds),
-            tenants.iter().map(|(n, st, _)| {
-                let mut buckets: Vec<(f64, u64)> = st
-                    .lat_buckets
-                    .iter()
-                    .take(LAT_BUCKETS - 1)
-                    .enumerate()
-                    .map(|(i, b)| (bucket_le(i), l(b)))
-                    .collect();
-                let count =
-                    buckets.iter().map(|b| b.1).sum::<u64>() + l(&st.lat_buckets[LAT_BUCKETS - 1]);
-                buckets.push((f64::MAX, l(&st.lat_buckets[LAT_BUCKETS - 1])));
-                (
-                    [("tenant", Esc(n))],
-                    HistogramSample {
-                        sum: secs(&st.lat_sum_ns),
-                        count,
-                        buckets,
-                    },
-                )
-            }),
+            tenants
+                .iter()
+                .map(|(n, st, _)| ([("tenant", Esc(n))], latency_sample(st))),
         )?;
         for (name, help, f) in [
             (

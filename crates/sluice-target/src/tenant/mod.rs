@@ -13,6 +13,8 @@
 //!   global, requests local) and one CPU throttle per tenant for the pool.
 //! * [`cpu`]: i-NVMe CPU accounting and k-split throttling; cgroup v1 `cpu`.
 //! * [`worker`]: the glue a worker thread uses.
+//! * [`latency`]: per-tenant latency histograms (hdrhistogram), recorded
+//!   per worker and merged periodically.
 //! * [`admin`]: the admin HTTP endpoint (`GET /metrics`, tenant updates).
 //!
 //! The running table is an `Arc` swapped under a lock; workers notice a new
@@ -22,6 +24,7 @@
 pub mod admin;
 pub mod cpu;
 pub mod fair;
+pub mod latency;
 pub mod rate;
 pub mod shared;
 pub mod worker;
@@ -34,9 +37,9 @@ use sluice_config::tenants::{
 };
 use sluice_config::{BackendConfig, ConfigError};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 /// Dense tenant index, stable for the life of the target.
 pub type TenantId = u32;
@@ -111,9 +114,6 @@ impl TenantTable {
     }
 }
 
-/// Latency histogram buckets: upper bounds 2^i µs, i = 0..LAT_BUCKETS.
-pub const LAT_BUCKETS: usize = 26;
-
 /// Live counters of one tenant (all workers add to them).
 #[derive(Debug, Default)]
 pub struct TenantStats {
@@ -123,9 +123,10 @@ pub struct TenantStats {
     pub read_bytes: AtomicU64,
     pub write_bytes: AtomicU64,
     pub errors: AtomicU64,
-    /// Latency from arrival at the scheduler to backend completion.
-    pub lat_buckets: [AtomicU64; LAT_BUCKETS],
-    pub lat_sum_ns: AtomicU64,
+    /// Latency from arrival at the scheduler to backend completion, as
+    /// merged from the workers' histograms (None until the first merge;
+    /// locked only by a worker's periodic merge and by scrapes).
+    latency: Mutex<Option<latency::Latency>>,
     pub sched_wait_ns: AtomicU64,
     pub cpu_ns: AtomicU64,
     pub throttle_events: AtomicU64,
@@ -135,11 +136,21 @@ pub struct TenantStats {
 }
 
 impl TenantStats {
-    pub fn record_latency(&self, d: Duration) {
-        let us = d.as_micros() as u64;
-        let b = (64 - us.leading_zeros() as usize).min(LAT_BUCKETS - 1);
-        self.lat_buckets[b].fetch_add(1, Relaxed);
-        self.lat_sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+    /// Adds a worker's histogram into the tenant's and empties it (the
+    /// worker's periodic merge, never per I/O).
+    pub fn merge_latency(&self, local: &mut latency::Latency) {
+        if local.is_empty() {
+            return;
+        }
+        let mut g = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        local.merge_into(g.get_or_insert_with(latency::Latency::new));
+    }
+
+    /// Reads the merged latency histogram (None before any I/O) under its
+    /// lock.
+    pub fn with_latency<R>(&self, f: impl FnOnce(Option<&latency::Latency>) -> R) -> R {
+        let g = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        f(g.as_ref())
     }
 }
 

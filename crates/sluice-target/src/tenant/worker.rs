@@ -5,10 +5,16 @@
 //! charge it, and skip the sockets of tenants the shared [`CpuGovernor`]
 //! has throttled.
 //!
+//! Latency: one [`Latency`] histogram per tenant per worker, recorded at
+//! completion without a lock or an allocation, merged into the tenant's
+//! shared histogram every [`MERGE_INTERVAL`] by [`WorkerTenancy::refresh`]
+//! (and when the worker ends); see [`super::latency`].
+//!
 //! [`BackendArbiter`]: super::shared::BackendArbiter
 //! [`CpuGovernor`]: super::shared::CpuGovernor
 
 use super::cpu::BatchCharger;
+use super::latency::{Latency, MERGE_INTERVAL};
 use super::rate::Dir;
 use super::shared::Grant;
 use super::{TenantId, TenantRuntime, TenantTable};
@@ -76,6 +82,13 @@ pub struct WorkerTenancy {
     started: Vec<TenantId>,
     mine: Vec<Grant>,
     wake: Vec<usize>,
+    /// This worker's latency histograms, by tenant id (one per tenant of
+    /// the table, allocated when the table changes, not per I/O).
+    lat: Vec<Option<Latency>>,
+    /// Samples recorded since the last merge.
+    lat_pending: bool,
+    /// When the histograms are next merged into the shared ones.
+    next_merge: Instant,
 }
 
 impl std::fmt::Debug for WorkerTenancy {
@@ -102,7 +115,7 @@ impl WorkerTenancy {
     pub fn new(rt: Arc<TenantRuntime>, id: usize) -> Self {
         assert!(id < rt.workers, "worker {id} of {}", rt.workers);
         let table = rt.table();
-        WorkerTenancy {
+        let mut w = WorkerTenancy {
             id,
             rt,
             table,
@@ -118,7 +131,36 @@ impl WorkerTenancy {
             started: Vec::new(),
             mine: Vec::new(),
             wake: Vec::new(),
+            lat: Vec::new(),
+            lat_pending: false,
+            next_merge: Instant::now() + MERGE_INTERVAL,
+        };
+        w.alloc_histograms();
+        w
+    }
+
+    /// A histogram for every tenant of the table (tenant ids only grow).
+    fn alloc_histograms(&mut self) {
+        for (id, _) in self.table.iter() {
+            let i = id as usize;
+            if self.lat.len() <= i {
+                self.lat.resize_with(i + 1, || None);
+            }
+            if self.lat[i].is_none() {
+                self.lat[i] = Some(Latency::new());
+            }
         }
+    }
+
+    /// Adds this worker's latency histograms into the tenants' shared ones
+    /// and empties them (a lock per tenant with samples).
+    pub fn merge_latency(&mut self) {
+        for (id, h) in self.lat.iter_mut().enumerate() {
+            if let Some(h) = h.as_mut().filter(|h| !h.is_empty()) {
+                self.rt.stats(id as TenantId).merge_latency(h);
+            }
+        }
+        self.lat_pending = false;
     }
 
     pub fn runtime(&self) -> &Arc<TenantRuntime> {
@@ -131,6 +173,13 @@ impl WorkerTenancy {
         let t = self.rt.table();
         if t.generation != self.table.generation {
             self.table = t;
+            self.alloc_histograms();
+        }
+        if now >= self.next_merge {
+            if self.lat_pending {
+                self.merge_latency();
+            }
+            self.next_merge = now + MERGE_INTERVAL;
         }
         self.rt
             .cpu
@@ -388,7 +437,14 @@ impl WorkerTenancy {
                 st.other_ios.fetch_add(1, Relaxed);
             }
         }
-        st.record_latency(now.saturating_duration_since(m.arrived));
+        match self.lat.get_mut(m.tenant as usize) {
+            Some(Some(h)) => {
+                h.record(now.saturating_duration_since(m.arrived));
+                self.lat_pending = true;
+            }
+            // Tenant ids come from this worker's table, which has them all.
+            _ => debug_assert!(false, "no latency histogram for tenant {}", m.tenant),
+        }
         self.charger
             .add(m.tenant, UNITS_PER_COMMAND / 2 + m.bytes / BYTES_PER_UNIT);
     }
@@ -437,6 +493,10 @@ impl WorkerTenancy {
             }
         };
         take(self.rt.cpu.next_deadline());
+        if self.lat_pending {
+            // Merge even if the worker goes idle.
+            take(Some(self.next_merge));
+        }
         for (&ns, l) in &self.local {
             if l.queued > 0 {
                 if let Some(arb) = self.rt.arbiters.get(ns) {
@@ -450,5 +510,117 @@ impl WorkerTenancy {
     /// Queued requests still held by the scheduler (shutdown).
     pub fn queued(&self) -> usize {
         self.local.values().map(|l| l.queued).sum()
+    }
+}
+
+impl Drop for WorkerTenancy {
+    /// The last samples of a worker that ends.
+    fn drop(&mut self) {
+        self.merge_latency();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use crate::tenant::admin;
+    use sluice_config::{
+        Config, NamespaceConfig, SubsystemConfig, TargetSettings, TenantSpec, TenantsConfig,
+    };
+
+    fn runtime(workers: usize) -> Arc<TenantRuntime> {
+        let c = Config::default()
+            .with_target(TargetSettings::default().with_workers(workers))
+            .with_subsystem(
+                SubsystemConfig::new("nqn.2026-11.io.sluice:lat")
+                    .allow_any_host()
+                    .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+            )
+            .with_tenants(
+                TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host("nqn.x:a")),
+            )
+            .validated()
+            .expect("valid");
+        let reg = Registry::build(&c).expect("registry");
+        Arc::new(TenantRuntime::new(&c, &reg))
+    }
+
+    fn finish(w: &mut WorkerTenancy, tenant: TenantId, arrived: Instant, took: Duration) {
+        let m = Meta {
+            ns: 0,
+            tenant,
+            dir: Dir::Read,
+            bytes: 4096,
+            arrived,
+            scheduled: false,
+            cost: 0,
+            parent: None,
+        };
+        w.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
+        w.account(&m, true, arrived + took);
+    }
+
+    /// Two workers record into their own histograms; nothing is shared
+    /// until the merge tick, then the tenant's histogram holds both.
+    #[test]
+    fn workers_record_locally_and_merge_on_the_tick() {
+        let rt = runtime(2);
+        let a = rt.table().id("a").expect("a");
+        let (mut w0, mut w1) = (
+            WorkerTenancy::new(rt.clone(), 0),
+            WorkerTenancy::new(rt.clone(), 1),
+        );
+        let t0 = Instant::now();
+        for i in 0..98u64 {
+            finish(&mut w0, a, t0, Duration::from_micros(100 + i));
+        }
+        finish(&mut w1, a, t0, Duration::from_millis(5));
+        finish(&mut w1, a, t0, Duration::from_secs(600)); // clamped to 60 s
+        assert!(rt.stats(a).with_latency(|l| l.is_none()), "not merged yet");
+        // The pending merge is a deadline, so an idle worker wakes for it.
+        let due = w0.next_deadline(t0).expect("merge deadline");
+        assert!(due <= t0 + MERGE_INTERVAL + Duration::from_millis(50));
+        w0.refresh(due);
+        let due1 = w1.next_deadline(t0).expect("merge deadline");
+        w1.refresh(due1);
+        assert_eq!(w0.next_deadline(due), None, "nothing left to merge");
+        rt.stats(a).with_latency(|l| {
+            let l = l.expect("merged");
+            assert_eq!(l.count(), 100);
+            let p50 = l.quantile_seconds(0.5).expect("p50");
+            assert!((p50 - 149e-6).abs() < 1e-6, "p50 {p50}");
+            let p99 = l.quantile_seconds(0.99).expect("p99");
+            assert!((p99 - 5e-3).abs() < 5e-5, "p99 {p99}");
+            let max = l.max_seconds().expect("max");
+            assert!((max - 60.0).abs() < 0.6, "max {max}");
+        });
+        let s = admin::stats_report(&rt);
+        let lat = &s.tenants.iter().find(|t| t.name == "a").expect("a").latency;
+        assert_eq!(lat.count, 100);
+        assert!(lat.sum_seconds > 600.0, "the sum keeps the true duration");
+        let le = |b: f64| {
+            lat.buckets
+                .iter()
+                .find(|x| x.le_seconds == b)
+                .map(|x| x.count)
+        };
+        assert_eq!(
+            (le(100e-6), le(200e-6), le(5e-3), le(30.0)),
+            (Some(1), Some(98), Some(99), Some(99))
+        );
+        let none = sluice_admin::schema::Latency::default();
+        assert_eq!(
+            sluice_admin::schema::interval_quantile(&none, lat, 0.5),
+            Some(150e-6)
+        );
+        // Dropping a worker merges what it still holds.
+        finish(&mut w1, a, t0, Duration::from_micros(7));
+        drop(w1);
+        assert_eq!(
+            rt.stats(a).with_latency(|l| l.map(Latency::count)),
+            Some(101)
+        );
+        drop(w0);
     }
 }
