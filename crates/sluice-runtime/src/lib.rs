@@ -10,10 +10,12 @@
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
 //! - [`limits`]: the limits every loop shares (worker threads).
+//! - [`affinity`]: pinning the calling thread to a CPU.
 //!
 //! Syscalls go through `rustix`; `libc` remains only for the per-thread CPU
 //! clock of *another* thread, which rustix does not expose.
 
+pub mod affinity;
 pub mod clock;
 pub mod limits;
 pub mod polling;
