@@ -669,11 +669,8 @@ pub fn batched_client(
     s.shutdown(std::net::Shutdown::Write)?;
     // The server records its stats, then closes: wait for that.
     let mut b = [0u8; 64];
-    loop {
-        let n = s.read(&mut b)?;
-        if n == 0 {
-            break;
-        }
+    let n = s.read(&mut b)?;
+    if n != 0 {
         bail!("{n} bytes after the last reply");
     }
     Ok(BatchedRun {
