@@ -390,12 +390,17 @@ pub fn floor_lines(f: &FloorReport, total: &JobReport) -> String {
             f.floor_latency_us_p50,
             ratio(total.iops, f.floor_iops),
         ),
-            FloorBasis::Bulk if f.block_size_bytes >= floor::LARGE_BLOCK_BYTES => writeln!(
+            basis if f.block_size_bytes >= floor::LARGE_BLOCK_BYTES => writeln!(
                 s,
-                "ratio to floor: {:.2} of bulk TCP ({:.0} of {:.0} MiB/s)",
-                ratio(total.bandwidth_mib_s, f.bulk_mib_per_s),
+                "ratio to floor: {:.2} of {} ({:.0} of {:.0} MiB/s)",
+                ratio(total.bandwidth_mib_s, f.floor_mib_per_s),
+                if basis == FloorBasis::Bulk {
+                    "bulk TCP"
+                } else {
+                    "batched pipelined TCP"
+                },
                 total.bandwidth_mib_s,
-                f.bulk_mib_per_s,
+                f.floor_mib_per_s,
             ),
             basis => writeln!(
                 s,

@@ -145,6 +145,8 @@ block_size = 512
         "batched_client_requests_per_write",
         "batched_server_replies_per_write",
         "bulk_iops_ceiling",
+        "bulk_busy_mib_per_s",
+        "bulk_blocking_mib_per_s",
         "busy_pingpong_latency_us_p50",
         "busy_pingpong_latency_us_p99",
         "busy_pingpong_latency_us_mean",
