@@ -98,10 +98,15 @@ pub struct BenchArgs {
     pub(crate) data_digest: bool,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US].
     #[arg(long, default_value = "interrupt")]
-    pub(crate) polling: PollingPolicy,
-    /// Also measure the raw TCP wire floor on loopback.
+    pub polling: PollingPolicy,
+    /// Also measure the raw TCP wire floor on loopback, shaped after the
+    /// job with the largest QD (its block size and direction).
     #[arg(long)]
     pub floor: bool,
+    /// Pin the floor's echo server to this CPU (the target's core), so the
+    /// floor has the two-core layout of target and bench.
+    #[arg(long, requires = "floor")]
+    pub floor_server_cpu: Option<usize>,
     /// Per-command timeout in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub(crate) timeout_ms: u64,
@@ -155,6 +160,7 @@ impl BenchArgs {
             data_digest: false,
             polling: PollingPolicy::Interrupt,
             floor: false,
+            floor_server_cpu: None,
             timeout_ms: 30_000,
             span: None,
             progress: false,
@@ -338,28 +344,7 @@ impl BenchReport {
             }
         }
         if let Some(f) = &self.floor {
-            let _ = writeln!(
-                s,
-                "wire floor (loopback TCP, 72 B / 4112 B): QD1 p50 {:.1} us p99 {:.1} us; QD{} {:.0} IOPS p50 {:.1} us; bulk {:.0} MiB/s",
-                f.pingpong_latency_us_p50,
-                f.pingpong_latency_us_p99,
-                f.pipelined_qd,
-                f.pipelined_iops,
-                f.pipelined_latency_us_p50,
-                f.bulk_mib_per_s
-            );
-            if f.pipelined_iops > 0.0 {
-                let _ = writeln!(
-                    s,
-                    "ratio to floor: {:.2} of pipelined IOPS, p50 latency {:.2}x",
-                    self.total.iops / f.pipelined_iops,
-                    if f.pipelined_latency_us_p50 > 0.0 {
-                        self.total.latency_us_p50 / f.pipelined_latency_us_p50
-                    } else {
-                        0.0
-                    }
-                );
-            }
+            s.push_str(&floor_lines(f, &self.total));
         }
         s
     }
@@ -367,6 +352,83 @@ impl BenchReport {
     pub fn print_table(&self) {
         print!("{}", self.table());
     }
+}
+
+/// The floor's lines of the table: the floor for the workload, the ratio
+/// of `total` to it, and the old blocking echo loop for history.
+pub fn floor_lines(f: &FloorReport, total: &JobReport) -> String {
+    use floor::FloorBasis;
+    use std::fmt::Write;
+    let mut s = String::new();
+    let dir = if f.write { "write" } else { "read" };
+    let pin = f
+        .server_cpu
+        .map_or(String::new(), |c| format!(", server on cpu {c}"));
+    let _ = writeln!(
+        s,
+        "wire floor ({dir} {} B, {} B request / {} B reply{pin}): batched QD{} {:.0} IOPS ({:.0} MiB/s, {} polling, {:.1} req/write, {:.1} replies/read) p50 {:.1} us; bulk {:.0} MiB/s = {:.0} IOPS ceiling; busy ping-pong p50 {:.1} us p99 {:.1} us",
+        f.block_size_bytes,
+        f.request_bytes,
+        f.reply_bytes,
+        f.batched_qd,
+        f.batched_iops,
+        f.batched_mib_per_s,
+        if f.batched_polling == floor::Polling::Busy { "busy" } else { "blocking" },
+        f.batched_client_requests_per_write,
+        f.batched_client_replies_per_read,
+        f.batched_latency_us_p50,
+        f.bulk_mib_per_s,
+        f.bulk_iops_ceiling,
+        f.busy_pingpong_latency_us_p50,
+        f.busy_pingpong_latency_us_p99,
+    );
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let _ =
+        match f.floor_basis {
+            FloorBasis::BusyRtt | FloorBasis::BlockingRtt => writeln!(
+            s,
+            "ratio to floor: p50 latency {:.2}x the {} round trip ({:.1} us); {:.2} of its rate",
+            ratio(total.latency_us_p50, f.floor_latency_us_p50),
+            if f.floor_basis == FloorBasis::BusyRtt { "busy-polled" } else { "blocking" },
+            f.floor_latency_us_p50,
+            ratio(total.iops, f.floor_iops),
+        ),
+            basis if f.block_size_bytes >= floor::LARGE_BLOCK_BYTES => writeln!(
+                s,
+                "ratio to floor: {:.2} of {} ({:.0} of {:.0} MiB/s)",
+                ratio(total.bandwidth_mib_s, f.floor_mib_per_s),
+                if basis == FloorBasis::Bulk {
+                    "bulk TCP"
+                } else {
+                    "batched pipelined TCP"
+                },
+                total.bandwidth_mib_s,
+                f.floor_mib_per_s,
+            ),
+            basis => writeln!(
+                s,
+                "ratio to floor: {:.2} of {} ({:.0} of {:.0} IOPS)",
+                ratio(total.iops, f.floor_iops),
+                match basis {
+                    FloorBasis::Bulk => "the bulk ceiling",
+                    FloorBasis::EchoPipelined => "the echo loop",
+                    _ => "batched pipelined TCP",
+                },
+                total.iops,
+                f.floor_iops,
+            ),
+        };
+    let _ = writeln!(
+        s,
+        "old floor (history; blocking echo loop, 72 B / 4112 B, one message per syscall): QD1 p50 {:.1} us p99 {:.1} us; QD{} {:.0} IOPS p50 {:.1} us; {:.2} of its IOPS",
+        f.pingpong_latency_us_p50,
+        f.pingpong_latency_us_p99,
+        f.pipelined_qd,
+        f.pipelined_iops,
+        f.pipelined_latency_us_p50,
+        ratio(total.iops, f.pipelined_iops),
+    );
+    s
 }
 
 /// Runs the bench to completion on a private tokio runtime. Call it from
@@ -395,6 +457,18 @@ fn resolve(target: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("target `{target}` resolves to nothing"))
 }
 
+/// The floor's workload: the job with the largest QD (the first of equals),
+/// its largest block size, writes when it only writes.
+fn floor_spec(jobs: &[JobSpec], server_cpu: Option<usize>) -> floor::FloorSpec {
+    let j = jobs.iter().reduce(|a, b| if b.qd > a.qd { b } else { a });
+    floor::FloorSpec {
+        qd: j.map_or(1, |j| j.qd.max(1)),
+        block_size: j.map_or(4096, |j| j.bs.max_bytes().max(1)),
+        write: j.is_some_and(|j| matches!(j.rw, RwMode::Write | RwMode::RandWrite)),
+        server_cpu,
+    }
+}
+
 /// Runs the bench (see [`run`]).
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let addr = resolve(&args.target)?;
@@ -411,12 +485,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         (None, None) => Some(Duration::from_secs(10)),
     };
     let floor = if args.floor {
-        let qd = jobs.iter().map(|j| j.qd).max().unwrap_or(1);
+        let spec = floor_spec(&jobs, args.floor_server_cpu);
         let each = runtime
             .unwrap_or(Duration::from_secs(2))
             .min(Duration::from_secs(2));
         Some(
-            tokio::task::spawn_blocking(move || floor::measure(qd, each))
+            tokio::task::spawn_blocking(move || floor::measure(spec, each))
                 .await
                 .context("floor task")??,
         )

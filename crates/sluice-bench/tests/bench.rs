@@ -131,7 +131,22 @@ fn floor_is_measured() {
         f.pingpong_latency_us_p50 > 0.0 && f.pipelined_iops > 0.0 && f.bulk_mib_per_s > 0.0,
         "{f:?}"
     );
-    assert!(r.table().contains("wire floor"));
+    assert!(
+        f.batched_iops > 0.0 && f.bulk_iops_ceiling > 0.0 && f.busy_pingpong_latency_us_p50 > 0.0,
+        "{f:?}"
+    );
+    // Shaped after the job: 4 KiB reads at the default QD 32.
+    assert_eq!(
+        (f.block_size_bytes, f.write, f.batched_qd),
+        (4096, false, 32)
+    );
+    assert_eq!((f.request_bytes, f.reply_bytes), (72, 4112));
+    let t = r.table();
+    assert!(
+        t.contains("wire floor") && t.contains("ratio to floor"),
+        "{t}"
+    );
+    assert!(t.contains("old floor (history; blocking echo loop"), "{t}");
 }
 
 #[test]

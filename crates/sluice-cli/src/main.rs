@@ -3,7 +3,7 @@
 //! * `sluice target`: run an NVMe/TCP target (embedded default or `--config`).
 //! * `sluice check-config`: validate a target configuration file.
 //! * `sluice bench`: load generator (fio / spdk_nvme_perf style) with tenants
-//!   and the raw TCP floor measured in the same run.
+//!   and the TCP wire floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
 //! * `sluice top`: live per-tenant view from a target's admin endpoint.
 //! * `sluice nbd`, `sluice fuse`: export a remote namespace over NBD or as a

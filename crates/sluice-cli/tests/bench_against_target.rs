@@ -85,3 +85,108 @@ fn bench_reports_what_a_rate_limited_target_serves() {
     );
     assert!(j.latency_us_p50 <= j.latency_us_p99 && j.latency_us_p99 <= j.latency_us_max);
 }
+
+/// `sluice bench --floor --json` carries the floor shaped after the job
+/// (here 8 KiB writes at QD 4) with the new fields, and the old ones.
+#[test]
+fn bench_floor_json_has_the_floor_fields() {
+    let toml = format!(
+        r#"
+[target]
+listen = "127.0.0.1:0"
+discovery_listen = ""
+polling = "interrupt"
+[[subsystem]]
+nqn = "{NQN}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "32MiB"
+block_size = 512
+"#
+    );
+    let t = Target::start(&Config::from_toml(&toml).unwrap()).unwrap();
+    let cpu = allowed_cpu();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "--target",
+            &t.local_addr().to_string(),
+            "--nqn",
+            NQN,
+            "--rw",
+            "randwrite",
+            "--bs",
+            "8k",
+            "--qd",
+            "4",
+            "--runtime",
+            "0.2",
+            "--floor",
+            "--floor-server-cpu",
+            &cpu.to_string(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    t.shutdown();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = &v["floor"];
+    for k in [
+        // The old echo loop and bulk, kept.
+        "pingpong_latency_us_p50",
+        "pipelined_iops",
+        "bulk_mib_per_s",
+        // The floor.
+        "batched_iops",
+        "batched_busy_iops",
+        "batched_blocking_iops",
+        "batched_latency_us_p50",
+        "batched_client_requests_per_write",
+        "batched_server_replies_per_write",
+        "bulk_iops_ceiling",
+        "bulk_busy_mib_per_s",
+        "bulk_blocking_mib_per_s",
+        "busy_pingpong_latency_us_p50",
+        "busy_pingpong_latency_us_p99",
+        "busy_pingpong_latency_us_mean",
+        "floor_iops",
+        "floor_mib_per_s",
+        "floor_latency_us_p50",
+    ] {
+        assert!(
+            f[k].as_f64().is_some_and(|x| x > 0.0),
+            "floor.{k} missing or not positive: {f}"
+        );
+    }
+    assert_eq!(f["block_size_bytes"], 8192);
+    assert_eq!(f["write"], true);
+    assert_eq!(f["request_bytes"], 72 + 8192);
+    assert_eq!(f["reply_bytes"], 24);
+    assert_eq!(f["batched_qd"], 4);
+    assert_eq!(f["server_cpu"], cpu);
+    assert!(f["batched_polling"] == "busy" || f["batched_polling"] == "blocking");
+    assert!(
+        ["batched", "echo_pipelined", "bulk"].contains(&f["floor_basis"].as_str().unwrap()),
+        "{f}"
+    );
+}
+
+/// A CPU this process may run on (the last one), for the floor's server.
+fn allowed_cpu() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = s
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let last = list.rsplit([',', '-']).next().unwrap();
+    last.parse().unwrap()
+}

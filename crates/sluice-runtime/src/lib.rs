@@ -10,6 +10,7 @@
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
 //! - [`limits`]: the limits every loop shares (worker threads).
+//! - [`affinity`]: pinning the calling thread to a CPU.
 //! - [`cast`]: `u64` → `usize` without loss (64-bit targets only), and
 //!   durations in saturating nanoseconds.
 //! - [`sync`]: locking std mutexes and rwlocks without poison recovery (a
@@ -18,6 +19,7 @@
 //! Syscalls go through `rustix`; `libc` remains only for the per-thread CPU
 //! clock of *another* thread, which rustix does not expose.
 
+pub mod affinity;
 pub mod cast;
 pub mod clock;
 pub mod limits;
