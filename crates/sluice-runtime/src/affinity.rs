@@ -3,11 +3,17 @@
 //! a thread that must run elsewhere, such as the wire floor's echo server
 //! standing in for the target on its own core, pins itself after it starts.
 
-use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+pub use rustix::thread::CpuSet;
+use rustix::thread::{sched_getaffinity, sched_setaffinity, Pid};
 
 /// Pins the calling thread to `cpu`. Errors (an offline CPU, one outside the
 /// cgroup's cpuset, one past [`CpuSet::MAX_CPU`]) name the CPU.
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    pin_thread(0, cpu)
+}
+
+/// Pins thread `tid` of this process (0: the calling thread) to `cpu`.
+pub fn pin_thread(tid: i32, cpu: usize) -> std::io::Result<()> {
     if cpu >= CpuSet::MAX_CPU {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -19,12 +25,22 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     }
     let mut set = CpuSet::new();
     set.set(cpu);
-    sched_setaffinity(None, &set).map_err(|e| {
+    sched_setaffinity(Pid::from_raw(tid), &set).map_err(|e| {
         std::io::Error::new(
             std::io::Error::from(e).kind(),
-            format!("sched_setaffinity(cpu {cpu}): {e}"),
+            format!("sched_setaffinity(thread {tid}, cpu {cpu}): {e}"),
         )
     })
+}
+
+/// The calling thread's affinity mask (to restore with [`set_current_mask`]).
+pub fn current_mask() -> std::io::Result<CpuSet> {
+    Ok(sched_getaffinity(None)?)
+}
+
+/// Sets the calling thread's affinity mask.
+pub fn set_current_mask(set: &CpuSet) -> std::io::Result<()> {
+    Ok(sched_setaffinity(None, set)?)
 }
 
 /// The CPUs the calling thread may run on, in ascending order.

@@ -155,11 +155,8 @@ pub(super) fn cpu_target(mode: Mode, k: u32, v: &Victims) -> Result<TargetHandle
     }
     let tid = tid.context("worker thread `sluice-worker-0` not found in /proc/self/task")?;
     pin(tid, 0)?;
-    let who = libc::id_t::try_from(tid).context("negative thread id")?;
-    // SAFETY: setpriority on a thread id of this process.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, who, -20);
-    }
+    // Best effort, as before: without CAP_SYS_NICE the worker keeps its nice.
+    let _ = rustix::process::setpriority_process(rustix::process::Pid::from_raw(tid), -20);
     if mode == Mode::Cgroup {
         v.interferer.add_thread(tid)?;
     }
