@@ -109,6 +109,18 @@ pub(crate) fn ranged(key: &str, v: i64, min: i64, max: i64) -> Result<i64, Confi
     Ok(v)
 }
 
+/// `v` as a `T` if it is within `min..=max`, else an error naming `key`
+/// (the same words as [`ranged`], whichever integer type the field has).
+pub(crate) fn ranged_as<T>(key: &str, v: i64, min: T, max: T) -> Result<T, ConfigError>
+where
+    T: TryFrom<i64> + PartialOrd + std::fmt::Display,
+{
+    match T::try_from(v) {
+        Ok(t) if min <= t && t <= max => Ok(t),
+        _ => Err(err(key, format!("{v} is outside {min}..={max}"))),
+    }
+}
+
 /// A size value in bytes, or an error naming `key`.
 pub(crate) fn bytes(key: &str, v: &size::SizeValue) -> Result<u64, ConfigError> {
     v.bytes().map_err(|e| err(key, e.to_string()))

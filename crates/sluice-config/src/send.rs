@@ -73,7 +73,9 @@ pub struct RawCoalescing {
 fn size(prefix: &str, name: &str, v: &toml::Value) -> Result<u32, ConfigError> {
     let key = format!("{prefix}.send.{name}");
     let n = match v {
-        toml::Value::Integer(i) if *i >= 0 => *i as u64,
+        toml::Value::Integer(i) => {
+            u64::try_from(*i).map_err(|_| err(key.clone(), format!("{i} is not a size")))?
+        }
         toml::Value::String(s) => {
             crate::parse_size(s).map_err(|r| err(key.clone(), r.to_string()))?
         }

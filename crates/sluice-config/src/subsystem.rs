@@ -7,7 +7,7 @@
 use crate::send::{self, RawCoalescing, RawSend};
 use crate::size::SizeValue;
 use crate::{
-    bytes, err, parse_word, ranged, word_of, ConfigError, HOSTS_PER_SUBSYSTEM_MAX,
+    bytes, err, parse_word, ranged, ranged_as, word_of, ConfigError, HOSTS_PER_SUBSYSTEM_MAX,
     NAMESPACES_PER_SUBSYSTEM_MAX,
 };
 use serde::{Deserialize, Serialize};
@@ -369,12 +369,12 @@ pub struct NamespaceFile {
 
 /// Validates one namespace; `nk` is its key (`subsystem[i].namespace[j]`).
 pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigError> {
-    let nsid = ranged(
+    let nsid = ranged_as(
         &format!("{nk}.nsid"),
         n.nsid,
         1,
-        NAMESPACES_PER_SUBSYSTEM_MAX as i64,
-    )? as u32;
+        NAMESPACES_PER_SUBSYSTEM_MAX,
+    )?;
     let block_size_bytes = match n.block_size {
         None => BLOCK_SIZE_DEFAULT,
         Some(512) => 512,
