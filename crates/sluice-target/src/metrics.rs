@@ -4,6 +4,7 @@
 //! only relaxed increments. Later issues extend these into per-tenant
 //! telemetry (latency histograms, CPU charged).
 
+use sluice_runtime::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -70,7 +71,7 @@ pub const TRACKED_HOSTS_MAX: usize = 4096;
 
 impl HostRegistry {
     pub fn counters_for(&self, hostnqn: &str) -> Arc<IoCounters> {
-        let mut m = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.hosts);
         if let Some(c) = m.get(hostnqn) {
             return c.clone();
         }
@@ -83,7 +84,7 @@ impl HostRegistry {
     }
 
     pub fn snapshot(&self) -> Vec<(String, IoSnapshot)> {
-        let m = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let m = lock(&self.hosts);
         m.iter().map(|(k, v)| (k.clone(), v.snapshot())).collect()
     }
 }
@@ -106,19 +107,16 @@ pub const SEND_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from
 impl SendTotals {
     /// Adds the final counters of a removed connection.
     pub fn add_closed(&self, s: &SendStats) {
-        self.closed.lock().unwrap_or_else(|p| p.into_inner()).add(s);
+        lock(&self.closed).add(s);
     }
     /// Replaces `worker`'s live sum.
     pub fn publish_live(&self, worker: usize, s: SendStats) {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(worker, s);
+        lock(&self.live).insert(worker, s);
     }
     /// Closed connections plus the last published live sums.
     pub fn snapshot(&self) -> SendStats {
-        let mut t = *self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        let mut t = *lock(&self.closed);
+        for s in lock(&self.live).values() {
             t.add(s);
         }
         t

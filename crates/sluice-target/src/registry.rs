@@ -11,6 +11,7 @@ use sluice_backend::{Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions,
 use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
 };
+use sluice_runtime::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -162,6 +163,8 @@ impl Registry {
                     index: all_ns.len(),
                     backend,
                     geometry,
+                    // A u32 has at most 32 trailing zeros.
+                    #[allow(clippy::cast_possible_truncation)]
                     lba_shift: geometry.block_size_bytes.trailing_zeros() as u8,
                     nguid,
                     eui64,
@@ -235,9 +238,7 @@ impl Registry {
         &self,
         sub: &Subsystem,
     ) -> Option<std::sync::MutexGuard<'_, ControllerTable>> {
-        self.controllers
-            .get(&sub.nqn)
-            .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()))
+        self.controllers.get(&sub.nqn).map(|t| lock(t))
     }
 
     /// Registers a controller of `sub` under a fresh CNTLID; None when all

@@ -60,7 +60,7 @@ impl ChargeAgents {
             });
             match opened {
                 Ok((agent, cg, quota, period)) => {
-                    tracing::info!(tenant = %spec.name, cgroup = %path.display(), quota_us = quota.as_micros() as u64, "charging the tenant's worker CPU to its cgroup quota");
+                    tracing::info!(tenant = %spec.name, cgroup = %path.display(), quota_us = u64::try_from(quota.as_micros()).unwrap_or(u64::MAX), "charging the tenant's worker CPU to its cgroup quota");
                     agents.push((id, spec.name.clone(), agent, cg, quota, period));
                 }
                 Err(e) => {
