@@ -3,6 +3,11 @@
 //! `MemTarget` for what only it can show (CPDA, odd C2HData sizes, referrals,
 //! dropped connections, the CDW13 it received).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 

@@ -3,6 +3,11 @@
 //! H2CData to the data freight; each trigger fires exactly when it should,
 //! priorities reorder only across freights and never within a command.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,11 @@
 //! The real I/O layer on loopback sockets: a blocking test client built from
 //! the protocol crate talks to a running target.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};

@@ -4,6 +4,11 @@
 //! an emulated SSD. Each test runs in every send mode (`SEND_MODES`). What a
 //! well-behaved host does is tested on the real pair in `crates/sluice-pair`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 
