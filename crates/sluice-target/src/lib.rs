@@ -9,7 +9,8 @@
 //! * [`controller`]: controller state (CC/CSTS, keep alive, features).
 //! * [`admin`]: the admin commands, including the discovery log.
 //! * [`queue`]: one queue pair as a sans-IO state machine.
-//! * [`send`]: the per-queue send scheduler.
+//! * The per-queue send scheduler is `sluice_proto::send`, shared with the
+//!   host.
 //! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
 //! * [`metrics`]: counters per namespace and host.
 //! * `tag`: the backend request tag layout (`BackendTag`).
@@ -21,7 +22,6 @@ pub mod controller;
 pub mod metrics;
 pub mod queue;
 pub mod registry;
-pub mod send;
 pub mod server;
 pub mod subsystem;
 mod tag;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use crate::send::SendStats;
+use sluice_proto::send::SendStats;
 
 /// I/O counters.
 #[derive(Debug, Default)]
@@ -125,7 +125,7 @@ impl SendTotals {
 
 /// Human summary of send totals; `ios` = Read/Write commands served.
 pub fn send_summary(s: &SendStats, ios: u64) -> String {
-    use crate::send::FLUSH_REASON_NAMES;
+    use sluice_proto::send::FLUSH_REASON_NAMES;
     let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
     let mut out = format!(
         "send path: {} PDUs, {} flushes ({:.2} PDUs/flush), {} sends ({:.3}/I/O), {} notifications ({:.3}/I/O), {} I/Os",

@@ -574,7 +574,7 @@ fn held_pdu_is_flushed_at_its_deadline() {
     let got = q.take();
     assert!(matches!(got[0].header, PduHeader::R2t(_)), "{got:?}");
     let st = q.conn.send_stats();
-    use sluice_target::send::FlushReason::Timer;
+    use sluice_proto::send::FlushReason::Timer;
     assert_eq!(st.reason(Timer) - before.reason(Timer), 1);
     assert_eq!(st.wait_ns_latency - before.wait_ns_latency, 40_000);
 }

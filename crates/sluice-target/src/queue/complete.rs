@@ -8,10 +8,10 @@
 
 use super::commands::CmdKind;
 use super::QueueConnection;
-use crate::send::{Immediate, PduClass, SendScheduler};
 use crate::tag::BackendTag;
 use sluice_backend::{BackendError, IoCompletion};
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
+use sluice_proto::send::{Immediate, PduClass, SendScheduler};
 use sluice_proto::{Cqe, Status};
 use std::time::Instant;
 

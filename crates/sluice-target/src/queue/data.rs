@@ -6,9 +6,9 @@
 //! data is in. The last PDU hands the command to execution.
 
 use super::QueueConnection;
-use crate::send::PduClass;
 use sluice_backend::AlignedBuf;
 use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t};
+use sluice_proto::send::PduClass;
 use sluice_proto::Status;
 use std::time::Instant;
 
