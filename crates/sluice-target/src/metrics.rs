@@ -89,7 +89,7 @@ impl HostRegistry {
     }
 }
 
-/// Target-wide send path and coalescing totals (issue 4): the sum of every
+/// Target-wide send path and coalescing totals: the sum of every
 /// queue's [`SendStats`]. Workers add a connection's counters when it is
 /// removed and publish the running sum of their live connections every
 /// [`SEND_PUBLISH_INTERVAL`], so [`SendTotals::snapshot`] lags live queues by

@@ -61,7 +61,8 @@ pub struct Registry {
     pub subsystems: BTreeMap<String, Arc<Subsystem>>,
     pub discovery: Arc<Subsystem>,
     pub hosts: HostRegistry,
-    /// Target-wide send path and coalescing counters (issue 4).
+    /// Target-wide send path and coalescing counters: every queue's
+    /// `SendStats`, summed.
     pub send: crate::metrics::SendTotals,
     /// Discovery log generation counter.
     pub discovery_genctr: AtomicU64,

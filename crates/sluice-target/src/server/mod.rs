@@ -70,7 +70,8 @@ pub struct ShutdownReport {
     pub workers: Vec<WorkerReport>,
     /// CPU (user + system) of the whole process.
     pub process_cpu: Duration,
-    /// Send path and coalescing totals of every queue (issue 4).
+    /// Send path and coalescing totals of every queue (PDUs, write calls,
+    /// flushes by reason, container waits, response deliveries).
     pub send: sluice_proto::send::SendStats,
     /// Read and Write commands served (for per-I/O ratios).
     pub io_commands: u64,
