@@ -164,6 +164,9 @@ fn latency(st: &TenantStats) -> Latency {
         });
     }
     let q = |q: f64| {
+        // At least 1; a float to integer cast saturates (q > 1 asks for
+        // more I/Os than there are: no bucket reaches it).
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let want = ((q * count as f64).ceil() as u64).max(1);
         if count == 0 {
             return None;
@@ -211,7 +214,7 @@ pub fn stats_report(rt: &TenantRuntime) -> TenantStatsReport {
                     throttle_events: l(&st.throttle_events),
                     throttle_seconds: secs(&st.throttle_ns),
                     sched_wait_seconds: secs(&st.sched_wait_ns),
-                    queue_depth: st.queue_depth.load(Relaxed).max(0) as u64,
+                    queue_depth: u64::try_from(st.queue_depth.load(Relaxed)).unwrap_or(0),
                     latency: latency(st),
                 }
             })
@@ -361,7 +364,7 @@ impl Collector for TargetCollector {
             "sluice_tenant_table_generation",
             "Generation of the running tenant table.",
             None,
-            t.generation as i64,
+            i64::try_from(t.generation).unwrap_or(i64::MAX),
         )?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
