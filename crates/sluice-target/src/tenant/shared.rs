@@ -18,10 +18,10 @@
 //!   worker, so a CPU share is a share of the whole worker pool
 //!   (`workers` CPUs); it is charged CPU divided by the number of workers.
 
-use super::cpu::{Throttle, ThrottleParams, VictimWatch};
 use super::fair::{CostModel, FairQueue, TenantParams};
 use super::rate::Dir;
 use super::TenantId;
+use sluice_cpu::{Throttle, ThrottleParams, VictimWatch};
 use sluice_runtime::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
