@@ -57,11 +57,11 @@
 //! assert_eq!(Config::from_toml(&c.to_toml().expect("toml")), Ok(c));
 //! ```
 
-pub mod file;
-pub mod send;
-pub mod size;
-pub mod subsystem;
-pub mod target;
+mod file;
+mod send;
+mod size;
+mod subsystem;
+mod target;
 pub mod tenants;
 
 pub use size::{format_size, parse_size, SizeError};

@@ -9,8 +9,6 @@ use sluice_proto::coalesce::CoalesceMode;
 use sluice_proto::send::{SchedulerKind, SendConfig};
 use std::time::Duration;
 
-pub use sluice_proto::send::SendConfig as SendSettings;
-
 /// `[*.send]` as written (sizes: integers or strings with units).
 #[derive(Debug, Deserialize, Serialize, Default, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
