@@ -370,17 +370,17 @@ impl From<u64> for RawNum {
 #[serde(deny_unknown_fields)]
 pub struct RawRate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iops: Option<RawNum>,
+    pub(crate) iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_iops: Option<RawNum>,
+    pub(crate) read_iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_iops: Option<RawNum>,
+    pub(crate) write_iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_per_sec: Option<RawNum>,
+    pub(crate) bytes_per_sec: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_bytes_per_sec: Option<RawNum>,
+    pub(crate) read_bytes_per_sec: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_bytes_per_sec: Option<RawNum>,
+    pub(crate) write_bytes_per_sec: Option<RawNum>,
 }
 
 impl From<&RateSpec> for RawRate {
@@ -403,15 +403,15 @@ pub struct RawTenant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hosts: Option<Vec<String>>,
+    pub(crate) hosts: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight: Option<RawNum>,
+    pub(crate) weight: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reservation: Option<RawRate>,
+    pub(crate) reservation: Option<RawRate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<RawRate>,
+    pub(crate) limit: Option<RawRate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_share: Option<f64>,
+    pub(crate) cpu_share: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge_cgroup: Option<PathBuf>,
 }
@@ -435,35 +435,35 @@ impl From<&TenantSpec> for RawTenant {
 #[serde(deny_unknown_fields)]
 pub struct RawTenants {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scheduler: Option<String>,
+    pub(crate) scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost: Option<String>,
+    pub(crate) cost: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatch_depth: Option<i64>,
+    pub(crate) dispatch_depth: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatch_budget_us: Option<i64>,
+    pub(crate) dispatch_budget_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split_bytes: Option<RawNum>,
+    pub(crate) split_bytes: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_listen: Option<String>,
+    pub(crate) admin_listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_token_file: Option<PathBuf>,
+    pub(crate) admin_token_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default: Option<String>,
+    pub(crate) default: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_accounting: Option<bool>,
+    pub(crate) cpu_accounting: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_isolation: Option<bool>,
+    pub(crate) cpu_isolation: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_period_ms: Option<i64>,
+    pub(crate) cpu_period_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_k: Option<i64>,
+    pub(crate) cpu_k: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_alpha_us: Option<i64>,
+    pub(crate) cpu_alpha_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_min_t_fraction: Option<f64>,
+    pub(crate) cpu_min_t_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub victim_cgroups: Option<Vec<PathBuf>>,
+    pub(crate) victim_cgroups: Option<Vec<PathBuf>>,
 }
 
 fn rate(key: &str, r: &RawRate) -> Result<RateSpec, ConfigError> {

@@ -27,13 +27,13 @@ const VENDOR_ID: u16 = 0;
 /// What an admin command produced.
 #[derive(Debug, Default)]
 pub struct AdminReply {
-    pub status: Status,
-    pub result: u32,
-    pub dw1: u32,
+    pub(crate) status: Status,
+    pub(crate) result: u32,
+    pub(crate) dw1: u32,
     /// Controller-to-host data.
-    pub data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
     /// AER: hold the command instead of completing it.
-    pub hold: bool,
+    pub(crate) hold: bool,
 }
 
 impl AdminReply {
@@ -62,9 +62,9 @@ impl AdminReply {
 pub struct AdminContext {
     /// Local address of the connection, for discovery entries when no
     /// advertised address is configured.
-    pub local_addr: Option<SocketAddr>,
+    pub(crate) local_addr: Option<SocketAddr>,
     /// Port the host reached us on.
-    pub local_port: u16,
+    pub(crate) local_port: u16,
 }
 
 /// Executes an admin command (not Fabrics, not I/O) on `ctrl`.

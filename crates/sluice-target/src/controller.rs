@@ -49,11 +49,11 @@ struct State {
 /// One controller of a subsystem.
 #[derive(Debug)]
 pub struct Controller {
-    pub cntlid: u16,
-    pub subsystem: Arc<Subsystem>,
-    pub hostnqn: String,
-    pub hostid: [u8; 16],
-    pub host_counters: Arc<IoCounters>,
+    pub(crate) cntlid: u16,
+    pub(crate) subsystem: Arc<Subsystem>,
+    pub(crate) hostnqn: String,
+    pub(crate) hostid: [u8; 16],
+    pub(crate) host_counters: Arc<IoCounters>,
     /// Set when the association ends (keep-alive expiry, shutdown, disconnect
     /// of the admin queue); every queue of the controller then closes.
     failed: AtomicBool,

@@ -14,23 +14,23 @@ use sluice_proto::send::SendStats;
 /// I/O counters.
 #[derive(Debug, Default)]
 pub struct IoCounters {
-    pub read_commands: AtomicU64,
-    pub write_commands: AtomicU64,
-    pub other_commands: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub errors: AtomicU64,
+    pub(crate) read_commands: AtomicU64,
+    pub(crate) write_commands: AtomicU64,
+    pub(crate) other_commands: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) write_bytes: AtomicU64,
+    pub(crate) errors: AtomicU64,
 }
 
 /// A point-in-time copy of [`IoCounters`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoSnapshot {
     pub read_commands: u64,
-    pub write_commands: u64,
-    pub other_commands: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub errors: u64,
+    pub(crate) write_commands: u64,
+    pub(crate) other_commands: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_bytes: u64,
+    pub(crate) errors: u64,
 }
 
 impl IoCounters {

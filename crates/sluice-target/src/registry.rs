@@ -57,17 +57,17 @@ impl ControllerTable {
 /// Everything the queues share: settings, subsystems, counters.
 #[derive(Debug)]
 pub struct Registry {
-    pub settings: TargetSettings,
+    pub(crate) settings: TargetSettings,
     pub subsystems: BTreeMap<String, Arc<Subsystem>>,
-    pub discovery: Arc<Subsystem>,
-    pub hosts: HostRegistry,
+    pub(crate) discovery: Arc<Subsystem>,
+    pub(crate) hosts: HostRegistry,
     /// Target-wide send path and coalescing counters: every queue's
     /// `SendStats`, summed.
-    pub send: crate::metrics::SendTotals,
+    pub(crate) send: crate::metrics::SendTotals,
     /// Discovery log generation counter.
-    pub discovery_genctr: AtomicU64,
+    pub(crate) discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
-    pub namespaces: Vec<Arc<Namespace>>,
+    pub(crate) namespaces: Vec<Arc<Namespace>>,
     /// Live controllers per subsystem NQN (the discovery subsystem included).
     controllers: HashMap<String, Mutex<ControllerTable>>,
 }

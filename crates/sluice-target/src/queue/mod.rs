@@ -84,10 +84,10 @@ pub struct BackendSubmit {
 /// Counters of one queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    pub commands: u64,
-    pub r2ts: u64,
-    pub h2c_pdus: u64,
-    pub c2h_pdus: u64,
+    pub(crate) commands: u64,
+    pub(crate) r2ts: u64,
+    pub(crate) h2c_pdus: u64,
+    pub(crate) c2h_pdus: u64,
 }
 
 /// One queue pair (one TCP connection) on the target.

@@ -33,15 +33,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
     /// Fixed cost of one read / write / other operation.
-    pub read_op: u64,
-    pub write_op: u64,
-    pub other_op: u64,
+    pub(crate) read_op: u64,
+    pub(crate) write_op: u64,
+    pub(crate) other_op: u64,
     /// Cost per KiB transferred (× 1/1024 per byte), read and write.
-    pub read_per_kib: u64,
-    pub write_per_kib: u64,
+    pub(crate) read_per_kib: u64,
+    pub(crate) write_per_kib: u64,
     /// `max(op, bytes)` (a pipelined device where the slower stage bounds
     /// throughput) instead of `op + bytes`.
-    pub max_of: bool,
+    pub(crate) max_of: bool,
 }
 
 impl CostModel {
@@ -92,9 +92,9 @@ impl CostModel {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantParams {
     /// Relative share, ≥ 1.
-    pub weight: u32,
-    pub reservation: RateSpec,
-    pub limit: RateSpec,
+    pub(crate) weight: u32,
+    pub(crate) reservation: RateSpec,
+    pub(crate) limit: RateSpec,
 }
 
 struct Pending<T> {

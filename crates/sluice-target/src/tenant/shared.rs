@@ -34,11 +34,11 @@ use sluice_runtime::limits::WORKERS_MAX;
 /// your FIFO for `tenant` to the backend.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
-    pub tenant: TenantId,
+    pub(crate) tenant: TenantId,
     /// Cost booked in the window; returned by [`BackendArbiter::complete`].
-    pub cost: u64,
+    pub(crate) cost: u64,
     /// Time the I/O waited in the scheduler.
-    pub waited: Duration,
+    pub(crate) waited: Duration,
 }
 
 struct ArbiterInner {
@@ -190,8 +190,8 @@ impl std::fmt::Debug for CpuGovernor {
 /// What one charge did to a tenant, for its counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charged {
-    pub tenant: TenantId,
-    pub throttle_started: bool,
+    pub(crate) tenant: TenantId,
+    pub(crate) throttle_started: bool,
 }
 
 impl CpuGovernor {
