@@ -108,7 +108,7 @@ impl FloorSpec {
 
     /// (request bytes, reply bytes) of one I/O.
     pub fn message_bytes(&self) -> (usize, usize) {
-        let bs = self.block_size as usize;
+        let bs = sluice_runtime::cast::usize_from(self.block_size);
         if self.write {
             (REQUEST_BYTES + bs, WRITE_REPLY_BYTES)
         } else {
@@ -300,7 +300,8 @@ impl Requester {
             done <= self.inflight as u64,
             "more replies than requests outstanding"
         );
-        self.inflight -= done as u32;
+        // `done <= inflight`, a u32 (asserted above).
+        self.inflight -= u32::try_from(done).unwrap_or(self.inflight);
         done
     }
 
@@ -345,7 +346,7 @@ impl Answerer {
     /// (each now owed a reply).
     pub fn read(&mut self, n: usize) -> u64 {
         let done = self.requests.feed(n);
-        self.owed += done as usize * self.reply_bytes;
+        self.owed += sluice_runtime::cast::usize_from(done) * self.reply_bytes;
         done
     }
 
@@ -673,8 +674,9 @@ pub fn batched_client(
             let Some(front) = batches.front_mut() else {
                 bail!("a reply for no request");
             };
-            let take = (front.0 as u64).min(done) as u32;
-            let ns = (now - front.1).as_nanos().max(1) as u64;
+            // At most `front.0`, a u32.
+            let take = u32::try_from(u64::from(front.0).min(done)).unwrap_or(front.0);
+            let ns = sluice_runtime::cast::nanos(now - front.1).max(1);
             h.record_n(ns, take as u64)?;
             front.0 -= take;
             done -= take as u64;
@@ -730,8 +732,9 @@ pub fn batched(
     let mut hello = [0u8; HELLO_BYTES];
     hello[0] = MODE_BATCHED;
     hello[1] = u8::from(polling == Polling::Busy);
-    hello[4..8].copy_from_slice(&(request_bytes as u32).to_le_bytes());
-    hello[8..12].copy_from_slice(&(reply_bytes as u32).to_le_bytes());
+    let field = |n: usize| u32::try_from(n).context("floor message size over 4 GiB");
+    hello[4..8].copy_from_slice(&field(request_bytes)?.to_le_bytes());
+    hello[8..12].copy_from_slice(&field(reply_bytes)?.to_le_bytes());
     s.write_all(&hello)?;
     let _ = srv.take_last();
     let run = batched_client(
@@ -937,6 +940,11 @@ pub fn measure(spec: FloorSpec, dur_each: Duration) -> anyhow::Result<FloorRepor
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 mod tests {
     use super::*;
 

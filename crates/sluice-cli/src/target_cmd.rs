@@ -132,7 +132,7 @@ fn load(args: &TargetArgs) -> Result<Config> {
 /// settings and to every per-subsystem override, then validated again.
 fn apply_send_overrides(c: &mut Config, args: &TargetArgs) -> Result<()> {
     use sluice_proto::coalesce::CoalesceMode;
-    use sluice_target::send::SchedulerKind;
+    use sluice_proto::send::SchedulerKind;
     let kind = match &args.send_scheduler {
         Some(s) => Some(
             s.parse::<SchedulerKind>()

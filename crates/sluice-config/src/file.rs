@@ -16,14 +16,14 @@ use std::collections::HashSet;
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     #[serde(default)]
-    pub target: TargetFile,
+    pub(crate) target: TargetFile,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub subsystem: Vec<SubsystemFile>,
+    pub(crate) subsystem: Vec<SubsystemFile>,
     /// Tenant settings (`[tenants]`) and tenants (`[[tenant]]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenants: Option<RawTenants>,
+    pub(crate) tenants: Option<RawTenants>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tenant: Vec<RawTenant>,
+    pub(crate) tenant: Vec<RawTenant>,
 }
 
 impl TryFrom<ConfigFile> for Config {

@@ -57,11 +57,11 @@
 //! assert_eq!(Config::from_toml(&c.to_toml().expect("toml")), Ok(c));
 //! ```
 
-pub mod file;
-pub mod send;
-pub mod size;
-pub mod subsystem;
-pub mod target;
+mod file;
+mod send;
+mod size;
+mod subsystem;
+mod target;
 pub mod tenants;
 
 pub use size::{format_size, parse_size, SizeError};
@@ -107,6 +107,18 @@ pub(crate) fn ranged(key: &str, v: i64, min: i64, max: i64) -> Result<i64, Confi
         return Err(err(key, format!("{v} is outside {min}..={max}")));
     }
     Ok(v)
+}
+
+/// `v` as a `T` if it is within `min..=max`, else an error naming `key`
+/// (the same words as [`ranged`], whichever integer type the field has).
+pub(crate) fn ranged_as<T>(key: &str, v: i64, min: T, max: T) -> Result<T, ConfigError>
+where
+    T: TryFrom<i64> + PartialOrd + std::fmt::Display,
+{
+    match T::try_from(v) {
+        Ok(t) if min <= t && t <= max => Ok(t),
+        _ => Err(err(key, format!("{v} is outside {min}..={max}"))),
+    }
 }
 
 /// A size value in bytes, or an error naming `key`.

@@ -9,36 +9,34 @@ use sluice_proto::coalesce::CoalesceMode;
 use sluice_proto::send::{SchedulerKind, SendConfig};
 use std::time::Duration;
 
-pub use sluice_proto::send::SendConfig as SendSettings;
-
 /// `[*.send]` as written (sizes: integers or strings with units).
 #[derive(Debug, Deserialize, Serialize, Default, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RawSend {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unified_size: Option<toml::Value>,
+    pub(crate) unified_size: Option<toml::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unified_degree: Option<i64>,
+    pub(crate) unified_degree: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unified_timer_us: Option<i64>,
+    pub(crate) unified_timer_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_size: Option<toml::Value>,
+    pub(crate) latency_size: Option<toml::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_degree: Option<i64>,
+    pub(crate) latency_degree: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_timer_us: Option<i64>,
+    pub(crate) latency_timer_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_size: Option<toml::Value>,
+    pub(crate) data_size: Option<toml::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_degree: Option<i64>,
+    pub(crate) data_degree: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_timer_us: Option<i64>,
+    pub(crate) data_timer_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_r2t: Option<i64>,
+    pub(crate) weight_r2t: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_response: Option<i64>,
+    pub(crate) weight_response: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight_data: Option<i64>,
+    pub(crate) weight_data: Option<i64>,
 }
 
 /// `coalescing.urgent`.
@@ -56,24 +54,26 @@ pub enum Urgent {
 #[serde(deny_unknown_fields)]
 pub struct RawCoalescing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
+    pub(crate) mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub threshold: Option<i64>,
+    pub(crate) threshold: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_us: Option<i64>,
+    pub(crate) timeout_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub correction: Option<f64>,
+    pub(crate) correction: Option<f64>,
     /// "out-of-order" | "flush-all"
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub urgent: Option<String>,
+    pub(crate) urgent: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hold_max_us: Option<i64>,
+    pub(crate) hold_max_us: Option<i64>,
 }
 
 fn size(prefix: &str, name: &str, v: &toml::Value) -> Result<u32, ConfigError> {
     let key = format!("{prefix}.send.{name}");
     let n = match v {
-        toml::Value::Integer(i) if *i >= 0 => *i as u64,
+        toml::Value::Integer(i) => {
+            u64::try_from(*i).map_err(|_| err(key.clone(), format!("{i} is not a size")))?
+        }
         toml::Value::String(s) => {
             crate::parse_size(s).map_err(|r| err(key.clone(), r.to_string()))?
         }

@@ -96,10 +96,9 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         if frac.len() > 19 {
             return Err(SizeError::Fraction(s.to_string()));
         }
-        let digits: u128 = frac
-            .bytes()
-            .fold(0u128, |a, d| a * 10 + u128::from(d - b'0'));
-        let scale = 10u128.pow(frac.len() as u32);
+        let (digits, scale) = frac.bytes().fold((0u128, 1u128), |(a, scale), d| {
+            (a * 10 + u128::from(d - b'0'), scale * 10)
+        });
         let scaled = digits * u128::from(mul);
         if !scaled.is_multiple_of(scale) {
             return Err(SizeError::Fraction(s.to_string()));

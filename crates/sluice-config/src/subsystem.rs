@@ -7,7 +7,7 @@
 use crate::send::{self, RawCoalescing, RawSend};
 use crate::size::SizeValue;
 use crate::{
-    bytes, err, parse_word, ranged, word_of, ConfigError, HOSTS_PER_SUBSYSTEM_MAX,
+    bytes, err, parse_word, ranged, ranged_as, word_of, ConfigError, HOSTS_PER_SUBSYSTEM_MAX,
     NAMESPACES_PER_SUBSYSTEM_MAX,
 };
 use serde::{Deserialize, Serialize};
@@ -323,58 +323,58 @@ pub fn format_uuid(u: &[u8; 16]) -> String {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemFile {
-    pub nqn: String,
+    pub(crate) nqn: String,
     #[serde(default)]
-    pub allow_any_host: bool,
+    pub(crate) allow_any_host: bool,
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub(crate) hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub serial: Option<String>,
+    pub(crate) serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_scheduler: Option<String>,
+    pub(crate) send_scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send: Option<RawSend>,
+    pub(crate) send: Option<RawSend>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coalescing: Option<RawCoalescing>,
+    pub(crate) coalescing: Option<RawCoalescing>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub namespace: Vec<NamespaceFile>,
+    pub(crate) namespace: Vec<NamespaceFile>,
 }
 
 /// `[[subsystem.namespace]]`.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceFile {
-    pub nsid: i64,
+    pub(crate) nsid: i64,
     /// `ram`, `file` or `emulated-ssd`.
-    pub backend: String,
+    pub(crate) backend: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<SizeValue>,
+    pub(crate) size: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub block_size: Option<i64>,
+    pub(crate) block_size: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
+    pub(crate) path: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub direct: Option<bool>,
+    pub(crate) direct: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
+    pub(crate) engine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub create: Option<bool>,
+    pub(crate) create: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
+    pub(crate) uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ssd: Option<SsdConfig>,
+    pub(crate) ssd: Option<SsdConfig>,
 }
 
 /// Validates one namespace; `nk` is its key (`subsystem[i].namespace[j]`).
 pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigError> {
-    let nsid = ranged(
+    let nsid = ranged_as(
         &format!("{nk}.nsid"),
         n.nsid,
         1,
-        NAMESPACES_PER_SUBSYSTEM_MAX as i64,
-    )? as u32;
+        NAMESPACES_PER_SUBSYSTEM_MAX,
+    )?;
     let block_size_bytes = match n.block_size {
         None => BLOCK_SIZE_DEFAULT,
         Some(512) => 512,

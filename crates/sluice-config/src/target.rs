@@ -6,7 +6,7 @@
 use crate::send::{self, RawCoalescing, RawSend};
 use crate::size::SizeValue;
 use crate::{
-    bytes, err, ranged, ConfigError, INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX,
+    bytes, err, ranged_as, ConfigError, INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX,
     QUEUE_DEPTH_MAX, WORKERS_MAX,
 };
 use serde::{Deserialize, Serialize};
@@ -153,41 +153,41 @@ impl TargetSettings {
 #[serde(deny_unknown_fields)]
 pub struct TargetFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub listen: Option<String>,
+    pub(crate) listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discovery_listen: Option<String>,
+    pub(crate) discovery_listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub advertise_addr: Option<String>,
+    pub(crate) advertise_addr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub advertise_port: Option<u16>,
+    pub(crate) advertise_port: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workers: Option<i64>,
+    pub(crate) workers: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub polling: Option<String>,
+    pub(crate) polling: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adaptive_spin_us: Option<i64>,
+    pub(crate) adaptive_spin_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inline_data_bytes: Option<SizeValue>,
+    pub(crate) inline_data_bytes: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_h2c_data_bytes: Option<SizeValue>,
+    pub(crate) max_h2c_data_bytes: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_c2h_data_bytes: Option<SizeValue>,
+    pub(crate) max_c2h_data_bytes: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mdts_bytes: Option<SizeValue>,
+    pub(crate) mdts_bytes: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue_depth_max: Option<i64>,
+    pub(crate) queue_depth_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io_queues_max: Option<i64>,
+    pub(crate) io_queues_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kato_grace_ms: Option<i64>,
+    pub(crate) kato_grace_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shutdown_drain_ms: Option<i64>,
+    pub(crate) shutdown_drain_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_scheduler: Option<String>,
+    pub(crate) send_scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send: Option<RawSend>,
+    pub(crate) send: Option<RawSend>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub coalescing: Option<RawCoalescing>,
+    pub(crate) coalescing: Option<RawCoalescing>,
 }
 
 fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -226,10 +226,10 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
         t.advertise_port = Some(p);
     }
     if let Some(w) = r.workers {
-        t.workers = ranged("target.workers", w, 1, WORKERS_MAX as i64)? as usize;
+        t.workers = ranged_as("target.workers", w, 1, WORKERS_MAX)?;
     }
     let spin = match r.adaptive_spin_us {
-        Some(v) => ranged("target.adaptive_spin_us", v, 1, 1_000_000)? as u32,
+        Some(v) => ranged_as("target.adaptive_spin_us", v, 1, 1_000_000)?,
         None => ADAPTIVE_SPIN_US_DEFAULT,
     };
     t.polling = match &r.polling {
@@ -238,55 +238,67 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
     };
     if let Some(s) = &r.inline_data_bytes {
         let v = bytes("target.inline_data_bytes", s)?;
-        if v > INLINE_DATA_BYTES_MAX as u64 || v % 16 != 0 {
+        let Some(v) = u32::try_from(v)
+            .ok()
+            .filter(|v| *v <= INLINE_DATA_BYTES_MAX && v % 16 == 0)
+        else {
             return Err(err(
                 "target.inline_data_bytes",
                 format!("{v} must be a multiple of 16 up to {INLINE_DATA_BYTES_MAX}"),
             ));
-        }
-        t.inline_data_bytes = v as u32;
+        };
+        t.inline_data_bytes = v;
     }
     if let Some(s) = &r.max_h2c_data_bytes {
         let v = bytes("target.max_h2c_data_bytes", s)?;
-        if !(4096..=(16 << 20)).contains(&v) || v % 4 != 0 {
+        let Some(v) = u32::try_from(v)
+            .ok()
+            .filter(|v| (4096..=(16 << 20)).contains(v) && v % 4 == 0)
+        else {
             return Err(err(
                 "target.max_h2c_data_bytes",
                 format!("{v} must be a multiple of 4 from 4096 to 16MiB"),
             ));
-        }
-        t.max_h2c_data_bytes = v as u32;
+        };
+        t.max_h2c_data_bytes = v;
     }
     if let Some(s) = &r.max_c2h_data_bytes {
         let v = bytes("target.max_c2h_data_bytes", s)?;
-        if !(512..=(16 << 20)).contains(&v) {
+        let Some(v) = u32::try_from(v)
+            .ok()
+            .filter(|v| (512..=(16 << 20)).contains(v))
+        else {
             return Err(err(
                 "target.max_c2h_data_bytes",
                 format!("{v} must be from 512 to 16MiB"),
             ));
-        }
-        t.max_c2h_data_bytes = v as u32;
+        };
+        t.max_c2h_data_bytes = v;
     }
     if let Some(s) = &r.mdts_bytes {
         let v = bytes("target.mdts_bytes", s)?;
-        if v < 4096 || v > MDTS_BYTES_MAX as u64 || !v.is_power_of_two() {
+        let Some(v) = u32::try_from(v)
+            .ok()
+            .filter(|v| (4096..=MDTS_BYTES_MAX).contains(v) && v.is_power_of_two())
+        else {
             return Err(err(
                 "target.mdts_bytes",
                 format!("{v} must be a power of two from 4KiB to {MDTS_BYTES_MAX}"),
             ));
-        }
-        t.mdts_bytes = v as u32;
+        };
+        t.mdts_bytes = v;
     }
     if let Some(v) = r.queue_depth_max {
-        t.queue_depth_max = ranged("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX as i64)? as u16;
+        t.queue_depth_max = ranged_as("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX)?;
     }
     if let Some(v) = r.io_queues_max {
-        t.io_queues_max = ranged("target.io_queues_max", v, 1, IO_QUEUES_MAX as i64)? as u16;
+        t.io_queues_max = ranged_as("target.io_queues_max", v, 1, IO_QUEUES_MAX)?;
     }
     if let Some(v) = r.kato_grace_ms {
-        t.kato_grace_ms = ranged("target.kato_grace_ms", v, 0, 60_000)? as u32;
+        t.kato_grace_ms = ranged_as("target.kato_grace_ms", v, 0, 60_000)?;
     }
     if let Some(v) = r.shutdown_drain_ms {
-        t.shutdown_drain_ms = ranged("target.shutdown_drain_ms", v, 0, 600_000)? as u64;
+        t.shutdown_drain_ms = ranged_as("target.shutdown_drain_ms", v, 0, 600_000)?;
     }
     t.send = send::resolve(
         &t.send,
@@ -318,7 +330,7 @@ impl From<TargetSettings> for TargetFile {
             discovery_listen: Some(t.discovery_listen.map_or(String::new(), |a| a.to_string())),
             advertise_addr: t.advertise_addr,
             advertise_port: t.advertise_port,
-            workers: Some(t.workers as i64),
+            workers: Some(i64::try_from(t.workers).unwrap_or(i64::MAX)),
             polling: Some(t.polling.name().to_string()),
             adaptive_spin_us: Some(i64::from(spin)),
             inline_data_bytes: size(t.inline_data_bytes),
@@ -328,7 +340,7 @@ impl From<TargetSettings> for TargetFile {
             queue_depth_max: Some(i64::from(t.queue_depth_max)),
             io_queues_max: Some(i64::from(t.io_queues_max)),
             kato_grace_ms: Some(i64::from(t.kato_grace_ms)),
-            shutdown_drain_ms: Some(t.shutdown_drain_ms as i64),
+            shutdown_drain_ms: Some(i64::try_from(t.shutdown_drain_ms).unwrap_or(i64::MAX)),
             send_scheduler: Some(sched),
             send: Some(send),
             coalescing: Some(co),

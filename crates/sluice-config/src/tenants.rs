@@ -3,7 +3,7 @@
 //! the run-time tenant update request ([`RawTenant`] in JSON: fields absent
 //! are kept). See docs/tenants.md.
 
-use crate::{err, validate_nqn, ConfigError};
+use crate::{err, ranged_as, validate_nqn, ConfigError};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -344,7 +344,12 @@ impl RawNum {
     fn value(&self, key: &str) -> Result<i64, ConfigError> {
         match self {
             RawNum::Int(i) => Ok(*i),
-            RawNum::Float(f) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(*f as i64),
+            RawNum::Float(f) if f.fract() == 0.0 && f.abs() < 9e15 => {
+                // A whole number below 2^53 in magnitude: exact as an i64.
+                #[allow(clippy::cast_possible_truncation)]
+                let i = *f as i64;
+                Ok(i)
+            }
             RawNum::Float(f) => Err(err(key, format!("{f} is not a whole number"))),
             RawNum::Str(s) => {
                 let v = crate::parse_size(s).map_err(|r| err(key, r.to_string()))?;
@@ -365,17 +370,17 @@ impl From<u64> for RawNum {
 #[serde(deny_unknown_fields)]
 pub struct RawRate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iops: Option<RawNum>,
+    pub(crate) iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_iops: Option<RawNum>,
+    pub(crate) read_iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_iops: Option<RawNum>,
+    pub(crate) write_iops: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_per_sec: Option<RawNum>,
+    pub(crate) bytes_per_sec: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_bytes_per_sec: Option<RawNum>,
+    pub(crate) read_bytes_per_sec: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_bytes_per_sec: Option<RawNum>,
+    pub(crate) write_bytes_per_sec: Option<RawNum>,
 }
 
 impl From<&RateSpec> for RawRate {
@@ -398,15 +403,15 @@ pub struct RawTenant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hosts: Option<Vec<String>>,
+    pub(crate) hosts: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight: Option<RawNum>,
+    pub(crate) weight: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reservation: Option<RawRate>,
+    pub(crate) reservation: Option<RawRate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit: Option<RawRate>,
+    pub(crate) limit: Option<RawRate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_share: Option<f64>,
+    pub(crate) cpu_share: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge_cgroup: Option<PathBuf>,
 }
@@ -430,35 +435,35 @@ impl From<&TenantSpec> for RawTenant {
 #[serde(deny_unknown_fields)]
 pub struct RawTenants {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scheduler: Option<String>,
+    pub(crate) scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost: Option<String>,
+    pub(crate) cost: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatch_depth: Option<i64>,
+    pub(crate) dispatch_depth: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatch_budget_us: Option<i64>,
+    pub(crate) dispatch_budget_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub split_bytes: Option<RawNum>,
+    pub(crate) split_bytes: Option<RawNum>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_listen: Option<String>,
+    pub(crate) admin_listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admin_token_file: Option<PathBuf>,
+    pub(crate) admin_token_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default: Option<String>,
+    pub(crate) default: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_accounting: Option<bool>,
+    pub(crate) cpu_accounting: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_isolation: Option<bool>,
+    pub(crate) cpu_isolation: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_period_ms: Option<i64>,
+    pub(crate) cpu_period_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_k: Option<i64>,
+    pub(crate) cpu_k: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_alpha_us: Option<i64>,
+    pub(crate) cpu_alpha_us: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_min_t_fraction: Option<f64>,
+    pub(crate) cpu_min_t_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub victim_cgroups: Option<Vec<PathBuf>>,
+    pub(crate) victim_cgroups: Option<Vec<PathBuf>>,
 }
 
 fn rate(key: &str, r: &RawRate) -> Result<RateSpec, ConfigError> {
@@ -466,22 +471,22 @@ fn rate(key: &str, r: &RawRate) -> Result<RateSpec, ConfigError> {
         let Some(v) = v else { return Ok(None) };
         let k = format!("{key}.{k}");
         let n = v.value(&k)?;
-        if n < 1 {
-            return Err(err(k, format!("{n} is below one I/O per second")));
+        match u64::try_from(n) {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(err(k, format!("{n} is below one I/O per second"))),
         }
-        Ok(Some(n as u64))
     };
     let bytes = |k: &str, v: &Option<RawNum>| -> Result<Option<u64>, ConfigError> {
         let Some(v) = v else { return Ok(None) };
         let k = format!("{key}.{k}");
         let n = v.value(&k)?;
-        if n < BYTES_PER_SEC_MIN as i64 {
-            return Err(err(
+        match u64::try_from(n) {
+            Ok(n) if n >= BYTES_PER_SEC_MIN => Ok(Some(n)),
+            _ => Err(err(
                 k,
                 format!("{n} bytes/s is below one I/O ({BYTES_PER_SEC_MIN} bytes) per second"),
-            ));
+            )),
         }
-        Ok(Some(n as u64))
     };
     Ok(RateSpec {
         iops: ops("iops", &r.iops)?,
@@ -542,10 +547,10 @@ pub fn validate_tenant(
         Some(w) => {
             let k = format!("{key}.weight");
             let v = w.value(&k)?;
-            if v < 1 || v > i64::from(WEIGHT_MAX) {
-                return Err(err(k, format!("{v} must be from 1 to {WEIGHT_MAX}")));
+            match u32::try_from(v) {
+                Ok(w) if (1..=WEIGHT_MAX).contains(&w) => w,
+                _ => return Err(err(k, format!("{v} must be from 1 to {WEIGHT_MAX}"))),
             }
-            v as u32
         }
         None => base.map_or(1, |b| b.weight),
     };
@@ -659,13 +664,6 @@ pub fn validate_set(tenants: &[TenantSpec], default: &str, key: &str) -> Result<
     Ok(())
 }
 
-fn ranged(key: &str, v: i64, min: i64, max: i64) -> Result<i64, ConfigError> {
-    if !(min..=max).contains(&v) {
-        return Err(err(key, format!("{v} is outside {min}..={max}")));
-    }
-    Ok(v)
-}
-
 impl TenantsConfig {
     /// From the `[tenants]` table and the `[[tenant]]` array as written.
     pub fn from_raw(
@@ -685,26 +683,27 @@ impl TenantsConfig {
             s.cost = crate::parse_word(v).map_err(|e| err("tenants.cost", e))?;
         }
         if let Some(v) = r.dispatch_depth {
-            s.dispatch_depth = ranged("tenants.dispatch_depth", v, 1, 1024)? as u32;
+            s.dispatch_depth = ranged_as("tenants.dispatch_depth", v, 1, 1024)?;
         }
         if let Some(v) = r.dispatch_budget_us {
-            s.dispatch_budget_us =
-                Some(ranged("tenants.dispatch_budget_us", v, 1, 10_000_000)? as u64);
+            s.dispatch_budget_us = Some(ranged_as("tenants.dispatch_budget_us", v, 1, 10_000_000)?);
         }
         if let Some(v) = &r.split_bytes {
             let key = "tenants.split_bytes";
             let v = v.value(key)?;
-            if !(SPLIT_BYTES_MIN as i64..=SPLIT_BYTES_MAX as i64).contains(&v)
-                || v % SPLIT_BYTES_MIN as i64 != 0
-            {
+            let Some(b) = u64::try_from(v)
+                .ok()
+                .filter(|b| (SPLIT_BYTES_MIN..=SPLIT_BYTES_MAX).contains(b))
+                .filter(|b| b % SPLIT_BYTES_MIN == 0)
+            else {
                 return Err(err(
                     key,
                     format!(
                         "{v} must be a multiple of {SPLIT_BYTES_MIN} from {SPLIT_BYTES_MIN} to {SPLIT_BYTES_MAX}"
                     ),
                 ));
-            }
-            s.split_bytes = Some(v as u64);
+            };
+            s.split_bytes = Some(b);
         }
         if let Some(a) = &r.admin_listen {
             s.admin_listen = Some(a.parse().map_err(|_| {
@@ -726,15 +725,15 @@ impl TenantsConfig {
             s.cpu_accounting |= b;
         }
         if let Some(v) = r.cpu_period_ms {
-            let v = ranged("tenants.cpu_period_ms", v, 1, 10_000)?;
-            s.throttle.period = Some(Duration::from_millis(v as u64));
+            let v = ranged_as("tenants.cpu_period_ms", v, 1, 10_000)?;
+            s.throttle.period = Some(Duration::from_millis(v));
         }
         if let Some(v) = r.cpu_k {
-            s.throttle.k = Some(ranged("tenants.cpu_k", v, 1, 64)? as u32);
+            s.throttle.k = Some(ranged_as("tenants.cpu_k", v, 1, 64)?);
         }
         if let Some(v) = r.cpu_alpha_us {
-            let v = ranged("tenants.cpu_alpha_us", v, 0, 1_000_000)?;
-            s.throttle.alpha = Some(Duration::from_micros(v as u64));
+            let v = ranged_as("tenants.cpu_alpha_us", v, 0, 1_000_000)?;
+            s.throttle.alpha = Some(Duration::from_micros(v));
         }
         if let Some(v) = r.cpu_min_t_fraction {
             if !(v > 0.0 && v <= 1.0) {
@@ -787,7 +786,9 @@ impl TenantsConfig {
             scheduler: Some(crate::word_of(&s.scheduler)),
             cost: Some(crate::word_of(&s.cost)),
             dispatch_depth: Some(i64::from(s.dispatch_depth)),
-            dispatch_budget_us: s.dispatch_budget_us.map(|v| v as i64),
+            dispatch_budget_us: s
+                .dispatch_budget_us
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
             split_bytes: s.split_bytes.map(RawNum::from),
             admin_listen: s.admin_listen.map(|a| a.to_string()),
             admin_token_file: s.admin_token_file.clone(),

@@ -1,6 +1,6 @@
 //! i-NVMe CPU accounting and throttling (sans-IO), thread CPU clocks, and
 //! cgroups (v1 `cpu`, v2 threaded/procs) for charging threads through the
-//! kernel. Shared by `sluice-target` (`tenant::cpu` re-exports it) and
+//! kernel. Shared by `sluice-target` (its tenant scheduler and cgroup quota agents) and
 //! `sluice-host` / `sluice-export`.
 //!
 //! **Accounting.** A worker reads its thread CPU clock once per loop batch

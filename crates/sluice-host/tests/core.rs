@@ -1,6 +1,11 @@
 //! Unit tests of the sans-IO queue-pair core against a scripted in-memory
 //! controller, with virtual time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use std::time::{Duration, Instant};
 

@@ -3,6 +3,11 @@
 //! `MemTarget` for what only it can show (CPDA, odd C2HData sizes, referrals,
 //! dropped connections, the CDW13 it received).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 
@@ -280,7 +285,7 @@ async fn reconnects_and_retries_after_connection_loss() {
 /// The full round trip with every completion coalescing mode on the host's
 /// wake-up path (held completions are released by threshold, timer, urgent
 /// or barrier; nothing is lost), plus concurrent hinted I/O.
-/// The host's send schedulers (issue 4): the full round trip (in-capsule,
+/// The host's send schedulers (`sluice_proto::send`): the full round trip (in-capsule,
 /// R2T-split and MDTS-split writes, reads, admin) plus concurrent mixed I/O
 /// in every mode, paper defaults and with millisecond timers that only the
 /// timer trigger can flush (a lone held PDU must still leave).

@@ -1,8 +1,13 @@
-//! The host's send path as a scheduler (issue 4), with virtual time: read
+//! The host's send path as a scheduler, with virtual time: read
 //! commands go to the latency freight, writes with in-capsule data and
 //! H2CData to the data freight; each trigger fires exactly when it should,
 //! priorities reorder only across freights and never within a command.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use std::time::{Duration, Instant};
 

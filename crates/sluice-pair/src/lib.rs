@@ -369,7 +369,8 @@ impl Pair {
         let c = self
             .connect(ADMIN, 0, 31, 0, CNTLID_DYNAMIC)
             .expect("admin Connect succeeds");
-        self.cntlid = c.cqe.result as u16;
+        // The Connect response's CNTLID is the low word of DW0.
+        self.cntlid = (c.cqe.result & 0xffff) as u16;
         let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
         self.prop_set(prop::CC, en as u64).expect("CC.EN");
         let rdy = self.prop_get(prop::CSTS).expect("CSTS");
@@ -463,7 +464,8 @@ impl Pair {
 
     /// The SQE of a Read or Write of `len` bytes at `slba`.
     pub fn rw_sqe(&self, opcode: u8, slba: u64, len: usize) -> Sqe {
-        let nlb = (len / self.params.block_size as usize) as u32;
+        let nlb = u32::try_from(len / self.params.block_size as usize)
+            .expect("a test I/O of at most u32::MAX blocks");
         Sqe::rw(opcode, 0, NSID, slba, nlb.max(1), false)
     }
 
@@ -476,7 +478,8 @@ impl Pair {
     /// Submits a read of `len` bytes at `slba` on the I/O queue.
     pub fn submit_read(&mut self, slba: u64, len: usize) -> u64 {
         let s = self.rw_sqe(io::READ, slba, len);
-        self.submit(IO, s, Payload::Read(len as u32))
+        let len = u32::try_from(len).expect("a test read of at most u32::MAX bytes");
+        self.submit(IO, s, Payload::Read(len))
     }
 
     pub fn write(&mut self, slba: u64, data: &[u8]) -> Result<(), HostError> {
@@ -760,7 +763,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            x as u8
+            (x & 0xff) as u8
         })
         .collect()
 }

@@ -6,6 +6,11 @@
 //! within their limits, digest flags as negotiated, SUCCESS instead of a
 //! CapsuleResp exactly when SQ flow control is disabled.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use proptest::prelude::*;
 use sluice_pair::*;

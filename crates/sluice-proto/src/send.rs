@@ -7,8 +7,8 @@
 //! schedulers (PINoF freights, i10-style containers) plug in behind the same
 //! trait, with `next_deadline` bounding how long any PDU may wait.
 //!
-//! Shared by the target (`sluice_target::send` re-exports it) and the host
-//! (`sluice_host::core`): on the target the latency freight takes R2T and
+//! Shared by the target (each `QueueConnection` sends through one) and the
+//! host (`sluice_host::core`): on the target the latency freight takes R2T and
 //! CapsuleResp and the data freight C2HData; on the host the latency
 //! freight takes command capsules without data ([`PduClass::Command`], e.g.
 //! reads) and the data freight writes with in-capsule data and H2CData

@@ -13,6 +13,7 @@ use sluice_proto::fabrics::VS_1_3;
 use sluice_proto::identify::{self, cns, cntrltype, oncs, IdentifyController, IdentifyNamespace};
 use sluice_proto::log::{self, effects, lid, DiscoveryEntry, GetLogPage, SmartLog};
 use sluice_proto::Status;
+use sluice_runtime::cast::usize_from;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -26,13 +27,13 @@ const VENDOR_ID: u16 = 0;
 /// What an admin command produced.
 #[derive(Debug, Default)]
 pub struct AdminReply {
-    pub status: Status,
-    pub result: u32,
-    pub dw1: u32,
+    pub(crate) status: Status,
+    pub(crate) result: u32,
+    pub(crate) dw1: u32,
     /// Controller-to-host data.
-    pub data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
     /// AER: hold the command instead of completing it.
-    pub hold: bool,
+    pub(crate) hold: bool,
 }
 
 impl AdminReply {
@@ -61,9 +62,9 @@ impl AdminReply {
 pub struct AdminContext {
     /// Local address of the connection, for discovery entries when no
     /// advertised address is configured.
-    pub local_addr: Option<SocketAddr>,
+    pub(crate) local_addr: Option<SocketAddr>,
     /// Port the host reached us on.
-    pub local_port: u16,
+    pub(crate) local_port: u16,
 }
 
 /// Executes an admin command (not Fabrics, not I/O) on `ctrl`.
@@ -107,6 +108,19 @@ pub fn execute(
     }
 }
 
+/// Identify's AERL: the number of outstanding AERs, zero-based.
+// AER_MAX is 4.
+#[allow(clippy::cast_possible_truncation)]
+const AERL: u8 = (AER_MAX - 1) as u8;
+
+/// Identify's MDTS: the largest transfer as a power of two of 4 KiB pages.
+fn mdts_field(mdts_bytes: u32) -> u8 {
+    // A u32 has at most 32 trailing zeros.
+    #[allow(clippy::cast_possible_truncation)]
+    let log2 = (mdts_bytes / 4096).trailing_zeros() as u8;
+    log2
+}
+
 fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController {
     let sub = &ctrl.subsystem;
     let st = &reg.settings;
@@ -119,7 +133,7 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         model: sub.model.clone(),
         firmware: FIRMWARE_REVISION.to_string(),
         cmic: if disc { 0 } else { 0x3 },
-        mdts: (st.mdts_bytes / 4096).trailing_zeros() as u8,
+        mdts: mdts_field(st.mdts_bytes),
         cntlid: ctrl.cntlid,
         ver: VS_1_3,
         oaes: 0,
@@ -130,7 +144,7 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         },
         oacs: 0,
         acl: 3,
-        aerl: (AER_MAX - 1) as u8,
+        aerl: AERL,
         frmw: 0x3,                         // slot 1 read-only, one slot
         lpa: if disc { 0x4 } else { 0x6 }, // commands supported & effects, extended data
         elpe: 0,
@@ -293,8 +307,8 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
     if g.len_bytes > 1 << 20 {
         return AdminReply::status(Status::INVALID_FIELD);
     }
-    let mut out = vec![0u8; g.len_bytes as usize];
-    let avail = &page[off as usize..];
+    let mut out = vec![0u8; usize_from(g.len_bytes)];
+    let avail = &page[usize_from(off)..];
     let n = avail.len().min(out.len());
     out[..n].copy_from_slice(&avail[..n]);
     AdminReply::data(out)

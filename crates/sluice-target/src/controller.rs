@@ -9,6 +9,7 @@ use crate::subsystem::{Subsystem, SubsystemKind};
 use sluice_config::TargetSettings;
 use sluice_proto::fabrics::{cc, csts, Cap, VS_1_3};
 use sluice_proto::Status;
+use sluice_runtime::sync::lock;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,11 +49,11 @@ struct State {
 /// One controller of a subsystem.
 #[derive(Debug)]
 pub struct Controller {
-    pub cntlid: u16,
-    pub subsystem: Arc<Subsystem>,
-    pub hostnqn: String,
-    pub hostid: [u8; 16],
-    pub host_counters: Arc<IoCounters>,
+    pub(crate) cntlid: u16,
+    pub(crate) subsystem: Arc<Subsystem>,
+    pub(crate) hostnqn: String,
+    pub(crate) hostid: [u8; 16],
+    pub(crate) host_counters: Arc<IoCounters>,
     /// Set when the association ends (keep-alive expiry, shutdown, disconnect
     /// of the admin queue); every queue of the controller then closes.
     failed: AtomicBool,
@@ -92,7 +93,7 @@ impl Controller {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     pub fn is_discovery(&self) -> bool {
@@ -189,7 +190,8 @@ impl Controller {
         if offset != prop::CC || size8 {
             return Err(Status::INVALID_FIELD);
         }
-        let new = value as u32;
+        // CC is a 4-byte property: the low dword is its value.
+        let new = (value & 0xffff_ffff) as u32;
         let mut s = self.lock();
         let old = s.cc;
         if new & cc::EN != 0 && old & cc::EN == 0 {
@@ -242,19 +244,19 @@ impl Controller {
         let mut s = self.lock();
         match f {
             fid::NUMBER_OF_QUEUES => {
-                let nsqr = v & 0xffff;
-                let ncqr = v >> 16;
+                let nsqr = (v & 0xffff) as u16;
+                let ncqr = (v >> 16) as u16;
                 if nsqr == 0xffff || ncqr == 0xffff {
                     return Err(Status::INVALID_FIELD);
                 }
                 if !s.connected_qids.is_empty() {
                     return Err(Status::COMMAND_SEQUENCE_ERROR);
                 }
-                let want = (nsqr.min(ncqr) + 1) as u16;
+                let want = nsqr.min(ncqr) + 1;
                 let granted = want.min(io_queues_max);
                 s.io_queues_granted = granted;
                 s.io_queues_set = true;
-                let g = (granted - 1) as u32;
+                let g = u32::from(granted - 1);
                 Ok(g << 16 | g)
             }
             fid::ASYNC_EVENT_CONFIG => {

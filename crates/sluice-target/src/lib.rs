@@ -6,25 +6,26 @@
 //! * [`subsystem`]: subsystems and namespaces (over `sluice-backend`).
 //! * [`registry`]: the target-wide registry (settings, subsystems,
 //!   namespaces, host counters) and the live controllers.
-//! * [`controller`]: controller state (CC/CSTS, keep alive, features).
-//! * [`admin`]: the admin commands, including the discovery log.
+//! * `controller`: controller state (CC/CSTS, keep alive, features).
+//! * `admin`: the admin commands, including the discovery log.
 //! * [`queue`]: one queue pair as a sans-IO state machine.
-//! * [`send`]: the per-queue send scheduler.
-//! * [`server`]: the I/O layer: listeners, worker threads, polling policy.
+//! * The per-queue send scheduler is `sluice_proto::send`, shared with the
+//!   host.
+//! * `server`: the I/O layer ([`Target`], [`TargetHandle`]): listeners,
+//!   worker threads, polling policy.
 //! * [`metrics`]: counters per namespace and host.
 //! * `tag`: the backend request tag layout (`BackendTag`).
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
-pub mod admin;
-pub mod controller;
+mod admin;
+mod controller;
 pub mod metrics;
 pub mod queue;
 pub mod registry;
-pub mod send;
-pub mod server;
+mod server;
 pub mod subsystem;
 mod tag;
 pub mod tenant;
 
-pub use server::{Target, TargetHandle};
+pub use server::{ShutdownReport, StartError, Target, TargetHandle, WorkerReport};

@@ -4,32 +4,33 @@
 //! only relaxed increments. Later issues extend these into per-tenant
 //! telemetry (latency histograms, CPU charged).
 
+use sluice_runtime::sync::lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use crate::send::SendStats;
+use sluice_proto::send::SendStats;
 
 /// I/O counters.
 #[derive(Debug, Default)]
 pub struct IoCounters {
-    pub read_commands: AtomicU64,
-    pub write_commands: AtomicU64,
-    pub other_commands: AtomicU64,
-    pub read_bytes: AtomicU64,
-    pub write_bytes: AtomicU64,
-    pub errors: AtomicU64,
+    pub(crate) read_commands: AtomicU64,
+    pub(crate) write_commands: AtomicU64,
+    pub(crate) other_commands: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) write_bytes: AtomicU64,
+    pub(crate) errors: AtomicU64,
 }
 
 /// A point-in-time copy of [`IoCounters`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoSnapshot {
     pub read_commands: u64,
-    pub write_commands: u64,
-    pub other_commands: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub errors: u64,
+    pub(crate) write_commands: u64,
+    pub(crate) other_commands: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_bytes: u64,
+    pub(crate) errors: u64,
 }
 
 impl IoCounters {
@@ -70,7 +71,7 @@ pub const TRACKED_HOSTS_MAX: usize = 4096;
 
 impl HostRegistry {
     pub fn counters_for(&self, hostnqn: &str) -> Arc<IoCounters> {
-        let mut m = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.hosts);
         if let Some(c) = m.get(hostnqn) {
             return c.clone();
         }
@@ -83,12 +84,12 @@ impl HostRegistry {
     }
 
     pub fn snapshot(&self) -> Vec<(String, IoSnapshot)> {
-        let m = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
+        let m = lock(&self.hosts);
         m.iter().map(|(k, v)| (k.clone(), v.snapshot())).collect()
     }
 }
 
-/// Target-wide send path and coalescing totals (issue 4): the sum of every
+/// Target-wide send path and coalescing totals: the sum of every
 /// queue's [`SendStats`]. Workers add a connection's counters when it is
 /// removed and publish the running sum of their live connections every
 /// [`SEND_PUBLISH_INTERVAL`], so [`SendTotals::snapshot`] lags live queues by
@@ -106,19 +107,16 @@ pub const SEND_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from
 impl SendTotals {
     /// Adds the final counters of a removed connection.
     pub fn add_closed(&self, s: &SendStats) {
-        self.closed.lock().unwrap_or_else(|p| p.into_inner()).add(s);
+        lock(&self.closed).add(s);
     }
     /// Replaces `worker`'s live sum.
     pub fn publish_live(&self, worker: usize, s: SendStats) {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(worker, s);
+        lock(&self.live).insert(worker, s);
     }
     /// Closed connections plus the last published live sums.
     pub fn snapshot(&self) -> SendStats {
-        let mut t = *self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        for s in self.live.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        let mut t = *lock(&self.closed);
+        for s in lock(&self.live).values() {
             t.add(s);
         }
         t
@@ -127,7 +125,7 @@ impl SendTotals {
 
 /// Human summary of send totals; `ios` = Read/Write commands served.
 pub fn send_summary(s: &SendStats, ios: u64) -> String {
-    use crate::send::FLUSH_REASON_NAMES;
+    use sluice_proto::send::FLUSH_REASON_NAMES;
     let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
     let mut out = format!(
         "send path: {} PDUs, {} flushes ({:.2} PDUs/flush), {} sends ({:.3}/I/O), {} notifications ({:.3}/I/O), {} I/Os",

@@ -11,6 +11,7 @@ use sluice_backend::{Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions,
 use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
 };
+use sluice_runtime::sync::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,16 +57,17 @@ impl ControllerTable {
 /// Everything the queues share: settings, subsystems, counters.
 #[derive(Debug)]
 pub struct Registry {
-    pub settings: TargetSettings,
+    pub(crate) settings: TargetSettings,
     pub subsystems: BTreeMap<String, Arc<Subsystem>>,
-    pub discovery: Arc<Subsystem>,
-    pub hosts: HostRegistry,
-    /// Target-wide send path and coalescing counters (issue 4).
-    pub send: crate::metrics::SendTotals,
+    pub(crate) discovery: Arc<Subsystem>,
+    pub(crate) hosts: HostRegistry,
+    /// Target-wide send path and coalescing counters: every queue's
+    /// `SendStats`, summed.
+    pub(crate) send: crate::metrics::SendTotals,
     /// Discovery log generation counter.
-    pub discovery_genctr: AtomicU64,
+    pub(crate) discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
-    pub namespaces: Vec<Arc<Namespace>>,
+    pub(crate) namespaces: Vec<Arc<Namespace>>,
     /// Live controllers per subsystem NQN (the discovery subsystem included).
     controllers: HashMap<String, Mutex<ControllerTable>>,
 }
@@ -162,6 +164,8 @@ impl Registry {
                     index: all_ns.len(),
                     backend,
                     geometry,
+                    // A u32 has at most 32 trailing zeros.
+                    #[allow(clippy::cast_possible_truncation)]
                     lba_shift: geometry.block_size_bytes.trailing_zeros() as u8,
                     nguid,
                     eui64,
@@ -235,9 +239,7 @@ impl Registry {
         &self,
         sub: &Subsystem,
     ) -> Option<std::sync::MutexGuard<'_, ControllerTable>> {
-        self.controllers
-            .get(&sub.nqn)
-            .map(|t| t.lock().unwrap_or_else(|p| p.into_inner()))
+        self.controllers.get(&sub.nqn).map(|t| lock(t))
     }
 
     /// Registers a controller of `sub` under a fresh CNTLID; None when all

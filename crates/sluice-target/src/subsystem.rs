@@ -14,15 +14,15 @@ use std::sync::Arc;
 /// An exported namespace.
 #[derive(Debug)]
 pub struct Namespace {
-    pub nsid: u32,
+    pub(crate) nsid: u32,
     /// Index unique across the target, used by workers to key backend queues.
     pub index: usize,
     pub backend: Arc<dyn Backend>,
-    pub geometry: Geometry,
+    pub(crate) geometry: Geometry,
     /// log2 of the block size.
-    pub lba_shift: u8,
-    pub nguid: [u8; 16],
-    pub eui64: [u8; 8],
+    pub(crate) lba_shift: u8,
+    pub(crate) nguid: [u8; 16],
+    pub(crate) eui64: [u8; 8],
     pub counters: IoCounters,
 }
 
@@ -42,12 +42,12 @@ pub enum SubsystemKind {
 /// A subsystem: namespaces, allowed hosts, how many controllers are live.
 #[derive(Debug)]
 pub struct Subsystem {
-    pub nqn: String,
-    pub kind: SubsystemKind,
-    pub serial: String,
-    pub model: String,
-    pub allow_any_host: bool,
-    pub hosts: HashSet<String>,
+    pub(crate) nqn: String,
+    pub(crate) kind: SubsystemKind,
+    pub(crate) serial: String,
+    pub(crate) model: String,
+    pub(crate) allow_any_host: bool,
+    pub(crate) hosts: HashSet<String>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
     /// Live controllers, kept by the registry's controller table.
     pub(crate) live_controllers: AtomicUsize,

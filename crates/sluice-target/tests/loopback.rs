@@ -1,14 +1,19 @@
 //! The real I/O layer on loopback sockets: a blocking test client built from
 //! the protocol crate talks to a running target.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcReq, PduHeader, TxParams};
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::Status;
-use sluice_target::send::{SchedulerKind, SendConfig};
 use sluice_target::{Target, TargetHandle};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -4,6 +4,11 @@
 //! an emulated SSD. Each test runs in every send mode (`SEND_MODES`). What a
 //! well-behaved host does is tested on the real pair in `crates/sluice-pair`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 mod common;
 
@@ -569,7 +574,7 @@ fn held_pdu_is_flushed_at_its_deadline() {
     let got = q.take();
     assert!(matches!(got[0].header, PduHeader::R2t(_)), "{got:?}");
     let st = q.conn.send_stats();
-    use sluice_target::send::FlushReason::Timer;
+    use sluice_proto::send::FlushReason::Timer;
     assert_eq!(st.reason(Timer) - before.reason(Timer), 1);
     assert_eq!(st.wait_ns_latency - before.wait_ns_latency, 40_000);
 }

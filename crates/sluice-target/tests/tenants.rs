@@ -268,10 +268,9 @@ fn charge_cgroup_lowers_the_tenant_quota() {
         println!("SKIPPED: no cgroup v1 cpu controller");
         return;
     }
-    let Ok(cg) = sluice_target::tenant::cpu::CpuCgroup::create(
-        root,
-        &format!("sluice-charge-test-{}", std::process::id()),
-    ) else {
+    let Ok(cg) =
+        sluice_cpu::CpuCgroup::create(root, &format!("sluice-charge-test-{}", std::process::id()))
+    else {
         println!("SKIPPED: cannot create a cgroup (root needed)");
         return;
     };
@@ -299,7 +298,7 @@ fn charge_cgroup_lowers_the_tenant_quota() {
         "{e}"
     );
     cg.set_quota(Some(period / 2), period).unwrap();
-    let quota_us = |cg: &sluice_target::tenant::cpu::CpuCgroup| -> i64 {
+    let quota_us = |cg: &sluice_cpu::CpuCgroup| -> i64 {
         std::fs::read_to_string(cg.path().join("cpu.cfs_quota_us"))
             .unwrap()
             .trim()

@@ -6,6 +6,11 @@
 //! target does not have or cannot be made to show: a CPDA other than 0 and
 //! odd C2HData sizes, discovery logs with referrals, dropping every
 //! connection while still listening, and recording the CDW13 it received.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -18,8 +18,8 @@ use crate::report::per;
 use anyhow::Result;
 use sluice_bench::{BenchArgs, BenchReport};
 use sluice_config::NamespaceConfig;
+use sluice_proto::send::SendStats;
 use sluice_proto::send::{SchedulerKind, SendConfig};
-use sluice_target::send::SendStats;
 use sluice_target::Target;
 use std::fmt::Write as _;
 

@@ -58,7 +58,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
                     t.latency_us_mean,
                     t.latency_us_p99,
                     pdus_per_flush(&p.send),
-                    p.send.reason(sluice_target::send::FlushReason::Priority),
+                    p.send.reason(sluice_proto::send::FlushReason::Priority),
                     if *kib > 8 { "yes" } else { "no" },
                     loadavg()
                 );

@@ -8,7 +8,7 @@ use crate::affinity::pin;
 use crate::configs::{self, host, TENANT_SUBNQN};
 use anyhow::{Context, Result};
 use sluice_bench::{BenchArgs, BenchReport, JobReport};
-use sluice_target::tenant::cpu::{current_tid, CpuCgroup, QuotaAgent};
+use sluice_cpu::{current_tid, CpuCgroup, QuotaAgent};
 use sluice_target::TargetHandle;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -91,8 +91,13 @@ impl CommandTable {
                 s
             }
             None => {
+                // The caller checked the queue depth (a u16): there are
+                // fewer slots than that.
+                debug_assert!(self.slots.len() < usize::from(u16::MAX));
+                #[allow(clippy::cast_possible_truncation)]
+                let s = self.slots.len() as u16;
                 self.slots.push(Some(cmd));
-                (self.slots.len() - 1) as u16
+                s
             }
         };
         self.by_cid.insert(cid, slot);

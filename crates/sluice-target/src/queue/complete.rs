@@ -8,10 +8,10 @@
 
 use super::commands::CmdKind;
 use super::QueueConnection;
-use crate::send::{Immediate, PduClass, SendScheduler};
 use crate::tag::BackendTag;
 use sluice_backend::{BackendError, IoCompletion};
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
+use sluice_proto::send::{Immediate, PduClass, SendScheduler};
 use sluice_proto::{Cqe, Status};
 use std::time::Instant;
 
@@ -224,11 +224,15 @@ impl QueueConnection {
         while off < data.len() {
             let n = chunk.min(data.len() - off);
             let last = off + n == data.len();
+            // One command's data: at most MDTS bytes, which is a u32.
+            debug_assert!(u32::try_from(data.len()).is_ok(), "C2H data beyond u32");
+            #[allow(clippy::cast_possible_truncation)]
+            let (offset, len) = (off as u32, n as u32);
             let h = PduHeader::C2HData(DataHeader {
                 cccid: cid,
                 ttag: 0,
-                offset: off as u32,
-                len: n as u32,
+                offset,
+                len,
                 last,
                 success: last && success_flag,
             });

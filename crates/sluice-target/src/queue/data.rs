@@ -6,9 +6,9 @@
 //! data is in. The last PDU hands the command to execution.
 
 use super::QueueConnection;
-use crate::send::PduClass;
 use sluice_backend::AlignedBuf;
 use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t};
+use sluice_proto::send::PduClass;
 use sluice_proto::Status;
 use std::time::Instant;
 
@@ -59,14 +59,15 @@ impl QueueConnection {
                 d.offset, cmd.h2c_received
             )));
         }
-        let end = d.offset as u64 + d.len as u64;
-        if end > cmd.h2c_expected as u64 {
+        let end = u64::from(d.offset) + u64::from(d.len);
+        // Within the R2T's u32 length, or refused.
+        let Some(end) = u32::try_from(end).ok().filter(|e| *e <= cmd.h2c_expected) else {
             return Err(DecodeError::DataOutOfRange(format!(
                 "H2CData ends at {end}, beyond the R2T's {} bytes",
                 cmd.h2c_expected
             )));
-        }
-        let last_needed = end == cmd.h2c_expected as u64;
+        };
+        let last_needed = end == cmd.h2c_expected;
         if d.last != last_needed {
             return Err(DecodeError::invalid(
                 "flags",
@@ -77,7 +78,7 @@ impl QueueConnection {
         if let Some(buf) = cmd.buf.as_mut() {
             buf[d.offset as usize..end as usize].copy_from_slice(data);
         }
-        cmd.h2c_received = end as u32;
+        cmd.h2c_received = end;
         if !digest_ok {
             cmd.digest_error = true;
         }

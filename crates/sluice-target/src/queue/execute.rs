@@ -16,6 +16,7 @@ use sluice_proto::command::admin;
 use sluice_proto::dsm;
 use sluice_proto::fabrics::{fctype, PropertyCommand};
 use sluice_proto::{Sqe, Status};
+use sluice_runtime::cast::usize_from;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -118,7 +119,7 @@ impl QueueConnection {
                     op: IoOp::Read,
                     offset_bytes,
                     len_bytes,
-                    buf: Some(AlignedBuf::new(len_bytes as usize)),
+                    buf: Some(AlignedBuf::new(usize_from(len_bytes))),
                 };
                 self.exec.push(ns, req);
             }
@@ -145,7 +146,7 @@ impl QueueConnection {
                 self.exec.push(ns, req);
             }
             CmdKind::NoData { ops, write } => {
-                cmd.ops_pending = ops.len() as u32;
+                cmd.ops_pending = count(ops.len());
                 cmd.kind = CmdKind::NoData {
                     ops: Vec::new(),
                     write,
@@ -209,7 +210,7 @@ impl QueueConnection {
         let Some(cmd) = self.cmds.get_mut(slot) else {
             return;
         };
-        cmd.ops_pending = ops.len() as u32;
+        cmd.ops_pending = count(ops.len());
         cmd.kind = CmdKind::NoData {
             ops: Vec::new(),
             write: true,
@@ -294,7 +295,8 @@ impl QueueConnection {
                 if sqe.fctype() == fctype::PROPERTY_GET {
                     match ctrl.property_get(p.offset, p.size8, &self.reg.settings) {
                         Ok(v) => {
-                            self.complete(slot, Status::SUCCESS, v as u32, (v >> 32) as u32, now)
+                            let (lo, hi) = ((v & 0xffff_ffff) as u32, (v >> 32) as u32);
+                            self.complete(slot, Status::SUCCESS, lo, hi, now)
                         }
                         Err(s) => self.complete(slot, s, 0, 0, now),
                     }
@@ -326,7 +328,7 @@ impl QueueConnection {
             ctrl.shutdown_flushed();
             return;
         }
-        self.exec.shutdown_flushes += namespaces.len() as u32;
+        self.exec.shutdown_flushes += count(namespaces.len());
         for ns in namespaces {
             let req = IoRequest {
                 tag: BackendTag::SHUTDOWN_FLUSH.raw(),
@@ -338,4 +340,14 @@ impl QueueConnection {
             self.exec.push(ns, req);
         }
     }
+}
+
+/// A count of a command's backend operations (one flush, or at most 256 DSM
+/// ranges) or of a subsystem's namespaces (at most 1024): far below
+/// `u32::MAX`.
+fn count(n: usize) -> u32 {
+    debug_assert!(u32::try_from(n).is_ok());
+    #[allow(clippy::cast_possible_truncation)]
+    let c = n as u32;
+    c
 }

@@ -6,7 +6,6 @@
 use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
 use crate::controller::Controller;
 use crate::registry::Registry;
-use crate::send::PduClass;
 use crate::subsystem::SubsystemKind;
 use sluice_proto::fabrics::{
     connect_data_offset, connect_invalid_param_result, connect_offset, ConnectCommand, ConnectData,
@@ -14,6 +13,7 @@ use sluice_proto::fabrics::{
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{IcReq, IcResp, PduHeader, TxParams};
+use sluice_proto::send::PduClass;
 use sluice_proto::{Sqe, Status};
 use std::sync::Arc;
 use std::time::Instant;

@@ -40,7 +40,6 @@ pub use complete::backend_status;
 
 use crate::controller::Controller;
 use crate::registry::Registry;
-use crate::send::SendStats;
 use crate::subsystem::Namespace;
 use commands::CommandTable;
 use complete::Responder;
@@ -49,6 +48,7 @@ use handshake::Session;
 use sluice_backend::{IoCompletion, IoRequest};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{self, DecodeError, Direction, PduHeader, TermReq};
+use sluice_proto::send::SendStats;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,10 +84,10 @@ pub struct BackendSubmit {
 /// Counters of one queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    pub commands: u64,
-    pub r2ts: u64,
-    pub h2c_pdus: u64,
-    pub c2h_pdus: u64,
+    pub(crate) commands: u64,
+    pub(crate) r2ts: u64,
+    pub(crate) h2c_pdus: u64,
+    pub(crate) c2h_pdus: u64,
 }
 
 /// One queue pair (one TCP connection) on the target.
@@ -398,7 +398,7 @@ impl QueueConnection {
         let t = pdu::term_req_for(e, quote);
         let data = t.data.clone();
         self.out.send_pdu(
-            crate::send::PduClass::Control,
+            sluice_proto::send::PduClass::Control,
             &PduHeader::C2HTermReq(TermReq {
                 data: Vec::new(),
                 ..t

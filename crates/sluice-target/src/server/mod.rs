@@ -70,8 +70,9 @@ pub struct ShutdownReport {
     pub workers: Vec<WorkerReport>,
     /// CPU (user + system) of the whole process.
     pub process_cpu: Duration,
-    /// Send path and coalescing totals of every queue (issue 4).
-    pub send: crate::send::SendStats,
+    /// Send path and coalescing totals of every queue (PDUs, write calls,
+    /// flushes by reason, container waits, response deliveries).
+    pub send: sluice_proto::send::SendStats,
     /// Read and Write commands served (for per-I/O ratios).
     pub io_commands: u64,
 }
@@ -163,7 +164,7 @@ impl TargetHandle {
 
     /// Send path and coalescing totals so far (live queues as of their
     /// worker's last publish, see [`crate::metrics::SendTotals`]).
-    pub fn send_totals(&self) -> crate::send::SendStats {
+    pub fn send_totals(&self) -> sluice_proto::send::SendStats {
         self.reg.send.snapshot()
     }
 

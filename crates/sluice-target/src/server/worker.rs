@@ -484,7 +484,7 @@ impl Worker {
 
     /// Publishes the send counters of this worker's live connections.
     fn publish_send_stats(&self) {
-        let mut s = crate::send::SendStats::default();
+        let mut s = sluice_proto::send::SendStats::default();
         for e in self.conns.iter().flatten() {
             s.add(&e.conn.send_stats());
         }

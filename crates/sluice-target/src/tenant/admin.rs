@@ -245,7 +245,7 @@ pub fn stats_report(rt: &TenantRuntime) -> TenantStatsReport {
                     throttle_events: l(&st.throttle_events),
                     throttle_seconds: secs(&st.throttle_ns),
                     sched_wait_seconds: secs(&st.sched_wait_ns),
-                    queue_depth: st.queue_depth.load(Relaxed).max(0) as u64,
+                    queue_depth: u64::try_from(st.queue_depth.load(Relaxed)).unwrap_or(0),
                     latency: latency(st),
                 }
             })
@@ -378,7 +378,7 @@ impl Collector for TargetCollector {
             "sluice_tenant_table_generation",
             "Generation of the running tenant table.",
             None,
-            t.generation as i64,
+            i64::try_from(t.generation).unwrap_or(i64::MAX),
         )?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();

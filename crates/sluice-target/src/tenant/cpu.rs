@@ -21,11 +21,11 @@
 //! tenant's CPU share is the hard cap.
 //!
 //! The code lives in the shared crate `sluice-cpu` (the host-side exporter
-//! uses the same throttle and cgroup helpers); this module re-exports it.
-
-pub use sluice_cpu::*;
+//! uses the same throttle and cgroup helpers); this module only starts the
+//! per-tenant cgroup quota agents ([`ChargeAgents`]).
 
 use super::TenantRuntime;
+use sluice_cpu::{CpuCgroup, QuotaAgent, TenantId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ impl ChargeAgents {
             });
             match opened {
                 Ok((agent, cg, quota, period)) => {
-                    tracing::info!(tenant = %spec.name, cgroup = %path.display(), quota_us = quota.as_micros() as u64, "charging the tenant's worker CPU to its cgroup quota");
+                    tracing::info!(tenant = %spec.name, cgroup = %path.display(), quota_us = u64::try_from(quota.as_micros()).unwrap_or(u64::MAX), "charging the tenant's worker CPU to its cgroup quota");
                     agents.push((id, spec.name.clone(), agent, cg, quota, period));
                 }
                 Err(e) => {
@@ -135,6 +135,7 @@ pub fn cgroup_base_quota(p: &std::path::Path) -> Result<(CpuCgroup, Duration, Du
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use sluice_cpu::{BatchCharger, QuotaCharger, Throttle, ThrottleParams, QUOTA_MIN};
     use std::fs;
     use std::path::Path;
     use std::time::{Duration, Instant};

@@ -33,15 +33,15 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
     /// Fixed cost of one read / write / other operation.
-    pub read_op: u64,
-    pub write_op: u64,
-    pub other_op: u64,
+    pub(crate) read_op: u64,
+    pub(crate) write_op: u64,
+    pub(crate) other_op: u64,
     /// Cost per KiB transferred (× 1/1024 per byte), read and write.
-    pub read_per_kib: u64,
-    pub write_per_kib: u64,
+    pub(crate) read_per_kib: u64,
+    pub(crate) write_per_kib: u64,
     /// `max(op, bytes)` (a pipelined device where the slower stage bounds
     /// throughput) instead of `op + bytes`.
-    pub max_of: bool,
+    pub(crate) max_of: bool,
 }
 
 impl CostModel {
@@ -92,9 +92,9 @@ impl CostModel {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TenantParams {
     /// Relative share, ≥ 1.
-    pub weight: u32,
-    pub reservation: RateSpec,
-    pub limit: RateSpec,
+    pub(crate) weight: u32,
+    pub(crate) reservation: RateSpec,
+    pub(crate) limit: RateSpec,
 }
 
 struct Pending<T> {
@@ -352,7 +352,7 @@ impl<T> FairQueue<T> {
         self.in_flight += 1;
         self.in_flight_cost += p.cost;
         Some(Dispatched {
-            tenant: i as TenantId,
+            tenant: id_at(i),
             item: p.item,
             dir: p.dir,
             bytes: p.bytes,
@@ -381,10 +381,10 @@ impl<T> FairQueue<T> {
     /// Removes every queued I/O (shutdown), returning them.
     pub fn drain(&mut self) -> Vec<(TenantId, T)> {
         let mut out = Vec::new();
-        for (i, q) in self.tenants.iter_mut().enumerate() {
+        for (i, q) in (0..).zip(self.tenants.iter_mut()) {
             if let Some(q) = q {
                 for p in q.queue.drain(..) {
-                    out.push((i as TenantId, p.item));
+                    out.push((i, p.item));
                 }
             }
         }
@@ -393,7 +393,18 @@ impl<T> FairQueue<T> {
     }
 }
 
+/// The id of the tenant at index `i` of `FairQueue::tenants`: that vector
+/// is indexed by `TenantId` (`set_params` grows it to `id + 1`), so `i`
+/// fits.
+fn id_at(i: usize) -> TenantId {
+    debug_assert!(TenantId::try_from(i).is_ok());
+    #[allow(clippy::cast_possible_truncation)]
+    let id = i as TenantId;
+    id
+}
+
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -36,6 +36,7 @@ use sluice_config::tenants::{
     ThrottleConfig, DEFAULT_TENANT, TENANTS_MAX,
 };
 use sluice_config::{BackendConfig, ConfigError};
+use sluice_runtime::sync::{read, write};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
@@ -46,9 +47,9 @@ pub type TenantId = u32;
 
 /// The throttle's parameters: the configured values over
 /// `sluice_cpu::ThrottleParams::default()` (the one place the defaults are).
-pub fn throttle_params(c: &ThrottleConfig) -> cpu::ThrottleParams {
-    let d = cpu::ThrottleParams::default();
-    cpu::ThrottleParams {
+pub fn throttle_params(c: &ThrottleConfig) -> sluice_cpu::ThrottleParams {
+    let d = sluice_cpu::ThrottleParams::default();
+    sluice_cpu::ThrottleParams {
         period: c.period.unwrap_or(d.period),
         k: c.k.unwrap_or(d.k),
         alpha: c.alpha.unwrap_or(d.alpha),
@@ -73,11 +74,12 @@ impl TenantTable {
     fn build(tenants: Vec<Option<TenantSpec>>, default: &str, generation: u64) -> Self {
         let mut by_host = HashMap::new();
         let mut by_name = BTreeMap::new();
-        for (i, t) in tenants.iter().enumerate() {
+        // `tenants` is indexed by TenantId.
+        for (i, t) in (0..).zip(tenants.iter()) {
             if let Some(t) = t {
-                by_name.insert(t.name.clone(), i as TenantId);
+                by_name.insert(t.name.clone(), i);
                 for h in &t.hosts {
-                    by_host.insert(h.clone(), i as TenantId);
+                    by_host.insert(h.clone(), i);
                 }
             }
         }
@@ -109,8 +111,8 @@ impl TenantTable {
     pub fn iter(&self) -> impl Iterator<Item = (TenantId, &TenantSpec)> {
         self.tenants
             .iter()
-            .enumerate()
-            .filter_map(|(i, t)| t.as_ref().map(|t| (i as TenantId, t)))
+            .zip(0..)
+            .filter_map(|(t, i)| t.as_ref().map(|t| (i, t)))
     }
 }
 
@@ -142,14 +144,14 @@ impl TenantStats {
         if local.is_empty() {
             return;
         }
-        let mut g = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = sluice_runtime::sync::lock(&self.latency);
         local.merge_into(g.get_or_insert_with(latency::Latency::new));
     }
 
     /// Reads the merged latency histogram (None before any I/O) under its
     /// lock.
     pub fn with_latency<R>(&self, f: impl FnOnce(Option<&latency::Latency>) -> R) -> R {
-        let g = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        let g = sluice_runtime::sync::lock(&self.latency);
         f(g.as_ref())
     }
 }
@@ -241,7 +243,7 @@ impl TenantRuntime {
             })
             .collect();
         let victims = if st.cpu_isolation && !st.victim_cgroups.is_empty() {
-            match cpu::VictimWatch::new(&st.victim_cgroups) {
+            match sluice_cpu::VictimWatch::new(&st.victim_cgroups) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::warn!(error = %e, "victim cgroups unreadable; adaptive T disabled");
@@ -304,7 +306,7 @@ impl TenantRuntime {
 
     /// The current table.
     pub fn table(&self) -> Arc<TenantTable> {
-        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
+        read(&self.table).clone()
     }
 
     pub fn generation(&self) -> u64 {
@@ -341,7 +343,7 @@ impl TenantRuntime {
         raw: &RawTenant,
         create: bool,
     ) -> Result<TenantSpec, UpdateError> {
-        let mut guard = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let mut guard = write(&self.table);
         let cur = guard.clone();
         let key = format!("tenant[{name}]");
         let id = cur.id(name);
@@ -459,7 +461,7 @@ mod tests {
     fn throttle_defaults_come_from_sluice_cpu() {
         assert_eq!(
             throttle_params(&ThrottleConfig::default()),
-            cpu::ThrottleParams::default()
+            sluice_cpu::ThrottleParams::default()
         );
         let p = throttle_params(&ThrottleConfig {
             k: Some(16),

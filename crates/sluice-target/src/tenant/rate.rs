@@ -48,7 +48,8 @@ impl TokenBucket {
         if now <= self.last {
             return;
         }
-        let ns = now.duration_since(self.last).as_nanos() as i128;
+        // A Duration's nanoseconds (below 2^94) always fit.
+        let ns = i128::try_from(now.duration_since(self.last).as_nanos()).unwrap_or(i128::MAX);
         let cap = i128::from(self.capacity) * NANO;
         self.tokens = (self.tokens + ns * i128::from(self.rate)).min(cap);
         self.last = now;
@@ -57,7 +58,8 @@ impl TokenBucket {
     /// Whole tokens available now (0 when in debt).
     pub fn available(&mut self, now: Instant) -> u64 {
         self.refill(now);
-        (self.tokens.max(0) / NANO) as u64
+        // At most the capacity, a u64 (`refill` caps the tokens).
+        u64::try_from(self.tokens.max(0) / NANO).unwrap_or(u64::MAX)
     }
 
     /// Whether `n` tokens may be taken now (`n` above the capacity: when full).

@@ -18,25 +18,27 @@
 //!   worker, so a CPU share is a share of the whole worker pool
 //!   (`workers` CPUs); it is charged CPU divided by the number of workers.
 
-use super::cpu::{Throttle, ThrottleParams, VictimWatch};
 use super::fair::{CostModel, FairQueue, TenantParams};
 use super::rate::Dir;
 use super::TenantId;
+use sluice_cpu::{Throttle, ThrottleParams, VictimWatch};
+use sluice_runtime::sync::lock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use sluice_runtime::cast::nanos;
 use sluice_runtime::limits::WORKERS_MAX;
 
 /// A scheduling decision for the worker holding the I/O: send the head of
 /// your FIFO for `tenant` to the backend.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Grant {
-    pub tenant: TenantId,
+    pub(crate) tenant: TenantId,
     /// Cost booked in the window; returned by [`BackendArbiter::complete`].
-    pub cost: u64,
+    pub(crate) cost: u64,
     /// Time the I/O waited in the scheduler.
-    pub waited: Duration,
+    pub(crate) waited: Duration,
 }
 
 struct ArbiterInner {
@@ -82,9 +84,7 @@ impl BackendArbiter {
     }
 
     fn lock(&self) -> MutexGuard<'_, ArbiterInner> {
-        // A worker that panicked mid-decision leaves consistent counters
-        // (every FairQueue step completes before returning), so go on.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     pub fn set_params(&self, t: TenantId, params: TenantParams, now: Instant) {
@@ -95,7 +95,10 @@ impl BackendArbiter {
     /// FIFO for `t`.
     pub fn enqueue(&self, worker: usize, t: TenantId, dir: Dir, bytes: u64, now: Instant) {
         debug_assert!(worker < self.granted.len());
-        self.lock().fq.enqueue(t, dir, bytes, worker as u16, now);
+        // Below the number of workers, at most WORKERS_MAX (64).
+        #[allow(clippy::cast_possible_truncation)]
+        let worker = worker as u16;
+        self.lock().fq.enqueue(t, dir, bytes, worker, now);
     }
 
     /// The backend finished an I/O dispatched with `cost`.
@@ -187,8 +190,8 @@ impl std::fmt::Debug for CpuGovernor {
 /// What one charge did to a tenant, for its counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charged {
-    pub tenant: TenantId,
-    pub throttle_started: bool,
+    pub(crate) tenant: TenantId,
+    pub(crate) throttle_started: bool,
 }
 
 impl CpuGovernor {
@@ -212,7 +215,7 @@ impl CpuGovernor {
     }
 
     fn lock(&self) -> MutexGuard<'_, GovernorInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner)
     }
 
     /// Sets tenant `t`'s share of the worker pool (None: unthrottled).
@@ -240,14 +243,14 @@ impl CpuGovernor {
             return;
         }
         let mut g = self.lock();
-        for (i, slot) in g.throttles.iter_mut().enumerate() {
+        for (i, slot) in (0..).zip(g.throttles.iter_mut()) {
             let throttled = match slot {
                 Some(th) => {
                     let before = th.throttled;
                     let r = th.is_throttled(now);
                     let d = th.throttled - before;
                     if !d.is_zero() {
-                        ended.push((i as TenantId, d.as_nanos() as u64));
+                        ended.push((i, nanos(d)));
                     }
                     r
                 }
@@ -300,7 +303,7 @@ impl CpuGovernor {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

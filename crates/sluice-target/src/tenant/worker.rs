@@ -13,7 +13,6 @@
 //! [`BackendArbiter`]: super::shared::BackendArbiter
 //! [`CpuGovernor`]: super::shared::CpuGovernor
 
-use super::cpu::BatchCharger;
 use super::latency::{Latency, MERGE_INTERVAL};
 use super::rate::Dir;
 use super::shared::Grant;
@@ -21,6 +20,8 @@ use super::{TenantId, TenantRuntime, TenantTable};
 use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
 use sluice_config::tenants::SchedulerMode;
+use sluice_cpu::BatchCharger;
+use sluice_runtime::cast::{nanos, usize_from};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -155,9 +156,9 @@ impl WorkerTenancy {
     /// Adds this worker's latency histograms into the tenants' shared ones
     /// and empties them (a lock per tenant with samples).
     pub fn merge_latency(&mut self) {
-        for (id, h) in self.lat.iter_mut().enumerate() {
+        for (id, h) in (0..).zip(self.lat.iter_mut()) {
             if let Some(h) = h.as_mut().filter(|h| !h.is_empty()) {
-                self.rt.stats(id as TenantId).merge_latency(h);
+                self.rt.stats(id).merge_latency(h);
             }
         }
         self.lat_pending = false;
@@ -258,7 +259,7 @@ impl WorkerTenancy {
         for i in 0..n {
             let off = i * piece;
             let plen = piece.min(len - off);
-            let (o, l) = (off as usize, plen as usize);
+            let (o, l) = (usize_from(off), usize_from(plen));
             let b = match (meta.dir, buf.as_ref()) {
                 (Dir::Write, Some(src)) => AlignedBuf::from_slice(&src.as_slice()[o..o + l]),
                 _ => AlignedBuf::new(l),
@@ -353,7 +354,7 @@ impl WorkerTenancy {
             self.rt
                 .stats(g.tenant)
                 .sched_wait_ns
-                .fetch_add(g.waited.as_nanos() as u64, Relaxed);
+                .fetch_add(nanos(g.waited), Relaxed);
             if let Some(m) = self.meta.get_mut(&req.tag) {
                 m.cost = g.cost;
             }
@@ -388,7 +389,7 @@ impl WorkerTenancy {
         match c.result {
             Ok(()) if m.dir == Dir::Read => {
                 if let (Some(dst), Some(src)) = (sp.buf.as_mut(), c.buf.as_ref()) {
-                    let (o, l) = (off as usize, m.bytes as usize);
+                    let (o, l) = (usize_from(off), usize_from(m.bytes));
                     if let (Some(d), Some(s)) = (
                         dst.as_mut_slice().get_mut(o..o + l),
                         src.as_slice().get(..l),
@@ -465,7 +466,7 @@ impl WorkerTenancy {
             return;
         }
         let delta = match self.last_cpu.replace(cpu) {
-            Some(prev) => cpu.saturating_sub(prev).as_nanos() as u64,
+            Some(prev) => nanos(cpu.saturating_sub(prev)),
             None => 0,
         };
         self.charger.charge(delta, &mut self.charged);

@@ -4,6 +4,11 @@
 //! Well-behaved protocol tests run on the real pair in `crates/sluice-pair`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(dead_code)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 use sluice_backend::{BackendQueue, IoCompletion};
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
