@@ -68,8 +68,17 @@ pub struct HostRegistry {
 /// Most distinct host NQNs tracked; beyond it hosts share one overflow entry.
 pub const TRACKED_HOSTS_MAX: usize = 4096;
 
+/// The per-host label of hosts that connected with an empty host NQN.
+pub const ANONYMOUS_HOST: &str = "(anonymous)";
+
 impl HostRegistry {
+    /// The counters of `hostnqn`; an empty NQN counts as [`ANONYMOUS_HOST`].
     pub fn counters_for(&self, hostnqn: &str) -> Arc<IoCounters> {
+        let hostnqn = if hostnqn.is_empty() {
+            ANONYMOUS_HOST
+        } else {
+            hostnqn
+        };
         let mut m = self.hosts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = m.get(hostnqn) {
             return c.clone();
