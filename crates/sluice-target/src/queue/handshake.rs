@@ -5,7 +5,6 @@
 
 use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
 use crate::controller::Controller;
-use crate::metrics::ANONYMOUS_HOST;
 use crate::registry::Registry;
 use crate::send::PduClass;
 use crate::subsystem::SubsystemKind;
@@ -155,7 +154,7 @@ impl QueueConnection {
                 return self.refuse(&c, data, e.field(), e.reason(), invalid(true, e.offset));
             }
         };
-        self.span.record("hostnqn", host_label(&cd.hostnqn));
+        self.span.record("hostnqn", logged_nqn(&cd.hostnqn));
         self.span.record("subnqn", cd.subnqn.as_str());
         let Some(sub) = self.reg.subsystem(&cd.subnqn) else {
             return self.refuse(
@@ -343,20 +342,12 @@ impl QueueConnection {
     }
 }
 
-/// How a host NQN appears in a refusal line: an empty one as `(empty)`.
+/// How a host NQN appears in the queue's span and in refusal lines: an
+/// empty one as `(empty)` (its per-host counters are `(anonymous)`, its
+/// tenant the default one, recorded in the span by the I/O layer).
 fn logged_nqn(hostnqn: &str) -> &str {
     if hostnqn.is_empty() {
         "(empty)"
-    } else {
-        hostnqn
-    }
-}
-
-/// How a host NQN appears in the queue's span and per-host counters: an
-/// empty one as [`ANONYMOUS_HOST`].
-fn host_label(hostnqn: &str) -> &str {
-    if hostnqn.is_empty() {
-        ANONYMOUS_HOST
     } else {
         hostnqn
     }
