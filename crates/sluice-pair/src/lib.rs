@@ -90,6 +90,14 @@ pub struct Params {
     pub ns_bytes: u64,
     /// Its block size (512 or 4096).
     pub block_size: u32,
+    /// The host NQN in every Connect ([`HOSTNQN`]; empty: a host that
+    /// gives none, as SPDK's perf does by default).
+    pub hostnqn: String,
+    /// The HOSTID in every Connect.
+    pub hostid: [u8; 16],
+    /// The subsystem admits any host (`allow_any_host`) instead of only
+    /// [`HOSTNQN`].
+    pub open_subsystem: bool,
 }
 
 impl Default for Params {
@@ -110,6 +118,9 @@ impl Default for Params {
             kato_grace_ms: 500,
             ns_bytes: 4 << 20,
             block_size: 512,
+            hostnqn: HOSTNQN.into(),
+            hostid: [0xaa; 16],
+            open_subsystem: false,
         }
     }
 }
@@ -234,19 +245,22 @@ pub struct Pair {
     next_token: u64,
 }
 
-/// The target's registry for `p`: one subsystem admitting [`HOSTNQN`] with
-/// one RAM namespace.
-pub fn registry(p: &Params) -> Arc<Registry> {
-    let mut c = Config::default()
-        .with_subsystem(
-            SubsystemConfig::new(SUBNQN)
-                .with_host(HOSTNQN)
-                .with_namespace(
-                    NamespaceConfig::ram(NSID, p.ns_bytes).with_block_size(p.block_size),
-                ),
-        )
-        .validated()
-        .expect("harness config is valid");
+/// The target's configuration for `p`: one subsystem admitting [`HOSTNQN`]
+/// (or any host, `open_subsystem`) with one RAM namespace.
+pub fn config(p: &Params) -> Config {
+    let sub = SubsystemConfig::new(SUBNQN);
+    let sub = if p.open_subsystem {
+        sub.allow_any_host()
+    } else {
+        sub.with_host(HOSTNQN)
+    };
+    let mut c =
+        Config::default()
+            .with_subsystem(sub.with_namespace(
+                NamespaceConfig::ram(NSID, p.ns_bytes).with_block_size(p.block_size),
+            ))
+            .validated()
+            .expect("harness config is valid");
     // The protocol parameters are set after validation, as they always
     // were: the tests choose them, not a file.
     let depth_max = c.target.queue_depth_max.max(p.depth);
@@ -259,7 +273,19 @@ pub fn registry(p: &Params) -> Arc<Registry> {
         .with_queue_depth_max(depth_max)
         .with_kato_grace_ms(p.kato_grace_ms)
         .with_send(p.target_send);
-    Arc::new(Registry::build(&c).expect("registry builds"))
+    c
+}
+
+/// The target's registry for `p` (see [`config`]).
+pub fn registry(p: &Params) -> Arc<Registry> {
+    Arc::new(Registry::build(&config(p)).expect("registry builds"))
+}
+
+/// The host address the target is told link `i` comes from (TEST-NET-1,
+/// so log lines name a peer as the I/O layer's do).
+pub fn peer_addr(i: usize) -> std::net::SocketAddr {
+    let port = 40000 + u16::try_from(i).unwrap_or(0);
+    std::net::SocketAddr::from(([192, 0, 2, 1], port))
 }
 
 fn core_config(p: &Params, qid: u16, depth: u16) -> CoreConfig {
@@ -316,7 +342,8 @@ impl Pair {
             self.now,
             sc.build(false),
         );
-        let target = QueueConnection::new(self.reg.clone(), None, None, self.now);
+        let peer = Some(peer_addr(self.links.len()));
+        let target = QueueConnection::new(self.reg.clone(), peer, None, self.now);
         self.links.push(Link {
             host,
             target,
@@ -345,6 +372,22 @@ impl Pair {
         cattr: u8,
         cntlid: u16,
     ) -> Result<Completion, HostError> {
+        let (hostid, hostnqn) = (self.params.hostid, self.params.hostnqn.clone());
+        self.connect_as(link, qid, sqsize, cattr, cntlid, hostid, &hostnqn)
+    }
+
+    /// A Fabrics Connect on `link` with the given HOSTID and host NQN.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect_as(
+        &mut self,
+        link: usize,
+        qid: u16,
+        sqsize: u16,
+        cattr: u8,
+        cntlid: u16,
+        hostid: [u8; 16],
+        hostnqn: &str,
+    ) -> Result<Completion, HostError> {
         let cmd = ConnectCommand {
             cid: 0,
             recfmt: 0,
@@ -354,10 +397,10 @@ impl Pair {
             kato_ms: if qid == 0 { self.params.kato_ms } else { 0 },
         };
         let data = ConnectData {
-            hostid: [0xaa; 16],
+            hostid,
             cntlid,
             subnqn: SUBNQN.into(),
-            hostnqn: HOSTNQN.into(),
+            hostnqn: hostnqn.into(),
         };
         self.execute(link, cmd.to_sqe(), Payload::Write(data.encode()))
     }

@@ -110,7 +110,26 @@ pub struct ConnectDataError {
     pub(crate) reason: &'static str,
 }
 
-fn parse_nqn(b: &[u8], off: u16, field: &'static str) -> Result<String, ConnectDataError> {
+impl ConnectDataError {
+    /// The field at fault (`hostnqn`, `subnqn`, `data`).
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// Why it was refused.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+/// Reads one NQN field. `allow_empty`: an all-zero field is the empty
+/// string (HOSTNQN only; an empty SUBNQN names nothing).
+fn parse_nqn(
+    b: &[u8],
+    off: u16,
+    field: &'static str,
+    allow_empty: bool,
+) -> Result<String, ConnectDataError> {
     let at = usize::from(off);
     let raw = &b[at..at + 256];
     let Some(end) = raw.iter().position(|&c| c == 0) else {
@@ -120,7 +139,7 @@ fn parse_nqn(b: &[u8], off: u16, field: &'static str) -> Result<String, ConnectD
             reason: "not NUL terminated",
         });
     };
-    if end == 0 {
+    if end == 0 && !allow_empty {
         return Err(ConnectDataError {
             field,
             offset: off,
@@ -163,8 +182,11 @@ impl ConnectData {
         Ok(ConnectData {
             hostid,
             cntlid: u16_at(b, 16),
-            subnqn: parse_nqn(b, 256, "subnqn")?,
-            hostnqn: parse_nqn(b, 512, "hostnqn")?,
+            subnqn: parse_nqn(b, 256, "subnqn", false)?,
+            // An empty HOSTNQN is a host that gave none (SPDK's perf with
+            // its default transport ID): Linux nvmet and SPDK's nvmf_tgt
+            // both let the subsystem's access rules decide, so it parses.
+            hostnqn: parse_nqn(b, 512, "hostnqn", true)?,
         })
     }
 
@@ -308,6 +330,24 @@ mod tests {
         d[256] = 0;
         assert_eq!(ConnectData::parse(&d).unwrap_err().field, "subnqn");
         assert!(ConnectData::parse(&d[..100]).is_err());
+    }
+
+    #[test]
+    fn connect_data_empty_hostnqn_and_hostid_parse() {
+        let d = ConnectData {
+            hostid: [0; 16],
+            cntlid: 0xffff,
+            subnqn: "nqn.a".into(),
+            hostnqn: String::new(),
+        };
+        let b = d.encode();
+        assert!(b[512..768].iter().all(|&c| c == 0));
+        assert_eq!(ConnectData::parse(&b).unwrap(), d);
+        // An empty SUBNQN is still refused, naming the field.
+        let mut b = b;
+        b[256..512].fill(0);
+        let e = ConnectData::parse(&b).unwrap_err();
+        assert_eq!((e.field, e.offset, e.reason), ("subnqn", 256, "empty"));
     }
 
     proptest! {

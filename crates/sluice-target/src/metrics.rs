@@ -26,11 +26,11 @@ pub struct IoCounters {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoSnapshot {
     pub read_commands: u64,
-    pub(crate) write_commands: u64,
-    pub(crate) other_commands: u64,
-    pub(crate) read_bytes: u64,
-    pub(crate) write_bytes: u64,
-    pub(crate) errors: u64,
+    pub write_commands: u64,
+    pub other_commands: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
 }
 
 impl IoCounters {
@@ -69,8 +69,17 @@ pub struct HostRegistry {
 /// Most distinct host NQNs tracked; beyond it hosts share one overflow entry.
 pub const TRACKED_HOSTS_MAX: usize = 4096;
 
+/// The per-host label of hosts that connected with an empty host NQN.
+pub const ANONYMOUS_HOST: &str = "(anonymous)";
+
 impl HostRegistry {
+    /// The counters of `hostnqn`; an empty NQN counts as [`ANONYMOUS_HOST`].
     pub fn counters_for(&self, hostnqn: &str) -> Arc<IoCounters> {
+        let hostnqn = if hostnqn.is_empty() {
+            ANONYMOUS_HOST
+        } else {
+            hostnqn
+        };
         let mut m = lock(&self.hosts);
         if let Some(c) = m.get(hostnqn) {
             return c.clone();

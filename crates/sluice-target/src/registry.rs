@@ -60,7 +60,7 @@ pub struct Registry {
     pub(crate) settings: TargetSettings,
     pub subsystems: BTreeMap<String, Arc<Subsystem>>,
     pub(crate) discovery: Arc<Subsystem>,
-    pub(crate) hosts: HostRegistry,
+    pub hosts: HostRegistry,
     /// Target-wide send path and coalescing counters: every queue's
     /// `SendStats`, summed.
     pub(crate) send: crate::metrics::SendTotals,

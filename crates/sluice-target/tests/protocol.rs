@@ -454,6 +454,60 @@ fn discovery_lists_only_allowed_subsystems_at_the_advertised_address() {
     );
 }
 
+/// A host with an empty HOSTNQN (SPDK's perf default): the discovery
+/// controller admits it (as nvmet's `nvmet_host_allowed` and SPDK's
+/// discovery subsystem do) and its log lists only the subsystems that admit
+/// any host; an allow-listed subsystem refuses it with Connect Invalid Host.
+#[test]
+fn empty_hostnqn_discovers_only_open_subsystems() {
+    const OPEN: &str = "nqn.2026-11.io.sluice:open";
+    let c = Config::default()
+        .with_subsystem(SubsystemConfig::new(SUBNQN).with_host(HOSTNQN))
+        .with_subsystem(SubsystemConfig::new(OPEN).allow_any_host())
+        .validated()
+        .unwrap();
+    let r = registry(&c);
+    let mut p = Pair::new(r.clone());
+    p.icreq(false, false);
+    let disc = p.connect_as(sluice_proto::DISCOVERY_NQN, "", 0, CNTLID_DYNAMIC);
+    assert_eq!(disc.status(), Status::SUCCESS);
+    assert_eq!(
+        p.prop_set(sluice_proto::fabrics::prop::CC, 1),
+        Status::SUCCESS
+    );
+    let len: u32 = 1024 + 1024 * 3;
+    let g = GetLogPage {
+        lid: lid::DISCOVERY,
+        lsp: 0,
+        rae: false,
+        len_bytes: len.into(),
+        offset_bytes: 0,
+    };
+    let cid = p.cid();
+    let (c, d) = p.command(with_c2h(g.to_sqe(cid, 0), len), &[]);
+    assert_eq!(c.status(), Status::SUCCESS);
+    let hdr = log::decode_discovery_header(&d).unwrap();
+    assert_eq!(
+        hdr.numrec, 2,
+        "the open subsystem + the discovery subsystem"
+    );
+    let e = log::decode_discovery_entries(&d, hdr.numrec);
+    assert_eq!(e[0].subnqn, OPEN);
+    assert_eq!(e[1].subtype, log::subtype::CURRENT_DISCOVERY);
+
+    for (sub, want) in [
+        (OPEN, Status::SUCCESS),
+        (SUBNQN, Status::CONNECT_INVALID_HOST),
+    ] {
+        let mut q = Pair::new(r.clone());
+        q.icreq(false, false);
+        let c = q.connect_as(sub, "", 0, CNTLID_DYNAMIC);
+        assert_eq!(c.status(), want, "{sub}");
+    }
+    assert_eq!(r.subsystems[SUBNQN].controller_count(), 0);
+    assert_eq!(r.subsystems[OPEN].controller_count(), 1);
+}
+
 #[test]
 fn emulated_ssd_namespace_completes_in_virtual_time() {
     for mode in SEND_MODES {

@@ -55,7 +55,10 @@ impl QueueConnection {
             return;
         }
         if self.state == ConnState::Ready && is_connect {
-            self.respond_now(cid, Status::COMMAND_SEQUENCE_ERROR, 0, now);
+            let c = sluice_proto::fabrics::ConnectCommand::parse(&sqe);
+            let answer = (Status::COMMAND_SEQUENCE_ERROR, 0);
+            self.refuse(&c, data, "qid", "queue already connected", answer);
+            self.respond_now(cid, answer.0, 0, now);
             return;
         }
         let depth = if self.state == ConnState::AwaitConnect {

@@ -8,8 +8,8 @@ use crate::controller::Controller;
 use crate::registry::Registry;
 use crate::subsystem::SubsystemKind;
 use sluice_proto::fabrics::{
-    connect_data_offset, connect_invalid_param_result, connect_offset, ConnectCommand, ConnectData,
-    CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+    connect_data_offset, connect_invalid_param_result, connect_offset, read_nqn, ConnectCommand,
+    ConnectData, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC, CONNECT_DATA_LEN,
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{IcReq, IcResp, PduHeader, TxParams};
@@ -104,6 +104,33 @@ impl QueueConnection {
     }
 
     /// The Connect command: returns its status and result (CNTLID).
+    ///
+    /// Every refusal logs exactly one line ([`Self::refuse`]). An empty
+    /// HOSTNQN (all zero bytes, what SPDK's perf sends with no `hostnqn:`)
+    /// and an all-zero HOSTID are a host that gave no identity, and are
+    /// treated as the references treat them:
+    ///
+    /// * Linux nvmet (`drivers/nvme/target/core.c`, `nvmet_alloc_ctrl` and
+    ///   `nvmet_host_allowed`) never checks the HOSTNQN's form: it
+    ///   NUL-terminates the field and `strcmp`s it against the allow-list.
+    ///   `allow_any_host` and the discovery subsystem admit it; otherwise
+    ///   it answers Connect Invalid Host (1h/84h) with IATTR = 1 and IPO =
+    ///   the HOSTNQN field (`IPO_IATTR_CONNECT_DATA(hostnqn)`). The HOSTID
+    ///   is copied, never validated.
+    /// * SPDK (`lib/nvmf/ctrlr.c`, `nvmf_ctrlr_cmd_connect` and
+    ///   `nvmf_qpair_access_allowed`) refuses only a HOSTNQN with no NUL
+    ///   (Invalid Parameters, IPO = HOSTNQN), then asks
+    ///   `spdk_nvmf_subsystem_host_allowed`: an empty NQN passes on an
+    ///   `allow_any_host` subsystem and fails an allow-list with
+    ///   SPDK_NVMF_FABRIC_SC_INVALID_HOST (84h, no IATTR/IPO).
+    ///
+    /// Sluice admits it where any host is admitted (open subsystems and
+    /// discovery), accounts it to the default tenant under the per-host
+    /// label [`crate::metrics::ANONYMOUS_HOST`], and refuses it on an
+    /// allow-list with Connect Invalid Host, IATTR/IPO naming HOSTNQN as
+    /// nvmet does. A non-empty malformed HOSTNQN (no NUL within 256 bytes,
+    /// over 223 bytes, not UTF-8, control characters) stays Connect
+    /// Invalid Parameters naming the field (`ConnectData::parse`).
     pub(super) fn connect(&mut self, sqe: &Sqe, data: &[u8], now: Instant) -> (Status, u32) {
         let c = ConnectCommand::parse(sqe);
         let invalid = |in_data: bool, ipo: u16| {
@@ -113,32 +140,74 @@ impl QueueConnection {
             )
         };
         if c.recfmt != 0 {
-            return (Status::CONNECT_INCOMPATIBLE_FORMAT, 0);
+            return self.refuse(
+                &c,
+                data,
+                "recfmt",
+                "unsupported record format",
+                (Status::CONNECT_INCOMPATIBLE_FORMAT, 0),
+            );
         }
         let cd = match ConnectData::parse(data) {
             Ok(cd) => cd,
             Err(e) => {
-                tracing::warn!(error = %e, "rejecting Connect");
-                return invalid(true, e.offset);
+                return self.refuse(&c, data, e.field(), e.reason(), invalid(true, e.offset));
             }
         };
-        self.span.record("hostnqn", cd.hostnqn.as_str());
+        self.span.record("hostnqn", logged_nqn(&cd.hostnqn));
         self.span.record("subnqn", cd.subnqn.as_str());
         let Some(sub) = self.reg.subsystem(&cd.subnqn) else {
-            tracing::warn!(subnqn = %cd.subnqn, "Connect to an unknown subsystem");
-            return invalid(true, connect_data_offset::SUBNQN);
+            return self.refuse(
+                &c,
+                data,
+                "subnqn",
+                "unknown subsystem",
+                invalid(true, connect_data_offset::SUBNQN),
+            );
         };
         if !sub.host_allowed(&cd.hostnqn) {
-            tracing::warn!(hostnqn = %cd.hostnqn, subnqn = %sub.nqn, "host is not on the subsystem's allow-list; Connect refused");
-            return (Status::CONNECT_INVALID_HOST, 0);
+            let reason = if cd.hostnqn.is_empty() {
+                "no host NQN given and the subsystem admits only its listed hosts"
+            } else {
+                "host is not on the subsystem's allow-list"
+            };
+            return self.refuse(
+                &c,
+                data,
+                "hostnqn",
+                reason,
+                (
+                    Status::CONNECT_INVALID_HOST,
+                    connect_invalid_param_result(true, connect_data_offset::HOSTNQN),
+                ),
+            );
         }
         let mqes = self.reg.settings.queue_depth_max - 1;
         if c.sqsize == 0 || c.sqsize > mqes || (c.qid == 0 && c.sqsize < 31) {
-            return invalid(false, connect_offset::SQSIZE);
+            let reason = if c.sqsize == 0 {
+                "SQSIZE 0"
+            } else if c.sqsize > mqes {
+                "SQSIZE above MQES"
+            } else {
+                "admin SQSIZE below 31"
+            };
+            return self.refuse(
+                &c,
+                data,
+                "sqsize",
+                reason,
+                invalid(false, connect_offset::SQSIZE),
+            );
         }
         let ctrl = if c.qid == 0 {
             if cd.cntlid != CNTLID_DYNAMIC {
-                return invalid(true, connect_data_offset::CNTLID);
+                return self.refuse(
+                    &c,
+                    data,
+                    "cntlid",
+                    "admin Connect must ask for CNTLID FFFFh (dynamic model)",
+                    invalid(true, connect_data_offset::CNTLID),
+                );
             }
             let counters = self.reg.hosts.counters_for(&cd.hostnqn);
             let kato = c.kato_ms;
@@ -158,27 +227,68 @@ impl QueueConnection {
                     tracing::info!(cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
                     ctrl
                 }
-                None => return (Status::CONNECT_CONTROLLER_BUSY, 0),
+                None => {
+                    return self.refuse(
+                        &c,
+                        data,
+                        "cntlid",
+                        "no controller ID free in the subsystem",
+                        (Status::CONNECT_CONTROLLER_BUSY, 0),
+                    )
+                }
             }
         } else {
             if sub.kind == SubsystemKind::Discovery {
-                return invalid(false, connect_offset::QID);
+                return self.refuse(
+                    &c,
+                    data,
+                    "qid",
+                    "I/O queue Connect to the discovery subsystem",
+                    invalid(false, connect_offset::QID),
+                );
             }
             let Some(ctrl) = self.reg.controller(&sub, cd.cntlid) else {
-                return invalid(true, connect_data_offset::CNTLID);
+                return self.refuse(
+                    &c,
+                    data,
+                    "cntlid",
+                    "no such controller",
+                    invalid(true, connect_data_offset::CNTLID),
+                );
             };
+            // The I/O queue joins the admin queue's association: the same
+            // HOSTNQN and HOSTID, byte for byte (empty and zero included).
             if ctrl.hostnqn != cd.hostnqn {
-                return invalid(true, connect_data_offset::HOSTNQN);
+                return self.refuse(
+                    &c,
+                    data,
+                    "hostnqn",
+                    "controller belongs to another host NQN",
+                    invalid(true, connect_data_offset::HOSTNQN),
+                );
             }
             if ctrl.hostid != cd.hostid {
-                return invalid(true, connect_data_offset::HOSTID);
+                return self.refuse(
+                    &c,
+                    data,
+                    "hostid",
+                    "HOSTID differs from the admin queue's",
+                    invalid(true, connect_data_offset::HOSTID),
+                );
             }
             if let Err(st) = ctrl.connect_io_queue(c.qid, self.reg.settings.io_queues_max) {
-                return if st == Status::CONNECT_INVALID_PARAMETERS {
+                let r = if st == Status::CONNECT_INVALID_PARAMETERS {
                     invalid(false, connect_offset::QID)
                 } else {
                     (st, 0)
                 };
+                return self.refuse(
+                    &c,
+                    data,
+                    "qid",
+                    "queue ID above the granted number of queues or already connected",
+                    r,
+                );
             }
             ctrl
         };
@@ -197,5 +307,48 @@ impl QueueConnection {
         self.state = ConnState::Ready;
         tracing::debug!(sqsize = c.sqsize, sq_flow_disabled, "queue connected");
         (Status::SUCCESS, cntlid as u32)
+    }
+
+    /// Logs one refused Connect (one line, at warn: peer, host NQN or
+    /// `(empty)`, subsystem, QID, the field and why) and returns the
+    /// status and result to answer with. Only refusals pay for this.
+    pub(super) fn refuse(
+        &self,
+        c: &ConnectCommand,
+        data: &[u8],
+        field: &str,
+        reason: &str,
+        answer: (Status, u32),
+    ) -> (Status, u32) {
+        let peer = self.peer.map(|p| p.to_string());
+        // Read leniently, as the host sent them (even when they did not
+        // parse); the subscriber escapes what it prints.
+        let (host, sub) = if data.len() >= CONNECT_DATA_LEN {
+            (read_nqn(data, 512), read_nqn(data, 256))
+        } else {
+            ("(not received)".to_string(), "(not received)".to_string())
+        };
+        tracing::warn!(
+            peer = peer.as_deref().unwrap_or("(unknown)"),
+            hostnqn = logged_nqn(&host),
+            subnqn = logged_nqn(&sub),
+            qid = c.qid,
+            field,
+            reason,
+            status = %answer.0,
+            "Connect refused"
+        );
+        answer
+    }
+}
+
+/// How a host NQN appears in the queue's span and in refusal lines: an
+/// empty one as `(empty)` (its per-host counters are `(anonymous)`, its
+/// tenant the default one, recorded in the span by the I/O layer).
+fn logged_nqn(hostnqn: &str) -> &str {
+    if hostnqn.is_empty() {
+        "(empty)"
+    } else {
+        hostnqn
     }
 }

@@ -95,6 +95,9 @@ pub struct QueueStats {
 pub struct QueueConnection {
     reg: Arc<Registry>,
     span: tracing::Span,
+    /// The host's address (the I/O layer knows it; in-memory peers pass
+    /// None), named in the log line of a refused Connect.
+    peer: Option<SocketAddr>,
     local: Option<SocketAddr>,
     /// Always present except while `process_input` runs.
     framer: Option<Framer>,
@@ -128,10 +131,12 @@ impl QueueConnection {
             subnqn = tracing::field::Empty,
             cntlid = tracing::field::Empty,
             qid = tracing::field::Empty,
+            tenant = tracing::field::Empty,
         );
         QueueConnection {
             reg,
             span,
+            peer,
             local,
             framer: Some(Framer::new(Direction::HostToController, data_max)),
             state: ConnState::AwaitIcReq,
@@ -290,8 +295,16 @@ impl QueueConnection {
         self.session.qid
     }
 
+    /// The host NQN of the association once connected (`""` for a host
+    /// that gave none; it belongs to the default tenant).
     pub fn hostnqn(&self) -> Option<&str> {
         self.session.ctrl.as_ref().map(|c| c.hostnqn.as_str())
+    }
+
+    /// Records the tenant the I/O layer resolved for this queue in its
+    /// tracing span (once per tenant table generation, not per I/O).
+    pub fn record_tenant(&self, name: &str) {
+        self.span.record("tenant", name);
     }
 
     pub fn controller(&self) -> Option<&Arc<Controller>> {

@@ -36,6 +36,9 @@ pub(super) fn conn_tenant(e: &mut ConnEntry, t: &WorkerTenancy) -> TenantId {
             let id = t.tenant_of(host);
             if host.is_some() {
                 e.tenant = Some((gen, id));
+                if let Some(name) = t.tenant_name(id) {
+                    e.conn.record_tenant(name);
+                }
             }
             id
         }

@@ -93,7 +93,8 @@ impl TenantTable {
         }
     }
 
-    /// The tenant of a host NQN (None before Connect: the default tenant).
+    /// The tenant of a host NQN (None before Connect, and the empty NQN of
+    /// a host that gave none, which no tenant can list: the default tenant).
     pub fn tenant_of(&self, hostnqn: Option<&str>) -> TenantId {
         hostnqn
             .and_then(|h| self.by_host.get(h).copied())

@@ -199,6 +199,11 @@ impl WorkerTenancy {
         self.table.tenant_of(hostnqn)
     }
 
+    /// A tenant's name in the current table.
+    pub fn tenant_name(&self, id: TenantId) -> Option<&str> {
+        self.table.spec(id).map(|s| s.name.as_str())
+    }
+
     /// Queues (or, with the scheduler off, submits) a backend request whose
     /// tag is already worker-unique.
     pub fn submit(

@@ -308,6 +308,11 @@ impl Pair {
         self.connect_req(subnqn, HOSTNQN, qid, cntlid, 31, cattr, 0)
     }
 
+    /// Connect to any subsystem as any host NQN (SQSIZE 31, no KATO).
+    pub fn connect_as(&mut self, subnqn: &str, hostnqn: &str, qid: u16, cntlid: u16) -> Cqe {
+        self.connect_req(subnqn, hostnqn, qid, cntlid, 31, 0, 0)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn connect_req(
         &mut self,

@@ -1,0 +1,160 @@
+//! Hosts that give no identity (an empty HOSTNQN, an all-zero HOSTID, as
+//! SPDK's perf sends with its default transport ID) and the log line every
+//! refused Connect leaves.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use sluice_config::tenants::DEFAULT_TENANT;
+use sluice_host::HostError;
+use sluice_pair::*;
+use sluice_proto::fabrics::{connect_data_offset, connect_invalid_param_result, CNTLID_DYNAMIC};
+use sluice_proto::send::SendConfig;
+use sluice_proto::Status;
+use sluice_target::metrics::ANONYMOUS_HOST;
+use sluice_target::tenant::TenantRuntime;
+
+fn anonymous(open: bool) -> Params {
+    Params {
+        hostnqn: String::new(),
+        hostid: [0; 16],
+        open_subsystem: open,
+        ..Params::default()
+    }
+}
+
+/// The status and result a refused Connect answered with.
+fn refusal<T: std::fmt::Debug>(r: Result<T, HostError>) -> (Status, u32) {
+    match r {
+        Err(HostError::Nvme { status, result, .. }) => (status, result),
+        other => panic!("expected an NVMe status, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_hostnqn_on_an_open_subsystem_reads_back_under_the_default_tenant() {
+    let p = anonymous(true);
+    // Admin and I/O Connect with an empty NQN and a zero HOSTID.
+    let mut pair = Pair::new(p.clone());
+    let data = pattern(8192, 7);
+    pair.write(8, &data).expect("write");
+    assert_eq!(pair.read(8, data.len()).expect("read"), data);
+
+    assert_eq!(pair.link(IO).target.hostnqn(), Some(""));
+    let hosts = pair.reg.hosts.snapshot();
+    let (_, anon) = hosts
+        .iter()
+        .find(|(h, _)| h == ANONYMOUS_HOST)
+        .unwrap_or_else(|| panic!("no {ANONYMOUS_HOST} counters in {hosts:?}"));
+    assert_eq!((anon.write_commands, anon.read_commands), (1, 1));
+    assert_eq!(anon.write_bytes, 8192);
+    assert!(hosts.iter().all(|(h, _)| !h.is_empty()), "{hosts:?}");
+
+    let tenants = TenantRuntime::new(&config(&p), &pair.reg);
+    let table = tenants.table();
+    assert_eq!(
+        table.tenant_of(pair.link(IO).target.hostnqn()),
+        table.id(DEFAULT_TENANT).expect("default tenant")
+    );
+}
+
+#[test]
+fn empty_hostnqn_on_an_allow_list_is_connect_invalid_host() {
+    let mut pair = Pair::unconnected(anonymous(false));
+    pair.open_link(0, 32, SendConfig::default());
+    let (st, result) = refusal(pair.connect(ADMIN, 0, 31, 0, CNTLID_DYNAMIC));
+    assert_eq!((st.sct, st.sc), (0x1, 0x84), "{st}");
+    assert_eq!(st, Status::CONNECT_INVALID_HOST);
+    // IATTR = 1 (in the data), IPO = the HOSTNQN field, as nvmet answers.
+    assert_eq!(
+        result,
+        connect_invalid_param_result(true, connect_data_offset::HOSTNQN)
+    );
+    assert!(pair.reg.hosts.snapshot().is_empty(), "nothing accounted");
+}
+
+#[test]
+fn io_connect_must_repeat_the_admin_queues_empty_nqn_and_zero_hostid() {
+    let p = anonymous(true);
+    let mut pair = Pair::unconnected(p.clone());
+    pair.connect_admin();
+    let cntlid = pair.cntlid;
+    let l = pair.open_link(1, p.depth, SendConfig::default());
+    // Another HOSTID: refused, IPO naming HOSTID.
+    let (st, result) = refusal(pair.connect_as(l, 1, p.depth - 1, 0, cntlid, [1; 16], ""));
+    assert_eq!((st.sct, st.sc), (0x1, 0x82), "{st}");
+    assert_eq!(
+        result,
+        connect_invalid_param_result(true, connect_data_offset::HOSTID)
+    );
+    // A named host joining the anonymous host's controller: refused.
+    let (st, result) = refusal(pair.connect_as(l, 1, p.depth - 1, 0, cntlid, [0; 16], HOSTNQN));
+    assert_eq!(st, Status::CONNECT_INVALID_PARAMETERS);
+    assert_eq!(
+        result,
+        connect_invalid_param_result(true, connect_data_offset::HOSTNQN)
+    );
+    // The same (empty, zero) identity joins.
+    pair.connect_as(l, 1, p.depth - 1, 0, cntlid, [0; 16], "")
+        .expect("I/O Connect with the admin queue's identity");
+}
+
+/// A writer collecting what the fmt subscriber prints.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn lines(&self) -> Vec<String> {
+        let b = self.0.lock().unwrap();
+        String::from_utf8_lossy(&b)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+#[test]
+fn one_refusal_logs_one_line_with_peer_nqn_and_field() {
+    let out = Captured::default();
+    let writer = out.clone();
+    let sub = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(sub, || {
+        let mut pair = Pair::unconnected(anonymous(false));
+        pair.open_link(0, 32, SendConfig::default());
+        let (st, _) = refusal(pair.connect(ADMIN, 0, 31, 0, CNTLID_DYNAMIC));
+        assert_eq!(st, Status::CONNECT_INVALID_HOST);
+    });
+    let lines = out.lines();
+    let refused: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("Connect refused"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{lines:#?}");
+    let l = refused[0];
+    assert!(l.contains(" WARN "), "{l}");
+    assert!(l.contains(&peer_addr(ADMIN).to_string()), "{l}");
+    assert!(l.contains("hostnqn=\"(empty)\""), "{l}");
+    assert!(l.contains("field=\"hostnqn\""), "{l}");
+    assert!(l.contains(SUBNQN), "{l}");
+    // Nothing else about this Connect at warn.
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(" WARN ")).count(),
+        1,
+        "{lines:#?}"
+    );
+}
