@@ -263,26 +263,18 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
         lid::CHANGED_NS_LIST if !disc => log::encode_changed_ns_list(&[]),
         lid::COMMANDS_SUPPORTED => {
             let a = |op| (op, effects::CSUPP);
-            let admin_ops: Vec<(u8, u32)> = if disc {
-                vec![
-                    a(admin::IDENTIFY),
-                    a(admin::GET_LOG_PAGE),
-                    a(admin::SET_FEATURES),
-                    a(admin::GET_FEATURES),
-                    a(admin::ASYNC_EVENT_REQUEST),
-                    a(admin::KEEP_ALIVE),
-                ]
-            } else {
-                vec![
-                    a(admin::IDENTIFY),
-                    a(admin::GET_LOG_PAGE),
-                    a(admin::SET_FEATURES),
-                    a(admin::GET_FEATURES),
-                    a(admin::ASYNC_EVENT_REQUEST),
-                    a(admin::KEEP_ALIVE),
-                    a(admin::ABORT),
-                ]
-            };
+            let mut admin_ops: Vec<(u8, u32)> = vec![
+                a(admin::IDENTIFY),
+                a(admin::GET_LOG_PAGE),
+                a(admin::SET_FEATURES),
+                a(admin::GET_FEATURES),
+                a(admin::ASYNC_EVENT_REQUEST),
+                a(admin::KEEP_ALIVE),
+            ];
+            if !disc {
+                // A discovery controller has no I/O queues to abort on.
+                admin_ops.push(a(admin::ABORT));
+            }
             use sluice_proto::command::io;
             let io_ops: Vec<(u8, u32)> = if disc {
                 vec![]
