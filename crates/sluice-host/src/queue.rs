@@ -432,23 +432,31 @@ impl Driver {
                 self.publish_send_stats();
                 continue;
             }
-            // The nearest of: held completions, PDUs held in a send freight,
-            // command timeouts (checked every TIMER_CHECK) and the idle cap.
-            let deadline = [
-                co_wait.map(|w| now + w),
-                self.core.send_deadline(),
-                self.core.poll_timeout().map(|t| t.max(now) + TIMER_CHECK),
-            ]
-            .into_iter()
-            .flatten()
-            .fold(now + IDLE_WAIT_MAX, Instant::min);
-            let timeout = sleeper.timeout(
-                self.polling,
-                now,
-                now.duration_since(last_progress),
-                Some(deadline),
-            );
-            if timeout == Some(Duration::ZERO) {
+            // Precise deadlines (held completions, PDUs held in a send
+            // freight) go to the sleeper's timerfd; the coarse ones (command
+            // timeouts, checked every TIMER_CHECK, and the idle cap) only
+            // bound epoll's millisecond timeout, so they cost no timerfd
+            // re-arm per sleep.
+            let precise = [co_wait.map(|w| now + w), self.core.send_deadline()]
+                .into_iter()
+                .flatten()
+                .min();
+            let coarse = self
+                .core
+                .poll_timeout()
+                .map_or(IDLE_WAIT_MAX, |t| {
+                    t.saturating_duration_since(now) + TIMER_CHECK
+                })
+                .min(IDLE_WAIT_MAX);
+            let timeout = sleeper
+                .timeout(
+                    self.polling,
+                    now,
+                    now.duration_since(last_progress),
+                    precise,
+                )
+                .map_or(coarse, |t| t.min(coarse));
+            if timeout == Duration::ZERO {
                 std::hint::spin_loop();
                 continue;
             }
@@ -458,7 +466,7 @@ impl Driver {
                 self.shared.parked.store(false, Ordering::Release);
                 continue;
             }
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
                     self.core.close(&format!("epoll wait: {e}"));
                 }
