@@ -1,0 +1,396 @@
+//! A client's copy of one volume's extent map, and the request planner.
+//!
+//! [`VolumeMap::plan`] turns a byte range of the volume into [`Piece`]s: runs
+//! of the request that go to one replica chain. A request is split where it
+//! crosses an extent edge, and neighbouring extents whose every replica sits
+//! in consecutive slots of the same drive are merged back into one piece (so
+//! a volume laid out contiguously costs no more commands than a plain
+//! namespace). Planning allocates nothing and is a few comparisons per
+//! extent: this is the fast path's whole cost of elasticity.
+
+use std::fmt;
+
+use crate::record::{Chain, ExtentRecord, Replica, VolumeId, VolumeRecord, EXTENT_BYTES};
+
+/// The cached map of one volume.
+#[derive(Clone, Debug)]
+pub struct VolumeMap {
+    volume: VolumeRecord,
+    /// Indexed by extent; `None` until allocated.
+    extents: Vec<Option<Chain>>,
+}
+
+/// The extent a write needs allocated before it can proceed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtentFault {
+    pub volume: VolumeId,
+    pub index: u64,
+}
+
+impl fmt::Display for ExtentFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "extent {} of {} is not allocated", self.index, self.volume)
+    }
+}
+
+/// Where one piece of a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PieceTarget {
+    /// Not allocated: reads see zeros, writes need an extent fault first.
+    Unallocated,
+    /// On the chain of extent `extent`; on replica `k`, the piece starts at
+    /// byte `chain[k].slot * EXTENT_BYTES + offset_in_extent` of its drive
+    /// and runs on contiguously (merged pieces span consecutive slots).
+    Mapped { extent: u64 },
+}
+
+/// One run of a request that goes to one place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Where in the request's buffer the piece starts.
+    pub buf_offset: u64,
+    /// The piece's length.
+    pub len_bytes: u64,
+    /// The first extent the piece covers.
+    pub extent: u64,
+    /// Where in that first extent it starts.
+    pub offset_in_extent: u64,
+    pub target: PieceTarget,
+}
+
+impl Piece {
+    /// The byte offset on the drive of `replica` where this piece starts.
+    pub fn drive_offset(&self, replica: &Replica) -> u64 {
+        replica.slot * EXTENT_BYTES + self.offset_in_extent
+    }
+}
+
+impl VolumeMap {
+    /// An empty map for `volume` (nothing allocated).
+    pub fn new(volume: VolumeRecord) -> VolumeMap {
+        let n = usize::try_from(volume.extents()).unwrap_or(usize::MAX);
+        VolumeMap { extents: vec![None; n], volume }
+    }
+
+    /// A map from a volume and its extent records; records outside the
+    /// volume or belonging to another are refused.
+    pub fn from_records(
+        volume: VolumeRecord,
+        records: impl IntoIterator<Item = ExtentRecord>,
+    ) -> Result<VolumeMap, String> {
+        let mut map = VolumeMap::new(volume);
+        for r in records {
+            map.insert(r)?;
+        }
+        Ok(map)
+    }
+
+    /// The volume this map describes.
+    pub fn volume(&self) -> &VolumeRecord {
+        &self.volume
+    }
+
+    /// The map's epoch (the volume's chain epoch when it was fetched).
+    pub fn epoch(&self) -> u64 {
+        self.volume.epoch
+    }
+
+    /// Adds or replaces an extent's chain (after an extent fault or a
+    /// refetch).
+    pub fn insert(&mut self, record: ExtentRecord) -> Result<(), String> {
+        record.check(&self.volume)?;
+        let slot = usize::try_from(record.index)
+            .ok()
+            .and_then(|i| self.extents.get_mut(i))
+            .ok_or_else(|| format!("extent {} outside the map", record.index))?;
+        *slot = Some(record.chain);
+        Ok(())
+    }
+
+    /// Grows (or, for a fresher record, replaces) the volume after an online
+    /// resize. Extents already known are kept.
+    pub fn update_volume(&mut self, volume: VolumeRecord) {
+        let n = usize::try_from(volume.extents()).unwrap_or(usize::MAX);
+        self.extents.resize(n, None);
+        self.volume = volume;
+    }
+
+    /// The chain of extent `index`, if allocated.
+    pub fn chain(&self, index: u64) -> Option<&Chain> {
+        usize::try_from(index).ok().and_then(|i| self.extents.get(i)).and_then(Option::as_ref)
+    }
+
+    /// Allocated extents.
+    pub fn allocated(&self) -> usize {
+        self.extents.iter().filter(|e| e.is_some()).count()
+    }
+
+    /// The first unallocated extent in `offset..offset + len`, if any.
+    pub fn first_fault(&self, offset_bytes: u64, len_bytes: u64) -> Option<ExtentFault> {
+        let (first, last) = extent_span(offset_bytes, len_bytes)?;
+        (first..=last)
+            .find(|&i| self.chain(i).is_none())
+            .map(|index| ExtentFault { volume: self.volume.id, index })
+    }
+
+    /// Plans `len_bytes` at `offset_bytes`: pieces in order, each at most
+    /// `piece_bytes_max` long. Fails when the range is empty, unaligned to
+    /// the volume's block or beyond its end.
+    pub fn plan(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        piece_bytes_max: u64,
+    ) -> Result<Plan<'_>, RangeError> {
+        let bs = u64::from(self.volume.block_size_bytes);
+        if len_bytes == 0 || offset_bytes % bs != 0 || len_bytes % bs != 0 {
+            return Err(RangeError::Unaligned { offset_bytes, len_bytes, block_size_bytes: bs });
+        }
+        let end = offset_bytes.checked_add(len_bytes).ok_or(RangeError::Beyond {
+            offset_bytes,
+            len_bytes,
+            size_bytes: self.volume.size_bytes,
+        })?;
+        if end > self.volume.size_bytes {
+            return Err(RangeError::Beyond { offset_bytes, len_bytes, size_bytes: self.volume.size_bytes });
+        }
+        // A piece never ends mid-block, so the cap is rounded down to blocks.
+        let cap = (piece_bytes_max / bs).max(1) * bs;
+        Ok(Plan { map: self, pos: offset_bytes, end, start: offset_bytes, cap })
+    }
+
+    /// Whether extent `b` continues extent `a` on every replica: same drives
+    /// in the same order, each in the next slot.
+    fn contiguous(a: &Chain, b: &Chain) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| x.drive == y.drive && x.slot.checked_add(1) == Some(y.slot))
+    }
+}
+
+/// The extents `offset..offset+len` touches, first and last.
+fn extent_span(offset_bytes: u64, len_bytes: u64) -> Option<(u64, u64)> {
+    if len_bytes == 0 {
+        return None;
+    }
+    let last_byte = offset_bytes.checked_add(len_bytes - 1)?;
+    Some((offset_bytes / EXTENT_BYTES, last_byte / EXTENT_BYTES))
+}
+
+/// A request outside the volume or not made of whole blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("{len_bytes} bytes at {offset_bytes} is not whole {block_size_bytes}-byte blocks")]
+    Unaligned { offset_bytes: u64, len_bytes: u64, block_size_bytes: u64 },
+    #[error("{len_bytes} bytes at {offset_bytes} runs beyond the volume's {size_bytes} bytes")]
+    Beyond { offset_bytes: u64, len_bytes: u64, size_bytes: u64 },
+}
+
+/// The pieces of one request, produced lazily (see [`VolumeMap::plan`]).
+#[derive(Debug)]
+pub struct Plan<'a> {
+    map: &'a VolumeMap,
+    pos: u64,
+    end: u64,
+    start: u64,
+    cap: u64,
+}
+
+impl Iterator for Plan<'_> {
+    type Item = Piece;
+
+    fn next(&mut self) -> Option<Piece> {
+        if self.pos >= self.end {
+            return None;
+        }
+        let extent = self.pos / EXTENT_BYTES;
+        let offset_in_extent = self.pos % EXTENT_BYTES;
+        let first = self.map.chain(extent);
+        let limit = self.end.min(self.pos.saturating_add(self.cap));
+        // Extend across extent edges while the next extent continues this one
+        // (both unallocated, or physically contiguous on every replica).
+        let mut piece_end = ((extent + 1) * EXTENT_BYTES).min(limit);
+        let mut prev = first;
+        let mut next_extent = extent + 1;
+        while piece_end < limit {
+            let next = self.map.chain(next_extent);
+            let continues = match (prev, next) {
+                (None, None) => true,
+                (Some(a), Some(b)) => VolumeMap::contiguous(a, b),
+                _ => false,
+            };
+            if !continues {
+                break;
+            }
+            piece_end = ((next_extent + 1) * EXTENT_BYTES).min(limit);
+            prev = next;
+            next_extent += 1;
+        }
+        let piece = Piece {
+            buf_offset: self.pos - self.start,
+            len_bytes: piece_end - self.pos,
+            extent,
+            offset_in_extent,
+            target: if first.is_some() { PieceTarget::Mapped { extent } } else { PieceTarget::Unallocated },
+        };
+        self.pos = piece_end;
+        Some(piece)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{DriveId, VolumeState};
+    use proptest::prelude::*;
+
+    fn volume(extents: u64, replicas: u8) -> VolumeRecord {
+        VolumeRecord {
+            id: VolumeId(7),
+            name: "v".into(),
+            state: VolumeState::Ready,
+            size_bytes: extents * EXTENT_BYTES,
+            block_size_bytes: 4096,
+            replicas,
+            tenant: None,
+            prefer: vec![],
+            epoch: 3,
+            extents_per_drive: Default::default(),
+        }
+    }
+
+    fn rec(index: u64, chain: &[(u32, u64)]) -> ExtentRecord {
+        ExtentRecord {
+            volume: VolumeId(7),
+            index,
+            chain: chain.iter().map(|&(d, s)| Replica { drive: DriveId(d), slot: s }).collect(),
+        }
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_request_inside_one_extent_is_one_piece() {
+        let map = VolumeMap::from_records(volume(4, 1), [rec(1, &[(0, 9)])]).unwrap();
+        let p: Vec<_> = map.plan(EXTENT_BYTES + 8192, 4096, u64::MAX).unwrap().collect();
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].target, PieceTarget::Mapped { extent: 1 });
+        assert_eq!(p[0].offset_in_extent, 8192);
+        assert_eq!(p[0].drive_offset(&map.chain(1).unwrap()[0]), 9 * EXTENT_BYTES + 8192);
+    }
+
+    #[test]
+    fn requests_split_at_extent_edges_and_merge_when_contiguous() {
+        // 0 and 1 contiguous on drive 0; 2 on drive 1; 3 unallocated.
+        let map = VolumeMap::from_records(
+            volume(4, 1),
+            [rec(0, &[(0, 4)]), rec(1, &[(0, 5)]), rec(2, &[(1, 0)])],
+        )
+        .unwrap();
+        let p: Vec<_> = map.plan(MIB, 3 * EXTENT_BYTES, u64::MAX).unwrap().collect();
+        let shape: Vec<_> = p.iter().map(|p| (p.buf_offset, p.len_bytes, p.target)).collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 3 * MIB, PieceTarget::Mapped { extent: 0 }),
+                (3 * MIB, 2 * MIB, PieceTarget::Mapped { extent: 2 }),
+                (5 * MIB, MIB, PieceTarget::Unallocated),
+            ]
+        );
+        assert_eq!(map.first_fault(0, 4 * EXTENT_BYTES), Some(ExtentFault { volume: VolumeId(7), index: 3 }));
+        assert_eq!(map.first_fault(0, 3 * EXTENT_BYTES), None);
+    }
+
+    #[test]
+    fn replicated_extents_merge_only_when_every_replica_is_contiguous() {
+        let map = VolumeMap::from_records(
+            volume(3, 2),
+            [rec(0, &[(0, 1), (1, 1)]), rec(1, &[(0, 2), (1, 2)]), rec(2, &[(0, 3), (1, 9)])],
+        )
+        .unwrap();
+        let lens: Vec<_> = map.plan(0, 3 * EXTENT_BYTES, u64::MAX).unwrap().map(|p| p.len_bytes).collect();
+        assert_eq!(lens, vec![2 * EXTENT_BYTES, EXTENT_BYTES]);
+    }
+
+    #[test]
+    fn pieces_respect_the_transfer_cap() {
+        let map = VolumeMap::new(volume(2, 1));
+        let lens: Vec<_> = map.plan(0, 4 * MIB, 1_500_000).unwrap().map(|p| p.len_bytes).collect();
+        // The cap rounds down to 4 KiB blocks: 1,499,136 bytes.
+        assert!(lens.iter().all(|&l| l <= 1_499_136 && l % 4096 == 0), "{lens:?}");
+        assert_eq!(lens.iter().sum::<u64>(), 4 * MIB);
+    }
+
+    #[test]
+    fn bad_ranges_are_refused() {
+        let map = VolumeMap::new(volume(1, 1));
+        assert!(matches!(map.plan(0, 0, 1 << 20), Err(RangeError::Unaligned { .. })));
+        assert!(matches!(map.plan(512, 4096, 1 << 20), Err(RangeError::Unaligned { .. })));
+        assert!(matches!(map.plan(EXTENT_BYTES - 4096, 8192, 1 << 20), Err(RangeError::Beyond { .. })));
+        assert!(matches!(map.plan(u64::MAX - 4095, 4096, 1 << 20), Err(RangeError::Unaligned { .. }) | Err(RangeError::Beyond { .. })));
+    }
+
+    #[test]
+    fn foreign_or_out_of_range_records_are_refused() {
+        let mut map = VolumeMap::new(volume(2, 1));
+        assert!(map.insert(rec(2, &[(0, 0)])).is_err());
+        let mut r = rec(0, &[(0, 0)]);
+        r.volume = VolumeId(8);
+        assert!(map.insert(r).is_err());
+        assert!(map.insert(rec(0, &[(0, 0), (0, 1)])).is_err(), "two replicas on one drive");
+    }
+
+    #[test]
+    fn resize_keeps_known_extents() {
+        let mut map = VolumeMap::from_records(volume(2, 1), [rec(1, &[(0, 0)])]).unwrap();
+        map.update_volume(volume(5, 1));
+        assert!(map.chain(1).is_some());
+        assert!(map.chain(4).is_none());
+        assert!(map.plan(4 * EXTENT_BYTES, 4096, 1 << 20).is_ok());
+    }
+
+    proptest! {
+        /// Pieces tile the request exactly, each lies in allocated or
+        /// unallocated space only, and every byte maps to the replica offset
+        /// that its own extent's chain gives.
+        #[test]
+        fn plans_tile_the_request_and_map_every_byte_right(
+            layout in proptest::collection::vec(proptest::option::of((0u32..3, 0u64..6)), 6),
+            start_blocks in 0u64..(6 * 512),
+            len_blocks in 1u64..1600,
+            cap_blocks in 1u64..700,
+        ) {
+            let mut map = VolumeMap::new(volume(6, 1));
+            for (i, l) in layout.iter().enumerate() {
+                if let Some((d, s)) = l {
+                    map.insert(rec(i as u64, &[(*d, *s)])).unwrap();
+                }
+            }
+            let offset = start_blocks * 4096;
+            let len = (len_blocks * 4096).min(6 * EXTENT_BYTES - offset);
+            prop_assume!(len > 0);
+            let mut expect_buf = 0;
+            for p in map.plan(offset, len, cap_blocks * 4096).unwrap() {
+                prop_assert_eq!(p.buf_offset, expect_buf);
+                prop_assert!(p.len_bytes > 0 && p.len_bytes <= cap_blocks * 4096);
+                // Check the first and last byte of the piece map where the
+                // per-extent chain says.
+                for probe in [0, p.len_bytes - 1] {
+                    let vol_byte = offset + p.buf_offset + probe;
+                    let ext = vol_byte / EXTENT_BYTES;
+                    match (p.target, map.chain(ext)) {
+                        (PieceTarget::Unallocated, None) => {}
+                        (PieceTarget::Mapped { extent }, Some(chain)) => {
+                            let first = map.chain(extent).unwrap();
+                            prop_assert_eq!(first[0].drive, chain[0].drive);
+                            prop_assert_eq!(p.drive_offset(&first[0]) + probe,
+                                chain[0].slot * EXTENT_BYTES + vol_byte % EXTENT_BYTES);
+                        }
+                        (t, c) => prop_assert!(false, "piece {:?} over extent {:?}", t, c),
+                    }
+                }
+                expect_buf += p.len_bytes;
+            }
+            prop_assert_eq!(expect_buf, len);
+        }
+    }
+}

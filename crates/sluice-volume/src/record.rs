@@ -1,0 +1,445 @@
+//! The control plane's persistent records: drives, volumes and extents.
+//!
+//! These are what `sluice-meta` stores (one key each) and what the control
+//! plane's API returns. Their invariants are checked by
+//! [`DriveRecord::check`], [`VolumeRecord::check`] and
+//! [`ExtentRecord::check`], which the stores call on every record they load
+//! so that corrupt metadata is reported with its key, never trusted.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The size of one extent, the unit of allocation and replication (Flint
+/// uses 2 MiB).
+pub const EXTENT_BYTES: u64 = 2 << 20;
+
+/// Replicas per extent, at most. Chain replication's write latency grows with
+/// the chain; three is what Flint and most systems use.
+pub const REPLICAS_MAX: u8 = 3;
+
+/// Drives in one pool, at most.
+pub const DRIVES_MAX: usize = 4096;
+
+/// Volumes in one pool, at most.
+pub const VOLUMES_MAX: usize = 65_536;
+
+/// The largest volume: 256 TiB, 128 Mi extents.
+pub const VOLUME_BYTES_MAX: u64 = 256 << 40;
+
+/// Longest volume name, tenant name, drive address or NQN we store.
+pub const NAME_BYTES_MAX: usize = 223;
+
+/// Block sizes a volume may expose.
+pub const VOLUME_BLOCK_SIZES: [u32; 2] = [512, 4096];
+
+/// A drive's number in the pool, never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DriveId(pub u32);
+
+impl fmt::Display for DriveId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "d{}", self.0)
+    }
+}
+
+/// A volume's number, never reused (a re-created name gets a new id, so a
+/// stale client cannot write into the new volume's extents).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VolumeId(pub u64);
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}", self.0)
+    }
+}
+
+/// Where a drive lives: a namespace on an NVMe/TCP target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriveSpec {
+    /// `host:port` of the target's I/O port.
+    pub addr: String,
+    /// The subsystem NQN.
+    pub nqn: String,
+    /// The namespace id.
+    pub nsid: u32,
+}
+
+impl DriveSpec {
+    /// The target this drive is on, for spreading replicas over targets.
+    pub fn target(&self) -> &str {
+        &self.addr
+    }
+}
+
+impl fmt::Display for DriveSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} nsid {}", self.addr, self.nqn, self.nsid)
+    }
+}
+
+/// Whether a drive takes new extents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DriveState {
+    /// In service.
+    Up,
+    /// Out of service: no new extents; its replicas are to be rebuilt.
+    Down,
+}
+
+/// One drive of the pool and its slot allocator.
+///
+/// Slots `0..next_slot` have been handed out at some time; those in `free`
+/// were given back. A slot is owned by exactly one extent replica or is free
+/// (the stores check this across records; see `sluice-meta`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriveRecord {
+    pub id: DriveId,
+    pub spec: DriveSpec,
+    pub state: DriveState,
+    /// The namespace's logical block size.
+    pub block_size_bytes: u32,
+    /// Whole extents that fit in the namespace.
+    pub slots_total: u64,
+    /// The first slot never handed out.
+    pub next_slot: u64,
+    /// Slots handed out and given back, lowest first.
+    pub free: Vec<u64>,
+    /// The namespace's NGUID when it reported one: a drive that comes back
+    /// with another NGUID is a different drive, and is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nguid: Option<String>,
+}
+
+impl DriveRecord {
+    /// Slots owned by extents.
+    pub fn slots_used(&self) -> u64 {
+        self.next_slot - self.free.len() as u64
+    }
+
+    /// Slots that can still be handed out.
+    pub fn slots_free(&self) -> u64 {
+        self.slots_total - self.slots_used()
+    }
+
+    /// Takes a free slot: the lowest given-back one, else the next new one.
+    pub fn take_slot(&mut self) -> Option<u64> {
+        if !self.free.is_empty() {
+            return Some(self.free.remove(0));
+        }
+        if self.next_slot < self.slots_total {
+            self.next_slot += 1;
+            return Some(self.next_slot - 1);
+        }
+        None
+    }
+
+    /// Gives a slot back. Returns false (and changes nothing) when the slot
+    /// was never handed out or is already free: a double free is a bug the
+    /// caller must report.
+    pub fn give_slot(&mut self, slot: u64) -> bool {
+        if slot >= self.next_slot {
+            return false;
+        }
+        match self.free.binary_search(&slot) {
+            Ok(_) => false,
+            Err(pos) => {
+                self.free.insert(pos, slot);
+                true
+            }
+        }
+    }
+
+    /// Fraction of the drive's slots in use, 0..=1.
+    pub fn used_fraction(&self) -> f64 {
+        if self.slots_total == 0 {
+            return 1.0;
+        }
+        self.slots_used() as f64 / self.slots_total as f64
+    }
+
+    /// Flint's fragment degree: the share of handed-out slots that were
+    /// given back and now sit as holes below `next_slot`, 0..=1.
+    pub fn fragment_degree(&self) -> f64 {
+        if self.next_slot == 0 {
+            return 0.0;
+        }
+        self.free.len() as f64 / self.next_slot as f64
+    }
+
+    /// The drive LBA where `slot` begins.
+    pub fn slot_lba(&self, slot: u64) -> u64 {
+        slot * (EXTENT_BYTES / u64::from(self.block_size_bytes))
+    }
+
+    /// Checks the record's own invariants.
+    pub fn check(&self) -> Result<(), String> {
+        if self.block_size_bytes == 0
+            || !self.block_size_bytes.is_power_of_two()
+            || u64::from(self.block_size_bytes) > EXTENT_BYTES
+        {
+            return Err(format!("block_size_bytes {} is not a power of two up to 2 MiB", self.block_size_bytes));
+        }
+        if self.next_slot > self.slots_total {
+            return Err(format!("next_slot {} beyond slots_total {}", self.next_slot, self.slots_total));
+        }
+        if !self.free.windows(2).all(|w| w[0] < w[1]) {
+            return Err("free slots not strictly ascending".into());
+        }
+        if self.free.last().is_some_and(|&s| s >= self.next_slot) {
+            return Err("a free slot at or beyond next_slot".into());
+        }
+        check_name("spec.addr", &self.spec.addr)?;
+        check_name("spec.nqn", &self.spec.nqn)?;
+        if self.spec.nsid == 0 || self.spec.nsid == u32::MAX {
+            return Err(format!("spec.nsid {} is not a namespace id", self.spec.nsid));
+        }
+        Ok(())
+    }
+}
+
+/// A volume's life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeState {
+    /// Serving I/O.
+    Ready,
+    /// Being deleted: its extents are freed in batches; it takes no I/O.
+    Deleting,
+}
+
+/// One volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: VolumeId,
+    pub name: String,
+    pub state: VolumeState,
+    pub size_bytes: u64,
+    pub block_size_bytes: u32,
+    /// Copies of every extent, on distinct drives.
+    pub replicas: u8,
+    /// The tenant the volume's I/O is accounted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Drive addresses or NQNs the user prefers (placement's η term).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefer: Vec<String>,
+    /// Bumped on every chain change (a rebuilt or moved replica), never on a
+    /// plain allocation; clients with an older epoch must refetch the map.
+    pub epoch: u64,
+    /// Allocated extents per drive (one count per replica), for placement's
+    /// spreading term.
+    #[serde(default)]
+    pub extents_per_drive: BTreeMap<DriveId, u64>,
+}
+
+impl VolumeRecord {
+    /// Extents the volume spans.
+    pub fn extents(&self) -> u64 {
+        self.size_bytes.div_ceil(EXTENT_BYTES)
+    }
+
+    /// Slots the volume reserves in the pool: every extent of every replica.
+    pub fn slots_reserved(&self) -> u64 {
+        self.extents() * u64::from(self.replicas)
+    }
+
+    /// Extents allocated so far (counting one per chain, not per replica).
+    pub fn extents_allocated(&self) -> u64 {
+        self.extents_per_drive.values().sum::<u64>() / u64::from(self.replicas.max(1))
+    }
+
+    /// Checks the record's own invariants.
+    pub fn check(&self) -> Result<(), String> {
+        check_volume_name(&self.name)?;
+        check_size(self.size_bytes, self.block_size_bytes)?;
+        check_replicas(self.replicas)?;
+        if let Some(t) = &self.tenant {
+            check_name("tenant", t)?;
+        }
+        for p in &self.prefer {
+            check_name("prefer", p)?;
+        }
+        Ok(())
+    }
+}
+
+/// One replica of an extent: a slot on a drive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Replica {
+    pub drive: DriveId,
+    pub slot: u64,
+}
+
+/// An extent's replicas in chain order: head first, tail last.
+pub type Chain = Vec<Replica>;
+
+/// One allocated extent of a volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtentRecord {
+    pub volume: VolumeId,
+    pub index: u64,
+    pub chain: Chain,
+}
+
+impl ExtentRecord {
+    /// Checks the record against its volume.
+    pub fn check(&self, volume: &VolumeRecord) -> Result<(), String> {
+        if self.volume != volume.id {
+            return Err(format!("belongs to {} not {}", self.volume, volume.id));
+        }
+        if self.index >= volume.extents() {
+            return Err(format!("index {} beyond the volume's {} extents", self.index, volume.extents()));
+        }
+        if self.chain.is_empty() || self.chain.len() > usize::from(REPLICAS_MAX) {
+            return Err(format!("chain of {} replicas", self.chain.len()));
+        }
+        for (i, r) in self.chain.iter().enumerate() {
+            if self.chain[..i].iter().any(|o| o.drive == r.drive) {
+                return Err(format!("two replicas on drive {}", r.drive));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a volume name: 1-223 bytes of `[A-Za-z0-9._-]`, not starting with
+/// a dot or dash (names become metadata keys and CLI arguments).
+pub fn check_volume_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(format!("volume name must be 1-{NAME_BYTES_MAX} bytes, got {}", name.len()));
+    }
+    if name.starts_with(['.', '-']) {
+        return Err(format!("volume name {name:?} starts with '.' or '-'"));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!("volume name {name:?} has {c:?}; use letters, digits, '.', '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Checks a volume size against its block size and [`VOLUME_BYTES_MAX`].
+pub fn check_size(size_bytes: u64, block_size_bytes: u32) -> Result<(), String> {
+    if !VOLUME_BLOCK_SIZES.contains(&block_size_bytes) {
+        return Err(format!("block size {block_size_bytes} is not one of {VOLUME_BLOCK_SIZES:?}"));
+    }
+    if size_bytes == 0 || size_bytes > VOLUME_BYTES_MAX {
+        return Err(format!("size {size_bytes} bytes is not within 1 block to 256 TiB"));
+    }
+    if size_bytes % u64::from(block_size_bytes) != 0 {
+        return Err(format!("size {size_bytes} bytes is not a multiple of the {block_size_bytes}-byte block"));
+    }
+    Ok(())
+}
+
+/// Checks a replica count: 1..=[`REPLICAS_MAX`].
+pub fn check_replicas(replicas: u8) -> Result<(), String> {
+    if replicas == 0 || replicas > REPLICAS_MAX {
+        return Err(format!("replicas must be 1-{REPLICAS_MAX}, got {replicas}"));
+    }
+    Ok(())
+}
+
+fn check_name(field: &str, s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > NAME_BYTES_MAX || s.chars().any(char::is_control) {
+        return Err(format!("{field} must be 1-{NAME_BYTES_MAX} printable bytes"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn drive(slots: u64) -> DriveRecord {
+        DriveRecord {
+            id: DriveId(1),
+            spec: DriveSpec { addr: "127.0.0.1:4420".into(), nqn: "nqn.x".into(), nsid: 1 },
+            state: DriveState::Up,
+            block_size_bytes: 512,
+            slots_total: slots,
+            next_slot: 0,
+            free: vec![],
+            nguid: None,
+        }
+    }
+
+    #[test]
+    fn slots_are_handed_out_lowest_first_and_never_twice() {
+        let mut d = drive(3);
+        assert_eq!(d.take_slot(), Some(0));
+        assert_eq!(d.take_slot(), Some(1));
+        assert!(d.give_slot(0));
+        assert!(!d.give_slot(0), "double free refused");
+        assert!(!d.give_slot(2), "never handed out");
+        assert_eq!(d.take_slot(), Some(0));
+        assert_eq!(d.take_slot(), Some(2));
+        assert_eq!(d.take_slot(), None);
+        assert_eq!(d.slots_free(), 0);
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn slot_lba_scales_with_block_size() {
+        let mut d = drive(4);
+        assert_eq!(d.slot_lba(3), 3 * 4096);
+        d.block_size_bytes = 4096;
+        assert_eq!(d.slot_lba(3), 3 * 512);
+    }
+
+    #[test]
+    fn names_and_sizes_are_checked() {
+        assert!(check_volume_name("db-01.data_x").is_ok());
+        for bad in ["", "-x", ".x", "a/b", "a b", "é"] {
+            assert!(check_volume_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_size(4096, 4096).is_ok());
+        assert!(check_size(0, 4096).is_err());
+        assert!(check_size(4097, 4096).is_err());
+        assert!(check_size(4096, 1024).is_err());
+        assert!(check_size(VOLUME_BYTES_MAX + 4096, 4096).is_err());
+        assert!(check_replicas(0).is_err());
+        assert!(check_replicas(4).is_err());
+    }
+
+    #[test]
+    fn corrupt_drive_records_are_named() {
+        let mut d = drive(4);
+        d.next_slot = 2;
+        d.free = vec![1, 0];
+        assert!(d.check().unwrap_err().contains("ascending"));
+        d.free = vec![2];
+        assert!(d.check().unwrap_err().contains("next_slot"));
+        d.free = vec![];
+        d.next_slot = 5;
+        assert!(d.check().unwrap_err().contains("slots_total"));
+    }
+
+    proptest! {
+        /// Any sequence of takes and gives keeps every slot either owned or
+        /// free, never both, and never hands out an owned slot.
+        #[test]
+        fn slot_allocator_never_double_allocates(ops in proptest::collection::vec(any::<(bool, u8)>(), 0..200)) {
+            let mut d = drive(16);
+            let mut owned = std::collections::BTreeSet::new();
+            for (take, pick) in ops {
+                if take {
+                    match d.take_slot() {
+                        Some(s) => prop_assert!(owned.insert(s), "slot {} handed out twice", s),
+                        None => prop_assert_eq!(owned.len() as u64, d.slots_total),
+                    }
+                } else if let Some(&s) = owned.iter().nth(usize::from(pick) % owned.len().max(1)) {
+                    prop_assert!(d.give_slot(s));
+                    owned.remove(&s);
+                }
+                prop_assert_eq!(d.slots_used(), owned.len() as u64);
+                prop_assert!(d.check().is_ok());
+            }
+        }
+    }
+}
