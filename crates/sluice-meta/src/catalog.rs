@@ -1,0 +1,614 @@
+//! Drives, volumes and extents as transactions on a [`MetaStore`].
+//!
+//! Every change reads what it depends on, computes the new records, and
+//! commits them in one [`Txn`] that compares the revisions it read: the
+//! change applies whole or not at all, and a concurrent writer (another
+//! control-plane process that believes it leads) makes it retry on fresh
+//! state instead of overwriting. A crash between any two steps therefore
+//! leaves the old state or the new one; `check::check_catalog` proves no slot
+//! is leaked or owned twice.
+//!
+//! Deleting a volume frees its extents in several transactions (etcd caps a
+//! transaction at 128 operations): the volume is first marked `Deleting`,
+//! then its extents are freed in batches, each batch returning its slots in
+//! the same transaction that deletes the extent keys, then the volume goes.
+//! [`Catalog::resume_deletes`] finishes what a crash interrupted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use sluice_volume::placement::{self, DriveCandidate, PlacementError, PlacementWeights};
+use sluice_volume::record::{
+    check_replicas, check_size, check_volume_name, DRIVES_MAX, NAME_BYTES_MAX, VOLUMES_MAX,
+};
+use sluice_volume::{
+    DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, VolumeId, VolumeRecord,
+    VolumeState, EXTENT_BYTES,
+};
+
+use crate::keys::{self, Ids, Reserved};
+use crate::store::{Committed, MetaStore, StoreError, Txn, Versioned, TXN_OPS_MAX};
+
+/// Attempts at one change before giving up on a contended key.
+pub const CONFLICT_RETRIES_MAX: u32 = 32;
+
+/// Where a crash can be injected (tests kill the process at these points).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    /// The transaction is built and about to be committed.
+    BeforeCommit(&'static str),
+    /// The transaction committed; the caller has not been told.
+    AfterCommit(&'static str),
+}
+
+type CrashHook = Arc<dyn Fn(CrashPoint) + Send + Sync>;
+
+/// A catalog failure. Each names what the user got wrong, or the store's
+/// failure.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no volume named {0:?}")]
+    UnknownVolume(String),
+    #[error("a volume named {0:?} already exists")]
+    DuplicateVolume(String),
+    #[error("volume {name:?} was deleted and re-created (expected {expected}, found {found}); reopen it")]
+    VolumeRecreated { name: String, expected: VolumeId, found: VolumeId },
+    #[error("volume {0:?} is being deleted")]
+    Deleting(String),
+    #[error("volume {name:?} is {size_bytes} bytes; it can grow but not shrink to {requested_bytes}")]
+    Shrink { name: String, size_bytes: u64, requested_bytes: u64 },
+    #[error("extent {index} is beyond volume {name:?}'s {extents} extents")]
+    ExtentOutOfRange { name: String, index: u64, extents: u64 },
+    #[error("no drive {0}")]
+    UnknownDrive(DriveId),
+    #[error("drive {0} is already in the pool")]
+    DuplicateDrive(String),
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("capacity exceeded: {0}")]
+    PoolFull(String),
+    #[error("metadata is inconsistent: {0}")]
+    Inconsistent(String),
+    #[error("gave up after {CONFLICT_RETRIES_MAX} conflicting attempts at {0}")]
+    Contended(&'static str),
+}
+
+/// What a new volume looks like.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub size_bytes: u64,
+    pub block_size_bytes: u32,
+    pub replicas: u8,
+    pub tenant: Option<String>,
+    pub prefer: Vec<String>,
+}
+
+impl VolumeSpec {
+    /// A spec with one replica and 4 KiB blocks.
+    pub fn new(name: impl Into<String>, size_bytes: u64) -> VolumeSpec {
+        VolumeSpec {
+            name: name.into(),
+            size_bytes,
+            block_size_bytes: 4096,
+            replicas: 1,
+            tenant: None,
+            prefer: vec![],
+        }
+    }
+
+    pub fn with_replicas(mut self, replicas: u8) -> VolumeSpec {
+        self.replicas = replicas;
+        self
+    }
+}
+
+/// A volume's full map as the control plane hands it to a client.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeLayout {
+    pub volume: VolumeRecord,
+    pub extents: Vec<ExtentRecord>,
+    /// Every drive the extents use.
+    pub drives: Vec<DriveRecord>,
+}
+
+/// The catalog over a store.
+pub struct Catalog<S> {
+    store: S,
+    weights: PlacementWeights,
+    /// Busy degree per drive from telemetry (placement's γ term).
+    busy: Mutex<HashMap<DriveId, f64>>,
+    crash_hook: Option<CrashHook>,
+}
+
+impl<S> std::fmt::Debug for Catalog<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog").field("weights", &self.weights).finish_non_exhaustive()
+    }
+}
+
+fn invalid(field: &'static str) -> impl FnOnce(String) -> CatalogError {
+    move |reason| CatalogError::Invalid { field, reason }
+}
+
+impl<S: MetaStore> Catalog<S> {
+    pub fn new(store: S, weights: PlacementWeights) -> Catalog<S> {
+        Catalog { store, weights, busy: Mutex::new(HashMap::new()), crash_hook: None }
+    }
+
+    /// Calls `hook` at every [`CrashPoint`] (crash tests).
+    pub fn with_crash_hook(mut self, hook: impl Fn(CrashPoint) + Send + Sync + 'static) -> Catalog<S> {
+        self.crash_hook = Some(Arc::new(hook));
+        self
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Records a drive's recent busy degree (0..=1) for placement.
+    pub fn report_busy(&self, drive: DriveId, degree: f64) {
+        let degree = if degree.is_finite() { degree.clamp(0.0, 1.0) } else { 0.0 };
+        self.busy.lock().unwrap_or_else(PoisonError::into_inner).insert(drive, degree);
+    }
+
+    async fn commit(&self, op: &'static str, txn: Txn) -> Result<Option<u64>, CatalogError> {
+        if let Some(h) = &self.crash_hook {
+            h(CrashPoint::BeforeCommit(op));
+        }
+        match self.store.commit(txn).await? {
+            Committed::Applied { revision } => {
+                if let Some(h) = &self.crash_hook {
+                    h(CrashPoint::AfterCommit(op));
+                }
+                Ok(Some(revision))
+            }
+            Committed::Conflict => {
+                tracing::debug!(op, "metadata conflict; retrying on fresh state");
+                Ok(None)
+            }
+        }
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>, CatalogError> {
+        match self.store.get(key).await? {
+            Some(v) => Ok(Some((keys::decode(key, &v)?, v.mod_revision))),
+            None => Ok(None),
+        }
+    }
+
+    async fn list<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(T, u64)>, CatalogError> {
+        let (_, kvs) = self.store.list(prefix).await?;
+        kvs.iter()
+            .map(|(k, v): &(String, Versioned)| Ok((keys::decode(k, v)?, v.mod_revision)))
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ drives
+
+    /// Every drive, by id.
+    pub async fn drives(&self) -> Result<Vec<DriveRecord>, CatalogError> {
+        let drives: Vec<(DriveRecord, u64)> = self.list(keys::DRIVES).await?;
+        drives
+            .into_iter()
+            .map(|(d, _)| {
+                d.check().map_err(|r| CatalogError::Inconsistent(format!("{}: {r}", keys::drive(d.id))))?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Adds a namespace of `size_bytes` with `block_size_bytes` blocks to the
+    /// pool.
+    pub async fn add_drive(
+        &self,
+        spec: DriveSpec,
+        block_size_bytes: u32,
+        size_bytes: u64,
+        nguid: Option<String>,
+    ) -> Result<DriveRecord, CatalogError> {
+        for (field, v) in [("address", &spec.addr), ("nqn", &spec.nqn)] {
+            if v.is_empty() || v.len() > NAME_BYTES_MAX {
+                return Err(CatalogError::Invalid { field, reason: format!("must be 1-{NAME_BYTES_MAX} bytes") });
+            }
+        }
+        let slots_total = size_bytes / EXTENT_BYTES;
+        if slots_total == 0 {
+            return Err(CatalogError::Invalid {
+                field: "drive size",
+                reason: format!("{spec} has {size_bytes} bytes, less than one 2 MiB extent"),
+            });
+        }
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let drives = self.drives().await?;
+            if drives.iter().any(|d| d.spec == spec) {
+                return Err(CatalogError::DuplicateDrive(spec.to_string()));
+            }
+            if drives.len() >= DRIVES_MAX {
+                return Err(CatalogError::PoolFull(format!("the pool already has {DRIVES_MAX} drives")));
+            }
+            let (ids, ids_rev) = self.get::<Ids>(keys::IDS).await?.unwrap_or_default();
+            let record = DriveRecord {
+                id: DriveId(ids.next_drive),
+                spec: spec.clone(),
+                state: DriveState::Up,
+                block_size_bytes,
+                slots_total,
+                next_slot: 0,
+                free: vec![],
+                nguid: nguid.clone(),
+            };
+            record.check().map_err(invalid("drive"))?;
+            let next = Ids { next_drive: ids.next_drive + 1, ..ids };
+            let txn = guard(Txn::default(), keys::IDS, ids_rev)
+                .put(keys::IDS, keys::encode(&next))
+                .absent(keys::drive(record.id))
+                .put(keys::drive(record.id), keys::encode(&record));
+            if self.commit("add_drive", txn).await?.is_some() {
+                return Ok(record);
+            }
+        }
+        Err(CatalogError::Contended("add_drive"))
+    }
+
+    /// Takes a drive in or out of service.
+    pub async fn set_drive_state(&self, id: DriveId, state: DriveState) -> Result<DriveRecord, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let (mut d, rev) =
+                self.get::<DriveRecord>(&keys::drive(id)).await?.ok_or(CatalogError::UnknownDrive(id))?;
+            if d.state == state {
+                return Ok(d);
+            }
+            d.state = state;
+            let txn = Txn::default().unchanged(keys::drive(id), rev).put(keys::drive(id), keys::encode(&d));
+            if self.commit("set_drive_state", txn).await?.is_some() {
+                return Ok(d);
+            }
+        }
+        Err(CatalogError::Contended("set_drive_state"))
+    }
+
+    // ------------------------------------------------------------------ volumes
+
+    /// Every volume, by name.
+    pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, CatalogError> {
+        Ok(self.list::<VolumeRecord>(keys::VOLUMES).await?.into_iter().map(|(v, _)| v).collect())
+    }
+
+    /// One volume.
+    pub async fn volume(&self, name: &str) -> Result<VolumeRecord, CatalogError> {
+        Ok(self.volume_rev(name).await?.0)
+    }
+
+    async fn volume_rev(&self, name: &str) -> Result<(VolumeRecord, u64), CatalogError> {
+        check_volume_name(name).map_err(invalid("volume name"))?;
+        self.get::<VolumeRecord>(&keys::volume(name))
+            .await?
+            .ok_or_else(|| CatalogError::UnknownVolume(name.to_owned()))
+    }
+
+    /// Slots in service and slots reserved.
+    pub async fn capacity(&self) -> Result<(u64, u64), CatalogError> {
+        let total = self.drives().await?.iter().filter(|d| d.state == DriveState::Up).map(|d| d.slots_total).sum();
+        let reserved = self.get::<Reserved>(keys::RESERVED).await?.map_or(0, |(r, _)| r.slots);
+        Ok((total, reserved))
+    }
+
+    /// Creates a volume. Its capacity (size × replicas) is reserved now, so
+    /// its writes never find the pool full; its extents are allocated on
+    /// first write.
+    pub async fn create_volume(&self, spec: VolumeSpec) -> Result<VolumeRecord, CatalogError> {
+        check_volume_name(&spec.name).map_err(invalid("volume name"))?;
+        check_size(spec.size_bytes, spec.block_size_bytes).map_err(invalid("size"))?;
+        check_replicas(spec.replicas).map_err(invalid("replicas"))?;
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            if self.get::<VolumeRecord>(&keys::volume(&spec.name)).await?.is_some() {
+                return Err(CatalogError::DuplicateVolume(spec.name));
+            }
+            let drives = self.drives().await?;
+            let up: Vec<&DriveRecord> = drives
+                .iter()
+                .filter(|d| d.state == DriveState::Up && spec.block_size_bytes % d.block_size_bytes == 0)
+                .collect();
+            if up.len() < usize::from(spec.replicas) {
+                return Err(CatalogError::PoolFull(format!(
+                    "{} replicas need {} drives in service with blocks of at most {} bytes; the pool has {}",
+                    spec.replicas,
+                    spec.replicas,
+                    spec.block_size_bytes,
+                    up.len()
+                )));
+            }
+            let total: u64 = up.iter().map(|d| d.slots_total).sum();
+            let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+            let (ids, ids_rev) = self.get::<Ids>(keys::IDS).await?.unwrap_or_default();
+            if usize::try_from(ids.next_volume).unwrap_or(usize::MAX) >= VOLUMES_MAX
+                && self.volumes().await?.len() >= VOLUMES_MAX
+            {
+                return Err(CatalogError::PoolFull(format!("the pool already has {VOLUMES_MAX} volumes")));
+            }
+            let record = VolumeRecord {
+                id: VolumeId(ids.next_volume),
+                name: spec.name.clone(),
+                state: VolumeState::Ready,
+                size_bytes: spec.size_bytes,
+                block_size_bytes: spec.block_size_bytes,
+                replicas: spec.replicas,
+                tenant: spec.tenant.clone(),
+                prefer: spec.prefer.clone(),
+                epoch: 1,
+                extents_per_drive: BTreeMap::new(),
+            };
+            record.check().map_err(invalid("volume"))?;
+            let need = record.slots_reserved();
+            if reserved.slots + need > total {
+                return Err(CatalogError::PoolFull(format!(
+                    "volume {:?} needs {need} extents ({} bytes × {} replicas); the pool has {} of {total} unreserved",
+                    spec.name,
+                    spec.size_bytes,
+                    spec.replicas,
+                    total.saturating_sub(reserved.slots)
+                )));
+            }
+            let txn = guard(guard(Txn::default(), keys::IDS, ids_rev), keys::RESERVED, reserved_rev)
+                .absent(keys::volume(&spec.name))
+                .put(keys::volume(&spec.name), keys::encode(&record))
+                .put(keys::IDS, keys::encode(&Ids { next_volume: ids.next_volume + 1, ..ids }))
+                .put(keys::RESERVED, keys::encode(&Reserved { slots: reserved.slots + need }));
+            if self.commit("create_volume", txn).await?.is_some() {
+                return Ok(record);
+            }
+        }
+        Err(CatalogError::Contended("create_volume"))
+    }
+
+    /// Grows a volume online. Shrinking is refused (data would be lost).
+    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeRecord, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let (mut v, rev) = self.volume_rev(name).await?;
+            if v.state != VolumeState::Ready {
+                return Err(CatalogError::Deleting(name.to_owned()));
+            }
+            if size_bytes < v.size_bytes {
+                return Err(CatalogError::Shrink {
+                    name: name.to_owned(),
+                    size_bytes: v.size_bytes,
+                    requested_bytes: size_bytes,
+                });
+            }
+            if size_bytes == v.size_bytes {
+                return Ok(v);
+            }
+            check_size(size_bytes, v.block_size_bytes).map_err(invalid("size"))?;
+            let before = v.slots_reserved();
+            v.size_bytes = size_bytes;
+            let more = v.slots_reserved() - before;
+            let (total, _) = self.capacity().await?;
+            let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+            if reserved.slots + more > total {
+                return Err(CatalogError::PoolFull(format!(
+                    "growing {name:?} to {size_bytes} bytes needs {more} more extents; the pool has {} unreserved",
+                    total.saturating_sub(reserved.slots)
+                )));
+            }
+            let txn = guard(Txn::default(), keys::RESERVED, reserved_rev)
+                .unchanged(keys::volume(name), rev)
+                .put(keys::volume(name), keys::encode(&v))
+                .put(keys::RESERVED, keys::encode(&Reserved { slots: reserved.slots + more }));
+            if self.commit("resize_volume", txn).await?.is_some() {
+                return Ok(v);
+            }
+        }
+        Err(CatalogError::Contended("resize_volume"))
+    }
+
+    /// A volume with its allocated extents and the drives they use.
+    pub async fn layout(&self, name: &str) -> Result<VolumeLayout, CatalogError> {
+        let volume = self.volume(name).await?;
+        let extents: Vec<ExtentRecord> =
+            self.list::<ExtentRecord>(&keys::extents_of(volume.id)).await?.into_iter().map(|(e, _)| e).collect();
+        for e in &extents {
+            e.check(&volume)
+                .map_err(|r| CatalogError::Inconsistent(format!("{}: {r}", keys::extent(volume.id, e.index))))?;
+        }
+        let all = self.drives().await?;
+        let drives = all
+            .into_iter()
+            .filter(|d| extents.iter().any(|e| e.chain.iter().any(|r| r.drive == d.id)))
+            .collect();
+        Ok(VolumeLayout { volume, extents, drives })
+    }
+
+    /// Allocates extent `index` of volume `name` (whose id the client knows
+    /// as `id`) on first write, or returns the chain another writer
+    /// allocated first. Idempotent.
+    pub async fn allocate_extent(&self, name: &str, id: VolumeId, index: u64) -> Result<ExtentRecord, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let (mut v, vrev) = self.volume_rev(name).await?;
+            if v.id != id {
+                return Err(CatalogError::VolumeRecreated { name: name.to_owned(), expected: id, found: v.id });
+            }
+            if v.state != VolumeState::Ready {
+                return Err(CatalogError::Deleting(name.to_owned()));
+            }
+            if index >= v.extents() {
+                return Err(CatalogError::ExtentOutOfRange { name: name.to_owned(), index, extents: v.extents() });
+            }
+            let ekey = keys::extent(v.id, index);
+            if let Some((e, _)) = self.get::<ExtentRecord>(&ekey).await? {
+                return Ok(e);
+            }
+            let drives: Vec<(DriveRecord, u64)> = self.list(keys::DRIVES).await?;
+            let busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            let candidates: Vec<DriveCandidate> = drives
+                .iter()
+                .filter(|(d, _)| d.state == DriveState::Up && v.block_size_bytes % d.block_size_bytes == 0)
+                .map(|(d, _)| DriveCandidate {
+                    drive: d.id,
+                    target: d.spec.target().to_owned(),
+                    slots_free: d.slots_free(),
+                    volume_extents: v.extents_per_drive.get(&d.id).copied().unwrap_or(0),
+                    used_fraction: d.used_fraction(),
+                    busy_degree: busy.get(&d.id).copied().unwrap_or(0.0),
+                    fragment_degree: d.fragment_degree(),
+                    preferred: v.prefer.iter().any(|p| *p == d.spec.addr || *p == d.spec.nqn),
+                })
+                .collect();
+            let allocated: u64 = v.extents_per_drive.values().sum();
+            let chosen = placement::choose(
+                &candidates,
+                usize::from(v.replicas),
+                allocated,
+                v.id.0.wrapping_add(index),
+                &self.weights,
+            )
+            .map_err(|PlacementError::PoolFull { replicas, available }| {
+                CatalogError::PoolFull(format!(
+                    "extent {index} of {name:?} needs {replicas} drives with a free extent; {available} have one"
+                ))
+            })?;
+            let mut txn = Txn::default().absent(ekey.clone()).unchanged(keys::volume(name), vrev);
+            let mut chain = Vec::with_capacity(chosen.len());
+            for id in &chosen {
+                let (d, drev) = drives.iter().find(|(d, _)| d.id == *id).ok_or(CatalogError::UnknownDrive(*id))?;
+                let mut d = d.clone();
+                let slot = d.take_slot().ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
+                chain.push(Replica { drive: d.id, slot });
+                *v.extents_per_drive.entry(d.id).or_default() += 1;
+                txn = txn.unchanged(keys::drive(d.id), *drev).put(keys::drive(d.id), keys::encode(&d));
+            }
+            let record = ExtentRecord { volume: v.id, index, chain };
+            txn = txn.put(ekey, keys::encode(&record)).put(keys::volume(name), keys::encode(&v));
+            if self.commit("allocate_extent", txn).await?.is_some() {
+                return Ok(record);
+            }
+        }
+        Err(CatalogError::Contended("allocate_extent"))
+    }
+
+    /// Deletes a volume and frees its extents.
+    pub async fn delete_volume(&self, name: &str) -> Result<(), CatalogError> {
+        let mut marked = false;
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let (mut v, rev) = self.volume_rev(name).await?;
+            if v.state == VolumeState::Deleting {
+                marked = true;
+                break;
+            }
+            v.state = VolumeState::Deleting;
+            let txn = Txn::default().unchanged(keys::volume(name), rev).put(keys::volume(name), keys::encode(&v));
+            if self.commit("delete_volume.mark", txn).await?.is_some() {
+                marked = true;
+                break;
+            }
+        }
+        if !marked {
+            return Err(CatalogError::Contended("delete_volume.mark"));
+        }
+        self.finish_delete(name).await
+    }
+
+    /// Finishes every delete a crash interrupted; returns the names.
+    pub async fn resume_deletes(&self) -> Result<Vec<String>, CatalogError> {
+        let mut done = Vec::new();
+        for v in self.volumes().await? {
+            if v.state == VolumeState::Deleting {
+                self.finish_delete(&v.name).await?;
+                done.push(v.name);
+            }
+        }
+        Ok(done)
+    }
+
+    async fn finish_delete(&self, name: &str) -> Result<(), CatalogError> {
+        let mut conflicts = 0;
+        loop {
+            if conflicts >= CONFLICT_RETRIES_MAX {
+                return Err(CatalogError::Contended("delete_volume"));
+            }
+            let (mut v, vrev) = match self.volume_rev(name).await {
+                Ok(x) => x,
+                // Finished by someone else.
+                Err(CatalogError::UnknownVolume(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if v.state != VolumeState::Deleting {
+                return Err(CatalogError::Inconsistent(format!("volume {name:?} is not being deleted")));
+            }
+            let extents: Vec<(ExtentRecord, u64)> = self.list(&keys::extents_of(v.id)).await?;
+            if extents.is_empty() {
+                let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+                let txn = guard(Txn::default(), keys::RESERVED, reserved_rev)
+                    .unchanged(keys::volume(name), vrev)
+                    .delete(keys::volume(name))
+                    .put(
+                        keys::RESERVED,
+                        keys::encode(&Reserved { slots: reserved.slots.saturating_sub(v.slots_reserved()) }),
+                    );
+                if self.commit("delete_volume.finish", txn).await?.is_some() {
+                    return Ok(());
+                }
+                conflicts += 1;
+                continue;
+            }
+            // One batch: as many extents as fit in a transaction.
+            let drives: HashMap<DriveId, (DriveRecord, u64)> =
+                self.list::<DriveRecord>(keys::DRIVES).await?.into_iter().map(|(d, r)| (d.id, (d, r))).collect();
+            let mut touched: BTreeMap<DriveId, DriveRecord> = BTreeMap::new();
+            let mut batch = Vec::new();
+            for (e, erev) in &extents {
+                let new_drives = e.chain.iter().filter(|r| !touched.contains_key(&r.drive)).count();
+                // Compares and deletes per extent, compare + put per drive,
+                // plus the volume's compare and put.
+                let ops = 2 * (batch.len() + 1) + 2 * (touched.len() + new_drives) + 2;
+                if ops > TXN_OPS_MAX && !batch.is_empty() {
+                    break;
+                }
+                for r in &e.chain {
+                    let d = match touched.get_mut(&r.drive) {
+                        Some(d) => d,
+                        None => {
+                            let (d, _) = drives.get(&r.drive).ok_or(CatalogError::UnknownDrive(r.drive))?;
+                            touched.entry(r.drive).or_insert_with(|| d.clone())
+                        }
+                    };
+                    if !d.give_slot(r.slot) {
+                        return Err(CatalogError::Inconsistent(format!(
+                            "{} slot {} of {} is already free",
+                            keys::extent(v.id, e.index),
+                            r.slot,
+                            r.drive
+                        )));
+                    }
+                    if let Some(n) = v.extents_per_drive.get_mut(&r.drive) {
+                        *n = n.saturating_sub(1);
+                    }
+                }
+                batch.push((e.index, *erev));
+            }
+            v.extents_per_drive.retain(|_, n| *n > 0);
+            let mut txn = Txn::default().unchanged(keys::volume(name), vrev).put(keys::volume(name), keys::encode(&v));
+            for (index, erev) in &batch {
+                txn = txn.unchanged(keys::extent(v.id, *index), *erev).delete(keys::extent(v.id, *index));
+            }
+            for (id, d) in &touched {
+                let (_, drev) = drives.get(id).ok_or(CatalogError::UnknownDrive(*id))?;
+                txn = txn.unchanged(keys::drive(*id), *drev).put(keys::drive(*id), keys::encode(d));
+            }
+            if self.commit("delete_volume.batch", txn).await?.is_none() {
+                conflicts += 1;
+            }
+        }
+    }
+}
+
+/// Guards `key` at `rev`, where revision 0 means "absent".
+fn guard(txn: Txn, key: &str, rev: u64) -> Txn {
+    if rev == 0 {
+        txn.absent(key)
+    } else {
+        txn.unchanged(key, rev)
+    }
+}

@@ -1,0 +1,151 @@
+//! Crash tests: a child process runs a catalog workload and dies, by
+//! `abort()` at an injected point (before or after a commit) or by SIGKILL at
+//! a random moment; the parent then checks that the metadata holds either
+//! the old or the new state of every change: no slot leaked or owned twice,
+//! reservations adding up, and an interrupted delete finishable.
+//!
+//! The child is this test binary re-run with `SLUICE_CRASH_CHILD` set.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sluice_meta::catalog::{CatalogError, CrashPoint, VolumeSpec};
+use sluice_meta::check::check_catalog;
+use sluice_meta::testing::EtcdServer;
+use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
+use sluice_volume::{DriveSpec, PlacementWeights, EXTENT_BYTES};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// The workload: drives, then rounds of create, allocate, grow and delete.
+/// Tolerates the state a previous (crashed) run left.
+async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
+    for i in 0..4u32 {
+        let spec = DriveSpec { addr: format!("127.0.0.{}:4420", i % 2 + 1), nqn: format!("nqn.crash:d{i}"), nsid: 1 };
+        match c.add_drive(spec, 512, 40 * EXTENT_BYTES, None).await {
+            Ok(_) | Err(CatalogError::DuplicateDrive(_)) => {}
+            Err(e) => panic!("add_drive: {e}"),
+        }
+    }
+    c.resume_deletes().await.unwrap();
+    for round in 0..rounds {
+        let name = format!("v{}", round % 3);
+        let v = match c.create_volume(VolumeSpec::new(&name, 6 * EXTENT_BYTES).with_replicas(2)).await {
+            Ok(v) => v,
+            Err(CatalogError::DuplicateVolume(_)) => c.volume(&name).await.unwrap(),
+            Err(e) => panic!("create: {e}"),
+        };
+        for i in 0..v.extents() {
+            c.allocate_extent(&name, v.id, i).await.unwrap();
+        }
+        c.resize_volume(&name, v.size_bytes + EXTENT_BYTES).await.unwrap();
+        if round % 2 == 1 {
+            c.delete_volume(&name).await.unwrap();
+        }
+    }
+}
+
+#[test]
+fn crash_child() {
+    let Ok(spec) = std::env::var("SLUICE_CRASH_CHILD") else { return };
+    // "redb:PATH" or "etcd:ENDPOINT:PREFIX", then the crash point number.
+    let crash_at: Option<u32> = std::env::var("SLUICE_CRASH_AT").ok().and_then(|s| s.parse().ok());
+    let counter = std::sync::atomic::AtomicU32::new(0);
+    let hook = move |p: CrashPoint| {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if Some(n) == crash_at {
+            eprintln!("crashing at point {n}: {p:?}");
+            std::process::abort();
+        }
+    };
+    rt().block_on(async move {
+        if let Some(path) = spec.strip_prefix("redb:") {
+            let c = Catalog::new(RedbStore::open(path.as_ref()).unwrap(), PlacementWeights::default()).with_crash_hook(hook);
+            workload(&c, 6).await;
+        } else if let Some(rest) = spec.strip_prefix("etcd:") {
+            let (endpoint, prefix) = rest.rsplit_once('|').unwrap();
+            let store = EtcdStore::connect(&[endpoint.to_owned()], prefix).await.unwrap();
+            let c = Catalog::new(store, PlacementWeights::default()).with_crash_hook(hook);
+            workload(&c, 6).await;
+        }
+    });
+    println!("child finished");
+}
+
+/// Runs the child; returns whether it finished, and whether it crashed at
+/// its injected point (and not of something else).
+fn run_child(store: &str, crash_at: Option<u32>, kill_after: Option<Duration>) -> (bool, bool) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "crash_child", "--nocapture", "--test-threads", "1"])
+        .env("SLUICE_CRASH_CHILD", store)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(n) = crash_at {
+        cmd.env("SLUICE_CRASH_AT", n.to_string());
+    }
+    let mut child = cmd.spawn().unwrap();
+    if let Some(d) = kill_after {
+        std::thread::sleep(d);
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let finished = out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child finished");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "the child panicked: {stderr}");
+    (finished, stderr.contains("crashing at point"))
+}
+
+async fn verify<S: MetaStore>(store: S) {
+    check_catalog(&store).await.unwrap_or_else(|e| panic!("after crash: {e}"));
+    let c = Catalog::new(store, PlacementWeights::default());
+    c.resume_deletes().await.unwrap();
+    check_catalog(c.store()).await.unwrap_or_else(|e| panic!("after resuming deletes: {e}"));
+}
+
+/// Crash points the workload passes through, counted by a clean run.
+const POINTS_SAMPLED: u32 = 24;
+
+#[test]
+fn redb_survives_a_crash_at_every_kind_of_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    // Each run crashes at a later point of the same database's history: the
+    // run after a crash starts from what the crash left.
+    for (i, n) in (1..=POINTS_SAMPLED).map(|k| k * 7 % 61 + 1).enumerate() {
+        let path = dir.path().join(format!("m{}.redb", i % 4));
+        let spec = format!("redb:{}", path.display());
+        assert_eq!(run_child(&spec, Some(n), None), (false, true), "the child should have crashed at point {n}");
+        rt.block_on(verify(RedbStore::open(&path).unwrap()));
+    }
+    // And a run with no crash completes on top of the crashed histories.
+    let spec = format!("redb:{}", dir.path().join("m0.redb").display());
+    assert_eq!(run_child(&spec, None, None), (true, false));
+    rt.block_on(verify(RedbStore::open(&dir.path().join("m0.redb")).unwrap()));
+}
+
+#[test]
+fn redb_survives_sigkill_at_random_moments() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.redb");
+    let spec = format!("redb:{}", path.display());
+    let rt = rt();
+    for i in 0..8u64 {
+        // Spread the kills over start-up and the workload.
+        run_child(&spec, None, Some(Duration::from_millis(30 + (i * 37) % 150)));
+        rt.block_on(verify(RedbStore::open(&path).unwrap()));
+    }
+}
+
+#[test]
+fn etcd_survives_a_crash_at_every_kind_of_point() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_survives_a_crash") else { return };
+    let rt = rt();
+    for (i, n) in (1..=12u32).map(|k| k * 11 % 61 + 1).enumerate() {
+        let prefix = format!("/crash{}/", i % 3);
+        let spec = format!("etcd:{}|{prefix}", server.endpoint);
+        assert_eq!(run_child(&spec, Some(n), None), (false, true), "the child should have crashed at point {n}");
+        rt.block_on(async { verify(EtcdStore::connect(&[server.endpoint.clone()], &prefix).await.unwrap()).await });
+    }
+}

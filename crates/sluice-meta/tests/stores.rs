@@ -1,0 +1,413 @@
+//! The same tests against both stores: redb in a temporary file, and a real
+//! etcd (Debian's etcd-server) started per test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use sluice_meta::catalog::{CatalogError, VolumeSpec};
+use sluice_meta::check::check_catalog;
+use sluice_meta::testing::EtcdServer;
+use sluice_meta::{Catalog, Committed, EtcdStore, MetaStore, RedbStore, StoreError, Txn};
+use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, EXTENT_BYTES};
+
+const MIB: u64 = 1 << 20;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn redb() -> (tempfile::TempDir, RedbStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open(&dir.path().join("meta.redb")).unwrap();
+    (dir, store)
+}
+
+async fn etcd(server: &EtcdServer, prefix: &str) -> EtcdStore {
+    EtcdStore::connect(&[server.endpoint.clone()], prefix).await.unwrap()
+}
+
+fn spec(i: u32, target: u32) -> DriveSpec {
+    DriveSpec { addr: format!("127.0.0.{target}:4420"), nqn: format!("nqn.test:d{i}"), nsid: 1 }
+}
+
+// ------------------------------------------------------------- store semantics
+
+async fn store_semantics<S: MetaStore>(s: S) {
+    assert_eq!(s.get("a/x").await.unwrap(), None);
+    let r1 = match s.commit(Txn::default().absent("a/x").put("a/x", b"1".to_vec())).await.unwrap() {
+        Committed::Applied { revision } => revision,
+        c => panic!("{c:?}"),
+    };
+    let got = s.get("a/x").await.unwrap().unwrap();
+    assert_eq!(got.value, b"1");
+    assert_eq!(got.mod_revision, r1);
+    // Absent no longer holds; a stale revision does not hold; nothing changes.
+    assert_eq!(s.commit(Txn::default().absent("a/x").put("a/y", b"2".to_vec())).await.unwrap(), Committed::Conflict);
+    assert_eq!(
+        s.commit(Txn::default().unchanged("a/x", r1 + 100).put("a/y", b"2".to_vec())).await.unwrap(),
+        Committed::Conflict
+    );
+    assert_eq!(s.get("a/y").await.unwrap(), None);
+    let r2 = match s
+        .commit(Txn::default().unchanged("a/x", r1).put("a/y", b"2".to_vec()).put("b/z", b"3".to_vec()).delete("a/x"))
+        .await
+        .unwrap()
+    {
+        Committed::Applied { revision } => revision,
+        c => panic!("{c:?}"),
+    };
+    assert!(r2 > r1);
+    let (rev, listed) = s.list("a/").await.unwrap();
+    assert!(rev >= r2);
+    assert_eq!(listed.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), vec!["a/y"]);
+    assert_eq!(listed[0].1.mod_revision, r2);
+    // Limits are refused before the store sees them, the same on both.
+    let mut big = Txn::default();
+    for i in 0..200 {
+        big = big.put(format!("c/{i}"), vec![]);
+    }
+    assert!(matches!(s.commit(big).await, Err(StoreError::TooLarge(_))));
+    assert!(matches!(
+        s.commit(Txn::default().put("c/1", vec![]).delete("c/1")).await,
+        Err(StoreError::TooLarge(_))
+    ));
+}
+
+#[test]
+fn redb_store_semantics() {
+    let (_d, s) = redb();
+    rt().block_on(store_semantics(s));
+}
+
+#[test]
+fn etcd_store_semantics() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_store_semantics") else { return };
+    rt().block_on(async { store_semantics(etcd(&server, "/t1/").await).await });
+}
+
+// ------------------------------------------------------------- catalog life
+
+async fn catalog_lifecycle<S: MetaStore>(s: S) {
+    let c = Catalog::new(s, PlacementWeights::default());
+    // Four drives of 8 extents on two targets.
+    for i in 0..4 {
+        c.add_drive(spec(i, i % 2 + 1), 512, 8 * EXTENT_BYTES + 4096, None).await.unwrap();
+    }
+    assert!(matches!(
+        c.add_drive(spec(0, 1), 512, 8 * EXTENT_BYTES, None).await,
+        Err(CatalogError::DuplicateDrive(_))
+    ));
+    assert!(matches!(
+        c.add_drive(spec(9, 1), 512, MIB, None).await,
+        Err(CatalogError::Invalid { field: "drive size", .. })
+    ));
+    assert_eq!(c.capacity().await.unwrap(), (32, 0));
+
+    let v = c.create_volume(VolumeSpec::new("db", 6 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
+    assert_eq!(c.capacity().await.unwrap(), (32, 12));
+    assert!(matches!(c.create_volume(VolumeSpec::new("db", EXTENT_BYTES)).await, Err(CatalogError::DuplicateVolume(_))));
+    // 21 extents × 1 replica does not fit in the 20 unreserved.
+    let e = c.create_volume(VolumeSpec::new("huge", 21 * EXTENT_BYTES)).await.unwrap_err();
+    assert!(matches!(e, CatalogError::PoolFull(_)), "{e}");
+    assert!(e.to_string().contains("capacity exceeded"), "{e}");
+    let e = c.create_volume(VolumeSpec::new("bad/name", EXTENT_BYTES)).await.unwrap_err();
+    assert!(matches!(e, CatalogError::Invalid { field: "volume name", .. }), "{e}");
+    assert!(matches!(c.volume("nope").await, Err(CatalogError::UnknownVolume(_))));
+
+    // Lazy: nothing allocated until asked; allocation is idempotent.
+    assert!(c.layout("db").await.unwrap().extents.is_empty());
+    let e0 = c.allocate_extent("db", v.id, 0).await.unwrap();
+    assert_eq!(c.allocate_extent("db", v.id, 0).await.unwrap(), e0);
+    assert_eq!(e0.chain.len(), 2);
+    assert_ne!(e0.chain[0].drive, e0.chain[1].drive);
+    // Replicas on distinct targets (drives 0,2 on one, 1,3 on the other).
+    assert_ne!(e0.chain[0].drive.0 % 2, e0.chain[1].drive.0 % 2);
+    for i in 1..6 {
+        c.allocate_extent("db", v.id, i).await.unwrap();
+    }
+    assert!(matches!(c.allocate_extent("db", v.id, 6).await, Err(CatalogError::ExtentOutOfRange { .. })));
+    let layout = c.layout("db").await.unwrap();
+    assert_eq!(layout.extents.len(), 6);
+    // 12 replicas over 4 drives: spread evenly.
+    let per: BTreeMap<DriveId, u64> = layout.volume.extents_per_drive.clone();
+    assert_eq!(per.values().copied().collect::<Vec<_>>(), vec![3, 3, 3, 3], "{per:?}");
+    check_catalog(c.store()).await.unwrap();
+
+    // Grow online; shrink refused.
+    let grown = c.resize_volume("db", 8 * EXTENT_BYTES).await.unwrap();
+    assert_eq!(grown.extents(), 8);
+    c.allocate_extent("db", v.id, 7).await.unwrap();
+    let e = c.resize_volume("db", EXTENT_BYTES).await.unwrap_err();
+    assert!(matches!(e, CatalogError::Shrink { .. }), "{e}");
+
+    // A stale client (old id) after delete and re-create.
+    c.delete_volume("db").await.unwrap();
+    assert!(matches!(c.volume("db").await, Err(CatalogError::UnknownVolume(_))));
+    let summary = check_catalog(c.store()).await.unwrap();
+    assert_eq!((summary.extents, summary.slots_used), (0, 0));
+    assert_eq!(c.capacity().await.unwrap(), (32, 0));
+    let v2 = c.create_volume(VolumeSpec::new("db", EXTENT_BYTES)).await.unwrap();
+    assert_ne!(v2.id, v.id);
+    assert!(matches!(c.allocate_extent("db", v.id, 0).await, Err(CatalogError::VolumeRecreated { .. })));
+
+    // A drive out of service takes no new extents.
+    for d in 0..3 {
+        c.set_drive_state(DriveId(d), DriveState::Down).await.unwrap();
+    }
+    let e = c.allocate_extent("db", v2.id, 0).await.unwrap();
+    assert_eq!(e.chain[0].drive, DriveId(3));
+    check_catalog(c.store()).await.unwrap();
+}
+
+#[test]
+fn redb_catalog_lifecycle() {
+    let (_d, s) = redb();
+    rt().block_on(catalog_lifecycle(s));
+}
+
+#[test]
+fn etcd_catalog_lifecycle() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_lifecycle") else { return };
+    rt().block_on(async { catalog_lifecycle(etcd(&server, "/t2/").await).await });
+}
+
+// ------------------------------------------------- deleting a big volume
+
+async fn big_delete<S: MetaStore>(s: S) {
+    let c = Catalog::new(s, PlacementWeights::default());
+    for i in 0..8 {
+        c.add_drive(spec(i, i), 4096, 64 * EXTENT_BYTES, None).await.unwrap();
+    }
+    let v = c.create_volume(VolumeSpec::new("big", 150 * EXTENT_BYTES).with_replicas(3)).await.unwrap();
+    for i in 0..150 {
+        c.allocate_extent("big", v.id, i).await.unwrap();
+    }
+    // 450 replicas: more than one transaction's worth.
+    c.delete_volume("big").await.unwrap();
+    let s = check_catalog(c.store()).await.unwrap();
+    assert_eq!((s.volumes, s.extents, s.slots_used), (0, 0, 0));
+}
+
+#[test]
+fn redb_big_delete_spans_transactions() {
+    let (_d, s) = redb();
+    rt().block_on(big_delete(s));
+}
+
+#[test]
+fn etcd_big_delete_spans_transactions() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_big_delete") else { return };
+    rt().block_on(async { big_delete(etcd(&server, "/t3/").await).await });
+}
+
+// ------------------------------------------- two writers on one store
+
+async fn racing_allocators<S: MetaStore + Clone>(s: S) {
+    let a = Arc::new(Catalog::new(s.clone(), PlacementWeights::default()));
+    let b = Arc::new(Catalog::new(s, PlacementWeights::default()));
+    for i in 0..3 {
+        a.add_drive(spec(i, i), 512, 40 * EXTENT_BYTES, None).await.unwrap();
+    }
+    let v = a.create_volume(VolumeSpec::new("r", 32 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
+    let mut tasks = Vec::new();
+    for cat in [a.clone(), b.clone(), a.clone(), b.clone()] {
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for i in 0..32 {
+                got.push(cat.allocate_extent("r", v.id, i).await.unwrap());
+            }
+            got
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    // Every writer saw the same chain for every extent, and nothing is owned
+    // twice or leaked.
+    for r in &results[1..] {
+        assert_eq!(r, &results[0]);
+    }
+    let s = check_catalog(a.store()).await.unwrap();
+    assert_eq!(s.slots_used, 64);
+}
+
+#[test]
+fn redb_racing_allocators_agree() {
+    let (_d, s) = redb();
+    rt().block_on(racing_allocators(s));
+}
+
+#[test]
+fn etcd_racing_allocators_agree() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_racing_allocators") else { return };
+    rt().block_on(async { racing_allocators(etcd(&server, "/t4/").await).await });
+}
+
+// ------------------------------------------------------------- corrupt keys
+
+#[test]
+fn corrupt_metadata_names_the_key() {
+    let (_d, s) = redb();
+    rt().block_on(async {
+        s.commit(Txn::default().put("drives/00000000", b"{\"id\": \"x\"".to_vec())).await.unwrap();
+        let e = check_catalog(&s).await.unwrap_err().to_string();
+        assert!(e.contains("drives/00000000"), "{e}");
+        let c = Catalog::new(s, PlacementWeights::default());
+        let e = c.drives().await.unwrap_err().to_string();
+        assert!(e.contains("drives/00000000"), "{e}");
+    });
+}
+
+// ------------------------------------------------------------- model test
+
+#[derive(Clone, Debug)]
+enum Op {
+    AddDrive(u32),
+    Create(u8, u64, u8),
+    Alloc(u8, u64),
+    Resize(u8, u64),
+    Delete(u8),
+    DriveDown(u32),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0u32..6).prop_map(Op::AddDrive),
+        (0u8..4, 1u64..12, 1u8..4).prop_map(|(n, e, r)| Op::Create(n, e, r)),
+        (0u8..4, 0u64..14).prop_map(|(n, i)| Op::Alloc(n, i)),
+        (0u8..4, 0u64..16).prop_map(|(n, e)| Op::Resize(n, e)),
+        (0u8..4).prop_map(Op::Delete),
+        (0u32..6).prop_map(Op::DriveDown),
+    ]
+}
+
+/// What the model expects of the pool: drives (up, slots), volumes (extents,
+/// replicas, allocated extents).
+#[derive(Default)]
+struct Model {
+    drives: BTreeMap<u32, (bool, u64, DriveId)>,
+    volumes: BTreeMap<u8, (u64, u8, BTreeSet<u64>)>,
+}
+
+impl Model {
+    fn capacity(&self) -> u64 {
+        self.drives.values().filter(|(up, _, _)| *up).map(|(_, s, _)| s).sum()
+    }
+    fn reserved(&self) -> u64 {
+        self.volumes.values().map(|(e, r, _)| e * u64::from(*r)).sum()
+    }
+    fn used(&self) -> u64 {
+        self.volumes.values().map(|(_, r, a)| a.len() as u64 * u64::from(*r)).sum()
+    }
+}
+
+async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let c = Catalog::new(s, PlacementWeights::default());
+    let mut m = Model::default();
+    let mut ids: BTreeMap<u8, sluice_volume::VolumeId> = BTreeMap::new();
+    let name = |n: u8| format!("vol{n}");
+    for op in ops {
+        match op {
+            Op::AddDrive(i) => {
+                let r = c.add_drive(spec(i, i % 3), 512, 6 * EXTENT_BYTES, None).await;
+                prop_assert_eq!(r.is_ok(), !m.drives.contains_key(&i), "{:?}", r);
+                if let Ok(d) = r {
+                    m.drives.insert(i, (true, 6, d.id));
+                    prop_assert_eq!(d.slots_total, 6);
+                }
+            }
+            Op::Create(n, e, r) => {
+                let res = c.create_volume(VolumeSpec::new(name(n), e * EXTENT_BYTES).with_replicas(r)).await;
+                let up = m.drives.values().filter(|(u, _, _)| *u).count();
+                let fits = m.reserved() + e * u64::from(r) <= m.capacity() && up >= usize::from(r);
+                match res {
+                    Ok(v) => {
+                        prop_assert!(!m.volumes.contains_key(&n) && fits);
+                        m.volumes.insert(n, (e, r, BTreeSet::new()));
+                        ids.insert(n, v.id);
+                    }
+                    Err(CatalogError::DuplicateVolume(_)) => prop_assert!(m.volumes.contains_key(&n)),
+                    Err(CatalogError::PoolFull(_)) => prop_assert!(!m.volumes.contains_key(&n) && !fits),
+                    Err(e) => prop_assert!(false, "{}", e),
+                }
+            }
+            Op::Alloc(n, i) => {
+                let id = ids.get(&n).copied().unwrap_or(sluice_volume::VolumeId(u64::MAX));
+                let res = c.allocate_extent(&name(n), id, i).await;
+                match (res, m.volumes.get_mut(&n)) {
+                    (Ok(e), Some((ext, r, alloc))) => {
+                        prop_assert!(i < *ext);
+                        prop_assert_eq!(e.chain.len(), usize::from(*r));
+                        alloc.insert(i);
+                    }
+                    (Err(CatalogError::UnknownVolume(_)), None) => {}
+                    (Err(CatalogError::ExtentOutOfRange { .. }), Some((ext, _, _))) => prop_assert!(i >= *ext),
+                    // Drives went down or filled up with other volumes'
+                    // extents: the reservation counts in-service capacity.
+                    (Err(CatalogError::PoolFull(_)), Some(_)) => {}
+                    (r, v) => prop_assert!(false, "alloc {:?} with model {:?}", r, v.map(|v| (v.0, v.1))),
+                }
+            }
+            Op::Resize(n, e) => {
+                let res = c.resize_volume(&name(n), e.max(1) * EXTENT_BYTES).await;
+                match (res, m.volumes.get_mut(&n)) {
+                    (Ok(v), Some(model)) => {
+                        prop_assert!(e.max(1) >= model.0);
+                        model.0 = v.extents();
+                    }
+                    (Err(CatalogError::Shrink { .. }), Some(model)) => prop_assert!(e.max(1) < model.0),
+                    (Err(CatalogError::PoolFull(_)), Some(_)) => {}
+                    (Err(CatalogError::UnknownVolume(_)), None) => {}
+                    (r, _) => prop_assert!(false, "resize {:?}", r),
+                }
+            }
+            Op::Delete(n) => {
+                let res = c.delete_volume(&name(n)).await;
+                prop_assert_eq!(res.is_ok(), m.volumes.remove(&n).is_some());
+            }
+            Op::DriveDown(i) => {
+                match m.drives.get_mut(&i) {
+                    Some(d) => {
+                        c.set_drive_state(d.2, DriveState::Down).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        d.0 = false;
+                    }
+                    None => {
+                        let unknown = c.set_drive_state(DriveId(1000 + i), DriveState::Down).await;
+                        prop_assert!(matches!(unknown, Err(CatalogError::UnknownDrive(_))));
+                    }
+                }
+            }
+        }
+        let summary = check_catalog(c.store()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(summary.slots_used, m.used());
+        prop_assert_eq!(summary.volumes, m.volumes.len());
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    /// Random operations agree with a model of the pool, and the catalog's
+    /// invariants hold after every one.
+    #[test]
+    fn redb_catalog_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+        let (_d, s) = redb();
+        rt().block_on(run_model(s, ops))?;
+    }
+}
+
+#[test]
+fn etcd_catalog_matches_the_model() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_matches_the_model") else { return };
+    let rt = rt();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 12, ..ProptestConfig::default() });
+    let case = std::sync::atomic::AtomicU32::new(0);
+    runner
+        .run(&proptest::collection::vec(op(), 1..30), |ops| {
+            let prefix = format!("/model{}/", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            rt.block_on(async { run_model(etcd(&server, &prefix).await, ops).await })
+        })
+        .unwrap();
+}
