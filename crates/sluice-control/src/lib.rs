@@ -1,0 +1,26 @@
+//! Sluice's control plane and volume client (Flint §4.2-4.4 over standard
+//! NVMe/TCP).
+//!
+//! * [`pb`]: the gRPC API (`proto/control.proto`) and conversions between
+//!   its messages and `sluice-volume`'s records.
+//! * [`auth`]: bearer tokens on the API, and the rule that an endpoint
+//!   listening beyond loopback must have one.
+//! * [`server`]: `sluice control`: the service over a `sluice-meta`
+//!   catalog (redb or etcd); probes drives over NVMe/TCP when they are added.
+//! * [`client`]: the authenticated API client the CLI and volumes use.
+//! * [`volume`]: the volume client: fetches the map once, connects to the
+//!   drives it needs (sharing connections between volumes), sends every
+//!   piece of an I/O straight to its drive, drives replication as a chain,
+//!   and calls the control plane only to allocate an extent on first write.
+
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod pb;
+pub mod server;
+pub mod volume;
+
+pub use client::ControlClient;
+pub use error::VolumeError;
+pub use server::{serve, ControlConfig, Metadata};
+pub use volume::{DrivePool, Volume};

@@ -1,0 +1,318 @@
+//! `sluice control`: the gRPC service over the metadata catalog.
+//!
+//! At start-up it opens the store, checks the whole catalog (a corrupt
+//! record stops start-up and names its key), and finishes deletes that a
+//! crash interrupted. Adding a drive connects to it over NVMe/TCP once to
+//! learn its size, block size and NGUID. After that the service only touches
+//! metadata: it is never on an I/O's path.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_admin::BearerToken;
+use sluice_host::{ConnectOptions, Controller};
+use sluice_meta::catalog::{CatalogError, VolumeSpec};
+use sluice_meta::check::check_catalog;
+use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
+use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, VolumeId};
+use tonic::{Request, Response, Status};
+
+use crate::auth::{check_listen, RequireToken};
+use crate::error::status_of;
+use crate::pb;
+use crate::pb::control_server::{Control, ControlServer};
+
+/// Where the metadata lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Metadata {
+    /// `redb:PATH`: one embedded file (the default).
+    Redb(PathBuf),
+    /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
+    Etcd { endpoints: Vec<String>, prefix: String },
+}
+
+impl FromStr for Metadata {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Metadata, String> {
+        if let Some(path) = s.strip_prefix("redb:") {
+            if path.is_empty() {
+                return Err("--metadata redb:PATH needs a path".into());
+            }
+            return Ok(Metadata::Redb(PathBuf::from(path)));
+        }
+        if let Some(rest) = s.strip_prefix("etcd://") {
+            let (hosts, prefix) = match rest.split_once('/') {
+                Some((h, p)) if !p.is_empty() => (h, format!("/{}/", p.trim_matches('/'))),
+                Some((h, _)) => (h, "/sluice/".to_owned()),
+                None => (rest, "/sluice/".to_owned()),
+            };
+            let mut endpoints = Vec::new();
+            for h in hosts.split(',') {
+                let ok = h.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
+                    return Err(format!("--metadata etcd endpoint {h:?} is not HOST:PORT"));
+                }
+                endpoints.push(format!("http://{h}"));
+            }
+            return Ok(Metadata::Etcd { endpoints, prefix });
+        }
+        Err(format!("--metadata {s:?}: expected redb:PATH or etcd://HOST:PORT[,HOST:PORT][/PREFIX]"))
+    }
+}
+
+/// What `sluice control` runs with.
+#[derive(Clone, Debug)]
+pub struct ControlConfig {
+    pub metadata: Metadata,
+    pub token: Option<BearerToken>,
+    pub weights: PlacementWeights,
+    /// How the control plane connects to drives to probe them.
+    pub probe: ConnectOptions,
+}
+
+impl ControlConfig {
+    pub fn new(metadata: Metadata) -> ControlConfig {
+        let probe = ConnectOptions {
+            hostnqn: "nqn.2026-11.io.sluice:control".into(),
+            io_queues: 1,
+            queue_depth: 4,
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(10),
+            reconnect: sluice_host::ReconnectPolicy { attempts_max: 0, ..Default::default() },
+            ..ConnectOptions::default()
+        };
+        ControlConfig { metadata, token: None, weights: PlacementWeights::default(), probe }
+    }
+}
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("metadata: {0}")]
+    Metadata(String),
+    #[error("serving the control API: {0}")]
+    Transport(String),
+}
+
+/// Serves the control API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    cfg: ControlConfig,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|e| ServeError::Transport(e.to_string()))?;
+    check_listen(addr, cfg.token.as_ref()).map_err(ServeError::Config)?;
+    if cfg.token.is_none() {
+        tracing::warn!(%addr, "SECURITY: the control API has no token; anyone who can reach {addr} can manage volumes");
+    }
+    cfg.weights.check().map_err(ServeError::Config)?;
+    match &cfg.metadata {
+        Metadata::Redb(path) => {
+            let store = RedbStore::open(path).map_err(|e| ServeError::Metadata(e.to_string()))?;
+            run(store, cfg, listener, addr, shutdown).await
+        }
+        Metadata::Etcd { endpoints, prefix } => {
+            let store = EtcdStore::connect(endpoints, prefix).await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+            run(store, cfg, listener, addr, shutdown).await
+        }
+    }
+}
+
+async fn run<S: MetaStore>(
+    store: S,
+    cfg: ControlConfig,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let summary = check_catalog(&store).await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+    let describe = store.describe();
+    let catalog = Catalog::new(store, cfg.weights);
+    let resumed = catalog.resume_deletes().await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+    for name in resumed {
+        tracing::info!(volume = %name, "finished a delete interrupted by a restart");
+    }
+    tracing::info!(
+        %addr, metadata = %describe, drives = summary.drives, volumes = summary.volumes,
+        extents = summary.extents, revision = summary.revision, "control plane serving"
+    );
+    let service = ControlService { catalog: Arc::new(catalog), probe: cfg.probe, describe };
+    let incoming = tokio_stream_listener(listener);
+    tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(30))
+        .concurrency_limit_per_connection(64)
+        .add_service(ControlServer::with_interceptor(service, RequireToken(cfg.token)))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| ServeError::Transport(e.to_string()))
+}
+
+fn tokio_stream_listener(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// The service over one catalog.
+struct ControlService<S> {
+    catalog: Arc<Catalog<S>>,
+    probe: ConnectOptions,
+    describe: String,
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+fn ok<T>(t: T) -> Answer<T> {
+    Ok(Response::new(t))
+}
+
+fn st(e: CatalogError) -> Status {
+    status_of(&e)
+}
+
+/// Connects to a drive once: its block size, size and NGUID.
+pub async fn probe_drive(spec: &DriveSpec, opts: &ConnectOptions) -> Result<(u32, u64, Option<String>), String> {
+    let addr = tokio::net::lookup_host(spec.addr.as_str())
+        .await
+        .map_err(|e| format!("resolving {}: {e}", spec.addr))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to no address", spec.addr))?;
+    let ctrl = Controller::connect(addr, &spec.nqn, opts.clone())
+        .await
+        .map_err(|e| format!("connecting to {} {}: {e}", spec.addr, spec.nqn))?;
+    let ns = ctrl.namespace(spec.nsid).map_err(|e| format!("{} {} nsid {}: {e}", spec.addr, spec.nqn, spec.nsid));
+    ctrl.disconnect(Duration::from_millis(100)).await;
+    let ns = ns?;
+    let info = ns.info();
+    let nguid = info.identify.nguid;
+    let nguid = (nguid != [0; 16]).then(|| nguid.iter().map(|b| format!("{b:02x}")).collect());
+    let size = info.size_blocks.saturating_mul(u64::from(info.block_size_bytes));
+    Ok((info.block_size_bytes, size, nguid))
+}
+
+#[tonic::async_trait]
+impl<S: MetaStore> Control for ControlService<S> {
+    async fn add_drive(&self, req: Request<pb::AddDriveRequest>) -> Answer<pb::Drive> {
+        let r = req.into_inner();
+        let spec = DriveSpec { addr: r.addr, nqn: r.nqn, nsid: if r.nsid == 0 { 1 } else { r.nsid } };
+        let (bs, size, nguid) = probe_drive(&spec, &self.probe)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("cannot add drive: {e}")))?;
+        let d = self.catalog.add_drive(spec, bs, size, nguid).await.map_err(st)?;
+        tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
+        ok(pb::Drive::from(&d))
+    }
+
+    async fn list_drives(&self, _: Request<pb::ListDrivesRequest>) -> Answer<pb::ListDrivesResponse> {
+        let drives = self.catalog.drives().await.map_err(st)?;
+        ok(pb::ListDrivesResponse { drives: drives.iter().map(pb::Drive::from).collect() })
+    }
+
+    async fn set_drive_state(&self, req: Request<pb::SetDriveStateRequest>) -> Answer<pb::Drive> {
+        let r = req.into_inner();
+        let state = if r.up { DriveState::Up } else { DriveState::Down };
+        let d = self.catalog.set_drive_state(DriveId(r.id), state).await.map_err(st)?;
+        tracing::info!(drive = %d.id, ?state, "drive state changed");
+        ok(pb::Drive::from(&d))
+    }
+
+    async fn create_volume(&self, req: Request<pb::CreateVolumeRequest>) -> Answer<pb::Volume> {
+        let r = req.into_inner();
+        let spec = VolumeSpec {
+            name: r.name,
+            size_bytes: r.size_bytes,
+            block_size_bytes: if r.block_size_bytes == 0 { 4096 } else { r.block_size_bytes },
+            replicas: u8::try_from(r.replicas.max(1))
+                .map_err(|_| Status::invalid_argument(format!("invalid replicas: {}", r.replicas)))?,
+            tenant: r.tenant,
+            prefer: r.prefer,
+        };
+        let v = self.catalog.create_volume(spec).await.map_err(st)?;
+        tracing::info!(volume = %v.name, id = %v.id, size_bytes = v.size_bytes, replicas = v.replicas, "volume created");
+        ok(pb::Volume::from(&v))
+    }
+
+    async fn list_volumes(&self, _: Request<pb::ListVolumesRequest>) -> Answer<pb::ListVolumesResponse> {
+        let vs = self.catalog.volumes().await.map_err(st)?;
+        ok(pb::ListVolumesResponse { volumes: vs.iter().map(pb::Volume::from).collect() })
+    }
+
+    async fn open_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::VolumeLayout> {
+        let l = self.catalog.layout(&req.into_inner().name).await.map_err(st)?;
+        ok(pb::VolumeLayout {
+            volume: Some(pb::Volume::from(&l.volume)),
+            extents: l.extents.iter().map(pb::Extent::from).collect(),
+            drives: l.drives.iter().map(pb::Drive::from).collect(),
+        })
+    }
+
+    async fn resize_volume(&self, req: Request<pb::ResizeVolumeRequest>) -> Answer<pb::Volume> {
+        let r = req.into_inner();
+        let v = self.catalog.resize_volume(&r.name, r.size_bytes).await.map_err(st)?;
+        tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume resized");
+        ok(pb::Volume::from(&v))
+    }
+
+    async fn delete_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::DeleteVolumeResponse> {
+        let name = req.into_inner().name;
+        self.catalog.delete_volume(&name).await.map_err(st)?;
+        tracing::info!(volume = %name, "volume deleted");
+        ok(pb::DeleteVolumeResponse {})
+    }
+
+    async fn allocate_extent(&self, req: Request<pb::AllocateExtentRequest>) -> Answer<pb::ExtentAllocation> {
+        let r = req.into_inner();
+        let e = self.catalog.allocate_extent(&r.name, VolumeId(r.volume_id), r.index).await.map_err(st)?;
+        let v = self.catalog.volume(&r.name).await.map_err(st)?;
+        let drives = self.catalog.drives().await.map_err(st)?;
+        let used: Vec<pb::Drive> = drives
+            .iter()
+            .filter(|d| e.chain.iter().any(|x| x.drive == d.id))
+            .map(pb::Drive::from)
+            .collect();
+        ok(pb::ExtentAllocation { extent: Some(pb::Extent::from(&e)), volume: Some(pb::Volume::from(&v)), drives: used })
+    }
+
+    async fn status(&self, _: Request<pb::StatusRequest>) -> Answer<pb::StatusResponse> {
+        let (total, reserved) = self.catalog.capacity().await.map_err(st)?;
+        let drives = self.catalog.drives().await.map_err(st)?.len() as u64;
+        let volumes = self.catalog.volumes().await.map_err(st)?.len() as u64;
+        ok(pb::StatusResponse {
+            metadata: self.describe.clone(),
+            drives,
+            volumes,
+            slots_total: total,
+            slots_reserved: reserved,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_urls_parse_or_name_the_problem() {
+        assert_eq!("redb:/tmp/m.redb".parse(), Ok(Metadata::Redb("/tmp/m.redb".into())));
+        assert_eq!(
+            "etcd://10.0.0.1:2379,10.0.0.2:2379/prod".parse(),
+            Ok(Metadata::Etcd {
+                endpoints: vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()],
+                prefix: "/prod/".into()
+            })
+        );
+        assert_eq!(
+            "etcd://h:2379".parse::<Metadata>().map(|m| matches!(m, Metadata::Etcd { prefix, .. } if prefix == "/sluice/")),
+            Ok(true)
+        );
+        for bad in ["redb:", "etcd://h", "etcd://:1", "mysql://x", ""] {
+            assert!(bad.parse::<Metadata>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The volume client: elastic volumes over plain NVMe/TCP namespaces.
+//!
+//! Opening a volume fetches its map once (`OpenVolume`) and caches it with
+//! its epoch. Every I/O is planned against the cached map
+//! ([`VolumeMap::plan`]) and each piece goes straight to its drive over a
+//! connection from the [`DrivePool`], which volumes share. The control plane
+//! is called only:
+//! * on an extent fault (a write to an unallocated extent): `AllocateExtent`,
+//!   retried with backoff while the control plane is unreachable; when its
+//!   answer shows a newer epoch, the whole map is refetched;
+//! * when a request runs past the cached size (the volume may have grown).
+//!
+//! Reads of unallocated ranges return zeros and allocate nothing.
+//!
+//! **Replication** is chain replication driven by the client, as in Flint
+//! (§4.4): a write goes to the head, then to each next replica, and is
+//! acknowledged once the tail has it; reads go to the tail, which holds only
+//! acknowledged data. The client drives the chain rather than the drives
+//! forwarding, because the drives are any NVMe/TCP target (Linux nvmet,
+//! SPDK), and none of them can forward a write to another target.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use sluice_host::{ConnectOptions, Controller, IoFlags, Namespace};
+use sluice_volume::{DriveId, PieceTarget, VolumeMap, VolumeRecord};
+
+use crate::client::ControlClient;
+use crate::error::VolumeError;
+use crate::pb;
+
+/// Longest piece sent as one namespace request (the host library splits it
+/// further at the drive's MDTS).
+pub const PIECE_BYTES_MAX: u64 = 8 << 20;
+
+/// Attempts at an extent allocation while the control plane is unreachable.
+pub const ALLOCATE_ATTEMPTS_MAX: u32 = 5;
+
+/// Connections to drives, shared by every volume of a process: one
+/// association per (address, subsystem NQN).
+#[derive(Debug)]
+pub struct DrivePool {
+    opts: ConnectOptions,
+    conns: tokio::sync::Mutex<HashMap<(String, String), Controller>>,
+}
+
+impl DrivePool {
+    pub fn new(opts: ConnectOptions) -> Arc<DrivePool> {
+        Arc::new(DrivePool { opts, conns: tokio::sync::Mutex::new(HashMap::new()) })
+    }
+
+    /// Associations open.
+    pub async fn connections(&self) -> usize {
+        self.conns.lock().await.len()
+    }
+
+    /// The namespace of `drive`, connecting on first use, and checking that
+    /// it is still the drive the pool recorded (block size, NGUID).
+    async fn namespace(&self, drive: &pb::Drive) -> Result<Namespace, VolumeError> {
+        let id = DriveId(drive.id);
+        let key = (drive.addr.clone(), drive.nqn.clone());
+        let ctrl = {
+            let mut conns = self.conns.lock().await;
+            match conns.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let addr: SocketAddr = tokio::net::lookup_host(drive.addr.as_str())
+                        .await
+                        .ok()
+                        .and_then(|mut a| a.next())
+                        .ok_or_else(|| VolumeError::Drive {
+                            drive: id,
+                            source: sluice_host::HostError::Transport(format!("{} does not resolve", drive.addr)),
+                        })?;
+                    let c = Controller::connect(addr, &drive.nqn, self.opts.clone())
+                        .await
+                        .map_err(|source| VolumeError::Drive { drive: id, source })?;
+                    conns.insert(key, c.clone());
+                    c
+                }
+            }
+        };
+        let ns = ctrl.namespace(drive.nsid).map_err(|source| VolumeError::Drive { drive: id, source })?;
+        let changed = |reason: String| VolumeError::DriveChanged { drive: id, addr: drive.addr.clone(), reason };
+        if ns.block_size_bytes() != drive.block_size_bytes {
+            return Err(changed(format!(
+                "block size {} where {} was recorded",
+                ns.block_size_bytes(),
+                drive.block_size_bytes
+            )));
+        }
+        let size = ns.size_blocks().saturating_mul(u64::from(ns.block_size_bytes()));
+        if size < drive.slots_total * sluice_volume::EXTENT_BYTES {
+            return Err(changed(format!("{size} bytes, smaller than the {} extents recorded", drive.slots_total)));
+        }
+        if let Some(want) = &drive.nguid {
+            let got: String = ns.info().identify.nguid.iter().map(|b| format!("{b:02x}")).collect();
+            if *want != got {
+                return Err(changed(format!("NGUID {got} where {want} was recorded")));
+            }
+        }
+        Ok(ns)
+    }
+}
+
+/// One open volume.
+#[derive(Debug)]
+pub struct Volume {
+    name: String,
+    control: ControlClient,
+    pool: Arc<DrivePool>,
+    map: RwLock<VolumeMap>,
+    drives: RwLock<HashMap<DriveId, pb::Drive>>,
+    namespaces: tokio::sync::RwLock<HashMap<DriveId, Namespace>>,
+    allocations: std::sync::atomic::AtomicU64,
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn bad(e: impl std::fmt::Display) -> VolumeError {
+    VolumeError::BadAnswer(e.to_string())
+}
+
+impl Volume {
+    /// Opens `name`: fetches its map from the control plane.
+    pub async fn open(control: ControlClient, pool: Arc<DrivePool>, name: &str) -> Result<Volume, VolumeError> {
+        let layout = control.open_volume(name).await?;
+        let (map, drives) = Self::decode_layout(layout)?;
+        if map.volume().state != sluice_volume::VolumeState::Ready {
+            return Err(VolumeError::Control(format!("volume {name:?} is being deleted")));
+        }
+        Ok(Volume {
+            name: name.to_owned(),
+            control,
+            pool,
+            map: RwLock::new(map),
+            drives: RwLock::new(drives),
+            namespaces: tokio::sync::RwLock::new(HashMap::new()),
+            allocations: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    fn decode_layout(l: pb::VolumeLayout) -> Result<(VolumeMap, HashMap<DriveId, pb::Drive>), VolumeError> {
+        let v = l.volume.ok_or_else(|| bad("layout without a volume"))?.to_record().map_err(bad)?;
+        let map = VolumeMap::from_records(v, l.extents.iter().map(pb::Extent::to_record)).map_err(bad)?;
+        let drives = l.drives.into_iter().map(|d| (DriveId(d.id), d)).collect();
+        Ok((map, drives))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The volume as last fetched.
+    pub fn record(&self) -> VolumeRecord {
+        read(&self.map).volume().clone()
+    }
+
+    pub fn block_size_bytes(&self) -> u32 {
+        read(&self.map).volume().block_size_bytes
+    }
+
+    pub fn size_blocks(&self) -> u64 {
+        let m = read(&self.map);
+        m.volume().size_bytes / u64::from(m.volume().block_size_bytes)
+    }
+
+    /// The cached map's epoch.
+    pub fn epoch(&self) -> u64 {
+        read(&self.map).epoch()
+    }
+
+    /// Extents allocated in the cached map.
+    pub fn extents_allocated(&self) -> usize {
+        read(&self.map).allocated()
+    }
+
+    /// Extent faults this client resolved through the control plane.
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Refetches the whole map (after a resize or a chain change).
+    pub async fn refresh(&self) -> Result<(), VolumeError> {
+        let (map, drives) = Self::decode_layout(self.control.open_volume(&self.name).await?)?;
+        *write(&self.map) = map;
+        write(&self.drives).extend(drives);
+        // Chains may have moved: forget nothing (connections stay valid),
+        // but drop namespaces of drives no longer known.
+        Ok(())
+    }
+
+    async fn namespace(&self, id: DriveId) -> Result<Namespace, VolumeError> {
+        if let Some(ns) = self.namespaces.read().await.get(&id) {
+            return Ok(ns.clone());
+        }
+        let drive = read(&self.drives).get(&id).cloned().ok_or_else(|| bad(format!("chain names unknown drive {id}")))?;
+        let ns = self.pool.namespace(&drive).await?;
+        self.namespaces.write().await.insert(id, ns.clone());
+        Ok(ns)
+    }
+
+    /// Plans a byte range, refetching the volume once if the range runs past
+    /// the cached size (it may have grown online).
+    async fn pieces(&self, offset: u64, len: u64) -> Result<Vec<sluice_volume::Piece>, VolumeError> {
+        let plan = |m: &VolumeMap| m.plan(offset, len, PIECE_BYTES_MAX).map(Iterator::collect::<Vec<_>>);
+        let first = plan(&read(&self.map));
+        match first {
+            Ok(p) => Ok(p),
+            Err(sluice_volume::map::RangeError::Beyond { .. }) => {
+                self.refresh().await?;
+                Ok(plan(&read(&self.map))?)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Allocates extent `index` (an extent fault).
+    async fn fault(&self, index: u64) -> Result<(), VolumeError> {
+        let (id, epoch) = {
+            let m = read(&self.map);
+            (m.volume().id.0, m.epoch())
+        };
+        let mut backoff = Duration::from_millis(50);
+        let mut attempt = 0;
+        let answer = loop {
+            attempt += 1;
+            match self.control.allocate_extent(&self.name, id, index, epoch).await {
+                Ok(a) => break a,
+                Err(VolumeError::ControlUnavailable { addr, reason }) if attempt < ALLOCATE_ATTEMPTS_MAX => {
+                    tracing::warn!(volume = %self.name, extent = index, %addr, %reason, attempt,
+                        "extent allocation failed: control plane unreachable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(VolumeError::ControlUnavailable { addr, reason }) => {
+                    return Err(VolumeError::ControlUnavailable {
+                        addr,
+                        reason: format!(
+                            "extent {index} of volume {:?} is not allocated and {ALLOCATE_ATTEMPTS_MAX} attempts failed: {reason}",
+                            self.name
+                        ),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let v = answer.volume.ok_or_else(|| bad("allocation without a volume"))?.to_record().map_err(bad)?;
+        let extent = answer.extent.ok_or_else(|| bad("allocation without an extent"))?.to_record();
+        write(&self.drives).extend(answer.drives.into_iter().map(|d| (DriveId(d.id), d)));
+        if v.epoch > epoch {
+            // Chains changed since the map was fetched: refetch all of it.
+            return self.refresh().await;
+        }
+        let mut m = write(&self.map);
+        if v.size_bytes > m.volume().size_bytes {
+            m.update_volume(v);
+        }
+        m.insert(extent).map_err(bad)
+    }
+
+    /// Reads `len_bytes` at block `lba`.
+    pub async fn read(&self, lba: u64, len_bytes: usize, flags: IoFlags) -> Result<Vec<u8>, VolumeError> {
+        let bs = u64::from(self.block_size_bytes());
+        let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
+        let pieces = self.pieces(offset, len_bytes as u64).await?;
+        if let [p] = pieces.as_slice() {
+            return self.read_piece(p, flags).await;
+        }
+        let mut out = vec![0u8; len_bytes];
+        for p in &pieces {
+            let data = self.read_piece(p, flags).await?;
+            let at = usize::try_from(p.buf_offset).map_err(bad)?;
+            out[at..at + data.len()].copy_from_slice(&data);
+        }
+        Ok(out)
+    }
+
+    async fn read_piece(&self, p: &sluice_volume::Piece, flags: IoFlags) -> Result<Vec<u8>, VolumeError> {
+        let len = usize::try_from(p.len_bytes).map_err(bad)?;
+        let PieceTarget::Mapped { extent } = p.target else {
+            return Ok(vec![0u8; len]);
+        };
+        // The tail holds only acknowledged writes.
+        let tail = read(&self.map)
+            .chain(extent)
+            .and_then(|c| c.last().copied())
+            .ok_or_else(|| bad("mapped piece without a chain"))?;
+        let ns = self.namespace(tail.drive).await?;
+        let lba = p.drive_offset(&tail) / u64::from(ns.block_size_bytes());
+        ns.read(lba, len, flags).await.map_err(|source| VolumeError::Drive { drive: tail.drive, source })
+    }
+
+    /// Writes `data` at block `lba`, allocating extents on first write.
+    pub async fn write(&self, lba: u64, data: &[u8], flags: IoFlags) -> Result<(), VolumeError> {
+        let bs = u64::from(self.block_size_bytes());
+        let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
+        let len = data.len() as u64;
+        let mut pieces = self.pieces(offset, len).await?;
+        loop {
+            // Not `while let`: its guard would live across the await below.
+            let fault = read(&self.map).first_fault(offset, len);
+            let Some(fault) = fault else { break };
+            self.fault(fault.index).await?;
+            // Safe to loop: each fault allocates (or learns) one extent.
+            pieces = self.pieces(offset, len).await?;
+            if read(&self.map).chain(fault.index).is_none() {
+                return Err(bad(format!("extent {} still unallocated after allocation", fault.index)));
+            }
+        }
+        for p in &pieces {
+            let PieceTarget::Mapped { extent } = p.target else {
+                return Err(bad("an unallocated piece after allocation"));
+            };
+            let chain = read(&self.map).chain(extent).cloned().ok_or_else(|| bad("mapped piece without a chain"))?;
+            let at = usize::try_from(p.buf_offset).map_err(bad)?;
+            let bytes = &data[at..at + usize::try_from(p.len_bytes).map_err(bad)?];
+            // Head first, tail last: acknowledged once the tail has it.
+            for replica in &chain {
+                let ns = self.namespace(replica.drive).await?;
+                let dlba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
+                ns.write(dlba, bytes, flags).await.map_err(|source| VolumeError::Drive { drive: replica.drive, source })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes every drive the volume has written to.
+    pub async fn flush(&self) -> Result<(), VolumeError> {
+        let nss: Vec<(DriveId, Namespace)> =
+            self.namespaces.read().await.iter().map(|(d, n)| (*d, n.clone())).collect();
+        for (drive, ns) in nss {
+            ns.flush().await.map_err(|source| VolumeError::Drive { drive, source })?;
+        }
+        Ok(())
+    }
+}

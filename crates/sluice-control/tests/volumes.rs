@@ -1,0 +1,343 @@
+//! Elastic volumes end to end: real Sluice targets (RAM namespaces) as the
+//! drives, `sluice control` on redb (and etcd), and the volume client doing
+//! I/O straight to the drives.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_admin::BearerToken;
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
+use sluice_control::server::{ControlConfig, Metadata};
+use sluice_control::{pb, ControlClient, DrivePool, Volume, VolumeError};
+use sluice_host::{ConnectOptions, Controller, IoFlags};
+use sluice_meta::testing::EtcdServer;
+use sluice_target::{Target, TargetHandle};
+use sluice_volume::EXTENT_BYTES;
+
+const MIB: u64 = 1 << 20;
+const NQN: &str = "nqn.2026-11.io.sluice:drives";
+
+/// A Sluice target with two 32 MiB RAM namespaces (two drives).
+struct Drives {
+    handle: Option<TargetHandle>,
+}
+
+impl Drives {
+    fn start() -> Drives {
+        let sub = SubsystemConfig::new(NQN)
+            .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512))
+            .with_namespace(NamespaceConfig::ram(2, 32 << 20).with_block_size(4096))
+            .allow_any_host();
+        let settings = TargetSettings::default()
+            .with_listen("127.0.0.1:0".parse().unwrap())
+            .with_discovery_listen(None)
+            .with_workers(1)
+            .with_polling(PollingPolicy::Interrupt)
+            .with_shutdown_drain_ms(200);
+        let c = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
+        Drives { handle: Some(Target::start(&c).unwrap()) }
+    }
+
+    fn addr(&self) -> String {
+        self.handle.as_ref().unwrap().local_addr().to_string()
+    }
+
+    fn stop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.shutdown();
+        }
+    }
+}
+
+impl Drop for Drives {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A control plane on 127.0.0.1:PORT, stopped by dropping `stop`.
+struct ControlPlane {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), sluice_control::server::ServeError>>>,
+}
+
+impl ControlPlane {
+    async fn start(metadata: Metadata, token: Option<BearerToken>, port: u16) -> ControlPlane {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut cfg = ControlConfig::new(metadata);
+        cfg.token = token;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(sluice_control::serve(cfg, listener, async move {
+            let _ = rx.await;
+        }));
+        ControlPlane { addr, stop: Some(tx), task: Some(task) }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.addr.rsplit_once(':').unwrap().1.parse().unwrap()
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8).collect()
+}
+
+fn host_opts() -> ConnectOptions {
+    ConnectOptions { hostnqn: "nqn.2026-11.io.sluice:test-client".into(), ..ConnectOptions::default() }
+}
+
+async fn add_all(c: &ControlClient, targets: &[&Drives]) {
+    for t in targets {
+        for nsid in [1, 2] {
+            c.add_drive(&t.addr(), NQN, nsid).await.unwrap();
+        }
+    }
+}
+
+/// Reads `len` bytes at byte `offset` of a drive directly, bypassing the
+/// volume: proof of where the data went.
+async fn read_drive(d: &pb::Drive, offset: u64, len: usize) -> Vec<u8> {
+    let ctrl = Controller::connect(d.addr.parse().unwrap(), &d.nqn, host_opts()).await.unwrap();
+    let ns = ctrl.namespace(d.nsid).unwrap();
+    let data = ns.read(offset / u64::from(d.block_size_bytes), len, IoFlags::default()).await.unwrap();
+    ctrl.disconnect(Duration::from_millis(50)).await;
+    data
+}
+
+async fn volume_round_trip(metadata: Metadata) {
+    let t1 = Drives::start();
+    let t2 = Drives::start();
+    let mut cp = ControlPlane::start(metadata, None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    add_all(&c, &[&t1, &t2]).await;
+    let drives = c.list_drives().await.unwrap();
+    assert_eq!(drives.len(), 4);
+    assert_eq!(drives.iter().map(|d| d.slots_total).sum::<u64>(), 64);
+
+    let req = pb::CreateVolumeRequest { name: "data".into(), size_bytes: 40 * MIB, replicas: 1, ..Default::default() };
+    c.create_volume(req).await.unwrap();
+    let pool = DrivePool::new(host_opts());
+    let v = Volume::open(c.clone(), pool.clone(), "data").await.unwrap();
+    assert_eq!(v.block_size_bytes(), 4096);
+    assert_eq!(v.size_blocks(), 40 * MIB / 4096);
+
+    // Unallocated reads are zeros and allocate nothing.
+    assert_eq!(v.read(0, 1 << 20, IoFlags::default()).await.unwrap(), vec![0u8; 1 << 20]);
+    assert_eq!(v.allocations(), 0);
+    assert_eq!(c.open_volume("data").await.unwrap().extents.len(), 0);
+
+    // 7 MiB from 1 MiB spans extents 0-3: allocated on first write.
+    let data = pattern(1, 7 << 20);
+    v.write(256, &data, IoFlags::default()).await.unwrap();
+    assert_eq!(v.allocations(), 4);
+    assert_eq!(v.read(256, 7 << 20, IoFlags::default()).await.unwrap(), data);
+    // Around the written range: still zeros.
+    assert_eq!(v.read(0, 1 << 20, IoFlags::default()).await.unwrap(), vec![0u8; 1 << 20]);
+    // A 4 KiB write straddling nothing, into an allocated extent: no fault.
+    v.write(300, &pattern(2, 4096), IoFlags::default()).await.unwrap();
+    assert_eq!(v.allocations(), 4);
+
+    // The layout spreads the four extents over the four drives, and each
+    // piece is on its drive where the map says.
+    let layout = c.open_volume("data").await.unwrap();
+    assert_eq!(layout.extents.len(), 4);
+    let used: std::collections::BTreeSet<u32> = layout.extents.iter().map(|e| e.chain[0].drive).collect();
+    assert_eq!(used.len(), 4, "{layout:?}");
+    let e1 = layout.extents.iter().find(|e| e.index == 1).unwrap();
+    let d1 = layout.drives.iter().find(|d| d.id == e1.chain[0].drive).unwrap();
+    let direct = read_drive(d1, e1.chain[0].slot * EXTENT_BYTES, 4096).await;
+    // Extent 1 starts 1 MiB into `data`.
+    assert_eq!(direct, data[(1 << 20)..(1 << 20) + 4096]);
+
+    // A second client sees the same data; both share nothing but the pool.
+    let v2 = Volume::open(c.clone(), pool.clone(), "data").await.unwrap();
+    assert_eq!(v2.read(256 + 1024, 4096, IoFlags::default()).await.unwrap(), data[4 << 20..(4 << 20) + 4096]);
+    // Two targets, one subsystem each: two associations for both volumes.
+    assert_eq!(pool.connections().await, 2);
+
+    // Online growth: a write past the old end is seen after a refetch.
+    c.resize_volume("data", 48 * MIB).await.unwrap();
+    v.write((44 * MIB) / 4096, &pattern(3, 8192), IoFlags::default()).await.unwrap();
+    assert_eq!(v.read((44 * MIB) / 4096, 8192, IoFlags::default()).await.unwrap(), pattern(3, 8192));
+
+    // Delete frees every extent.
+    c.delete_volume("data").await.unwrap();
+    let status = c.status().await.unwrap();
+    assert_eq!((status.volumes, status.slots_reserved), (0, 0));
+    assert!(c.list_drives().await.unwrap().iter().all(|d| d.slots_used == 0));
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_data_round_trips_over_extents_on_two_targets_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    volume_round_trip(Metadata::Redb(dir.path().join("meta.redb"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volume_data_round_trips_over_extents_on_two_targets_etcd() {
+    let Some(server) = EtcdServer::start_or_skip("volume_round_trip_etcd") else { return };
+    let hostport = server.endpoint.trim_start_matches("http://").to_owned();
+    volume_round_trip(format!("etcd://{hostport}/e2e").parse().unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_writes_reach_every_replica_in_chain_order() {
+    let t1 = Drives::start();
+    let t2 = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    add_all(&c, &[&t1, &t2]).await;
+    let req = pb::CreateVolumeRequest { name: "r2".into(), size_bytes: 8 * MIB, replicas: 2, ..Default::default() };
+    c.create_volume(req).await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "r2").await.unwrap();
+    let data = pattern(9, 3 << 20);
+    v.write(0, &data, IoFlags::default()).await.unwrap();
+    let layout = c.open_volume("r2").await.unwrap();
+    assert_eq!(layout.extents.len(), 2);
+    for e in &layout.extents {
+        assert_eq!(e.chain.len(), 2);
+        let targets: std::collections::BTreeSet<&str> = e
+            .chain
+            .iter()
+            .map(|r| layout.drives.iter().find(|d| d.id == r.drive).unwrap().addr.as_str())
+            .collect();
+        assert_eq!(targets.len(), 2, "replicas on distinct targets");
+        for r in &e.chain {
+            let d = layout.drives.iter().find(|d| d.id == r.drive).unwrap();
+            let got = read_drive(d, r.slot * EXTENT_BYTES, 65536).await;
+            let at = usize::try_from(e.index * EXTENT_BYTES).unwrap();
+            assert_eq!(got, data[at..at + 65536], "replica on drive {} of extent {}", r.drive, e.index);
+        }
+    }
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_to_allocated_extents_continues_while_the_control_plane_is_down() {
+    let t1 = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Metadata::Redb(dir.path().join("m.redb"));
+    let mut cp = ControlPlane::start(meta.clone(), None, 0).await;
+    let port = cp.port();
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    add_all(&c, &[&t1]).await;
+    let req = pb::CreateVolumeRequest { name: "v".into(), size_bytes: 16 * MIB, ..Default::default() };
+    c.create_volume(req).await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
+    v.write(0, &pattern(4, 1 << 20), IoFlags::default()).await.unwrap();
+
+    cp.stop().await;
+    // Allocated: reads and writes go straight to the drive.
+    v.write(16, &pattern(5, 65536), IoFlags::default()).await.unwrap();
+    assert_eq!(v.read(16, 65536, IoFlags::default()).await.unwrap(), pattern(5, 65536));
+    // Unallocated: a clear error after the retries.
+    let e = v.write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default()).await.unwrap_err();
+    assert!(matches!(e, VolumeError::ControlUnavailable { .. }), "{e}");
+    assert!(e.to_string().contains("extent 4"), "{e}");
+
+    // The control plane comes back on the same port and file: the retry works.
+    let mut cp = ControlPlane::start(meta, None, port).await;
+    v.write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default()).await.unwrap();
+    assert_eq!(v.read((8 * MIB) / 4096, 4096, IoFlags::default()).await.unwrap(), pattern(6, 4096));
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors() {
+    let t1 = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let token = BearerToken::new("s3cret-token");
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), token.clone(), 0).await;
+    // No token, wrong token: refused.
+    for t in [None, BearerToken::new("wrong")] {
+        let e = ControlClient::new(&cp.addr, t.as_ref()).unwrap().status().await.unwrap_err();
+        assert!(e.to_string().contains("unauthenticated"), "{e}");
+    }
+    let c = ControlClient::new(&cp.addr, token.as_ref()).unwrap();
+    add_all(&c, &[&t1]).await;
+    let e = c.add_drive(&t1.addr(), NQN, 1).await.unwrap_err();
+    assert!(e.to_string().contains("already in the pool"), "{e}");
+    let e = c.add_drive(&t1.addr(), NQN, 9).await.unwrap_err();
+    assert!(e.to_string().contains("nsid 9"), "{e}");
+    let e = c.add_drive("127.0.0.1:1", NQN, 1).await.unwrap_err();
+    assert!(e.to_string().contains("cannot add drive"), "{e}");
+
+    let mk = |name: &str, size_bytes: u64, replicas: u32| pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes,
+        replicas,
+        ..Default::default()
+    };
+    c.create_volume(mk("a", 8 * MIB, 1)).await.unwrap();
+    let e = c.create_volume(mk("a", 8 * MIB, 1)).await.unwrap_err();
+    assert!(e.to_string().contains("already exists"), "{e}");
+    // 64 MiB of drives: 60 more MiB do not fit.
+    let e = c.create_volume(mk("big", 60 * MIB, 1)).await.unwrap_err();
+    assert!(matches!(e, VolumeError::CapacityExceeded(_)), "{e}");
+    // Two replicas need two drives with 4 KiB-compatible blocks: there are.
+    // Four replicas is beyond the limit.
+    let e = c.create_volume(mk("r4", 8 * MIB, 4)).await.unwrap_err();
+    assert!(e.to_string().contains("replicas"), "{e}");
+    let e = c.resize_volume("a", 4 * MIB).await.unwrap_err();
+    assert!(e.to_string().contains("not shrink"), "{e}");
+    let e = c.open_volume("nope").await.unwrap_err();
+    assert!(e.to_string().contains("not found"), "{e}");
+    let e = Volume::open(c.clone(), DrivePool::new(host_opts()), "nope").await.unwrap_err();
+    assert!(e.to_string().contains("no volume named"), "{e}");
+    // I/O outside the volume or unaligned.
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "a").await.unwrap();
+    assert!(v.read(2048, 4096, IoFlags::default()).await.is_err());
+    assert!(v.write(0, &[0u8; 100], IoFlags::default()).await.is_err());
+    cp.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drive_that_comes_back_different_is_refused() {
+    let mut t1 = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    add_all(&c, &[&t1]).await;
+    let req = pb::CreateVolumeRequest { name: "v".into(), size_bytes: 8 * MIB, ..Default::default() };
+    c.create_volume(req).await.unwrap();
+    let addr = t1.addr();
+    {
+        let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
+        v.write(0, &pattern(7, 8192), IoFlags::default()).await.unwrap();
+    }
+    // Replace the target on the same address with namespaces whose block
+    // sizes are swapped: not the drives the pool recorded.
+    t1.stop();
+    let sub = SubsystemConfig::new(NQN)
+        .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(4096))
+        .with_namespace(NamespaceConfig::ram(2, 32 << 20).with_block_size(512))
+        .allow_any_host();
+    let settings = TargetSettings::default()
+        .with_listen(addr.parse().unwrap())
+        .with_discovery_listen(None)
+        .with_workers(1)
+        .with_polling(PollingPolicy::Interrupt);
+    let cfg = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
+    let h = Target::start(&cfg).unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
+    let e = v.read(0, 8192, IoFlags::default()).await.unwrap_err();
+    assert!(matches!(e, VolumeError::DriveChanged { .. }), "{e}");
+    assert!(e.to_string().contains("block size"), "{e}");
+    h.shutdown();
+    cp.stop().await;
+    let _ = Arc::new(());
+}
