@@ -7,6 +7,7 @@
 //! completion), the CPU the bench process used, and optionally the raw TCP
 //! wire floor measured in the same run ([`FloorReport`]).
 
+mod device;
 mod floor;
 mod spec;
 
@@ -19,7 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, Namespace, PollingPolicy};
+use device::Device;
+use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, PollingPolicy};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_runtime::cast::{nanos, usize_from};
@@ -38,12 +40,23 @@ pub const RUNTIME_S_MAX: u64 = 24 * 3600;
 /// Arguments of `sluice bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Target address, ADDR:PORT.
-    #[arg(long)]
+    /// Target address, ADDR:PORT (not with --volume).
+    #[arg(long, default_value = "")]
     pub target: String,
-    /// Subsystem NQN.
-    #[arg(long)]
+    /// Subsystem NQN (not with --volume).
+    #[arg(long, default_value = "")]
     pub nqn: String,
+    /// An elastic volume to drive instead of a namespace: its map comes
+    /// from the control plane (--control), its I/O goes straight to the
+    /// drives.
+    #[arg(long, conflicts_with_all = ["target", "nqn", "nsid"])]
+    pub volume: Option<String>,
+    /// The control plane's HOST:PORT, with --volume.
+    #[arg(long, default_value = "127.0.0.1:9500", env = "SLUICE_CONTROL")]
+    pub control: String,
+    /// File holding the control plane's bearer token, with --volume.
+    #[arg(long, env = "SLUICE_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
     /// Namespace ID (default: the first active one).
     #[arg(long)]
     pub(crate) nsid: Option<u32>,
@@ -142,6 +155,9 @@ impl BenchArgs {
         BenchArgs {
             target: target.into(),
             nqn: nqn.into(),
+            volume: None,
+            control: "127.0.0.1:9500".into(),
+            token_file: None,
             nsid: None,
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001".into(),
             cgroup: None,
@@ -471,7 +487,9 @@ fn floor_spec(jobs: &[JobSpec], server_cpu: Option<usize>) -> floor::FloorSpec {
 
 /// Runs the bench (see [`run`]).
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
-    let addr = resolve(&args.target)?;
+    if args.volume.is_none() && (args.target.is_empty() || args.nqn.is_empty()) {
+        bail!("give --target and --nqn, or --volume (with --control)");
+    }
     let jobs = spec::jobs_from_args(&args)?;
     if jobs.is_empty() || jobs.len() > JOBS_MAX {
         bail!("between 1 and {JOBS_MAX} jobs, got {}", jobs.len());
@@ -525,20 +543,25 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             cgroup: j.cgroup.clone(),
             ..Default::default()
         };
-        let c = Controller::connect(addr, &args.nqn, opts)
-            .await
-            .with_context(|| format!("job {}: connect to {} at {addr}", j.name, args.nqn))?;
-        let nsid = match args.nsid {
-            Some(n) => n,
-            None => c
-                .namespaces()
-                .first()
-                .map(|n| n.nsid)
-                .with_context(|| format!("{} has no namespace", args.nqn))?,
+        let (c, ns) = match &args.volume {
+            Some(name) => (None, device::open_volume(&args, name, opts).await.with_context(|| format!("job {}", j.name))?),
+            None => {
+                let addr = resolve(&args.target)?;
+                let c = Controller::connect(addr, &args.nqn, opts)
+                    .await
+                    .with_context(|| format!("job {}: connect to {} at {addr}", j.name, args.nqn))?;
+                let nsid = match args.nsid {
+                    Some(n) => n,
+                    None => c
+                        .namespaces()
+                        .first()
+                        .map(|n| n.nsid)
+                        .with_context(|| format!("{} has no namespace", args.nqn))?,
+                };
+                let ns = c.namespace(nsid).with_context(|| format!("job {}", j.name))?;
+                (Some(c), Device::Namespace(ns))
+            }
         };
-        let ns = c
-            .namespace(nsid)
-            .with_context(|| format!("job {}", j.name))?;
         prepared.push((j.clone(), c, ns));
     }
     let span_blocks = match &args.span {
@@ -546,7 +569,8 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         None => None,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, c, _)| c.io_stats()).collect();
+    let stats_of = |c: &Option<Controller>| c.as_ref().map(Controller::io_stats).unwrap_or_default();
+    let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, c, _)| stats_of(c)).collect();
     let (u0, s0) = cpu_times_s();
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -610,13 +634,15 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let host: Vec<HostQueueStats> = prepared
         .iter()
         .zip(&host0)
-        .map(|((_, c, _), h0)| c.io_stats().since(h0))
+        .map(|((_, c, _), h0)| stats_of(c).since(h0))
         .collect();
     if progress {
         eprintln!();
     }
     for (_, c, _) in &prepared {
-        c.disconnect(Duration::from_secs(2)).await;
+        if let Some(c) = c {
+            c.disconnect(Duration::from_secs(2)).await;
+        }
     }
     let mut total_hist = hist()?;
     let mut reports = Vec::new();
@@ -731,7 +757,7 @@ impl JobStats {
 /// Shared state of one running job.
 struct JobRun {
     spec: JobSpec,
-    ns: Namespace,
+    ns: Device,
     /// Usable blocks.
     blocks: u64,
     verify: bool,
@@ -769,7 +795,7 @@ pub(crate) fn tests_support_mix(x: u64) -> u64 {
 impl JobRun {
     fn new(
         spec: JobSpec,
-        ns: Namespace,
+        ns: Device,
         span_bytes: Option<u64>,
         verify: bool,
         ios_limit: Option<u64>,

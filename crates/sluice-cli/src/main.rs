@@ -6,12 +6,15 @@
 //!   and the TCP wire floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
 //! * `sluice top`: live per-tenant view from a target's admin endpoint.
+//! * `sluice control`, `sluice drive`, `sluice volume`: the control plane
+//!   and its clients (elastic volumes).
 //! * `sluice nbd`, `sluice fuse`: export a remote namespace over NBD or as a
 //!   file in a FUSE mount.
 //!
 //! The papers' experiments are a separate binary, `sluice-lab`
 //! (crates/sluice-lab), so this one carries none of their machinery.
 
+mod control_cmd;
 mod export_cmd;
 mod host_cmd;
 mod target_cmd;
@@ -50,6 +53,15 @@ enum Command {
     /// Show tenants live (IOPS, bandwidth, latency, CPU, throttling) from a
     /// target's admin endpoint.
     Top(top_cmd::TopArgs),
+    /// Run the control plane: the pool of drives and the elastic volumes
+    /// over them (metadata in redb, or in etcd).
+    Control(control_cmd::ControlArgs),
+    /// Manage the pool's drives (namespaces on NVMe/TCP targets).
+    #[command(subcommand)]
+    Drive(control_cmd::DriveCmd),
+    /// Manage elastic volumes.
+    #[command(subcommand)]
+    Volume(control_cmd::VolumeCmd),
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
@@ -73,6 +85,9 @@ fn main() {
         Command::Top(a) => top_cmd::run(a),
         Command::Nbd(a) => export_cmd::nbd(a),
         Command::Fuse(a) => export_cmd::fuse(a),
+        Command::Control(a) => control_cmd::control(a),
+        Command::Drive(c) => control_cmd::drive(c),
+        Command::Volume(c) => control_cmd::volume(c),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

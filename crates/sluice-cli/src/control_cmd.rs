@@ -1,0 +1,309 @@
+//! `sluice control` (the control plane), and its clients `sluice drive` and
+//! `sluice volume`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use sluice_admin::BearerToken;
+use sluice_control::server::{ControlConfig, Metadata};
+use sluice_control::{pb, ControlClient};
+
+/// Where the control plane is, and its token (shared by the client commands).
+#[derive(Debug, Args, Clone)]
+pub struct ControlAddr {
+    /// The control plane's gRPC address.
+    #[arg(long, default_value = "127.0.0.1:9500", env = "SLUICE_CONTROL")]
+    pub control: String,
+    /// File holding the control plane's bearer token.
+    #[arg(long, env = "SLUICE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl ControlAddr {
+    pub fn client(&self) -> Result<ControlClient> {
+        let token = read_token(self.token_file.as_deref())?;
+        Ok(ControlClient::new(&self.control, token.as_ref())?)
+    }
+}
+
+fn read_token(path: Option<&std::path::Path>) -> Result<Option<BearerToken>> {
+    path.map(|p| BearerToken::from_file(p).with_context(|| format!("reading the token file {}", p.display())))
+        .transpose()
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// Listen address of the gRPC API. Beyond loopback, --token-file is
+    /// required.
+    #[arg(long, default_value = "127.0.0.1:9500")]
+    listen: std::net::SocketAddr,
+    /// Metadata store: redb:PATH (embedded, the default) or
+    /// etcd://HOST:PORT[,HOST:PORT...][/PREFIX].
+    #[arg(long, default_value = "redb:sluice-meta.redb")]
+    metadata: String,
+    /// File holding the bearer token every API call must carry.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+}
+
+pub fn control(a: ControlArgs) -> Result<()> {
+    let metadata: Metadata = a.metadata.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let mut cfg = ControlConfig::new(metadata);
+    cfg.token = read_token(a.token_file.as_deref())?;
+    sluice_control::auth::check_listen(a.listen, cfg.token.as_ref()).map_err(|e| anyhow::anyhow!(e))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the control plane's runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("listening on {}", a.listen))?;
+        eprintln!("sluice control: serving on {} (metadata {})", a.listen, a.metadata);
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        sluice_control::serve(cfg, listener, shutdown).await.context("running the control plane")
+    })
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DriveCmd {
+    /// Add a namespace of an NVMe/TCP target to the pool.
+    Add {
+        /// The target's HOST:PORT.
+        addr: String,
+        /// The subsystem NQN.
+        nqn: String,
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Add every namespace a discovery service lists (each subsystem's
+    /// namespaces become drives).
+    Discover {
+        /// The discovery service's HOST:PORT.
+        addr: String,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// List the pool's drives.
+    List {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Take a drive out of service (no new extents) or back in.
+    Set {
+        id: u32,
+        #[arg(long)]
+        down: bool,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume (capacity reserved now, extents allocated on first
+    /// write).
+    Create {
+        name: String,
+        /// Size, e.g. 100GiB.
+        #[arg(long)]
+        size: String,
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+        /// Block size the volume exposes: 512 or 4096.
+        #[arg(long, default_value_t = 4096)]
+        block_size: u32,
+        /// Tenant the volume's I/O is accounted to.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Drive addresses or NQNs to prefer (repeatable).
+        #[arg(long)]
+        prefer: Vec<String>,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// List volumes.
+    List {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Show a volume's extents per drive.
+    Inspect {
+        name: String,
+        /// Also list every extent's chain.
+        #[arg(long)]
+        extents: bool,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Grow a volume online.
+    Resize {
+        name: String,
+        #[arg(long)]
+        size: String,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Delete a volume and free its extents.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime")?
+        .block_on(f)
+}
+
+fn size(s: &str) -> Result<u64> {
+    sluice_config::parse_size(s).map_err(|e| anyhow::anyhow!("--size {s:?}: {e}"))
+}
+
+fn print_drive(d: &pb::Drive) {
+    println!(
+        "{:>4}  {:<4}  {:<21}  {}  nsid {}  {} B blocks  {}/{} extents used{}",
+        format!("d{}", d.id),
+        if d.up { "up" } else { "down" },
+        d.addr,
+        d.nqn,
+        d.nsid,
+        d.block_size_bytes,
+        d.slots_used,
+        d.slots_total,
+        d.nguid.as_ref().map(|g| format!("  nguid {g}")).unwrap_or_default()
+    );
+}
+
+fn print_volume(v: &pb::Volume) {
+    let allocated: u64 = v.extents_per_drive.values().sum::<u64>() / u64::from(v.replicas.max(1));
+    println!(
+        "{:<20}  v{:<4}  {:>14} B  {} B blocks  {} replica(s)  {} of {} extents allocated  epoch {}{}{}",
+        v.name,
+        v.id,
+        v.size_bytes,
+        v.block_size_bytes,
+        v.replicas,
+        allocated,
+        v.size_bytes.div_ceil(sluice_volume::EXTENT_BYTES),
+        v.epoch,
+        v.tenant.as_ref().map(|t| format!("  tenant {t}")).unwrap_or_default(),
+        if v.deleting { "  (deleting)" } else { "" }
+    );
+}
+
+pub fn drive(cmd: DriveCmd) -> Result<()> {
+    block_on(async move {
+        match cmd {
+            DriveCmd::Add { addr, nqn, nsid, at } => {
+                let d = at.client()?.add_drive(&addr, &nqn, nsid).await.context("adding the drive")?;
+                print_drive(&d);
+            }
+            DriveCmd::Discover { addr, at } => {
+                let c = at.client()?;
+                let sock = tokio::net::lookup_host(addr.as_str())
+                    .await
+                    .with_context(|| format!("resolving {addr}"))?
+                    .next()
+                    .with_context(|| format!("{addr} resolves to no address"))?;
+                let entries = sluice_host::discover(sock, &sluice_host::ConnectOptions::default())
+                    .await
+                    .with_context(|| format!("reading the discovery log at {addr}"))?;
+                let mut added = 0;
+                for e in entries.iter().filter(|e| e.subtype == sluice_proto::log::subtype::NVME) {
+                    let target = format!("{}:{}", e.traddr, e.trsvcid);
+                    let opts = sluice_host::ConnectOptions::default();
+                    let Ok(sa) = target.parse() else { continue };
+                    let ctrl = sluice_host::Controller::connect(sa, &e.subnqn, opts)
+                        .await
+                        .with_context(|| format!("connecting to {target} {}", e.subnqn))?;
+                    let nsids: Vec<u32> = ctrl.namespaces().iter().map(|n| n.nsid).collect();
+                    ctrl.disconnect(std::time::Duration::from_millis(50)).await;
+                    for nsid in nsids {
+                        match c.add_drive(&target, &e.subnqn, nsid).await {
+                            Ok(d) => {
+                                print_drive(&d);
+                                added += 1;
+                            }
+                            Err(err) => eprintln!("skipping {target} {} nsid {nsid}: {err}", e.subnqn),
+                        }
+                    }
+                }
+                println!("{added} drive(s) added");
+            }
+            DriveCmd::List { at } => {
+                for d in at.client()?.list_drives().await.context("listing drives")? {
+                    print_drive(&d);
+                }
+            }
+            DriveCmd::Set { id, down, at } => {
+                let d = at.client()?.set_drive_state(id, !down).await.context("changing the drive's state")?;
+                print_drive(&d);
+            }
+        }
+        Ok(())
+    })
+}
+
+pub fn volume(cmd: VolumeCmd) -> Result<()> {
+    block_on(async move {
+        match cmd {
+            VolumeCmd::Create { name, size: s, replicas, block_size, tenant, prefer, at } => {
+                let req = pb::CreateVolumeRequest {
+                    name,
+                    size_bytes: size(&s)?,
+                    block_size_bytes: block_size,
+                    replicas,
+                    tenant,
+                    prefer,
+                };
+                let v = at.client()?.create_volume(req).await.context("creating the volume")?;
+                print_volume(&v);
+            }
+            VolumeCmd::List { at } => {
+                for v in at.client()?.list_volumes().await.context("listing volumes")? {
+                    print_volume(&v);
+                }
+            }
+            VolumeCmd::Inspect { name, extents, at } => {
+                let l = at.client()?.open_volume(&name).await.with_context(|| format!("inspecting {name:?}"))?;
+                let Some(v) = &l.volume else { bail!("the control plane sent no volume") };
+                print_volume(v);
+                println!("extents per drive (replicas):");
+                for (d, n) in &v.extents_per_drive {
+                    let drive = l.drives.iter().find(|x| x.id == *d);
+                    println!(
+                        "  d{d:<4} {:>6}  {}",
+                        n,
+                        drive.map(|x| format!("{} {} nsid {}", x.addr, x.nqn, x.nsid)).unwrap_or_default()
+                    );
+                }
+                if extents {
+                    for e in &l.extents {
+                        let chain: Vec<String> = e.chain.iter().map(|r| format!("d{}:{}", r.drive, r.slot)).collect();
+                        println!("  extent {:>8}  {}", e.index, chain.join(" -> "));
+                    }
+                }
+            }
+            VolumeCmd::Resize { name, size: s, at } => {
+                let v = at.client()?.resize_volume(&name, size(&s)?).await.context("resizing the volume")?;
+                print_volume(&v);
+            }
+            VolumeCmd::Delete { name, at } => {
+                at.client()?.delete_volume(&name).await.context("deleting the volume")?;
+                println!("deleted {name}");
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,126 @@
+//! The control plane from the command line, as an operator uses it: two
+//! `sluice target` processes as drives, `sluice control` on redb, `sluice
+//! drive add`, `sluice volume create/list/inspect/resize/delete`, and a
+//! verified `sluice bench --volume` whose writes land on both targets.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-11.io.sluice:ram0";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &[&str]) -> Killed {
+    Killed(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .args(["--log", "warn"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).args(["--log", "warn"]).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = sluice(args);
+    assert!(out.status.success(), "sluice {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str], needle: &str) {
+    let out = sluice(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "sluice {args:?} should fail");
+    assert!(err.contains(needle), "sluice {args:?}: {err:?} should name {needle:?}");
+}
+
+#[test]
+fn operator_builds_a_pool_and_benches_a_replicated_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let _targets: Vec<Killed> = ports
+        .iter()
+        .map(|p| {
+            let listen = format!("127.0.0.1:{p}");
+            spawn(&["target", "--listen", &listen, "--discovery-listen", "", "--ram-size", "64MiB"])
+        })
+        .collect();
+    let cport = free_port();
+    let control = format!("127.0.0.1:{cport}");
+    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
+    for p in ports.iter().copied().chain([cport]) {
+        wait_port(p);
+    }
+    let c = ["--control", control.as_str()];
+    for p in ports {
+        let out = ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
+        assert!(out.contains("0/32 extents used"), "{out}");
+    }
+    fails(&[&["drive", "add", &format!("127.0.0.1:{}", ports[0]), NQN], &c[..]].concat(), "already in the pool");
+    ok(&[&["volume", "create", "vol1", "--size", "48MiB", "--replicas", "2"], &c[..]].concat());
+    fails(&[&["volume", "create", "vol1", "--size", "4MiB"], &c[..]].concat(), "already exists");
+    fails(&[&["volume", "create", "huge", "--size", "1GiB"], &c[..]].concat(), "capacity exceeded");
+    fails(&[&["volume", "create", "x", "--size", "12 parsecs"], &c[..]].concat(), "--size");
+    fails(&[&["volume", "inspect", "nope"], &c[..]].concat(), "not found");
+
+    // A verified random read/write workload through the volume.
+    let out = ok(&[
+        &["bench", "--volume", "vol1", "--rw", "randrw", "--bs", "4k-64k", "--qd", "4", "--ios", "600", "--verify", "--json"],
+        &c[..],
+    ]
+    .concat());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["total"]["ios"], 600, "{out}");
+    assert_eq!(v["total"]["errors"], 0, "{out}");
+    assert_eq!(v["total"]["verify_errors"], 0, "{out}");
+
+    // Extents were allocated on first write, two replicas each, on both
+    // targets' drives.
+    let inspect = ok(&[&["volume", "inspect", "vol1", "--extents"], &c[..]].concat());
+    assert!(inspect.contains(&format!("127.0.0.1:{}", ports[0])) && inspect.contains(&format!("127.0.0.1:{}", ports[1])), "{inspect}");
+    assert!(inspect.contains(" -> "), "{inspect}");
+    let list = ok(&[&["volume", "list"], &c[..]].concat());
+    assert!(list.contains("vol1") && list.contains("2 replica(s)"), "{list}");
+
+    ok(&[&["volume", "resize", "vol1", "--size", "56MiB"], &c[..]].concat());
+    fails(&[&["volume", "resize", "vol1", "--size", "8MiB"], &c[..]].concat(), "not shrink");
+    ok(&[&["volume", "delete", "vol1"], &c[..]].concat());
+    let drives = ok(&[&["drive", "list"], &c[..]].concat());
+    assert_eq!(drives.matches("0/32 extents used").count(), 2, "{drives}");
+}
+
+#[test]
+fn control_refuses_to_listen_beyond_loopback_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = format!("redb:{}", dir.path().join("m.redb").display());
+    fails(&["control", "--listen", "0.0.0.0:0", "--metadata", &meta], "--token-file");
+    fails(&["control", "--metadata", "mysql://x"], "--metadata");
+    fails(&["bench", "--rw", "read"], "--volume");
+}
