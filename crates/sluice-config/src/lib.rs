@@ -29,6 +29,10 @@
 //! advertise_addr = "10.0.2.2"           # address put in discovery log entries (NAT)
 //! workers = 1
 //! polling = "adaptive"                  # interrupt | busy-poll | adaptive
+//! connections_max = 4096                # open at once, all sources
+//! connections_per_source_max = 512     # open at once from one IP address
+//! connections_handshaking_max = 256    # accepted, not yet past Connect
+//! handshake_timeout_ms = 10000          # ICReq + Connect within this
 //!
 //! [[subsystem]]
 //! nqn = "nqn.2026-11.io.sluice:ram0"
@@ -70,7 +74,10 @@ pub use subsystem::{
     default_serial, validate_nqn, BackendConfig, Engine, NamespaceConfig, SsdConfig,
     SubsystemConfig, DEFAULT_SUBSYSTEM_NQN,
 };
-pub use target::TargetSettings;
+pub use target::{
+    TargetSettings, CONNECTIONS_HANDSHAKING_MAX_DEFAULT, CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_SOURCE_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
+};
 pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};
 
 use serde::{Deserialize, Serialize};
@@ -85,6 +92,11 @@ pub const QUEUE_DEPTH_MAX: u16 = 1024;
 pub const IO_QUEUES_MAX: u16 = 128;
 pub const INLINE_DATA_BYTES_MAX: u32 = 128 * 1024;
 pub const MDTS_BYTES_MAX: u32 = 8 * 1024 * 1024;
+/// The largest value of each connection limit (`target.connections_max`,
+/// `connections_per_source_max`, `connections_handshaking_max`).
+pub const CONNECTIONS_MAX: u32 = 1 << 20;
+/// The longest `target.handshake_timeout_ms` (10 minutes).
+pub const HANDSHAKE_TIMEOUT_MS_MAX: u32 = 600_000;
 
 /// A configuration problem, naming the key and saying what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

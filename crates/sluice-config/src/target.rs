@@ -1,13 +1,14 @@
 //! `[target]`: listeners, workers, the polling policy, PDU and queue limits,
-//! and the target's send path; the table as written ([`TargetFile`]) and its
+//! connection admission limits and the handshake timeout, and the target's
+//! send path; the table as written ([`TargetFile`]) and its
 //! validation into [`TargetSettings`] (every error names the key, e.g.
 //! `target.mdts_bytes`), and back.
 
 use crate::send::{self, RawCoalescing, RawSend};
 use crate::size::SizeValue;
 use crate::{
-    bytes, err, ranged_as, ConfigError, INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX,
-    QUEUE_DEPTH_MAX, WORKERS_MAX,
+    bytes, err, ranged_as, ConfigError, CONNECTIONS_MAX, HANDSHAKE_TIMEOUT_MS_MAX,
+    INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX, QUEUE_DEPTH_MAX, WORKERS_MAX,
 };
 use serde::{Deserialize, Serialize};
 use sluice_proto::send::SendConfig;
@@ -46,12 +47,38 @@ pub struct TargetSettings {
     pub kato_grace_ms: u32,
     /// How long graceful shutdown waits for in-flight commands.
     pub shutdown_drain_ms: u64,
+    /// Connections open at once, all sources (default
+    /// [`CONNECTIONS_MAX_DEFAULT`]). A socket over a limit is closed by
+    /// the acceptor before anything is allocated for it.
+    pub connections_max: u32,
+    /// Connections open at once from one source IP address (default
+    /// [`CONNECTIONS_PER_SOURCE_MAX_DEFAULT`]).
+    pub connections_per_source_max: u32,
+    /// Connections accepted and not yet past their Connect command, all
+    /// sources (default [`CONNECTIONS_HANDSHAKING_MAX_DEFAULT`]).
+    pub connections_handshaking_max: u32,
+    /// A connection that has not completed ICReq and Connect this long
+    /// after it was accepted is closed (default
+    /// [`HANDSHAKE_TIMEOUT_MS_DEFAULT`]).
+    pub handshake_timeout_ms: u32,
     /// Send path of every queue (`send_scheduler`, `[target.send]`,
     /// `[target.coalescing]`); see docs/isolation.md.
     pub send: SendConfig,
     /// Per-subsystem overrides of `send`, by NQN.
     pub subsystem_send: HashMap<String, SendConfig>,
 }
+
+/// Default of `target.connections_max`.
+pub const CONNECTIONS_MAX_DEFAULT: u32 = 4096;
+/// Default of `target.connections_per_source_max`: one host with a few
+/// controllers of many I/O queues each, or a few hosts behind one NAT.
+pub const CONNECTIONS_PER_SOURCE_MAX_DEFAULT: u32 = 512;
+/// Default of `target.connections_handshaking_max`: a Linux host opens
+/// (and sends ICReq on) all its I/O queues before it connects them one by
+/// one, so this must hold a few hosts' queues at once.
+pub const CONNECTIONS_HANDSHAKING_MAX_DEFAULT: u32 = 256;
+/// Default of `target.handshake_timeout_ms`.
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u32 = 10_000;
 
 impl Default for TargetSettings {
     fn default() -> Self {
@@ -75,6 +102,10 @@ impl Default for TargetSettings {
             io_queues_max: 8,
             kato_grace_ms: 500,
             shutdown_drain_ms: 5000,
+            connections_max: CONNECTIONS_MAX_DEFAULT,
+            connections_per_source_max: CONNECTIONS_PER_SOURCE_MAX_DEFAULT,
+            connections_handshaking_max: CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
+            handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             send: SendConfig::default(),
             subsystem_send: HashMap::new(),
         }
@@ -137,6 +168,22 @@ impl TargetSettings {
         self.shutdown_drain_ms = n;
         self
     }
+    pub fn with_connections_max(mut self, n: u32) -> Self {
+        self.connections_max = n;
+        self
+    }
+    pub fn with_connections_per_source_max(mut self, n: u32) -> Self {
+        self.connections_per_source_max = n;
+        self
+    }
+    pub fn with_connections_handshaking_max(mut self, n: u32) -> Self {
+        self.connections_handshaking_max = n;
+        self
+    }
+    pub fn with_handshake_timeout_ms(mut self, n: u32) -> Self {
+        self.handshake_timeout_ms = n;
+        self
+    }
     pub fn with_send(mut self, s: SendConfig) -> Self {
         self.send = s;
         self
@@ -182,6 +229,14 @@ pub struct TargetFile {
     pub(crate) kato_grace_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shutdown_drain_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) connections_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) connections_per_source_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) connections_handshaking_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) handshake_timeout_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) send_scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,6 +355,25 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
     if let Some(v) = r.shutdown_drain_ms {
         t.shutdown_drain_ms = ranged_as("target.shutdown_drain_ms", v, 0, 600_000)?;
     }
+    if let Some(v) = r.connections_max {
+        t.connections_max = ranged_as("target.connections_max", v, 1, CONNECTIONS_MAX)?;
+    }
+    if let Some(v) = r.connections_per_source_max {
+        t.connections_per_source_max =
+            ranged_as("target.connections_per_source_max", v, 1, CONNECTIONS_MAX)?;
+    }
+    if let Some(v) = r.connections_handshaking_max {
+        t.connections_handshaking_max =
+            ranged_as("target.connections_handshaking_max", v, 1, CONNECTIONS_MAX)?;
+    }
+    if let Some(v) = r.handshake_timeout_ms {
+        t.handshake_timeout_ms = ranged_as(
+            "target.handshake_timeout_ms",
+            v,
+            100,
+            HANDSHAKE_TIMEOUT_MS_MAX,
+        )?;
+    }
     t.send = send::resolve(
         &t.send,
         "target",
@@ -341,6 +415,10 @@ impl From<TargetSettings> for TargetFile {
             io_queues_max: Some(i64::from(t.io_queues_max)),
             kato_grace_ms: Some(i64::from(t.kato_grace_ms)),
             shutdown_drain_ms: Some(i64::try_from(t.shutdown_drain_ms).unwrap_or(i64::MAX)),
+            connections_max: Some(i64::from(t.connections_max)),
+            connections_per_source_max: Some(i64::from(t.connections_per_source_max)),
+            connections_handshaking_max: Some(i64::from(t.connections_handshaking_max)),
+            handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
             send_scheduler: Some(sched),
             send: Some(send),
             coalescing: Some(co),

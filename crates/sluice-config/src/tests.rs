@@ -566,3 +566,59 @@ mod round_trip {
         }
     }
 }
+
+/// The connection limits and the handshake timeout: defaults, TOML,
+/// builders, and out-of-range values refused naming the key.
+#[test]
+fn connection_limits() {
+    let d = TargetSettings::default();
+    assert_eq!(d.connections_max, CONNECTIONS_MAX_DEFAULT);
+    assert_eq!(
+        d.connections_per_source_max,
+        CONNECTIONS_PER_SOURCE_MAX_DEFAULT
+    );
+    assert_eq!(
+        d.connections_handshaking_max,
+        CONNECTIONS_HANDSHAKING_MAX_DEFAULT
+    );
+    assert_eq!(d.handshake_timeout_ms, HANDSHAKE_TIMEOUT_MS_DEFAULT);
+    let c = Config::from_toml(
+        "[target]\nconnections_max = 100\nconnections_per_source_max = 10\n\
+         connections_handshaking_max = 5\nhandshake_timeout_ms = 2500",
+    )
+    .unwrap();
+    let built = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_connections_max(100)
+                .with_connections_per_source_max(10)
+                .with_connections_handshaking_max(5)
+                .with_handshake_timeout_ms(2500),
+        )
+        .validated()
+        .unwrap();
+    assert_eq!(c, built);
+    assert_eq!(Config::from_toml(&c.to_toml().unwrap()), Ok(c));
+    for key in [
+        "connections_max",
+        "connections_per_source_max",
+        "connections_handshaking_max",
+    ] {
+        let e = must_fail(&format!("[target]\n{key} = 0"), &format!("target.{key}"));
+        assert!(e.reason.contains("outside 1..=1048576"), "{e}");
+        must_fail(
+            &format!("[target]\n{key} = 2000000"),
+            &format!("target.{key}"),
+        );
+    }
+    let e = must_fail(
+        "[target]\nhandshake_timeout_ms = 10",
+        "target.handshake_timeout_ms",
+    );
+    assert!(e.reason.contains("outside 100..=600000"), "{e}");
+    let e = Config::default()
+        .with_target(TargetSettings::default().with_connections_per_source_max(0))
+        .validated()
+        .expect_err("zero connections per source");
+    assert_eq!(e.key, "target.connections_per_source_max");
+}

@@ -9,6 +9,15 @@
 //!
 //! After an error the framer is poisoned: it returns the same error forever,
 //! and the caller sends a TermReq and closes the connection.
+//!
+//! Memory: the framer allocates nothing until the first
+//! [`Framer::read_buf`], and then only what its read chunk asks for
+//! (twice [`Framer::read_chunk`], [`READ_CHUNK_BYTES`] unless changed) or
+//! the PDU being collected needs (bounded by `data_len_max`). A target
+//! keeps the chunk small and `data_len_max` at the Connect size until the
+//! queue is connected ([`Framer::set_read_chunk`],
+//! [`Framer::set_data_len_max`]), so a socket that never gets that far
+//! costs a few hundred bytes, not a full-size buffer.
 
 use crate::digest::crc32c;
 use crate::pdu::{
@@ -33,6 +42,8 @@ pub struct RxPdu<'a> {
 pub struct Framer {
     params: RxParams,
     buf: Vec<u8>,
+    /// Smallest free space [`Self::read_buf`] offers.
+    read_chunk: usize,
     start: usize,
     end: usize,
     poisoned: Option<DecodeError>,
@@ -42,8 +53,9 @@ pub struct Framer {
     pending: Option<PduLayout>,
 }
 
-/// Smallest free space offered to a socket read.
-const READ_CHUNK: usize = 64 * 1024;
+/// Smallest free space offered to a socket read, unless
+/// [`Framer::set_read_chunk`] says otherwise; the buffer starts at twice this.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 impl Framer {
     /// A framer for the side that receives PDUs travelling in `direction`,
@@ -58,7 +70,8 @@ impl Framer {
                 pda: 0,
                 data_len_max,
             },
-            buf: vec![0; READ_CHUNK * 2],
+            buf: Vec::new(),
+            read_chunk: READ_CHUNK_BYTES,
             start: 0,
             end: 0,
             poisoned: None,
@@ -76,6 +89,29 @@ impl Framer {
         self.params.data_len_max = data_len_max;
     }
 
+    /// Changes the largest PDU data accepted from the next PDU on (a PDU
+    /// whose header was already validated keeps its limit).
+    pub fn set_data_len_max(&mut self, data_len_max: u32) {
+        self.params.data_len_max = data_len_max;
+    }
+
+    /// Changes the smallest free space [`Self::read_buf`] offers (at least
+    /// one common header; the buffer grows to twice this on the next read
+    /// that needs room, and never shrinks).
+    pub fn set_read_chunk(&mut self, bytes: usize) {
+        self.read_chunk = bytes.max(CH_LEN);
+    }
+
+    /// The smallest free space [`Self::read_buf`] offers.
+    pub fn read_chunk(&self) -> usize {
+        self.read_chunk
+    }
+
+    /// Bytes the receive buffer holds allocated (its length).
+    pub fn capacity_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     pub fn params(&self) -> &RxParams {
         &self.params
     }
@@ -85,20 +121,21 @@ impl Framer {
         self.end - self.start
     }
 
-    /// Free space to read into (at least [`READ_CHUNK`] bytes).
+    /// Free space to read into (at least [`Self::read_chunk`] bytes).
     pub fn read_buf(&mut self) -> &mut [u8] {
+        let chunk = self.read_chunk;
         let want = self
             .pending
             .map(|l| l.ch.plen as usize)
             .unwrap_or(0)
-            .max(READ_CHUNK);
+            .max(chunk);
         if self.start > 0 && (self.start == self.end || self.buf.len() - self.end < want) {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        if self.buf.len() - self.end < READ_CHUNK {
-            let new_len = (self.end + want).max(self.buf.len() * 2);
+        if self.buf.len() - self.end < chunk {
+            let new_len = (self.end + want).max(self.buf.len() * 2).max(chunk * 2);
             self.buf.resize(new_len, 0);
         }
         &mut self.buf[self.end..]

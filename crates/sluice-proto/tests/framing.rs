@@ -468,3 +468,61 @@ fn term_req_quotes_header() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Nothing is allocated before the first read; a small read chunk keeps the
+/// buffer small while an ICReq and a Connect-sized capsule go through, and
+/// raising it grows the buffer at the next read that needs room.
+#[test]
+fn buffer_follows_the_read_chunk() {
+    let mut f = Framer::new(Direction::HostToController, 1024);
+    assert_eq!(f.capacity_bytes(), 0, "nothing allocated before a read");
+    f.set_read_chunk(256);
+    assert_eq!(f.read_chunk(), 256);
+    let mut w = Vec::new();
+    let req = PduHeader::IcReq(IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: false,
+        ddgst: false,
+        maxr2t: 0,
+    });
+    encode_pdu(&req, &[], &TxParams::default(), &mut w);
+    f.feed(&w);
+    assert_eq!(f.next_pdu().unwrap().unwrap().header, req);
+    assert_eq!(f.capacity_bytes(), 512, "twice the read chunk");
+    assert!(f.read_buf().len() >= 256);
+
+    f.set_initialized(false, false, 0, 1024);
+    let w = capsule(TxParams::default(), &[7; 1024]);
+    f.feed(&w);
+    let p = f.next_pdu().unwrap().unwrap();
+    assert_eq!(p.data, &[7; 1024][..]);
+    assert!(
+        f.capacity_bytes() <= 4096,
+        "a Connect-sized capsule needs about its own size, got {}",
+        f.capacity_bytes()
+    );
+
+    f.set_read_chunk(64 * 1024);
+    assert!(f.read_buf().len() >= 64 * 1024);
+    assert!(f.capacity_bytes() >= 128 * 1024);
+    // A chunk below one common header is raised to it.
+    f.set_read_chunk(1);
+    assert_eq!(f.read_chunk(), 8);
+}
+
+/// `set_data_len_max` applies from the next PDU on: a capsule over the new
+/// limit is refused naming PLEN, one within it passes.
+#[test]
+fn data_len_max_can_be_raised_after_init() {
+    let mut f = Framer::new(Direction::HostToController, 1024);
+    f.set_initialized(false, false, 0, 1024);
+    let e = err_of(&mut f, &capsule(TxParams::default(), &[1; 2048]));
+    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
+
+    let mut f = Framer::new(Direction::HostToController, 1024);
+    f.set_initialized(false, false, 0, 1024);
+    f.set_data_len_max(8192);
+    f.feed(&capsule(TxParams::default(), &[1; 2048]));
+    assert_eq!(f.next_pdu().unwrap().unwrap().data.len(), 2048);
+}

@@ -10,6 +10,8 @@
 //!   whole milliseconds) and spins only for the last few microseconds.
 //! - [`clock`]: thread and process CPU clocks and the caller's TID.
 //! - [`limits`]: the limits every loop shares (worker threads).
+//! - [`memory`]: the resident set size, and giving freed heap memory back
+//!   to the kernel after a drop in load (`malloc_trim` on glibc).
 //! - [`affinity`]: pinning the calling thread to a CPU.
 //! - [`cast`]: `u64` → `usize` without loss (64-bit targets only), and
 //!   durations in saturating nanoseconds.
@@ -17,12 +19,14 @@
 //!   panic is a bug; see the module for the decision).
 //!
 //! Syscalls go through `rustix`; `libc` remains only for the per-thread CPU
-//! clock of *another* thread, which rustix does not expose.
+//! clock of *another* thread, `getrusage` and `malloc_trim`, which rustix
+//! does not expose.
 
 pub mod affinity;
 pub mod cast;
 pub mod clock;
 pub mod limits;
+pub mod memory;
 pub mod notify;
 pub mod polling;
 pub mod sync;

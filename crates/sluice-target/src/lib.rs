@@ -13,12 +13,15 @@
 //!   host.
 //! * `server`: the I/O layer ([`Target`], [`TargetHandle`]): listeners,
 //!   worker threads, polling policy.
+//! * [`admission`]: connection limits (in total, per source address, in
+//!   the handshake) checked at accept, and their counters.
 //! * [`metrics`]: counters per namespace and host.
 //! * `tag`: the backend request tag layout (`BackendTag`).
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
 mod admin;
+pub mod admission;
 mod controller;
 pub mod metrics;
 pub mod queue;

@@ -1,8 +1,8 @@
 //! The target-wide registry the queues consult: settings, subsystems,
-//! namespaces, host counters, and the live controllers of each subsystem
-//! (by CNTLID). Built once from the configuration and shared by every
-//! worker thread; controllers are added by admin-queue Connects and live
-//! until their association ends.
+//! namespaces, host counters, connection admission, and the live
+//! controllers of each subsystem (by CNTLID). Built once from the
+//! configuration and shared by every worker thread; controllers are added
+//! by admin-queue Connects and live until their association ends.
 
 use crate::controller::Controller;
 use crate::metrics::{HostRegistry, IoCounters};
@@ -64,6 +64,9 @@ pub struct Registry {
     /// Target-wide send path and coalescing counters: every queue's
     /// `SendStats`, summed.
     pub(crate) send: crate::metrics::SendTotals,
+    /// Connection limits and counts (the acceptor admits, connections
+    /// hold permits).
+    pub admission: Arc<crate::admission::Admission>,
     /// Discovery log generation counter.
     pub(crate) discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
@@ -217,6 +220,7 @@ impl Registry {
             discovery,
             hosts: HostRegistry::default(),
             send: crate::metrics::SendTotals::default(),
+            admission: Arc::new(crate::admission::Admission::new(&config.target)),
             discovery_genctr: AtomicU64::new(1),
             namespaces: all_ns,
             controllers,

@@ -438,3 +438,178 @@ fn io_queues_spread_over_workers() {
     assert_eq!(t.io_queues_per_worker(), vec![0, 0], "counts follow closes");
     t.shutdown();
 }
+
+/// A target with the given connection limits (interrupt polling, one worker).
+fn start_limited(per_source: u32, handshaking: u32, handshake_timeout_ms: u32) -> TargetHandle {
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .with_discovery_listen(None)
+                .with_polling(PollingPolicy::Interrupt)
+                .with_shutdown_drain_ms(2000)
+                .with_connections_per_source_max(per_source)
+                .with_connections_handshaking_max(handshaking)
+                .with_handshake_timeout_ms(handshake_timeout_ms),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
+        )
+        .validated()
+        .unwrap();
+    Target::start(&c).unwrap()
+}
+
+/// A TCP connection to `to` from the loopback address `from` (all of
+/// 127.0.0.0/8 is local on Linux), so one test can be several sources.
+fn connect_from(from: [u8; 4], to: SocketAddr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    s.connect(&to.into()).unwrap();
+    let s: TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Whether the target closes `s` (end of file or reset) before `within`.
+fn closed_by_target(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue, // a C2HTermReq or ICResp before the close
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false, // timed out: still open
+        }
+    }
+}
+
+/// Waits until the target counts `open` connections.
+fn wait_open(t: &TargetHandle, open: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while t.connections().open != open && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(t.connections().open, open, "{:?}", t.connections());
+}
+
+/// The target's metrics as (name, labels) → value.
+fn metric(t: &TargetHandle, name: &str, label: Option<(&str, &str)>) -> f64 {
+    let text =
+        sluice_target::tenant::admin::metrics_text(t.tenants().clone(), t.registry().clone());
+    sluice_admin::metrics::parse_text(&text)
+        .into_iter()
+        .find(|(n, l, _)| {
+            n == name && label.is_none_or(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|s| s.2)
+        .unwrap_or_else(|| panic!("no sample {name} {label:?} in\n{text}"))
+}
+
+/// More connections from one source than `connections_per_source_max`:
+/// the extra ones are closed at accept and counted, while a host at
+/// another address carries on with its I/O; slots come back at close.
+#[test]
+fn per_source_limit_refuses_the_extra_and_spares_other_hosts() {
+    let t = start_limited(4, 64, 10_000);
+    let addr = t.local_addr();
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut good = Client::connect(addr, false);
+    assert_eq!(good.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    assert_eq!(good.write(0, &pattern(8192, 3)), Status::SUCCESS);
+
+    let mut flood: Vec<TcpStream> = (0..4).map(|_| connect_from([127, 0, 0, 2], addr)).collect();
+    wait_open(&t, 6);
+    for _ in 0..3 {
+        let mut extra = connect_from([127, 0, 0, 2], addr);
+        assert!(
+            closed_by_target(&mut extra, Duration::from_secs(5)),
+            "a connection over the per-source limit is closed"
+        );
+    }
+    let c = t.connections();
+    assert_eq!((c.open, c.sources, c.busiest_source), (6, 2, 4), "{c:?}");
+    for s in &mut flood {
+        assert!(
+            !closed_by_target(s, Duration::from_millis(20)),
+            "admitted ones stay"
+        );
+    }
+
+    // The host at 127.0.0.1 is unaffected.
+    assert_eq!(good.read(0, 16), (Status::SUCCESS, pattern(8192, 3)));
+    assert_eq!(good.write(64, &pattern(1 << 20, 5)), Status::SUCCESS);
+    assert_eq!(good.read(64, 2048), (Status::SUCCESS, pattern(1 << 20, 5)));
+
+    let refused = ("limit", "connections_per_source_max");
+    assert_eq!(
+        metric(&t, "sluice_connections_refused_total", Some(refused)),
+        3.0
+    );
+    let other = ("limit", "connections_max");
+    assert_eq!(
+        metric(&t, "sluice_connections_refused_total", Some(other)),
+        0.0
+    );
+    assert_eq!(metric(&t, "sluice_connections", None), 6.0);
+    assert_eq!(metric(&t, "sluice_connections_handshaking", None), 4.0);
+    assert_eq!(metric(&t, "sluice_connection_sources", None), 2.0);
+    assert_eq!(metric(&t, "sluice_connections_busiest_source", None), 4.0);
+    assert_eq!(metric(&t, "sluice_connections_limit", Some(refused)), 4.0);
+
+    // Closing one gives its slot back to that source.
+    drop(flood.pop());
+    wait_open(&t, 5);
+    let mut again = connect_from([127, 0, 0, 2], addr);
+    assert!(!closed_by_target(&mut again, Duration::from_millis(200)));
+    wait_open(&t, 6);
+    t.shutdown();
+}
+
+/// Idle sockets can take every handshake slot, but only until the
+/// handshake timeout closes them (also one that sent its ICReq and then
+/// nothing); a connected queue holds no handshake slot.
+#[test]
+fn handshake_limit_and_timeout() {
+    let t = start_limited(64, 3, 600);
+    let addr = t.local_addr();
+    // Connected queues leave the handshake: they do not count.
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut good = Client::connect(addr, false);
+    assert_eq!(good.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    assert_eq!(t.connections().handshaking, 0);
+
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..2).map(|_| connect_from([127, 0, 0, 3], addr)).collect();
+    let half = Client::connect(addr, false); // ICReq answered, no Connect
+    wait_open(&t, 5);
+    assert_eq!(t.connections().handshaking, 3);
+    let mut over = connect_from([127, 0, 0, 4], addr);
+    assert!(closed_by_target(&mut over, Duration::from_secs(5)));
+    assert_eq!(
+        metric(
+            &t,
+            "sluice_connections_refused_total",
+            Some(("limit", "connections_handshaking_max"))
+        ),
+        1.0
+    );
+
+    // The timeout closes all three, and not before it.
+    let mut half = half.s;
+    for s in idle.iter_mut().chain([&mut half]) {
+        assert!(closed_by_target(s, Duration::from_secs(5)));
+    }
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    wait_open(&t, 2);
+    assert_eq!(t.connections().handshaking, 0);
+    assert_eq!(metric(&t, "sluice_handshake_timeouts_total", None), 3.0);
+    // Slots are free again for a new host.
+    let (_admin2, cntlid2) = Client::admin(addr);
+    assert!(cntlid2 != cntlid);
+    assert_eq!(good.read(0, 8).0, Status::SUCCESS);
+    t.shutdown();
+}

@@ -2,8 +2,16 @@
 //! Connect command, which creates the controller (admin queue) or joins an
 //! existing one (I/O queue) and fixes the queue's id, depth, SQ flow
 //! control and send scheduler. [`Session`] is what the handshake settled.
+//!
+//! Memory follows the stage: until Connect is accepted the framer reads in
+//! [`HANDSHAKE_READ_CHUNK_BYTES`] pieces and takes no PDU data beyond the
+//! Connect data (1 KiB), so a socket that stalls in the handshake (or
+//! floods it) holds about a kilobyte of receive buffer; [`open_framer`]
+//! gives the connected queue full-size reads and its negotiated PDU data
+//! limit. The handshake as a whole must end within
+//! `target.handshake_timeout_ms` of the accept.
 
-use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
+use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES, HANDSHAKE_READ_CHUNK_BYTES};
 use crate::controller::Controller;
 use crate::registry::Registry;
 use crate::subsystem::SubsystemKind;
@@ -11,12 +19,12 @@ use sluice_proto::fabrics::{
     connect_data_offset, connect_invalid_param_result, connect_offset, read_nqn, ConnectCommand,
     ConnectData, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC, CONNECT_DATA_LEN,
 };
-use sluice_proto::framer::Framer;
-use sluice_proto::pdu::{IcReq, IcResp, PduHeader, TxParams};
+use sluice_proto::framer::{Framer, READ_CHUNK_BYTES};
+use sluice_proto::pdu::{Direction, IcReq, IcResp, PduHeader, TxParams};
 use sluice_proto::send::PduClass;
 use sluice_proto::{Sqe, Status};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the handshake settled: the association of this queue.
 #[derive(Debug)]
@@ -40,6 +48,11 @@ impl Session {
             ctrl: None,
             maxr2t: 0,
         }
+    }
+
+    /// When a queue not yet connected is closed.
+    pub(super) fn handshake_deadline(&self, reg: &Registry) -> Instant {
+        self.created + Duration::from_millis(u64::from(reg.settings.handshake_timeout_ms))
     }
 
     /// The keep-alive deadline; only the admin queue watches it.
@@ -66,12 +79,31 @@ impl Session {
     }
 }
 
-/// Largest PDU data the framer accepts (in-capsule, H2CData, admin capsule).
+/// Largest PDU data the framer accepts once connected (in-capsule,
+/// H2CData, admin capsule).
 pub(super) fn rx_data_max(reg: &Registry) -> u32 {
     let st = &reg.settings;
     st.inline_data_bytes
         .max(st.max_h2c_data_bytes)
         .max(ADMIN_INLINE_BYTES)
+}
+
+/// PDU data accepted before Connect is accepted: the Connect data
+/// (`CONNECT_DATA_LEN` is 1024).
+#[allow(clippy::cast_possible_truncation)]
+const HANDSHAKE_DATA_MAX: u32 = CONNECT_DATA_LEN as u32;
+
+/// The framer of a new connection: small reads, no data beyond Connect's.
+pub(super) fn handshake_framer() -> Framer {
+    let mut f = Framer::new(Direction::HostToController, HANDSHAKE_DATA_MAX);
+    f.set_read_chunk(HANDSHAKE_READ_CHUNK_BYTES);
+    f
+}
+
+/// Connect accepted: full-size reads and the queue's PDU data limit.
+pub(super) fn open_framer(framer: &mut Framer, reg: &Registry) {
+    framer.set_data_len_max(rx_data_max(reg));
+    framer.set_read_chunk(READ_CHUNK_BYTES);
 }
 
 impl QueueConnection {
@@ -86,7 +118,7 @@ impl QueueConnection {
             ddgst: r.ddgst,
             maxh2cdata: self.reg.settings.max_h2c_data_bytes,
         };
-        framer.set_initialized(r.hdgst, r.ddgst, 0, rx_data_max(&self.reg));
+        framer.set_initialized(r.hdgst, r.ddgst, 0, HANDSHAKE_DATA_MAX);
         self.out.txp = TxParams {
             hdgst: r.hdgst,
             ddgst: r.ddgst,

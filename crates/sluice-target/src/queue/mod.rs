@@ -47,7 +47,7 @@ use execute::Execution;
 use handshake::Session;
 use sluice_backend::{IoCompletion, IoRequest};
 use sluice_proto::framer::Framer;
-use sluice_proto::pdu::{self, DecodeError, Direction, PduHeader, TermReq};
+use sluice_proto::pdu::{self, DecodeError, PduHeader, TermReq};
 use sluice_proto::send::SendStats;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,8 +55,11 @@ use std::time::{Duration, Instant};
 
 /// In-capsule data accepted on the admin queue (what Linux sends: 8 KiB).
 pub const ADMIN_INLINE_BYTES: u32 = 8192;
-/// A connection that has not completed ICReq + Connect by then is closed.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Smallest socket read offered until the queue is connected: an ICReq
+/// (128 bytes) and then a Connect capsule (its PDU grows the buffer to its
+/// own size, about 1.1 KiB), so a socket that never gets that far holds
+/// twice this, not a full-size receive buffer (see `handshake`).
+pub const HANDSHAKE_READ_CHUNK_BYTES: usize = 256;
 /// How often a queue checks whether its controller has failed.
 pub const CONTROLLER_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 /// Stop reading from a host whose unsent output exceeds this.
@@ -123,7 +126,6 @@ impl QueueConnection {
         local: Option<SocketAddr>,
         now: Instant,
     ) -> Self {
-        let data_max = handshake::rx_data_max(&reg);
         let span = tracing::info_span!(
             "queue",
             peer = %peer.map(|p| p.to_string()).unwrap_or_default(),
@@ -138,7 +140,7 @@ impl QueueConnection {
             span,
             peer,
             local,
-            framer: Some(Framer::new(Direction::HostToController, data_max)),
+            framer: Some(handshake::handshake_framer()),
             state: ConnState::AwaitIcReq,
             draining: false,
             close_reason: None,
@@ -236,7 +238,8 @@ impl QueueConnection {
         t
     }
 
-    /// Runs timers: keep-alive, controller failure, connect timeout, send deadlines.
+    /// Runs timers: keep-alive, controller failure, handshake timeout
+    /// (`target.handshake_timeout_ms`), send deadlines.
     pub fn handle_timeout(&mut self, now: Instant) {
         let _g = self.span.clone().entered();
         self.out.tx.poll(now);
@@ -244,9 +247,10 @@ impl QueueConnection {
             return;
         }
         if matches!(self.state, ConnState::AwaitIcReq | ConnState::AwaitConnect)
-            && now >= self.session.created + CONNECT_TIMEOUT
+            && now >= self.session.handshake_deadline(&self.reg)
         {
-            self.close("no ICReq/Connect within the connect timeout");
+            self.reg.admission.record_handshake_timeout();
+            self.close("no ICReq and Connect within target.handshake_timeout_ms");
             return;
         }
         if let Some(c) = self.session.ctrl.clone() {
@@ -373,7 +377,11 @@ impl QueueConnection {
             match pdu.header {
                 PduHeader::IcReq(r) => self.handle_ic_req(framer, r, now),
                 PduHeader::CapsuleCmd(sqe) => {
+                    let connecting = self.state == ConnState::AwaitConnect;
                     self.handle_command(sqe, pdu.data, pdu.data_digest_ok, now);
+                    if connecting && self.state == ConnState::Ready {
+                        handshake::open_framer(framer, &self.reg);
+                    }
                 }
                 PduHeader::H2CData(d) => {
                     if let Err(e) = self.handle_h2c_data(d, pdu.data, pdu.data_digest_ok, now) {

@@ -1,7 +1,10 @@
 //! One connection as a worker holds it: the socket, its
-//! [`QueueConnection`], readiness flags and the cached tenant; reading
-//! (with a per-socket budget for fairness) and writing until WouldBlock.
+//! [`QueueConnection`], its admission [`Permit`], readiness flags and the
+//! cached tenant; reading (with a per-socket budget for fairness, and
+//! giving the handshake slot back once Connect is accepted) and writing
+//! until WouldBlock.
 
+use crate::admission::Permit;
 use crate::queue::QueueConnection;
 use crate::tenant::worker::WorkerTenancy;
 use crate::tenant::TenantId;
@@ -24,6 +27,8 @@ pub(super) struct ConnEntry {
     pub(super) tenant: Option<(u64, TenantId)>,
     /// An I/O queue counted in `io_queues` (placed after its Connect).
     pub(super) placed: bool,
+    /// Its share of the connection limits, released with the entry.
+    pub(super) permit: Permit,
 }
 
 /// The connection's tenant, cached once its host NQN is known.
@@ -45,7 +50,16 @@ pub(super) fn conn_tenant(e: &mut ConnEntry, t: &WorkerTenancy) -> TenantId {
     }
 }
 
+/// Reads what the socket has (up to the budget) into the queue.
 pub(super) fn read_conn(e: &mut ConnEntry, now: Instant) -> bool {
+    let progressed = read_socket(e, now);
+    if e.permit.is_handshaking() && e.conn.controller().is_some() {
+        e.permit.handshake_done();
+    }
+    progressed
+}
+
+fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
     let mut total = 0usize;
     loop {
         if !e.conn.wants_read() {

@@ -16,7 +16,8 @@
 //!   tenants, graceful shutdown) and the reports;
 //! * `start`: start-up (registry, tenants, listeners, worker and acceptor
 //!   threads);
-//! * `acceptor`: the acceptor thread;
+//! * `acceptor`: the acceptor thread (admission against the connection
+//!   limits of [`crate::admission`]);
 //! * `worker`: a worker's mio loop (polling policy, placement of I/O
 //!   queues, backend submissions and completions, drain and final flush);
 //! * `conn`: one connection's socket reads and writes;
@@ -128,6 +129,11 @@ impl TargetHandle {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Open connections now (in total, in the handshake, per source).
+    pub fn connections(&self) -> crate::admission::ConnectionCounts {
+        self.reg.admission.counts()
     }
 
     /// Address of the admin endpoint, when configured.

@@ -8,6 +8,7 @@ use super::acceptor::{Acceptor, LISTEN_DISC, LISTEN_IO};
 use super::worker::TIMER;
 use super::worker::{Incoming, Worker};
 use super::{StartError, Target, TargetHandle, WAKER};
+use crate::admission::RefusalLog;
 use crate::registry::Registry;
 use crate::tenant::admin::AdminServer;
 use crate::tenant::worker::WorkerTenancy;
@@ -137,6 +138,8 @@ impl Target {
             wakers: wakers.clone(),
             shutdown: shutdown.clone(),
             next: AtomicUsize::new(0),
+            admission: reg.admission.clone(),
+            refusals: RefusalLog::default(),
         };
         let acceptor = std::thread::Builder::new()
             .name("sluice-accept".into())

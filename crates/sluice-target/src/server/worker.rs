@@ -7,6 +7,7 @@
 
 use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
+use crate::admission::Permit;
 use crate::queue::QueueConnection;
 use crate::registry::Registry;
 use crate::tag::BackendTag;
@@ -33,8 +34,8 @@ const BACKEND_TOKEN_TOP: usize = usize::MAX / 2;
 
 /// What a worker's channel carries.
 pub(super) enum Incoming {
-    /// A socket the acceptor dealt to this worker.
-    Accepted(TcpStream, SocketAddr),
+    /// A socket the acceptor admitted and dealt to this worker.
+    Accepted(TcpStream, SocketAddr, Permit),
     /// An I/O queue another worker hands over right after its Connect, so
     /// that I/O queues spread evenly over workers (the acceptor cannot tell
     /// an admin queue from an I/O queue, and round robin would put every
@@ -57,7 +58,9 @@ pub(super) struct Worker {
     pub(super) io_queues: Arc<Vec<AtomicUsize>>,
     reg: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
-    conns: Vec<Option<ConnEntry>>,
+    /// Connections by token index; boxed so that a slot left free after a
+    /// wave of connections costs a pointer, not a whole entry.
+    conns: Vec<Option<Box<ConnEntry>>>,
     free: Vec<usize>,
     queues: HashMap<usize, BackendSlot>,
     completions: Vec<IoCompletion>,
@@ -222,19 +225,19 @@ impl Worker {
         let mut any = false;
         while let Ok(incoming) = self.rx.try_recv() {
             any = true;
-            let (mut stream, peer, moved) = match incoming {
-                Incoming::Accepted(stream, peer) => (stream, Some(peer), None),
+            let (mut stream, peer, permit, moved) = match incoming {
+                Incoming::Accepted(stream, peer, permit) => (stream, Some(peer), permit, None),
                 Incoming::Moved(e) => {
                     let e = *e;
                     let peer = e.stream.peer_addr().ok();
-                    (e.stream, peer, Some((e.conn, e.tenant)))
+                    (e.stream, peer, e.permit, Some((e.conn, e.tenant)))
                 }
             };
             let full = self.conns.iter().flatten().count() >= CONNECTIONS_PER_WORKER_MAX;
             if moved.is_none() && (self.shutdown.load(Ordering::Acquire) || full) {
                 tracing::warn!(
                     ?peer,
-                    "refusing connection (shutting down or connection limit reached)"
+                    "refusing connection (shutting down, or this worker holds CONNECTIONS_PER_WORKER_MAX)"
                 );
                 continue;
             }
@@ -280,7 +283,7 @@ impl Worker {
                     )
                 }
             };
-            self.conns[idx] = Some(ConnEntry {
+            self.conns[idx] = Some(Box::new(ConnEntry {
                 stream,
                 conn,
                 // A moved socket may hold bytes whose edge the old worker saw.
@@ -289,7 +292,8 @@ impl Worker {
                 closed_socket: false,
                 tenant,
                 placed,
-            });
+                permit,
+            }));
         }
         any
     }
@@ -331,7 +335,7 @@ impl Worker {
         counts[best].fetch_add(1, Ordering::Relaxed);
         let qid = e.conn.qid();
         let (tx, waker) = &self.peers[best];
-        match tx.send(Incoming::Moved(Box::new(e))) {
+        match tx.send(Incoming::Moved(e)) {
             Ok(()) => {
                 let _ = waker.wake();
                 tracing::info!(qid, to = best, "I/O queue handed to a less loaded worker");
@@ -351,7 +355,7 @@ impl Worker {
                     Interest::READABLE | Interest::WRITABLE,
                 );
                 e.read_ready = true;
-                self.conns[i] = Some(*e);
+                self.conns[i] = Some(e);
                 false
             }
             Err(_) => false,

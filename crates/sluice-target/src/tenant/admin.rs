@@ -2,9 +2,11 @@
 //! tokio thread `sluice-admin`; the mio workers are untouched).
 //!
 //! * `GET /metrics`: OpenMetrics text of the per-tenant, per-namespace and
-//!   per-host counters ([`TargetCollector`] reads the existing atomics and
-//!   the tenants' merged latency histograms at scrape time; nothing is added
-//!   to the I/O path). `sluice_tenant_latency_seconds` has the fixed `le`
+//!   per-host counters and of the connection limits (open, handshaking,
+//!   sources, refusals by limit, handshake timeouts; [`TargetCollector`]
+//!   reads the existing atomics, the admission counts and the tenants'
+//!   merged latency histograms at scrape time; nothing is added to the I/O
+//!   path). `sluice_tenant_latency_seconds` has the fixed `le`
 //!   bounds [`LE_BOUNDS_US`] (see [`super::latency`]).
 //! * `GET /v1/status`: service, version, uptime, workers, table generation.
 //! * `GET /v1/stats`: per-tenant counters and latency (what `sluice top`
@@ -24,6 +26,7 @@
 
 use super::latency::LE_BOUNDS_US;
 use super::{TenantRuntime, TenantStats, UpdateError};
+use crate::admission::{Admission, Limit};
 use crate::registry::Registry;
 use sluice_admin::metrics::{counter, counters, gauge, gauges, histograms, Esc, HistogramSample};
 use sluice_admin::prometheus_client::collector::Collector;
@@ -380,6 +383,7 @@ impl Collector for TargetCollector {
             None,
             i64::try_from(t.generation).unwrap_or(i64::MAX),
         )?;
+        connection_metrics(e, &self.reg.admission)?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
         for (nqn, sub) in &self.reg.subsystems {
@@ -468,6 +472,72 @@ impl Collector for TargetCollector {
             None,
             hosts.iter().map(|(h, s)| ([("hostnqn", Esc(h))], s.errors)),
         )
+    }
+}
+
+/// The connection limits: live counts, the configured limits, refusals
+/// by limit and handshake timeouts (see [`crate::admission`]), and the
+/// process's resident memory they bound.
+fn connection_metrics(e: &mut DescriptorEncoder, adm: &Admission) -> std::fmt::Result {
+    let c = adm.counts();
+    gauge(
+        e,
+        "sluice_connections",
+        "Connections open (admitted and not yet closed).",
+        None,
+        i64::from(c.open),
+    )?;
+    gauge(
+        e,
+        "sluice_connections_handshaking",
+        "Connections accepted and not yet past their Connect command.",
+        None,
+        i64::from(c.handshaking),
+    )?;
+    gauge(
+        e,
+        "sluice_connection_sources",
+        "Source addresses (IPv6: /64 prefixes) with an open connection.",
+        None,
+        i64::from(c.sources),
+    )?;
+    gauge(
+        e,
+        "sluice_connections_busiest_source",
+        "Open connections of the source address with the most.",
+        None,
+        i64::from(c.busiest_source),
+    )?;
+    gauges(
+        e,
+        "sluice_connections_limit",
+        "Configured connection limits, by config key in [target].",
+        None,
+        Limit::ALL.map(|l| ([("limit", Esc(l.key()))], i64::from(adm.limit(l)))),
+    )?;
+    counters(
+        e,
+        "sluice_connections_refused",
+        "Sockets closed at accept because a connection limit was reached, by limit.",
+        None,
+        Limit::ALL.map(|l| ([("limit", Esc(l.key()))], adm.refused(l))),
+    )?;
+    counter(
+        e,
+        "sluice_handshake_timeouts",
+        "Connections closed for not completing ICReq and Connect within target.handshake_timeout_ms.",
+        None,
+        adm.handshake_timeouts(),
+    )?;
+    match sluice_runtime::memory::resident_bytes() {
+        Some(b) => gauge(
+            e,
+            "sluice_process_resident_memory",
+            "Resident set size of the target process (VmRSS).",
+            Some(&Unit::Bytes),
+            i64::try_from(b).unwrap_or(i64::MAX),
+        ),
+        None => Ok(()),
     }
 }
 
