@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every Sluice test, installing what the tests need on a fresh Debian 12
 # machine (QEMU, two Debian kernels, nvme-cli, fio; a C++ compiler for the
-# fuzzers). Stages:
+# fuzzers; protoc and etcd for the control plane). Stages:
 #   0. scripts/check-module-cycles.py no import circle inside any crate (python3 only)
 #   1. cargo test --workspace        unit, property, in-memory protocol and loopback tests
 #   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
@@ -24,6 +24,12 @@ record() {
     if [[ $1 -eq 0 ]]; then PASSED=$((PASSED + 1)); echo "stage ok: $2"; else FAILED=$((FAILED + 1)); echo "stage FAILED: $2"; fi
 }
 
+stage "installing build and test dependencies (protoc, etcd)"
+scripts/install-build-deps.sh --tests
+# The metadata tests start a real etcd; here a missing etcd fails them
+# instead of skipping them.
+export SLUICE_REQUIRE_ETCD=1
+
 if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
     stage "installing the Linux peer harness (QEMU, kernels, nvme-cli, fio)"
     scripts/install-linux-peer.sh --no-tshark
@@ -38,7 +44,7 @@ record $rc "module cycles"
 
 stage "cargo test --workspace"
 set +e
-cargo test --workspace --all-targets 2>&1
+cargo test --workspace --all-targets --no-fail-fast 2>&1
 rc=$?
 set -e
 record $rc "cargo test"

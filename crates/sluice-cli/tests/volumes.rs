@@ -124,3 +124,50 @@ fn control_refuses_to_listen_beyond_loopback_without_a_token() {
     fails(&["control", "--metadata", "mysql://x"], "--metadata");
     fails(&["bench", "--rw", "read"], "--volume");
 }
+
+#[test]
+fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut targets: Vec<Killed> = ports
+        .iter()
+        .map(|p| {
+            let listen = format!("127.0.0.1:{p}");
+            spawn(&["target", "--listen", &listen, "--discovery-listen", "", "--ram-size", "64MiB"])
+        })
+        .collect();
+    let cport = free_port();
+    let control = format!("127.0.0.1:{cport}");
+    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
+    for p in ports.iter().copied().chain([cport]) {
+        wait_port(p);
+    }
+    let c = ["--control", control.as_str()];
+    for p in ports {
+        ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
+    }
+    ok(&[&["volume", "create", "r", "--size", "32MiB", "--replicas", "2"], &c[..]].concat());
+    // A verified read/write workload; verify checks every read against the
+    // last acknowledged write of each block.
+    let bench = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "--volume", "r", "--control", &control, "--rw", "randrw", "--bs", "16k", "--qd", "4"])
+        .args(["--runtime", "3", "--verify", "--json", "--log", "warn"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    // SIGKILL: no goodbye on any connection.
+    let mut dead = targets.remove(1);
+    dead.0.kill().unwrap();
+    dead.0.wait().unwrap();
+    let out = bench.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["total"]["ios"].as_u64().unwrap() > 100, "{v}");
+    assert_eq!(v["total"]["errors"], 0, "{v}");
+    assert_eq!(v["total"]["verify_errors"], 0, "{v}");
+    let drives = ok(&[&["drive", "list"], &c[..]].concat());
+    assert_eq!(drives.matches("down").count(), 1, "{drives}");
+}

@@ -92,6 +92,11 @@ impl ControlClient {
         self.raw.clone().allocate_extent(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
     }
 
+    pub async fn fail_drive(&self, id: u32, force: bool, reason: &str) -> Result<pb::FailDriveResponse, VolumeError> {
+        let req = pb::FailDriveRequest { id, force, reason: reason.into() };
+        self.raw.clone().fail_drive(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+    }
+
     pub async fn status(&self) -> Result<pb::StatusResponse, VolumeError> {
         self.raw.clone().status(pb::StatusRequest {}).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
     }

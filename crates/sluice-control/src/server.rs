@@ -278,6 +278,30 @@ impl<S: MetaStore> Control for ControlService<S> {
         ok(pb::ExtentAllocation { extent: Some(pb::Extent::from(&e)), volume: Some(pb::Volume::from(&v)), drives: used })
     }
 
+    async fn fail_drive(&self, req: Request<pb::FailDriveRequest>) -> Answer<pb::FailDriveResponse> {
+        let peer = req.remote_addr().map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let r = req.into_inner();
+        let id = DriveId(r.id);
+        let drive = self
+            .catalog
+            .drives()
+            .await
+            .map_err(st)?
+            .into_iter()
+            .find(|d| d.id == id)
+            .ok_or_else(|| st(CatalogError::UnknownDrive(id)))?;
+        if !r.force {
+            if probe_drive(&drive.spec, &self.probe).await.is_ok() {
+                tracing::info!(drive = %id, %peer, reason = %r.reason, "drive failure reported, but the drive answers; keeping it");
+                return ok(pb::FailDriveResponse { failed: false, chains_shortened: 0, detail: "the drive answers the control plane".into() });
+            }
+        }
+        let n = self.catalog.fail_drive(id).await.map_err(st)?;
+        tracing::warn!(drive = %id, spec = %drive.spec, %peer, reason = %r.reason, chains_shortened = n,
+            "drive failed: taken out of service and out of every replicated chain");
+        ok(pb::FailDriveResponse { failed: true, chains_shortened: n, detail: format!("{n} chain(s) shortened") })
+    }
+
     async fn status(&self, _: Request<pb::StatusRequest>) -> Answer<pb::StatusResponse> {
         let (total, reserved) = self.catalog.capacity().await.map_err(st)?;
         let drives = self.catalog.drives().await.map_err(st)?.len() as u64;

@@ -35,6 +35,9 @@ use crate::pb;
 /// further at the drive's MDTS).
 pub const PIECE_BYTES_MAX: u64 = 8 << 20;
 
+/// Attempts at one write while replicas fail (each failure shortens chains).
+pub const WRITE_ATTEMPTS_MAX: u32 = 4;
+
 /// Attempts at an extent allocation while the control plane is unreachable.
 pub const ALLOCATE_ATTEMPTS_MAX: u32 = 5;
 
@@ -102,6 +105,17 @@ impl DrivePool {
             }
         }
         Ok(ns)
+    }
+}
+
+/// Whether an error means the drive could not be reached (as opposed to the
+/// drive answering with an error status).
+fn unreachable_drive(e: &VolumeError) -> bool {
+    match e {
+        VolumeError::Drive { source, .. } => {
+            source.is_fatal_for_connection() || matches!(source, sluice_host::HostError::Timeout { .. })
+        }
+        _ => false,
     }
 }
 
@@ -290,21 +304,57 @@ impl Volume {
         let PieceTarget::Mapped { extent } = p.target else {
             return Ok(vec![0u8; len]);
         };
-        // The tail holds only acknowledged writes.
-        let tail = read(&self.map)
-            .chain(extent)
-            .and_then(|c| c.last().copied())
-            .ok_or_else(|| bad("mapped piece without a chain"))?;
-        let ns = self.namespace(tail.drive).await?;
-        let lba = p.drive_offset(&tail) / u64::from(ns.block_size_bytes());
-        ns.read(lba, len, flags).await.map_err(|source| VolumeError::Drive { drive: tail.drive, source })
+        let chain = read(&self.map).chain(extent).cloned().ok_or_else(|| bad("mapped piece without a chain"))?;
+        // The tail holds only acknowledged writes. When it cannot be
+        // reached, its predecessors hold every acknowledged write too (a
+        // write reaches the tail last), so they serve the read.
+        let mut last = None;
+        for replica in chain.iter().rev() {
+            let r = async {
+                let ns = self.namespace(replica.drive).await?;
+                let lba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
+                ns.read(lba, len, flags).await.map_err(|source| VolumeError::Drive { drive: replica.drive, source })
+            }
+            .await;
+            match r {
+                Ok(data) => return Ok(data),
+                Err(e) if unreachable_drive(&e) => {
+                    tracing::warn!(volume = %self.name, drive = %replica.drive, error = %e, "replica unreachable; reading another");
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| bad("empty chain")))
     }
 
     /// Writes `data` at block `lba`, allocating extents on first write.
+    ///
+    /// If a replica cannot be reached, the control plane is told
+    /// (`FailDrive`: it probes the drive and, if it is gone, takes it out of
+    /// every chain with another replica), the map is refetched, and the
+    /// whole request is written again on the new chains. Writing the same
+    /// data twice is harmless, and nothing is acknowledged before every
+    /// replica of the current chain has it.
     pub async fn write(&self, lba: u64, data: &[u8], flags: IoFlags) -> Result<(), VolumeError> {
         let bs = u64::from(self.block_size_bytes());
         let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
         let len = data.len() as u64;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.write_once(offset, len, data, flags).await {
+                Err(e) if attempt < WRITE_ATTEMPTS_MAX && unreachable_drive(&e) => {
+                    if let VolumeError::Drive { drive, source } = &e {
+                        self.drive_unreachable(*drive, source).await?;
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn write_once(&self, offset: u64, len: u64, data: &[u8], flags: IoFlags) -> Result<(), VolumeError> {
         let mut pieces = self.pieces(offset, len).await?;
         loop {
             // Not `while let`: its guard would live across the await below.
@@ -332,6 +382,16 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// A replica could not be reached: report it and refetch the map.
+    async fn drive_unreachable(&self, drive: DriveId, e: &sluice_host::HostError) -> Result<(), VolumeError> {
+        tracing::warn!(volume = %self.name, %drive, error = %e, "replica unreachable; reporting it to the control plane");
+        self.namespaces.write().await.remove(&drive);
+        let reason = format!("volume {:?}: {e}", self.name);
+        let answer = self.control.fail_drive(drive.0, false, &reason).await?;
+        tracing::info!(volume = %self.name, %drive, failed = answer.failed, detail = %answer.detail, "drive failure reported");
+        self.refresh().await
     }
 
     /// Flushes every drive the volume has written to.

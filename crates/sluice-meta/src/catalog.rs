@@ -270,6 +270,85 @@ impl<S: MetaStore> Catalog<S> {
         Err(CatalogError::Contended("set_drive_state"))
     }
 
+    /// Takes a failed drive out of every chain: the drive goes `Down` (no new
+    /// extents), and each chain that has another replica loses its replica
+    /// on the drive, so writes complete on the survivors; the volume's epoch
+    /// goes up so clients refetch. The drive's slots are given back (their
+    /// contents are stale). A chain whose only replica is on the drive keeps
+    /// it: that data is unavailable until the drive returns, not lost.
+    /// Returns the number of chains shortened.
+    ///
+    /// Safe without fencing clients: every old chain contains every new one,
+    /// so a client writing on an old map still writes to every surviving
+    /// replica (and fails on the dead one, and refetches).
+    pub async fn fail_drive(&self, id: DriveId) -> Result<u64, CatalogError> {
+        self.set_drive_state(id, DriveState::Down).await?;
+        let mut shortened = 0;
+        for v in self.volumes().await? {
+            if !v.extents_per_drive.contains_key(&id) {
+                continue;
+            }
+            let mut conflicts = 0;
+            loop {
+                if conflicts >= CONFLICT_RETRIES_MAX {
+                    return Err(CatalogError::Contended("fail_drive"));
+                }
+                let (mut vol, vrev) = match self.volume_rev(&v.name).await {
+                    Ok(x) => x,
+                    Err(CatalogError::UnknownVolume(_)) => break,
+                    Err(e) => return Err(e),
+                };
+                if vol.id != v.id {
+                    break;
+                }
+                let extents: Vec<(ExtentRecord, u64)> = self.list(&keys::extents_of(vol.id)).await?;
+                let affected: Vec<&(ExtentRecord, u64)> = extents
+                    .iter()
+                    .filter(|(e, _)| e.chain.len() > 1 && e.chain.iter().any(|r| r.drive == id))
+                    .collect();
+                if affected.is_empty() {
+                    break;
+                }
+                let (mut drive, drev) =
+                    self.get::<DriveRecord>(&keys::drive(id)).await?.ok_or(CatalogError::UnknownDrive(id))?;
+                // Per extent: compare + put; plus the drive's and the
+                // volume's compare + put.
+                let batch = affected.len().min((TXN_OPS_MAX - 4) / 2);
+                let mut txn = Txn::default();
+                for (e, erev) in &affected[..batch] {
+                    let mut e = e.clone();
+                    let pos = e.chain.iter().position(|r| r.drive == id).unwrap_or(0);
+                    let gone = e.chain.remove(pos);
+                    if !drive.give_slot(gone.slot) {
+                        return Err(CatalogError::Inconsistent(format!(
+                            "{}: slot {} of {id} is already free",
+                            keys::extent(vol.id, e.index),
+                            gone.slot
+                        )));
+                    }
+                    if let Some(n) = vol.extents_per_drive.get_mut(&id) {
+                        *n = n.saturating_sub(1);
+                    }
+                    let k = keys::extent(vol.id, e.index);
+                    txn = txn.unchanged(k.clone(), *erev).put(k, keys::encode(&e));
+                }
+                vol.extents_per_drive.retain(|_, n| *n > 0);
+                vol.epoch += 1;
+                txn = txn
+                    .unchanged(keys::volume(&vol.name), vrev)
+                    .put(keys::volume(&vol.name), keys::encode(&vol))
+                    .unchanged(keys::drive(id), drev)
+                    .put(keys::drive(id), keys::encode(&drive));
+                if self.commit("fail_drive", txn).await?.is_some() {
+                    shortened += batch as u64;
+                } else {
+                    conflicts += 1;
+                }
+            }
+        }
+        Ok(shortened)
+    }
+
     // ------------------------------------------------------------------ volumes
 
     /// Every volume, by name.
@@ -310,7 +389,7 @@ impl<S: MetaStore> Catalog<S> {
             let drives = self.drives().await?;
             let up: Vec<&DriveRecord> = drives
                 .iter()
-                .filter(|d| d.state == DriveState::Up && spec.block_size_bytes % d.block_size_bytes == 0)
+                .filter(|d| d.state == DriveState::Up && spec.block_size_bytes.is_multiple_of(d.block_size_bytes))
                 .collect();
             if up.len() < usize::from(spec.replicas) {
                 return Err(CatalogError::PoolFull(format!(

@@ -5,6 +5,7 @@
 //! reservations adding up, and an interrupted delete finishable.
 //!
 //! The child is this test binary re-run with `SLUICE_CRASH_CHILD` set.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 use std::process::Command;
 use std::time::Duration;
@@ -146,6 +147,6 @@ fn etcd_survives_a_crash_at_every_kind_of_point() {
         let prefix = format!("/crash{}/", i % 3);
         let spec = format!("etcd:{}|{prefix}", server.endpoint);
         assert_eq!(run_child(&spec, Some(n), None), (false, true), "the child should have crashed at point {n}");
-        rt.block_on(async { verify(EtcdStore::connect(&[server.endpoint.clone()], &prefix).await.unwrap()).await });
+        rt.block_on(async { verify(EtcdStore::connect(std::slice::from_ref(&server.endpoint), &prefix).await.unwrap()).await });
     }
 }

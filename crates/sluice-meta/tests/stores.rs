@@ -1,5 +1,6 @@
 //! The same tests against both stores: redb in a temporary file, and a real
 //! etcd (Debian's etcd-server) started per test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -24,7 +25,7 @@ fn redb() -> (tempfile::TempDir, RedbStore) {
 }
 
 async fn etcd(server: &EtcdServer, prefix: &str) -> EtcdStore {
-    EtcdStore::connect(&[server.endpoint.clone()], prefix).await.unwrap()
+    EtcdStore::connect(std::slice::from_ref(&server.endpoint), prefix).await.unwrap()
 }
 
 fn spec(i: u32, target: u32) -> DriveSpec {
@@ -410,4 +411,52 @@ fn etcd_catalog_matches_the_model() {
             rt.block_on(async { run_model(etcd(&server, &prefix).await, ops).await })
         })
         .unwrap();
+}
+
+// ------------------------------------------------------------- failed drives
+
+async fn failed_drive<S: MetaStore>(s: S) {
+    let c = Catalog::new(s, PlacementWeights::default());
+    for i in 0..3 {
+        c.add_drive(spec(i, i), 512, 80 * EXTENT_BYTES, None).await.unwrap();
+    }
+    let r2 = c.create_volume(VolumeSpec::new("r2", 70 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
+    let r1 = c.create_volume(VolumeSpec::new("r1", 10 * EXTENT_BYTES)).await.unwrap();
+    for i in 0..70 {
+        c.allocate_extent("r2", r2.id, i).await.unwrap();
+    }
+    for i in 0..10 {
+        c.allocate_extent("r1", r1.id, i).await.unwrap();
+    }
+    let on_d0 = |l: &sluice_meta::catalog::VolumeLayout| {
+        l.extents.iter().filter(|e| e.chain.iter().any(|r| r.drive == DriveId(0))).count() as u64
+    };
+    let before = on_d0(&c.layout("r2").await.unwrap());
+    let single_before = on_d0(&c.layout("r1").await.unwrap());
+    assert!(before > 40, "enough chains to need several transactions: {before}");
+    // Shortens every replicated chain on the drive, in several transactions.
+    assert_eq!(c.fail_drive(DriveId(0)).await.unwrap(), before);
+    let l = c.layout("r2").await.unwrap();
+    assert_eq!(on_d0(&l), 0);
+    assert!(l.volume.epoch > r2.epoch);
+    assert!(l.extents.iter().all(|e| e.chain.len() == 1 || e.chain.len() == 2));
+    // Single-replica extents keep their only copy.
+    assert_eq!(on_d0(&c.layout("r1").await.unwrap()), single_before);
+    let d0 = c.drives().await.unwrap().into_iter().find(|d| d.id == DriveId(0)).unwrap();
+    assert_eq!(d0.state, DriveState::Down);
+    check_catalog(c.store()).await.unwrap();
+    // Idempotent.
+    assert_eq!(c.fail_drive(DriveId(0)).await.unwrap(), 0);
+}
+
+#[test]
+fn redb_failed_drive_leaves_every_replicated_chain() {
+    let (_d, s) = redb();
+    rt().block_on(failed_drive(s));
+}
+
+#[test]
+fn etcd_failed_drive_leaves_every_replicated_chain() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_failed_drive") else { return };
+    rt().block_on(async { failed_drive(etcd(&server, "/t5/").await).await });
 }

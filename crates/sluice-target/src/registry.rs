@@ -75,11 +75,42 @@ pub struct Registry {
     controllers: HashMap<String, Mutex<ControllerTable>>,
 }
 
-fn derive_ids(nqn: &str, nsid: u32, uuid: Option<[u8; 16]>) -> ([u8; 16], [u8; 8]) {
+/// A namespace's identity beyond its NQN and NSID, folded into its NGUID:
+/// a file's path, so two targets exporting different files differ; and for
+/// volatile backends (RAM, emulated SSD) a value drawn at start-up, so a
+/// restarted target, whose RAM namespaces come back empty, reports new
+/// NGUIDs: a host (Linux multipath, Sluice's volume client) then sees a new
+/// namespace instead of trusting the old one's contents.
+fn namespace_identity(backend: &sluice_config::BackendConfig, instance: &[u8; 16]) -> Vec<u8> {
+    match backend {
+        sluice_config::BackendConfig::File { path, .. } => {
+            let p = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            p.as_os_str().as_encoded_bytes().to_vec()
+        }
+        _ => instance.to_vec(),
+    }
+}
+
+/// 16 bytes that differ between target start-ups.
+fn instance_nonce() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most `len` bytes into the buffer it is given.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if usize::try_from(n).ok() != Some(b.len()) {
+        // No getrandom: the clock and the PID still differ between starts.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        b.copy_from_slice(&(t ^ u128::from(std::process::id()) << 64).to_le_bytes());
+    }
+    b
+}
+
+fn derive_ids(nqn: &str, nsid: u32, uuid: Option<[u8; 16]>, identity: &[u8]) -> ([u8; 16], [u8; 8]) {
     let nguid = uuid.unwrap_or_else(|| {
         let mut g = [0u8; 16];
-        let a = sluice_proto::digest::crc32c(nqn.as_bytes());
-        let b = sluice_proto::digest::crc32c(&nsid.to_le_bytes());
+        let a = sluice_proto::digest::crc32c_append(sluice_proto::digest::crc32c(nqn.as_bytes()), identity);
+        let b = sluice_proto::digest::crc32c_append(sluice_proto::digest::crc32c(&nsid.to_le_bytes()), identity);
         let c = sluice_proto::digest::crc32c_append(a, &nsid.to_be_bytes());
         let d = sluice_proto::digest::crc32c_append(b, nqn.as_bytes());
         g[0..4].copy_from_slice(&a.to_be_bytes());
@@ -139,6 +170,7 @@ impl Registry {
     pub fn build(config: &Config) -> Result<Registry, RegistryError> {
         let mut subsystems = BTreeMap::new();
         let mut all_ns = Vec::new();
+        let instance = instance_nonce();
         for sc in &config.subsystems {
             let mut namespaces = BTreeMap::new();
             for nc in &sc.namespaces {
@@ -161,7 +193,8 @@ impl Registry {
                         reason: "backend is smaller than one block".into(),
                     });
                 }
-                let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid);
+                let identity = namespace_identity(&nc.backend, &instance);
+                let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
                 let ns = Arc::new(Namespace {
                     nsid: nc.nsid,
                     index: all_ns.len(),

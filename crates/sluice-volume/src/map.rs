@@ -143,7 +143,7 @@ impl VolumeMap {
         piece_bytes_max: u64,
     ) -> Result<Plan<'_>, RangeError> {
         let bs = u64::from(self.volume.block_size_bytes);
-        if len_bytes == 0 || offset_bytes % bs != 0 || len_bytes % bs != 0 {
+        if len_bytes == 0 || !offset_bytes.is_multiple_of(bs) || !len_bytes.is_multiple_of(bs) {
             return Err(RangeError::Unaligned { offset_bytes, len_bytes, block_size_bytes: bs });
         }
         let end = offset_bytes.checked_add(len_bytes).ok_or(RangeError::Beyond {

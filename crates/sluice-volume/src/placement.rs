@@ -257,7 +257,7 @@ mod tests {
             rotation in any::<u64>(),
         ) {
             let drives: Vec<_> = free.iter().enumerate().map(|(i, &f)| {
-                let mut c = cand(i as u32, &format!("t{}", targets[i]));
+                let mut c = cand(u32::try_from(i).unwrap(), &format!("t{}", targets[i]));
                 c.slots_free = f;
                 c
             }).collect();

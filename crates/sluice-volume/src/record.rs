@@ -330,7 +330,7 @@ pub fn check_size(size_bytes: u64, block_size_bytes: u32) -> Result<(), String> 
     if size_bytes == 0 || size_bytes > VOLUME_BYTES_MAX {
         return Err(format!("size {size_bytes} bytes is not within 1 block to 256 TiB"));
     }
-    if size_bytes % u64::from(block_size_bytes) != 0 {
+    if !size_bytes.is_multiple_of(u64::from(block_size_bytes)) {
         return Err(format!("size {size_bytes} bytes is not a multiple of the {block_size_bytes}-byte block"));
     }
     Ok(())
