@@ -11,6 +11,15 @@
 /// Error; `QueueFull` → Namespace Not Ready (retryable); `Io` → Internal Error.
 #[derive(thiserror::Error, Debug)]
 pub enum BackendError {
+    /// No room to allocate what the write needs (an elastic volume's pool
+    /// is full): NVMe Capacity Exceeded.
+    #[error("capacity exceeded: {0}")]
+    CapacityExceeded(String),
+    /// The storage behind the backend could not be reached (an elastic
+    /// volume's drives or control plane): NVMe Namespace Not Ready, which
+    /// hosts retry.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
     /// The byte range `[offset_bytes, offset_bytes + len_bytes)` does not fit
     /// inside the backend.
     #[error("range out of bounds: offset {offset_bytes} + len {len_bytes} exceeds size {size_bytes} bytes")]

@@ -62,6 +62,20 @@ pub struct Geometry {
     pub deallocated_reads_zero: bool,
 }
 
+impl Geometry {
+    /// The geometry of a backend outside this crate (an elastic volume):
+    /// no write cache, Deallocate unsupported.
+    pub fn external(size_bytes: u64, block_size_bytes: u32) -> Geometry {
+        Geometry {
+            size_bytes,
+            block_size_bytes,
+            volatile_write_cache: false,
+            supports_deallocate: false,
+            deallocated_reads_zero: false,
+        }
+    }
+}
+
 /// A block storage backend, exported by the target as one namespace.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     fn geometry(&self) -> Geometry;

@@ -193,7 +193,7 @@ pub fn check(path: &Path) -> Result<()> {
 
 pub fn run(args: TargetArgs) -> Result<()> {
     let config = load(&args)?;
-    let handle = Target::start(&config).context("starting the target")?;
+    let handle = Target::start_with(&config, &VolumeClient).context("starting the target")?;
     let addr = handle.local_addr();
     let disc = handle.discovery_addr();
     let first = config
@@ -268,4 +268,34 @@ pub fn run(args: TargetArgs) -> Result<()> {
         sluice_target::metrics::send_summary(&report.send, report.io_commands)
     );
     Ok(())
+}
+
+/// Opens `backend = "volume"` namespaces with `sluice-control`'s client.
+/// The drive connections use the host NQN
+/// `nqn.2026-11.io.sluice:target-volumes`, which the drives must admit.
+struct VolumeClient;
+
+/// Host NQN of a target's connections to the drives of its volumes.
+pub const VOLUME_HOSTNQN: &str = "nqn.2026-11.io.sluice:target-volumes";
+
+impl sluice_target::VolumeOpener for VolumeClient {
+    fn open_volume(
+        &self,
+        name: &str,
+        control: &str,
+        token_file: Option<&std::path::Path>,
+    ) -> std::result::Result<std::sync::Arc<dyn sluice_backend::Backend>, String> {
+        let token = token_file
+            .map(|p| sluice_admin::BearerToken::from_file(p).map_err(|e| e.to_string()))
+            .transpose()?;
+        let opts = sluice_host::ConnectOptions {
+            hostnqn: VOLUME_HOSTNQN.into(),
+            io_queues: 2,
+            ..sluice_host::ConnectOptions::default()
+        };
+        let b = sluice_control::backend::VolumeBackend::open(name, control, token.as_ref(), opts)
+            .map_err(|e| format!("opening volume {name:?} through the control plane at {control}: {e}"))?;
+        tracing::info!(volume = name, %control, geometry = ?sluice_backend::Backend::geometry(&b), "volume namespace opened");
+        Ok(std::sync::Arc::new(b))
+    }
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 /// NQN of the subsystem in the embedded default configuration.
 pub const DEFAULT_SUBSYSTEM_NQN: &str = "nqn.2026-11.io.sluice:ram0";
 
-/// Which backend a namespace uses: `backend = "ram" | "file" | "emulated-ssd"`.
+/// Which backend a namespace uses: `backend = "ram" | "file" | "emulated-ssd" | "volume"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "backend", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BackendConfig {
@@ -34,7 +34,20 @@ pub enum BackendConfig {
     },
     /// RAM plus a service model.
     EmulatedSsd(SsdConfig),
+    /// An elastic volume of the control plane at `control`: its pieces go
+    /// straight to the drives holding its extents (docs/volumes.md). Size
+    /// and block size come from the volume.
+    Volume {
+        name: String,
+        /// The control plane's `HOST:PORT`.
+        control: String,
+        /// The control plane's bearer token.
+        token_file: Option<PathBuf>,
+    },
 }
+
+/// Default control-plane address of a `volume` namespace.
+pub const CONTROL_DEFAULT: &str = "127.0.0.1:9500";
 
 /// The words of `backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +56,7 @@ pub enum BackendKind {
     Ram,
     File,
     EmulatedSsd,
+    Volume,
 }
 
 impl BackendConfig {
@@ -51,6 +65,7 @@ impl BackendConfig {
             BackendConfig::Ram => BackendKind::Ram,
             BackendConfig::File { .. } => BackendKind::File,
             BackendConfig::EmulatedSsd(_) => BackendKind::EmulatedSsd,
+            BackendConfig::Volume { .. } => BackendKind::Volume,
         }
     }
 
@@ -180,6 +195,13 @@ impl NamespaceConfig {
     /// An emulated SSD of `size_bytes` with 512-byte blocks.
     pub fn emulated_ssd(nsid: u32, size_bytes: u64, model: SsdConfig) -> Self {
         Self::new(nsid, BackendConfig::EmulatedSsd(model), Some(size_bytes))
+    }
+    /// An elastic volume served by the control plane at `control`.
+    pub fn volume(nsid: u32, name: impl Into<String>, control: impl Into<String>) -> Self {
+        let backend = BackendConfig::Volume { name: name.into(), control: control.into(), token_file: None };
+        let mut n = Self::new(nsid, backend, None);
+        n.block_size_bytes = 4096;
+        n
     }
     /// A file or block device (see [`BackendConfig::file`] and the `with_*`
     /// setters for `direct`, `engine`, `create`).
@@ -365,6 +387,12 @@ pub struct NamespaceFile {
     pub(crate) uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ssd: Option<SsdConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) volume: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) control: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 /// Validates one namespace; `nk` is its key (`subsystem[i].namespace[j]`).
@@ -376,6 +404,9 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
         NAMESPACES_PER_SUBSYSTEM_MAX,
     )?;
     let block_size_bytes = match n.block_size {
+        // A volume's block size is the volume's (4096 unless created with
+        // 512); the target checks they agree when it opens the volume.
+        None if n.backend == "volume" => 4096,
         None => BLOCK_SIZE_DEFAULT,
         Some(512) => 512,
         Some(4096) => 4096,
@@ -424,6 +455,30 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
                 m.validate(&format!("{nk}.ssd"))?;
                 BackendConfig::EmulatedSsd(m)
             }
+        }
+        BackendKind::Volume => {
+            let name = n
+                .volume
+                .ok_or_else(|| err(format!("{nk}.volume"), "required for backend `volume` (the volume's name)"))?;
+            if name.is_empty() {
+                return Err(err(format!("{nk}.volume"), "must not be empty"));
+            }
+            if size_bytes.is_some() {
+                return Err(err(format!("{nk}.size"), "not used by backend `volume` (the volume has its size)"));
+            }
+            for (k, set) in [("path", n.path.is_some()), ("ssd", n.ssd.is_some())] {
+                if set {
+                    return Err(err(format!("{nk}.{k}"), "not used by backend `volume`"));
+                }
+            }
+            let control = n.control.unwrap_or_else(|| CONTROL_DEFAULT.to_owned());
+            let ok = control
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(err(format!("{nk}.control"), format!("{control:?} is not HOST:PORT")));
+            }
+            BackendConfig::Volume { name, control, token_file: n.token_file }
         }
         BackendKind::File => {
             let path = n
@@ -475,6 +530,9 @@ impl From<NamespaceConfig> for NamespaceFile {
             create: None,
             uuid: n.uuid.as_ref().map(format_uuid),
             ssd: None,
+            volume: None,
+            control: None,
+            token_file: None,
         };
         match n.backend {
             BackendConfig::Ram => {}
@@ -490,6 +548,11 @@ impl From<NamespaceConfig> for NamespaceFile {
                 f.create = Some(create);
             }
             BackendConfig::EmulatedSsd(m) => f.ssd = Some(m),
+            BackendConfig::Volume { name, control, token_file } => {
+                f.volume = Some(name);
+                f.control = Some(control);
+                f.token_file = token_file;
+            }
         }
         f
     }

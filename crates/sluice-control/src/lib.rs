@@ -8,12 +8,15 @@
 //! * [`server`]: `sluice control`: the service over a `sluice-meta`
 //!   catalog (redb or etcd); probes drives over NVMe/TCP when they are added.
 //! * [`client`]: the authenticated API client the CLI and volumes use.
+//! * [`backend`]: a volume as a target backend (`backend = "volume"`),
+//!   so unmodified NVMe/TCP hosts use elastic volumes.
 //! * [`volume`]: the volume client: fetches the map once, connects to the
 //!   drives it needs (sharing connections between volumes), sends every
 //!   piece of an I/O straight to its drive, drives replication as a chain,
 //!   and calls the control plane only to allocate an extent on first write.
 
 pub mod auth;
+pub mod backend;
 pub mod client;
 pub mod error;
 pub mod pb;

@@ -404,3 +404,76 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
     }
     cp.stop().await;
 }
+
+/// Opens volume namespaces with the volume client, as `sluice target` does.
+struct Opener;
+
+impl sluice_target::VolumeOpener for Opener {
+    fn open_volume(
+        &self,
+        name: &str,
+        control: &str,
+        _token: Option<&std::path::Path>,
+    ) -> Result<Arc<dyn sluice_backend::Backend>, String> {
+        let b = sluice_control::backend::VolumeBackend::open(name, control, None, host_opts()).map_err(|e| e.to_string())?;
+        Ok(Arc::new(b))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
+    let t1 = Drives::start();
+    let t2 = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    add_all(&c, &[&t1, &t2]).await;
+    let req = pb::CreateVolumeRequest { name: "exported".into(), size_bytes: 24 * MIB, replicas: 2, ..Default::default() };
+    c.create_volume(req).await.unwrap();
+    // The exporting target: one namespace, backend = "volume".
+    let front_nqn = "nqn.2026-11.io.sluice:front";
+    let sub = SubsystemConfig::new(front_nqn)
+        .with_namespace(NamespaceConfig::volume(1, "exported", cp.addr.clone()))
+        .allow_any_host();
+    let settings = TargetSettings::default()
+        .with_listen("127.0.0.1:0".parse().unwrap())
+        .with_discovery_listen(None)
+        .with_workers(2)
+        .with_polling(PollingPolicy::Interrupt);
+    let cfg = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
+    let front = tokio::task::spawn_blocking(move || Target::start_with(&cfg, &Opener)).await.unwrap().unwrap();
+    // A plain NVMe/TCP host sees one 24 MiB namespace of 4 KiB blocks.
+    let ctrl = Controller::connect(front.local_addr(), front_nqn, host_opts()).await.unwrap();
+    let ns = ctrl.namespace(1).unwrap();
+    assert_eq!((ns.block_size_bytes(), ns.size_blocks()), (4096, 24 * MIB / 4096));
+    assert_eq!(ns.read(0, 65536, IoFlags::default()).await.unwrap(), vec![0u8; 65536]);
+    let data = pattern(11, 5 << 20);
+    ns.write(256, &data, IoFlags::default()).await.unwrap();
+    assert_eq!(ns.read(256, 5 << 20, IoFlags::default()).await.unwrap(), data);
+    ns.flush().await.unwrap();
+    // The data sits on the drives of the other two targets, twice.
+    let layout = c.open_volume("exported").await.unwrap();
+    assert_eq!(layout.extents.len(), 3);
+    let e = layout.extents.iter().find(|e| e.index == 1).unwrap();
+    for r in &e.chain {
+        let d = layout.drives.iter().find(|d| d.id == r.drive).unwrap();
+        assert_eq!(read_drive(d, r.slot * EXTENT_BYTES, 4096).await, data[(1 << 20)..(1 << 20) + 4096]);
+    }
+    // Every drive out of service: a write needing a new extent fails with
+    // Capacity Exceeded (generic status 0x81).
+    for d in c.list_drives().await.unwrap() {
+        c.set_drive_state(d.id, false).await.unwrap();
+    }
+    let e = ns.write((20 * MIB) / 4096, &pattern(12, 4096), IoFlags::default()).await.unwrap_err();
+    match &e {
+        sluice_host::HostError::Nvme { status, .. } => {
+            assert_eq!((status.sct, status.sc), (0, 0x81), "{e}")
+        }
+        other => panic!("expected an NVMe status, got {other}"),
+    }
+    // Allocated extents still take writes.
+    ns.write(256, &pattern(13, 4096), IoFlags::default()).await.unwrap();
+    ctrl.disconnect(Duration::from_millis(100)).await;
+    tokio::task::spawn_blocking(move || front.shutdown()).await.unwrap();
+    cp.stop().await;
+}

@@ -31,4 +31,5 @@ pub mod subsystem;
 mod tag;
 pub mod tenant;
 
+pub use registry::{NoVolumes, VolumeOpener};
 pub use server::{ShutdownReport, StartError, Target, TargetHandle, WorkerReport};

@@ -33,6 +33,29 @@ pub enum RegistryError {
     },
 }
 
+/// Opens backends the target cannot build by itself: elastic volumes, whose
+/// client lives in `sluice-control` (the CLI passes one in; the target does
+/// not depend on the control plane).
+pub trait VolumeOpener: Send + Sync {
+    /// Opens volume `name` of the control plane at `control`.
+    fn open_volume(
+        &self,
+        name: &str,
+        control: &str,
+        token_file: Option<&std::path::Path>,
+    ) -> Result<Arc<dyn Backend>, String>;
+}
+
+/// The opener of a target started without a control-plane client.
+#[derive(Debug)]
+pub struct NoVolumes;
+
+impl VolumeOpener for NoVolumes {
+    fn open_volume(&self, name: &str, _: &str, _: Option<&std::path::Path>) -> Result<Arc<dyn Backend>, String> {
+        Err(format!("backend `volume` ({name:?}) needs the control-plane client: start the target with `sluice target`"))
+    }
+}
+
 /// Controller IDs handed out are 1..=CNTLID_MAX (0xFFF0 and up are reserved).
 pub const CNTLID_MAX: u16 = 0xffef;
 /// Live controllers per subsystem.
@@ -130,6 +153,7 @@ fn derive_ids(nqn: &str, nsid: u32, uuid: Option<[u8; 16]>, identity: &[u8]) -> 
 fn open_backend(
     sc: &SubsystemConfig,
     nc: &NamespaceConfig,
+    volumes: &dyn VolumeOpener,
 ) -> Result<Arc<dyn Backend>, RegistryError> {
     let wrap = |source| RegistryError::Backend {
         nqn: sc.nqn.clone(),
@@ -162,19 +186,38 @@ fn open_backend(
             };
             Arc::new(FileBackend::open(path, opts).map_err(wrap)?)
         }
+        BackendConfig::Volume { name, control, token_file } => {
+            let b = volumes.open_volume(name, control, token_file.as_deref()).map_err(|reason| {
+                RegistryError::Namespace { nqn: sc.nqn.clone(), nsid: nc.nsid, reason }
+            })?;
+            let bs = b.geometry().block_size_bytes;
+            if bs != nc.block_size_bytes {
+                return Err(RegistryError::Namespace {
+                    nqn: sc.nqn.clone(),
+                    nsid: nc.nsid,
+                    reason: format!("volume {name:?} has {bs}-byte blocks but block_size is {}", nc.block_size_bytes),
+                });
+            }
+            b
+        }
     })
 }
 
 impl Registry {
     /// Opens every backend and builds the registry.
     pub fn build(config: &Config) -> Result<Registry, RegistryError> {
+        Self::build_with(config, &NoVolumes)
+    }
+
+    /// Builds the registry, opening `volume` namespaces through `volumes`.
+    pub fn build_with(config: &Config, volumes: &dyn VolumeOpener) -> Result<Registry, RegistryError> {
         let mut subsystems = BTreeMap::new();
         let mut all_ns = Vec::new();
         let instance = instance_nonce();
         for sc in &config.subsystems {
             let mut namespaces = BTreeMap::new();
             for nc in &sc.namespaces {
-                let backend = open_backend(sc, nc)?;
+                let backend = open_backend(sc, nc, volumes)?;
                 let geometry = backend.geometry();
                 if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
                     return Err(RegistryError::Namespace {

@@ -266,8 +266,9 @@ pub fn backend_status(e: &BackendError) -> Status {
         BackendError::WriteFault { .. } => Status::WRITE_FAULT,
         BackendError::ReadError { .. } => Status::UNRECOVERED_READ_ERROR,
         BackendError::ReadOnly => Status::new(0, 0x20).dnr(), // Namespace Is Write Protected
-        BackendError::QueueFull { .. } => Status::NAMESPACE_NOT_READY,
+        BackendError::QueueFull { .. } | BackendError::Unavailable(_) => Status::NAMESPACE_NOT_READY,
         BackendError::Unsupported(_) => Status::INVALID_OPCODE,
+        BackendError::CapacityExceeded(_) => Status::CAPACITY_EXCEEDED,
         _ => Status::INTERNAL_ERROR,
     }
 }
@@ -315,6 +316,14 @@ mod tests {
         assert_eq!(
             backend_status(&BackendError::Unsupported("x")),
             Status::INVALID_OPCODE
+        );
+        assert_eq!(
+            backend_status(&BackendError::CapacityExceeded("pool full".into())),
+            Status::CAPACITY_EXCEEDED
+        );
+        assert_eq!(
+            backend_status(&BackendError::Unavailable("drive gone".into())),
+            Status::NAMESPACE_NOT_READY
         );
         assert_eq!(
             backend_status(&BackendError::OutOfRange {

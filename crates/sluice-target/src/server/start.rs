@@ -25,7 +25,15 @@ use std::time::Instant;
 impl Target {
     /// Opens backends, binds listeners and starts the worker threads.
     pub fn start(config: &Config) -> Result<TargetHandle, StartError> {
-        let reg = Arc::new(Registry::build(config)?);
+        Self::start_with(config, &crate::registry::NoVolumes)
+    }
+
+    /// Like [`Target::start`], opening `volume` namespaces through `volumes`.
+    pub fn start_with(
+        config: &Config,
+        volumes: &dyn crate::registry::VolumeOpener,
+    ) -> Result<TargetHandle, StartError> {
+        let reg = Arc::new(Registry::build_with(config, volumes)?);
         let tenants = Arc::new(TenantRuntime::new(config, &reg));
         let admin = match tenants.settings.admin_listen {
             Some(a) => Some(
