@@ -8,6 +8,7 @@
 #   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
 #                                    (all scenarios; then quick runs with the isolated and
 #                                    unified send paths and completion coalescing)
+#      scripts/interop-linux-volume.sh the Linux 6.12 host on an elastic volume
 #   4. scripts/interop-linux-target.sh our host against the Linux kernel target
 #   5. scripts/test-exports.sh       fio (nbd engine), qemu-img, nbdcopy through `sluice nbd`;
 #                                    mkfs/mount through `sluice fuse` and a loop device (needs root)
@@ -72,6 +73,12 @@ if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
         set -e
         record $rc "interop: Linux host ($1/$2)"
     done
+    stage "Linux kernel host on an elastic volume (extents replicated on two other targets)"
+    set +e
+    scripts/interop-linux-volume.sh
+    rc=$?
+    set -e
+    record $rc "interop: Linux host on a volume"
     stage "Sluice host against the Linux kernel target"
     set +e
     scripts/interop-linux-target.sh

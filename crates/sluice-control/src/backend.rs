@@ -58,6 +58,8 @@ impl VolumeBackend {
             .enable_all()
             .build()
             .map_err(|e| VolumeError::Control(format!("starting the volume runtime: {e}")))?;
+        // The client's channel spawns its worker on the current runtime.
+        let _in_runtime = runtime.enter();
         let client = ControlClient::new(control, token)?;
         let volume = runtime.block_on(Volume::open(client, DrivePool::new(opts), name))?;
         let geometry = Geometry::external(

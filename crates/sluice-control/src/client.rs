@@ -24,7 +24,8 @@ pub struct ControlClient {
 }
 
 impl ControlClient {
-    /// A client of the control plane at `addr` (`HOST:PORT`).
+    /// A client of the control plane at `addr` (`HOST:PORT`). Call it inside
+    /// a tokio runtime: the channel's worker is spawned on it.
     pub fn new(addr: &str, token: Option<&BearerToken>) -> Result<ControlClient, VolumeError> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| VolumeError::Control(format!("control address {addr:?}: {e}")))?
