@@ -267,15 +267,12 @@ impl<S: MetaStore> Control for ControlService<S> {
 
     async fn allocate_extent(&self, req: Request<pb::AllocateExtentRequest>) -> Answer<pb::ExtentAllocation> {
         let r = req.into_inner();
-        let e = self.catalog.allocate_extent(&r.name, VolumeId(r.volume_id), r.index).await.map_err(st)?;
-        let v = self.catalog.volume(&r.name).await.map_err(st)?;
-        let drives = self.catalog.drives().await.map_err(st)?;
-        let used: Vec<pb::Drive> = drives
-            .iter()
-            .filter(|d| e.chain.iter().any(|x| x.drive == d.id))
-            .map(pb::Drive::from)
-            .collect();
-        ok(pb::ExtentAllocation { extent: Some(pb::Extent::from(&e)), volume: Some(pb::Volume::from(&v)), drives: used })
+        let a = self.catalog.allocate(&r.name, VolumeId(r.volume_id), r.index).await.map_err(st)?;
+        ok(pb::ExtentAllocation {
+            extent: Some(pb::Extent::from(&a.extent)),
+            volume: Some(pb::Volume::from(&a.volume)),
+            drives: a.drives.iter().map(pb::Drive::from).collect(),
+        })
     }
 
     async fn fail_drive(&self, req: Request<pb::FailDriveRequest>) -> Answer<pb::FailDriveResponse> {

@@ -20,6 +20,7 @@ mod datapath;
 mod plot;
 mod report;
 mod tenant;
+mod volumes;
 
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -70,6 +71,10 @@ enum Experiment {
     Coalescing(RunArgs),
     /// pinof-fig5, pinof-fig6 and coalescing in turn.
     Isolation(RunArgs),
+    /// Elastic volumes: extent map cost, extent faults with redb and etcd,
+    /// Flint Fig. 7c (bandwidth over N drives) and Fig. 8 (replica write
+    /// latency): volumes.md, volumes-fig7c.svg.
+    Volumes(RunArgs),
 }
 
 /// A positive, finite number of seconds.
@@ -149,6 +154,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::PinofFig5(a) => datapath::pinof_fig5::run(&a.out, a.runtime),
         Experiment::PinofFig6(a) => datapath::pinof_fig6::run(&a.out, a.runtime),
         Experiment::Coalescing(a) => datapath::coalescing::run(&a.out, a.runtime),
+        Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;

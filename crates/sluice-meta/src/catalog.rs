@@ -105,6 +105,14 @@ impl VolumeSpec {
     }
 }
 
+/// An allocated extent with its volume and the drives of its chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Allocation {
+    pub extent: ExtentRecord,
+    pub volume: VolumeRecord,
+    pub drives: Vec<DriveRecord>,
+}
+
 /// A volume's full map as the control plane hands it to a client.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VolumeLayout {
@@ -121,6 +129,24 @@ pub struct Catalog<S> {
     /// Busy degree per drive from telemetry (placement's γ term).
     busy: Mutex<HashMap<DriveId, f64>>,
     crash_hook: Option<CrashHook>,
+    /// The volumes and drives the last allocations committed (the fast path
+    /// of [`Catalog::allocate`]).
+    alloc_cache: Mutex<Option<AllocCache>>,
+}
+
+/// Volumes remembered by the allocation fast path, at most.
+const ALLOC_CACHE_VOLUMES_MAX: usize = 1024;
+
+/// Fast-path allocations between two fresh reads: a drive brought back into
+/// service elsewhere is seen within this many allocations.
+const ALLOC_CACHE_USES_MAX: u32 = 64;
+
+#[derive(Debug, Default)]
+struct AllocCache {
+    volumes: HashMap<String, (VolumeRecord, u64)>,
+    drives: Vec<(DriveRecord, u64)>,
+    ids_rev: u64,
+    uses: u32,
 }
 
 impl<S> std::fmt::Debug for Catalog<S> {
@@ -135,7 +161,7 @@ fn invalid(field: &'static str) -> impl FnOnce(String) -> CatalogError {
 
 impl<S: MetaStore> Catalog<S> {
     pub fn new(store: S, weights: PlacementWeights) -> Catalog<S> {
-        Catalog { store, weights, busy: Mutex::new(HashMap::new()), crash_hook: None }
+        Catalog { store, weights, busy: Mutex::new(HashMap::new()), crash_hook: None, alloc_cache: Mutex::new(None) }
     }
 
     /// Calls `hook` at every [`CrashPoint`] (crash tests).
@@ -152,6 +178,11 @@ impl<S: MetaStore> Catalog<S> {
     pub fn report_busy(&self, drive: DriveId, degree: f64) {
         let degree = if degree.is_finite() { degree.clamp(0.0, 1.0) } else { 0.0 };
         self.busy.lock().unwrap_or_else(PoisonError::into_inner).insert(drive, degree);
+    }
+
+    /// Drops the allocation fast path's copies (after any other change).
+    fn forget(&self) {
+        *self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     async fn commit(&self, op: &'static str, txn: Txn) -> Result<Option<u64>, CatalogError> {
@@ -255,6 +286,7 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Takes a drive in or out of service.
     pub async fn set_drive_state(&self, id: DriveId, state: DriveState) -> Result<DriveRecord, CatalogError> {
+        self.forget();
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut d, rev) =
                 self.get::<DriveRecord>(&keys::drive(id)).await?.ok_or(CatalogError::UnknownDrive(id))?;
@@ -282,6 +314,7 @@ impl<S: MetaStore> Catalog<S> {
     /// so a client writing on an old map still writes to every surviving
     /// replica (and fails on the dead one, and refetches).
     pub async fn fail_drive(&self, id: DriveId) -> Result<u64, CatalogError> {
+        self.forget();
         self.set_drive_state(id, DriveState::Down).await?;
         let mut shortened = 0;
         for v in self.volumes().await? {
@@ -445,6 +478,7 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Grows a volume online. Shrinking is refused (data would be lost).
     pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeRecord, CatalogError> {
+        self.forget();
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut v, rev) = self.volume_rev(name).await?;
             if v.state != VolumeState::Ready {
@@ -504,8 +538,38 @@ impl<S: MetaStore> Catalog<S> {
     /// as `id`) on first write, or returns the chain another writer
     /// allocated first. Idempotent.
     pub async fn allocate_extent(&self, name: &str, id: VolumeId, index: u64) -> Result<ExtentRecord, CatalogError> {
+        Ok(self.allocate(name, id, index).await?.extent)
+    }
+
+    /// [`Catalog::allocate_extent`], also returning the volume and the
+    /// chain's drives as the transaction saw them (what a client needs,
+    /// without reading them again).
+    pub async fn allocate(&self, name: &str, id: VolumeId, index: u64) -> Result<Allocation, CatalogError> {
+        // Fast path: the volume and drives as this catalog last wrote them.
+        // The transaction compares their revisions and the extent's
+        // absence, so a stale cache costs a conflict, never a wrong write.
+        let cached = {
+            let c = self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner);
+            c.as_ref()
+                .filter(|c| c.uses < ALLOC_CACHE_USES_MAX)
+                .and_then(|c| c.volumes.get(name).map(|v| (v.clone(), c.drives.clone(), c.ids_rev)))
+        };
+        if let Some(((v, vrev), drives, ids_rev)) = cached {
+            if v.id == id && v.state == VolumeState::Ready && index < v.extents() {
+                if let Ok((txn, alloc)) = self.plan_allocation(name, index, v, vrev, &drives) {
+                    // A drive added since (by any control plane) bumps
+                    // pool/ids: the conflict sends this to the fresh path.
+                    let txn = guard(txn, keys::IDS, ids_rev);
+                    if let Some(rev) = self.commit("allocate_extent", txn).await? {
+                        self.remember(name, &alloc, rev, drives, ids_rev, false);
+                        return Ok(alloc);
+                    }
+                }
+            }
+            *self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
         for _ in 0..CONFLICT_RETRIES_MAX {
-            let (mut v, vrev) = self.volume_rev(name).await?;
+            let (v, vrev) = self.volume_rev(name).await?;
             if v.id != id {
                 return Err(CatalogError::VolumeRecreated { name: name.to_owned(), expected: id, found: v.id });
             }
@@ -515,60 +579,110 @@ impl<S: MetaStore> Catalog<S> {
             if index >= v.extents() {
                 return Err(CatalogError::ExtentOutOfRange { name: name.to_owned(), index, extents: v.extents() });
             }
-            let ekey = keys::extent(v.id, index);
-            if let Some((e, _)) = self.get::<ExtentRecord>(&ekey).await? {
-                return Ok(e);
-            }
+            let existing = self.get::<ExtentRecord>(&keys::extent(v.id, index)).await?;
+            let ids_rev = self.get::<Ids>(keys::IDS).await?.map_or(0, |(_, r)| r);
             let drives: Vec<(DriveRecord, u64)> = self.list(keys::DRIVES).await?;
-            let busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner).clone();
-            let candidates: Vec<DriveCandidate> = drives
-                .iter()
-                .filter(|(d, _)| d.state == DriveState::Up && v.block_size_bytes % d.block_size_bytes == 0)
-                .map(|(d, _)| DriveCandidate {
-                    drive: d.id,
-                    target: d.spec.target().to_owned(),
-                    slots_free: d.slots_free(),
-                    volume_extents: v.extents_per_drive.get(&d.id).copied().unwrap_or(0),
-                    used_fraction: d.used_fraction(),
-                    busy_degree: busy.get(&d.id).copied().unwrap_or(0.0),
-                    fragment_degree: d.fragment_degree(),
-                    preferred: v.prefer.iter().any(|p| *p == d.spec.addr || *p == d.spec.nqn),
-                })
-                .collect();
-            let allocated: u64 = v.extents_per_drive.values().sum();
-            let chosen = placement::choose(
-                &candidates,
-                usize::from(v.replicas),
-                allocated,
-                v.id.0.wrapping_add(index),
-                &self.weights,
-            )
-            .map_err(|PlacementError::PoolFull { replicas, available }| {
-                CatalogError::PoolFull(format!(
-                    "extent {index} of {name:?} needs {replicas} drives with a free extent; {available} have one"
-                ))
-            })?;
-            let mut txn = Txn::default().absent(ekey.clone()).unchanged(keys::volume(name), vrev);
-            let mut chain = Vec::with_capacity(chosen.len());
-            for id in &chosen {
-                let (d, drev) = drives.iter().find(|(d, _)| d.id == *id).ok_or(CatalogError::UnknownDrive(*id))?;
-                let mut d = d.clone();
-                let slot = d.take_slot().ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
-                chain.push(Replica { drive: d.id, slot });
-                *v.extents_per_drive.entry(d.id).or_default() += 1;
-                txn = txn.unchanged(keys::drive(d.id), *drev).put(keys::drive(d.id), keys::encode(&d));
+            if let Some((extent, _)) = existing {
+                let drives = drives
+                    .into_iter()
+                    .map(|(d, _)| d)
+                    .filter(|d| extent.chain.iter().any(|r| r.drive == d.id))
+                    .collect();
+                return Ok(Allocation { extent, volume: v, drives });
             }
-            let record = ExtentRecord { volume: v.id, index, chain };
-            txn = txn.put(ekey, keys::encode(&record)).put(keys::volume(name), keys::encode(&v));
-            if self.commit("allocate_extent", txn).await?.is_some() {
-                return Ok(record);
+            let (txn, alloc) = self.plan_allocation(name, index, v, vrev, &drives)?;
+            if let Some(rev) = self.commit("allocate_extent", txn).await? {
+                self.remember(name, &alloc, rev, drives, ids_rev, true);
+                return Ok(alloc);
             }
         }
         Err(CatalogError::Contended("allocate_extent"))
     }
 
+    /// Chooses the chain of a new extent and builds its transaction.
+    fn plan_allocation(
+        &self,
+        name: &str,
+        index: u64,
+        mut v: VolumeRecord,
+        vrev: u64,
+        drives: &[(DriveRecord, u64)],
+    ) -> Result<(Txn, Allocation), CatalogError> {
+        let ekey = keys::extent(v.id, index);
+        let busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let candidates: Vec<DriveCandidate> = drives
+            .iter()
+            .filter(|(d, _)| d.state == DriveState::Up && v.block_size_bytes.is_multiple_of(d.block_size_bytes))
+            .map(|(d, _)| DriveCandidate {
+                drive: d.id,
+                target: d.spec.target().to_owned(),
+                slots_free: d.slots_free(),
+                volume_extents: v.extents_per_drive.get(&d.id).copied().unwrap_or(0),
+                used_fraction: d.used_fraction(),
+                busy_degree: busy.get(&d.id).copied().unwrap_or(0.0),
+                fragment_degree: d.fragment_degree(),
+                preferred: v.prefer.iter().any(|p| *p == d.spec.addr || *p == d.spec.nqn),
+            })
+            .collect();
+        let allocated: u64 = v.extents_per_drive.values().sum();
+        let chosen =
+            placement::choose(&candidates, usize::from(v.replicas), allocated, v.id.0.wrapping_add(index), &self.weights)
+                .map_err(|PlacementError::PoolFull { replicas, available }| {
+                    CatalogError::PoolFull(format!(
+                        "extent {index} of {name:?} needs {replicas} drives with a free extent; {available} have one"
+                    ))
+                })?;
+        let mut txn = Txn::default().absent(ekey.clone()).unchanged(keys::volume(name), vrev);
+        let mut chain = Vec::with_capacity(chosen.len());
+        let mut used = Vec::with_capacity(chosen.len());
+        for id in &chosen {
+            let (d, drev) = drives.iter().find(|(d, _)| d.id == *id).ok_or(CatalogError::UnknownDrive(*id))?;
+            let mut d = d.clone();
+            let slot = d.take_slot().ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
+            chain.push(Replica { drive: d.id, slot });
+            *v.extents_per_drive.entry(d.id).or_default() += 1;
+            txn = txn.unchanged(keys::drive(d.id), *drev).put(keys::drive(d.id), keys::encode(&d));
+            used.push(d);
+        }
+        let extent = ExtentRecord { volume: v.id, index, chain };
+        txn = txn.put(ekey, keys::encode(&extent)).put(keys::volume(name), keys::encode(&v));
+        Ok((txn, Allocation { extent, volume: v, drives: used }))
+    }
+
+    /// Keeps what an allocation committed at `rev` for the next one.
+    fn remember(
+        &self,
+        name: &str,
+        alloc: &Allocation,
+        rev: u64,
+        mut drives: Vec<(DriveRecord, u64)>,
+        ids_rev: u64,
+        fresh_read: bool,
+    ) {
+        for (d, r) in drives.iter_mut() {
+            if let Some(n) = alloc.drives.iter().find(|n| n.id == d.id) {
+                *d = n.clone();
+                *r = rev;
+            }
+        }
+        let mut c = self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let fresh = fresh_read || c.as_ref().is_none_or(|c| c.ids_rev != ids_rev);
+        let c = c.get_or_insert_with(AllocCache::default);
+        if fresh {
+            c.uses = 0;
+        }
+        c.uses += 1;
+        c.ids_rev = ids_rev;
+        c.drives = drives;
+        if c.volumes.len() >= ALLOC_CACHE_VOLUMES_MAX {
+            c.volumes.clear();
+        }
+        c.volumes.insert(name.to_owned(), (alloc.volume.clone(), rev));
+    }
+
     /// Deletes a volume and frees its extents.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CatalogError> {
+        self.forget();
         let mut marked = false;
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut v, rev) = self.volume_rev(name).await?;

@@ -460,3 +460,41 @@ fn etcd_failed_drive_leaves_every_replicated_chain() {
     let Some(server) = EtcdServer::start_or_skip("etcd_failed_drive") else { return };
     rt().block_on(async { failed_drive(etcd(&server, "/t5/").await).await });
 }
+
+// ------------------------------------- the allocation fast path stays fresh
+
+async fn drive_added_elsewhere_is_used<S: MetaStore + Clone>(s: S) {
+    let a = Catalog::new(s.clone(), PlacementWeights::default());
+    let b = Catalog::new(s, PlacementWeights::default());
+    a.add_drive(spec(0, 0), 512, 40 * EXTENT_BYTES, None).await.unwrap();
+    let v = a.create_volume(VolumeSpec::new("f", 20 * EXTENT_BYTES)).await.unwrap();
+    for i in 0..4 {
+        a.allocate_extent("f", v.id, i).await.unwrap();
+    }
+    // Another control plane adds a drive; `a`'s copies do not know it.
+    let d1 = b.add_drive(spec(1, 1), 512, 40 * EXTENT_BYTES, None).await.unwrap();
+    let mut on_new = 0;
+    for i in 4..12 {
+        let e = a.allocate_extent("f", v.id, i).await.unwrap();
+        on_new += usize::from(e.chain[0].drive == d1.id);
+    }
+    assert!(on_new >= 6, "the new drive takes the spread: {on_new} of 8");
+    // And a drive taken down elsewhere gets nothing new.
+    b.set_drive_state(d1.id, DriveState::Down).await.unwrap();
+    for i in 12..16 {
+        assert_ne!(a.allocate_extent("f", v.id, i).await.unwrap().chain[0].drive, d1.id);
+    }
+    check_catalog(a.store()).await.unwrap();
+}
+
+#[test]
+fn redb_allocation_fast_path_sees_changes_made_elsewhere() {
+    let (_d, s) = redb();
+    rt().block_on(drive_added_elsewhere_is_used(s));
+}
+
+#[test]
+fn etcd_allocation_fast_path_sees_changes_made_elsewhere() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_fast_path") else { return };
+    rt().block_on(async { drive_added_elsewhere_is_used(etcd(&server, "/t6/").await).await });
+}

@@ -23,7 +23,7 @@ use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_target::Target;
 use std::fmt::Write as _;
 
-pub(super) fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())

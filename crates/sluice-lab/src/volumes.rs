@@ -1,0 +1,330 @@
+//! Elastic volumes (docs/volumes.md): what the extent map and the control
+//! plane cost, and how an eVol's bandwidth grows with its drives.
+//!
+//! 1. **Extent map on the fast path**: `VolumeMap::plan` for random 4 KiB
+//!    requests on a fully allocated 100 GiB map, ns per request.
+//! 2. **Metadata**: `AllocateExtent` through the gRPC API of an in-process
+//!    control plane, one after another (each an extent fault), with redb
+//!    and, when etcd is installed, with etcd: allocations per second, p50,
+//!    p99, max.
+//! 3. **Flint Fig. 7c**: a volume over N = 1, 2, 4, 8 emulated-SSD drives
+//!    spread over 2 target instances (in this process, each with its own
+//!    worker threads), driven by `sluice bench --volume`: 4 KiB sequential
+//!    writes (QD 16; they allocate the extents) then 128 KiB random reads
+//!    (QD 4 per drive, so each drive sees the same load). The ratio is bandwidth ÷ (N × the N = 1 bandwidth).
+//! 4. **Flint Fig. 8**: 4 KiB random writes at QD 1 on 1 and on 3 replicas
+//!    (three drives on three targets): latency.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use sluice_bench::{BenchArgs, BlockSizes, RwMode};
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings};
+use sluice_control::server::{ControlConfig, Metadata};
+use sluice_control::{pb, ControlClient};
+use sluice_target::{Target, TargetHandle};
+use sluice_volume::{ExtentRecord, Replica, VolumeId, VolumeMap, VolumeRecord, VolumeState, EXTENT_BYTES};
+
+use crate::report;
+
+const DRIVE_NQN: &str = "nqn.2026-11.io.sluice:lab-drives";
+const MIB: u64 = 1 << 20;
+
+/// A target whose subsystem holds `drives` namespaces.
+fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result<TargetHandle> {
+    let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
+    for nsid in 1..=drives {
+        let ns = match &ssd {
+            Some(m) => NamespaceConfig::emulated_ssd(nsid, drive_bytes, m.clone()),
+            None => NamespaceConfig::ram(nsid, drive_bytes),
+        };
+        sub = sub.with_namespace(ns.with_block_size(4096));
+    }
+    let settings = TargetSettings::default()
+        .with_listen("127.0.0.1:0".parse()?)
+        .with_discovery_listen(None)
+        .with_workers(1)
+        .with_polling(PollingPolicy::ADAPTIVE);
+    let c = Config::default().with_target(settings).with_subsystem(sub).validated()?;
+    Ok(Target::start(&c)?)
+}
+
+/// A control plane on its own runtime thread; dropped with the runtime.
+struct Control {
+    rt: tokio::runtime::Runtime,
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Control {
+    fn start(metadata: Metadata) -> Result<Control> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let addr = rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = l.local_addr()?.to_string();
+            tokio::spawn(sluice_control::serve(ControlConfig::new(metadata), l, async move {
+                let _ = rx.await;
+            }));
+            anyhow::Ok(addr)
+        })?;
+        Ok(Control { rt, addr, stop: Some(tx) })
+    }
+
+    fn client(&self) -> Result<ControlClient> {
+        let _g = self.rt.enter();
+        Ok(ControlClient::new(&self.addr, None)?)
+    }
+
+    fn add_drives(&self, targets: &[&TargetHandle], per_target: u32) -> Result<()> {
+        let c = self.client()?;
+        self.rt.block_on(async {
+            for t in targets {
+                for nsid in 1..=per_target {
+                    c.add_drive(&t.local_addr().to_string(), DRIVE_NQN, nsid).await?;
+                }
+            }
+            anyhow::Ok(())
+        })
+    }
+
+    fn create(&self, name: &str, size_bytes: u64, replicas: u32) -> Result<()> {
+        let c = self.client()?;
+        let req = pb::CreateVolumeRequest { name: name.into(), size_bytes, replicas, ..Default::default() };
+        self.rt.block_on(c.create_volume(req))?;
+        Ok(())
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn bench(control: &str, volume: &str, rw: RwMode, bs: u64, qd: u32, runtime: f64) -> Result<sluice_bench::JobReport> {
+    let mut a = BenchArgs::new("", "");
+    a.volume = Some(volume.into());
+    a.control = control.into();
+    a.rw = rw;
+    a.bs = BlockSizes::fixed(bs);
+    a.qd = qd;
+    a.runtime = Some(runtime);
+    a.polling = sluice_runtime::PollingPolicy::ADAPTIVE;
+    Ok(sluice_bench::run(a)?.total)
+}
+
+fn map_overhead() -> (f64, usize) {
+    let extents: u64 = 51_200; // 100 GiB
+    let volume = VolumeRecord {
+        id: VolumeId(1),
+        name: "m".into(),
+        state: VolumeState::Ready,
+        size_bytes: extents * EXTENT_BYTES,
+        block_size_bytes: 4096,
+        replicas: 2,
+        tenant: None,
+        prefer: vec![],
+        epoch: 1,
+        extents_per_drive: Default::default(),
+    };
+    let records = (0..extents).map(|i| ExtentRecord {
+        volume: VolumeId(1),
+        index: i,
+        chain: vec![
+            Replica { drive: sluice_volume::DriveId((i % 8) as u32), slot: i / 8 },
+            Replica { drive: sluice_volume::DriveId(((i + 1) % 8) as u32), slot: i / 8 },
+        ],
+    });
+    let map = VolumeMap::from_records(volume, records).unwrap_or_else(|e| panic!("lab map: {e}"));
+    let n = 5_000_000u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut sink = 0u64;
+    let t0 = Instant::now();
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let block = x % (extents * EXTENT_BYTES / 4096);
+        if let Ok(plan) = map.plan(block * 4096, 4096, 8 << 20) {
+            for p in plan {
+                if let sluice_volume::PieceTarget::Mapped { extent } = p.target {
+                    sink = sink.wrapping_add(map.chain(extent).map_or(0, |c| p.drive_offset(&c[c.len() - 1])));
+                }
+            }
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    std::hint::black_box(sink);
+    (ns, map.allocated())
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+/// Sequential extent faults through the API: (allocations/s, p50, p99, max) µs.
+fn allocation_latency(metadata: Metadata, faults: u64) -> Result<(f64, f64, f64, f64)> {
+    let t = drive_target(2, 4 << 30, None)?;
+    let cp = Control::start(metadata)?;
+    cp.add_drives(&[&t], 2)?;
+    cp.create("faults", faults * EXTENT_BYTES, 1)?;
+    let c = cp.client()?;
+    let lat = cp.rt.block_on(async {
+        let v = c.open_volume("faults").await?.volume.context("volume")?;
+        let mut lat = Vec::with_capacity(usize::try_from(faults)?);
+        for i in 0..faults {
+            let t0 = Instant::now();
+            c.allocate_extent("faults", v.id, i, v.epoch).await?;
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        anyhow::Ok(lat)
+    })?;
+    drop(cp);
+    t.shutdown();
+    let total_s: f64 = lat.iter().sum::<f64>() / 1e6;
+    let mut s = lat.clone();
+    s.sort_by(f64::total_cmp);
+    Ok((lat.len() as f64 / total_s, quantile(&s, 0.5), quantile(&s, 0.99), quantile(&s, 1.0)))
+}
+
+pub fn run(out: &Path, runtime: f64) -> Result<()> {
+    let mut md = String::new();
+    md.push_str("# Elastic volumes: the extent map, the control plane, bandwidth over drives\n\n");
+    md.push_str(&format!(
+        "`cargo run --release -p sluice-lab -- volumes --runtime {runtime}`; load average before: {}.\n\n",
+        crate::datapath::loadavg()
+    ));
+
+    // 1. The fast path's cost.
+    let (ns, allocated) = map_overhead();
+    md.push_str("## Extent map on the fast path\n\n");
+    md.push_str(&format!(
+        "`VolumeMap::plan` plus the chain lookup for a random 4 KiB request on a 100 GiB map ({allocated} extents, 2 replicas each): **{ns:.0} ns per request** (goal: < 1 µs).\n\n"
+    ));
+
+    // 2. Metadata.
+    md.push_str("## Extent faults through the control plane\n\n");
+    md.push_str("Sequential `AllocateExtent` calls over gRPC on loopback to an in-process `sluice control`, each a new extent (one metadata transaction).\n\n");
+    md.push_str("| store | allocations/s | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|\n");
+    let dir = std::env::temp_dir().join(format!("sluice-lab-volumes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (r, p50, p99, max) = allocation_latency(Metadata::Redb(dir.join("meta.redb")), 1000)?;
+    md.push_str(&format!("| redb | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"));
+    if sluice_meta::testing::EtcdServer::available() {
+        let etcd = sluice_meta::testing::EtcdServer::start()?;
+        let m: Metadata = format!("etcd://{}/lab", etcd.endpoint.trim_start_matches("http://"))
+            .parse()
+            .map_err(anyhow::Error::msg)?;
+        let (r, p50, p99, max) = allocation_latency(m, 1000)?;
+        md.push_str(&format!("| etcd (one local member) | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"));
+    } else {
+        md.push_str("| etcd | not installed | | | |\n");
+    }
+    md.push('\n');
+
+    // 3. Fig. 7c.
+    let ssd = SsdConfig::default()
+        .with_read_bytes_per_sec_max(150_000_000)
+        .with_write_bytes_per_sec_max(75_000_000)
+        .with_read_iops_max(20_000)
+        .with_write_iops_max(5_000);
+    md.push_str("## Flint Fig. 7c: bandwidth over N drives\n\n");
+    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over 2 targets; one volume, 1 replica, 64 MiB per drive; `sluice bench --volume`; writes at QD 16, reads at QD 4 × N. \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
+    md.push_str("| N drives | 4K seq write MiB/s | × N·one | 128K rand read MiB/s | × N·one |\n|---|---|---|---|---|\n");
+    let mut base = (0.0, 0.0);
+    let mut xs = Vec::new();
+    let mut reads = Vec::new();
+    let mut ideal = Vec::new();
+    for n in [1u32, 2, 4, 8] {
+        let per = n.div_ceil(2);
+        let t1 = drive_target(per, 128 * MIB, Some(ssd.clone()))?;
+        let t2 = if n > 1 { Some(drive_target(n - per, 128 * MIB, Some(ssd.clone()))?) } else { None };
+        let cp = Control::start(Metadata::Redb(dir.join(format!("fig7c-{n}.redb"))))?;
+        cp.add_drives(&[&t1], per)?;
+        if let Some(t2) = &t2 {
+            cp.add_drives(&[t2], n - per)?;
+        }
+        cp.create("evol", u64::from(n) * 64 * MIB, 1)?;
+        let w = bench(&cp.addr, "evol", RwMode::Write, 4096, 16, runtime)?;
+        // Make sure every extent exists before the read run.
+        let mut fill = BenchArgs::new("", "");
+        fill.volume = Some("evol".into());
+        fill.control = cp.addr.clone();
+        fill.rw = RwMode::Write;
+        fill.bs = BlockSizes::fixed(1 << 20);
+        fill.qd = 4;
+        fill.ios = Some(u64::from(n) * 64);
+        sluice_bench::run(fill)?;
+        let r = bench(&cp.addr, "evol", RwMode::RandRead, 128 << 10, 4 * n, runtime)?;
+        if n == 1 {
+            base = (w.bandwidth_mib_s, r.bandwidth_mib_s);
+        }
+        let nf = f64::from(n);
+        md.push_str(&format!(
+            "| {n} | {:.1} | {:.2} | {:.1} | {:.2} |\n",
+            w.bandwidth_mib_s,
+            w.bandwidth_mib_s / (nf * base.0),
+            r.bandwidth_mib_s,
+            r.bandwidth_mib_s / (nf * base.1)
+        ));
+        xs.push(n.to_string());
+        reads.push(r.bandwidth_mib_s);
+        ideal.push(nf * base.1);
+        drop(cp);
+        t1.shutdown();
+        if let Some(t2) = t2 {
+            t2.shutdown();
+        }
+    }
+    md.push('\n');
+    let svg = crate::plot::bars(
+        "eVol 128 KiB random reads over N emulated SSDs",
+        "drives",
+        "MiB/s",
+        &xs,
+        &[
+            ("eVol".to_owned(), reads),
+            ("N × one drive".to_owned(), ideal),
+        ],
+        None,
+    )?;
+    report::write(out, "volumes-fig7c.svg", &svg)?;
+    md.push_str("![eVol bandwidth](volumes-fig7c.svg)\n\n");
+
+    // 4. Fig. 8.
+    md.push_str("## Flint Fig. 8: write latency with 1 and 3 replicas\n\n");
+    md.push_str("4 KiB random writes at QD 1 after the volume is allocated; RAM drives, one per target, three targets; the client drives the chain (head, then each next replica).\n\n");
+    md.push_str("| replicas | IOPS | p50 µs | p99 µs |\n|---|---|---|---|\n");
+    let ts: Vec<TargetHandle> = (0..3).map(|_| drive_target(1, 256 * MIB, None)).collect::<Result<_>>()?;
+    let cp = Control::start(Metadata::Redb(dir.join("fig8.redb")))?;
+    cp.add_drives(&ts.iter().collect::<Vec<_>>(), 1)?;
+    for replicas in [1u32, 3] {
+        let name = format!("r{replicas}");
+        cp.create(&name, 64 * MIB, replicas)?;
+        let mut fill = BenchArgs::new("", "");
+        fill.volume = Some(name.clone());
+        fill.control = cp.addr.clone();
+        fill.rw = RwMode::Write;
+        fill.bs = BlockSizes::fixed(1 << 20);
+        fill.qd = 4;
+        fill.ios = Some(64);
+        sluice_bench::run(fill)?;
+        let r = bench(&cp.addr, &name, RwMode::RandWrite, 4096, 1, runtime)?;
+        md.push_str(&format!("| {replicas} | {:.0} | {:.1} | {:.1} |\n", r.iops, r.latency_us_p50, r.latency_us_p99));
+    }
+    drop(cp);
+    for t in ts {
+        t.shutdown();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    md.push('\n');
+    report::write(out, "volumes.md", &md)?;
+    Ok(())
+}
