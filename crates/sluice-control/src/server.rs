@@ -287,11 +287,13 @@ impl<S: MetaStore> Control for ControlService<S> {
             .into_iter()
             .find(|d| d.id == id)
             .ok_or_else(|| st(CatalogError::UnknownDrive(id)))?;
-        if !r.force {
-            if probe_drive(&drive.spec, &self.probe).await.is_ok() {
-                tracing::info!(drive = %id, %peer, reason = %r.reason, "drive failure reported, but the drive answers; keeping it");
-                return ok(pb::FailDriveResponse { failed: false, chains_shortened: 0, detail: "the drive answers the control plane".into() });
-            }
+        if !r.force && probe_drive(&drive.spec, &self.probe).await.is_ok() {
+            tracing::info!(drive = %id, %peer, reason = %r.reason, "drive failure reported, but the drive answers; keeping it");
+            return ok(pb::FailDriveResponse {
+                failed: false,
+                chains_shortened: 0,
+                detail: "the drive answers the control plane".into(),
+            });
         }
         let n = self.catalog.fail_drive(id).await.map_err(st)?;
         tracing::warn!(drive = %id, spec = %drive.spec, %peer, reason = %r.reason, chains_shortened = n,

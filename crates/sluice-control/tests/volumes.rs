@@ -390,7 +390,8 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
         assert!(now >= *generation);
     }
     // Every acknowledged write reads back.
-    for (slot, generation) in acked.lock().unwrap().iter() {
+    let all: Vec<(u64, u64)> = acked.lock().unwrap().iter().map(|(s, g)| (*s, *g)).collect();
+    for (slot, generation) in &all {
         assert_eq!(v.read(slot * 16, 65536, IoFlags::default()).await.unwrap(), pattern(*generation, 65536), "slot {slot}");
     }
     // The dead target's drives are down and in no chain.

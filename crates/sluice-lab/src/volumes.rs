@@ -36,7 +36,7 @@ fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result
     let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
     for nsid in 1..=drives {
         let ns = match &ssd {
-            Some(m) => NamespaceConfig::emulated_ssd(nsid, drive_bytes, m.clone()),
+            Some(m) => NamespaceConfig::emulated_ssd(nsid, drive_bytes, *m),
             None => NamespaceConfig::ram(nsid, drive_bytes),
         };
         sub = sub.with_namespace(ns.with_block_size(4096));
@@ -166,7 +166,10 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+    // q is within 0..=1, so the index is within the slice.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Sequential extent faults through the API: (allocations/s, p50, p99, max) µs.
@@ -244,8 +247,8 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     let mut ideal = Vec::new();
     for n in [1u32, 2, 4, 8] {
         let per = n.div_ceil(2);
-        let t1 = drive_target(per, 128 * MIB, Some(ssd.clone()))?;
-        let t2 = if n > 1 { Some(drive_target(n - per, 128 * MIB, Some(ssd.clone()))?) } else { None };
+        let t1 = drive_target(per, 128 * MIB, Some(ssd))?;
+        let t2 = if n > 1 { Some(drive_target(n - per, 128 * MIB, Some(ssd))?) } else { None };
         let cp = Control::start(Metadata::Redb(dir.join(format!("fig7c-{n}.redb"))))?;
         cp.add_drives(&[&t1], per)?;
         if let Some(t2) = &t2 {
