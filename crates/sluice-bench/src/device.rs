@@ -52,14 +52,24 @@ impl Device {
         }
     }
 
-    pub(crate) async fn read(&self, lba: u64, len: usize, flags: IoFlags) -> Result<Vec<u8>, DeviceError> {
+    pub(crate) async fn read(
+        &self,
+        lba: u64,
+        len: usize,
+        flags: IoFlags,
+    ) -> Result<Vec<u8>, DeviceError> {
         Ok(match self {
             Device::Namespace(n) => n.read(lba, len, flags).await?,
             Device::Volume(v) => v.read(lba, len, flags).await?,
         })
     }
 
-    pub(crate) async fn write_owned(&self, lba: u64, data: Vec<u8>, flags: IoFlags) -> Result<(), DeviceError> {
+    pub(crate) async fn write_owned(
+        &self,
+        lba: u64,
+        data: Vec<u8>,
+        flags: IoFlags,
+    ) -> Result<(), DeviceError> {
         match self {
             Device::Namespace(n) => n.write_owned(lba, data, flags).await?,
             Device::Volume(v) => v.write(lba, &data, flags).await?,
@@ -70,15 +80,27 @@ impl Device {
 
 /// Opens `--volume NAME` through `--control`, with the job's connect options
 /// for the drive connections.
-pub(crate) async fn open_volume(args: &BenchArgs, name: &str, opts: ConnectOptions) -> anyhow::Result<Device> {
+pub(crate) async fn open_volume(
+    args: &BenchArgs,
+    name: &str,
+    opts: ConnectOptions,
+) -> anyhow::Result<Device> {
     let token = args
         .token_file
         .as_deref()
-        .map(|p| sluice_admin::BearerToken::from_file(p).with_context(|| format!("reading {}", p.display())))
+        .map(|p| {
+            sluice_admin::BearerToken::from_file(p)
+                .with_context(|| format!("reading {}", p.display()))
+        })
         .transpose()?;
     let control = ControlClient::new(&args.control, token.as_ref())?;
     let v = Volume::open(control, DrivePool::new(opts), name)
         .await
-        .with_context(|| format!("opening volume {name:?} through the control plane at {}", args.control))?;
+        .with_context(|| {
+            format!(
+                "opening volume {name:?} through the control plane at {}",
+                args.control
+            )
+        })?;
     Ok(Device::Volume(Arc::new(v)))
 }

@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use device::Device;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use device::Device;
 use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, PollingPolicy};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
@@ -544,12 +544,19 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             ..Default::default()
         };
         let (c, ns) = match &args.volume {
-            Some(name) => (None, device::open_volume(&args, name, opts).await.with_context(|| format!("job {}", j.name))?),
+            Some(name) => (
+                None,
+                device::open_volume(&args, name, opts)
+                    .await
+                    .with_context(|| format!("job {}", j.name))?,
+            ),
             None => {
                 let addr = resolve(&args.target)?;
                 let c = Controller::connect(addr, &args.nqn, opts)
                     .await
-                    .with_context(|| format!("job {}: connect to {} at {addr}", j.name, args.nqn))?;
+                    .with_context(|| {
+                        format!("job {}: connect to {} at {addr}", j.name, args.nqn)
+                    })?;
                 let nsid = match args.nsid {
                     Some(n) => n,
                     None => c
@@ -558,7 +565,9 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                         .map(|n| n.nsid)
                         .with_context(|| format!("{} has no namespace", args.nqn))?,
                 };
-                let ns = c.namespace(nsid).with_context(|| format!("job {}", j.name))?;
+                let ns = c
+                    .namespace(nsid)
+                    .with_context(|| format!("job {}", j.name))?;
                 (Some(c), Device::Namespace(ns))
             }
         };
@@ -569,7 +578,8 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         None => None,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let stats_of = |c: &Option<Controller>| c.as_ref().map(Controller::io_stats).unwrap_or_default();
+    let stats_of =
+        |c: &Option<Controller>| c.as_ref().map(Controller::io_stats).unwrap_or_default();
     let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, c, _)| stats_of(c)).collect();
     let (u0, s0) = cpu_times_s();
     let start = Instant::now();

@@ -28,8 +28,10 @@ impl ControlAddr {
 }
 
 fn read_token(path: Option<&std::path::Path>) -> Result<Option<BearerToken>> {
-    path.map(|p| BearerToken::from_file(p).with_context(|| format!("reading the token file {}", p.display())))
-        .transpose()
+    path.map(|p| {
+        BearerToken::from_file(p).with_context(|| format!("reading the token file {}", p.display()))
+    })
+    .transpose()
 }
 
 #[derive(Debug, Args)]
@@ -51,7 +53,8 @@ pub fn control(a: ControlArgs) -> Result<()> {
     let metadata: Metadata = a.metadata.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     let mut cfg = ControlConfig::new(metadata);
     cfg.token = read_token(a.token_file.as_deref())?;
-    sluice_control::auth::check_listen(a.listen, cfg.token.as_ref()).map_err(|e| anyhow::anyhow!(e))?;
+    sluice_control::auth::check_listen(a.listen, cfg.token.as_ref())
+        .map_err(|e| anyhow::anyhow!(e))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -61,11 +64,16 @@ pub fn control(a: ControlArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(a.listen)
             .await
             .with_context(|| format!("listening on {}", a.listen))?;
-        eprintln!("sluice control: serving on {} (metadata {})", a.listen, a.metadata);
+        eprintln!(
+            "sluice control: serving on {} (metadata {})",
+            a.listen, a.metadata
+        );
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        sluice_control::serve(cfg, listener, shutdown).await.context("running the control plane")
+        sluice_control::serve(cfg, listener, shutdown)
+            .await
+            .context("running the control plane")
     })
 }
 
@@ -181,7 +189,10 @@ fn print_drive(d: &pb::Drive) {
         d.block_size_bytes,
         d.slots_used,
         d.slots_total,
-        d.nguid.as_ref().map(|g| format!("  nguid {g}")).unwrap_or_default()
+        d.nguid
+            .as_ref()
+            .map(|g| format!("  nguid {g}"))
+            .unwrap_or_default()
     );
 }
 
@@ -205,8 +216,17 @@ fn print_volume(v: &pb::Volume) {
 pub fn drive(cmd: DriveCmd) -> Result<()> {
     block_on(async move {
         match cmd {
-            DriveCmd::Add { addr, nqn, nsid, at } => {
-                let d = at.client()?.add_drive(&addr, &nqn, nsid).await.context("adding the drive")?;
+            DriveCmd::Add {
+                addr,
+                nqn,
+                nsid,
+                at,
+            } => {
+                let d = at
+                    .client()?
+                    .add_drive(&addr, &nqn, nsid)
+                    .await
+                    .context("adding the drive")?;
                 print_drive(&d);
             }
             DriveCmd::Discover { addr, at } => {
@@ -220,7 +240,10 @@ pub fn drive(cmd: DriveCmd) -> Result<()> {
                     .await
                     .with_context(|| format!("reading the discovery log at {addr}"))?;
                 let mut added = 0;
-                for e in entries.iter().filter(|e| e.subtype == sluice_proto::log::subtype::NVME) {
+                for e in entries
+                    .iter()
+                    .filter(|e| e.subtype == sluice_proto::log::subtype::NVME)
+                {
                     let target = format!("{}:{}", e.traddr, e.trsvcid);
                     let opts = sluice_host::ConnectOptions::default();
                     let Ok(sa) = target.parse() else { continue };
@@ -235,7 +258,9 @@ pub fn drive(cmd: DriveCmd) -> Result<()> {
                                 print_drive(&d);
                                 added += 1;
                             }
-                            Err(err) => eprintln!("skipping {target} {} nsid {nsid}: {err}", e.subnqn),
+                            Err(err) => {
+                                eprintln!("skipping {target} {} nsid {nsid}: {err}", e.subnqn)
+                            }
                         }
                     }
                 }
@@ -247,7 +272,11 @@ pub fn drive(cmd: DriveCmd) -> Result<()> {
                 }
             }
             DriveCmd::Set { id, down, at } => {
-                let d = at.client()?.set_drive_state(id, !down).await.context("changing the drive's state")?;
+                let d = at
+                    .client()?
+                    .set_drive_state(id, !down)
+                    .await
+                    .context("changing the drive's state")?;
                 print_drive(&d);
             }
         }
@@ -258,7 +287,15 @@ pub fn drive(cmd: DriveCmd) -> Result<()> {
 pub fn volume(cmd: VolumeCmd) -> Result<()> {
     block_on(async move {
         match cmd {
-            VolumeCmd::Create { name, size: s, replicas, block_size, tenant, prefer, at } => {
+            VolumeCmd::Create {
+                name,
+                size: s,
+                replicas,
+                block_size,
+                tenant,
+                prefer,
+                at,
+            } => {
                 let req = pb::CreateVolumeRequest {
                     name,
                     size_bytes: size(&s)?,
@@ -267,17 +304,32 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                     tenant,
                     prefer,
                 };
-                let v = at.client()?.create_volume(req).await.context("creating the volume")?;
+                let v = at
+                    .client()?
+                    .create_volume(req)
+                    .await
+                    .context("creating the volume")?;
                 print_volume(&v);
             }
             VolumeCmd::List { at } => {
-                for v in at.client()?.list_volumes().await.context("listing volumes")? {
+                for v in at
+                    .client()?
+                    .list_volumes()
+                    .await
+                    .context("listing volumes")?
+                {
                     print_volume(&v);
                 }
             }
             VolumeCmd::Inspect { name, extents, at } => {
-                let l = at.client()?.open_volume(&name).await.with_context(|| format!("inspecting {name:?}"))?;
-                let Some(v) = &l.volume else { bail!("the control plane sent no volume") };
+                let l = at
+                    .client()?
+                    .open_volume(&name)
+                    .await
+                    .with_context(|| format!("inspecting {name:?}"))?;
+                let Some(v) = &l.volume else {
+                    bail!("the control plane sent no volume")
+                };
                 print_volume(v);
                 println!("extents per drive (replicas):");
                 for (d, n) in &v.extents_per_drive {
@@ -285,22 +337,35 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                     println!(
                         "  d{d:<4} {:>6}  {}",
                         n,
-                        drive.map(|x| format!("{} {} nsid {}", x.addr, x.nqn, x.nsid)).unwrap_or_default()
+                        drive
+                            .map(|x| format!("{} {} nsid {}", x.addr, x.nqn, x.nsid))
+                            .unwrap_or_default()
                     );
                 }
                 if extents {
                     for e in &l.extents {
-                        let chain: Vec<String> = e.chain.iter().map(|r| format!("d{}:{}", r.drive, r.slot)).collect();
+                        let chain: Vec<String> = e
+                            .chain
+                            .iter()
+                            .map(|r| format!("d{}:{}", r.drive, r.slot))
+                            .collect();
                         println!("  extent {:>8}  {}", e.index, chain.join(" -> "));
                     }
                 }
             }
             VolumeCmd::Resize { name, size: s, at } => {
-                let v = at.client()?.resize_volume(&name, size(&s)?).await.context("resizing the volume")?;
+                let v = at
+                    .client()?
+                    .resize_volume(&name, size(&s)?)
+                    .await
+                    .context("resizing the volume")?;
                 print_volume(&v);
             }
             VolumeCmd::Delete { name, at } => {
-                at.client()?.delete_volume(&name).await.context("deleting the volume")?;
+                at.client()?
+                    .delete_volume(&name)
+                    .await
+                    .context("deleting the volume")?;
                 println!("deleted {name}");
             }
         }

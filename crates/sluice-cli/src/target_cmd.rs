@@ -294,7 +294,9 @@ impl sluice_target::VolumeOpener for VolumeClient {
             ..sluice_host::ConnectOptions::default()
         };
         let b = sluice_control::backend::VolumeBackend::open(name, control, token.as_ref(), opts)
-            .map_err(|e| format!("opening volume {name:?} through the control plane at {control}: {e}"))?;
+            .map_err(|e| {
+            format!("opening volume {name:?} through the control plane at {control}: {e}")
+        })?;
         tracing::info!(volume = name, %control, geometry = ?sluice_backend::Backend::geometry(&b), "volume namespace opened");
         Ok(std::sync::Arc::new(b))
     }

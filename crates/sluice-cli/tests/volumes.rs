@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 const NQN: &str = "nqn.2026-11.io.sluice:ram0";
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_port(port: u16) {
@@ -44,12 +48,20 @@ fn spawn(args: &[&str]) -> Killed {
 }
 
 fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).args(["--log", "warn"]).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .args(["--log", "warn"])
+        .output()
+        .unwrap()
 }
 
 fn ok(args: &[&str]) -> String {
     let out = sluice(args);
-    assert!(out.status.success(), "sluice {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "sluice {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -57,7 +69,10 @@ fn fails(args: &[&str], needle: &str) {
     let out = sluice(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "sluice {args:?} should fail");
-    assert!(err.contains(needle), "sluice {args:?}: {err:?} should name {needle:?}");
+    assert!(
+        err.contains(needle),
+        "sluice {args:?}: {err:?} should name {needle:?}"
+    );
 }
 
 #[test]
@@ -68,7 +83,15 @@ fn operator_builds_a_pool_and_benches_a_replicated_volume() {
         .iter()
         .map(|p| {
             let listen = format!("127.0.0.1:{p}");
-            spawn(&["target", "--listen", &listen, "--discovery-listen", "", "--ram-size", "64MiB"])
+            spawn(&[
+                "target",
+                "--listen",
+                &listen,
+                "--discovery-listen",
+                "",
+                "--ram-size",
+                "64MiB",
+            ])
         })
         .collect();
     let cport = free_port();
@@ -83,16 +106,50 @@ fn operator_builds_a_pool_and_benches_a_replicated_volume() {
         let out = ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
         assert!(out.contains("0/32 extents used"), "{out}");
     }
-    fails(&[&["drive", "add", &format!("127.0.0.1:{}", ports[0]), NQN], &c[..]].concat(), "already in the pool");
-    ok(&[&["volume", "create", "vol1", "--size", "48MiB", "--replicas", "2"], &c[..]].concat());
-    fails(&[&["volume", "create", "vol1", "--size", "4MiB"], &c[..]].concat(), "already exists");
-    fails(&[&["volume", "create", "huge", "--size", "1GiB"], &c[..]].concat(), "capacity exceeded");
-    fails(&[&["volume", "create", "x", "--size", "12 parsecs"], &c[..]].concat(), "--size");
-    fails(&[&["volume", "inspect", "nope"], &c[..]].concat(), "not found");
+    fails(
+        &[
+            &["drive", "add", &format!("127.0.0.1:{}", ports[0]), NQN],
+            &c[..],
+        ]
+        .concat(),
+        "already in the pool",
+    );
+    ok(&[
+        &[
+            "volume",
+            "create",
+            "vol1",
+            "--size",
+            "48MiB",
+            "--replicas",
+            "2",
+        ],
+        &c[..],
+    ]
+    .concat());
+    fails(
+        &[&["volume", "create", "vol1", "--size", "4MiB"], &c[..]].concat(),
+        "already exists",
+    );
+    fails(
+        &[&["volume", "create", "huge", "--size", "1GiB"], &c[..]].concat(),
+        "capacity exceeded",
+    );
+    fails(
+        &[&["volume", "create", "x", "--size", "12 parsecs"], &c[..]].concat(),
+        "--size",
+    );
+    fails(
+        &[&["volume", "inspect", "nope"], &c[..]].concat(),
+        "not found",
+    );
 
     // A verified random read/write workload through the volume.
     let out = ok(&[
-        &["bench", "--volume", "vol1", "--rw", "randrw", "--bs", "4k-64k", "--qd", "4", "--ios", "600", "--verify", "--json"],
+        &[
+            "bench", "--volume", "vol1", "--rw", "randrw", "--bs", "4k-64k", "--qd", "4", "--ios",
+            "600", "--verify", "--json",
+        ],
         &c[..],
     ]
     .concat());
@@ -104,13 +161,23 @@ fn operator_builds_a_pool_and_benches_a_replicated_volume() {
     // Extents were allocated on first write, two replicas each, on both
     // targets' drives.
     let inspect = ok(&[&["volume", "inspect", "vol1", "--extents"], &c[..]].concat());
-    assert!(inspect.contains(&format!("127.0.0.1:{}", ports[0])) && inspect.contains(&format!("127.0.0.1:{}", ports[1])), "{inspect}");
+    assert!(
+        inspect.contains(&format!("127.0.0.1:{}", ports[0]))
+            && inspect.contains(&format!("127.0.0.1:{}", ports[1])),
+        "{inspect}"
+    );
     assert!(inspect.contains(" -> "), "{inspect}");
     let list = ok(&[&["volume", "list"], &c[..]].concat());
-    assert!(list.contains("vol1") && list.contains("2 replica(s)"), "{list}");
+    assert!(
+        list.contains("vol1") && list.contains("2 replica(s)"),
+        "{list}"
+    );
 
     ok(&[&["volume", "resize", "vol1", "--size", "56MiB"], &c[..]].concat());
-    fails(&[&["volume", "resize", "vol1", "--size", "8MiB"], &c[..]].concat(), "not shrink");
+    fails(
+        &[&["volume", "resize", "vol1", "--size", "8MiB"], &c[..]].concat(),
+        "not shrink",
+    );
     ok(&[&["volume", "delete", "vol1"], &c[..]].concat());
     let drives = ok(&[&["drive", "list"], &c[..]].concat());
     assert_eq!(drives.matches("0/32 extents used").count(), 2, "{drives}");
@@ -120,7 +187,10 @@ fn operator_builds_a_pool_and_benches_a_replicated_volume() {
 fn control_refuses_to_listen_beyond_loopback_without_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let meta = format!("redb:{}", dir.path().join("m.redb").display());
-    fails(&["control", "--listen", "0.0.0.0:0", "--metadata", &meta], "--token-file");
+    fails(
+        &["control", "--listen", "0.0.0.0:0", "--metadata", &meta],
+        "--token-file",
+    );
     fails(&["control", "--metadata", "mysql://x"], "--metadata");
     fails(&["bench", "--rw", "read"], "--volume");
 }
@@ -133,7 +203,15 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
         .iter()
         .map(|p| {
             let listen = format!("127.0.0.1:{p}");
-            spawn(&["target", "--listen", &listen, "--discovery-listen", "", "--ram-size", "64MiB"])
+            spawn(&[
+                "target",
+                "--listen",
+                &listen,
+                "--discovery-listen",
+                "",
+                "--ram-size",
+                "64MiB",
+            ])
         })
         .collect();
     let cport = free_port();
@@ -147,11 +225,35 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
     for p in ports {
         ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
     }
-    ok(&[&["volume", "create", "r", "--size", "32MiB", "--replicas", "2"], &c[..]].concat());
+    ok(&[
+        &[
+            "volume",
+            "create",
+            "r",
+            "--size",
+            "32MiB",
+            "--replicas",
+            "2",
+        ],
+        &c[..],
+    ]
+    .concat());
     // A verified read/write workload; verify checks every read against the
     // last acknowledged write of each block.
     let bench = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", "--volume", "r", "--control", &control, "--rw", "randrw", "--bs", "16k", "--qd", "4"])
+        .args([
+            "bench",
+            "--volume",
+            "r",
+            "--control",
+            &control,
+            "--rw",
+            "randrw",
+            "--bs",
+            "16k",
+            "--qd",
+            "4",
+        ])
         .args(["--runtime", "3", "--verify", "--json", "--log", "warn"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -163,7 +265,11 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
     dead.0.kill().unwrap();
     dead.0.wait().unwrap();
     let out = bench.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["total"]["ios"].as_u64().unwrap() > 100, "{v}");
     assert_eq!(v["total"]["errors"], 0, "{v}");

@@ -198,7 +198,11 @@ impl NamespaceConfig {
     }
     /// An elastic volume served by the control plane at `control`.
     pub fn volume(nsid: u32, name: impl Into<String>, control: impl Into<String>) -> Self {
-        let backend = BackendConfig::Volume { name: name.into(), control: control.into(), token_file: None };
+        let backend = BackendConfig::Volume {
+            name: name.into(),
+            control: control.into(),
+            token_file: None,
+        };
         let mut n = Self::new(nsid, backend, None);
         n.block_size_bytes = 4096;
         n
@@ -457,14 +461,20 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
             }
         }
         BackendKind::Volume => {
-            let name = n
-                .volume
-                .ok_or_else(|| err(format!("{nk}.volume"), "required for backend `volume` (the volume's name)"))?;
+            let name = n.volume.ok_or_else(|| {
+                err(
+                    format!("{nk}.volume"),
+                    "required for backend `volume` (the volume's name)",
+                )
+            })?;
             if name.is_empty() {
                 return Err(err(format!("{nk}.volume"), "must not be empty"));
             }
             if size_bytes.is_some() {
-                return Err(err(format!("{nk}.size"), "not used by backend `volume` (the volume has its size)"));
+                return Err(err(
+                    format!("{nk}.size"),
+                    "not used by backend `volume` (the volume has its size)",
+                ));
             }
             for (k, set) in [("path", n.path.is_some()), ("ssd", n.ssd.is_some())] {
                 if set {
@@ -476,9 +486,16 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
             if !ok {
-                return Err(err(format!("{nk}.control"), format!("{control:?} is not HOST:PORT")));
+                return Err(err(
+                    format!("{nk}.control"),
+                    format!("{control:?} is not HOST:PORT"),
+                ));
             }
-            BackendConfig::Volume { name, control, token_file: n.token_file }
+            BackendConfig::Volume {
+                name,
+                control,
+                token_file: n.token_file,
+            }
         }
         BackendKind::File => {
             let path = n
@@ -548,7 +565,11 @@ impl From<NamespaceConfig> for NamespaceFile {
                 f.create = Some(create);
             }
             BackendConfig::EmulatedSsd(m) => f.ssd = Some(m),
-            BackendConfig::Volume { name, control, token_file } => {
+            BackendConfig::Volume {
+                name,
+                control,
+                token_file,
+            } => {
                 f.volume = Some(name);
                 f.control = Some(control);
                 f.token_file = token_file;

@@ -37,7 +37,9 @@ impl Interceptor for RequireToken {
         if token.matches(presented) {
             Ok(req)
         } else {
-            let peer = req.remote_addr().map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+            let peer = req
+                .remote_addr()
+                .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
             tracing::warn!(%peer, "control API call refused: missing or wrong bearer token");
             Err(Status::unauthenticated("missing or wrong bearer token"))
         }
@@ -81,10 +83,16 @@ mod tests {
     #[test]
     fn wrong_or_missing_tokens_are_refused() {
         let mut check = RequireToken(BearerToken::new("s3cret"));
-        assert_eq!(check.call(Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            check.call(Request::new(())).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
         let mut attach = AttachToken::new(BearerToken::new("wrong").as_ref());
         let req = attach.call(Request::new(())).unwrap();
-        assert_eq!(check.call(req).unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            check.call(req).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
         let mut attach = AttachToken::new(BearerToken::new("s3cret").as_ref());
         assert!(check.call(attach.call(Request::new(())).unwrap()).is_ok());
     }

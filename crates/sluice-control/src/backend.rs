@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use sluice_admin::BearerToken;
 use sluice_backend::{
-    validate_request, AlignedBuf, Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest,
+    validate_request, AlignedBuf, Backend, BackendError, BackendQueue, Geometry, IoCompletion,
+    IoOp, IoRequest,
 };
 use sluice_host::{ConnectOptions, IoFlags};
 use sluice_runtime::notify::EventFd;
@@ -38,7 +39,10 @@ pub struct VolumeBackend {
 
 impl std::fmt::Debug for VolumeBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VolumeBackend").field("volume", &self.volume.name()).field("geometry", &self.geometry).finish()
+        f.debug_struct("VolumeBackend")
+            .field("volume", &self.volume.name())
+            .field("geometry", &self.geometry)
+            .finish()
     }
 }
 
@@ -66,7 +70,11 @@ impl VolumeBackend {
             volume.size_blocks() * u64::from(volume.block_size_bytes()),
             volume.block_size_bytes(),
         );
-        Ok(VolumeBackend { volume: Arc::new(volume), runtime: Arc::new(runtime), geometry })
+        Ok(VolumeBackend {
+            volume: Arc::new(volume),
+            runtime: Arc::new(runtime),
+            geometry,
+        })
     }
 }
 
@@ -84,7 +92,10 @@ impl Backend for VolumeBackend {
             volume: self.volume.clone(),
             runtime: self.runtime.clone(),
             geometry: self.geometry,
-            shared: Arc::new(Shared { done: Mutex::new(Vec::new()), notify: EventFd::new()? }),
+            shared: Arc::new(Shared {
+                done: Mutex::new(Vec::new()),
+                notify: EventFd::new()?,
+            }),
             in_flight: Arc::new(AtomicUsize::new(0)),
         }))
     }
@@ -111,18 +122,26 @@ fn backend_error(e: VolumeError, offset_bytes: u64, write: bool) -> BackendError
         VolumeError::CapacityExceeded(m) => BackendError::CapacityExceeded(m),
         VolumeError::ControlUnavailable { .. } => BackendError::Unavailable(e.to_string()),
         VolumeError::Drive { .. } | VolumeError::DriveChanged { .. } if write => {
-            BackendError::WriteFault { offset_bytes, source: std::io::Error::other(e.to_string()) }
+            BackendError::WriteFault {
+                offset_bytes,
+                source: std::io::Error::other(e.to_string()),
+            }
         }
-        VolumeError::Drive { .. } | VolumeError::DriveChanged { .. } => {
-            BackendError::ReadError { offset_bytes, source: std::io::Error::other(e.to_string()) }
-        }
+        VolumeError::Drive { .. } | VolumeError::DriveChanged { .. } => BackendError::ReadError {
+            offset_bytes,
+            source: std::io::Error::other(e.to_string()),
+        },
         other => BackendError::Io(std::io::Error::other(other.to_string())),
     }
 }
 
 impl VolumeQueue {
     fn finish(shared: &Shared, in_flight: &AtomicUsize, c: IoCompletion) {
-        shared.done.lock().unwrap_or_else(PoisonError::into_inner).push(c);
+        shared
+            .done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(c);
         in_flight.fetch_sub(1, Ordering::AcqRel);
         shared.notify.signal();
     }
@@ -132,22 +151,40 @@ impl BackendQueue for VolumeQueue {
     fn submit(&mut self, req: IoRequest, _now: Instant) {
         if let Err(e) = validate_request(&self.geometry, &req) {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            let c = IoCompletion { tag: req.tag, result: Err(e), buf: req.buf };
+            let c = IoCompletion {
+                tag: req.tag,
+                result: Err(e),
+                buf: req.buf,
+            };
             Self::finish(&self.shared, &self.in_flight, c);
             return;
         }
         if self.in_flight.load(Ordering::Acquire) >= QUEUE_IN_FLIGHT_MAX {
             let in_flight = self.in_flight.load(Ordering::Acquire);
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            let c = IoCompletion { tag: req.tag, result: Err(BackendError::QueueFull { in_flight }), buf: req.buf };
+            let c = IoCompletion {
+                tag: req.tag,
+                result: Err(BackendError::QueueFull { in_flight }),
+                buf: req.buf,
+            };
             Self::finish(&self.shared, &self.in_flight, c);
             return;
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let (volume, shared, in_flight) = (self.volume.clone(), self.shared.clone(), self.in_flight.clone());
+        let (volume, shared, in_flight) = (
+            self.volume.clone(),
+            self.shared.clone(),
+            self.in_flight.clone(),
+        );
         let bs = u64::from(self.geometry.block_size_bytes);
         self.runtime.spawn(async move {
-            let IoRequest { tag, op, offset_bytes, len_bytes, buf } = req;
+            let IoRequest {
+                tag,
+                op,
+                offset_bytes,
+                len_bytes,
+                buf,
+            } = req;
             let lba = offset_bytes / bs;
             let (result, buf) = match op {
                 IoOp::Read => {
@@ -162,14 +199,23 @@ impl BackendQueue for VolumeQueue {
                     }
                 }
                 IoOp::Write { fua } => {
-                    let flags = IoFlags { fua, ..IoFlags::default() };
+                    let flags = IoFlags {
+                        fua,
+                        ..IoFlags::default()
+                    };
                     let r = match &buf {
                         Some(b) => volume.write(lba, b.as_slice(), flags).await,
                         None => Err(VolumeError::BadAnswer("write without data".into())),
                     };
                     (r.map_err(|e| backend_error(e, offset_bytes, true)), buf)
                 }
-                IoOp::Flush => (volume.flush().await.map_err(|e| backend_error(e, offset_bytes, true)), buf),
+                IoOp::Flush => (
+                    volume
+                        .flush()
+                        .await
+                        .map_err(|e| backend_error(e, offset_bytes, true)),
+                    buf,
+                ),
                 IoOp::WriteZeroes { .. } => {
                     // Zeroes written as data: a volume has no cheaper way that
                     // is correct on every drive kind. Bounded by the
@@ -181,12 +227,17 @@ impl BackendQueue for VolumeQueue {
                     while at < len_bytes && r.is_ok() {
                         let n = (len_bytes - at).min(CHUNK_BYTES);
                         let chunk = &zeros[..usize::try_from(n).unwrap_or(0)];
-                        r = volume.write((offset_bytes + at) / bs, chunk, IoFlags::default()).await;
+                        r = volume
+                            .write((offset_bytes + at) / bs, chunk, IoFlags::default())
+                            .await;
                         at += n;
                     }
                     (r.map_err(|e| backend_error(e, offset_bytes, true)), buf)
                 }
-                IoOp::Deallocate => (Err(BackendError::Unsupported("deallocate on a volume")), buf),
+                IoOp::Deallocate => (
+                    Err(BackendError::Unsupported("deallocate on a volume")),
+                    buf,
+                ),
             };
             VolumeQueue::finish(&shared, &in_flight, IoCompletion { tag, result, buf });
         });
@@ -194,7 +245,13 @@ impl BackendQueue for VolumeQueue {
 
     fn poll_completions(&mut self, _now: Instant, out: &mut Vec<IoCompletion>) {
         self.shared.notify.drain();
-        out.append(&mut self.shared.done.lock().unwrap_or_else(PoisonError::into_inner));
+        out.append(
+            &mut self
+                .shared
+                .done
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -206,6 +263,12 @@ impl BackendQueue for VolumeQueue {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire) + self.shared.done.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.in_flight.load(Ordering::Acquire)
+            + self
+                .shared
+                .done
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len()
     }
 }

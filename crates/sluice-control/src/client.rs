@@ -33,7 +33,10 @@ impl ControlClient {
             .timeout(CALL_TIMEOUT)
             .tcp_nodelay(true);
         let channel = endpoint.connect_lazy();
-        Ok(ControlClient { raw: Raw::with_interceptor(channel, AttachToken::new(token)), addr: addr.to_owned() })
+        Ok(ControlClient {
+            raw: Raw::with_interceptor(channel, AttachToken::new(token)),
+            addr: addr.to_owned(),
+        })
     }
 
     /// The control plane's address.
@@ -45,41 +48,100 @@ impl ControlClient {
         VolumeError::from_status(&self.addr, s)
     }
 
-    pub async fn add_drive(&self, addr: &str, nqn: &str, nsid: u32) -> Result<pb::Drive, VolumeError> {
-        let req = pb::AddDriveRequest { addr: addr.into(), nqn: nqn.into(), nsid };
-        self.raw.clone().add_drive(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+    pub async fn add_drive(
+        &self,
+        addr: &str,
+        nqn: &str,
+        nsid: u32,
+    ) -> Result<pb::Drive, VolumeError> {
+        let req = pb::AddDriveRequest {
+            addr: addr.into(),
+            nqn: nqn.into(),
+            nsid,
+        };
+        self.raw
+            .clone()
+            .add_drive(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
     pub async fn list_drives(&self) -> Result<Vec<pb::Drive>, VolumeError> {
-        self.raw.clone().list_drives(pb::ListDrivesRequest {}).await.map(|r| r.into_inner().drives).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .list_drives(pb::ListDrivesRequest {})
+            .await
+            .map(|r| r.into_inner().drives)
+            .map_err(|s| self.err(s))
     }
 
     pub async fn set_drive_state(&self, id: u32, up: bool) -> Result<pb::Drive, VolumeError> {
         let req = pb::SetDriveStateRequest { id, up };
-        self.raw.clone().set_drive_state(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .set_drive_state(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
-    pub async fn create_volume(&self, req: pb::CreateVolumeRequest) -> Result<pb::Volume, VolumeError> {
-        self.raw.clone().create_volume(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+    pub async fn create_volume(
+        &self,
+        req: pb::CreateVolumeRequest,
+    ) -> Result<pb::Volume, VolumeError> {
+        self.raw
+            .clone()
+            .create_volume(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
     pub async fn list_volumes(&self) -> Result<Vec<pb::Volume>, VolumeError> {
-        self.raw.clone().list_volumes(pb::ListVolumesRequest {}).await.map(|r| r.into_inner().volumes).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .list_volumes(pb::ListVolumesRequest {})
+            .await
+            .map(|r| r.into_inner().volumes)
+            .map_err(|s| self.err(s))
     }
 
     pub async fn open_volume(&self, name: &str) -> Result<pb::VolumeLayout, VolumeError> {
         let req = pb::VolumeName { name: name.into() };
-        self.raw.clone().open_volume(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .open_volume(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
-    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<pb::Volume, VolumeError> {
-        let req = pb::ResizeVolumeRequest { name: name.into(), size_bytes };
-        self.raw.clone().resize_volume(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+    pub async fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<pb::Volume, VolumeError> {
+        let req = pb::ResizeVolumeRequest {
+            name: name.into(),
+            size_bytes,
+        };
+        self.raw
+            .clone()
+            .resize_volume(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
     pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         let req = pb::VolumeName { name: name.into() };
-        self.raw.clone().delete_volume(req).await.map(|_| ()).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .delete_volume(req)
+            .await
+            .map(|_| ())
+            .map_err(|s| self.err(s))
     }
 
     pub async fn allocate_extent(
@@ -89,16 +151,45 @@ impl ControlClient {
         index: u64,
         epoch: u64,
     ) -> Result<pb::ExtentAllocation, VolumeError> {
-        let req = pb::AllocateExtentRequest { name: name.into(), volume_id, index, epoch };
-        self.raw.clone().allocate_extent(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+        let req = pb::AllocateExtentRequest {
+            name: name.into(),
+            volume_id,
+            index,
+            epoch,
+        };
+        self.raw
+            .clone()
+            .allocate_extent(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
-    pub async fn fail_drive(&self, id: u32, force: bool, reason: &str) -> Result<pb::FailDriveResponse, VolumeError> {
-        let req = pb::FailDriveRequest { id, force, reason: reason.into() };
-        self.raw.clone().fail_drive(req).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+    pub async fn fail_drive(
+        &self,
+        id: u32,
+        force: bool,
+        reason: &str,
+    ) -> Result<pb::FailDriveResponse, VolumeError> {
+        let req = pb::FailDriveRequest {
+            id,
+            force,
+            reason: reason.into(),
+        };
+        self.raw
+            .clone()
+            .fail_drive(req)
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 
     pub async fn status(&self) -> Result<pb::StatusResponse, VolumeError> {
-        self.raw.clone().status(pb::StatusRequest {}).await.map(|r| r.into_inner()).map_err(|s| self.err(s))
+        self.raw
+            .clone()
+            .status(pb::StatusRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.err(s))
     }
 }

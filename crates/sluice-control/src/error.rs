@@ -13,14 +13,18 @@ pub fn status_of(e: &CatalogError) -> Status {
     let code = match e {
         CatalogError::UnknownVolume(_) | CatalogError::UnknownDrive(_) => Code::NotFound,
         CatalogError::DuplicateVolume(_) | CatalogError::DuplicateDrive(_) => Code::AlreadyExists,
-        CatalogError::Shrink { .. } | CatalogError::Invalid { .. } | CatalogError::ExtentOutOfRange { .. } => {
-            Code::InvalidArgument
+        CatalogError::Shrink { .. }
+        | CatalogError::Invalid { .. }
+        | CatalogError::ExtentOutOfRange { .. } => Code::InvalidArgument,
+        CatalogError::VolumeRecreated { .. } | CatalogError::Deleting(_) => {
+            Code::FailedPrecondition
         }
-        CatalogError::VolumeRecreated { .. } | CatalogError::Deleting(_) => Code::FailedPrecondition,
         CatalogError::PoolFull(_) => Code::ResourceExhausted,
         CatalogError::Contended(_) => Code::Aborted,
         CatalogError::Store(StoreError::Unavailable(_)) => Code::Unavailable,
-        CatalogError::Store(StoreError::Corrupt { .. }) | CatalogError::Inconsistent(_) => Code::DataLoss,
+        CatalogError::Store(StoreError::Corrupt { .. }) | CatalogError::Inconsistent(_) => {
+            Code::DataLoss
+        }
         CatalogError::Store(_) => Code::Internal,
     };
     Status::new(code, e.to_string())
@@ -47,8 +51,14 @@ pub enum VolumeError {
         source: sluice_host::HostError,
     },
     /// A drive answered with another identity than the one recorded.
-    #[error("drive {drive} at {addr} is not the drive the pool recorded ({reason}); refusing its data")]
-    DriveChanged { drive: DriveId, addr: String, reason: String },
+    #[error(
+        "drive {drive} at {addr} is not the drive the pool recorded ({reason}); refusing its data"
+    )]
+    DriveChanged {
+        drive: DriveId,
+        addr: String,
+        reason: String,
+    },
     #[error(transparent)]
     Range(#[from] RangeError),
     #[error("invalid answer from the control plane: {0}")]
@@ -59,7 +69,10 @@ impl VolumeError {
     pub(crate) fn from_status(addr: &str, s: Status) -> VolumeError {
         match s.code() {
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-                VolumeError::ControlUnavailable { addr: addr.to_owned(), reason: s.message().to_owned() }
+                VolumeError::ControlUnavailable {
+                    addr: addr.to_owned(),
+                    reason: s.message().to_owned(),
+                }
             }
             Code::ResourceExhausted => VolumeError::CapacityExceeded(s.message().to_owned()),
             _ => VolumeError::Control(format!("{}: {}", code_name(s.code()), s.message())),

@@ -1,12 +1,17 @@
 //! The generated gRPC code and conversions to and from the records.
 
-#![allow(clippy::all, missing_debug_implementations, missing_docs, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::all,
+    missing_debug_implementations,
+    missing_docs,
+    clippy::cast_possible_truncation
+)]
 
 tonic::include_proto!("sluice.control.v1");
 
 use sluice_volume::{
-    DriveId, DriveRecord, DriveState, ExtentRecord, Replica as ReplicaRecord, VolumeId, VolumeRecord,
-    VolumeState,
+    DriveId, DriveRecord, DriveState, ExtentRecord, Replica as ReplicaRecord, VolumeId,
+    VolumeRecord, VolumeState,
 };
 
 impl From<&DriveRecord> for Drive {
@@ -49,14 +54,23 @@ impl Volume {
         let v = VolumeRecord {
             id: VolumeId(self.id),
             name: self.name.clone(),
-            state: if self.deleting { VolumeState::Deleting } else { VolumeState::Ready },
+            state: if self.deleting {
+                VolumeState::Deleting
+            } else {
+                VolumeState::Ready
+            },
             size_bytes: self.size_bytes,
             block_size_bytes: self.block_size_bytes,
-            replicas: u8::try_from(self.replicas).map_err(|_| format!("replicas {}", self.replicas))?,
+            replicas: u8::try_from(self.replicas)
+                .map_err(|_| format!("replicas {}", self.replicas))?,
             tenant: self.tenant.clone(),
             prefer: self.prefer.clone(),
             epoch: self.epoch,
-            extents_per_drive: self.extents_per_drive.iter().map(|(d, n)| (DriveId(*d), *n)).collect(),
+            extents_per_drive: self
+                .extents_per_drive
+                .iter()
+                .map(|(d, n)| (DriveId(*d), *n))
+                .collect(),
         };
         v.check()?;
         Ok(v)
@@ -68,7 +82,14 @@ impl From<&ExtentRecord> for Extent {
         Extent {
             volume_id: e.volume.0,
             index: e.index,
-            chain: e.chain.iter().map(|r| Replica { drive: r.drive.0, slot: r.slot }).collect(),
+            chain: e
+                .chain
+                .iter()
+                .map(|r| Replica {
+                    drive: r.drive.0,
+                    slot: r.slot,
+                })
+                .collect(),
         }
     }
 }
@@ -78,7 +99,14 @@ impl Extent {
         ExtentRecord {
             volume: VolumeId(self.volume_id),
             index: self.index,
-            chain: self.chain.iter().map(|r| ReplicaRecord { drive: DriveId(r.drive), slot: r.slot }).collect(),
+            chain: self
+                .chain
+                .iter()
+                .map(|r| ReplicaRecord {
+                    drive: DriveId(r.drive),
+                    slot: r.slot,
+                })
+                .collect(),
         }
     }
 }

@@ -32,7 +32,10 @@ pub enum Metadata {
     /// `redb:PATH`: one embedded file (the default).
     Redb(PathBuf),
     /// `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
-    Etcd { endpoints: Vec<String>, prefix: String },
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
 }
 
 impl FromStr for Metadata {
@@ -53,7 +56,9 @@ impl FromStr for Metadata {
             };
             let mut endpoints = Vec::new();
             for h in hosts.split(',') {
-                let ok = h.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                let ok = h
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
                 if !ok {
                     return Err(format!("--metadata etcd endpoint {h:?} is not HOST:PORT"));
                 }
@@ -61,7 +66,9 @@ impl FromStr for Metadata {
             }
             return Ok(Metadata::Etcd { endpoints, prefix });
         }
-        Err(format!("--metadata {s:?}: expected redb:PATH or etcd://HOST:PORT[,HOST:PORT][/PREFIX]"))
+        Err(format!(
+            "--metadata {s:?}: expected redb:PATH or etcd://HOST:PORT[,HOST:PORT][/PREFIX]"
+        ))
     }
 }
 
@@ -83,10 +90,18 @@ impl ControlConfig {
             queue_depth: 4,
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(10),
-            reconnect: sluice_host::ReconnectPolicy { attempts_max: 0, ..Default::default() },
+            reconnect: sluice_host::ReconnectPolicy {
+                attempts_max: 0,
+                ..Default::default()
+            },
             ..ConnectOptions::default()
         };
-        ControlConfig { metadata, token: None, weights: PlacementWeights::default(), probe }
+        ControlConfig {
+            metadata,
+            token: None,
+            weights: PlacementWeights::default(),
+            probe,
+        }
     }
 }
 
@@ -107,7 +122,9 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(|e| ServeError::Transport(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServeError::Transport(e.to_string()))?;
     check_listen(addr, cfg.token.as_ref()).map_err(ServeError::Config)?;
     if cfg.token.is_none() {
         tracing::warn!(%addr, "SECURITY: the control API has no token; anyone who can reach {addr} can manage volumes");
@@ -119,7 +136,9 @@ pub async fn serve(
             run(store, cfg, listener, addr, shutdown).await
         }
         Metadata::Etcd { endpoints, prefix } => {
-            let store = EtcdStore::connect(endpoints, prefix).await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+            let store = EtcdStore::connect(endpoints, prefix)
+                .await
+                .map_err(|e| ServeError::Metadata(e.to_string()))?;
             run(store, cfg, listener, addr, shutdown).await
         }
     }
@@ -132,10 +151,15 @@ async fn run<S: MetaStore>(
     addr: SocketAddr,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let summary = check_catalog(&store).await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+    let summary = check_catalog(&store)
+        .await
+        .map_err(|e| ServeError::Metadata(e.to_string()))?;
     let describe = store.describe();
     let catalog = Catalog::new(store, cfg.weights);
-    let resumed = catalog.resume_deletes().await.map_err(|e| ServeError::Metadata(e.to_string()))?;
+    let resumed = catalog
+        .resume_deletes()
+        .await
+        .map_err(|e| ServeError::Metadata(e.to_string()))?;
     for name in resumed {
         tracing::info!(volume = %name, "finished a delete interrupted by a restart");
     }
@@ -143,18 +167,27 @@ async fn run<S: MetaStore>(
         %addr, metadata = %describe, drives = summary.drives, volumes = summary.volumes,
         extents = summary.extents, revision = summary.revision, "control plane serving"
     );
-    let service = ControlService { catalog: Arc::new(catalog), probe: cfg.probe, describe };
+    let service = ControlService {
+        catalog: Arc::new(catalog),
+        probe: cfg.probe,
+        describe,
+    };
     let incoming = tokio_stream_listener(listener);
     tonic::transport::Server::builder()
         .timeout(Duration::from_secs(30))
         .concurrency_limit_per_connection(64)
-        .add_service(ControlServer::with_interceptor(service, RequireToken(cfg.token)))
+        .add_service(ControlServer::with_interceptor(
+            service,
+            RequireToken(cfg.token),
+        ))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(|e| ServeError::Transport(e.to_string()))
 }
 
-fn tokio_stream_listener(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+fn tokio_stream_listener(
+    listener: tokio::net::TcpListener,
+) -> tonic::transport::server::TcpIncoming {
     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
@@ -176,7 +209,10 @@ fn st(e: CatalogError) -> Status {
 }
 
 /// Connects to a drive once: its block size, size and NGUID.
-pub async fn probe_drive(spec: &DriveSpec, opts: &ConnectOptions) -> Result<(u32, u64, Option<String>), String> {
+pub async fn probe_drive(
+    spec: &DriveSpec,
+    opts: &ConnectOptions,
+) -> Result<(u32, u64, Option<String>), String> {
     let addr = tokio::net::lookup_host(spec.addr.as_str())
         .await
         .map_err(|e| format!("resolving {}: {e}", spec.addr))?
@@ -185,13 +221,17 @@ pub async fn probe_drive(spec: &DriveSpec, opts: &ConnectOptions) -> Result<(u32
     let ctrl = Controller::connect(addr, &spec.nqn, opts.clone())
         .await
         .map_err(|e| format!("connecting to {} {}: {e}", spec.addr, spec.nqn))?;
-    let ns = ctrl.namespace(spec.nsid).map_err(|e| format!("{} {} nsid {}: {e}", spec.addr, spec.nqn, spec.nsid));
+    let ns = ctrl
+        .namespace(spec.nsid)
+        .map_err(|e| format!("{} {} nsid {}: {e}", spec.addr, spec.nqn, spec.nsid));
     ctrl.disconnect(Duration::from_millis(100)).await;
     let ns = ns?;
     let info = ns.info();
     let nguid = info.identify.nguid;
     let nguid = (nguid != [0; 16]).then(|| nguid.iter().map(|b| format!("{b:02x}")).collect());
-    let size = info.size_blocks.saturating_mul(u64::from(info.block_size_bytes));
+    let size = info
+        .size_blocks
+        .saturating_mul(u64::from(info.block_size_bytes));
     Ok((info.block_size_bytes, size, nguid))
 }
 
@@ -199,24 +239,45 @@ pub async fn probe_drive(spec: &DriveSpec, opts: &ConnectOptions) -> Result<(u32
 impl<S: MetaStore> Control for ControlService<S> {
     async fn add_drive(&self, req: Request<pb::AddDriveRequest>) -> Answer<pb::Drive> {
         let r = req.into_inner();
-        let spec = DriveSpec { addr: r.addr, nqn: r.nqn, nsid: if r.nsid == 0 { 1 } else { r.nsid } };
+        let spec = DriveSpec {
+            addr: r.addr,
+            nqn: r.nqn,
+            nsid: if r.nsid == 0 { 1 } else { r.nsid },
+        };
         let (bs, size, nguid) = probe_drive(&spec, &self.probe)
             .await
             .map_err(|e| Status::failed_precondition(format!("cannot add drive: {e}")))?;
-        let d = self.catalog.add_drive(spec, bs, size, nguid).await.map_err(st)?;
+        let d = self
+            .catalog
+            .add_drive(spec, bs, size, nguid)
+            .await
+            .map_err(st)?;
         tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
         ok(pb::Drive::from(&d))
     }
 
-    async fn list_drives(&self, _: Request<pb::ListDrivesRequest>) -> Answer<pb::ListDrivesResponse> {
+    async fn list_drives(
+        &self,
+        _: Request<pb::ListDrivesRequest>,
+    ) -> Answer<pb::ListDrivesResponse> {
         let drives = self.catalog.drives().await.map_err(st)?;
-        ok(pb::ListDrivesResponse { drives: drives.iter().map(pb::Drive::from).collect() })
+        ok(pb::ListDrivesResponse {
+            drives: drives.iter().map(pb::Drive::from).collect(),
+        })
     }
 
     async fn set_drive_state(&self, req: Request<pb::SetDriveStateRequest>) -> Answer<pb::Drive> {
         let r = req.into_inner();
-        let state = if r.up { DriveState::Up } else { DriveState::Down };
-        let d = self.catalog.set_drive_state(DriveId(r.id), state).await.map_err(st)?;
+        let state = if r.up {
+            DriveState::Up
+        } else {
+            DriveState::Down
+        };
+        let d = self
+            .catalog
+            .set_drive_state(DriveId(r.id), state)
+            .await
+            .map_err(st)?;
         tracing::info!(drive = %d.id, ?state, "drive state changed");
         ok(pb::Drive::from(&d))
     }
@@ -226,9 +287,14 @@ impl<S: MetaStore> Control for ControlService<S> {
         let spec = VolumeSpec {
             name: r.name,
             size_bytes: r.size_bytes,
-            block_size_bytes: if r.block_size_bytes == 0 { 4096 } else { r.block_size_bytes },
-            replicas: u8::try_from(r.replicas.max(1))
-                .map_err(|_| Status::invalid_argument(format!("invalid replicas: {}", r.replicas)))?,
+            block_size_bytes: if r.block_size_bytes == 0 {
+                4096
+            } else {
+                r.block_size_bytes
+            },
+            replicas: u8::try_from(r.replicas.max(1)).map_err(|_| {
+                Status::invalid_argument(format!("invalid replicas: {}", r.replicas))
+            })?,
             tenant: r.tenant,
             prefer: r.prefer,
         };
@@ -237,13 +303,22 @@ impl<S: MetaStore> Control for ControlService<S> {
         ok(pb::Volume::from(&v))
     }
 
-    async fn list_volumes(&self, _: Request<pb::ListVolumesRequest>) -> Answer<pb::ListVolumesResponse> {
+    async fn list_volumes(
+        &self,
+        _: Request<pb::ListVolumesRequest>,
+    ) -> Answer<pb::ListVolumesResponse> {
         let vs = self.catalog.volumes().await.map_err(st)?;
-        ok(pb::ListVolumesResponse { volumes: vs.iter().map(pb::Volume::from).collect() })
+        ok(pb::ListVolumesResponse {
+            volumes: vs.iter().map(pb::Volume::from).collect(),
+        })
     }
 
     async fn open_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::VolumeLayout> {
-        let l = self.catalog.layout(&req.into_inner().name).await.map_err(st)?;
+        let l = self
+            .catalog
+            .layout(&req.into_inner().name)
+            .await
+            .map_err(st)?;
         ok(pb::VolumeLayout {
             volume: Some(pb::Volume::from(&l.volume)),
             extents: l.extents.iter().map(pb::Extent::from).collect(),
@@ -253,21 +328,35 @@ impl<S: MetaStore> Control for ControlService<S> {
 
     async fn resize_volume(&self, req: Request<pb::ResizeVolumeRequest>) -> Answer<pb::Volume> {
         let r = req.into_inner();
-        let v = self.catalog.resize_volume(&r.name, r.size_bytes).await.map_err(st)?;
+        let v = self
+            .catalog
+            .resize_volume(&r.name, r.size_bytes)
+            .await
+            .map_err(st)?;
         tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume resized");
         ok(pb::Volume::from(&v))
     }
 
-    async fn delete_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::DeleteVolumeResponse> {
+    async fn delete_volume(
+        &self,
+        req: Request<pb::VolumeName>,
+    ) -> Answer<pb::DeleteVolumeResponse> {
         let name = req.into_inner().name;
         self.catalog.delete_volume(&name).await.map_err(st)?;
         tracing::info!(volume = %name, "volume deleted");
         ok(pb::DeleteVolumeResponse {})
     }
 
-    async fn allocate_extent(&self, req: Request<pb::AllocateExtentRequest>) -> Answer<pb::ExtentAllocation> {
+    async fn allocate_extent(
+        &self,
+        req: Request<pb::AllocateExtentRequest>,
+    ) -> Answer<pb::ExtentAllocation> {
         let r = req.into_inner();
-        let a = self.catalog.allocate(&r.name, VolumeId(r.volume_id), r.index).await.map_err(st)?;
+        let a = self
+            .catalog
+            .allocate(&r.name, VolumeId(r.volume_id), r.index)
+            .await
+            .map_err(st)?;
         ok(pb::ExtentAllocation {
             extent: Some(pb::Extent::from(&a.extent)),
             volume: Some(pb::Volume::from(&a.volume)),
@@ -275,8 +364,13 @@ impl<S: MetaStore> Control for ControlService<S> {
         })
     }
 
-    async fn fail_drive(&self, req: Request<pb::FailDriveRequest>) -> Answer<pb::FailDriveResponse> {
-        let peer = req.remote_addr().map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    async fn fail_drive(
+        &self,
+        req: Request<pb::FailDriveRequest>,
+    ) -> Answer<pb::FailDriveResponse> {
+        let peer = req
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
         let r = req.into_inner();
         let id = DriveId(r.id);
         let drive = self
@@ -298,7 +392,11 @@ impl<S: MetaStore> Control for ControlService<S> {
         let n = self.catalog.fail_drive(id).await.map_err(st)?;
         tracing::warn!(drive = %id, spec = %drive.spec, %peer, reason = %r.reason, chains_shortened = n,
             "drive failed: taken out of service and out of every replicated chain");
-        ok(pb::FailDriveResponse { failed: true, chains_shortened: n, detail: format!("{n} chain(s) shortened") })
+        ok(pb::FailDriveResponse {
+            failed: true,
+            chains_shortened: n,
+            detail: format!("{n} chain(s) shortened"),
+        })
     }
 
     async fn status(&self, _: Request<pb::StatusRequest>) -> Answer<pb::StatusResponse> {
@@ -322,7 +420,10 @@ mod tests {
 
     #[test]
     fn metadata_urls_parse_or_name_the_problem() {
-        assert_eq!("redb:/tmp/m.redb".parse(), Ok(Metadata::Redb("/tmp/m.redb".into())));
+        assert_eq!(
+            "redb:/tmp/m.redb".parse(),
+            Ok(Metadata::Redb("/tmp/m.redb".into()))
+        );
         assert_eq!(
             "etcd://10.0.0.1:2379,10.0.0.2:2379/prod".parse(),
             Ok(Metadata::Etcd {
@@ -331,7 +432,9 @@ mod tests {
             })
         );
         assert_eq!(
-            "etcd://h:2379".parse::<Metadata>().map(|m| matches!(m, Metadata::Etcd { prefix, .. } if prefix == "/sluice/")),
+            "etcd://h:2379"
+                .parse::<Metadata>()
+                .map(|m| matches!(m, Metadata::Etcd { prefix, .. } if prefix == "/sluice/")),
             Ok(true)
         );
         for bad in ["redb:", "etcd://h", "etcd://:1", "mysql://x", ""] {

@@ -51,7 +51,10 @@ pub struct DrivePool {
 
 impl DrivePool {
     pub fn new(opts: ConnectOptions) -> Arc<DrivePool> {
-        Arc::new(DrivePool { opts, conns: tokio::sync::Mutex::new(HashMap::new()) })
+        Arc::new(DrivePool {
+            opts,
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+        })
     }
 
     /// Associations open.
@@ -75,7 +78,10 @@ impl DrivePool {
                         .and_then(|mut a| a.next())
                         .ok_or_else(|| VolumeError::Drive {
                             drive: id,
-                            source: sluice_host::HostError::Transport(format!("{} does not resolve", drive.addr)),
+                            source: sluice_host::HostError::Transport(format!(
+                                "{} does not resolve",
+                                drive.addr
+                            )),
                         })?;
                     let c = Controller::connect(addr, &drive.nqn, self.opts.clone())
                         .await
@@ -85,8 +91,14 @@ impl DrivePool {
                 }
             }
         };
-        let ns = ctrl.namespace(drive.nsid).map_err(|source| VolumeError::Drive { drive: id, source })?;
-        let changed = |reason: String| VolumeError::DriveChanged { drive: id, addr: drive.addr.clone(), reason };
+        let ns = ctrl
+            .namespace(drive.nsid)
+            .map_err(|source| VolumeError::Drive { drive: id, source })?;
+        let changed = |reason: String| VolumeError::DriveChanged {
+            drive: id,
+            addr: drive.addr.clone(),
+            reason,
+        };
         if ns.block_size_bytes() != drive.block_size_bytes {
             return Err(changed(format!(
                 "block size {} where {} was recorded",
@@ -94,12 +106,23 @@ impl DrivePool {
                 drive.block_size_bytes
             )));
         }
-        let size = ns.size_blocks().saturating_mul(u64::from(ns.block_size_bytes()));
+        let size = ns
+            .size_blocks()
+            .saturating_mul(u64::from(ns.block_size_bytes()));
         if size < drive.slots_total * sluice_volume::EXTENT_BYTES {
-            return Err(changed(format!("{size} bytes, smaller than the {} extents recorded", drive.slots_total)));
+            return Err(changed(format!(
+                "{size} bytes, smaller than the {} extents recorded",
+                drive.slots_total
+            )));
         }
         if let Some(want) = &drive.nguid {
-            let got: String = ns.info().identify.nguid.iter().map(|b| format!("{b:02x}")).collect();
+            let got: String = ns
+                .info()
+                .identify
+                .nguid
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
             if *want != got {
                 return Err(changed(format!("NGUID {got} where {want} was recorded")));
             }
@@ -113,7 +136,8 @@ impl DrivePool {
 fn unreachable_drive(e: &VolumeError) -> bool {
     match e {
         VolumeError::Drive { source, .. } => {
-            source.is_fatal_for_connection() || matches!(source, sluice_host::HostError::Timeout { .. })
+            source.is_fatal_for_connection()
+                || matches!(source, sluice_host::HostError::Timeout { .. })
         }
         _ => false,
     }
@@ -145,11 +169,17 @@ fn bad(e: impl std::fmt::Display) -> VolumeError {
 
 impl Volume {
     /// Opens `name`: fetches its map from the control plane.
-    pub async fn open(control: ControlClient, pool: Arc<DrivePool>, name: &str) -> Result<Volume, VolumeError> {
+    pub async fn open(
+        control: ControlClient,
+        pool: Arc<DrivePool>,
+        name: &str,
+    ) -> Result<Volume, VolumeError> {
         let layout = control.open_volume(name).await?;
         let (map, drives) = Self::decode_layout(layout)?;
         if map.volume().state != sluice_volume::VolumeState::Ready {
-            return Err(VolumeError::Control(format!("volume {name:?} is being deleted")));
+            return Err(VolumeError::Control(format!(
+                "volume {name:?} is being deleted"
+            )));
         }
         Ok(Volume {
             name: name.to_owned(),
@@ -162,9 +192,16 @@ impl Volume {
         })
     }
 
-    fn decode_layout(l: pb::VolumeLayout) -> Result<(VolumeMap, HashMap<DriveId, pb::Drive>), VolumeError> {
-        let v = l.volume.ok_or_else(|| bad("layout without a volume"))?.to_record().map_err(bad)?;
-        let map = VolumeMap::from_records(v, l.extents.iter().map(pb::Extent::to_record)).map_err(bad)?;
+    fn decode_layout(
+        l: pb::VolumeLayout,
+    ) -> Result<(VolumeMap, HashMap<DriveId, pb::Drive>), VolumeError> {
+        let v = l
+            .volume
+            .ok_or_else(|| bad("layout without a volume"))?
+            .to_record()
+            .map_err(bad)?;
+        let map =
+            VolumeMap::from_records(v, l.extents.iter().map(pb::Extent::to_record)).map_err(bad)?;
         let drives = l.drives.into_iter().map(|d| (DriveId(d.id), d)).collect();
         Ok((map, drives))
     }
@@ -216,7 +253,10 @@ impl Volume {
         if let Some(ns) = self.namespaces.read().await.get(&id) {
             return Ok(ns.clone());
         }
-        let drive = read(&self.drives).get(&id).cloned().ok_or_else(|| bad(format!("chain names unknown drive {id}")))?;
+        let drive = read(&self.drives)
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| bad(format!("chain names unknown drive {id}")))?;
         let ns = self.pool.namespace(&drive).await?;
         self.namespaces.write().await.insert(id, ns.clone());
         Ok(ns)
@@ -224,8 +264,15 @@ impl Volume {
 
     /// Plans a byte range, refetching the volume once if the range runs past
     /// the cached size (it may have grown online).
-    async fn pieces(&self, offset: u64, len: u64) -> Result<Vec<sluice_volume::Piece>, VolumeError> {
-        let plan = |m: &VolumeMap| m.plan(offset, len, PIECE_BYTES_MAX).map(Iterator::collect::<Vec<_>>);
+    async fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<sluice_volume::Piece>, VolumeError> {
+        let plan = |m: &VolumeMap| {
+            m.plan(offset, len, PIECE_BYTES_MAX)
+                .map(Iterator::collect::<Vec<_>>)
+        };
         let first = plan(&read(&self.map));
         match first {
             Ok(p) => Ok(p),
@@ -267,9 +314,17 @@ impl Volume {
                 Err(e) => return Err(e),
             }
         };
-        self.allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let v = answer.volume.ok_or_else(|| bad("allocation without a volume"))?.to_record().map_err(bad)?;
-        let extent = answer.extent.ok_or_else(|| bad("allocation without an extent"))?.to_record();
+        self.allocations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let v = answer
+            .volume
+            .ok_or_else(|| bad("allocation without a volume"))?
+            .to_record()
+            .map_err(bad)?;
+        let extent = answer
+            .extent
+            .ok_or_else(|| bad("allocation without an extent"))?
+            .to_record();
         write(&self.drives).extend(answer.drives.into_iter().map(|d| (DriveId(d.id), d)));
         if v.epoch > epoch {
             // Chains changed since the map was fetched: refetch all of it.
@@ -283,7 +338,12 @@ impl Volume {
     }
 
     /// Reads `len_bytes` at block `lba`.
-    pub async fn read(&self, lba: u64, len_bytes: usize, flags: IoFlags) -> Result<Vec<u8>, VolumeError> {
+    pub async fn read(
+        &self,
+        lba: u64,
+        len_bytes: usize,
+        flags: IoFlags,
+    ) -> Result<Vec<u8>, VolumeError> {
         let bs = u64::from(self.block_size_bytes());
         let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
         let pieces = self.pieces(offset, len_bytes as u64).await?;
@@ -299,12 +359,19 @@ impl Volume {
         Ok(out)
     }
 
-    async fn read_piece(&self, p: &sluice_volume::Piece, flags: IoFlags) -> Result<Vec<u8>, VolumeError> {
+    async fn read_piece(
+        &self,
+        p: &sluice_volume::Piece,
+        flags: IoFlags,
+    ) -> Result<Vec<u8>, VolumeError> {
         let len = usize::try_from(p.len_bytes).map_err(bad)?;
         let PieceTarget::Mapped { extent } = p.target else {
             return Ok(vec![0u8; len]);
         };
-        let chain = read(&self.map).chain(extent).cloned().ok_or_else(|| bad("mapped piece without a chain"))?;
+        let chain = read(&self.map)
+            .chain(extent)
+            .cloned()
+            .ok_or_else(|| bad("mapped piece without a chain"))?;
         // The tail holds only acknowledged writes. When it cannot be
         // reached, its predecessors hold every acknowledged write too (a
         // write reaches the tail last), so they serve the read.
@@ -313,7 +380,12 @@ impl Volume {
             let r = async {
                 let ns = self.namespace(replica.drive).await?;
                 let lba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
-                ns.read(lba, len, flags).await.map_err(|source| VolumeError::Drive { drive: replica.drive, source })
+                ns.read(lba, len, flags)
+                    .await
+                    .map_err(|source| VolumeError::Drive {
+                        drive: replica.drive,
+                        source,
+                    })
             }
             .await;
             match r {
@@ -354,7 +426,13 @@ impl Volume {
         }
     }
 
-    async fn write_once(&self, offset: u64, len: u64, data: &[u8], flags: IoFlags) -> Result<(), VolumeError> {
+    async fn write_once(
+        &self,
+        offset: u64,
+        len: u64,
+        data: &[u8],
+        flags: IoFlags,
+    ) -> Result<(), VolumeError> {
         let mut pieces = self.pieces(offset, len).await?;
         loop {
             // Not `while let`: its guard would live across the await below.
@@ -364,28 +442,43 @@ impl Volume {
             // Safe to loop: each fault allocates (or learns) one extent.
             pieces = self.pieces(offset, len).await?;
             if read(&self.map).chain(fault.index).is_none() {
-                return Err(bad(format!("extent {} still unallocated after allocation", fault.index)));
+                return Err(bad(format!(
+                    "extent {} still unallocated after allocation",
+                    fault.index
+                )));
             }
         }
         for p in &pieces {
             let PieceTarget::Mapped { extent } = p.target else {
                 return Err(bad("an unallocated piece after allocation"));
             };
-            let chain = read(&self.map).chain(extent).cloned().ok_or_else(|| bad("mapped piece without a chain"))?;
+            let chain = read(&self.map)
+                .chain(extent)
+                .cloned()
+                .ok_or_else(|| bad("mapped piece without a chain"))?;
             let at = usize::try_from(p.buf_offset).map_err(bad)?;
             let bytes = &data[at..at + usize::try_from(p.len_bytes).map_err(bad)?];
             // Head first, tail last: acknowledged once the tail has it.
             for replica in &chain {
                 let ns = self.namespace(replica.drive).await?;
                 let dlba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
-                ns.write(dlba, bytes, flags).await.map_err(|source| VolumeError::Drive { drive: replica.drive, source })?;
+                ns.write(dlba, bytes, flags)
+                    .await
+                    .map_err(|source| VolumeError::Drive {
+                        drive: replica.drive,
+                        source,
+                    })?;
             }
         }
         Ok(())
     }
 
     /// A replica could not be reached: report it and refetch the map.
-    async fn drive_unreachable(&self, drive: DriveId, e: &sluice_host::HostError) -> Result<(), VolumeError> {
+    async fn drive_unreachable(
+        &self,
+        drive: DriveId,
+        e: &sluice_host::HostError,
+    ) -> Result<(), VolumeError> {
         tracing::warn!(volume = %self.name, %drive, error = %e, "replica unreachable; reporting it to the control plane");
         self.namespaces.write().await.remove(&drive);
         let reason = format!("volume {:?}: {e}", self.name);
@@ -396,10 +489,17 @@ impl Volume {
 
     /// Flushes every drive the volume has written to.
     pub async fn flush(&self) -> Result<(), VolumeError> {
-        let nss: Vec<(DriveId, Namespace)> =
-            self.namespaces.read().await.iter().map(|(d, n)| (*d, n.clone())).collect();
+        let nss: Vec<(DriveId, Namespace)> = self
+            .namespaces
+            .read()
+            .await
+            .iter()
+            .map(|(d, n)| (*d, n.clone()))
+            .collect();
         for (drive, ns) in nss {
-            ns.flush().await.map_err(|source| VolumeError::Drive { drive, source })?;
+            ns.flush()
+                .await
+                .map_err(|source| VolumeError::Drive { drive, source })?;
         }
         Ok(())
     }

@@ -1,7 +1,11 @@
 //! Elastic volumes end to end: real Sluice targets (RAM namespaces) as the
 //! drives, `sluice control` on redb (and etcd), and the volume client doing
 //! I/O straight to the drives.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,8 +39,14 @@ impl Drives {
             .with_workers(1)
             .with_polling(PollingPolicy::Interrupt)
             .with_shutdown_drain_ms(200);
-        let c = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
-        Drives { handle: Some(Target::start(&c).unwrap()) }
+        let c = Config::default()
+            .with_target(settings)
+            .with_subsystem(sub)
+            .validated()
+            .unwrap();
+        Drives {
+            handle: Some(Target::start(&c).unwrap()),
+        }
     }
 
     fn addr(&self) -> String {
@@ -65,7 +75,9 @@ struct ControlPlane {
 
 impl ControlPlane {
     async fn start(metadata: Metadata, token: Option<BearerToken>, port: u16) -> ControlPlane {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let mut cfg = ControlConfig::new(metadata);
         cfg.token = token;
@@ -73,7 +85,11 @@ impl ControlPlane {
         let task = tokio::spawn(sluice_control::serve(cfg, listener, async move {
             let _ = rx.await;
         }));
-        ControlPlane { addr, stop: Some(tx), task: Some(task) }
+        ControlPlane {
+            addr,
+            stop: Some(tx),
+            task: Some(task),
+        }
     }
 
     async fn stop(&mut self) {
@@ -91,11 +107,16 @@ impl ControlPlane {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8).collect()
+    (0..len)
+        .map(|i| ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
+        .collect()
 }
 
 fn host_opts() -> ConnectOptions {
-    ConnectOptions { hostnqn: "nqn.2026-11.io.sluice:test-client".into(), ..ConnectOptions::default() }
+    ConnectOptions {
+        hostnqn: "nqn.2026-11.io.sluice:test-client".into(),
+        ..ConnectOptions::default()
+    }
 }
 
 async fn add_all(c: &ControlClient, targets: &[&Drives]) {
@@ -109,9 +130,18 @@ async fn add_all(c: &ControlClient, targets: &[&Drives]) {
 /// Reads `len` bytes at byte `offset` of a drive directly, bypassing the
 /// volume: proof of where the data went.
 async fn read_drive(d: &pb::Drive, offset: u64, len: usize) -> Vec<u8> {
-    let ctrl = Controller::connect(d.addr.parse().unwrap(), &d.nqn, host_opts()).await.unwrap();
+    let ctrl = Controller::connect(d.addr.parse().unwrap(), &d.nqn, host_opts())
+        .await
+        .unwrap();
     let ns = ctrl.namespace(d.nsid).unwrap();
-    let data = ns.read(offset / u64::from(d.block_size_bytes), len, IoFlags::default()).await.unwrap();
+    let data = ns
+        .read(
+            offset / u64::from(d.block_size_bytes),
+            len,
+            IoFlags::default(),
+        )
+        .await
+        .unwrap();
     ctrl.disconnect(Duration::from_millis(50)).await;
     data
 }
@@ -126,7 +156,12 @@ async fn volume_round_trip(metadata: Metadata) {
     assert_eq!(drives.len(), 4);
     assert_eq!(drives.iter().map(|d| d.slots_total).sum::<u64>(), 64);
 
-    let req = pb::CreateVolumeRequest { name: "data".into(), size_bytes: 40 * MIB, replicas: 1, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "data".into(),
+        size_bytes: 40 * MIB,
+        replicas: 1,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
     let pool = DrivePool::new(host_opts());
     let v = Volume::open(c.clone(), pool.clone(), "data").await.unwrap();
@@ -134,7 +169,10 @@ async fn volume_round_trip(metadata: Metadata) {
     assert_eq!(v.size_blocks(), 40 * MIB / 4096);
 
     // Unallocated reads are zeros and allocate nothing.
-    assert_eq!(v.read(0, 1 << 20, IoFlags::default()).await.unwrap(), vec![0u8; 1 << 20]);
+    assert_eq!(
+        v.read(0, 1 << 20, IoFlags::default()).await.unwrap(),
+        vec![0u8; 1 << 20]
+    );
     assert_eq!(v.allocations(), 0);
     assert_eq!(c.open_volume("data").await.unwrap().extents.len(), 0);
 
@@ -142,41 +180,69 @@ async fn volume_round_trip(metadata: Metadata) {
     let data = pattern(1, 7 << 20);
     v.write(256, &data, IoFlags::default()).await.unwrap();
     assert_eq!(v.allocations(), 4);
-    assert_eq!(v.read(256, 7 << 20, IoFlags::default()).await.unwrap(), data);
+    assert_eq!(
+        v.read(256, 7 << 20, IoFlags::default()).await.unwrap(),
+        data
+    );
     // Around the written range: still zeros.
-    assert_eq!(v.read(0, 1 << 20, IoFlags::default()).await.unwrap(), vec![0u8; 1 << 20]);
+    assert_eq!(
+        v.read(0, 1 << 20, IoFlags::default()).await.unwrap(),
+        vec![0u8; 1 << 20]
+    );
     // A 4 KiB write straddling nothing, into an allocated extent: no fault.
-    v.write(300, &pattern(2, 4096), IoFlags::default()).await.unwrap();
+    v.write(300, &pattern(2, 4096), IoFlags::default())
+        .await
+        .unwrap();
     assert_eq!(v.allocations(), 4);
 
     // The layout spreads the four extents over the four drives, and each
     // piece is on its drive where the map says.
     let layout = c.open_volume("data").await.unwrap();
     assert_eq!(layout.extents.len(), 4);
-    let used: std::collections::BTreeSet<u32> = layout.extents.iter().map(|e| e.chain[0].drive).collect();
+    let used: std::collections::BTreeSet<u32> =
+        layout.extents.iter().map(|e| e.chain[0].drive).collect();
     assert_eq!(used.len(), 4, "{layout:?}");
     let e1 = layout.extents.iter().find(|e| e.index == 1).unwrap();
-    let d1 = layout.drives.iter().find(|d| d.id == e1.chain[0].drive).unwrap();
+    let d1 = layout
+        .drives
+        .iter()
+        .find(|d| d.id == e1.chain[0].drive)
+        .unwrap();
     let direct = read_drive(d1, e1.chain[0].slot * EXTENT_BYTES, 4096).await;
     // Extent 1 starts 1 MiB into `data`.
     assert_eq!(direct, data[(1 << 20)..(1 << 20) + 4096]);
 
     // A second client sees the same data; both share nothing but the pool.
     let v2 = Volume::open(c.clone(), pool.clone(), "data").await.unwrap();
-    assert_eq!(v2.read(256 + 1024, 4096, IoFlags::default()).await.unwrap(), data[4 << 20..(4 << 20) + 4096]);
+    assert_eq!(
+        v2.read(256 + 1024, 4096, IoFlags::default()).await.unwrap(),
+        data[4 << 20..(4 << 20) + 4096]
+    );
     // Two targets, one subsystem each: two associations for both volumes.
     assert_eq!(pool.connections().await, 2);
 
     // Online growth: a write past the old end is seen after a refetch.
     c.resize_volume("data", 48 * MIB).await.unwrap();
-    v.write((44 * MIB) / 4096, &pattern(3, 8192), IoFlags::default()).await.unwrap();
-    assert_eq!(v.read((44 * MIB) / 4096, 8192, IoFlags::default()).await.unwrap(), pattern(3, 8192));
+    v.write((44 * MIB) / 4096, &pattern(3, 8192), IoFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        v.read((44 * MIB) / 4096, 8192, IoFlags::default())
+            .await
+            .unwrap(),
+        pattern(3, 8192)
+    );
 
     // Delete frees every extent.
     c.delete_volume("data").await.unwrap();
     let status = c.status().await.unwrap();
     assert_eq!((status.volumes, status.slots_reserved), (0, 0));
-    assert!(c.list_drives().await.unwrap().iter().all(|d| d.slots_used == 0));
+    assert!(c
+        .list_drives()
+        .await
+        .unwrap()
+        .iter()
+        .all(|d| d.slots_used == 0));
     cp.stop().await;
 }
 
@@ -188,7 +254,9 @@ async fn volume_data_round_trips_over_extents_on_two_targets_redb() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volume_data_round_trips_over_extents_on_two_targets_etcd() {
-    let Some(server) = EtcdServer::start_or_skip("volume_round_trip_etcd") else { return };
+    let Some(server) = EtcdServer::start_or_skip("volume_round_trip_etcd") else {
+        return;
+    };
     let hostport = server.endpoint.trim_start_matches("http://").to_owned();
     volume_round_trip(format!("etcd://{hostport}/e2e").parse().unwrap()).await;
 }
@@ -201,9 +269,16 @@ async fn replicated_writes_reach_every_replica_in_chain_order() {
     let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest { name: "r2".into(), size_bytes: 8 * MIB, replicas: 2, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "r2".into(),
+        size_bytes: 8 * MIB,
+        replicas: 2,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
-    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "r2").await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "r2")
+        .await
+        .unwrap();
     let data = pattern(9, 3 << 20);
     v.write(0, &data, IoFlags::default()).await.unwrap();
     let layout = c.open_volume("r2").await.unwrap();
@@ -213,14 +288,28 @@ async fn replicated_writes_reach_every_replica_in_chain_order() {
         let targets: std::collections::BTreeSet<&str> = e
             .chain
             .iter()
-            .map(|r| layout.drives.iter().find(|d| d.id == r.drive).unwrap().addr.as_str())
+            .map(|r| {
+                layout
+                    .drives
+                    .iter()
+                    .find(|d| d.id == r.drive)
+                    .unwrap()
+                    .addr
+                    .as_str()
+            })
             .collect();
         assert_eq!(targets.len(), 2, "replicas on distinct targets");
         for r in &e.chain {
             let d = layout.drives.iter().find(|d| d.id == r.drive).unwrap();
             let got = read_drive(d, r.slot * EXTENT_BYTES, 65536).await;
             let at = usize::try_from(e.index * EXTENT_BYTES).unwrap();
-            assert_eq!(got, data[at..at + 65536], "replica on drive {} of extent {}", r.drive, e.index);
+            assert_eq!(
+                got,
+                data[at..at + 65536],
+                "replica on drive {} of extent {}",
+                r.drive,
+                e.index
+            );
         }
     }
     cp.stop().await;
@@ -235,24 +324,47 @@ async fn io_to_allocated_extents_continues_while_the_control_plane_is_down() {
     let port = cp.port();
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1]).await;
-    let req = pb::CreateVolumeRequest { name: "v".into(), size_bytes: 16 * MIB, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "v".into(),
+        size_bytes: 16 * MIB,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
-    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
-    v.write(0, &pattern(4, 1 << 20), IoFlags::default()).await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v")
+        .await
+        .unwrap();
+    v.write(0, &pattern(4, 1 << 20), IoFlags::default())
+        .await
+        .unwrap();
 
     cp.stop().await;
     // Allocated: reads and writes go straight to the drive.
-    v.write(16, &pattern(5, 65536), IoFlags::default()).await.unwrap();
-    assert_eq!(v.read(16, 65536, IoFlags::default()).await.unwrap(), pattern(5, 65536));
+    v.write(16, &pattern(5, 65536), IoFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        v.read(16, 65536, IoFlags::default()).await.unwrap(),
+        pattern(5, 65536)
+    );
     // Unallocated: a clear error after the retries.
-    let e = v.write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default()).await.unwrap_err();
+    let e = v
+        .write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default())
+        .await
+        .unwrap_err();
     assert!(matches!(e, VolumeError::ControlUnavailable { .. }), "{e}");
     assert!(e.to_string().contains("extent 4"), "{e}");
 
     // The control plane comes back on the same port and file: the retry works.
     let mut cp = ControlPlane::start(meta, None, port).await;
-    v.write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default()).await.unwrap();
-    assert_eq!(v.read((8 * MIB) / 4096, 4096, IoFlags::default()).await.unwrap(), pattern(6, 4096));
+    v.write((8 * MIB) / 4096, &pattern(6, 4096), IoFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        v.read((8 * MIB) / 4096, 4096, IoFlags::default())
+            .await
+            .unwrap(),
+        pattern(6, 4096)
+    );
     cp.stop().await;
 }
 
@@ -261,10 +373,15 @@ async fn bad_requests_get_clear_errors() {
     let t1 = Drives::start();
     let dir = tempfile::tempdir().unwrap();
     let token = BearerToken::new("s3cret-token");
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), token.clone(), 0).await;
+    let mut cp =
+        ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), token.clone(), 0).await;
     // No token, wrong token: refused.
     for t in [None, BearerToken::new("wrong")] {
-        let e = ControlClient::new(&cp.addr, t.as_ref()).unwrap().status().await.unwrap_err();
+        let e = ControlClient::new(&cp.addr, t.as_ref())
+            .unwrap()
+            .status()
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("unauthenticated"), "{e}");
     }
     let c = ControlClient::new(&cp.addr, token.as_ref()).unwrap();
@@ -296,10 +413,14 @@ async fn bad_requests_get_clear_errors() {
     assert!(e.to_string().contains("not shrink"), "{e}");
     let e = c.open_volume("nope").await.unwrap_err();
     assert!(e.to_string().contains("not found"), "{e}");
-    let e = Volume::open(c.clone(), DrivePool::new(host_opts()), "nope").await.unwrap_err();
+    let e = Volume::open(c.clone(), DrivePool::new(host_opts()), "nope")
+        .await
+        .unwrap_err();
     assert!(e.to_string().contains("no volume named"), "{e}");
     // I/O outside the volume or unaligned.
-    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "a").await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "a")
+        .await
+        .unwrap();
     assert!(v.read(2048, 4096, IoFlags::default()).await.is_err());
     assert!(v.write(0, &[0u8; 100], IoFlags::default()).await.is_err());
     cp.stop().await;
@@ -312,12 +433,20 @@ async fn a_drive_that_comes_back_different_is_refused() {
     let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1]).await;
-    let req = pb::CreateVolumeRequest { name: "v".into(), size_bytes: 8 * MIB, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "v".into(),
+        size_bytes: 8 * MIB,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
     let addr = t1.addr();
     {
-        let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
-        v.write(0, &pattern(7, 8192), IoFlags::default()).await.unwrap();
+        let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v")
+            .await
+            .unwrap();
+        v.write(0, &pattern(7, 8192), IoFlags::default())
+            .await
+            .unwrap();
     }
     // The target restarts on the same address with the same configuration:
     // its RAM namespaces come back empty, under new NGUIDs. The volume must
@@ -332,9 +461,15 @@ async fn a_drive_that_comes_back_different_is_refused() {
         .with_discovery_listen(None)
         .with_workers(1)
         .with_polling(PollingPolicy::Interrupt);
-    let cfg = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
+    let cfg = Config::default()
+        .with_target(settings)
+        .with_subsystem(sub)
+        .validated()
+        .unwrap();
     let h = Target::start(&cfg).unwrap();
-    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v").await.unwrap();
+    let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v")
+        .await
+        .unwrap();
     let e = v.read(0, 8192, IoFlags::default()).await.unwrap_err();
     assert!(matches!(e, VolumeError::DriveChanged { .. }), "{e}");
     assert!(e.to_string().contains("NGUID"), "{e}");
@@ -351,17 +486,31 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
     let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest { name: "r".into(), size_bytes: 16 * MIB, replicas: 2, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "r".into(),
+        size_bytes: 16 * MIB,
+        replicas: 2,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
     let opts = ConnectOptions {
-        reconnect: sluice_host::ReconnectPolicy { attempts_max: 1, ..Default::default() },
+        reconnect: sluice_host::ReconnectPolicy {
+            attempts_max: 1,
+            ..Default::default()
+        },
         command_timeout: Duration::from_secs(5),
         ..host_opts()
     };
-    let v = Arc::new(Volume::open(c.clone(), DrivePool::new(opts), "r").await.unwrap());
+    let v = Arc::new(
+        Volume::open(c.clone(), DrivePool::new(opts), "r")
+            .await
+            .unwrap(),
+    );
     // A writer: 64 KiB blocks round the volume, generation in the pattern;
     // only acknowledged writes are recorded.
-    let acked = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<u64, u64>::new()));
+    let acked = Arc::new(std::sync::Mutex::new(
+        std::collections::BTreeMap::<u64, u64>::new(),
+    ));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (v, acked, stop) = (v.clone(), acked.clone(), stop.clone());
@@ -371,7 +520,9 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
                 generation += 1;
                 let slot = (generation * 7) % 256;
                 let data = pattern(generation, 65536);
-                v.write(slot * 16, &data, IoFlags::default()).await.expect("writes keep succeeding");
+                v.write(slot * 16, &data, IoFlags::default())
+                    .await
+                    .expect("writes keep succeeding");
                 acked.lock().unwrap().insert(slot, generation);
             }
             generation
@@ -381,7 +532,12 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
     t2.stop();
     tokio::time::sleep(Duration::from_millis(700)).await;
     // Reads during the degraded run are right.
-    let snapshot: Vec<(u64, u64)> = acked.lock().unwrap().iter().map(|(s, g)| (*s, *g)).collect();
+    let snapshot: Vec<(u64, u64)> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, g)| (*s, *g))
+        .collect();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let generations = writer.await.unwrap();
     assert!(generations > 20, "the writer made progress: {generations}");
@@ -390,9 +546,18 @@ async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledg
         assert!(now >= *generation);
     }
     // Every acknowledged write reads back.
-    let all: Vec<(u64, u64)> = acked.lock().unwrap().iter().map(|(s, g)| (*s, *g)).collect();
+    let all: Vec<(u64, u64)> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(s, g)| (*s, *g))
+        .collect();
     for (slot, generation) in &all {
-        assert_eq!(v.read(slot * 16, 65536, IoFlags::default()).await.unwrap(), pattern(*generation, 65536), "slot {slot}");
+        assert_eq!(
+            v.read(slot * 16, 65536, IoFlags::default()).await.unwrap(),
+            pattern(*generation, 65536),
+            "slot {slot}"
+        );
     }
     // The dead target's drives are down and in no chain.
     let drives = c.list_drives().await.unwrap();
@@ -416,7 +581,8 @@ impl sluice_target::VolumeOpener for Opener {
         control: &str,
         _token: Option<&std::path::Path>,
     ) -> Result<Arc<dyn sluice_backend::Backend>, String> {
-        let b = sluice_control::backend::VolumeBackend::open(name, control, None, host_opts()).map_err(|e| e.to_string())?;
+        let b = sluice_control::backend::VolumeBackend::open(name, control, None, host_opts())
+            .map_err(|e| e.to_string())?;
         Ok(Arc::new(b))
     }
 }
@@ -429,7 +595,12 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
     let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest { name: "exported".into(), size_bytes: 24 * MIB, replicas: 2, ..Default::default() };
+    let req = pb::CreateVolumeRequest {
+        name: "exported".into(),
+        size_bytes: 24 * MIB,
+        replicas: 2,
+        ..Default::default()
+    };
     c.create_volume(req).await.unwrap();
     // The exporting target: one namespace, backend = "volume".
     let front_nqn = "nqn.2026-11.io.sluice:front";
@@ -441,16 +612,34 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
         .with_discovery_listen(None)
         .with_workers(2)
         .with_polling(PollingPolicy::Interrupt);
-    let cfg = Config::default().with_target(settings).with_subsystem(sub).validated().unwrap();
-    let front = tokio::task::spawn_blocking(move || Target::start_with(&cfg, &Opener)).await.unwrap().unwrap();
+    let cfg = Config::default()
+        .with_target(settings)
+        .with_subsystem(sub)
+        .validated()
+        .unwrap();
+    let front = tokio::task::spawn_blocking(move || Target::start_with(&cfg, &Opener))
+        .await
+        .unwrap()
+        .unwrap();
     // A plain NVMe/TCP host sees one 24 MiB namespace of 4 KiB blocks.
-    let ctrl = Controller::connect(front.local_addr(), front_nqn, host_opts()).await.unwrap();
+    let ctrl = Controller::connect(front.local_addr(), front_nqn, host_opts())
+        .await
+        .unwrap();
     let ns = ctrl.namespace(1).unwrap();
-    assert_eq!((ns.block_size_bytes(), ns.size_blocks()), (4096, 24 * MIB / 4096));
-    assert_eq!(ns.read(0, 65536, IoFlags::default()).await.unwrap(), vec![0u8; 65536]);
+    assert_eq!(
+        (ns.block_size_bytes(), ns.size_blocks()),
+        (4096, 24 * MIB / 4096)
+    );
+    assert_eq!(
+        ns.read(0, 65536, IoFlags::default()).await.unwrap(),
+        vec![0u8; 65536]
+    );
     let data = pattern(11, 5 << 20);
     ns.write(256, &data, IoFlags::default()).await.unwrap();
-    assert_eq!(ns.read(256, 5 << 20, IoFlags::default()).await.unwrap(), data);
+    assert_eq!(
+        ns.read(256, 5 << 20, IoFlags::default()).await.unwrap(),
+        data
+    );
     ns.flush().await.unwrap();
     // The data sits on the drives of the other two targets, twice.
     let layout = c.open_volume("exported").await.unwrap();
@@ -458,14 +647,20 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
     let e = layout.extents.iter().find(|e| e.index == 1).unwrap();
     for r in &e.chain {
         let d = layout.drives.iter().find(|d| d.id == r.drive).unwrap();
-        assert_eq!(read_drive(d, r.slot * EXTENT_BYTES, 4096).await, data[(1 << 20)..(1 << 20) + 4096]);
+        assert_eq!(
+            read_drive(d, r.slot * EXTENT_BYTES, 4096).await,
+            data[(1 << 20)..(1 << 20) + 4096]
+        );
     }
     // Every drive out of service: a write needing a new extent fails with
     // Capacity Exceeded (generic status 0x81).
     for d in c.list_drives().await.unwrap() {
         c.set_drive_state(d.id, false).await.unwrap();
     }
-    let e = ns.write((20 * MIB) / 4096, &pattern(12, 4096), IoFlags::default()).await.unwrap_err();
+    let e = ns
+        .write((20 * MIB) / 4096, &pattern(12, 4096), IoFlags::default())
+        .await
+        .unwrap_err();
     match &e {
         sluice_host::HostError::Nvme { status, .. } => {
             assert_eq!((status.sct, status.sc), (0, 0x81), "{e}")
@@ -473,8 +668,12 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
         other => panic!("expected an NVMe status, got {other}"),
     }
     // Allocated extents still take writes.
-    ns.write(256, &pattern(13, 4096), IoFlags::default()).await.unwrap();
+    ns.write(256, &pattern(13, 4096), IoFlags::default())
+        .await
+        .unwrap();
     ctrl.disconnect(Duration::from_millis(100)).await;
-    tokio::task::spawn_blocking(move || front.shutdown()).await.unwrap();
+    tokio::task::spawn_blocking(move || front.shutdown())
+        .await
+        .unwrap();
     cp.stop().await;
 }

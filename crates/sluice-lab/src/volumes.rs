@@ -20,11 +20,15 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use sluice_bench::{BenchArgs, BlockSizes, RwMode};
-use sluice_config::{Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings};
+use sluice_config::{
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
+};
 use sluice_control::server::{ControlConfig, Metadata};
 use sluice_control::{pb, ControlClient};
 use sluice_target::{Target, TargetHandle};
-use sluice_volume::{ExtentRecord, Replica, VolumeId, VolumeMap, VolumeRecord, VolumeState, EXTENT_BYTES};
+use sluice_volume::{
+    ExtentRecord, Replica, VolumeId, VolumeMap, VolumeRecord, VolumeState, EXTENT_BYTES,
+};
 
 use crate::report;
 
@@ -46,7 +50,10 @@ fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result
         .with_discovery_listen(None)
         .with_workers(1)
         .with_polling(PollingPolicy::ADAPTIVE);
-    let c = Config::default().with_target(settings).with_subsystem(sub).validated()?;
+    let c = Config::default()
+        .with_target(settings)
+        .with_subsystem(sub)
+        .validated()?;
     Ok(Target::start(&c)?)
 }
 
@@ -59,17 +66,28 @@ struct Control {
 
 impl Control {
     fn start(metadata: Metadata) -> Result<Control> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let addr = rt.block_on(async {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let addr = l.local_addr()?.to_string();
-            tokio::spawn(sluice_control::serve(ControlConfig::new(metadata), l, async move {
-                let _ = rx.await;
-            }));
+            tokio::spawn(sluice_control::serve(
+                ControlConfig::new(metadata),
+                l,
+                async move {
+                    let _ = rx.await;
+                },
+            ));
             anyhow::Ok(addr)
         })?;
-        Ok(Control { rt, addr, stop: Some(tx) })
+        Ok(Control {
+            rt,
+            addr,
+            stop: Some(tx),
+        })
     }
 
     fn client(&self) -> Result<ControlClient> {
@@ -82,7 +100,8 @@ impl Control {
         self.rt.block_on(async {
             for t in targets {
                 for nsid in 1..=per_target {
-                    c.add_drive(&t.local_addr().to_string(), DRIVE_NQN, nsid).await?;
+                    c.add_drive(&t.local_addr().to_string(), DRIVE_NQN, nsid)
+                        .await?;
                 }
             }
             anyhow::Ok(())
@@ -91,7 +110,12 @@ impl Control {
 
     fn create(&self, name: &str, size_bytes: u64, replicas: u32) -> Result<()> {
         let c = self.client()?;
-        let req = pb::CreateVolumeRequest { name: name.into(), size_bytes, replicas, ..Default::default() };
+        let req = pb::CreateVolumeRequest {
+            name: name.into(),
+            size_bytes,
+            replicas,
+            ..Default::default()
+        };
         self.rt.block_on(c.create_volume(req))?;
         Ok(())
     }
@@ -105,7 +129,14 @@ impl Drop for Control {
     }
 }
 
-fn bench(control: &str, volume: &str, rw: RwMode, bs: u64, qd: u32, runtime: f64) -> Result<sluice_bench::JobReport> {
+fn bench(
+    control: &str,
+    volume: &str,
+    rw: RwMode,
+    bs: u64,
+    qd: u32,
+    runtime: f64,
+) -> Result<sluice_bench::JobReport> {
     let mut a = BenchArgs::new("", "");
     a.volume = Some(volume.into());
     a.control = control.into();
@@ -135,8 +166,14 @@ fn map_overhead() -> (f64, usize) {
         volume: VolumeId(1),
         index: i,
         chain: vec![
-            Replica { drive: sluice_volume::DriveId((i % 8) as u32), slot: i / 8 },
-            Replica { drive: sluice_volume::DriveId(((i + 1) % 8) as u32), slot: i / 8 },
+            Replica {
+                drive: sluice_volume::DriveId((i % 8) as u32),
+                slot: i / 8,
+            },
+            Replica {
+                drive: sluice_volume::DriveId(((i + 1) % 8) as u32),
+                slot: i / 8,
+            },
         ],
     });
     let map = VolumeMap::from_records(volume, records).unwrap_or_else(|e| panic!("lab map: {e}"));
@@ -152,7 +189,10 @@ fn map_overhead() -> (f64, usize) {
         if let Ok(plan) = map.plan(block * 4096, 4096, 8 << 20) {
             for p in plan {
                 if let sluice_volume::PieceTarget::Mapped { extent } = p.target {
-                    sink = sink.wrapping_add(map.chain(extent).map_or(0, |c| p.drive_offset(&c[c.len() - 1])));
+                    sink = sink.wrapping_add(
+                        map.chain(extent)
+                            .map_or(0, |c| p.drive_offset(&c[c.len() - 1])),
+                    );
                 }
             }
         }
@@ -194,7 +234,12 @@ fn allocation_latency(metadata: Metadata, faults: u64) -> Result<(f64, f64, f64,
     let total_s: f64 = lat.iter().sum::<f64>() / 1e6;
     let mut s = lat.clone();
     s.sort_by(f64::total_cmp);
-    Ok((lat.len() as f64 / total_s, quantile(&s, 0.5), quantile(&s, 0.99), quantile(&s, 1.0)))
+    Ok((
+        lat.len() as f64 / total_s,
+        quantile(&s, 0.5),
+        quantile(&s, 0.99),
+        quantile(&s, 1.0),
+    ))
 }
 
 pub fn run(out: &Path, runtime: f64) -> Result<()> {
@@ -219,14 +264,18 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("sluice-lab-volumes-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (r, p50, p99, max) = allocation_latency(Metadata::Redb(dir.join("meta.redb")), 1000)?;
-    md.push_str(&format!("| redb | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"));
+    md.push_str(&format!(
+        "| redb | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"
+    ));
     if sluice_meta::testing::EtcdServer::available() {
         let etcd = sluice_meta::testing::EtcdServer::start()?;
         let m: Metadata = format!("etcd://{}/lab", etcd.endpoint.trim_start_matches("http://"))
             .parse()
             .map_err(anyhow::Error::msg)?;
         let (r, p50, p99, max) = allocation_latency(m, 1000)?;
-        md.push_str(&format!("| etcd (one local member) | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"));
+        md.push_str(&format!(
+            "| etcd (one local member) | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"
+        ));
     } else {
         md.push_str("| etcd | not installed | | | |\n");
     }
@@ -248,7 +297,11 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     for n in [1u32, 2, 4, 8] {
         let per = n.div_ceil(2);
         let t1 = drive_target(per, 128 * MIB, Some(ssd))?;
-        let t2 = if n > 1 { Some(drive_target(n - per, 128 * MIB, Some(ssd))?) } else { None };
+        let t2 = if n > 1 {
+            Some(drive_target(n - per, 128 * MIB, Some(ssd))?)
+        } else {
+            None
+        };
         let cp = Control::start(Metadata::Redb(dir.join(format!("fig7c-{n}.redb"))))?;
         cp.add_drives(&[&t1], per)?;
         if let Some(t2) = &t2 {
@@ -265,7 +318,14 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         fill.qd = 4;
         fill.ios = Some(u64::from(n) * 64);
         sluice_bench::run(fill)?;
-        let r = bench(&cp.addr, "evol", RwMode::RandRead, 128 << 10, 4 * n, runtime)?;
+        let r = bench(
+            &cp.addr,
+            "evol",
+            RwMode::RandRead,
+            128 << 10,
+            4 * n,
+            runtime,
+        )?;
         if n == 1 {
             base = (w.bandwidth_mib_s, r.bandwidth_mib_s);
         }
@@ -305,7 +365,9 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     md.push_str("## Flint Fig. 8: write latency with 1 and 3 replicas\n\n");
     md.push_str("4 KiB random writes at QD 1 after the volume is allocated; RAM drives, one per target, three targets; the client drives the chain (head, then each next replica).\n\n");
     md.push_str("| replicas | IOPS | p50 µs | p99 µs |\n|---|---|---|---|\n");
-    let ts: Vec<TargetHandle> = (0..3).map(|_| drive_target(1, 256 * MIB, None)).collect::<Result<_>>()?;
+    let ts: Vec<TargetHandle> = (0..3)
+        .map(|_| drive_target(1, 256 * MIB, None))
+        .collect::<Result<_>>()?;
     let cp = Control::start(Metadata::Redb(dir.join("fig8.redb")))?;
     cp.add_drives(&ts.iter().collect::<Vec<_>>(), 1)?;
     for replicas in [1u32, 3] {
@@ -320,7 +382,10 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         fill.ios = Some(64);
         sluice_bench::run(fill)?;
         let r = bench(&cp.addr, &name, RwMode::RandWrite, 4096, 1, runtime)?;
-        md.push_str(&format!("| {replicas} | {:.0} | {:.1} | {:.1} |\n", r.iops, r.latency_us_p50, r.latency_us_p99));
+        md.push_str(&format!(
+            "| {replicas} | {:.0} | {:.1} | {:.1} |\n",
+            r.iops, r.latency_us_p50, r.latency_us_p99
+        ));
     }
     drop(cp);
     for t in ts {

@@ -54,13 +54,27 @@ pub enum CatalogError {
     #[error("a volume named {0:?} already exists")]
     DuplicateVolume(String),
     #[error("volume {name:?} was deleted and re-created (expected {expected}, found {found}); reopen it")]
-    VolumeRecreated { name: String, expected: VolumeId, found: VolumeId },
+    VolumeRecreated {
+        name: String,
+        expected: VolumeId,
+        found: VolumeId,
+    },
     #[error("volume {0:?} is being deleted")]
     Deleting(String),
-    #[error("volume {name:?} is {size_bytes} bytes; it can grow but not shrink to {requested_bytes}")]
-    Shrink { name: String, size_bytes: u64, requested_bytes: u64 },
+    #[error(
+        "volume {name:?} is {size_bytes} bytes; it can grow but not shrink to {requested_bytes}"
+    )]
+    Shrink {
+        name: String,
+        size_bytes: u64,
+        requested_bytes: u64,
+    },
     #[error("extent {index} is beyond volume {name:?}'s {extents} extents")]
-    ExtentOutOfRange { name: String, index: u64, extents: u64 },
+    ExtentOutOfRange {
+        name: String,
+        index: u64,
+        extents: u64,
+    },
     #[error("no drive {0}")]
     UnknownDrive(DriveId),
     #[error("drive {0} is already in the pool")]
@@ -151,7 +165,9 @@ struct AllocCache {
 
 impl<S> std::fmt::Debug for Catalog<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Catalog").field("weights", &self.weights).finish_non_exhaustive()
+        f.debug_struct("Catalog")
+            .field("weights", &self.weights)
+            .finish_non_exhaustive()
     }
 }
 
@@ -161,11 +177,20 @@ fn invalid(field: &'static str) -> impl FnOnce(String) -> CatalogError {
 
 impl<S: MetaStore> Catalog<S> {
     pub fn new(store: S, weights: PlacementWeights) -> Catalog<S> {
-        Catalog { store, weights, busy: Mutex::new(HashMap::new()), crash_hook: None, alloc_cache: Mutex::new(None) }
+        Catalog {
+            store,
+            weights,
+            busy: Mutex::new(HashMap::new()),
+            crash_hook: None,
+            alloc_cache: Mutex::new(None),
+        }
     }
 
     /// Calls `hook` at every [`CrashPoint`] (crash tests).
-    pub fn with_crash_hook(mut self, hook: impl Fn(CrashPoint) + Send + Sync + 'static) -> Catalog<S> {
+    pub fn with_crash_hook(
+        mut self,
+        hook: impl Fn(CrashPoint) + Send + Sync + 'static,
+    ) -> Catalog<S> {
         self.crash_hook = Some(Arc::new(hook));
         self
     }
@@ -176,13 +201,23 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Records a drive's recent busy degree (0..=1) for placement.
     pub fn report_busy(&self, drive: DriveId, degree: f64) {
-        let degree = if degree.is_finite() { degree.clamp(0.0, 1.0) } else { 0.0 };
-        self.busy.lock().unwrap_or_else(PoisonError::into_inner).insert(drive, degree);
+        let degree = if degree.is_finite() {
+            degree.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(drive, degree);
     }
 
     /// Drops the allocation fast path's copies (after any other change).
     fn forget(&self) {
-        *self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self
+            .alloc_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     async fn commit(&self, op: &'static str, txn: Txn) -> Result<Option<u64>, CatalogError> {
@@ -203,14 +238,20 @@ impl<S: MetaStore> Catalog<S> {
         }
     }
 
-    async fn get<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<(T, u64)>, CatalogError> {
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<(T, u64)>, CatalogError> {
         match self.store.get(key).await? {
             Some(v) => Ok(Some((keys::decode(key, &v)?, v.mod_revision))),
             None => Ok(None),
         }
     }
 
-    async fn list<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(T, u64)>, CatalogError> {
+    async fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(T, u64)>, CatalogError> {
         let (_, kvs) = self.store.list(prefix).await?;
         kvs.iter()
             .map(|(k, v): &(String, Versioned)| Ok((keys::decode(k, v)?, v.mod_revision)))
@@ -225,7 +266,9 @@ impl<S: MetaStore> Catalog<S> {
         drives
             .into_iter()
             .map(|(d, _)| {
-                d.check().map_err(|r| CatalogError::Inconsistent(format!("{}: {r}", keys::drive(d.id))))?;
+                d.check().map_err(|r| {
+                    CatalogError::Inconsistent(format!("{}: {r}", keys::drive(d.id)))
+                })?;
                 Ok(d)
             })
             .collect()
@@ -242,7 +285,10 @@ impl<S: MetaStore> Catalog<S> {
     ) -> Result<DriveRecord, CatalogError> {
         for (field, v) in [("address", &spec.addr), ("nqn", &spec.nqn)] {
             if v.is_empty() || v.len() > NAME_BYTES_MAX {
-                return Err(CatalogError::Invalid { field, reason: format!("must be 1-{NAME_BYTES_MAX} bytes") });
+                return Err(CatalogError::Invalid {
+                    field,
+                    reason: format!("must be 1-{NAME_BYTES_MAX} bytes"),
+                });
             }
         }
         let slots_total = size_bytes / EXTENT_BYTES;
@@ -258,7 +304,9 @@ impl<S: MetaStore> Catalog<S> {
                 return Err(CatalogError::DuplicateDrive(spec.to_string()));
             }
             if drives.len() >= DRIVES_MAX {
-                return Err(CatalogError::PoolFull(format!("the pool already has {DRIVES_MAX} drives")));
+                return Err(CatalogError::PoolFull(format!(
+                    "the pool already has {DRIVES_MAX} drives"
+                )));
             }
             let (ids, ids_rev) = self.get::<Ids>(keys::IDS).await?.unwrap_or_default();
             let record = DriveRecord {
@@ -272,7 +320,10 @@ impl<S: MetaStore> Catalog<S> {
                 nguid: nguid.clone(),
             };
             record.check().map_err(invalid("drive"))?;
-            let next = Ids { next_drive: ids.next_drive + 1, ..ids };
+            let next = Ids {
+                next_drive: ids.next_drive + 1,
+                ..ids
+            };
             let txn = guard(Txn::default(), keys::IDS, ids_rev)
                 .put(keys::IDS, keys::encode(&next))
                 .absent(keys::drive(record.id))
@@ -285,16 +336,24 @@ impl<S: MetaStore> Catalog<S> {
     }
 
     /// Takes a drive in or out of service.
-    pub async fn set_drive_state(&self, id: DriveId, state: DriveState) -> Result<DriveRecord, CatalogError> {
+    pub async fn set_drive_state(
+        &self,
+        id: DriveId,
+        state: DriveState,
+    ) -> Result<DriveRecord, CatalogError> {
         self.forget();
         for _ in 0..CONFLICT_RETRIES_MAX {
-            let (mut d, rev) =
-                self.get::<DriveRecord>(&keys::drive(id)).await?.ok_or(CatalogError::UnknownDrive(id))?;
+            let (mut d, rev) = self
+                .get::<DriveRecord>(&keys::drive(id))
+                .await?
+                .ok_or(CatalogError::UnknownDrive(id))?;
             if d.state == state {
                 return Ok(d);
             }
             d.state = state;
-            let txn = Txn::default().unchanged(keys::drive(id), rev).put(keys::drive(id), keys::encode(&d));
+            let txn = Txn::default()
+                .unchanged(keys::drive(id), rev)
+                .put(keys::drive(id), keys::encode(&d));
             if self.commit("set_drive_state", txn).await?.is_some() {
                 return Ok(d);
             }
@@ -334,7 +393,8 @@ impl<S: MetaStore> Catalog<S> {
                 if vol.id != v.id {
                     break;
                 }
-                let extents: Vec<(ExtentRecord, u64)> = self.list(&keys::extents_of(vol.id)).await?;
+                let extents: Vec<(ExtentRecord, u64)> =
+                    self.list(&keys::extents_of(vol.id)).await?;
                 let affected: Vec<&(ExtentRecord, u64)> = extents
                     .iter()
                     .filter(|(e, _)| e.chain.len() > 1 && e.chain.iter().any(|r| r.drive == id))
@@ -342,8 +402,10 @@ impl<S: MetaStore> Catalog<S> {
                 if affected.is_empty() {
                     break;
                 }
-                let (mut drive, drev) =
-                    self.get::<DriveRecord>(&keys::drive(id)).await?.ok_or(CatalogError::UnknownDrive(id))?;
+                let (mut drive, drev) = self
+                    .get::<DriveRecord>(&keys::drive(id))
+                    .await?
+                    .ok_or(CatalogError::UnknownDrive(id))?;
                 // Per extent: compare + put; plus the drive's and the
                 // volume's compare + put.
                 let batch = affected.len().min((TXN_OPS_MAX - 4) / 2);
@@ -386,7 +448,12 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Every volume, by name.
     pub async fn volumes(&self) -> Result<Vec<VolumeRecord>, CatalogError> {
-        Ok(self.list::<VolumeRecord>(keys::VOLUMES).await?.into_iter().map(|(v, _)| v).collect())
+        Ok(self
+            .list::<VolumeRecord>(keys::VOLUMES)
+            .await?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect())
     }
 
     /// One volume.
@@ -403,8 +470,17 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Slots in service and slots reserved.
     pub async fn capacity(&self) -> Result<(u64, u64), CatalogError> {
-        let total = self.drives().await?.iter().filter(|d| d.state == DriveState::Up).map(|d| d.slots_total).sum();
-        let reserved = self.get::<Reserved>(keys::RESERVED).await?.map_or(0, |(r, _)| r.slots);
+        let total = self
+            .drives()
+            .await?
+            .iter()
+            .filter(|d| d.state == DriveState::Up)
+            .map(|d| d.slots_total)
+            .sum();
+        let reserved = self
+            .get::<Reserved>(keys::RESERVED)
+            .await?
+            .map_or(0, |(r, _)| r.slots);
         Ok((total, reserved))
     }
 
@@ -416,13 +492,20 @@ impl<S: MetaStore> Catalog<S> {
         check_size(spec.size_bytes, spec.block_size_bytes).map_err(invalid("size"))?;
         check_replicas(spec.replicas).map_err(invalid("replicas"))?;
         for _ in 0..CONFLICT_RETRIES_MAX {
-            if self.get::<VolumeRecord>(&keys::volume(&spec.name)).await?.is_some() {
+            if self
+                .get::<VolumeRecord>(&keys::volume(&spec.name))
+                .await?
+                .is_some()
+            {
                 return Err(CatalogError::DuplicateVolume(spec.name));
             }
             let drives = self.drives().await?;
             let up: Vec<&DriveRecord> = drives
                 .iter()
-                .filter(|d| d.state == DriveState::Up && spec.block_size_bytes.is_multiple_of(d.block_size_bytes))
+                .filter(|d| {
+                    d.state == DriveState::Up
+                        && spec.block_size_bytes.is_multiple_of(d.block_size_bytes)
+                })
                 .collect();
             if up.len() < usize::from(spec.replicas) {
                 return Err(CatalogError::PoolFull(format!(
@@ -434,12 +517,17 @@ impl<S: MetaStore> Catalog<S> {
                 )));
             }
             let total: u64 = up.iter().map(|d| d.slots_total).sum();
-            let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+            let (reserved, reserved_rev) = self
+                .get::<Reserved>(keys::RESERVED)
+                .await?
+                .unwrap_or_default();
             let (ids, ids_rev) = self.get::<Ids>(keys::IDS).await?.unwrap_or_default();
             if usize::try_from(ids.next_volume).unwrap_or(usize::MAX) >= VOLUMES_MAX
                 && self.volumes().await?.len() >= VOLUMES_MAX
             {
-                return Err(CatalogError::PoolFull(format!("the pool already has {VOLUMES_MAX} volumes")));
+                return Err(CatalogError::PoolFull(format!(
+                    "the pool already has {VOLUMES_MAX} volumes"
+                )));
             }
             let record = VolumeRecord {
                 id: VolumeId(ids.next_volume),
@@ -464,11 +552,26 @@ impl<S: MetaStore> Catalog<S> {
                     total.saturating_sub(reserved.slots)
                 )));
             }
-            let txn = guard(guard(Txn::default(), keys::IDS, ids_rev), keys::RESERVED, reserved_rev)
-                .absent(keys::volume(&spec.name))
-                .put(keys::volume(&spec.name), keys::encode(&record))
-                .put(keys::IDS, keys::encode(&Ids { next_volume: ids.next_volume + 1, ..ids }))
-                .put(keys::RESERVED, keys::encode(&Reserved { slots: reserved.slots + need }));
+            let txn = guard(
+                guard(Txn::default(), keys::IDS, ids_rev),
+                keys::RESERVED,
+                reserved_rev,
+            )
+            .absent(keys::volume(&spec.name))
+            .put(keys::volume(&spec.name), keys::encode(&record))
+            .put(
+                keys::IDS,
+                keys::encode(&Ids {
+                    next_volume: ids.next_volume + 1,
+                    ..ids
+                }),
+            )
+            .put(
+                keys::RESERVED,
+                keys::encode(&Reserved {
+                    slots: reserved.slots + need,
+                }),
+            );
             if self.commit("create_volume", txn).await?.is_some() {
                 return Ok(record);
             }
@@ -477,7 +580,11 @@ impl<S: MetaStore> Catalog<S> {
     }
 
     /// Grows a volume online. Shrinking is refused (data would be lost).
-    pub async fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<VolumeRecord, CatalogError> {
+    pub async fn resize_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<VolumeRecord, CatalogError> {
         self.forget();
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut v, rev) = self.volume_rev(name).await?;
@@ -499,7 +606,10 @@ impl<S: MetaStore> Catalog<S> {
             v.size_bytes = size_bytes;
             let more = v.slots_reserved() - before;
             let (total, _) = self.capacity().await?;
-            let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+            let (reserved, reserved_rev) = self
+                .get::<Reserved>(keys::RESERVED)
+                .await?
+                .unwrap_or_default();
             if reserved.slots + more > total {
                 return Err(CatalogError::PoolFull(format!(
                     "growing {name:?} to {size_bytes} bytes needs {more} more extents; the pool has {} unreserved",
@@ -509,7 +619,12 @@ impl<S: MetaStore> Catalog<S> {
             let txn = guard(Txn::default(), keys::RESERVED, reserved_rev)
                 .unchanged(keys::volume(name), rev)
                 .put(keys::volume(name), keys::encode(&v))
-                .put(keys::RESERVED, keys::encode(&Reserved { slots: reserved.slots + more }));
+                .put(
+                    keys::RESERVED,
+                    keys::encode(&Reserved {
+                        slots: reserved.slots + more,
+                    }),
+                );
             if self.commit("resize_volume", txn).await?.is_some() {
                 return Ok(v);
             }
@@ -520,39 +635,69 @@ impl<S: MetaStore> Catalog<S> {
     /// A volume with its allocated extents and the drives they use.
     pub async fn layout(&self, name: &str) -> Result<VolumeLayout, CatalogError> {
         let volume = self.volume(name).await?;
-        let extents: Vec<ExtentRecord> =
-            self.list::<ExtentRecord>(&keys::extents_of(volume.id)).await?.into_iter().map(|(e, _)| e).collect();
+        let extents: Vec<ExtentRecord> = self
+            .list::<ExtentRecord>(&keys::extents_of(volume.id))
+            .await?
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect();
         for e in &extents {
-            e.check(&volume)
-                .map_err(|r| CatalogError::Inconsistent(format!("{}: {r}", keys::extent(volume.id, e.index))))?;
+            e.check(&volume).map_err(|r| {
+                CatalogError::Inconsistent(format!("{}: {r}", keys::extent(volume.id, e.index)))
+            })?;
         }
         let all = self.drives().await?;
         let drives = all
             .into_iter()
-            .filter(|d| extents.iter().any(|e| e.chain.iter().any(|r| r.drive == d.id)))
+            .filter(|d| {
+                extents
+                    .iter()
+                    .any(|e| e.chain.iter().any(|r| r.drive == d.id))
+            })
             .collect();
-        Ok(VolumeLayout { volume, extents, drives })
+        Ok(VolumeLayout {
+            volume,
+            extents,
+            drives,
+        })
     }
 
     /// Allocates extent `index` of volume `name` (whose id the client knows
     /// as `id`) on first write, or returns the chain another writer
     /// allocated first. Idempotent.
-    pub async fn allocate_extent(&self, name: &str, id: VolumeId, index: u64) -> Result<ExtentRecord, CatalogError> {
+    pub async fn allocate_extent(
+        &self,
+        name: &str,
+        id: VolumeId,
+        index: u64,
+    ) -> Result<ExtentRecord, CatalogError> {
         Ok(self.allocate(name, id, index).await?.extent)
     }
 
     /// [`Catalog::allocate_extent`], also returning the volume and the
     /// chain's drives as the transaction saw them (what a client needs,
     /// without reading them again).
-    pub async fn allocate(&self, name: &str, id: VolumeId, index: u64) -> Result<Allocation, CatalogError> {
+    pub async fn allocate(
+        &self,
+        name: &str,
+        id: VolumeId,
+        index: u64,
+    ) -> Result<Allocation, CatalogError> {
         // Fast path: the volume and drives as this catalog last wrote them.
         // The transaction compares their revisions and the extent's
         // absence, so a stale cache costs a conflict, never a wrong write.
         let cached = {
-            let c = self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let c = self
+                .alloc_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             c.as_ref()
                 .filter(|c| c.uses < ALLOC_CACHE_USES_MAX)
-                .and_then(|c| c.volumes.get(name).map(|v| (v.clone(), c.drives.clone(), c.ids_rev)))
+                .and_then(|c| {
+                    c.volumes
+                        .get(name)
+                        .map(|v| (v.clone(), c.drives.clone(), c.ids_rev))
+                })
         };
         if let Some(((v, vrev), drives, ids_rev)) = cached {
             if v.id == id && v.state == VolumeState::Ready && index < v.extents() {
@@ -566,18 +711,29 @@ impl<S: MetaStore> Catalog<S> {
                     }
                 }
             }
-            *self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            *self
+                .alloc_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
         }
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (v, vrev) = self.volume_rev(name).await?;
             if v.id != id {
-                return Err(CatalogError::VolumeRecreated { name: name.to_owned(), expected: id, found: v.id });
+                return Err(CatalogError::VolumeRecreated {
+                    name: name.to_owned(),
+                    expected: id,
+                    found: v.id,
+                });
             }
             if v.state != VolumeState::Ready {
                 return Err(CatalogError::Deleting(name.to_owned()));
             }
             if index >= v.extents() {
-                return Err(CatalogError::ExtentOutOfRange { name: name.to_owned(), index, extents: v.extents() });
+                return Err(CatalogError::ExtentOutOfRange {
+                    name: name.to_owned(),
+                    index,
+                    extents: v.extents(),
+                });
             }
             let existing = self.get::<ExtentRecord>(&keys::extent(v.id, index)).await?;
             let ids_rev = self.get::<Ids>(keys::IDS).await?.map_or(0, |(_, r)| r);
@@ -588,7 +744,11 @@ impl<S: MetaStore> Catalog<S> {
                     .map(|(d, _)| d)
                     .filter(|d| extent.chain.iter().any(|r| r.drive == d.id))
                     .collect();
-                return Ok(Allocation { extent, volume: v, drives });
+                return Ok(Allocation {
+                    extent,
+                    volume: v,
+                    drives,
+                });
             }
             let (txn, alloc) = self.plan_allocation(name, index, v, vrev, &drives)?;
             if let Some(rev) = self.commit("allocate_extent", txn).await? {
@@ -609,10 +769,16 @@ impl<S: MetaStore> Catalog<S> {
         drives: &[(DriveRecord, u64)],
     ) -> Result<(Txn, Allocation), CatalogError> {
         let ekey = keys::extent(v.id, index);
-        let busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let candidates: Vec<DriveCandidate> = drives
             .iter()
-            .filter(|(d, _)| d.state == DriveState::Up && v.block_size_bytes.is_multiple_of(d.block_size_bytes))
+            .filter(|(d, _)| {
+                d.state == DriveState::Up && v.block_size_bytes.is_multiple_of(d.block_size_bytes)
+            })
             .map(|(d, _)| DriveCandidate {
                 drive: d.id,
                 target: d.spec.target().to_owned(),
@@ -621,7 +787,10 @@ impl<S: MetaStore> Catalog<S> {
                 used_fraction: d.used_fraction(),
                 busy_degree: busy.get(&d.id).copied().unwrap_or(0.0),
                 fragment_degree: d.fragment_degree(),
-                preferred: v.prefer.iter().any(|p| *p == d.spec.addr || *p == d.spec.nqn),
+                preferred: v
+                    .prefer
+                    .iter()
+                    .any(|p| *p == d.spec.addr || *p == d.spec.nqn),
             })
             .collect();
         let allocated: u64 = v.extents_per_drive.values().sum();
@@ -632,21 +801,43 @@ impl<S: MetaStore> Catalog<S> {
                         "extent {index} of {name:?} needs {replicas} drives with a free extent; {available} have one"
                     ))
                 })?;
-        let mut txn = Txn::default().absent(ekey.clone()).unchanged(keys::volume(name), vrev);
+        let mut txn = Txn::default()
+            .absent(ekey.clone())
+            .unchanged(keys::volume(name), vrev);
         let mut chain = Vec::with_capacity(chosen.len());
         let mut used = Vec::with_capacity(chosen.len());
         for id in &chosen {
-            let (d, drev) = drives.iter().find(|(d, _)| d.id == *id).ok_or(CatalogError::UnknownDrive(*id))?;
+            let (d, drev) = drives
+                .iter()
+                .find(|(d, _)| d.id == *id)
+                .ok_or(CatalogError::UnknownDrive(*id))?;
             let mut d = d.clone();
-            let slot = d.take_slot().ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
+            let slot = d
+                .take_slot()
+                .ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
             chain.push(Replica { drive: d.id, slot });
             *v.extents_per_drive.entry(d.id).or_default() += 1;
-            txn = txn.unchanged(keys::drive(d.id), *drev).put(keys::drive(d.id), keys::encode(&d));
+            txn = txn
+                .unchanged(keys::drive(d.id), *drev)
+                .put(keys::drive(d.id), keys::encode(&d));
             used.push(d);
         }
-        let extent = ExtentRecord { volume: v.id, index, chain };
-        txn = txn.put(ekey, keys::encode(&extent)).put(keys::volume(name), keys::encode(&v));
-        Ok((txn, Allocation { extent, volume: v, drives: used }))
+        let extent = ExtentRecord {
+            volume: v.id,
+            index,
+            chain,
+        };
+        txn = txn
+            .put(ekey, keys::encode(&extent))
+            .put(keys::volume(name), keys::encode(&v));
+        Ok((
+            txn,
+            Allocation {
+                extent,
+                volume: v,
+                drives: used,
+            },
+        ))
     }
 
     /// Keeps what an allocation committed at `rev` for the next one.
@@ -665,7 +856,10 @@ impl<S: MetaStore> Catalog<S> {
                 *r = rev;
             }
         }
-        let mut c = self.alloc_cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut c = self
+            .alloc_cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let fresh = fresh_read || c.as_ref().is_none_or(|c| c.ids_rev != ids_rev);
         let c = c.get_or_insert_with(AllocCache::default);
         if fresh {
@@ -677,7 +871,8 @@ impl<S: MetaStore> Catalog<S> {
         if c.volumes.len() >= ALLOC_CACHE_VOLUMES_MAX {
             c.volumes.clear();
         }
-        c.volumes.insert(name.to_owned(), (alloc.volume.clone(), rev));
+        c.volumes
+            .insert(name.to_owned(), (alloc.volume.clone(), rev));
     }
 
     /// Deletes a volume and frees its extents.
@@ -691,7 +886,9 @@ impl<S: MetaStore> Catalog<S> {
                 break;
             }
             v.state = VolumeState::Deleting;
-            let txn = Txn::default().unchanged(keys::volume(name), rev).put(keys::volume(name), keys::encode(&v));
+            let txn = Txn::default()
+                .unchanged(keys::volume(name), rev)
+                .put(keys::volume(name), keys::encode(&v));
             if self.commit("delete_volume.mark", txn).await?.is_some() {
                 marked = true;
                 break;
@@ -728,17 +925,24 @@ impl<S: MetaStore> Catalog<S> {
                 Err(e) => return Err(e),
             };
             if v.state != VolumeState::Deleting {
-                return Err(CatalogError::Inconsistent(format!("volume {name:?} is not being deleted")));
+                return Err(CatalogError::Inconsistent(format!(
+                    "volume {name:?} is not being deleted"
+                )));
             }
             let extents: Vec<(ExtentRecord, u64)> = self.list(&keys::extents_of(v.id)).await?;
             if extents.is_empty() {
-                let (reserved, reserved_rev) = self.get::<Reserved>(keys::RESERVED).await?.unwrap_or_default();
+                let (reserved, reserved_rev) = self
+                    .get::<Reserved>(keys::RESERVED)
+                    .await?
+                    .unwrap_or_default();
                 let txn = guard(Txn::default(), keys::RESERVED, reserved_rev)
                     .unchanged(keys::volume(name), vrev)
                     .delete(keys::volume(name))
                     .put(
                         keys::RESERVED,
-                        keys::encode(&Reserved { slots: reserved.slots.saturating_sub(v.slots_reserved()) }),
+                        keys::encode(&Reserved {
+                            slots: reserved.slots.saturating_sub(v.slots_reserved()),
+                        }),
                     );
                 if self.commit("delete_volume.finish", txn).await?.is_some() {
                     return Ok(());
@@ -747,12 +951,20 @@ impl<S: MetaStore> Catalog<S> {
                 continue;
             }
             // One batch: as many extents as fit in a transaction.
-            let drives: HashMap<DriveId, (DriveRecord, u64)> =
-                self.list::<DriveRecord>(keys::DRIVES).await?.into_iter().map(|(d, r)| (d.id, (d, r))).collect();
+            let drives: HashMap<DriveId, (DriveRecord, u64)> = self
+                .list::<DriveRecord>(keys::DRIVES)
+                .await?
+                .into_iter()
+                .map(|(d, r)| (d.id, (d, r)))
+                .collect();
             let mut touched: BTreeMap<DriveId, DriveRecord> = BTreeMap::new();
             let mut batch = Vec::new();
             for (e, erev) in &extents {
-                let new_drives = e.chain.iter().filter(|r| !touched.contains_key(&r.drive)).count();
+                let new_drives = e
+                    .chain
+                    .iter()
+                    .filter(|r| !touched.contains_key(&r.drive))
+                    .count();
                 // Compares and deletes per extent, compare + put per drive,
                 // plus the volume's compare and put.
                 let ops = 2 * (batch.len() + 1) + 2 * (touched.len() + new_drives) + 2;
@@ -763,7 +975,9 @@ impl<S: MetaStore> Catalog<S> {
                     let d = match touched.get_mut(&r.drive) {
                         Some(d) => d,
                         None => {
-                            let (d, _) = drives.get(&r.drive).ok_or(CatalogError::UnknownDrive(r.drive))?;
+                            let (d, _) = drives
+                                .get(&r.drive)
+                                .ok_or(CatalogError::UnknownDrive(r.drive))?;
                             touched.entry(r.drive).or_insert_with(|| d.clone())
                         }
                     };
@@ -782,13 +996,19 @@ impl<S: MetaStore> Catalog<S> {
                 batch.push((e.index, *erev));
             }
             v.extents_per_drive.retain(|_, n| *n > 0);
-            let mut txn = Txn::default().unchanged(keys::volume(name), vrev).put(keys::volume(name), keys::encode(&v));
+            let mut txn = Txn::default()
+                .unchanged(keys::volume(name), vrev)
+                .put(keys::volume(name), keys::encode(&v));
             for (index, erev) in &batch {
-                txn = txn.unchanged(keys::extent(v.id, *index), *erev).delete(keys::extent(v.id, *index));
+                txn = txn
+                    .unchanged(keys::extent(v.id, *index), *erev)
+                    .delete(keys::extent(v.id, *index));
             }
             for (id, d) in &touched {
                 let (_, drev) = drives.get(id).ok_or(CatalogError::UnknownDrive(*id))?;
-                txn = txn.unchanged(keys::drive(*id), *drev).put(keys::drive(*id), keys::encode(d));
+                txn = txn
+                    .unchanged(keys::drive(*id), *drev)
+                    .put(keys::drive(*id), keys::encode(d));
             }
             if self.commit("delete_volume.batch", txn).await?.is_none() {
                 conflicts += 1;

@@ -89,22 +89,35 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
                     problems.push(format!("{k}: {r}"));
                 }
             }
-            None => problems.push(format!("{k}: its volume {} does not exist (leaked)", e.volume)),
+            None => problems.push(format!(
+                "{k}: its volume {} does not exist (leaked)",
+                e.volume
+            )),
         }
         for r in &e.chain {
-            *per_volume.entry(e.volume).or_default().entry(r.drive).or_default() += 1;
+            *per_volume
+                .entry(e.volume)
+                .or_default()
+                .entry(r.drive)
+                .or_default() += 1;
             match drives.get(&r.drive) {
                 None => problems.push(format!("{k}: replica on unknown drive {}", r.drive)),
                 Some(d) => {
                     if r.slot >= d.next_slot {
-                        problems.push(format!("{k}: slot {} of {} was never handed out", r.slot, r.drive));
+                        problems.push(format!(
+                            "{k}: slot {} of {} was never handed out",
+                            r.slot, r.drive
+                        ));
                     } else if d.free.binary_search(&r.slot).is_ok() {
                         problems.push(format!("{k}: slot {} of {} is also free", r.slot, r.drive));
                     }
                 }
             }
             if let Some(prev) = owner.insert((r.drive, r.slot), k.clone()) {
-                problems.push(format!("{k}: slot {} of {} also owned by {prev}", r.slot, r.drive));
+                problems.push(format!(
+                    "{k}: slot {} of {} also owned by {prev}",
+                    r.slot, r.drive
+                ));
             }
         }
     }
@@ -119,7 +132,11 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
             ));
         }
         if d.id.0 >= ids.next_drive {
-            problems.push(format!("{}: id not below pool/ids next_drive {}", keys::drive(d.id), ids.next_drive));
+            problems.push(format!(
+                "{}: id not below pool/ids next_drive {}",
+                keys::drive(d.id),
+                ids.next_drive
+            ));
         }
     }
     let mut want_reserved = 0;
@@ -134,11 +151,19 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
             ));
         }
         if v.id.0 >= ids.next_volume {
-            problems.push(format!("{}: id not below pool/ids next_volume {}", keys::volume(&v.name), ids.next_volume));
+            problems.push(format!(
+                "{}: id not below pool/ids next_volume {}",
+                keys::volume(&v.name),
+                ids.next_volume
+            ));
         }
     }
     if want_reserved != reserved.slots {
-        problems.push(format!("{}: {} slots but the volumes reserve {want_reserved}", keys::RESERVED, reserved.slots));
+        problems.push(format!(
+            "{}: {} slots but the volumes reserve {want_reserved}",
+            keys::RESERVED,
+            reserved.slots
+        ));
     }
     if !problems.is_empty() {
         return Err(CheckError::Problems(problems));

@@ -47,10 +47,17 @@ impl EtcdStore {
             .with_connect_timeout(REQUEST_TIMEOUT)
             .with_timeout(REQUEST_TIMEOUT)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(5));
-        let client = Client::connect(endpoints, Some(opts))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("connecting to etcd at {}: {e}", endpoints.join(","))))?;
-        let store = EtcdStore { client, endpoints: endpoints.to_vec(), prefix: prefix.to_owned() };
+        let client = Client::connect(endpoints, Some(opts)).await.map_err(|e| {
+            StoreError::Unavailable(format!(
+                "connecting to etcd at {}: {e}",
+                endpoints.join(",")
+            ))
+        })?;
+        let store = EtcdStore {
+            client,
+            endpoints: endpoints.to_vec(),
+            prefix: prefix.to_owned(),
+        };
         // Prove the cluster answers now rather than at the first change.
         store.get("probe").await?;
         Ok(store)
@@ -81,11 +88,20 @@ impl EtcdStore {
 
 impl MetaStore for EtcdStore {
     fn describe(&self) -> String {
-        format!("etcd://{} (prefix {})", self.endpoints.join(","), self.prefix)
+        format!(
+            "etcd://{} (prefix {})",
+            self.endpoints.join(","),
+            self.prefix
+        )
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
-        let resp = self.client.clone().get(self.full(key), None).await.map_err(unavailable)?;
+        let resp = self
+            .client
+            .clone()
+            .get(self.full(key), None)
+            .await
+            .map_err(unavailable)?;
         Ok(resp.kvs().first().map(|kv| Versioned {
             value: kv.value().to_vec(),
             mod_revision: u64::try_from(kv.mod_revision()).unwrap_or(0),
@@ -118,7 +134,9 @@ impl MetaStore for EtcdStore {
             .compares
             .iter()
             .map(|c| match c {
-                Compare::Absent(k) => EtcdCompare::create_revision(self.full(k), CompareOp::Equal, 0),
+                Compare::Absent(k) => {
+                    EtcdCompare::create_revision(self.full(k), CompareOp::Equal, 0)
+                }
                 Compare::Revision(k, rev) => EtcdCompare::mod_revision(
                     self.full(k),
                     CompareOp::Equal,
@@ -127,8 +145,16 @@ impl MetaStore for EtcdStore {
             })
             .collect();
         let mut ops: Vec<TxnOp> = Vec::with_capacity(txn.puts.len() + txn.deletes.len());
-        ops.extend(txn.deletes.iter().map(|k| TxnOp::delete(self.full(k), None)));
-        ops.extend(txn.puts.into_iter().map(|(k, v)| TxnOp::put(self.full(&k), v, None)));
+        ops.extend(
+            txn.deletes
+                .iter()
+                .map(|k| TxnOp::delete(self.full(k), None)),
+        );
+        ops.extend(
+            txn.puts
+                .into_iter()
+                .map(|(k, v)| TxnOp::put(self.full(&k), v, None)),
+        );
         let resp = self
             .client
             .clone()
@@ -136,7 +162,9 @@ impl MetaStore for EtcdStore {
             .await
             .map_err(unavailable)?;
         if resp.succeeded() {
-            Ok(Committed::Applied { revision: revision_of(resp.header()) })
+            Ok(Committed::Applied {
+                revision: revision_of(resp.header()),
+            })
         } else {
             Ok(Committed::Conflict)
         }

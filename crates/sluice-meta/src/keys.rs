@@ -62,8 +62,10 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 
 /// Decodes the record at `key`, naming the key when it does not decode.
 pub fn decode<T: DeserializeOwned>(key: &str, v: &Versioned) -> Result<T, StoreError> {
-    serde_json::from_slice(&v.value)
-        .map_err(|e| StoreError::Corrupt { key: key.to_owned(), reason: e.to_string() })
+    serde_json::from_slice(&v.value).map_err(|e| StoreError::Corrupt {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -80,7 +82,10 @@ mod tests {
 
     #[test]
     fn corrupt_records_name_their_key() {
-        let v = Versioned { value: b"{not json".to_vec(), mod_revision: 1 };
+        let v = Versioned {
+            value: b"{not json".to_vec(),
+            mod_revision: 1,
+        };
         let e = decode::<Ids>("pool/ids", &v).unwrap_err();
         assert!(e.to_string().contains("pool/ids"), "{e}");
     }

@@ -49,7 +49,10 @@ impl RedbStore {
             }
         }
         txn.commit().map_err(io)?;
-        Ok(RedbStore { db: Arc::new(db), path: path.to_owned() })
+        Ok(RedbStore {
+            db: Arc::new(db),
+            path: path.to_owned(),
+        })
     }
 
     async fn blocking<T: Send + 'static>(
@@ -64,11 +67,16 @@ impl RedbStore {
 }
 
 fn decode(key: &str, raw: &[u8]) -> Result<Versioned, StoreError> {
-    let (rev, value) = raw.split_first_chunk::<8>().ok_or_else(|| StoreError::Corrupt {
-        key: key.to_owned(),
-        reason: format!("stored value of {} bytes has no revision header", raw.len()),
-    })?;
-    Ok(Versioned { value: value.to_vec(), mod_revision: u64::from_le_bytes(*rev) })
+    let (rev, value) = raw
+        .split_first_chunk::<8>()
+        .ok_or_else(|| StoreError::Corrupt {
+            key: key.to_owned(),
+            reason: format!("stored value of {} bytes has no revision header", raw.len()),
+        })?;
+    Ok(Versioned {
+        value: value.to_vec(),
+        mod_revision: u64::from_le_bytes(*rev),
+    })
 }
 
 impl MetaStore for RedbStore {

@@ -76,16 +76,30 @@ impl Txn {
     /// Refuses transactions over the limits, before they reach a store.
     pub fn check(&self) -> Result<(), StoreError> {
         if self.ops() > TXN_OPS_MAX {
-            return Err(StoreError::TooLarge(format!("{} operations, limit {TXN_OPS_MAX}", self.ops())));
+            return Err(StoreError::TooLarge(format!(
+                "{} operations, limit {TXN_OPS_MAX}",
+                self.ops()
+            )));
         }
         if let Some((k, v)) = self.puts.iter().find(|(_, v)| v.len() > VALUE_BYTES_MAX) {
-            return Err(StoreError::TooLarge(format!("value of {k} is {} bytes, limit {VALUE_BYTES_MAX}", v.len())));
+            return Err(StoreError::TooLarge(format!(
+                "value of {k} is {} bytes, limit {VALUE_BYTES_MAX}",
+                v.len()
+            )));
         }
-        let mut keys: Vec<&str> = self.puts.iter().map(|(k, _)| k.as_str()).chain(self.deletes.iter().map(String::as_str)).collect();
+        let mut keys: Vec<&str> = self
+            .puts
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .chain(self.deletes.iter().map(String::as_str))
+            .collect();
         keys.sort_unstable();
         if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
             // etcd refuses a transaction that writes one key twice.
-            return Err(StoreError::TooLarge(format!("key {} written twice in one transaction", w[0])));
+            return Err(StoreError::TooLarge(format!(
+                "key {} written twice in one transaction",
+                w[0]
+            )));
         }
         Ok(())
     }

@@ -22,7 +22,12 @@ fn free_port() -> std::io::Result<u16> {
 impl EtcdServer {
     /// Whether an `etcd` binary is installed.
     pub fn available() -> bool {
-        Command::new("etcd").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+        Command::new("etcd")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     /// Whether tests must have etcd (CI sets `SLUICE_REQUIRE_ETCD=1`, so a
@@ -36,7 +41,9 @@ impl EtcdServer {
     pub fn start_or_skip(test: &str) -> Option<EtcdServer> {
         if !Self::available() {
             assert!(!Self::required(), "etcd is required (SLUICE_REQUIRE_ETCD=1) but not installed: apt-get install etcd-server");
-            eprintln!("{test}: skipped: etcd not installed (apt-get install etcd-server; CI requires it)");
+            eprintln!(
+                "{test}: skipped: etcd not installed (apt-get install etcd-server; CI requires it)"
+            );
             return None;
         }
         match Self::start() {
@@ -57,14 +64,28 @@ impl EtcdServer {
         let child = Command::new("etcd")
             .args(["--name", "sluice-test", "--data-dir"])
             .arg(dir.join("data"))
-            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args([
+                "--listen-client-urls",
+                &endpoint,
+                "--advertise-client-urls",
+                &endpoint,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
             .args(["--initial-cluster", &format!("sluice-test={peer_url}")])
             .args(["--log-level", "warn"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()?;
-        let mut server = EtcdServer { child, dir, endpoint };
+        let mut server = EtcdServer {
+            child,
+            dir,
+            endpoint,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if std::net::TcpStream::connect(("127.0.0.1", client)).is_ok() {
@@ -72,7 +93,9 @@ impl EtcdServer {
             }
             if let Ok(Some(status)) = server.child.try_wait() {
                 let log = std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default();
-                return Err(std::io::Error::other(format!("etcd exited with {status}: {log}")));
+                return Err(std::io::Error::other(format!(
+                    "etcd exited with {status}: {log}"
+                )));
             }
             if Instant::now() > deadline {
                 return Err(std::io::Error::other("etcd did not listen within 20 s"));

@@ -5,7 +5,11 @@
 //! reservations adding up, and an interrupted delete finishable.
 //!
 //! The child is this test binary re-run with `SLUICE_CRASH_CHILD` set.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::process::Command;
 use std::time::Duration;
@@ -17,14 +21,22 @@ use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
 use sluice_volume::{DriveSpec, PlacementWeights, EXTENT_BYTES};
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// The workload: drives, then rounds of create, allocate, grow and delete.
 /// Tolerates the state a previous (crashed) run left.
 async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
     for i in 0..4u32 {
-        let spec = DriveSpec { addr: format!("127.0.0.{}:4420", i % 2 + 1), nqn: format!("nqn.crash:d{i}"), nsid: 1 };
+        let spec = DriveSpec {
+            addr: format!("127.0.0.{}:4420", i % 2 + 1),
+            nqn: format!("nqn.crash:d{i}"),
+            nsid: 1,
+        };
         match c.add_drive(spec, 512, 40 * EXTENT_BYTES, None).await {
             Ok(_) | Err(CatalogError::DuplicateDrive(_)) => {}
             Err(e) => panic!("add_drive: {e}"),
@@ -33,7 +45,10 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
     c.resume_deletes().await.unwrap();
     for round in 0..rounds {
         let name = format!("v{}", round % 3);
-        let v = match c.create_volume(VolumeSpec::new(&name, 6 * EXTENT_BYTES).with_replicas(2)).await {
+        let v = match c
+            .create_volume(VolumeSpec::new(&name, 6 * EXTENT_BYTES).with_replicas(2))
+            .await
+        {
             Ok(v) => v,
             Err(CatalogError::DuplicateVolume(_)) => c.volume(&name).await.unwrap(),
             Err(e) => panic!("create: {e}"),
@@ -41,7 +56,9 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
         for i in 0..v.extents() {
             c.allocate_extent(&name, v.id, i).await.unwrap();
         }
-        c.resize_volume(&name, v.size_bytes + EXTENT_BYTES).await.unwrap();
+        c.resize_volume(&name, v.size_bytes + EXTENT_BYTES)
+            .await
+            .unwrap();
         if round % 2 == 1 {
             c.delete_volume(&name).await.unwrap();
         }
@@ -50,9 +67,13 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
 
 #[test]
 fn crash_child() {
-    let Ok(spec) = std::env::var("SLUICE_CRASH_CHILD") else { return };
+    let Ok(spec) = std::env::var("SLUICE_CRASH_CHILD") else {
+        return;
+    };
     // "redb:PATH" or "etcd:ENDPOINT:PREFIX", then the crash point number.
-    let crash_at: Option<u32> = std::env::var("SLUICE_CRASH_AT").ok().and_then(|s| s.parse().ok());
+    let crash_at: Option<u32> = std::env::var("SLUICE_CRASH_AT")
+        .ok()
+        .and_then(|s| s.parse().ok());
     let counter = std::sync::atomic::AtomicU32::new(0);
     let hook = move |p: CrashPoint| {
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
@@ -63,11 +84,17 @@ fn crash_child() {
     };
     rt().block_on(async move {
         if let Some(path) = spec.strip_prefix("redb:") {
-            let c = Catalog::new(RedbStore::open(path.as_ref()).unwrap(), PlacementWeights::default()).with_crash_hook(hook);
+            let c = Catalog::new(
+                RedbStore::open(path.as_ref()).unwrap(),
+                PlacementWeights::default(),
+            )
+            .with_crash_hook(hook);
             workload(&c, 6).await;
         } else if let Some(rest) = spec.strip_prefix("etcd:") {
             let (endpoint, prefix) = rest.rsplit_once('|').unwrap();
-            let store = EtcdStore::connect(&[endpoint.to_owned()], prefix).await.unwrap();
+            let store = EtcdStore::connect(&[endpoint.to_owned()], prefix)
+                .await
+                .unwrap();
             let c = Catalog::new(store, PlacementWeights::default()).with_crash_hook(hook);
             workload(&c, 6).await;
         }
@@ -79,10 +106,16 @@ fn crash_child() {
 /// its injected point (and not of something else).
 fn run_child(store: &str, crash_at: Option<u32>, kill_after: Option<Duration>) -> (bool, bool) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "crash_child", "--nocapture", "--test-threads", "1"])
-        .env("SLUICE_CRASH_CHILD", store)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    cmd.args([
+        "--exact",
+        "crash_child",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("SLUICE_CRASH_CHILD", store)
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
     if let Some(n) = crash_at {
         cmd.env("SLUICE_CRASH_AT", n.to_string());
     }
@@ -92,17 +125,22 @@ fn run_child(store: &str, crash_at: Option<u32>, kill_after: Option<Duration>) -
         let _ = child.kill();
     }
     let out = child.wait_with_output().unwrap();
-    let finished = out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child finished");
+    let finished =
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child finished");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "the child panicked: {stderr}");
     (finished, stderr.contains("crashing at point"))
 }
 
 async fn verify<S: MetaStore>(store: S) {
-    check_catalog(&store).await.unwrap_or_else(|e| panic!("after crash: {e}"));
+    check_catalog(&store)
+        .await
+        .unwrap_or_else(|e| panic!("after crash: {e}"));
     let c = Catalog::new(store, PlacementWeights::default());
     c.resume_deletes().await.unwrap();
-    check_catalog(c.store()).await.unwrap_or_else(|e| panic!("after resuming deletes: {e}"));
+    check_catalog(c.store())
+        .await
+        .unwrap_or_else(|e| panic!("after resuming deletes: {e}"));
 }
 
 /// Crash points the workload passes through, counted by a clean run.
@@ -117,13 +155,19 @@ fn redb_survives_a_crash_at_every_kind_of_point() {
     for (i, n) in (1..=POINTS_SAMPLED).map(|k| k * 7 % 61 + 1).enumerate() {
         let path = dir.path().join(format!("m{}.redb", i % 4));
         let spec = format!("redb:{}", path.display());
-        assert_eq!(run_child(&spec, Some(n), None), (false, true), "the child should have crashed at point {n}");
+        assert_eq!(
+            run_child(&spec, Some(n), None),
+            (false, true),
+            "the child should have crashed at point {n}"
+        );
         rt.block_on(verify(RedbStore::open(&path).unwrap()));
     }
     // And a run with no crash completes on top of the crashed histories.
     let spec = format!("redb:{}", dir.path().join("m0.redb").display());
     assert_eq!(run_child(&spec, None, None), (true, false));
-    rt.block_on(verify(RedbStore::open(&dir.path().join("m0.redb")).unwrap()));
+    rt.block_on(verify(
+        RedbStore::open(&dir.path().join("m0.redb")).unwrap(),
+    ));
 }
 
 #[test]
@@ -134,19 +178,36 @@ fn redb_survives_sigkill_at_random_moments() {
     let rt = rt();
     for i in 0..8u64 {
         // Spread the kills over start-up and the workload.
-        run_child(&spec, None, Some(Duration::from_millis(30 + (i * 37) % 150)));
+        run_child(
+            &spec,
+            None,
+            Some(Duration::from_millis(30 + (i * 37) % 150)),
+        );
         rt.block_on(verify(RedbStore::open(&path).unwrap()));
     }
 }
 
 #[test]
 fn etcd_survives_a_crash_at_every_kind_of_point() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_survives_a_crash") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_survives_a_crash") else {
+        return;
+    };
     let rt = rt();
     for (i, n) in (1..=12u32).map(|k| k * 11 % 61 + 1).enumerate() {
         let prefix = format!("/crash{}/", i % 3);
         let spec = format!("etcd:{}|{prefix}", server.endpoint);
-        assert_eq!(run_child(&spec, Some(n), None), (false, true), "the child should have crashed at point {n}");
-        rt.block_on(async { verify(EtcdStore::connect(std::slice::from_ref(&server.endpoint), &prefix).await.unwrap()).await });
+        assert_eq!(
+            run_child(&spec, Some(n), None),
+            (false, true),
+            "the child should have crashed at point {n}"
+        );
+        rt.block_on(async {
+            verify(
+                EtcdStore::connect(std::slice::from_ref(&server.endpoint), &prefix)
+                    .await
+                    .unwrap(),
+            )
+            .await
+        });
     }
 }

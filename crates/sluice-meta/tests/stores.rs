@@ -1,6 +1,10 @@
 //! The same tests against both stores: redb in a temporary file, and a real
 //! etcd (Debian's etcd-server) started per test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,7 +19,11 @@ use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, EXTENT_BYT
 const MIB: u64 = 1 << 20;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn redb() -> (tempfile::TempDir, RedbStore) {
@@ -25,18 +33,28 @@ fn redb() -> (tempfile::TempDir, RedbStore) {
 }
 
 async fn etcd(server: &EtcdServer, prefix: &str) -> EtcdStore {
-    EtcdStore::connect(std::slice::from_ref(&server.endpoint), prefix).await.unwrap()
+    EtcdStore::connect(std::slice::from_ref(&server.endpoint), prefix)
+        .await
+        .unwrap()
 }
 
 fn spec(i: u32, target: u32) -> DriveSpec {
-    DriveSpec { addr: format!("127.0.0.{target}:4420"), nqn: format!("nqn.test:d{i}"), nsid: 1 }
+    DriveSpec {
+        addr: format!("127.0.0.{target}:4420"),
+        nqn: format!("nqn.test:d{i}"),
+        nsid: 1,
+    }
 }
 
 // ------------------------------------------------------------- store semantics
 
 async fn store_semantics<S: MetaStore>(s: S) {
     assert_eq!(s.get("a/x").await.unwrap(), None);
-    let r1 = match s.commit(Txn::default().absent("a/x").put("a/x", b"1".to_vec())).await.unwrap() {
+    let r1 = match s
+        .commit(Txn::default().absent("a/x").put("a/x", b"1".to_vec()))
+        .await
+        .unwrap()
+    {
         Committed::Applied { revision } => revision,
         c => panic!("{c:?}"),
     };
@@ -44,14 +62,31 @@ async fn store_semantics<S: MetaStore>(s: S) {
     assert_eq!(got.value, b"1");
     assert_eq!(got.mod_revision, r1);
     // Absent no longer holds; a stale revision does not hold; nothing changes.
-    assert_eq!(s.commit(Txn::default().absent("a/x").put("a/y", b"2".to_vec())).await.unwrap(), Committed::Conflict);
     assert_eq!(
-        s.commit(Txn::default().unchanged("a/x", r1 + 100).put("a/y", b"2".to_vec())).await.unwrap(),
+        s.commit(Txn::default().absent("a/x").put("a/y", b"2".to_vec()))
+            .await
+            .unwrap(),
+        Committed::Conflict
+    );
+    assert_eq!(
+        s.commit(
+            Txn::default()
+                .unchanged("a/x", r1 + 100)
+                .put("a/y", b"2".to_vec())
+        )
+        .await
+        .unwrap(),
         Committed::Conflict
     );
     assert_eq!(s.get("a/y").await.unwrap(), None);
     let r2 = match s
-        .commit(Txn::default().unchanged("a/x", r1).put("a/y", b"2".to_vec()).put("b/z", b"3".to_vec()).delete("a/x"))
+        .commit(
+            Txn::default()
+                .unchanged("a/x", r1)
+                .put("a/y", b"2".to_vec())
+                .put("b/z", b"3".to_vec())
+                .delete("a/x"),
+        )
         .await
         .unwrap()
     {
@@ -61,7 +96,10 @@ async fn store_semantics<S: MetaStore>(s: S) {
     assert!(r2 > r1);
     let (rev, listed) = s.list("a/").await.unwrap();
     assert!(rev >= r2);
-    assert_eq!(listed.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), vec!["a/y"]);
+    assert_eq!(
+        listed.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        vec!["a/y"]
+    );
     assert_eq!(listed[0].1.mod_revision, r2);
     // Limits are refused before the store sees them, the same on both.
     let mut big = Txn::default();
@@ -70,7 +108,8 @@ async fn store_semantics<S: MetaStore>(s: S) {
     }
     assert!(matches!(s.commit(big).await, Err(StoreError::TooLarge(_))));
     assert!(matches!(
-        s.commit(Txn::default().put("c/1", vec![]).delete("c/1")).await,
+        s.commit(Txn::default().put("c/1", vec![]).delete("c/1"))
+            .await,
         Err(StoreError::TooLarge(_))
     ));
 }
@@ -83,7 +122,9 @@ fn redb_store_semantics() {
 
 #[test]
 fn etcd_store_semantics() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_store_semantics") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_store_semantics") else {
+        return;
+    };
     rt().block_on(async { store_semantics(etcd(&server, "/t1/").await).await });
 }
 
@@ -93,7 +134,9 @@ async fn catalog_lifecycle<S: MetaStore>(s: S) {
     let c = Catalog::new(s, PlacementWeights::default());
     // Four drives of 8 extents on two targets.
     for i in 0..4 {
-        c.add_drive(spec(i, i % 2 + 1), 512, 8 * EXTENT_BYTES + 4096, None).await.unwrap();
+        c.add_drive(spec(i, i % 2 + 1), 512, 8 * EXTENT_BYTES + 4096, None)
+            .await
+            .unwrap();
     }
     assert!(matches!(
         c.add_drive(spec(0, 1), 512, 8 * EXTENT_BYTES, None).await,
@@ -101,20 +144,47 @@ async fn catalog_lifecycle<S: MetaStore>(s: S) {
     ));
     assert!(matches!(
         c.add_drive(spec(9, 1), 512, MIB, None).await,
-        Err(CatalogError::Invalid { field: "drive size", .. })
+        Err(CatalogError::Invalid {
+            field: "drive size",
+            ..
+        })
     ));
     assert_eq!(c.capacity().await.unwrap(), (32, 0));
 
-    let v = c.create_volume(VolumeSpec::new("db", 6 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
+    let v = c
+        .create_volume(VolumeSpec::new("db", 6 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
     assert_eq!(c.capacity().await.unwrap(), (32, 12));
-    assert!(matches!(c.create_volume(VolumeSpec::new("db", EXTENT_BYTES)).await, Err(CatalogError::DuplicateVolume(_))));
+    assert!(matches!(
+        c.create_volume(VolumeSpec::new("db", EXTENT_BYTES)).await,
+        Err(CatalogError::DuplicateVolume(_))
+    ));
     // 21 extents × 1 replica does not fit in the 20 unreserved.
-    let e = c.create_volume(VolumeSpec::new("huge", 21 * EXTENT_BYTES)).await.unwrap_err();
+    let e = c
+        .create_volume(VolumeSpec::new("huge", 21 * EXTENT_BYTES))
+        .await
+        .unwrap_err();
     assert!(matches!(e, CatalogError::PoolFull(_)), "{e}");
     assert!(e.to_string().contains("capacity exceeded"), "{e}");
-    let e = c.create_volume(VolumeSpec::new("bad/name", EXTENT_BYTES)).await.unwrap_err();
-    assert!(matches!(e, CatalogError::Invalid { field: "volume name", .. }), "{e}");
-    assert!(matches!(c.volume("nope").await, Err(CatalogError::UnknownVolume(_))));
+    let e = c
+        .create_volume(VolumeSpec::new("bad/name", EXTENT_BYTES))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CatalogError::Invalid {
+                field: "volume name",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        c.volume("nope").await,
+        Err(CatalogError::UnknownVolume(_))
+    ));
 
     // Lazy: nothing allocated until asked; allocation is idempotent.
     assert!(c.layout("db").await.unwrap().extents.is_empty());
@@ -127,12 +197,19 @@ async fn catalog_lifecycle<S: MetaStore>(s: S) {
     for i in 1..6 {
         c.allocate_extent("db", v.id, i).await.unwrap();
     }
-    assert!(matches!(c.allocate_extent("db", v.id, 6).await, Err(CatalogError::ExtentOutOfRange { .. })));
+    assert!(matches!(
+        c.allocate_extent("db", v.id, 6).await,
+        Err(CatalogError::ExtentOutOfRange { .. })
+    ));
     let layout = c.layout("db").await.unwrap();
     assert_eq!(layout.extents.len(), 6);
     // 12 replicas over 4 drives: spread evenly.
     let per: BTreeMap<DriveId, u64> = layout.volume.extents_per_drive.clone();
-    assert_eq!(per.values().copied().collect::<Vec<_>>(), vec![3, 3, 3, 3], "{per:?}");
+    assert_eq!(
+        per.values().copied().collect::<Vec<_>>(),
+        vec![3, 3, 3, 3],
+        "{per:?}"
+    );
     check_catalog(c.store()).await.unwrap();
 
     // Grow online; shrink refused.
@@ -144,17 +221,28 @@ async fn catalog_lifecycle<S: MetaStore>(s: S) {
 
     // A stale client (old id) after delete and re-create.
     c.delete_volume("db").await.unwrap();
-    assert!(matches!(c.volume("db").await, Err(CatalogError::UnknownVolume(_))));
+    assert!(matches!(
+        c.volume("db").await,
+        Err(CatalogError::UnknownVolume(_))
+    ));
     let summary = check_catalog(c.store()).await.unwrap();
     assert_eq!((summary.extents, summary.slots_used), (0, 0));
     assert_eq!(c.capacity().await.unwrap(), (32, 0));
-    let v2 = c.create_volume(VolumeSpec::new("db", EXTENT_BYTES)).await.unwrap();
+    let v2 = c
+        .create_volume(VolumeSpec::new("db", EXTENT_BYTES))
+        .await
+        .unwrap();
     assert_ne!(v2.id, v.id);
-    assert!(matches!(c.allocate_extent("db", v.id, 0).await, Err(CatalogError::VolumeRecreated { .. })));
+    assert!(matches!(
+        c.allocate_extent("db", v.id, 0).await,
+        Err(CatalogError::VolumeRecreated { .. })
+    ));
 
     // A drive out of service takes no new extents.
     for d in 0..3 {
-        c.set_drive_state(DriveId(d), DriveState::Down).await.unwrap();
+        c.set_drive_state(DriveId(d), DriveState::Down)
+            .await
+            .unwrap();
     }
     let e = c.allocate_extent("db", v2.id, 0).await.unwrap();
     assert_eq!(e.chain[0].drive, DriveId(3));
@@ -169,7 +257,9 @@ fn redb_catalog_lifecycle() {
 
 #[test]
 fn etcd_catalog_lifecycle() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_lifecycle") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_lifecycle") else {
+        return;
+    };
     rt().block_on(async { catalog_lifecycle(etcd(&server, "/t2/").await).await });
 }
 
@@ -178,9 +268,14 @@ fn etcd_catalog_lifecycle() {
 async fn big_delete<S: MetaStore>(s: S) {
     let c = Catalog::new(s, PlacementWeights::default());
     for i in 0..8 {
-        c.add_drive(spec(i, i), 4096, 64 * EXTENT_BYTES, None).await.unwrap();
+        c.add_drive(spec(i, i), 4096, 64 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
     }
-    let v = c.create_volume(VolumeSpec::new("big", 150 * EXTENT_BYTES).with_replicas(3)).await.unwrap();
+    let v = c
+        .create_volume(VolumeSpec::new("big", 150 * EXTENT_BYTES).with_replicas(3))
+        .await
+        .unwrap();
     for i in 0..150 {
         c.allocate_extent("big", v.id, i).await.unwrap();
     }
@@ -198,7 +293,9 @@ fn redb_big_delete_spans_transactions() {
 
 #[test]
 fn etcd_big_delete_spans_transactions() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_big_delete") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_big_delete") else {
+        return;
+    };
     rt().block_on(async { big_delete(etcd(&server, "/t3/").await).await });
 }
 
@@ -208,9 +305,14 @@ async fn racing_allocators<S: MetaStore + Clone>(s: S) {
     let a = Arc::new(Catalog::new(s.clone(), PlacementWeights::default()));
     let b = Arc::new(Catalog::new(s, PlacementWeights::default()));
     for i in 0..3 {
-        a.add_drive(spec(i, i), 512, 40 * EXTENT_BYTES, None).await.unwrap();
+        a.add_drive(spec(i, i), 512, 40 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
     }
-    let v = a.create_volume(VolumeSpec::new("r", 32 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
+    let v = a
+        .create_volume(VolumeSpec::new("r", 32 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
     let mut tasks = Vec::new();
     for cat in [a.clone(), b.clone(), a.clone(), b.clone()] {
         tasks.push(tokio::spawn(async move {
@@ -242,7 +344,9 @@ fn redb_racing_allocators_agree() {
 
 #[test]
 fn etcd_racing_allocators_agree() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_racing_allocators") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_racing_allocators") else {
+        return;
+    };
     rt().block_on(async { racing_allocators(etcd(&server, "/t4/").await).await });
 }
 
@@ -252,7 +356,9 @@ fn etcd_racing_allocators_agree() {
 fn corrupt_metadata_names_the_key() {
     let (_d, s) = redb();
     rt().block_on(async {
-        s.commit(Txn::default().put("drives/00000000", b"{\"id\": \"x\"".to_vec())).await.unwrap();
+        s.commit(Txn::default().put("drives/00000000", b"{\"id\": \"x\"".to_vec()))
+            .await
+            .unwrap();
         let e = check_catalog(&s).await.unwrap_err().to_string();
         assert!(e.contains("drives/00000000"), "{e}");
         let c = Catalog::new(s, PlacementWeights::default());
@@ -294,13 +400,23 @@ struct Model {
 
 impl Model {
     fn capacity(&self) -> u64 {
-        self.drives.values().filter(|(up, _, _)| *up).map(|(_, s, _)| s).sum()
+        self.drives
+            .values()
+            .filter(|(up, _, _)| *up)
+            .map(|(_, s, _)| s)
+            .sum()
     }
     fn reserved(&self) -> u64 {
-        self.volumes.values().map(|(e, r, _)| e * u64::from(*r)).sum()
+        self.volumes
+            .values()
+            .map(|(e, r, _)| e * u64::from(*r))
+            .sum()
     }
     fn used(&self) -> u64 {
-        self.volumes.values().map(|(_, r, a)| a.len() as u64 * u64::from(*r)).sum()
+        self.volumes
+            .values()
+            .map(|(_, r, a)| a.len() as u64 * u64::from(*r))
+            .sum()
     }
 }
 
@@ -312,7 +428,9 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
     for op in ops {
         match op {
             Op::AddDrive(i) => {
-                let r = c.add_drive(spec(i, i % 3), 512, 6 * EXTENT_BYTES, None).await;
+                let r = c
+                    .add_drive(spec(i, i % 3), 512, 6 * EXTENT_BYTES, None)
+                    .await;
                 prop_assert_eq!(r.is_ok(), !m.drives.contains_key(&i), "{:?}", r);
                 if let Ok(d) = r {
                     m.drives.insert(i, (true, 6, d.id));
@@ -320,7 +438,9 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                 }
             }
             Op::Create(n, e, r) => {
-                let res = c.create_volume(VolumeSpec::new(name(n), e * EXTENT_BYTES).with_replicas(r)).await;
+                let res = c
+                    .create_volume(VolumeSpec::new(name(n), e * EXTENT_BYTES).with_replicas(r))
+                    .await;
                 let up = m.drives.values().filter(|(u, _, _)| *u).count();
                 let fits = m.reserved() + e * u64::from(r) <= m.capacity() && up >= usize::from(r);
                 match res {
@@ -329,13 +449,20 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                         m.volumes.insert(n, (e, r, BTreeSet::new()));
                         ids.insert(n, v.id);
                     }
-                    Err(CatalogError::DuplicateVolume(_)) => prop_assert!(m.volumes.contains_key(&n)),
-                    Err(CatalogError::PoolFull(_)) => prop_assert!(!m.volumes.contains_key(&n) && !fits),
+                    Err(CatalogError::DuplicateVolume(_)) => {
+                        prop_assert!(m.volumes.contains_key(&n))
+                    }
+                    Err(CatalogError::PoolFull(_)) => {
+                        prop_assert!(!m.volumes.contains_key(&n) && !fits)
+                    }
                     Err(e) => prop_assert!(false, "{}", e),
                 }
             }
             Op::Alloc(n, i) => {
-                let id = ids.get(&n).copied().unwrap_or(sluice_volume::VolumeId(u64::MAX));
+                let id = ids
+                    .get(&n)
+                    .copied()
+                    .unwrap_or(sluice_volume::VolumeId(u64::MAX));
                 let res = c.allocate_extent(&name(n), id, i).await;
                 match (res, m.volumes.get_mut(&n)) {
                     (Ok(e), Some((ext, r, alloc))) => {
@@ -344,11 +471,18 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                         alloc.insert(i);
                     }
                     (Err(CatalogError::UnknownVolume(_)), None) => {}
-                    (Err(CatalogError::ExtentOutOfRange { .. }), Some((ext, _, _))) => prop_assert!(i >= *ext),
+                    (Err(CatalogError::ExtentOutOfRange { .. }), Some((ext, _, _))) => {
+                        prop_assert!(i >= *ext)
+                    }
                     // Drives went down or filled up with other volumes'
                     // extents: the reservation counts in-service capacity.
                     (Err(CatalogError::PoolFull(_)), Some(_)) => {}
-                    (r, v) => prop_assert!(false, "alloc {:?} with model {:?}", r, v.map(|v| (v.0, v.1))),
+                    (r, v) => prop_assert!(
+                        false,
+                        "alloc {:?} with model {:?}",
+                        r,
+                        v.map(|v| (v.0, v.1))
+                    ),
                 }
             }
             Op::Resize(n, e) => {
@@ -358,7 +492,9 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                         prop_assert!(e.max(1) >= model.0);
                         model.0 = v.extents();
                     }
-                    (Err(CatalogError::Shrink { .. }), Some(model)) => prop_assert!(e.max(1) < model.0),
+                    (Err(CatalogError::Shrink { .. }), Some(model)) => {
+                        prop_assert!(e.max(1) < model.0)
+                    }
                     (Err(CatalogError::PoolFull(_)), Some(_)) => {}
                     (Err(CatalogError::UnknownVolume(_)), None) => {}
                     (r, _) => prop_assert!(false, "resize {:?}", r),
@@ -368,20 +504,22 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                 let res = c.delete_volume(&name(n)).await;
                 prop_assert_eq!(res.is_ok(), m.volumes.remove(&n).is_some());
             }
-            Op::DriveDown(i) => {
-                match m.drives.get_mut(&i) {
-                    Some(d) => {
-                        c.set_drive_state(d.2, DriveState::Down).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
-                        d.0 = false;
-                    }
-                    None => {
-                        let unknown = c.set_drive_state(DriveId(1000 + i), DriveState::Down).await;
-                        prop_assert!(matches!(unknown, Err(CatalogError::UnknownDrive(_))));
-                    }
+            Op::DriveDown(i) => match m.drives.get_mut(&i) {
+                Some(d) => {
+                    c.set_drive_state(d.2, DriveState::Down)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    d.0 = false;
                 }
-            }
+                None => {
+                    let unknown = c.set_drive_state(DriveId(1000 + i), DriveState::Down).await;
+                    prop_assert!(matches!(unknown, Err(CatalogError::UnknownDrive(_))));
+                }
+            },
         }
-        let summary = check_catalog(c.store()).await.map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let summary = check_catalog(c.store())
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(summary.slots_used, m.used());
         prop_assert_eq!(summary.volumes, m.volumes.len());
     }
@@ -401,13 +539,21 @@ proptest! {
 
 #[test]
 fn etcd_catalog_matches_the_model() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_matches_the_model") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_catalog_matches_the_model") else {
+        return;
+    };
     let rt = rt();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 12, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 12,
+        ..ProptestConfig::default()
+    });
     let case = std::sync::atomic::AtomicU32::new(0);
     runner
         .run(&proptest::collection::vec(op(), 1..30), |ops| {
-            let prefix = format!("/model{}/", case.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let prefix = format!(
+                "/model{}/",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
             rt.block_on(async { run_model(etcd(&server, &prefix).await, ops).await })
         })
         .unwrap();
@@ -418,10 +564,18 @@ fn etcd_catalog_matches_the_model() {
 async fn failed_drive<S: MetaStore>(s: S) {
     let c = Catalog::new(s, PlacementWeights::default());
     for i in 0..3 {
-        c.add_drive(spec(i, i), 512, 80 * EXTENT_BYTES, None).await.unwrap();
+        c.add_drive(spec(i, i), 512, 80 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
     }
-    let r2 = c.create_volume(VolumeSpec::new("r2", 70 * EXTENT_BYTES).with_replicas(2)).await.unwrap();
-    let r1 = c.create_volume(VolumeSpec::new("r1", 10 * EXTENT_BYTES)).await.unwrap();
+    let r2 = c
+        .create_volume(VolumeSpec::new("r2", 70 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    let r1 = c
+        .create_volume(VolumeSpec::new("r1", 10 * EXTENT_BYTES))
+        .await
+        .unwrap();
     for i in 0..70 {
         c.allocate_extent("r2", r2.id, i).await.unwrap();
     }
@@ -429,20 +583,35 @@ async fn failed_drive<S: MetaStore>(s: S) {
         c.allocate_extent("r1", r1.id, i).await.unwrap();
     }
     let on_d0 = |l: &sluice_meta::catalog::VolumeLayout| {
-        l.extents.iter().filter(|e| e.chain.iter().any(|r| r.drive == DriveId(0))).count() as u64
+        l.extents
+            .iter()
+            .filter(|e| e.chain.iter().any(|r| r.drive == DriveId(0)))
+            .count() as u64
     };
     let before = on_d0(&c.layout("r2").await.unwrap());
     let single_before = on_d0(&c.layout("r1").await.unwrap());
-    assert!(before > 40, "enough chains to need several transactions: {before}");
+    assert!(
+        before > 40,
+        "enough chains to need several transactions: {before}"
+    );
     // Shortens every replicated chain on the drive, in several transactions.
     assert_eq!(c.fail_drive(DriveId(0)).await.unwrap(), before);
     let l = c.layout("r2").await.unwrap();
     assert_eq!(on_d0(&l), 0);
     assert!(l.volume.epoch > r2.epoch);
-    assert!(l.extents.iter().all(|e| e.chain.len() == 1 || e.chain.len() == 2));
+    assert!(l
+        .extents
+        .iter()
+        .all(|e| e.chain.len() == 1 || e.chain.len() == 2));
     // Single-replica extents keep their only copy.
     assert_eq!(on_d0(&c.layout("r1").await.unwrap()), single_before);
-    let d0 = c.drives().await.unwrap().into_iter().find(|d| d.id == DriveId(0)).unwrap();
+    let d0 = c
+        .drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == DriveId(0))
+        .unwrap();
     assert_eq!(d0.state, DriveState::Down);
     check_catalog(c.store()).await.unwrap();
     // Idempotent.
@@ -457,7 +626,9 @@ fn redb_failed_drive_leaves_every_replicated_chain() {
 
 #[test]
 fn etcd_failed_drive_leaves_every_replicated_chain() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_failed_drive") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_failed_drive") else {
+        return;
+    };
     rt().block_on(async { failed_drive(etcd(&server, "/t5/").await).await });
 }
 
@@ -466,13 +637,21 @@ fn etcd_failed_drive_leaves_every_replicated_chain() {
 async fn drive_added_elsewhere_is_used<S: MetaStore + Clone>(s: S) {
     let a = Catalog::new(s.clone(), PlacementWeights::default());
     let b = Catalog::new(s, PlacementWeights::default());
-    a.add_drive(spec(0, 0), 512, 40 * EXTENT_BYTES, None).await.unwrap();
-    let v = a.create_volume(VolumeSpec::new("f", 20 * EXTENT_BYTES)).await.unwrap();
+    a.add_drive(spec(0, 0), 512, 40 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
+    let v = a
+        .create_volume(VolumeSpec::new("f", 20 * EXTENT_BYTES))
+        .await
+        .unwrap();
     for i in 0..4 {
         a.allocate_extent("f", v.id, i).await.unwrap();
     }
     // Another control plane adds a drive; `a`'s copies do not know it.
-    let d1 = b.add_drive(spec(1, 1), 512, 40 * EXTENT_BYTES, None).await.unwrap();
+    let d1 = b
+        .add_drive(spec(1, 1), 512, 40 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
     let mut on_new = 0;
     for i in 4..12 {
         let e = a.allocate_extent("f", v.id, i).await.unwrap();
@@ -482,7 +661,10 @@ async fn drive_added_elsewhere_is_used<S: MetaStore + Clone>(s: S) {
     // And a drive taken down elsewhere gets nothing new.
     b.set_drive_state(d1.id, DriveState::Down).await.unwrap();
     for i in 12..16 {
-        assert_ne!(a.allocate_extent("f", v.id, i).await.unwrap().chain[0].drive, d1.id);
+        assert_ne!(
+            a.allocate_extent("f", v.id, i).await.unwrap().chain[0].drive,
+            d1.id
+        );
     }
     check_catalog(a.store()).await.unwrap();
 }
@@ -495,6 +677,8 @@ fn redb_allocation_fast_path_sees_changes_made_elsewhere() {
 
 #[test]
 fn etcd_allocation_fast_path_sees_changes_made_elsewhere() {
-    let Some(server) = EtcdServer::start_or_skip("etcd_fast_path") else { return };
+    let Some(server) = EtcdServer::start_or_skip("etcd_fast_path") else {
+        return;
+    };
     rt().block_on(async { drive_added_elsewhere_is_used(etcd(&server, "/t6/").await).await });
 }

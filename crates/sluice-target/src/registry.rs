@@ -51,7 +51,12 @@ pub trait VolumeOpener: Send + Sync {
 pub struct NoVolumes;
 
 impl VolumeOpener for NoVolumes {
-    fn open_volume(&self, name: &str, _: &str, _: Option<&std::path::Path>) -> Result<Arc<dyn Backend>, String> {
+    fn open_volume(
+        &self,
+        name: &str,
+        _: &str,
+        _: Option<&std::path::Path>,
+    ) -> Result<Arc<dyn Backend>, String> {
         Err(format!("backend `volume` ({name:?}) needs the control-plane client: start the target with `sluice target`"))
     }
 }
@@ -129,11 +134,22 @@ fn instance_nonce() -> [u8; 16] {
     b
 }
 
-fn derive_ids(nqn: &str, nsid: u32, uuid: Option<[u8; 16]>, identity: &[u8]) -> ([u8; 16], [u8; 8]) {
+fn derive_ids(
+    nqn: &str,
+    nsid: u32,
+    uuid: Option<[u8; 16]>,
+    identity: &[u8],
+) -> ([u8; 16], [u8; 8]) {
     let nguid = uuid.unwrap_or_else(|| {
         let mut g = [0u8; 16];
-        let a = sluice_proto::digest::crc32c_append(sluice_proto::digest::crc32c(nqn.as_bytes()), identity);
-        let b = sluice_proto::digest::crc32c_append(sluice_proto::digest::crc32c(&nsid.to_le_bytes()), identity);
+        let a = sluice_proto::digest::crc32c_append(
+            sluice_proto::digest::crc32c(nqn.as_bytes()),
+            identity,
+        );
+        let b = sluice_proto::digest::crc32c_append(
+            sluice_proto::digest::crc32c(&nsid.to_le_bytes()),
+            identity,
+        );
         let c = sluice_proto::digest::crc32c_append(a, &nsid.to_be_bytes());
         let d = sluice_proto::digest::crc32c_append(b, nqn.as_bytes());
         g[0..4].copy_from_slice(&a.to_be_bytes());
@@ -186,16 +202,27 @@ fn open_backend(
             };
             Arc::new(FileBackend::open(path, opts).map_err(wrap)?)
         }
-        BackendConfig::Volume { name, control, token_file } => {
-            let b = volumes.open_volume(name, control, token_file.as_deref()).map_err(|reason| {
-                RegistryError::Namespace { nqn: sc.nqn.clone(), nsid: nc.nsid, reason }
-            })?;
+        BackendConfig::Volume {
+            name,
+            control,
+            token_file,
+        } => {
+            let b = volumes
+                .open_volume(name, control, token_file.as_deref())
+                .map_err(|reason| RegistryError::Namespace {
+                    nqn: sc.nqn.clone(),
+                    nsid: nc.nsid,
+                    reason,
+                })?;
             let bs = b.geometry().block_size_bytes;
             if bs != nc.block_size_bytes {
                 return Err(RegistryError::Namespace {
                     nqn: sc.nqn.clone(),
                     nsid: nc.nsid,
-                    reason: format!("volume {name:?} has {bs}-byte blocks but block_size is {}", nc.block_size_bytes),
+                    reason: format!(
+                        "volume {name:?} has {bs}-byte blocks but block_size is {}",
+                        nc.block_size_bytes
+                    ),
                 });
             }
             b
@@ -210,7 +237,10 @@ impl Registry {
     }
 
     /// Builds the registry, opening `volume` namespaces through `volumes`.
-    pub fn build_with(config: &Config, volumes: &dyn VolumeOpener) -> Result<Registry, RegistryError> {
+    pub fn build_with(
+        config: &Config,
+        volumes: &dyn VolumeOpener,
+    ) -> Result<Registry, RegistryError> {
         let mut subsystems = BTreeMap::new();
         let mut all_ns = Vec::new();
         let instance = instance_nonce();

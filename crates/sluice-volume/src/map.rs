@@ -29,7 +29,11 @@ pub struct ExtentFault {
 
 impl fmt::Display for ExtentFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "extent {} of {} is not allocated", self.index, self.volume)
+        write!(
+            f,
+            "extent {} of {} is not allocated",
+            self.index, self.volume
+        )
     }
 }
 
@@ -69,7 +73,10 @@ impl VolumeMap {
     /// An empty map for `volume` (nothing allocated).
     pub fn new(volume: VolumeRecord) -> VolumeMap {
         let n = usize::try_from(volume.extents()).unwrap_or(usize::MAX);
-        VolumeMap { extents: vec![None; n], volume }
+        VolumeMap {
+            extents: vec![None; n],
+            volume,
+        }
     }
 
     /// A map from a volume and its extent records; records outside the
@@ -117,7 +124,10 @@ impl VolumeMap {
 
     /// The chain of extent `index`, if allocated.
     pub fn chain(&self, index: u64) -> Option<&Chain> {
-        usize::try_from(index).ok().and_then(|i| self.extents.get(i)).and_then(Option::as_ref)
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.extents.get(i))
+            .and_then(Option::as_ref)
     }
 
     /// Allocated extents.
@@ -130,7 +140,10 @@ impl VolumeMap {
         let (first, last) = extent_span(offset_bytes, len_bytes)?;
         (first..=last)
             .find(|&i| self.chain(i).is_none())
-            .map(|index| ExtentFault { volume: self.volume.id, index })
+            .map(|index| ExtentFault {
+                volume: self.volume.id,
+                index,
+            })
     }
 
     /// Plans `len_bytes` at `offset_bytes`: pieces in order, each at most
@@ -144,26 +157,44 @@ impl VolumeMap {
     ) -> Result<Plan<'_>, RangeError> {
         let bs = u64::from(self.volume.block_size_bytes);
         if len_bytes == 0 || !offset_bytes.is_multiple_of(bs) || !len_bytes.is_multiple_of(bs) {
-            return Err(RangeError::Unaligned { offset_bytes, len_bytes, block_size_bytes: bs });
+            return Err(RangeError::Unaligned {
+                offset_bytes,
+                len_bytes,
+                block_size_bytes: bs,
+            });
         }
-        let end = offset_bytes.checked_add(len_bytes).ok_or(RangeError::Beyond {
-            offset_bytes,
-            len_bytes,
-            size_bytes: self.volume.size_bytes,
-        })?;
+        let end = offset_bytes
+            .checked_add(len_bytes)
+            .ok_or(RangeError::Beyond {
+                offset_bytes,
+                len_bytes,
+                size_bytes: self.volume.size_bytes,
+            })?;
         if end > self.volume.size_bytes {
-            return Err(RangeError::Beyond { offset_bytes, len_bytes, size_bytes: self.volume.size_bytes });
+            return Err(RangeError::Beyond {
+                offset_bytes,
+                len_bytes,
+                size_bytes: self.volume.size_bytes,
+            });
         }
         // A piece never ends mid-block, so the cap is rounded down to blocks.
         let cap = (piece_bytes_max / bs).max(1) * bs;
-        Ok(Plan { map: self, pos: offset_bytes, end, start: offset_bytes, cap })
+        Ok(Plan {
+            map: self,
+            pos: offset_bytes,
+            end,
+            start: offset_bytes,
+            cap,
+        })
     }
 
     /// Whether extent `b` continues extent `a` on every replica: same drives
     /// in the same order, each in the next slot.
     fn contiguous(a: &Chain, b: &Chain) -> bool {
         a.len() == b.len()
-            && a.iter().zip(b).all(|(x, y)| x.drive == y.drive && x.slot.checked_add(1) == Some(y.slot))
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| x.drive == y.drive && x.slot.checked_add(1) == Some(y.slot))
     }
 }
 
@@ -180,9 +211,17 @@ fn extent_span(offset_bytes: u64, len_bytes: u64) -> Option<(u64, u64)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RangeError {
     #[error("{len_bytes} bytes at {offset_bytes} is not whole {block_size_bytes}-byte blocks")]
-    Unaligned { offset_bytes: u64, len_bytes: u64, block_size_bytes: u64 },
+    Unaligned {
+        offset_bytes: u64,
+        len_bytes: u64,
+        block_size_bytes: u64,
+    },
     #[error("{len_bytes} bytes at {offset_bytes} runs beyond the volume's {size_bytes} bytes")]
-    Beyond { offset_bytes: u64, len_bytes: u64, size_bytes: u64 },
+    Beyond {
+        offset_bytes: u64,
+        len_bytes: u64,
+        size_bytes: u64,
+    },
 }
 
 /// The pieces of one request, produced lazily (see [`VolumeMap::plan`]).
@@ -230,7 +269,11 @@ impl Iterator for Plan<'_> {
             len_bytes: piece_end - self.pos,
             extent,
             offset_in_extent,
-            target: if first.is_some() { PieceTarget::Mapped { extent } } else { PieceTarget::Unallocated },
+            target: if first.is_some() {
+                PieceTarget::Mapped { extent }
+            } else {
+                PieceTarget::Unallocated
+            },
         };
         self.pos = piece_end;
         Some(piece)
@@ -262,7 +305,13 @@ mod tests {
         ExtentRecord {
             volume: VolumeId(7),
             index,
-            chain: chain.iter().map(|&(d, s)| Replica { drive: DriveId(d), slot: s }).collect(),
+            chain: chain
+                .iter()
+                .map(|&(d, s)| Replica {
+                    drive: DriveId(d),
+                    slot: s,
+                })
+                .collect(),
         }
     }
 
@@ -271,11 +320,17 @@ mod tests {
     #[test]
     fn a_request_inside_one_extent_is_one_piece() {
         let map = VolumeMap::from_records(volume(4, 1), [rec(1, &[(0, 9)])]).unwrap();
-        let p: Vec<_> = map.plan(EXTENT_BYTES + 8192, 4096, u64::MAX).unwrap().collect();
+        let p: Vec<_> = map
+            .plan(EXTENT_BYTES + 8192, 4096, u64::MAX)
+            .unwrap()
+            .collect();
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].target, PieceTarget::Mapped { extent: 1 });
         assert_eq!(p[0].offset_in_extent, 8192);
-        assert_eq!(p[0].drive_offset(&map.chain(1).unwrap()[0]), 9 * EXTENT_BYTES + 8192);
+        assert_eq!(
+            p[0].drive_offset(&map.chain(1).unwrap()[0]),
+            9 * EXTENT_BYTES + 8192
+        );
     }
 
     #[test]
@@ -287,7 +342,10 @@ mod tests {
         )
         .unwrap();
         let p: Vec<_> = map.plan(MIB, 3 * EXTENT_BYTES, u64::MAX).unwrap().collect();
-        let shape: Vec<_> = p.iter().map(|p| (p.buf_offset, p.len_bytes, p.target)).collect();
+        let shape: Vec<_> = p
+            .iter()
+            .map(|p| (p.buf_offset, p.len_bytes, p.target))
+            .collect();
         assert_eq!(
             shape,
             vec![
@@ -296,7 +354,13 @@ mod tests {
                 (5 * MIB, MIB, PieceTarget::Unallocated),
             ]
         );
-        assert_eq!(map.first_fault(0, 4 * EXTENT_BYTES), Some(ExtentFault { volume: VolumeId(7), index: 3 }));
+        assert_eq!(
+            map.first_fault(0, 4 * EXTENT_BYTES),
+            Some(ExtentFault {
+                volume: VolumeId(7),
+                index: 3
+            })
+        );
         assert_eq!(map.first_fault(0, 3 * EXTENT_BYTES), None);
     }
 
@@ -304,29 +368,56 @@ mod tests {
     fn replicated_extents_merge_only_when_every_replica_is_contiguous() {
         let map = VolumeMap::from_records(
             volume(3, 2),
-            [rec(0, &[(0, 1), (1, 1)]), rec(1, &[(0, 2), (1, 2)]), rec(2, &[(0, 3), (1, 9)])],
+            [
+                rec(0, &[(0, 1), (1, 1)]),
+                rec(1, &[(0, 2), (1, 2)]),
+                rec(2, &[(0, 3), (1, 9)]),
+            ],
         )
         .unwrap();
-        let lens: Vec<_> = map.plan(0, 3 * EXTENT_BYTES, u64::MAX).unwrap().map(|p| p.len_bytes).collect();
+        let lens: Vec<_> = map
+            .plan(0, 3 * EXTENT_BYTES, u64::MAX)
+            .unwrap()
+            .map(|p| p.len_bytes)
+            .collect();
         assert_eq!(lens, vec![2 * EXTENT_BYTES, EXTENT_BYTES]);
     }
 
     #[test]
     fn pieces_respect_the_transfer_cap() {
         let map = VolumeMap::new(volume(2, 1));
-        let lens: Vec<_> = map.plan(0, 4 * MIB, 1_500_000).unwrap().map(|p| p.len_bytes).collect();
+        let lens: Vec<_> = map
+            .plan(0, 4 * MIB, 1_500_000)
+            .unwrap()
+            .map(|p| p.len_bytes)
+            .collect();
         // The cap rounds down to 4 KiB blocks: 1,499,136 bytes.
-        assert!(lens.iter().all(|&l| l <= 1_499_136 && l % 4096 == 0), "{lens:?}");
+        assert!(
+            lens.iter().all(|&l| l <= 1_499_136 && l % 4096 == 0),
+            "{lens:?}"
+        );
         assert_eq!(lens.iter().sum::<u64>(), 4 * MIB);
     }
 
     #[test]
     fn bad_ranges_are_refused() {
         let map = VolumeMap::new(volume(1, 1));
-        assert!(matches!(map.plan(0, 0, 1 << 20), Err(RangeError::Unaligned { .. })));
-        assert!(matches!(map.plan(512, 4096, 1 << 20), Err(RangeError::Unaligned { .. })));
-        assert!(matches!(map.plan(EXTENT_BYTES - 4096, 8192, 1 << 20), Err(RangeError::Beyond { .. })));
-        assert!(matches!(map.plan(u64::MAX - 4095, 4096, 1 << 20), Err(RangeError::Unaligned { .. }) | Err(RangeError::Beyond { .. })));
+        assert!(matches!(
+            map.plan(0, 0, 1 << 20),
+            Err(RangeError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            map.plan(512, 4096, 1 << 20),
+            Err(RangeError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            map.plan(EXTENT_BYTES - 4096, 8192, 1 << 20),
+            Err(RangeError::Beyond { .. })
+        ));
+        assert!(matches!(
+            map.plan(u64::MAX - 4095, 4096, 1 << 20),
+            Err(RangeError::Unaligned { .. }) | Err(RangeError::Beyond { .. })
+        ));
     }
 
     #[test]
@@ -336,7 +427,10 @@ mod tests {
         let mut r = rec(0, &[(0, 0)]);
         r.volume = VolumeId(8);
         assert!(map.insert(r).is_err());
-        assert!(map.insert(rec(0, &[(0, 0), (0, 1)])).is_err(), "two replicas on one drive");
+        assert!(
+            map.insert(rec(0, &[(0, 0), (0, 1)])).is_err(),
+            "two replicas on one drive"
+        );
     }
 
     #[test]

@@ -64,7 +64,9 @@ impl PlacementWeights {
             ("eta_preference", self.eta_preference),
         ] {
             if !w.is_finite() || w < 0.0 {
-                return Err(format!("placement weight {name} = {w} must be a finite number >= 0"));
+                return Err(format!(
+                    "placement weight {name} = {w} must be a finite number >= 0"
+                ));
             }
         }
         Ok(())
@@ -99,9 +101,18 @@ pub enum PlacementError {
 }
 
 /// The score of one candidate (lower is better).
-pub fn score(c: &DriveCandidate, volume_allocated: u64, any_preferred: bool, w: &PlacementWeights) -> f64 {
+pub fn score(
+    c: &DriveCandidate,
+    volume_allocated: u64,
+    any_preferred: bool,
+    w: &PlacementWeights,
+) -> f64 {
     let extents = c.volume_extents as f64 / (volume_allocated as f64 + 1.0);
-    let preference = if any_preferred && !c.preferred { 1.0 } else { 0.0 };
+    let preference = if any_preferred && !c.preferred {
+        1.0
+    } else {
+        0.0
+    };
     w.alpha_extents * extents
         + w.beta_capacity * c.used_fraction.clamp(0.0, 1.0)
         + w.gamma_busy * c.busy_degree.clamp(0.0, 1.0)
@@ -122,7 +133,10 @@ pub fn choose(
 ) -> Result<Vec<DriveId>, PlacementError> {
     let usable: Vec<&DriveCandidate> = candidates.iter().filter(|c| c.slots_free > 0).collect();
     if usable.len() < replicas || replicas == 0 {
-        return Err(PlacementError::PoolFull { replicas, available: usable.len() });
+        return Err(PlacementError::PoolFull {
+            replicas,
+            available: usable.len(),
+        });
     }
     let any_preferred = usable.iter().any(|c| c.preferred);
     let n = usable.len() as u64;
@@ -198,10 +212,16 @@ mod tests {
         let mut a = cand(0, "t0");
         let b = cand(1, "t1");
         a.busy_degree = 0.9;
-        assert_eq!(choose(&[a.clone(), b.clone()], 1, 0, 0, &w).unwrap(), vec![DriveId(1)]);
+        assert_eq!(
+            choose(&[a.clone(), b.clone()], 1, 0, 0, &w).unwrap(),
+            vec![DriveId(1)]
+        );
         a.busy_degree = 0.0;
         a.used_fraction = 0.8;
-        assert_eq!(choose(&[a.clone(), b.clone()], 1, 0, 0, &w).unwrap(), vec![DriveId(1)]);
+        assert_eq!(
+            choose(&[a.clone(), b.clone()], 1, 0, 0, &w).unwrap(),
+            vec![DriveId(1)]
+        );
         a.preferred = true;
         assert_eq!(choose(&[a, b], 1, 0, 0, &w).unwrap(), vec![DriveId(0)]);
     }
@@ -211,7 +231,10 @@ mod tests {
         let w = PlacementWeights::default();
         let drives = [cand(0, "t0"), cand(1, "t0"), cand(2, "t1")];
         let c = choose(&drives, 2, 0, 0, &w).unwrap();
-        assert_ne!(drives[c[0].0 as usize].target, drives[c[1].0 as usize].target);
+        assert_ne!(
+            drives[c[0].0 as usize].target,
+            drives[c[1].0 as usize].target
+        );
         let c = choose(&drives, 3, 0, 0, &w).unwrap();
         let mut ids: Vec<_> = c.iter().map(|d| d.0).collect();
         ids.sort_unstable();
@@ -226,7 +249,10 @@ mod tests {
         let b = cand(1, "t1");
         assert_eq!(
             choose(&[a, b], 2, 0, 0, &w),
-            Err(PlacementError::PoolFull { replicas: 2, available: 1 })
+            Err(PlacementError::PoolFull {
+                replicas: 2,
+                available: 1
+            })
         );
     }
 
@@ -234,17 +260,24 @@ mod tests {
     fn rotation_spreads_first_extents_of_different_volumes() {
         let w = PlacementWeights::default();
         let drives: Vec<_> = (0..4).map(|i| cand(i, "t")).collect();
-        let firsts: std::collections::BTreeSet<_> =
-            (0..4).map(|v| choose(&drives, 1, 0, v, &w).unwrap()[0]).collect();
+        let firsts: std::collections::BTreeSet<_> = (0..4)
+            .map(|v| choose(&drives, 1, 0, v, &w).unwrap()[0])
+            .collect();
         assert_eq!(firsts.len(), 4);
     }
 
     #[test]
     fn weights_are_checked() {
         assert!(PlacementWeights::default().check().is_ok());
-        let w = PlacementWeights { gamma_busy: -1.0, ..Default::default() };
+        let w = PlacementWeights {
+            gamma_busy: -1.0,
+            ..Default::default()
+        };
         assert!(w.check().unwrap_err().contains("gamma_busy"));
-        let w = PlacementWeights { alpha_extents: f64::NAN, ..Default::default() };
+        let w = PlacementWeights {
+            alpha_extents: f64::NAN,
+            ..Default::default()
+        };
         assert!(w.check().is_err());
     }
 

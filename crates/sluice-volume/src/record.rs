@@ -182,10 +182,16 @@ impl DriveRecord {
             || !self.block_size_bytes.is_power_of_two()
             || u64::from(self.block_size_bytes) > EXTENT_BYTES
         {
-            return Err(format!("block_size_bytes {} is not a power of two up to 2 MiB", self.block_size_bytes));
+            return Err(format!(
+                "block_size_bytes {} is not a power of two up to 2 MiB",
+                self.block_size_bytes
+            ));
         }
         if self.next_slot > self.slots_total {
-            return Err(format!("next_slot {} beyond slots_total {}", self.next_slot, self.slots_total));
+            return Err(format!(
+                "next_slot {} beyond slots_total {}",
+                self.next_slot, self.slots_total
+            ));
         }
         if !self.free.windows(2).all(|w| w[0] < w[1]) {
             return Err("free slots not strictly ascending".into());
@@ -196,7 +202,10 @@ impl DriveRecord {
         check_name("spec.addr", &self.spec.addr)?;
         check_name("spec.nqn", &self.spec.nqn)?;
         if self.spec.nsid == 0 || self.spec.nsid == u32::MAX {
-            return Err(format!("spec.nsid {} is not a namespace id", self.spec.nsid));
+            return Err(format!(
+                "spec.nsid {} is not a namespace id",
+                self.spec.nsid
+            ));
         }
         Ok(())
     }
@@ -293,7 +302,11 @@ impl ExtentRecord {
             return Err(format!("belongs to {} not {}", self.volume, volume.id));
         }
         if self.index >= volume.extents() {
-            return Err(format!("index {} beyond the volume's {} extents", self.index, volume.extents()));
+            return Err(format!(
+                "index {} beyond the volume's {} extents",
+                self.index,
+                volume.extents()
+            ));
         }
         if self.chain.is_empty() || self.chain.len() > usize::from(REPLICAS_MAX) {
             return Err(format!("chain of {} replicas", self.chain.len()));
@@ -311,13 +324,21 @@ impl ExtentRecord {
 /// a dot or dash (names become metadata keys and CLI arguments).
 pub fn check_volume_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > NAME_BYTES_MAX {
-        return Err(format!("volume name must be 1-{NAME_BYTES_MAX} bytes, got {}", name.len()));
+        return Err(format!(
+            "volume name must be 1-{NAME_BYTES_MAX} bytes, got {}",
+            name.len()
+        ));
     }
     if name.starts_with(['.', '-']) {
         return Err(format!("volume name {name:?} starts with '.' or '-'"));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
-        return Err(format!("volume name {name:?} has {c:?}; use letters, digits, '.', '_' and '-'"));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "volume name {name:?} has {c:?}; use letters, digits, '.', '_' and '-'"
+        ));
     }
     Ok(())
 }
@@ -325,13 +346,19 @@ pub fn check_volume_name(name: &str) -> Result<(), String> {
 /// Checks a volume size against its block size and [`VOLUME_BYTES_MAX`].
 pub fn check_size(size_bytes: u64, block_size_bytes: u32) -> Result<(), String> {
     if !VOLUME_BLOCK_SIZES.contains(&block_size_bytes) {
-        return Err(format!("block size {block_size_bytes} is not one of {VOLUME_BLOCK_SIZES:?}"));
+        return Err(format!(
+            "block size {block_size_bytes} is not one of {VOLUME_BLOCK_SIZES:?}"
+        ));
     }
     if size_bytes == 0 || size_bytes > VOLUME_BYTES_MAX {
-        return Err(format!("size {size_bytes} bytes is not within 1 block to 256 TiB"));
+        return Err(format!(
+            "size {size_bytes} bytes is not within 1 block to 256 TiB"
+        ));
     }
     if !size_bytes.is_multiple_of(u64::from(block_size_bytes)) {
-        return Err(format!("size {size_bytes} bytes is not a multiple of the {block_size_bytes}-byte block"));
+        return Err(format!(
+            "size {size_bytes} bytes is not a multiple of the {block_size_bytes}-byte block"
+        ));
     }
     Ok(())
 }
@@ -346,7 +373,9 @@ pub fn check_replicas(replicas: u8) -> Result<(), String> {
 
 fn check_name(field: &str, s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > NAME_BYTES_MAX || s.chars().any(char::is_control) {
-        return Err(format!("{field} must be 1-{NAME_BYTES_MAX} printable bytes"));
+        return Err(format!(
+            "{field} must be 1-{NAME_BYTES_MAX} printable bytes"
+        ));
     }
     Ok(())
 }
@@ -359,7 +388,11 @@ mod tests {
     fn drive(slots: u64) -> DriveRecord {
         DriveRecord {
             id: DriveId(1),
-            spec: DriveSpec { addr: "127.0.0.1:4420".into(), nqn: "nqn.x".into(), nsid: 1 },
+            spec: DriveSpec {
+                addr: "127.0.0.1:4420".into(),
+                nqn: "nqn.x".into(),
+                nsid: 1,
+            },
             state: DriveState::Up,
             block_size_bytes: 512,
             slots_total: slots,

@@ -266,7 +266,9 @@ pub fn backend_status(e: &BackendError) -> Status {
         BackendError::WriteFault { .. } => Status::WRITE_FAULT,
         BackendError::ReadError { .. } => Status::UNRECOVERED_READ_ERROR,
         BackendError::ReadOnly => Status::new(0, 0x20).dnr(), // Namespace Is Write Protected
-        BackendError::QueueFull { .. } | BackendError::Unavailable(_) => Status::NAMESPACE_NOT_READY,
+        BackendError::QueueFull { .. } | BackendError::Unavailable(_) => {
+            Status::NAMESPACE_NOT_READY
+        }
         BackendError::Unsupported(_) => Status::INVALID_OPCODE,
         BackendError::CapacityExceeded(_) => Status::CAPACITY_EXCEEDED,
         _ => Status::INTERNAL_ERROR,
