@@ -12,7 +12,8 @@ use sluice_control::{pb, ControlClient};
 /// Where the control plane is, and its token (shared by the client commands).
 #[derive(Debug, Args, Clone)]
 pub struct ControlAddr {
-    /// The control plane's gRPC address.
+    /// The control plane's gRPC address; several, comma-separated, when
+    /// control planes share one etcd (the client finds the leader).
     #[arg(long, default_value = "127.0.0.1:9500", env = "SLUICE_CONTROL")]
     pub control: String,
     /// File holding the control plane's bearer token.
@@ -47,12 +48,17 @@ pub struct ControlArgs {
     /// File holding the bearer token every API call must carry.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Address clients should use for this process when it leads (several
+    /// control planes on one etcd elect one leader); default: --listen.
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 pub fn control(a: ControlArgs) -> Result<()> {
     let metadata: Metadata = a.metadata.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     let mut cfg = ControlConfig::new(metadata);
     cfg.token = read_token(a.token_file.as_deref())?;
+    cfg.advertise = a.advertise.clone();
     sluice_control::auth::check_listen(a.listen, cfg.token.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
     let rt = tokio::runtime::Builder::new_multi_thread()

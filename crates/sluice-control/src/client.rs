@@ -1,12 +1,19 @@
 //! The control API's client, with the bearer token attached to every call.
-//! The channel connects lazily and reconnects by itself, so a client outlives
-//! a control-plane restart.
+//! The channels connect lazily and reconnect by themselves, so a client
+//! outlives a control-plane restart. Given several addresses
+//! (`HOST:PORT,HOST:PORT`: control planes sharing one etcd), a call that
+//! finds a follower or an unreachable process moves on to the next address,
+//! and the client remembers which one answered.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_admin::BearerToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
 
 use crate::auth::AttachToken;
 use crate::error::VolumeError;
@@ -16,36 +23,99 @@ use crate::pb::control_client::ControlClient as Raw;
 /// How long one control call may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a call waits for an election (a leader's lease is 3 s).
+pub const LEADER_WAIT: Duration = Duration::from_secs(8);
+
+/// Control-plane addresses one client may be given, at most.
+pub const ADDRS_MAX: usize = 16;
+
+type Stub = Raw<InterceptedService<Channel, AttachToken>>;
+
 /// An authenticated client of `sluice control`.
 #[derive(Clone, Debug)]
 pub struct ControlClient {
-    raw: Raw<InterceptedService<Channel, AttachToken>>,
-    addr: String,
+    stubs: Vec<Stub>,
+    addrs: Vec<String>,
+    /// The address that answered last.
+    current: Arc<AtomicUsize>,
 }
 
 impl ControlClient {
-    /// A client of the control plane at `addr` (`HOST:PORT`). Call it inside
-    /// a tokio runtime: the channel's worker is spawned on it.
+    /// A client of the control plane at `addr` (`HOST:PORT`, or several
+    /// separated by commas). Call it inside a tokio runtime: the channels'
+    /// workers are spawned on it.
     pub fn new(addr: &str, token: Option<&BearerToken>) -> Result<ControlClient, VolumeError> {
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| VolumeError::Control(format!("control address {addr:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(CALL_TIMEOUT)
-            .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        let addrs: Vec<String> = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if addrs.is_empty() || addrs.len() > ADDRS_MAX {
+            return Err(VolumeError::Control(format!(
+                "control address {addr:?}: give 1-{ADDRS_MAX} HOST:PORT, comma-separated"
+            )));
+        }
+        let mut stubs = Vec::with_capacity(addrs.len());
+        for a in &addrs {
+            let endpoint = Endpoint::from_shared(format!("http://{a}"))
+                .map_err(|e| VolumeError::Control(format!("control address {a:?}: {e}")))?
+                .connect_timeout(Duration::from_secs(3))
+                .timeout(CALL_TIMEOUT)
+                .tcp_nodelay(true);
+            stubs.push(Raw::with_interceptor(
+                endpoint.connect_lazy(),
+                AttachToken::new(token),
+            ));
+        }
         Ok(ControlClient {
-            raw: Raw::with_interceptor(channel, AttachToken::new(token)),
-            addr: addr.to_owned(),
+            stubs,
+            addrs,
+            current: Arc::new(AtomicUsize::new(0)),
         })
     }
 
-    /// The control plane's address.
+    /// The control plane's address (the one that answered last).
     pub fn addr(&self) -> &str {
-        &self.addr
+        &self.addrs[self.current.load(Ordering::Relaxed) % self.addrs.len()]
     }
 
-    fn err(&self, s: tonic::Status) -> VolumeError {
-        VolumeError::from_status(&self.addr, s)
+    /// Calls `f` on the current address, then on the others while they are
+    /// unreachable or not the leader.
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, VolumeError>
+    where
+        F: Fn(Stub) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let n = self.stubs.len();
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let start = self.current.load(Ordering::Relaxed);
+            let mut last = None;
+            let mut election = false;
+            for k in 0..n {
+                let i = (start + k) % n;
+                match f(self.stubs[i].clone()).await {
+                    Ok(r) => {
+                        self.current.store(i, Ordering::Relaxed);
+                        return Ok(r.into_inner());
+                    }
+                    Err(s) if s.code() == Code::Unavailable => {
+                        election |= s.metadata().contains_key(crate::leader::NOT_LEADER_KEY);
+                        last = Some(s);
+                    }
+                    Err(s) => return Err(VolumeError::from_status(&self.addrs[i], s)),
+                }
+            }
+            let s = last.unwrap_or_else(|| tonic::Status::unavailable("no control plane answered"));
+            // A follower answered: an election is under way (start-up, or a
+            // dead leader's lease running out). Wait for it; an unreachable
+            // control plane, on the other hand, is reported at once.
+            if !election || tokio::time::Instant::now() >= deadline {
+                return Err(VolumeError::from_status(&self.addrs.join(","), s));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub async fn add_drive(
@@ -59,62 +129,52 @@ impl ControlClient {
             nqn: nqn.into(),
             nsid,
         };
-        self.raw
-            .clone()
-            .add_drive(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.add_drive(req).await }
+        })
+        .await
     }
 
     pub async fn list_drives(&self) -> Result<Vec<pb::Drive>, VolumeError> {
-        self.raw
-            .clone()
-            .list_drives(pb::ListDrivesRequest {})
-            .await
-            .map(|r| r.into_inner().drives)
-            .map_err(|s| self.err(s))
+        let r = self
+            .call(|mut s| async move { s.list_drives(pb::ListDrivesRequest {}).await })
+            .await?;
+        Ok(r.drives)
     }
 
     pub async fn set_drive_state(&self, id: u32, up: bool) -> Result<pb::Drive, VolumeError> {
-        let req = pb::SetDriveStateRequest { id, up };
-        self.raw
-            .clone()
-            .set_drive_state(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(
+            |mut s| async move { s.set_drive_state(pb::SetDriveStateRequest { id, up }).await },
+        )
+        .await
     }
 
     pub async fn create_volume(
         &self,
         req: pb::CreateVolumeRequest,
     ) -> Result<pb::Volume, VolumeError> {
-        self.raw
-            .clone()
-            .create_volume(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.create_volume(req).await }
+        })
+        .await
     }
 
     pub async fn list_volumes(&self) -> Result<Vec<pb::Volume>, VolumeError> {
-        self.raw
-            .clone()
-            .list_volumes(pb::ListVolumesRequest {})
-            .await
-            .map(|r| r.into_inner().volumes)
-            .map_err(|s| self.err(s))
+        let r = self
+            .call(|mut s| async move { s.list_volumes(pb::ListVolumesRequest {}).await })
+            .await?;
+        Ok(r.volumes)
     }
 
     pub async fn open_volume(&self, name: &str) -> Result<pb::VolumeLayout, VolumeError> {
         let req = pb::VolumeName { name: name.into() };
-        self.raw
-            .clone()
-            .open_volume(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.open_volume(req).await }
+        })
+        .await
     }
 
     pub async fn resize_volume(
@@ -126,22 +186,21 @@ impl ControlClient {
             name: name.into(),
             size_bytes,
         };
-        self.raw
-            .clone()
-            .resize_volume(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.resize_volume(req).await }
+        })
+        .await
     }
 
     pub async fn delete_volume(&self, name: &str) -> Result<(), VolumeError> {
         let req = pb::VolumeName { name: name.into() };
-        self.raw
-            .clone()
-            .delete_volume(req)
-            .await
-            .map(|_| ())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.delete_volume(req).await }
+        })
+        .await?;
+        Ok(())
     }
 
     pub async fn allocate_extent(
@@ -157,12 +216,11 @@ impl ControlClient {
             index,
             epoch,
         };
-        self.raw
-            .clone()
-            .allocate_extent(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.allocate_extent(req).await }
+        })
+        .await
     }
 
     pub async fn fail_drive(
@@ -176,20 +234,17 @@ impl ControlClient {
             force,
             reason: reason.into(),
         };
-        self.raw
-            .clone()
-            .fail_drive(req)
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.fail_drive(req).await }
+        })
+        .await
     }
 
+    /// The status of the control plane at the current address (followers
+    /// answer too: `is_leader` says which it is).
     pub async fn status(&self) -> Result<pb::StatusResponse, VolumeError> {
-        self.raw
-            .clone()
-            .status(pb::StatusRequest {})
+        self.call(|mut s| async move { s.status(pb::StatusRequest {}).await })
             .await
-            .map(|r| r.into_inner())
-            .map_err(|s| self.err(s))
     }
 }

@@ -7,6 +7,7 @@
 //!   listening beyond loopback must have one.
 //! * [`server`]: `sluice control`: the service over a `sluice-meta`
 //!   catalog (redb or etcd); probes drives over NVMe/TCP when they are added.
+//! * [`leader`]: leader election between control planes on one etcd.
 //! * [`client`]: the authenticated API client the CLI and volumes use.
 //! * [`backend`]: a volume as a target backend (`backend = "volume"`),
 //!   so unmodified NVMe/TCP hosts use elastic volumes.
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod backend;
 pub mod client;
 pub mod error;
+pub mod leader;
 pub mod pb;
 pub mod server;
 pub mod volume;

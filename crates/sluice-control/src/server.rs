@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{check_listen, RequireToken};
 use crate::error::status_of;
+use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
 
@@ -80,6 +81,9 @@ pub struct ControlConfig {
     pub weights: PlacementWeights,
     /// How the control plane connects to drives to probe them.
     pub probe: ConnectOptions,
+    /// The address clients should use for this process, published when it
+    /// is elected leader (default: the listen address).
+    pub advertise: Option<String>,
 }
 
 impl ControlConfig {
@@ -101,6 +105,7 @@ impl ControlConfig {
             token: None,
             weights: PlacementWeights::default(),
             probe,
+            advertise: None,
         }
     }
 }
@@ -132,14 +137,26 @@ pub async fn serve(
     cfg.weights.check().map_err(ServeError::Config)?;
     match &cfg.metadata {
         Metadata::Redb(path) => {
+            // One process owns the file (redb locks it): it always leads.
             let store = RedbStore::open(path).map_err(|e| ServeError::Metadata(e.to_string()))?;
-            run(store, cfg, listener, addr, shutdown).await
+            let me = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
+            run(
+                store,
+                cfg,
+                listener,
+                addr,
+                Leadership::always(&me),
+                shutdown,
+            )
+            .await
         }
         Metadata::Etcd { endpoints, prefix } => {
             let store = EtcdStore::connect(endpoints, prefix)
                 .await
                 .map_err(|e| ServeError::Metadata(e.to_string()))?;
-            run(store, cfg, listener, addr, shutdown).await
+            let me = cfg.advertise.clone().unwrap_or_else(|| addr.to_string());
+            let leadership = crate::leader::campaign(store.client(), prefix, &me);
+            run(store, cfg, listener, addr, leadership, shutdown).await
         }
     }
 }
@@ -149,6 +166,7 @@ async fn run<S: MetaStore>(
     cfg: ControlConfig,
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
+    leadership: Arc<Leadership>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let summary = check_catalog(&store)
@@ -171,6 +189,7 @@ async fn run<S: MetaStore>(
         catalog: Arc::new(catalog),
         probe: cfg.probe,
         describe,
+        leadership,
     };
     let incoming = tokio_stream_listener(listener);
     tonic::transport::Server::builder()
@@ -196,6 +215,7 @@ struct ControlService<S> {
     catalog: Arc<Catalog<S>>,
     probe: ConnectOptions,
     describe: String,
+    leadership: Arc<Leadership>,
 }
 
 type Answer<T> = Result<Response<T>, Status>;
@@ -238,6 +258,7 @@ pub async fn probe_drive(
 #[tonic::async_trait]
 impl<S: MetaStore> Control for ControlService<S> {
     async fn add_drive(&self, req: Request<pb::AddDriveRequest>) -> Answer<pb::Drive> {
+        self.leadership.check()?;
         let r = req.into_inner();
         let spec = DriveSpec {
             addr: r.addr,
@@ -260,6 +281,7 @@ impl<S: MetaStore> Control for ControlService<S> {
         &self,
         _: Request<pb::ListDrivesRequest>,
     ) -> Answer<pb::ListDrivesResponse> {
+        self.leadership.check()?;
         let drives = self.catalog.drives().await.map_err(st)?;
         ok(pb::ListDrivesResponse {
             drives: drives.iter().map(pb::Drive::from).collect(),
@@ -267,6 +289,7 @@ impl<S: MetaStore> Control for ControlService<S> {
     }
 
     async fn set_drive_state(&self, req: Request<pb::SetDriveStateRequest>) -> Answer<pb::Drive> {
+        self.leadership.check()?;
         let r = req.into_inner();
         let state = if r.up {
             DriveState::Up
@@ -283,6 +306,7 @@ impl<S: MetaStore> Control for ControlService<S> {
     }
 
     async fn create_volume(&self, req: Request<pb::CreateVolumeRequest>) -> Answer<pb::Volume> {
+        self.leadership.check()?;
         let r = req.into_inner();
         let spec = VolumeSpec {
             name: r.name,
@@ -307,6 +331,7 @@ impl<S: MetaStore> Control for ControlService<S> {
         &self,
         _: Request<pb::ListVolumesRequest>,
     ) -> Answer<pb::ListVolumesResponse> {
+        self.leadership.check()?;
         let vs = self.catalog.volumes().await.map_err(st)?;
         ok(pb::ListVolumesResponse {
             volumes: vs.iter().map(pb::Volume::from).collect(),
@@ -314,6 +339,7 @@ impl<S: MetaStore> Control for ControlService<S> {
     }
 
     async fn open_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::VolumeLayout> {
+        self.leadership.check()?;
         let l = self
             .catalog
             .layout(&req.into_inner().name)
@@ -327,6 +353,7 @@ impl<S: MetaStore> Control for ControlService<S> {
     }
 
     async fn resize_volume(&self, req: Request<pb::ResizeVolumeRequest>) -> Answer<pb::Volume> {
+        self.leadership.check()?;
         let r = req.into_inner();
         let v = self
             .catalog
@@ -341,6 +368,7 @@ impl<S: MetaStore> Control for ControlService<S> {
         &self,
         req: Request<pb::VolumeName>,
     ) -> Answer<pb::DeleteVolumeResponse> {
+        self.leadership.check()?;
         let name = req.into_inner().name;
         self.catalog.delete_volume(&name).await.map_err(st)?;
         tracing::info!(volume = %name, "volume deleted");
@@ -351,6 +379,7 @@ impl<S: MetaStore> Control for ControlService<S> {
         &self,
         req: Request<pb::AllocateExtentRequest>,
     ) -> Answer<pb::ExtentAllocation> {
+        self.leadership.check()?;
         let r = req.into_inner();
         let a = self
             .catalog
@@ -368,6 +397,7 @@ impl<S: MetaStore> Control for ControlService<S> {
         &self,
         req: Request<pb::FailDriveRequest>,
     ) -> Answer<pb::FailDriveResponse> {
+        self.leadership.check()?;
         let peer = req
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
@@ -404,6 +434,12 @@ impl<S: MetaStore> Control for ControlService<S> {
         let drives = self.catalog.drives().await.map_err(st)?.len() as u64;
         let volumes = self.catalog.volumes().await.map_err(st)?.len() as u64;
         ok(pb::StatusResponse {
+            leader: self
+                .leadership
+                .check()
+                .err()
+                .map_or_else(String::new, |s| s.message().to_owned()),
+            is_leader: self.leadership.is_leader(),
             metadata: self.describe.clone(),
             drives,
             volumes,

@@ -677,3 +677,150 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
         .unwrap();
     cp.stop().await;
 }
+
+/// A control plane on a runtime of its own: dropping the runtime kills it
+/// without a goodbye (no resign, no lease revoke), as a crash would.
+struct OwnRuntime {
+    rt: Option<tokio::runtime::Runtime>,
+    addr: String,
+}
+
+impl OwnRuntime {
+    fn start(metadata: Metadata) -> OwnRuntime {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let addr = rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            tokio::spawn(sluice_control::serve(
+                ControlConfig::new(metadata),
+                l,
+                std::future::pending(),
+            ));
+            addr
+        });
+        OwnRuntime { rt: Some(rt), addr }
+    }
+
+    fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[test]
+fn control_planes_on_one_etcd_elect_a_leader_and_hand_over_when_it_dies() {
+    let Some(server) = EtcdServer::start_or_skip("leader_election") else {
+        return;
+    };
+    let hostport = server.endpoint.trim_start_matches("http://").to_owned();
+    let meta: Metadata = format!("etcd://{hostport}/ha").parse().unwrap();
+    let mut planes = [
+        OwnRuntime::start(meta.clone()),
+        OwnRuntime::start(meta.clone()),
+    ];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = Drives::start();
+    let addrs = format!("{},{}", planes[0].addr, planes[1].addr);
+    let (c, v, leader) = rt.block_on(async {
+        // Exactly one leads; the other refuses and names it.
+        let mut leader = None;
+        for _ in 0..100 {
+            let mut leading = Vec::new();
+            for (i, p) in planes.iter().enumerate() {
+                let s = ControlClient::new(&p.addr, None)
+                    .unwrap()
+                    .status()
+                    .await
+                    .unwrap();
+                if s.is_leader {
+                    leading.push(i);
+                }
+            }
+            assert!(leading.len() <= 1, "two leaders: {leading:?}");
+            if let [i] = leading[..] {
+                leader = Some(i);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let leader = leader.expect("a leader within 10 s");
+        let follower = 1 - leader;
+        let e = ControlClient::new(&planes[follower].addr, None)
+            .unwrap()
+            .list_drives()
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("not the leader")
+                && e.to_string().contains(&planes[leader].addr),
+            "{e}"
+        );
+
+        // A client given both addresses finds the leader.
+        let c = ControlClient::new(&addrs, None).unwrap();
+        add_all(&c, &[&t]).await;
+        let req = pb::CreateVolumeRequest {
+            name: "ha".into(),
+            size_bytes: 30 * EXTENT_BYTES,
+            ..Default::default()
+        };
+        let v = c.create_volume(req).await.unwrap();
+        for i in 0..10 {
+            c.allocate_extent("ha", v.id, i, v.epoch).await.unwrap();
+        }
+        assert_eq!(c.addr(), planes[leader].addr);
+        (c, v, leader)
+    });
+    // The leader dies without a word; the follower takes over once its
+    // lease expires, and allocation goes on with nothing lost or doubled.
+    planes[leader].kill();
+    let killed = std::time::Instant::now();
+    let mut handover = None;
+    rt.block_on(async {
+        for i in 10..30 {
+            let deadline = std::time::Instant::now() + Duration::from_secs(15);
+            loop {
+                match c.allocate_extent("ha", v.id, i, v.epoch).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "no leader after the kill: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            handover.get_or_insert(killed.elapsed());
+        }
+    });
+    let handover = handover.unwrap();
+    assert!(
+        handover < Duration::from_secs(10),
+        "hand-over took {handover:?}"
+    );
+    eprintln!("hand-over after the leader's death: {handover:?}");
+    rt.block_on(async {
+        let store = sluice_meta::EtcdStore::connect(std::slice::from_ref(&server.endpoint), "/ha/")
+            .await
+            .unwrap();
+        let s = sluice_meta::check::check_catalog(&store).await.unwrap();
+        assert_eq!((s.volumes, s.extents, s.slots_used), (1, 30, 30));
+    });
+    drop(planes);
+}

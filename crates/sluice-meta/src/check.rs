@@ -73,6 +73,8 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
             volumes.insert(vol.id, vol);
         } else if k.starts_with(keys::EXTENTS) {
             extents.push((k.clone(), keys::decode(k, v)?));
+        } else if k.starts_with(keys::LEADER) {
+            // The election's candidates: not catalog records.
         } else {
             problems.push(format!("{k}: unknown key"));
         }

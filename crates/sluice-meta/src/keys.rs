@@ -6,6 +6,7 @@
 //! drives/{id:08}                DriveRecord
 //! volumes/{name}                VolumeRecord
 //! extents/{volume:016x}/{index:016x}   ExtentRecord
+//! leader/...                    the control planes' election (etcd only)
 //! ```
 //!
 //! Records are JSON: small, and readable with `etcdctl get`. Extent keys use
@@ -24,6 +25,9 @@ pub const RESERVED: &str = "pool/reserved";
 pub const DRIVES: &str = "drives/";
 pub const VOLUMES: &str = "volumes/";
 pub const EXTENTS: &str = "extents/";
+/// The control planes' election (etcd's election API keeps one key per
+/// candidate under it; not catalog records).
+pub const LEADER: &str = "leader";
 
 pub fn drive(id: DriveId) -> String {
     format!("drives/{:08}", id.0)
