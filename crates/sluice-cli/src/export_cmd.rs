@@ -8,7 +8,7 @@ use sluice_export::account::{CpuAccountant, ExportSpec};
 use sluice_export::fuse::{FuseAccounting, FuseConfig, SluiceFs};
 use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
 use sluice_export::nbd::{NbdConfig, NbdServer};
-use sluice_export::ByteDevice;
+use sluice_export::{ByteDevice, RemoteDevice};
 use sluice_host::{ConnectOptions, Controller, Namespace};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -19,9 +19,19 @@ use tracing::info;
 /// How to reach the namespace.
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
-    /// NVMe/TCP target address, e.g. 127.0.0.1:4420.
-    #[arg(long)]
+    /// NVMe/TCP target address, e.g. 127.0.0.1:4420 (not with --volume).
+    #[arg(long, default_value = "")]
     pub target: String,
+    /// Export an elastic volume instead of a namespace: its map comes from
+    /// the control plane (--control), its I/O goes straight to its drives.
+    #[arg(long, conflicts_with_all = ["nqn", "nsid"])]
+    pub volume: Option<String>,
+    /// The control plane's HOST:PORT (several, comma-separated), with --volume.
+    #[arg(long, default_value = "127.0.0.1:9500", env = "SLUICE_CONTROL")]
+    pub control: String,
+    /// File holding the control plane's bearer token, with --volume.
+    #[arg(long, env = "SLUICE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Subsystem NQN (required unless `nbd --export` gives exports).
     #[arg(long)]
     pub nqn: Option<String>,
@@ -174,8 +184,10 @@ struct Remote<'a> {
 
 impl<'a> Remote<'a> {
     fn from_args(r: &'a RemoteArgs) -> Result<Remote<'a>> {
-        let Some(nqn) = r.nqn.as_deref() else {
-            bail!("--nqn SUBNQN is required (or, for nbd, one or more --export)");
+        let nqn = match (r.nqn.as_deref(), &r.volume) {
+            (Some(nqn), _) => nqn,
+            (None, Some(_)) => "",
+            (None, None) => bail!("--nqn SUBNQN (with --target) or --volume NAME is required (or, for nbd, one or more --export)"),
         };
         Ok(Remote {
             target: &r.target,
@@ -186,6 +198,47 @@ impl<'a> Remote<'a> {
             cgroup: r.cgroup.as_ref(),
         })
     }
+}
+
+/// Connects the export's device: `--volume` through the control plane,
+/// else the namespace of `r`. The controller is there for namespaces (its
+/// queue threads are charged to the export); a volume's drive connections
+/// are not attributed.
+async fn open_device(
+    a: &RemoteArgs,
+    r: &Remote<'_>,
+) -> Result<(Option<Controller>, RemoteDevice, String)> {
+    let Some(name) = &a.volume else {
+        let (c, ns, hostnqn) = connect(r).await?;
+        return Ok((Some(c), RemoteDevice::Namespace(ns), hostnqn));
+    };
+    let token = a
+        .token_file
+        .as_deref()
+        .map(|p| {
+            sluice_admin::BearerToken::from_file(p)
+                .with_context(|| format!("reading {}", p.display()))
+        })
+        .transpose()?;
+    let mut opts = ConnectOptions {
+        io_queues: a.io_queues.max(1),
+        ..ConnectOptions::default()
+    };
+    if let Some(h) = r.hostnqn {
+        opts.hostnqn = h.to_string();
+    }
+    let hostnqn = opts.hostnqn.clone();
+    let control = sluice_control::ControlClient::new(&a.control, token.as_ref())?;
+    let v = sluice_control::Volume::open(control, sluice_control::DrivePool::new(opts), name)
+        .await
+        .with_context(|| {
+            format!(
+                "opening volume {name:?} through the control plane at {}",
+                a.control
+            )
+        })?;
+    info!(volume = %name, block_size_bytes = v.block_size_bytes(), size_blocks = v.size_blocks(), "volume opened");
+    Ok((None, RemoteDevice::Volume(Arc::new(v)), hostnqn))
 }
 
 async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
@@ -230,10 +283,13 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
 pub fn nbd(a: NbdArgs) -> Result<()> {
     // Every export: the single-export flags first (if --nqn), then --export.
     let mut specs: Vec<ExportSpec> = Vec::new();
-    if let Some(nqn) = &a.remote.nqn {
+    if a.remote.nqn.is_some() || a.remote.volume.is_some() {
+        if a.remote.volume.is_some() && !a.exports.is_empty() {
+            bail!("--volume exports one volume; it does not combine with --export");
+        }
         specs.push(ExportSpec {
             name: a.export_name.clone(),
-            nqn: nqn.clone(),
+            nqn: a.remote.nqn.clone().unwrap_or_default(),
             hostnqn: a.remote.hostnqn.clone().unwrap_or_default(),
             nsid: a.remote.nsid,
             cpu_share: None,
@@ -266,7 +322,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 io_queues: a.remote.io_queues,
                 cgroup: s.cgroup.as_ref(),
             };
-            let (ctrl, ns, hostnqn) = match connect(&remote)
+            let (ctrl, ns, hostnqn) = match open_device(&a.remote, &remote)
                 .await
                 .with_context(|| format!("export `{}`", s.name))
             {
@@ -278,24 +334,27 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                     return Err(e);
                 }
             };
-            let c2 = ctrl.clone();
-            let account = acct.add_export(
-                &s.name,
-                &hostnqn,
-                s.cpu_share,
-                Some(Box::new(move || c2.queue_tids())),
-            );
+            let tids: Option<sluice_export::account::TidSource> = match ctrl.clone() {
+                Some(c2) => Some(Box::new(move || c2.queue_tids())),
+                None => None,
+            };
+            let account = acct.add_export(&s.name, &hostnqn, s.cpu_share, tids);
             entries.push(ExportEntry {
                 dev: ByteDevice::new(ns),
                 cfg: NbdConfig {
                     export_name: s.name.clone(),
-                    description: format!("sluice {} via {}", s.nqn, a.remote.target),
+                    description: match &a.remote.volume {
+                        Some(v) => {
+                            format!("sluice volume {v} via control plane {}", a.remote.control)
+                        }
+                        None => format!("sluice {} via {}", s.nqn, a.remote.target),
+                    },
                     read_only: s.read_only,
                     hostnqn,
                 },
                 account: Some(account),
             });
-            ctrls.push(ctrl);
+            ctrls.extend(ctrl);
         }
         let server = NbdServer::with_exports(entries);
         let acct_thread = acct
@@ -373,14 +432,12 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
     let _admin = a.account.start_metrics(&acct, "sluice-fuse")?;
-    let (ctrl, ns, hostnqn) = rt.block_on(connect(&remote))?;
-    let c2 = ctrl.clone();
-    let export = acct.add_export(
-        &a.file_name,
-        &hostnqn,
-        a.cpu_share,
-        Some(Box::new(move || c2.queue_tids())),
-    );
+    let (ctrl, ns, hostnqn) = rt.block_on(open_device(&a.remote, &remote))?;
+    let tids: Option<sluice_export::account::TidSource> = match ctrl.clone() {
+        Some(c2) => Some(Box::new(move || c2.queue_tids())),
+        None => None,
+    };
+    let export = acct.add_export(&a.file_name, &hostnqn, a.cpu_share, tids);
     let fs = SluiceFs::new(
         ByteDevice::new(ns),
         rt.handle().clone(),
@@ -397,7 +454,9 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     let session = match sluice_export::fuse::mount(fs, &a.mountpoint) {
         Ok(s) => s,
         Err(e) => {
-            rt.block_on(ctrl.disconnect(Duration::from_secs(5)));
+            if let Some(c) = &ctrl {
+                rt.block_on(c.disconnect(Duration::from_secs(5)));
+            }
             return Err(e).with_context(|| {
                 format!(
                     "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
@@ -448,7 +507,9 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
         Err(e) => Err(e),
     };
     drop(session);
-    rt.block_on(ctrl.disconnect(Duration::from_secs(5)));
+    if let Some(c) = &ctrl {
+        rt.block_on(c.disconnect(Duration::from_secs(5)));
+    }
     print_counters(&acct);
     r
 }

@@ -277,3 +277,103 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
     let drives = ok(&[&["drive", "list"], &c[..]].concat());
     assert_eq!(drives.matches("down").count(), 1, "{drives}");
 }
+
+#[test]
+fn nbd_exports_a_volume_to_unmodified_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let _targets: Vec<Killed> = ports
+        .iter()
+        .map(|p| {
+            let listen = format!("127.0.0.1:{p}");
+            spawn(&[
+                "target",
+                "--listen",
+                &listen,
+                "--discovery-listen",
+                "",
+                "--ram-size",
+                "64MiB",
+            ])
+        })
+        .collect();
+    let cport = free_port();
+    let control = format!("127.0.0.1:{cport}");
+    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
+    for p in ports.iter().copied().chain([cport]) {
+        wait_port(p);
+    }
+    let c = ["--control", control.as_str()];
+    for p in ports {
+        ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
+    }
+    ok(&[
+        &[
+            "volume",
+            "create",
+            "nbdvol",
+            "--size",
+            "16MiB",
+            "--replicas",
+            "2",
+        ],
+        &c[..],
+    ]
+    .concat());
+    let nport = free_port();
+    let listen = format!("127.0.0.1:{nport}");
+    let _nbd = spawn(&[
+        "nbd",
+        "--volume",
+        "nbdvol",
+        "--control",
+        &control,
+        "--listen",
+        &listen,
+    ]);
+    wait_port(nport);
+    // 6 MiB of data, written by qemu-img through NBD, compared back: the
+    // rest of the 16 MiB export reads as zeros (unallocated).
+    let src = dir.path().join("src.raw");
+    let data: Vec<u8> = (0..6u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&src, &data).unwrap();
+    let url = format!("nbd://127.0.0.1:{nport}/sluice");
+    let run = |args: &[&str]| {
+        let out = Command::new("qemu-img")
+            .args(args)
+            .output()
+            .expect("qemu-img (qemu-utils) runs");
+        assert!(
+            out.status.success(),
+            "qemu-img {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&[
+        "convert",
+        "-n",
+        "-f",
+        "raw",
+        "-O",
+        "raw",
+        src.to_str().unwrap(),
+        &url,
+    ]);
+    let cmp = run(&[
+        "compare",
+        "-f",
+        "raw",
+        "-F",
+        "raw",
+        src.to_str().unwrap(),
+        &url,
+    ]);
+    assert!(cmp.contains("identical"), "{cmp}");
+    // Three extents were allocated, on both targets.
+    let inspect = ok(&[&["volume", "inspect", "nbdvol", "--extents"], &c[..]].concat());
+    assert_eq!(inspect.matches("  extent ").count(), 3, "{inspect}");
+}

@@ -72,6 +72,101 @@ impl BlockDevice for Namespace {
     }
 }
 
+/// What an export serves: a namespace on one target, or an elastic volume
+/// (`--volume`) whose pieces go straight to its drives.
+#[derive(Debug, Clone)]
+pub enum RemoteDevice {
+    Namespace(Namespace),
+    Volume(Arc<sluice_control::Volume>),
+}
+
+/// A volume error as the host error the export maps to an errno: a full
+/// pool is Capacity Exceeded (`ENOSPC`), the rest transport-level (`EIO`)
+/// unless a drive answered with a status.
+fn volume_error(e: sluice_control::VolumeError) -> HostError {
+    use sluice_control::VolumeError as V;
+    match e {
+        V::Drive { source, .. } => source,
+        V::CapacityExceeded(_) => HostError::Nvme {
+            opcode: sluice_proto::command::io::WRITE,
+            status: sluice_proto::Status::CAPACITY_EXCEEDED,
+            result: 0,
+        },
+        V::Range(r) => HostError::InvalidArgument(r.to_string()),
+        V::DriveChanged { .. } => HostError::Incompatible(e.to_string()),
+        other => HostError::Transport(other.to_string()),
+    }
+}
+
+impl BlockDevice for RemoteDevice {
+    fn block_size_bytes(&self) -> u32 {
+        match self {
+            RemoteDevice::Namespace(n) => n.block_size_bytes(),
+            RemoteDevice::Volume(v) => v.block_size_bytes(),
+        }
+    }
+    fn size_blocks(&self) -> u64 {
+        match self {
+            RemoteDevice::Namespace(n) => n.size_blocks(),
+            RemoteDevice::Volume(v) => v.size_blocks(),
+        }
+    }
+    async fn read_blocks(&self, lba: u64, len_bytes: usize) -> Result<Vec<u8>, HostError> {
+        match self {
+            RemoteDevice::Namespace(n) => n.read_blocks(lba, len_bytes).await,
+            RemoteDevice::Volume(v) => v
+                .read(lba, len_bytes, IoFlags::default())
+                .await
+                .map_err(volume_error),
+        }
+    }
+    async fn write_blocks(&self, lba: u64, data: Vec<u8>, fua: bool) -> Result<(), HostError> {
+        match self {
+            RemoteDevice::Namespace(n) => n.write_blocks(lba, data, fua).await,
+            RemoteDevice::Volume(v) => {
+                let flags = IoFlags {
+                    fua,
+                    ..IoFlags::default()
+                };
+                v.write(lba, &data, flags).await.map_err(volume_error)
+            }
+        }
+    }
+    async fn flush(&self) -> Result<(), HostError> {
+        match self {
+            RemoteDevice::Namespace(n) => BlockDevice::flush(n).await,
+            RemoteDevice::Volume(v) => v.flush().await.map_err(volume_error),
+        }
+    }
+    async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        match self {
+            RemoteDevice::Namespace(n) => BlockDevice::write_zeroes(n, lba, blocks).await,
+            RemoteDevice::Volume(v) => {
+                // Written as zeroes, 4 MiB at a time (allocating extents).
+                let bs = u64::from(v.block_size_bytes());
+                let chunk_blocks = ((4u64 << 20) / bs).max(1);
+                let mut at = 0;
+                while at < blocks {
+                    let n = (blocks - at).min(chunk_blocks);
+                    let zeros = vec![0u8; usize_from(n * bs)];
+                    v.write(lba + at, &zeros, IoFlags::default())
+                        .await
+                        .map_err(volume_error)?;
+                    at += n;
+                }
+                Ok(())
+            }
+        }
+    }
+    async fn deallocate(&self, lba: u64, blocks: u64) -> Result<(), HostError> {
+        match self {
+            RemoteDevice::Namespace(n) => BlockDevice::deallocate(n, lba, blocks).await,
+            // Advisory (TRIM): a volume keeps its extents.
+            RemoteDevice::Volume(_) => Ok(()),
+        }
+    }
+}
+
 /// A RAM block device for tests: yields between the steps of every
 /// operation so that races in the layers above show up.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ pub mod errno;
 pub mod fuse;
 pub mod nbd;
 
-pub use blockio::{BlockDevice, ByteDevice, ExportError, MemDevice};
+pub use blockio::{BlockDevice, ByteDevice, ExportError, MemDevice, RemoteDevice};
 
 /// Resolves when the process receives SIGINT or SIGTERM.
 pub async fn shutdown_signal() -> std::io::Result<()> {
