@@ -2,7 +2,7 @@
 //! `sluice target` processes as drives, `sluice control` on redb, `sluice
 //! drive add`, `sluice volume create/list/inspect/resize/delete`, and a
 //! verified `sluice bench --volume` whose writes land on both targets.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
