@@ -2,7 +2,11 @@
 //! `sluice target` processes as drives, `sluice control` on redb, `sluice
 //! drive add`, `sluice volume create/list/inspect/resize/delete`, and a
 //! verified `sluice bench --volume` whose writes land on both targets.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
@@ -376,4 +380,37 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
     // Three extents were allocated, on both targets.
     let inspect = ok(&[&["volume", "inspect", "nbdvol", "--extents"], &c[..]].concat());
     assert_eq!(inspect.matches("  extent ").count(), 3, "{inspect}");
+}
+
+#[test]
+fn drives_are_found_through_discovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let (port, dport) = (free_port(), free_port());
+    let listen = format!("127.0.0.1:{port}");
+    let disc = format!("127.0.0.1:{dport}");
+    let _t = spawn(&[
+        "target",
+        "--listen",
+        &listen,
+        "--discovery-listen",
+        &disc,
+        "--ram-size",
+        "64MiB",
+    ]);
+    let cport = free_port();
+    let control = format!("127.0.0.1:{cport}");
+    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
+    for p in [port, dport, cport] {
+        wait_port(p);
+    }
+    let out = ok(&["drive", "discover", &disc, "--control", &control]);
+    assert!(
+        out.contains("1 drive(s) added") && out.contains(&listen),
+        "{out}"
+    );
+    // Discovering again adds nothing and says why.
+    let out = sluice(&["drive", "discover", &disc, "--control", &control]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 drive(s) added"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already in the pool"));
 }

@@ -42,11 +42,14 @@ pub const WRITE_ATTEMPTS_MAX: u32 = 4;
 pub const ALLOCATE_ATTEMPTS_MAX: u32 = 5;
 
 /// Connections to drives, shared by every volume of a process: one
-/// association per (address, subsystem NQN).
+/// association per (address, subsystem NQN, host NQN), so the volumes of one
+/// tenant share theirs and each tenant's I/O reaches the drives under its
+/// own host NQN.
 #[derive(Debug)]
 pub struct DrivePool {
     opts: ConnectOptions,
-    conns: tokio::sync::Mutex<HashMap<(String, String), Controller>>,
+    /// By (address, subsystem NQN, host NQN).
+    conns: tokio::sync::Mutex<HashMap<(String, String, String), Controller>>,
 }
 
 impl DrivePool {
@@ -64,9 +67,14 @@ impl DrivePool {
 
     /// The namespace of `drive`, connecting on first use, and checking that
     /// it is still the drive the pool recorded (block size, NGUID).
-    async fn namespace(&self, drive: &pb::Drive) -> Result<Namespace, VolumeError> {
+    async fn namespace(
+        &self,
+        drive: &pb::Drive,
+        hostnqn: Option<&str>,
+    ) -> Result<Namespace, VolumeError> {
         let id = DriveId(drive.id);
-        let key = (drive.addr.clone(), drive.nqn.clone());
+        let hostnqn = hostnqn.unwrap_or(&self.opts.hostnqn).to_owned();
+        let key = (drive.addr.clone(), drive.nqn.clone(), hostnqn.clone());
         let ctrl = {
             let mut conns = self.conns.lock().await;
             match conns.get(&key) {
@@ -83,7 +91,11 @@ impl DrivePool {
                                 drive.addr
                             )),
                         })?;
-                    let c = Controller::connect(addr, &drive.nqn, self.opts.clone())
+                    let opts = ConnectOptions {
+                        hostnqn,
+                        ..self.opts.clone()
+                    };
+                    let c = Controller::connect(addr, &drive.nqn, opts)
                         .await
                         .map_err(|source| VolumeError::Drive { drive: id, source })?;
                     conns.insert(key, c.clone());
@@ -143,10 +155,24 @@ fn unreachable_drive(e: &VolumeError) -> bool {
     }
 }
 
+/// The host NQN a tenant's volumes use on their drives: the tenant itself
+/// when it is an NQN (Sluice targets know tenants by host NQN), else
+/// `nqn.2026-11.io.sluice:tenant:NAME`. The drives' tenant configuration
+/// then applies to the volume's I/O (fair queuing, limits, CPU).
+pub fn tenant_hostnqn(tenant: &str) -> String {
+    if tenant.starts_with("nqn.") && tenant.len() <= sluice_proto::NQN_LEN_MAX {
+        tenant.to_owned()
+    } else {
+        format!("nqn.2026-11.io.sluice:tenant:{tenant}")
+    }
+}
+
 /// One open volume.
 #[derive(Debug)]
 pub struct Volume {
     name: String,
+    /// The host NQN the drives see this volume's I/O under (its tenant).
+    hostnqn: Option<String>,
     control: ControlClient,
     pool: Arc<DrivePool>,
     map: RwLock<VolumeMap>,
@@ -181,8 +207,10 @@ impl Volume {
                 "volume {name:?} is being deleted"
             )));
         }
+        let hostnqn = map.volume().tenant.as_deref().map(tenant_hostnqn);
         Ok(Volume {
             name: name.to_owned(),
+            hostnqn,
             control,
             pool,
             map: RwLock::new(map),
@@ -257,7 +285,7 @@ impl Volume {
             .get(&id)
             .cloned()
             .ok_or_else(|| bad(format!("chain names unknown drive {id}")))?;
-        let ns = self.pool.namespace(&drive).await?;
+        let ns = self.pool.namespace(&drive, self.hostnqn.as_deref()).await?;
         self.namespaces.write().await.insert(id, ns.clone());
         Ok(ns)
     }

@@ -824,3 +824,63 @@ fn control_planes_on_one_etcd_elect_a_leader_and_hand_over_when_it_dies() {
     });
     drop(planes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
+    // Drives that admit the control plane and the tenant "gold" only.
+    let gold = sluice_control::volume::tenant_hostnqn("gold");
+    assert_eq!(gold, "nqn.2026-11.io.sluice:tenant:gold");
+    assert_eq!(
+        sluice_control::volume::tenant_hostnqn("nqn.2014-08.org.example:x"),
+        "nqn.2014-08.org.example:x"
+    );
+    let sub = SubsystemConfig::new(NQN)
+        .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512))
+        .with_host("nqn.2026-11.io.sluice:control")
+        .with_host(gold.as_str());
+    let settings = TargetSettings::default()
+        .with_listen("127.0.0.1:0".parse().unwrap())
+        .with_discovery_listen(None)
+        .with_workers(1)
+        .with_polling(PollingPolicy::Interrupt);
+    let cfg = Config::default()
+        .with_target(settings)
+        .with_subsystem(sub)
+        .validated()
+        .unwrap();
+    let t = Target::start(&cfg).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    c.add_drive(&t.local_addr().to_string(), NQN, 1)
+        .await
+        .unwrap();
+    for (name, tenant) in [("g", "gold"), ("s", "silver")] {
+        let req = pb::CreateVolumeRequest {
+            name: name.into(),
+            size_bytes: 4 * MIB,
+            tenant: Some(tenant.into()),
+            ..Default::default()
+        };
+        c.create_volume(req).await.unwrap();
+    }
+    let pool = DrivePool::new(host_opts());
+    let g = Volume::open(c.clone(), pool.clone(), "g").await.unwrap();
+    g.write(0, &pattern(21, 8192), IoFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        g.read(0, 8192, IoFlags::default()).await.unwrap(),
+        pattern(21, 8192)
+    );
+    // Silver is not admitted by the drive: its I/O is refused there.
+    let s = Volume::open(c.clone(), pool.clone(), "s").await.unwrap();
+    let e = s
+        .write(0, &pattern(22, 8192), IoFlags::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, VolumeError::Drive { .. }), "{e}");
+    assert_eq!(pool.connections().await, 1, "one association, gold's");
+    cp.stop().await;
+    t.shutdown();
+}
