@@ -32,6 +32,7 @@
 //! connections_max = 4096                # open at once, all sources
 //! connections_per_source_max = 512     # open at once from one IP address
 //! connections_handshaking_max = 256    # accepted, not yet past Connect
+//! connections_handshaking_per_source_max = 72  # of those, from one IP address
 //! handshake_timeout_ms = 10000          # ICReq + Connect within this
 //!
 //! [[subsystem]]

@@ -57,6 +57,10 @@ pub struct TargetSettings {
     /// Connections accepted and not yet past their Connect command, all
     /// sources (default [`CONNECTIONS_HANDSHAKING_MAX_DEFAULT`]).
     pub connections_handshaking_max: u32,
+    /// Connections from one source IP address still in their handshake
+    /// (default [`CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT`]), so one
+    /// address cannot hold every handshake slot.
+    pub connections_handshaking_per_source_max: u32,
     /// A connection that has not completed ICReq and Connect this long
     /// after it was accepted is closed (default
     /// [`HANDSHAKE_TIMEOUT_MS_DEFAULT`]).
@@ -77,6 +81,10 @@ pub const CONNECTIONS_PER_SOURCE_MAX_DEFAULT: u32 = 512;
 /// (and sends ICReq on) all its I/O queues before it connects them one by
 /// one, so this must hold a few hosts' queues at once.
 pub const CONNECTIONS_HANDSHAKING_MAX_DEFAULT: u32 = 256;
+/// Default of `target.connections_handshaking_per_source_max`: a Linux host
+/// with 64 I/O queues opens 65 sockets before it connects them; a quarter of
+/// the default handshake slots.
+pub const CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT: u32 = 72;
 /// Default of `target.handshake_timeout_ms`.
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u32 = 10_000;
 
@@ -105,6 +113,7 @@ impl Default for TargetSettings {
             connections_max: CONNECTIONS_MAX_DEFAULT,
             connections_per_source_max: CONNECTIONS_PER_SOURCE_MAX_DEFAULT,
             connections_handshaking_max: CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
+            connections_handshaking_per_source_max: CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             send: SendConfig::default(),
             subsystem_send: HashMap::new(),
@@ -180,6 +189,10 @@ impl TargetSettings {
         self.connections_handshaking_max = n;
         self
     }
+    pub fn with_connections_handshaking_per_source_max(mut self, n: u32) -> Self {
+        self.connections_handshaking_per_source_max = n;
+        self
+    }
     pub fn with_handshake_timeout_ms(mut self, n: u32) -> Self {
         self.handshake_timeout_ms = n;
         self
@@ -235,6 +248,8 @@ pub struct TargetFile {
     pub(crate) connections_per_source_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) connections_handshaking_max: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) connections_handshaking_per_source_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) handshake_timeout_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,6 +381,14 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
         t.connections_handshaking_max =
             ranged_as("target.connections_handshaking_max", v, 1, CONNECTIONS_MAX)?;
     }
+    if let Some(v) = r.connections_handshaking_per_source_max {
+        t.connections_handshaking_per_source_max = ranged_as(
+            "target.connections_handshaking_per_source_max",
+            v,
+            1,
+            CONNECTIONS_MAX,
+        )?;
+    }
     if let Some(v) = r.handshake_timeout_ms {
         t.handshake_timeout_ms = ranged_as(
             "target.handshake_timeout_ms",
@@ -418,6 +441,9 @@ impl From<TargetSettings> for TargetFile {
             connections_max: Some(i64::from(t.connections_max)),
             connections_per_source_max: Some(i64::from(t.connections_per_source_max)),
             connections_handshaking_max: Some(i64::from(t.connections_handshaking_max)),
+            connections_handshaking_per_source_max: Some(i64::from(
+                t.connections_handshaking_per_source_max,
+            )),
             handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
             send_scheduler: Some(sched),
             send: Some(send),

@@ -47,11 +47,18 @@ pub enum Limit {
     PerSource,
     /// `target.connections_handshaking_max`.
     Handshaking,
+    /// `target.connections_handshaking_per_source_max`.
+    HandshakingPerSource,
 }
 
 impl Limit {
     /// Every limit, in the order [`Admission::admit`] checks them.
-    pub const ALL: [Limit; 3] = [Limit::PerSource, Limit::Handshaking, Limit::Connections];
+    pub const ALL: [Limit; 4] = [
+        Limit::PerSource,
+        Limit::HandshakingPerSource,
+        Limit::Handshaking,
+        Limit::Connections,
+    ];
 
     /// The config key (also the metrics' `limit` label).
     pub fn key(self) -> &'static str {
@@ -59,6 +66,7 @@ impl Limit {
             Limit::Connections => "connections_max",
             Limit::PerSource => "connections_per_source_max",
             Limit::Handshaking => "connections_handshaking_max",
+            Limit::HandshakingPerSource => "connections_handshaking_per_source_max",
         }
     }
 
@@ -67,6 +75,7 @@ impl Limit {
             Limit::Connections => 0,
             Limit::PerSource => 1,
             Limit::Handshaking => 2,
+            Limit::HandshakingPerSource => 3,
         }
     }
 }
@@ -109,6 +118,9 @@ struct State {
     open: u32,
     handshaking: u32,
     per_source: HashMap<Source, u32>,
+    /// Connections per source still in their handshake (sources with none
+    /// are absent).
+    handshaking_per_source: HashMap<Source, u32>,
     /// The most open at once since [`Admission::trim_due`] last said yes.
     peak_since_trim: u32,
 }
@@ -125,9 +137,10 @@ pub struct Admission {
     connections_max: u32,
     per_source_max: u32,
     handshaking_max: u32,
+    handshaking_per_source_max: u32,
     state: Mutex<State>,
     /// Refusals per limit, by [`Limit::index`].
-    refused: [AtomicU64; 3],
+    refused: [AtomicU64; 4],
     handshake_timeouts: AtomicU64,
 }
 
@@ -139,6 +152,14 @@ impl Admission {
             st.connections_per_source_max,
             st.connections_handshaking_max,
         )
+        .with_handshaking_per_source_max(st.connections_handshaking_per_source_max)
+    }
+
+    /// Sets the per-source handshake limit (unlimited by default in
+    /// [`Admission::with_limits`]).
+    pub fn with_handshaking_per_source_max(mut self, n: u32) -> Self {
+        self.handshaking_per_source_max = n;
+        self
     }
 
     /// Explicit limits (tests).
@@ -147,6 +168,7 @@ impl Admission {
             connections_max,
             per_source_max,
             handshaking_max,
+            handshaking_per_source_max: u32::MAX,
             state: Mutex::new(State::default()),
             refused: Default::default(),
             handshake_timeouts: AtomicU64::new(0),
@@ -160,8 +182,11 @@ impl Admission {
         let source = Source::of(peer);
         let mut s = lock(&self.state);
         let from_source = s.per_source.get(&source).copied().unwrap_or(0);
+        let handshaking_from_source = s.handshaking_per_source.get(&source).copied().unwrap_or(0);
         let full = if from_source >= self.per_source_max {
             Some(Limit::PerSource)
+        } else if handshaking_from_source >= self.handshaking_per_source_max {
+            Some(Limit::HandshakingPerSource)
         } else if s.handshaking >= self.handshaking_max {
             Some(Limit::Handshaking)
         } else if s.open >= self.connections_max {
@@ -179,6 +204,7 @@ impl Admission {
         s.handshaking += 1;
         s.peak_since_trim = s.peak_since_trim.max(s.open);
         *s.per_source.entry(source).or_insert(0) += 1;
+        *s.handshaking_per_source.entry(source).or_insert(0) += 1;
         Ok(Permit {
             admission: self.clone(),
             source,
@@ -192,6 +218,7 @@ impl Admission {
             Limit::Connections => self.connections_max,
             Limit::PerSource => self.per_source_max,
             Limit::Handshaking => self.handshaking_max,
+            Limit::HandshakingPerSource => self.handshaking_per_source_max,
         }
     }
 
@@ -241,6 +268,7 @@ impl Admission {
         if handshaking {
             debug_assert!(s.handshaking > 0, "handshaking count underflows");
             s.handshaking = s.handshaking.saturating_sub(1);
+            Self::leave_source_handshake(&mut s, source);
         }
         if let Some(n) = s.per_source.get_mut(&source) {
             *n = n.saturating_sub(1);
@@ -257,10 +285,27 @@ impl Admission {
         }
     }
 
-    fn leave_handshake(&self) {
+    fn leave_handshake(&self, source: Source) {
         let mut s = lock(&self.state);
         debug_assert!(s.handshaking > 0, "handshaking count underflows");
         s.handshaking = s.handshaking.saturating_sub(1);
+        Self::leave_source_handshake(&mut s, source);
+    }
+
+    fn leave_source_handshake(s: &mut State, source: Source) {
+        if let Some(n) = s.handshaking_per_source.get_mut(&source) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                s.handshaking_per_source.remove(&source);
+                if s.handshaking_per_source.capacity() > 64
+                    && s.handshaking_per_source.len() < s.handshaking_per_source.capacity() / 4
+                {
+                    s.handshaking_per_source.shrink_to_fit();
+                }
+            }
+        } else {
+            debug_assert!(false, "a handshake of an unknown source ends");
+        }
     }
 }
 
@@ -283,7 +328,7 @@ impl Permit {
     pub fn handshake_done(&mut self) {
         if self.handshaking {
             self.handshaking = false;
-            self.admission.leave_handshake();
+            self.admission.leave_handshake(self.source);
         }
     }
 }
@@ -302,9 +347,9 @@ pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct RefusalLog {
     /// When each limit's last line was written, by [`Limit::index`].
-    last: [Option<Instant>; 3],
+    last: [Option<Instant>; 4],
     /// Refusals by each limit since its last line.
-    suppressed: [u64; 3],
+    suppressed: [u64; 4],
 }
 
 impl RefusalLog {
@@ -352,6 +397,30 @@ mod tests {
         let _p3 = a.admit(ip("10.0.0.1")).expect("a slot came back");
         assert_eq!(a.refused(Limit::PerSource), 1);
         assert_eq!(a.refused(Limit::Connections), 0);
+    }
+
+    #[test]
+    fn one_source_cannot_hold_every_handshake_slot() {
+        let a = Arc::new(Admission::with_limits(100, 100, 10).with_handshaking_per_source_max(3));
+        let mut held: Vec<Permit> = (0..3).map(|_| a.admit(ip("10.0.0.9")).unwrap()).collect();
+        assert_eq!(
+            a.admit(ip("10.0.0.9")).err(),
+            Some(Limit::HandshakingPerSource)
+        );
+        // Another address still gets in.
+        let _other = a.admit(ip("10.0.0.10")).unwrap();
+        // A connection past Connect frees its source's handshake slot, and
+        // a closed one too.
+        held[0].handshake_done();
+        let _next = a.admit(ip("10.0.0.9")).unwrap();
+        assert_eq!(
+            a.admit(ip("10.0.0.9")).err(),
+            Some(Limit::HandshakingPerSource)
+        );
+        held.pop();
+        let _again = a.admit(ip("10.0.0.9")).unwrap();
+        assert_eq!(a.refused(Limit::HandshakingPerSource), 2);
+        assert_eq!(a.limit(Limit::HandshakingPerSource), 3);
     }
 
     #[test]
