@@ -43,6 +43,7 @@ fn start() -> TargetHandle {
                 .with_connections_max(n)
                 .with_connections_per_source_max(n)
                 .with_connections_handshaking_max(n)
+                .with_connections_handshaking_per_source_max(n)
                 .with_handshake_timeout_ms(120_000),
         )
         .with_subsystem(

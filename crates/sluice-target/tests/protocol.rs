@@ -632,3 +632,29 @@ fn held_pdu_is_flushed_at_its_deadline() {
     assert_eq!(st.reason(Timer) - before.reason(Timer), 1);
     assert_eq!(st.wait_ns_latency - before.wait_ns_latency, 40_000);
 }
+
+/// Connections made at different moments but aligned to one origin wake for
+/// their periodic checks at the same instants (idle connections then cost
+/// one worker wake per interval, not one each).
+#[test]
+fn periodic_checks_of_aligned_connections_fall_on_one_grid() {
+    use sluice_target::queue::{QueueConnection, CONTROLLER_CHECK_INTERVAL};
+    let reg = reg_in("immediate");
+    let origin = std::time::Instant::now();
+    let mut a = QueueConnection::new(reg.clone(), None, None, origin + Duration::from_millis(13));
+    let mut b = QueueConnection::new(reg.clone(), None, None, origin + Duration::from_millis(171));
+    assert_ne!(a.poll_timeout(), b.poll_timeout(), "unaligned, they differ");
+    a.align_checks_to(origin);
+    b.align_checks_to(origin);
+    assert_eq!(a.poll_timeout(), Some(origin + CONTROLLER_CHECK_INTERVAL));
+    assert_eq!(b.poll_timeout(), a.poll_timeout());
+    // After a check, the next one is one interval further, still shared.
+    let t = origin + CONTROLLER_CHECK_INTERVAL + Duration::from_millis(3);
+    a.handle_timeout(t);
+    b.handle_timeout(t);
+    assert_eq!(
+        a.poll_timeout(),
+        Some(origin + CONTROLLER_CHECK_INTERVAL * 2)
+    );
+    assert_eq!(b.poll_timeout(), a.poll_timeout());
+}

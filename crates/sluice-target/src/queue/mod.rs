@@ -108,6 +108,8 @@ pub struct QueueConnection {
     draining: bool,
     close_reason: Option<String>,
     next_check: Instant,
+    /// The grid the controller checks fall on (see [`Self::align_checks_to`]).
+    check_origin: Option<Instant>,
     /// Handshake: queue id, depth, controller.
     session: Session,
     /// Admitted commands not yet completed.
@@ -145,6 +147,7 @@ impl QueueConnection {
             draining: false,
             close_reason: None,
             next_check: now + CONTROLLER_CHECK_INTERVAL,
+            check_origin: None,
             session: Session::new(now),
             cmds: CommandTable::default(),
             exec: Execution::default(),
@@ -271,8 +274,29 @@ impl QueueConnection {
             }
         }
         if now >= self.next_check {
-            self.next_check = now + CONTROLLER_CHECK_INTERVAL;
+            self.next_check = self.check_after(now);
         }
+    }
+
+    /// Puts this connection's periodic checks on a grid of
+    /// [`CONTROLLER_CHECK_INTERVAL`] from `origin`, which the I/O layer
+    /// shares between all its connections: then thousands of idle
+    /// connections wake their worker once per interval, together, instead
+    /// of each at its own moment.
+    pub fn align_checks_to(&mut self, origin: Instant) {
+        self.check_origin = Some(origin);
+        self.next_check = self.check_after(self.next_check - CONTROLLER_CHECK_INTERVAL);
+    }
+
+    /// The first check time after `now`: on the grid when there is one.
+    fn check_after(&self, now: Instant) -> Instant {
+        let Some(origin) = self.check_origin else {
+            return now + CONTROLLER_CHECK_INTERVAL;
+        };
+        let since = now.saturating_duration_since(origin).as_nanos();
+        let step = CONTROLLER_CHECK_INTERVAL.as_nanos();
+        let ticks = u32::try_from(since / step + 1).unwrap_or(u32::MAX);
+        origin + CONTROLLER_CHECK_INTERVAL * ticks
     }
 
     /// Stops taking new commands; the connection closes once in-flight ones

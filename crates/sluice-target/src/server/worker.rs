@@ -48,6 +48,14 @@ struct BackendSlot {
     notify_registered: bool,
 }
 
+/// The grid every connection's periodic checks fall on, process-wide (so a
+/// connection handed to another worker stays on it): the first worker
+/// clock reading.
+fn check_origin(now: Instant) -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(|| now)
+}
+
 pub(super) struct Worker {
     id: usize,
     pub(super) poll: Poll,
@@ -276,11 +284,9 @@ impl Worker {
                     let local = stream.local_addr().ok();
                     tracing::debug!(?peer, "connection accepted");
                     self.connections_total += 1;
-                    (
-                        QueueConnection::new(self.reg.clone(), peer, local, now),
-                        None,
-                        false,
-                    )
+                    let mut conn = QueueConnection::new(self.reg.clone(), peer, local, now);
+                    conn.align_checks_to(check_origin(now));
+                    (conn, None, false)
                 }
             };
             self.conns[idx] = Some(Box::new(ConnEntry {
