@@ -16,9 +16,9 @@ pub fn status_of(e: &CatalogError) -> Status {
         CatalogError::Shrink { .. }
         | CatalogError::Invalid { .. }
         | CatalogError::ExtentOutOfRange { .. } => Code::InvalidArgument,
-        CatalogError::VolumeRecreated { .. } | CatalogError::Deleting(_) => {
-            Code::FailedPrecondition
-        }
+        CatalogError::VolumeRecreated { .. }
+        | CatalogError::Deleting(_)
+        | CatalogError::Prepare(_) => Code::FailedPrecondition,
         CatalogError::PoolFull(_) => Code::ResourceExhausted,
         CatalogError::Contended(_) => Code::Aborted,
         CatalogError::Store(StoreError::Unavailable(_)) => Code::Unavailable,

@@ -26,6 +26,7 @@ use crate::error::status_of;
 use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
+use crate::volume::DrivePool;
 
 /// Where the metadata lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -187,9 +188,13 @@ async fn run<S: MetaStore>(
     );
     let service = ControlService {
         catalog: Arc::new(catalog),
-        probe: cfg.probe,
+        probe: cfg.probe.clone(),
         describe,
         leadership,
+        drives: DrivePool::new(ConnectOptions {
+            reconnect: sluice_host::ReconnectPolicy::default(),
+            ..cfg.probe.clone()
+        }),
     };
     let incoming = tokio_stream_listener(listener);
     tonic::transport::Server::builder()
@@ -216,6 +221,32 @@ struct ControlService<S> {
     probe: ConnectOptions,
     describe: String,
     leadership: Arc<Leadership>,
+    /// Connections to the drives, for zeroing new extents.
+    drives: Arc<DrivePool>,
+}
+
+/// Zeroes every replica of a new extent before it is committed (see
+/// `Catalog::allocate_with`): Write Zeroes, no data on the wire.
+async fn zero_extent(
+    drives: &DrivePool,
+    new: &sluice_meta::catalog::Allocation,
+) -> Result<(), String> {
+    for r in &new.extent.chain {
+        let d = new
+            .drives
+            .iter()
+            .find(|d| d.id == r.drive)
+            .ok_or_else(|| format!("drive {} unknown", r.drive))?;
+        let ns = drives
+            .namespace(&pb::Drive::from(d), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let bs = u64::from(ns.block_size_bytes());
+        ns.write_zeroes(d.slot_lba(r.slot), sluice_volume::EXTENT_BYTES / bs)
+            .await
+            .map_err(|e| format!("zeroing slot {} of drive {}: {e}", r.slot, r.drive))?;
+    }
+    Ok(())
 }
 
 type Answer<T> = Result<Response<T>, Status>;
@@ -381,9 +412,14 @@ impl<S: MetaStore> Control for ControlService<S> {
     ) -> Answer<pb::ExtentAllocation> {
         self.leadership.check()?;
         let r = req.into_inner();
+        let drives = self.drives.clone();
         let a = self
             .catalog
-            .allocate(&r.name, VolumeId(r.volume_id), r.index)
+            .allocate_with(&r.name, VolumeId(r.volume_id), r.index, move |new| {
+                let drives = drives.clone();
+                let new = new.clone();
+                async move { zero_extent(&drives, &new).await }
+            })
             .await
             .map_err(st)?;
         ok(pb::ExtentAllocation {

@@ -67,7 +67,7 @@ impl DrivePool {
 
     /// The namespace of `drive`, connecting on first use, and checking that
     /// it is still the drive the pool recorded (block size, NGUID).
-    async fn namespace(
+    pub(crate) async fn namespace(
         &self,
         drive: &pb::Drive,
         hostnqn: Option<&str>,

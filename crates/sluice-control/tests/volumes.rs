@@ -884,3 +884,52 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
     cp.stop().await;
     t.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_extent_never_shows_another_volumes_old_data() {
+    let t = Drives::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    // One drive only, so the second volume reuses the first one's slots.
+    c.add_drive(&t.addr(), NQN, 1).await.unwrap();
+    let mk = |name: &str| pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes: 8 * MIB,
+        ..Default::default()
+    };
+    c.create_volume(mk("old")).await.unwrap();
+    let pool = DrivePool::new(host_opts());
+    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
+    old.write(0, &pattern(31, 8 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    drop(old);
+    c.delete_volume("old").await.unwrap();
+    // The new volume's first write touches one block of each extent; the
+    // rest of every extent must read as zeros, not as "old".
+    c.create_volume(mk("new")).await.unwrap();
+    let new = Volume::open(c.clone(), pool.clone(), "new").await.unwrap();
+    for e in 0..4u64 {
+        new.write(e * 512 + 100, &pattern(32, 4096), IoFlags::default())
+            .await
+            .unwrap();
+    }
+    let all = new.read(0, 8 << 20, IoFlags::default()).await.unwrap();
+    for e in 0..4usize {
+        let base = e * (2 << 20);
+        let written = base + 100 * 4096;
+        assert!(
+            all[base..written].iter().all(|&b| b == 0),
+            "extent {e} shows old data before the write"
+        );
+        assert_eq!(all[written..written + 4096], pattern(32, 4096)[..]);
+        assert!(
+            all[written + 4096..base + (2 << 20)]
+                .iter()
+                .all(|&b| b == 0),
+            "extent {e} shows old data after"
+        );
+    }
+    cp.stop().await;
+}

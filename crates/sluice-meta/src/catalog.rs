@@ -83,6 +83,8 @@ pub enum CatalogError {
     Invalid { field: &'static str, reason: String },
     #[error("capacity exceeded: {0}")]
     PoolFull(String),
+    #[error("cannot prepare the new extent: {0}")]
+    Prepare(String),
     #[error("metadata is inconsistent: {0}")]
     Inconsistent(String),
     #[error("gave up after {CONFLICT_RETRIES_MAX} conflicting attempts at {0}")]
@@ -683,6 +685,28 @@ impl<S: MetaStore> Catalog<S> {
         id: VolumeId,
         index: u64,
     ) -> Result<Allocation, CatalogError> {
+        self.allocate_with(name, id, index, |_| std::future::ready(Ok(())))
+            .await
+    }
+
+    /// [`Catalog::allocate`], calling `prepare` with a new extent's chain
+    /// before the transaction that allocates it. The control plane zeroes
+    /// the chosen slots there: a slot may hold a deleted volume's data (or
+    /// whatever the namespace held before it joined the pool), and once the
+    /// extent is committed any client may read it. Zeroing before the
+    /// commit means no reader ever sees old data, and no writer's data is
+    /// ever zeroed; a zeroed slot whose commit then conflicts stays free.
+    pub async fn allocate_with<F, Fut>(
+        &self,
+        name: &str,
+        id: VolumeId,
+        index: u64,
+        prepare: F,
+    ) -> Result<Allocation, CatalogError>
+    where
+        F: Fn(&Allocation) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
         // Fast path: the volume and drives as this catalog last wrote them.
         // The transaction compares their revisions and the extent's
         // absence, so a stale cache costs a conflict, never a wrong write.
@@ -705,6 +729,7 @@ impl<S: MetaStore> Catalog<S> {
                     // A drive added since (by any control plane) bumps
                     // pool/ids: the conflict sends this to the fresh path.
                     let txn = guard(txn, keys::IDS, ids_rev);
+                    prepare(&alloc).await.map_err(CatalogError::Prepare)?;
                     if let Some(rev) = self.commit("allocate_extent", txn).await? {
                         self.remember(name, &alloc, rev, drives, ids_rev, false);
                         return Ok(alloc);
@@ -751,6 +776,7 @@ impl<S: MetaStore> Catalog<S> {
                 });
             }
             let (txn, alloc) = self.plan_allocation(name, index, v, vrev, &drives)?;
+            prepare(&alloc).await.map_err(CatalogError::Prepare)?;
             if let Some(rev) = self.commit("allocate_extent", txn).await? {
                 self.remember(name, &alloc, rev, drives, ids_rev, true);
                 return Ok(alloc);
