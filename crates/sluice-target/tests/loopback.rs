@@ -27,15 +27,23 @@ fn start(polling: &str, workers: usize) -> TargetHandle {
 }
 
 fn start_with(polling: &str, workers: usize, send: SendConfig) -> TargetHandle {
+    start_settings(
+        TargetSettings::default()
+            .with_workers(workers)
+            .with_polling(PollingPolicy::parse(polling, 50).unwrap())
+            .with_send(send),
+    )
+}
+
+/// The loopback target: `settings` listening on an ephemeral port of
+/// 127.0.0.1, no discovery port, one 16 MiB RAM namespace for `HOSTNQN`.
+fn start_settings(settings: TargetSettings) -> TargetHandle {
     let c = Config::default()
         .with_target(
-            TargetSettings::default()
+            settings
                 .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
                 .with_discovery_listen(None)
-                .with_workers(workers)
-                .with_polling(PollingPolicy::parse(polling, 50).unwrap())
-                .with_shutdown_drain_ms(2000)
-                .with_send(send),
+                .with_shutdown_drain_ms(2000),
         )
         .with_subsystem(
             SubsystemConfig::new(SUBNQN)
@@ -441,25 +449,13 @@ fn io_queues_spread_over_workers() {
 
 /// A target with the given connection limits (interrupt polling, one worker).
 fn start_limited(per_source: u32, handshaking: u32, handshake_timeout_ms: u32) -> TargetHandle {
-    let c = Config::default()
-        .with_target(
-            TargetSettings::default()
-                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
-                .with_discovery_listen(None)
-                .with_polling(PollingPolicy::Interrupt)
-                .with_shutdown_drain_ms(2000)
-                .with_connections_per_source_max(per_source)
-                .with_connections_handshaking_max(handshaking)
-                .with_handshake_timeout_ms(handshake_timeout_ms),
-        )
-        .with_subsystem(
-            SubsystemConfig::new(SUBNQN)
-                .with_host(HOSTNQN)
-                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
-        )
-        .validated()
-        .unwrap();
-    Target::start(&c).unwrap()
+    start_settings(
+        TargetSettings::default()
+            .with_polling(PollingPolicy::Interrupt)
+            .with_connections_per_source_max(per_source)
+            .with_connections_handshaking_max(handshaking)
+            .with_handshake_timeout_ms(handshake_timeout_ms),
+    )
 }
 
 /// A TCP connection to `to` from the loopback address `from` (all of
