@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use sluice_control::{ControlClient, DrivePool, Volume, VolumeError};
+use sluice_control::{Volume, VolumeError};
 use sluice_host::{ConnectOptions, HostError, IoFlags, Namespace};
 
 use crate::BenchArgs;
@@ -85,16 +85,7 @@ pub(crate) async fn open_volume(
     name: &str,
     opts: ConnectOptions,
 ) -> anyhow::Result<Device> {
-    let token = args
-        .token_file
-        .as_deref()
-        .map(|p| {
-            sluice_admin::BearerToken::from_file(p)
-                .with_context(|| format!("reading {}", p.display()))
-        })
-        .transpose()?;
-    let control = ControlClient::new(&args.control, token.as_ref())?;
-    let v = Volume::open(control, DrivePool::new(opts), name)
+    let v = sluice_control::volume::open(&args.control, args.token_file.as_deref(), name, opts)
         .await
         .with_context(|| {
             format!(

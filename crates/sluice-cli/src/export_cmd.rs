@@ -212,14 +212,6 @@ async fn open_device(
         let (c, ns, hostnqn) = connect(r).await?;
         return Ok((Some(c), RemoteDevice::Namespace(ns), hostnqn));
     };
-    let token = a
-        .token_file
-        .as_deref()
-        .map(|p| {
-            sluice_admin::BearerToken::from_file(p)
-                .with_context(|| format!("reading {}", p.display()))
-        })
-        .transpose()?;
     let mut opts = ConnectOptions {
         io_queues: a.io_queues.max(1),
         ..ConnectOptions::default()
@@ -228,8 +220,7 @@ async fn open_device(
         opts.hostnqn = h.to_string();
     }
     let hostnqn = opts.hostnqn.clone();
-    let control = sluice_control::ControlClient::new(&a.control, token.as_ref())?;
-    let v = sluice_control::Volume::open(control, sluice_control::DrivePool::new(opts), name)
+    let v = sluice_control::volume::open(&a.control, a.token_file.as_deref(), name, opts)
         .await
         .with_context(|| {
             format!(

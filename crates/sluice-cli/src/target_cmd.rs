@@ -285,18 +285,15 @@ impl sluice_target::VolumeOpener for VolumeClient {
         control: &str,
         token_file: Option<&std::path::Path>,
     ) -> std::result::Result<std::sync::Arc<dyn sluice_backend::Backend>, String> {
-        let token = token_file
-            .map(|p| sluice_admin::BearerToken::from_file(p).map_err(|e| e.to_string()))
-            .transpose()?;
         let opts = sluice_host::ConnectOptions {
             hostnqn: VOLUME_HOSTNQN.into(),
             io_queues: 2,
             ..sluice_host::ConnectOptions::default()
         };
-        let b = sluice_control::backend::VolumeBackend::open(name, control, token.as_ref(), opts)
+        let b = sluice_control::backend::VolumeBackend::open(name, control, token_file, opts)
             .map_err(|e| {
-            format!("opening volume {name:?} through the control plane at {control}: {e}")
-        })?;
+                format!("opening volume {name:?} through the control plane at {control}: {e}")
+            })?;
         tracing::info!(volume = name, %control, geometry = ?sluice_backend::Backend::geometry(&b), "volume namespace opened");
         Ok(std::sync::Arc::new(b))
     }

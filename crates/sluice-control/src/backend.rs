@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use sluice_admin::BearerToken;
 use sluice_backend::{
     validate_request, AlignedBuf, Backend, BackendError, BackendQueue, Geometry, IoCompletion,
     IoOp, IoRequest,
@@ -23,8 +22,7 @@ use sluice_host::{ConnectOptions, IoFlags};
 use sluice_runtime::notify::EventFd;
 
 use crate::error::VolumeError;
-use crate::volume::{DrivePool, Volume};
-use crate::ControlClient;
+use crate::volume::Volume;
 
 /// Requests in flight per worker queue, at most (more fail with QueueFull,
 /// which the host retries).
@@ -53,7 +51,7 @@ impl VolumeBackend {
     pub fn open(
         name: &str,
         control: &str,
-        token: Option<&BearerToken>,
+        token_file: Option<&std::path::Path>,
         opts: ConnectOptions,
     ) -> Result<VolumeBackend, VolumeError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -62,10 +60,7 @@ impl VolumeBackend {
             .enable_all()
             .build()
             .map_err(|e| VolumeError::Control(format!("starting the volume runtime: {e}")))?;
-        // The client's channel spawns its worker on the current runtime.
-        let _in_runtime = runtime.enter();
-        let client = ControlClient::new(control, token)?;
-        let volume = runtime.block_on(Volume::open(client, DrivePool::new(opts), name))?;
+        let volume = runtime.block_on(crate::volume::open(control, token_file, name, opts))?;
         let geometry = Geometry::external(
             volume.size_blocks() * u64::from(volume.block_size_bytes()),
             volume.block_size_bytes(),

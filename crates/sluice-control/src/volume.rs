@@ -167,6 +167,27 @@ pub fn tenant_hostnqn(tenant: &str) -> String {
     }
 }
 
+/// Opens volume `name` through the control plane at `control` (one or
+/// more `HOST:PORT`, comma-separated), with the bearer token read from
+/// `token_file`; the volume's drive connections use `opts`. The one way the
+/// CLI's commands and the target open a volume. Call it inside a tokio
+/// runtime.
+pub async fn open(
+    control: &str,
+    token_file: Option<&std::path::Path>,
+    name: &str,
+    opts: ConnectOptions,
+) -> Result<Volume, VolumeError> {
+    let token = token_file
+        .map(|p| {
+            sluice_admin::BearerToken::from_file(p)
+                .map_err(|e| VolumeError::Control(format!("control token: {e}")))
+        })
+        .transpose()?;
+    let client = ControlClient::new(control, token.as_ref())?;
+    Volume::open(client, DrivePool::new(opts), name).await
+}
+
 /// One open volume.
 #[derive(Debug)]
 pub struct Volume {
