@@ -79,32 +79,56 @@ fn fails(args: &[&str], needle: &str) {
     );
 }
 
+/// Two `sluice target` processes (64 MiB RAM each, no discovery port) and
+/// `sluice control` on a redb file, all listening.
+struct Pool {
+    dir: tempfile::TempDir,
+    ports: [u16; 2],
+    targets: Vec<Killed>,
+    control: String,
+    _control: Killed,
+}
+
+impl Pool {
+    fn start() -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = [free_port(), free_port()];
+        let targets = ports
+            .iter()
+            .map(|p| {
+                let listen = format!("127.0.0.1:{p}");
+                spawn(&[
+                    "target",
+                    "--listen",
+                    &listen,
+                    "--discovery-listen",
+                    "",
+                    "--ram-size",
+                    "64MiB",
+                ])
+            })
+            .collect();
+        let cport = free_port();
+        let control = format!("127.0.0.1:{cport}");
+        let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+        let _control = spawn(&["control", "--listen", &control, "--metadata", &meta]);
+        for p in ports.iter().copied().chain([cport]) {
+            wait_port(p);
+        }
+        Pool {
+            dir,
+            ports,
+            targets,
+            control,
+            _control,
+        }
+    }
+}
+
 #[test]
 fn operator_builds_a_pool_and_benches_a_replicated_volume() {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port()];
-    let _targets: Vec<Killed> = ports
-        .iter()
-        .map(|p| {
-            let listen = format!("127.0.0.1:{p}");
-            spawn(&[
-                "target",
-                "--listen",
-                &listen,
-                "--discovery-listen",
-                "",
-                "--ram-size",
-                "64MiB",
-            ])
-        })
-        .collect();
-    let cport = free_port();
-    let control = format!("127.0.0.1:{cport}");
-    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
-    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
-    for p in ports.iter().copied().chain([cport]) {
-        wait_port(p);
-    }
+    let pool = Pool::start();
+    let (ports, control) = (pool.ports, pool.control.clone());
     let c = ["--control", control.as_str()];
     for p in ports {
         let out = ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
@@ -201,30 +225,8 @@ fn control_refuses_to_listen_beyond_loopback_without_a_token() {
 
 #[test]
 fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port()];
-    let mut targets: Vec<Killed> = ports
-        .iter()
-        .map(|p| {
-            let listen = format!("127.0.0.1:{p}");
-            spawn(&[
-                "target",
-                "--listen",
-                &listen,
-                "--discovery-listen",
-                "",
-                "--ram-size",
-                "64MiB",
-            ])
-        })
-        .collect();
-    let cport = free_port();
-    let control = format!("127.0.0.1:{cport}");
-    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
-    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
-    for p in ports.iter().copied().chain([cport]) {
-        wait_port(p);
-    }
+    let mut pool = Pool::start();
+    let (ports, control) = (pool.ports, pool.control.clone());
     let c = ["--control", control.as_str()];
     for p in ports {
         ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
@@ -265,7 +267,7 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     // SIGKILL: no goodbye on any connection.
-    let mut dead = targets.remove(1);
+    let mut dead = pool.targets.remove(1);
     dead.0.kill().unwrap();
     dead.0.wait().unwrap();
     let out = bench.wait_with_output().unwrap();
@@ -284,30 +286,8 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
 
 #[test]
 fn nbd_exports_a_volume_to_unmodified_tools() {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = [free_port(), free_port()];
-    let _targets: Vec<Killed> = ports
-        .iter()
-        .map(|p| {
-            let listen = format!("127.0.0.1:{p}");
-            spawn(&[
-                "target",
-                "--listen",
-                &listen,
-                "--discovery-listen",
-                "",
-                "--ram-size",
-                "64MiB",
-            ])
-        })
-        .collect();
-    let cport = free_port();
-    let control = format!("127.0.0.1:{cport}");
-    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
-    let _cp = spawn(&["control", "--listen", &control, "--metadata", &meta]);
-    for p in ports.iter().copied().chain([cport]) {
-        wait_port(p);
-    }
+    let pool = Pool::start();
+    let (ports, control, dir) = (pool.ports, pool.control.clone(), &pool.dir);
     let c = ["--control", control.as_str()];
     for p in ports {
         ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
