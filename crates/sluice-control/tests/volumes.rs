@@ -106,6 +106,25 @@ impl ControlPlane {
     }
 }
 
+/// A control plane on a fresh redb file, and a client of it.
+async fn redb_control() -> (tempfile::TempDir, ControlPlane, ControlClient) {
+    let dir = tempfile::tempdir().unwrap();
+    let cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    (dir, cp, c)
+}
+
+/// Creates volume `name` (4 KiB blocks, no tenant).
+async fn create(c: &ControlClient, name: &str, size_bytes: u64, replicas: u32) {
+    let req = pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes,
+        replicas,
+        ..Default::default()
+    };
+    c.create_volume(req).await.unwrap();
+}
+
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
@@ -156,13 +175,7 @@ async fn volume_round_trip(metadata: Metadata) {
     assert_eq!(drives.len(), 4);
     assert_eq!(drives.iter().map(|d| d.slots_total).sum::<u64>(), 64);
 
-    let req = pb::CreateVolumeRequest {
-        name: "data".into(),
-        size_bytes: 40 * MIB,
-        replicas: 1,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "data", 40 * MIB, 1).await;
     let pool = DrivePool::new(host_opts());
     let v = Volume::open(c.clone(), pool.clone(), "data").await.unwrap();
     assert_eq!(v.block_size_bytes(), 4096);
@@ -265,17 +278,9 @@ async fn volume_data_round_trips_over_extents_on_two_targets_etcd() {
 async fn replicated_writes_reach_every_replica_in_chain_order() {
     let t1 = Drives::start();
     let t2 = Drives::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest {
-        name: "r2".into(),
-        size_bytes: 8 * MIB,
-        replicas: 2,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "r2", 8 * MIB, 2).await;
     let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "r2")
         .await
         .unwrap();
@@ -324,12 +329,7 @@ async fn io_to_allocated_extents_continues_while_the_control_plane_is_down() {
     let port = cp.port();
     let c = ControlClient::new(&cp.addr, None).unwrap();
     add_all(&c, &[&t1]).await;
-    let req = pb::CreateVolumeRequest {
-        name: "v".into(),
-        size_bytes: 16 * MIB,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "v", 16 * MIB, 1).await;
     let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v")
         .await
         .unwrap();
@@ -429,16 +429,9 @@ async fn bad_requests_get_clear_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drive_that_comes_back_different_is_refused() {
     let mut t1 = Drives::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     add_all(&c, &[&t1]).await;
-    let req = pb::CreateVolumeRequest {
-        name: "v".into(),
-        size_bytes: 8 * MIB,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "v", 8 * MIB, 1).await;
     let addr = t1.addr();
     {
         let v = Volume::open(c.clone(), DrivePool::new(host_opts()), "v")
@@ -482,17 +475,9 @@ async fn a_drive_that_comes_back_different_is_refused() {
 async fn a_dead_target_leaves_replicated_volumes_serving_with_nothing_acknowledged_lost() {
     let t1 = Drives::start();
     let mut t2 = Drives::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest {
-        name: "r".into(),
-        size_bytes: 16 * MIB,
-        replicas: 2,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "r", 16 * MIB, 2).await;
     let opts = ConnectOptions {
         reconnect: sluice_host::ReconnectPolicy {
             attempts_max: 1,
@@ -591,17 +576,9 @@ impl sluice_target::VolumeOpener for Opener {
 async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
     let t1 = Drives::start();
     let t2 = Drives::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     add_all(&c, &[&t1, &t2]).await;
-    let req = pb::CreateVolumeRequest {
-        name: "exported".into(),
-        size_bytes: 24 * MIB,
-        replicas: 2,
-        ..Default::default()
-    };
-    c.create_volume(req).await.unwrap();
+    create(&c, "exported", 24 * MIB, 2).await;
     // The exporting target: one namespace, backend = "volume".
     let front_nqn = "nqn.2026-11.io.sluice:front";
     let sub = SubsystemConfig::new(front_nqn)
@@ -849,9 +826,7 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
         .validated()
         .unwrap();
     let t = Target::start(&cfg).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     c.add_drive(&t.local_addr().to_string(), NQN, 1)
         .await
         .unwrap();
@@ -888,9 +863,7 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_extent_never_shows_another_volumes_old_data() {
     let t = Drives::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
-    let c = ControlClient::new(&cp.addr, None).unwrap();
+    let (_dir, mut cp, c) = redb_control().await;
     // One drive only, so the second volume reuses the first one's slots.
     c.add_drive(&t.addr(), NQN, 1).await.unwrap();
     let mk = |name: &str| pb::CreateVolumeRequest {
