@@ -73,10 +73,11 @@ pub use size::{format_size, parse_size, SizeError};
 pub use sluice_runtime::PollingPolicy;
 pub use subsystem::{
     default_serial, validate_nqn, BackendConfig, Engine, NamespaceConfig, SsdConfig,
-    SubsystemConfig, DEFAULT_SUBSYSTEM_NQN,
+    SubsystemConfig, CONTROL_DEFAULT, DEFAULT_SUBSYSTEM_NQN,
 };
 pub use target::{
-    TargetSettings, CONNECTIONS_HANDSHAKING_MAX_DEFAULT, CONNECTIONS_MAX_DEFAULT,
+    TargetSettings, CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
+    CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT, CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_SOURCE_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
 };
 pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};

@@ -482,13 +482,15 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
                 }
             }
             let control = n.control.unwrap_or_else(|| CONTROL_DEFAULT.to_owned());
-            let ok = control
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-            if !ok {
+            let host_port = |a: &str| {
+                a.trim()
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+            };
+            if !control.split(',').all(host_port) {
                 return Err(err(
                     format!("{nk}.control"),
-                    format!("{control:?} is not HOST:PORT"),
+                    format!("{control:?} is not HOST:PORT (or several, comma-separated)"),
                 ));
             }
             BackendConfig::Volume {

@@ -480,7 +480,7 @@ mod round_trip {
             1u32..=1024,
             1u64..4096,
             any::<bool>(),
-            0u8..3,
+            0u8..4,
             any::<Option<u64>>(),
             any::<bool>(),
         )
@@ -493,6 +493,14 @@ mod round_trip {
                         let mut m = SsdConfig::default().with_parallelism(4);
                         m.read_iops_max = iops.map(|v| (v >> 1).max(1));
                         NamespaceConfig::emulated_ssd(nsid, size, m)
+                    }
+                    2 => {
+                        let v = NamespaceConfig::volume(
+                            nsid,
+                            format!("vol{nsid}"),
+                            "10.0.0.1:9500,10.0.0.2:9500",
+                        );
+                        return v.with_block_size(bs);
                     }
                     _ => NamespaceConfig::file(nsid, format!("/tmp/ns{nsid}.img"))
                         .with_size(size)
@@ -569,6 +577,48 @@ mod round_trip {
 
 /// The connection limits and the handshake timeout: defaults, TOML,
 /// builders, and out-of-range values refused naming the key.
+#[test]
+fn volume_namespaces() {
+    let ns = |body: &str| {
+        format!(
+            "[[subsystem]]\nnqn = \"nqn.2026-11.io.sluice:v\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"volume\"\n{body}\n"
+        )
+    };
+    let c = Config::from_toml(&ns("volume = \"db\"")).unwrap();
+    let n = &c.subsystems[0].namespaces[0];
+    assert_eq!(
+        n.backend,
+        BackendConfig::Volume {
+            name: "db".into(),
+            control: crate::subsystem::CONTROL_DEFAULT.into(),
+            token_file: None
+        }
+    );
+    assert_eq!((n.block_size_bytes, n.size_bytes), (4096, None));
+    let c = Config::from_toml(&ns(
+        "volume = \"db\"\ncontrol = \"a:1, b:2\"\nblock_size = 512",
+    ))
+    .unwrap();
+    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, 512);
+    // Each mistake names its key.
+    must_fail(&ns(""), "subsystem[0].namespace[0].volume");
+    must_fail(&ns("volume = \"\""), "subsystem[0].namespace[0].volume");
+    must_fail(
+        &ns("volume = \"db\"\nsize = \"1GiB\""),
+        "subsystem[0].namespace[0].size",
+    );
+    must_fail(
+        &ns("volume = \"db\"\npath = \"/x\""),
+        "subsystem[0].namespace[0].path",
+    );
+    for bad in ["nowhere", "h:0", ":9500", "a:1,b", "h:99999"] {
+        must_fail(
+            &ns(&format!("volume = \"db\"\ncontrol = \"{bad}\"")),
+            "subsystem[0].namespace[0].control",
+        );
+    }
+}
+
 #[test]
 fn connection_limits() {
     let d = TargetSettings::default();

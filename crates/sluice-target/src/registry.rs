@@ -104,7 +104,8 @@ pub struct Registry {
 }
 
 /// A namespace's identity beyond its NQN and NSID, folded into its NGUID:
-/// a file's path, so two targets exporting different files differ; and for
+/// a file's path, so two targets exporting different files differ; a
+/// volume's name, so a volume keeps its NGUID across restarts; and for
 /// volatile backends (RAM, emulated SSD) a value drawn at start-up, so a
 /// restarted target, whose RAM namespaces come back empty, reports new
 /// NGUIDs: a host (Linux multipath, Sluice's volume client) then sees a new
@@ -115,7 +116,11 @@ fn namespace_identity(backend: &sluice_config::BackendConfig, instance: &[u8; 16
             let p = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             p.as_os_str().as_encoded_bytes().to_vec()
         }
-        _ => instance.to_vec(),
+        // A volume outlives the target: the same volume keeps its NGUID.
+        sluice_config::BackendConfig::Volume { name, .. } => name.as_bytes().to_vec(),
+        sluice_config::BackendConfig::Ram | sluice_config::BackendConfig::EmulatedSsd(_) => {
+            instance.to_vec()
+        }
     }
 }
 
