@@ -1,4 +1,5 @@
-//! Crash tests: a child process runs a catalog workload and dies, by
+//! Crash tests: a child process runs a catalog workload (drives, create,
+//! allocate, grow, delete, a failed drive leaving every chain) and dies, by
 //! `abort()` at an injected point (before or after a commit) or by SIGKILL at
 //! a random moment; the parent then checks that the metadata holds either
 //! the old or the new state of every change: no slot leaked or owned twice,
@@ -18,7 +19,7 @@ use sluice_meta::catalog::{CatalogError, CrashPoint, VolumeSpec};
 use sluice_meta::check::check_catalog;
 use sluice_meta::testing::EtcdServer;
 use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
-use sluice_volume::{DriveSpec, PlacementWeights, EXTENT_BYTES};
+use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, EXTENT_BYTES};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -61,6 +62,12 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
             .unwrap();
         if round % 2 == 1 {
             c.delete_volume(&name).await.unwrap();
+        }
+        if round == 2 {
+            // A chain change spanning volumes: a drive fails and leaves
+            // every replicated chain, then comes back into service.
+            c.fail_drive(DriveId(3)).await.unwrap();
+            c.set_drive_state(DriveId(3), DriveState::Up).await.unwrap();
         }
     }
 }
