@@ -255,7 +255,18 @@ fn ok<T>(t: T) -> Answer<T> {
     Ok(Response::new(t))
 }
 
+/// The status of a failed call, logged where it says something about the
+/// pool (full, drives unreachable, metadata broken) rather than about the
+/// request.
 fn st(e: CatalogError) -> Status {
+    match &e {
+        CatalogError::PoolFull(_)
+        | CatalogError::Prepare(_)
+        | CatalogError::Inconsistent(_)
+        | CatalogError::Contended(_)
+        | CatalogError::Store(_) => tracing::warn!(error = %e, "control call failed"),
+        _ => tracing::debug!(error = %e, "control call refused"),
+    }
     status_of(&e)
 }
 
