@@ -73,6 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 urgent: true,
                 barrier: false,
                 fua: true,
+                epoch: 0,
             },
         )
         .await?;

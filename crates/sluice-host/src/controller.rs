@@ -143,6 +143,20 @@ pub struct IoFlags {
     pub barrier: bool,
     /// Force Unit Access (CDW12 bit 30).
     pub fua: bool,
+    /// The writer's chain epoch, carried in CDW2-3 of writes (0: none).
+    /// Sluice drives refuse a write whose epoch is below its granule's
+    /// fence with Stale Chain Epoch (`sluice_proto::fence`); other targets
+    /// ignore these dwords.
+    pub epoch: u64,
+}
+
+/// What a Fence command answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceAnswer {
+    /// Writes admitted to the granules and not completed yet.
+    pub writes_in_flight: u32,
+    /// log2 of the target's fence granule.
+    pub granule_shift: u32,
 }
 
 /// A namespace as Identify reported it.
@@ -843,7 +857,36 @@ impl Namespace {
             }
             s.set_cdw(13, dsm);
         }
+        if opcode == io::WRITE && flags.epoch != 0 {
+            sluice_proto::fence::set_write_epoch(&mut s, flags.epoch);
+        }
         s
+    }
+
+    /// Sluice's Fence command on this namespace (`sluice_proto::fence`):
+    /// with `raise`, lifts the fences of `granules` granules from
+    /// `first_granule` to `epoch`; always reports the writes still in
+    /// flight there. A target that is not Sluice answers Invalid Command
+    /// Opcode.
+    pub async fn fence(
+        &self,
+        first_granule: u64,
+        granules: u32,
+        epoch: u64,
+        raise: bool,
+    ) -> Result<FenceAnswer> {
+        let f = sluice_proto::fence::Fence {
+            nsid: self.info.nsid,
+            first_granule,
+            granules,
+            epoch,
+            raise,
+        };
+        let c = self.ctrl.admin(f.to_sqe(), Payload::None).await?;
+        Ok(FenceAnswer {
+            writes_in_flight: c.cqe.result,
+            granule_shift: c.cqe.dw1,
+        })
     }
 
     /// Reads `len_bytes` from `lba`; split into commands of at most MDTS,
@@ -932,12 +975,19 @@ impl Namespace {
 
     /// Write Zeroes over `blocks` blocks (split at 65536 blocks per command).
     pub async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<()> {
+        self.write_zeroes_at_epoch(lba, blocks, 0).await
+    }
+
+    /// [`Namespace::write_zeroes`] carrying a chain epoch (see
+    /// [`IoFlags::epoch`]).
+    pub async fn write_zeroes_at_epoch(&self, lba: u64, blocks: u64, epoch: u64) -> Result<()> {
         let bs = u64::from(self.info.block_size_bytes);
         self.check(lba, usize_from(blocks * bs))?;
         let mut at = 0;
         while at < blocks {
             let n = piece(blocks - at, 65536);
-            let s = Sqe::rw(io::WRITE_ZEROES, 0, self.info.nsid, lba + at, n, false);
+            let mut s = Sqe::rw(io::WRITE_ZEROES, 0, self.info.nsid, lba + at, n, false);
+            sluice_proto::fence::set_write_epoch(&mut s, epoch);
             self.ctrl.io(s, Payload::None).await?;
             at += u64::from(n);
         }

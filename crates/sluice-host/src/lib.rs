@@ -16,7 +16,7 @@ mod error;
 mod queue;
 
 pub use controller::{
-    ConnectOptions, Controller, IoFlags, Namespace, NamespaceInfo, ReconnectPolicy,
+    ConnectOptions, Controller, FenceAnswer, IoFlags, Namespace, NamespaceInfo, ReconnectPolicy,
 };
 pub use discovery::discover;
 pub use error::{HostError, Result};

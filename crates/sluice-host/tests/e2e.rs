@@ -137,6 +137,7 @@ async fn hints_travel_in_cdw13() {
         urgent: true,
         barrier: true,
         fua: true,
+        epoch: 0,
     };
     ns.write(0, &[7u8; 512], f).await.expect("write");
     let cdw13 = t
@@ -407,6 +408,7 @@ async fn round_trip_every_coalescing_mode() {
                 urgent: i % 5 == 0,
                 barrier: i % 7 == 0,
                 fua: false,
+                epoch: 0,
             };
             tasks.push(tokio::spawn(async move {
                 ns.read(i * 8, 4096, flags).await.map(|d| d.len())
@@ -416,5 +418,83 @@ async fn round_trip_every_coalescing_mode() {
             assert_eq!(t.await.expect("task").expect("read"), 4096);
         }
         c.disconnect(Duration::from_secs(1)).await;
+    }
+}
+
+/// Chain-epoch fences against the real target: a write below its granule's
+/// fence is refused with Stale Chain Epoch and changes nothing; writes at
+/// or above it, and writes to other granules, go through; Write Zeroes and
+/// Deallocate are fenced too; the Fence command counts writes in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_below_a_fence_are_refused_and_change_nothing() {
+    use sluice_proto::fence::{GRANULE_BYTES, GRANULE_SHIFT};
+    let t = RealTarget::start();
+    let c = Controller::connect(t.addr(), &t.subnqn.clone(), opts())
+        .await
+        .expect("connect");
+    let ns = c.namespace(1).expect("ns");
+    let at = |epoch| IoFlags {
+        epoch,
+        ..IoFlags::default()
+    };
+    let lba = GRANULE_BYTES / 512; // granule 1
+    ns.write(lba, &pattern(4096, 1), at(0))
+        .await
+        .expect("unfenced write");
+
+    let a = ns.fence(1, 1, 7, true).await.expect("fence");
+    assert_eq!(a.writes_in_flight, 0);
+    assert_eq!(a.granule_shift, GRANULE_SHIFT);
+
+    for epoch in [0, 6] {
+        match ns.write(lba, &pattern(4096, 2), at(epoch)).await {
+            Err(HostError::Nvme { status, .. }) => {
+                assert!(status.is_stale_epoch() && status.dnr, "{status}")
+            }
+            r => panic!("epoch {epoch} below the fence: {r:?}"),
+        }
+    }
+    match ns.write_zeroes(lba, 8).await {
+        Err(HostError::Nvme { status, .. }) => assert!(status.is_stale_epoch()),
+        r => panic!("unfenced Write Zeroes: {r:?}"),
+    }
+    match ns.deallocate(lba, 8).await {
+        Err(HostError::Nvme { status, .. }) => assert!(status.is_stale_epoch()),
+        r => panic!("unfenced Deallocate: {r:?}"),
+    }
+    assert_eq!(
+        ns.read(lba, 4096, IoFlags::default()).await.unwrap(),
+        pattern(4096, 1),
+        "refused writes changed nothing"
+    );
+    ns.write(lba, &pattern(4096, 3), at(7))
+        .await
+        .expect("write at the fence");
+    ns.write(0, &pattern(4096, 4), at(0))
+        .await
+        .expect("granule 0 is not fenced");
+    ns.write_zeroes_at_epoch(lba + 8, 8, 9)
+        .await
+        .expect("zeroes above the fence");
+    let mut want = pattern(4096, 3);
+    want.extend(vec![0; 4096]);
+    assert_eq!(ns.read(lba, 8192, IoFlags::default()).await.unwrap(), want);
+    // Fences never go down; nothing is left in flight.
+    ns.fence(1, 1, 2, true).await.expect("lower raise");
+    assert!(ns.write(lba, &pattern(4096, 5), at(6)).await.is_err());
+    assert_eq!(ns.fence(1, 1, 0, false).await.unwrap().writes_in_flight, 0);
+    // Bad fences are the right errors.
+    let blocks_granules = (t.size_blocks * 512).div_ceil(GRANULE_BYTES);
+    match ns.fence(blocks_granules, 1, 1, true).await {
+        Err(HostError::Nvme { status, .. }) => {
+            assert_eq!(status, sluice_proto::Status::INVALID_FIELD)
+        }
+        r => panic!("fence beyond the namespace: {r:?}"),
+    }
+    match ns.fence(0, 0, 1, true).await {
+        Err(HostError::Nvme { status, .. }) => {
+            assert_eq!(status, sluice_proto::Status::INVALID_FIELD)
+        }
+        r => panic!("fence of no granule: {r:?}"),
     }
 }

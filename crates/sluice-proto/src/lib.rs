@@ -19,6 +19,8 @@
 //!   effects, changed namespace list) and the discovery log page.
 //! * [`digest`]: CRC32C as NVMe/TCP uses it.
 //! * [`coalesce`]: completion coalescing (static, adaptive, calibrated).
+//! * [`fence`]: chain-epoch fences, Sluice's vendor extension for elastic
+//!   volumes (the Fence admin command, the epoch a write carries).
 //! * [`send`]: per-queue send schedulers (immediate, unified, isolated
 //!   freights), shared by the target and the host.
 
@@ -27,6 +29,7 @@ pub mod command;
 pub mod digest;
 pub mod dsm;
 pub mod fabrics;
+pub mod fence;
 pub mod framer;
 pub mod identify;
 pub mod log;

@@ -9,6 +9,7 @@ pub mod sct {
     pub const COMMAND_SPECIFIC: u8 = 0x1;
     pub const MEDIA: u8 = 0x2;
     pub const PATH: u8 = 0x3;
+    pub const VENDOR: u8 = 0x7;
 }
 
 /// An NVMe completion status (the upper 15 bits of CQE DW3's status field).
@@ -133,6 +134,7 @@ impl Status {
             (1, 0x85) => "Invalid Queue Type",
             (2, 0x80) => "Write Fault",
             (2, 0x81) => "Unrecovered Read Error",
+            (7, 0x01) => "Stale Chain Epoch (Sluice)",
             _ => "Unknown Status",
         }
     }

@@ -10,6 +10,7 @@ use crate::controller::{fid, Controller};
 use crate::registry::Registry;
 use sluice_proto::command::{admin, Sqe};
 use sluice_proto::fabrics::VS_1_3;
+use sluice_proto::fence;
 use sluice_proto::identify::{self, cns, cntrltype, oncs, IdentifyController, IdentifyNamespace};
 use sluice_proto::log::{self, effects, lid, DiscoveryEntry, GetLogPage, SmartLog};
 use sluice_proto::Status;
@@ -101,10 +102,46 @@ pub fn execute(
         },
         // Abort: best effort is allowed to abort nothing (DW0 bit 0 = 1).
         admin::ABORT if !disc => AdminReply::result(1),
+        fence::FENCE_OPCODE if !disc => fence_command(ctrl, sqe),
         _ => {
             let _ = data_in;
             AdminReply::status(Status::INVALID_OPCODE)
         }
+    }
+}
+
+/// Sluice's vendor-specific Fence command (`sluice_proto::fence`): raises
+/// or reads a namespace's chain-epoch fences; DW0 = writes in flight there.
+fn fence_command(ctrl: &Controller, sqe: &Sqe) -> AdminReply {
+    let f = match fence::Fence::parse(sqe) {
+        Ok(f) => f,
+        Err(st) => return AdminReply::status(st),
+    };
+    let Some(ns) = ctrl.subsystem.namespaces.get(&f.nsid) else {
+        return AdminReply::status(Status::INVALID_NAMESPACE);
+    };
+    match ns
+        .fences
+        .fence(f.first_granule, f.granules, f.epoch, f.raise)
+    {
+        Ok(writes) => {
+            if f.raise {
+                tracing::info!(
+                    nsid = f.nsid,
+                    first = f.first_granule,
+                    granules = f.granules,
+                    epoch = f.epoch,
+                    writes,
+                    "chain-epoch fence raised"
+                );
+            }
+            AdminReply {
+                result: writes,
+                dw1: fence::GRANULE_SHIFT,
+                ..Default::default()
+            }
+        }
+        Err(st) => AdminReply::status(st),
     }
 }
 

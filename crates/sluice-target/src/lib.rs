@@ -23,6 +23,7 @@
 mod admin;
 pub mod admission;
 mod controller;
+pub mod fence;
 pub mod metrics;
 pub mod queue;
 pub mod registry;

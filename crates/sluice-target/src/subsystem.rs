@@ -24,6 +24,8 @@ pub struct Namespace {
     pub(crate) nguid: [u8; 16],
     pub(crate) eui64: [u8; 8],
     pub counters: IoCounters,
+    /// Chain-epoch fences (elastic volumes' drives; `fence.rs`).
+    pub fences: crate::fence::Fences,
 }
 
 impl Namespace {

@@ -53,6 +53,9 @@ pub(super) struct Cmd {
     /// Backend requests issued and not yet completed.
     pub(super) ops_pending: u32,
     pub(super) status: Status,
+    /// A write's place in its namespace's fence counts, held until the
+    /// command is freed (after its backend requests completed).
+    pub(super) fence: Option<crate::fence::FenceHold>,
 }
 
 impl Cmd {
@@ -66,6 +69,7 @@ impl Cmd {
             digest_error: !digest_ok,
             ops_pending: 0,
             status: Status::SUCCESS,
+            fence: None,
         }
     }
 }

@@ -9,12 +9,14 @@ use super::commands::CmdKind;
 use super::{BackendSubmit, QueueConnection};
 use crate::admin::{AdminContext, AdminReply, AER_MAX};
 use crate::controller::Controller;
+use crate::fence::FenceHold;
 use crate::subsystem::Namespace;
 use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, IoOp, IoRequest};
 use sluice_proto::command::admin;
 use sluice_proto::dsm;
 use sluice_proto::fabrics::{fctype, PropertyCommand};
+use sluice_proto::fence;
 use sluice_proto::{Sqe, Status};
 use sluice_runtime::cast::usize_from;
 use std::collections::VecDeque;
@@ -97,6 +99,30 @@ impl QueueConnection {
         };
         let sqe = cmd.sqe;
         let tag = BackendTag::slot(slot).raw();
+        // Writes pass their granules' chain-epoch fences (fence.rs) and are
+        // counted in flight until the command is freed.
+        let written = match &cmd.kind {
+            CmdKind::Write {
+                ns,
+                offset_bytes,
+                len_bytes,
+                ..
+            } => Some((ns, *offset_bytes, *len_bytes)),
+            CmdKind::NoData { ops, .. } => ops
+                .iter()
+                .find(|(_, op, ..)| matches!(op, IoOp::WriteZeroes { .. } | IoOp::Deallocate))
+                .map(|(ns, _, o, l)| (ns, *o, *l)),
+            _ => None,
+        };
+        if let Some((ns, offset_bytes, len_bytes)) = written {
+            match FenceHold::admit(ns, offset_bytes, len_bytes, fence::write_epoch(&sqe)) {
+                Ok(hold) => cmd.fence = hold,
+                Err(status) => {
+                    self.complete(slot, status, 0, 0, now);
+                    return;
+                }
+            }
+        }
         match std::mem::replace(&mut cmd.kind, CmdKind::Inline) {
             CmdKind::Inline => {
                 let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
@@ -195,6 +221,7 @@ impl QueueConnection {
         };
         let blocks = ns.blocks();
         let mut ops = Vec::new();
+        let (mut lo, mut hi) = (u64::MAX, 0);
         for r in ranges {
             match r.end() {
                 Some(end) if end <= blocks => {}
@@ -204,12 +231,26 @@ impl QueueConnection {
                 }
             }
             if r.nlb > 0 && deallocate {
-                ops.push((r.slba << ns.lba_shift, u64::from(r.nlb) << ns.lba_shift));
+                let (o, l) = (r.slba << ns.lba_shift, u64::from(r.nlb) << ns.lba_shift);
+                ops.push((o, l));
+                lo = lo.min(o);
+                hi = hi.max(o + l);
             }
         }
         let Some(cmd) = self.cmds.get_mut(slot) else {
             return;
         };
+        if !ops.is_empty() {
+            // One hold over the ranges' span (counting more granules than
+            // written only makes a fence's drain wait a little longer).
+            match FenceHold::admit(&ns, lo, hi - lo, fence::write_epoch(&cmd.sqe)) {
+                Ok(hold) => cmd.fence = hold,
+                Err(status) => {
+                    self.complete(slot, status, 0, 0, now);
+                    return;
+                }
+            }
+        }
         cmd.ops_pending = count(ops.len());
         cmd.kind = CmdKind::NoData {
             ops: Vec::new(),
