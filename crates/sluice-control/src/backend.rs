@@ -115,7 +115,9 @@ struct VolumeQueue {
 fn backend_error(e: VolumeError, offset_bytes: u64, write: bool) -> BackendError {
     match e {
         VolumeError::CapacityExceeded(m) => BackendError::CapacityExceeded(m),
-        VolumeError::ControlUnavailable { .. } => BackendError::Unavailable(e.to_string()),
+        VolumeError::ControlUnavailable { .. } | VolumeError::Rebuilding { .. } => {
+            BackendError::Unavailable(e.to_string())
+        }
         VolumeError::Drive { .. } | VolumeError::DriveChanged { .. } if write => {
             BackendError::WriteFault {
                 offset_bytes,

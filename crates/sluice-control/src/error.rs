@@ -59,6 +59,13 @@ pub enum VolumeError {
         addr: String,
         reason: String,
     },
+    /// A write waited too long for an extent being rebuilt.
+    #[error("extent {extent} of volume {volume:?} has been rebuilding for over {waited_ms} ms; the write gave up waiting")]
+    Rebuilding {
+        volume: String,
+        extent: u64,
+        waited_ms: u64,
+    },
     #[error(transparent)]
     Range(#[from] RangeError),
     #[error("invalid answer from the control plane: {0}")]

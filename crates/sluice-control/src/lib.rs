@@ -8,6 +8,8 @@
 //! * [`server`]: `sluice control`: the service over a `sluice-meta`
 //!   catalog (redb or etcd); probes drives over NVMe/TCP when they are added.
 //! * [`leader`]: leader election between control planes on one etcd.
+//! * [`rebuild`]: the leader's background rebuild of lost replicas:
+//!   fence the chain at a new epoch, drain, copy from the tail, join.
 //! * [`client`]: the authenticated API client the CLI and volumes use.
 //! * [`backend`]: a volume as a target backend (`backend = "volume"`),
 //!   so unmodified NVMe/TCP hosts use elastic volumes.
@@ -22,6 +24,7 @@ pub mod client;
 pub mod error;
 pub mod leader;
 pub mod pb;
+pub mod rebuild;
 pub mod server;
 pub mod volume;
 

@@ -43,6 +43,7 @@ impl From<&VolumeRecord> for Volume {
             prefer: v.prefer.clone(),
             epoch: v.epoch,
             extents_per_drive: v.extents_per_drive.iter().map(|(d, n)| (d.0, *n)).collect(),
+            degraded_extents: v.degraded_extents,
         }
     }
 }
@@ -71,6 +72,7 @@ impl Volume {
                 .iter()
                 .map(|(d, n)| (DriveId(*d), *n))
                 .collect(),
+            degraded_extents: self.degraded_extents,
         };
         v.check()?;
         Ok(v)
@@ -90,6 +92,11 @@ impl From<&ExtentRecord> for Extent {
                     slot: r.slot,
                 })
                 .collect(),
+            epoch: e.epoch,
+            rebuilding: e.rebuilding.map(|r| Replica {
+                drive: r.drive.0,
+                slot: r.slot,
+            }),
         }
     }
 }
@@ -107,6 +114,11 @@ impl Extent {
                     slot: r.slot,
                 })
                 .collect(),
+            epoch: self.epoch,
+            rebuilding: self.rebuilding.as_ref().map(|r| ReplicaRecord {
+                drive: DriveId(r.drive),
+                slot: r.slot,
+            }),
         }
     }
 }

@@ -26,6 +26,7 @@ use crate::error::status_of;
 use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
+use crate::rebuild::{RebuildConfig, RebuildProgress, Rebuilder};
 use crate::volume::DrivePool;
 
 /// Where the metadata lives.
@@ -85,6 +86,8 @@ pub struct ControlConfig {
     /// The address clients should use for this process, published when it
     /// is elected leader (default: the listen address).
     pub advertise: Option<String>,
+    /// The background rebuild of lost replicas.
+    pub rebuild: RebuildConfig,
 }
 
 impl ControlConfig {
@@ -107,6 +110,7 @@ impl ControlConfig {
             weights: PlacementWeights::default(),
             probe,
             advertise: None,
+            rebuild: RebuildConfig::default(),
         }
     }
 }
@@ -136,6 +140,7 @@ pub async fn serve(
         tracing::warn!(%addr, "SECURITY: the control API has no token; anyone who can reach {addr} can manage volumes");
     }
     cfg.weights.check().map_err(ServeError::Config)?;
+    cfg.rebuild.check().map_err(ServeError::Config)?;
     match &cfg.metadata {
         Metadata::Redb(path) => {
             // One process owns the file (redb locks it): it always leads.
@@ -186,18 +191,38 @@ async fn run<S: MetaStore>(
         %addr, metadata = %describe, drives = summary.drives, volumes = summary.volumes,
         extents = summary.extents, revision = summary.revision, "control plane serving"
     );
+    let catalog = Arc::new(catalog);
+    let drives = DrivePool::new(ConnectOptions {
+        reconnect: sluice_host::ReconnectPolicy::default(),
+        ..cfg.probe.clone()
+    });
+    let progress = Arc::new(RebuildProgress::default());
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let rebuilder = tokio::spawn(
+        Rebuilder {
+            catalog: catalog.clone(),
+            drives: drives.clone(),
+            leadership: leadership.clone(),
+            probe: cfg.probe.clone(),
+            cfg: cfg.rebuild,
+            progress: progress.clone(),
+            wake: wake.clone(),
+        }
+        .run(),
+    );
+    // A drive may have failed while no control plane ran.
+    wake.notify_one();
     let service = ControlService {
-        catalog: Arc::new(catalog),
+        catalog,
         probe: cfg.probe.clone(),
         describe,
         leadership,
-        drives: DrivePool::new(ConnectOptions {
-            reconnect: sluice_host::ReconnectPolicy::default(),
-            ..cfg.probe.clone()
-        }),
+        drives,
+        rebuilds: progress,
+        wake_rebuilder: wake,
     };
     let incoming = tokio_stream_listener(listener);
-    tonic::transport::Server::builder()
+    let served = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(30))
         .concurrency_limit_per_connection(64)
         .add_service(ControlServer::with_interceptor(
@@ -206,7 +231,9 @@ async fn run<S: MetaStore>(
         ))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
-        .map_err(|e| ServeError::Transport(e.to_string()))
+        .map_err(|e| ServeError::Transport(e.to_string()));
+    rebuilder.abort();
+    served
 }
 
 fn tokio_stream_listener(
@@ -223,6 +250,9 @@ struct ControlService<S> {
     leadership: Arc<Leadership>,
     /// Connections to the drives, for zeroing new extents.
     drives: Arc<DrivePool>,
+    rebuilds: Arc<RebuildProgress>,
+    /// Starts a rebuild scan now (a drive failed).
+    wake_rebuilder: Arc<tokio::sync::Notify>,
 }
 
 /// Zeroes every replica of a new extent before it is committed (see
@@ -242,9 +272,15 @@ async fn zero_extent(
             .await
             .map_err(|e| e.to_string())?;
         let bs = u64::from(ns.block_size_bytes());
-        ns.write_zeroes(d.slot_lba(r.slot), sluice_volume::EXTENT_BYTES / bs)
-            .await
-            .map_err(|e| format!("zeroing slot {} of drive {}: {e}", r.slot, r.drive))?;
+        // At the new extent's epoch: above any fence a previous owner of
+        // the slot raised.
+        ns.write_zeroes_at_epoch(
+            d.slot_lba(r.slot),
+            sluice_volume::EXTENT_BYTES / bs,
+            new.extent.epoch,
+        )
+        .await
+        .map_err(|e| format!("zeroing slot {} of drive {}: {e}", r.slot, r.drive))?;
     }
     Ok(())
 }
@@ -467,6 +503,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             });
         }
         let n = self.catalog.fail_drive(id).await.map_err(st)?;
+        self.wake_rebuilder.notify_one();
         tracing::warn!(drive = %id, spec = %drive.spec, %peer, reason = %r.reason, chains_shortened = n,
             "drive failed: taken out of service and out of every replicated chain");
         ok(pb::FailDriveResponse {
@@ -493,6 +530,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             slots_total: total,
             slots_reserved: reserved,
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            rebuilds: Some(self.rebuilds.snapshot()),
         })
     }
 }

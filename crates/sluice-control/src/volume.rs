@@ -41,6 +41,18 @@ pub const WRITE_ATTEMPTS_MAX: u32 = 4;
 /// Attempts at an extent allocation while the control plane is unreachable.
 pub const ALLOCATE_ATTEMPTS_MAX: u32 = 5;
 
+/// Refetches of the map after drives refused a write's chain epoch.
+pub const STALE_EPOCH_RETRIES_MAX: u32 = 8;
+
+/// Longest a write waits for an extent being rebuilt (one extent's copy
+/// takes milliseconds; this covers a control plane restarting mid-rebuild).
+pub const REBUILD_WAIT_MAX: Duration = Duration::from_secs(30);
+
+/// Whether a drive refused a write for its stale chain epoch.
+fn stale_epoch(e: &VolumeError) -> bool {
+    matches!(e, VolumeError::Drive { source: sluice_host::HostError::Nvme { status, .. }, .. } if status.is_stale_epoch())
+}
+
 /// Connections to drives, shared by every volume of a process: one
 /// association per (address, subsystem NQN, host NQN), so the volumes of one
 /// tenant share theirs and each tenant's I/O reaches the drives under its
@@ -457,15 +469,46 @@ impl Volume {
     /// whole request is written again on the new chains. Writing the same
     /// data twice is harmless, and nothing is acknowledged before every
     /// replica of the current chain has it.
+    ///
+    /// Every piece carries its extent's chain epoch. A drive that refuses
+    /// it (Stale Chain Epoch: the chain changed, a replica is being
+    /// rebuilt) makes the client refetch the map; a write to an extent
+    /// being rebuilt waits, refetching, until the new replica has joined.
     pub async fn write(&self, lba: u64, data: &[u8], flags: IoFlags) -> Result<(), VolumeError> {
         let bs = u64::from(self.block_size_bytes());
         let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
         let len = data.len() as u64;
         let mut attempt = 0;
+        let mut stale = 0;
+        let mut waiting: Option<(std::time::Instant, Duration)> = None;
         loop {
-            attempt += 1;
             match self.write_once(offset, len, data, flags).await {
-                Err(e) if attempt < WRITE_ATTEMPTS_MAX && unreachable_drive(&e) => {
+                Err(e) if stale < STALE_EPOCH_RETRIES_MAX && stale_epoch(&e) => {
+                    stale += 1;
+                    tracing::debug!(volume = %self.name, error = %e, "chain epoch refused; refetching the map");
+                    self.refresh().await?;
+                }
+                Err(VolumeError::Rebuilding { extent, .. }) => {
+                    let (since, pause) = waiting
+                        .get_or_insert((std::time::Instant::now(), Duration::from_millis(1)));
+                    if since.elapsed() > REBUILD_WAIT_MAX {
+                        return Err(VolumeError::Rebuilding {
+                            volume: self.name.clone(),
+                            extent,
+                            waited_ms: u64::try_from(since.elapsed().as_millis())
+                                .unwrap_or(u64::MAX),
+                        });
+                    }
+                    tokio::time::sleep(*pause).await;
+                    *pause = (*pause * 2).min(Duration::from_millis(50));
+                    // The rebuild ends with a new chain: refetch to see it.
+                    // An unreachable control plane is waited out too.
+                    if let Err(e) = self.refresh().await {
+                        tracing::debug!(volume = %self.name, error = %e, "refetching the map while an extent rebuilds");
+                    }
+                }
+                Err(e) if attempt + 1 < WRITE_ATTEMPTS_MAX && unreachable_drive(&e) => {
+                    attempt += 1;
                     if let VolumeError::Drive { drive, source } = &e {
                         self.drive_unreachable(*drive, source).await?;
                     }
@@ -501,14 +544,25 @@ impl Volume {
             let PieceTarget::Mapped { extent } = p.target else {
                 return Err(bad("an unallocated piece after allocation"));
             };
-            let chain = read(&self.map)
-                .chain(extent)
+            let m = read(&self.map)
+                .extent(extent)
                 .cloned()
                 .ok_or_else(|| bad("mapped piece without a chain"))?;
+            if m.rebuilding {
+                return Err(VolumeError::Rebuilding {
+                    volume: self.name.clone(),
+                    extent,
+                    waited_ms: 0,
+                });
+            }
+            let flags = IoFlags {
+                epoch: m.epoch,
+                ..flags
+            };
             let at = usize::try_from(p.buf_offset).map_err(bad)?;
             let bytes = &data[at..at + usize::try_from(p.len_bytes).map_err(bad)?];
             // Head first, tail last: acknowledged once the tail has it.
-            for replica in &chain {
+            for replica in &m.chain {
                 let ns = self.namespace(replica.drive).await?;
                 let dlba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
                 ns.write(dlba, bytes, flags)

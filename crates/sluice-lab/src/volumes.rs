@@ -161,6 +161,7 @@ fn map_overhead() -> (f64, usize) {
         prefer: vec![],
         epoch: 1,
         extents_per_drive: Default::default(),
+        degraded_extents: 0,
     };
     let records = (0..extents).map(|i| ExtentRecord {
         volume: VolumeId(1),
@@ -175,6 +176,8 @@ fn map_overhead() -> (f64, usize) {
                 slot: i / 8,
             },
         ],
+        epoch: 1,
+        rebuilding: None,
     });
     let map = VolumeMap::from_records(volume, records).unwrap_or_else(|e| panic!("lab map: {e}"));
     let n = 5_000_000u64;

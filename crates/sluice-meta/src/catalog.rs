@@ -201,6 +201,10 @@ impl<S: MetaStore> Catalog<S> {
         &self.store
     }
 
+    pub(crate) fn weights(&self) -> &PlacementWeights {
+        &self.weights
+    }
+
     /// Records a drive's recent busy degree (0..=1) for placement.
     pub fn report_busy(&self, drive: DriveId, degree: f64) {
         let degree = if degree.is_finite() {
@@ -215,14 +219,18 @@ impl<S: MetaStore> Catalog<S> {
     }
 
     /// Drops the allocation fast path's copies (after any other change).
-    fn forget(&self) {
+    pub(crate) fn forget(&self) {
         *self
             .alloc_cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
-    async fn commit(&self, op: &'static str, txn: Txn) -> Result<Option<u64>, CatalogError> {
+    pub(crate) async fn commit(
+        &self,
+        op: &'static str,
+        txn: Txn,
+    ) -> Result<Option<u64>, CatalogError> {
         if let Some(h) = &self.crash_hook {
             h(CrashPoint::BeforeCommit(op));
         }
@@ -240,7 +248,7 @@ impl<S: MetaStore> Catalog<S> {
         }
     }
 
-    async fn get<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn get<T: serde::de::DeserializeOwned>(
         &self,
         key: &str,
     ) -> Result<Option<(T, u64)>, CatalogError> {
@@ -250,7 +258,7 @@ impl<S: MetaStore> Catalog<S> {
         }
     }
 
-    async fn list<T: serde::de::DeserializeOwned>(
+    pub(crate) async fn list<T: serde::de::DeserializeOwned>(
         &self,
         prefix: &str,
     ) -> Result<Vec<(T, u64)>, CatalogError> {
@@ -399,7 +407,10 @@ impl<S: MetaStore> Catalog<S> {
                     self.list(&keys::extents_of(vol.id)).await?;
                 let affected: Vec<&(ExtentRecord, u64)> = extents
                     .iter()
-                    .filter(|(e, _)| e.chain.len() > 1 && e.chain.iter().any(|r| r.drive == id))
+                    .filter(|(e, _)| {
+                        (e.chain.len() > 1 && e.chain.iter().any(|r| r.drive == id))
+                            || e.rebuilding.is_some_and(|r| r.drive == id)
+                    })
                     .collect();
                 if affected.is_empty() {
                     break;
@@ -414,8 +425,19 @@ impl<S: MetaStore> Catalog<S> {
                 let mut txn = Txn::default();
                 for (e, erev) in &affected[..batch] {
                     let mut e = e.clone();
-                    let pos = e.chain.iter().position(|r| r.drive == id).unwrap_or(0);
-                    let gone = e.chain.remove(pos);
+                    let gone = if e.rebuilding.is_some_and(|r| r.drive == id) {
+                        // The replica being rebuilt is lost: the rebuild
+                        // will start again elsewhere.
+                        e.rebuilding.take().ok_or_else(|| {
+                            CatalogError::Inconsistent("rebuilding replica vanished".into())
+                        })?
+                    } else {
+                        let pos = e.chain.iter().position(|r| r.drive == id).unwrap_or(0);
+                        if !e.is_degraded(&vol) {
+                            vol.degraded_extents += 1;
+                        }
+                        e.chain.remove(pos)
+                    };
                     if !drive.give_slot(gone.slot) {
                         return Err(CatalogError::Inconsistent(format!(
                             "{}: slot {} of {id} is already free",
@@ -463,7 +485,7 @@ impl<S: MetaStore> Catalog<S> {
         Ok(self.volume_rev(name).await?.0)
     }
 
-    async fn volume_rev(&self, name: &str) -> Result<(VolumeRecord, u64), CatalogError> {
+    pub(crate) async fn volume_rev(&self, name: &str) -> Result<(VolumeRecord, u64), CatalogError> {
         check_volume_name(name).map_err(invalid("volume name"))?;
         self.get::<VolumeRecord>(&keys::volume(name))
             .await?
@@ -542,6 +564,7 @@ impl<S: MetaStore> Catalog<S> {
                 prefer: spec.prefer.clone(),
                 epoch: 1,
                 extents_per_drive: BTreeMap::new(),
+                degraded_extents: 0,
             };
             record.check().map_err(invalid("volume"))?;
             let need = record.slots_reserved();
@@ -785,22 +808,19 @@ impl<S: MetaStore> Catalog<S> {
         Err(CatalogError::Contended("allocate_extent"))
     }
 
-    /// Chooses the chain of a new extent and builds its transaction.
-    fn plan_allocation(
+    /// The drives that may take an extent of `v`, with their placement
+    /// terms: up, and with a block size that divides the volume's.
+    pub(crate) fn candidates(
         &self,
-        name: &str,
-        index: u64,
-        mut v: VolumeRecord,
-        vrev: u64,
+        v: &VolumeRecord,
         drives: &[(DriveRecord, u64)],
-    ) -> Result<(Txn, Allocation), CatalogError> {
-        let ekey = keys::extent(v.id, index);
+    ) -> Vec<DriveCandidate> {
         let busy = self
             .busy
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let candidates: Vec<DriveCandidate> = drives
+        drives
             .iter()
             .filter(|(d, _)| {
                 d.state == DriveState::Up && v.block_size_bytes.is_multiple_of(d.block_size_bytes)
@@ -818,7 +838,20 @@ impl<S: MetaStore> Catalog<S> {
                     .iter()
                     .any(|p| *p == d.spec.addr || *p == d.spec.nqn),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Chooses the chain of a new extent and builds its transaction.
+    fn plan_allocation(
+        &self,
+        name: &str,
+        index: u64,
+        mut v: VolumeRecord,
+        vrev: u64,
+        drives: &[(DriveRecord, u64)],
+    ) -> Result<(Txn, Allocation), CatalogError> {
+        let ekey = keys::extent(v.id, index);
+        let candidates = self.candidates(&v, drives);
         let allocated: u64 = v.extents_per_drive.values().sum();
         let chosen =
             placement::choose(&candidates, usize::from(v.replicas), allocated, v.id.0.wrapping_add(index), &self.weights)
@@ -832,11 +865,15 @@ impl<S: MetaStore> Catalog<S> {
             .unchanged(keys::volume(name), vrev);
         let mut chain = Vec::with_capacity(chosen.len());
         let mut used = Vec::with_capacity(chosen.len());
+        // Above every revision read, so above any fence a slot's previous
+        // owner raised (freeing the slot rewrote its drive's record later).
+        let mut epoch = vrev;
         for id in &chosen {
             let (d, drev) = drives
                 .iter()
                 .find(|(d, _)| d.id == *id)
                 .ok_or(CatalogError::UnknownDrive(*id))?;
+            epoch = epoch.max(*drev);
             let mut d = d.clone();
             let slot = d
                 .take_slot()
@@ -852,6 +889,8 @@ impl<S: MetaStore> Catalog<S> {
             volume: v.id,
             index,
             chain,
+            epoch: epoch + 1,
+            rebuilding: None,
         };
         txn = txn
             .put(ekey, keys::encode(&extent))
@@ -987,8 +1026,7 @@ impl<S: MetaStore> Catalog<S> {
             let mut batch = Vec::new();
             for (e, erev) in &extents {
                 let new_drives = e
-                    .chain
-                    .iter()
+                    .owned()
                     .filter(|r| !touched.contains_key(&r.drive))
                     .count();
                 // Compares and deletes per extent, compare + put per drive,
@@ -997,7 +1035,7 @@ impl<S: MetaStore> Catalog<S> {
                 if ops > TXN_OPS_MAX && !batch.is_empty() {
                     break;
                 }
-                for r in &e.chain {
+                for r in e.owned() {
                     let d = match touched.get_mut(&r.drive) {
                         Some(d) => d,
                         None => {

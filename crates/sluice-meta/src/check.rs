@@ -81,6 +81,7 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
     }
     let mut owner: HashMap<(DriveId, u64), String> = HashMap::new();
     let mut per_volume: HashMap<VolumeId, BTreeMap<DriveId, u64>> = HashMap::new();
+    let mut degraded: HashMap<VolumeId, u64> = HashMap::new();
     for (k, e) in &extents {
         if *k != keys::extent(e.volume, e.index) {
             problems.push(format!("{k}: holds extent {} of {}", e.index, e.volume));
@@ -90,13 +91,16 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
                 if let Err(r) = e.check(v) {
                     problems.push(format!("{k}: {r}"));
                 }
+                if e.is_degraded(v) {
+                    *degraded.entry(v.id).or_default() += 1;
+                }
             }
             None => problems.push(format!(
                 "{k}: its volume {} does not exist (leaked)",
                 e.volume
             )),
         }
-        for r in &e.chain {
+        for r in e.owned() {
             *per_volume
                 .entry(e.volume)
                 .or_default()
@@ -150,6 +154,15 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
                 "{}: extents_per_drive {:?} but its extents give {counted:?}",
                 keys::volume(&v.name),
                 v.extents_per_drive
+            ));
+        }
+        let d = degraded.get(&v.id).copied().unwrap_or(0);
+        if d != v.degraded_extents {
+            problems.push(format!(
+                "{}: degraded_extents {} but {d} extents have fewer than {} replicas",
+                keys::volume(&v.name),
+                v.degraded_extents,
+                v.replicas
             ));
         }
         if v.id.0 >= ids.next_volume {

@@ -67,6 +67,29 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
             // A chain change spanning volumes: a drive fails and leaves
             // every replicated chain, then comes back into service.
             c.fail_drive(DriveId(3)).await.unwrap();
+            // Rebuilds of the degraded extents: begun and finished, begun
+            // and aborted; a crash in between leaves one in progress, which
+            // the next run's begin resumes.
+            for v in c.degraded_volumes().await.unwrap() {
+                for (k, e) in c
+                    .degraded_extents(&v, 3)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .enumerate()
+                {
+                    match c.begin_rebuild(&v.name, e.index).await {
+                        Ok(Some(r)) if k == 1 => {
+                            c.abort_rebuild(&r).await.unwrap();
+                        }
+                        Ok(Some(r)) => {
+                            c.finish_rebuild(&r).await.unwrap();
+                        }
+                        Ok(None) | Err(CatalogError::PoolFull(_)) => {}
+                        Err(e) => panic!("rebuild: {e}"),
+                    }
+                }
+            }
             c.set_drive_state(DriveId(3), DriveState::Up).await.unwrap();
         }
     }

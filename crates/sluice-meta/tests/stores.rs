@@ -682,3 +682,146 @@ fn etcd_allocation_fast_path_sees_changes_made_elsewhere() {
     };
     rt().block_on(async { drive_added_elsewhere_is_used(etcd(&server, "/t6/").await).await });
 }
+
+// ------------------------------------------------------------------ rebuilds
+
+/// A failed drive leaves degraded extents; each is rebuilt onto a drive
+/// outside its chain, on another target while one has room, through
+/// begin (a reserved replica, a higher epoch) and finish (the replica joins
+/// the tail at a higher epoch still) or abort (the slot comes back). The
+/// fsck holds at every step, and the replica being rebuilt is lost cleanly
+/// when its own drive fails.
+async fn used<S: MetaStore>(c: &Catalog<S>) -> u64 {
+    c.drives()
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.slots_used())
+        .sum()
+}
+
+async fn rebuild<S: MetaStore>(s: S) {
+    let c = Catalog::new(s, PlacementWeights::default());
+    // Drives 0 and 1 on target 0, 2 and 3 on targets 1 and 2.
+    for (i, t) in [(0, 0), (1, 0), (2, 1), (3, 2)] {
+        c.add_drive(spec(i, t), 512, 20 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
+    }
+    let v = c
+        .create_volume(VolumeSpec::new("v", 8 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    let mut epochs = Vec::new();
+    for i in 0..8 {
+        let e = c.allocate_extent("v", v.id, i).await.unwrap();
+        assert!(e.epoch > 0);
+        epochs.push(e.epoch);
+    }
+    assert!(c.degraded_volumes().await.unwrap().is_empty());
+    let victim = c.layout("v").await.unwrap().extents[0].chain[0].drive;
+    let shortened = c.fail_drive(victim).await.unwrap();
+    assert!(shortened > 0);
+    let degraded = c.degraded_volumes().await.unwrap();
+    assert_eq!(degraded.len(), 1);
+    assert_eq!(degraded[0].degraded_extents, shortened);
+    check_catalog(c.store()).await.unwrap();
+    let todo = c.degraded_extents(&degraded[0], 100).await.unwrap();
+    assert_eq!(todo.len() as u64, shortened);
+
+    // Begin: a new replica outside the chain, on a target it does not use.
+    let e0 = &todo[0];
+    let r = c.begin_rebuild("v", e0.index).await.unwrap().unwrap();
+    let target = r.target().unwrap();
+    assert!(!e0.chain.iter().any(|x| x.drive == target.drive));
+    assert_ne!(target.drive, victim);
+    let target_of = |d: DriveId| spec(d.0, [0, 0, 1, 2][d.0 as usize]).addr;
+    assert_ne!(target_of(target.drive), target_of(e0.chain[0].drive));
+    assert!(r.extent.epoch > e0.epoch, "the epoch rises at begin");
+    check_catalog(c.store()).await.unwrap();
+    // Begin again: the same rebuild (a restarted control plane resumes it).
+    assert_eq!(
+        c.begin_rebuild("v", e0.index).await.unwrap(),
+        Some(r.clone())
+    );
+    // Finish: the replica joins the tail, at a higher epoch.
+    let done = c.finish_rebuild(&r).await.unwrap().unwrap();
+    assert_eq!(done.chain.len(), 2);
+    assert_eq!(done.chain[1], target);
+    assert!(done.epoch > r.extent.epoch);
+    assert_eq!(
+        c.finish_rebuild(&r).await.unwrap(),
+        None,
+        "finishing twice changes nothing"
+    );
+    assert_eq!(
+        c.begin_rebuild("v", e0.index).await.unwrap(),
+        None,
+        "no longer degraded"
+    );
+    check_catalog(c.store()).await.unwrap();
+
+    // Abort gives the slot back; the extent stays degraded.
+    let e1 = &todo[1];
+    let before = used(&c).await;
+    let r = c.begin_rebuild("v", e1.index).await.unwrap().unwrap();
+    assert_eq!(used(&c).await, before + 1);
+    c.abort_rebuild(&r).await.unwrap().unwrap();
+    assert_eq!(used(&c).await, before);
+    check_catalog(c.store()).await.unwrap();
+
+    // The drive being rebuilt onto fails: the rebuild is dropped, its slot
+    // freed, and the extent stays degraded for another attempt.
+    let r = c.begin_rebuild("v", e1.index).await.unwrap().unwrap();
+    c.fail_drive(r.target().unwrap().drive).await.unwrap();
+    let l = c.layout("v").await.unwrap();
+    let e = l.extents.iter().find(|e| e.index == e1.index).unwrap();
+    assert_eq!(e.rebuilding, None);
+    assert_eq!(
+        c.finish_rebuild(&r).await.unwrap(),
+        None,
+        "a lost rebuild cannot finish"
+    );
+    check_catalog(c.store()).await.unwrap();
+
+    // Rebuild everything still degraded onto what is left.
+    loop {
+        let vols = c.degraded_volumes().await.unwrap();
+        let Some(v) = vols.first() else { break };
+        for e in c.degraded_extents(v, 100).await.unwrap() {
+            match c.begin_rebuild("v", e.index).await {
+                Ok(Some(r)) => {
+                    c.finish_rebuild(&r).await.unwrap().unwrap();
+                }
+                Ok(None) => {}
+                Err(CatalogError::PoolFull(m)) => panic!("two drives remain: {m}"),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    let l = c.layout("v").await.unwrap();
+    assert!(l
+        .extents
+        .iter()
+        .all(|e| e.chain.len() == 2 && e.rebuilding.is_none()));
+    assert_eq!(l.volume.degraded_extents, 0);
+    check_catalog(c.store()).await.unwrap();
+    // Deleting frees everything, rebuilt replicas included.
+    c.delete_volume("v").await.unwrap();
+    assert_eq!(used(&c).await, 0);
+    check_catalog(c.store()).await.unwrap();
+}
+
+#[test]
+fn redb_rebuilds_restore_every_chain() {
+    let (_d, s) = redb();
+    rt().block_on(rebuild(s));
+}
+
+#[test]
+fn etcd_rebuilds_restore_every_chain() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_rebuild") else {
+        return;
+    };
+    rt().block_on(async { rebuild(etcd(&server, "/t7/").await).await });
+}

@@ -20,7 +20,7 @@ pub mod map;
 pub mod placement;
 pub mod record;
 
-pub use map::{ExtentFault, Piece, PieceTarget, VolumeMap};
+pub use map::{ExtentFault, MappedExtent, Piece, PieceTarget, VolumeMap};
 pub use placement::{DriveCandidate, PlacementError, PlacementWeights};
 pub use record::{
     Chain, DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, VolumeId,

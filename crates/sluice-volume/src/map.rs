@@ -17,7 +17,17 @@ use crate::record::{Chain, ExtentRecord, Replica, VolumeId, VolumeRecord, EXTENT
 pub struct VolumeMap {
     volume: VolumeRecord,
     /// Indexed by extent; `None` until allocated.
-    extents: Vec<Option<Chain>>,
+    extents: Vec<Option<MappedExtent>>,
+}
+
+/// An allocated extent as a client needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappedExtent {
+    pub chain: Chain,
+    /// The chain epoch its writes carry.
+    pub epoch: u64,
+    /// A replica is being rebuilt: writes wait until the rebuild is done.
+    pub rebuilding: bool,
 }
 
 /// The extent a write needs allocated before it can proceed.
@@ -110,7 +120,11 @@ impl VolumeMap {
             .ok()
             .and_then(|i| self.extents.get_mut(i))
             .ok_or_else(|| format!("extent {} outside the map", record.index))?;
-        *slot = Some(record.chain);
+        *slot = Some(MappedExtent {
+            chain: record.chain,
+            epoch: record.epoch,
+            rebuilding: record.rebuilding.is_some(),
+        });
         Ok(())
     }
 
@@ -124,6 +138,11 @@ impl VolumeMap {
 
     /// The chain of extent `index`, if allocated.
     pub fn chain(&self, index: u64) -> Option<&Chain> {
+        self.extent(index).map(|m| &m.chain)
+    }
+
+    /// Extent `index`, if allocated.
+    pub fn extent(&self, index: u64) -> Option<&MappedExtent> {
         usize::try_from(index)
             .ok()
             .and_then(|i| self.extents.get(i))
@@ -189,11 +208,16 @@ impl VolumeMap {
     }
 
     /// Whether extent `b` continues extent `a` on every replica: same drives
-    /// in the same order, each in the next slot.
-    fn contiguous(a: &Chain, b: &Chain) -> bool {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
+    /// in the same order, each in the next slot, at the same chain epoch (a
+    /// piece carries one epoch), neither being rebuilt.
+    fn contiguous(a: &MappedExtent, b: &MappedExtent) -> bool {
+        a.chain.len() == b.chain.len()
+            && a.epoch == b.epoch
+            && !a.rebuilding
+            && !b.rebuilding
+            && a.chain
+                .iter()
+                .zip(&b.chain)
                 .all(|(x, y)| x.drive == y.drive && x.slot.checked_add(1) == Some(y.slot))
     }
 }
@@ -243,7 +267,7 @@ impl Iterator for Plan<'_> {
         }
         let extent = self.pos / EXTENT_BYTES;
         let offset_in_extent = self.pos % EXTENT_BYTES;
-        let first = self.map.chain(extent);
+        let first = self.map.extent(extent);
         let limit = self.end.min(self.pos.saturating_add(self.cap));
         // Extend across extent edges while the next extent continues this one
         // (both unallocated, or physically contiguous on every replica).
@@ -251,7 +275,7 @@ impl Iterator for Plan<'_> {
         let mut prev = first;
         let mut next_extent = extent + 1;
         while piece_end < limit {
-            let next = self.map.chain(next_extent);
+            let next = self.map.extent(next_extent);
             let continues = match (prev, next) {
                 (None, None) => true,
                 (Some(a), Some(b)) => VolumeMap::contiguous(a, b),
@@ -298,6 +322,7 @@ mod tests {
             prefer: vec![],
             epoch: 3,
             extents_per_drive: Default::default(),
+            degraded_extents: 0,
         }
     }
 
@@ -312,6 +337,8 @@ mod tests {
                     slot: s,
                 })
                 .collect(),
+            epoch: 0,
+            rebuilding: None,
         }
     }
 
@@ -381,6 +408,37 @@ mod tests {
             .map(|p| p.len_bytes)
             .collect();
         assert_eq!(lens, vec![2 * EXTENT_BYTES, EXTENT_BYTES]);
+    }
+
+    /// A piece carries one chain epoch, and writes to an extent being
+    /// rebuilt wait: neither merges with its neighbours.
+    #[test]
+    fn extents_at_other_epochs_or_being_rebuilt_do_not_merge() {
+        let mut newer = rec(1, &[(0, 2), (1, 2)]);
+        newer.epoch = 40;
+        let mut rebuilding = rec(3, &[(0, 4)]);
+        rebuilding.rebuilding = Some(Replica {
+            drive: DriveId(1),
+            slot: 4,
+        });
+        let map = VolumeMap::from_records(
+            volume(4, 2),
+            [
+                rec(0, &[(0, 1), (1, 1)]),
+                newer,
+                rec(2, &[(0, 3)]),
+                rebuilding,
+            ],
+        )
+        .unwrap();
+        let lens: Vec<_> = map
+            .plan(0, 4 * EXTENT_BYTES, u64::MAX)
+            .unwrap()
+            .map(|p| p.len_bytes)
+            .collect();
+        assert_eq!(lens, vec![EXTENT_BYTES; 4]);
+        assert_eq!(map.extent(1).map(|m| m.epoch), Some(40));
+        assert_eq!(map.extent(3).map(|m| m.rebuilding), Some(true));
     }
 
     #[test]

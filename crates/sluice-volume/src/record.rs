@@ -240,10 +240,14 @@ pub struct VolumeRecord {
     /// Bumped on every chain change (a rebuilt or moved replica), never on a
     /// plain allocation; clients with an older epoch must refetch the map.
     pub epoch: u64,
-    /// Allocated extents per drive (one count per replica), for placement's
-    /// spreading term.
+    /// Allocated extents per drive (one count per replica, a replica being
+    /// rebuilt included), for placement's spreading term.
     #[serde(default)]
     pub extents_per_drive: BTreeMap<DriveId, u64>,
+    /// Extents whose chain is shorter than `replicas` (a drive failed):
+    /// the control plane rebuilds them onto other drives.
+    #[serde(default)]
+    pub degraded_extents: u64,
 }
 
 impl VolumeRecord {
@@ -293,6 +297,18 @@ pub struct ExtentRecord {
     pub volume: VolumeId,
     pub index: u64,
     pub chain: Chain,
+    /// The chain epoch writers carry (`sluice_proto::fence`). It is a
+    /// metadata revision taken when the chain was last given a replica, so
+    /// it only rises, and it is above every fence a previous owner of the
+    /// same slots ever raised. A rebuild fences the chain's replicas at its
+    /// new epoch; writers on an older chain are then refused and refetch.
+    #[serde(default)]
+    pub epoch: u64,
+    /// A replica being filled by a rebuild: the slot is this extent's, but
+    /// it takes no I/O until the copy is done and it joins the chain's tail.
+    /// While it is set, writes to the extent wait (reads go on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuilding: Option<Replica>,
 }
 
 impl ExtentRecord {
@@ -316,7 +332,32 @@ impl ExtentRecord {
                 return Err(format!("two replicas on drive {}", r.drive));
             }
         }
+        if let Some(r) = &self.rebuilding {
+            if self.chain.iter().any(|o| o.drive == r.drive) {
+                return Err(format!(
+                    "rebuilding onto drive {}, already in the chain",
+                    r.drive
+                ));
+            }
+            if self.chain.len() >= usize::from(volume.replicas) {
+                return Err(format!(
+                    "rebuilding a chain of {} replicas, as many as the volume's {}",
+                    self.chain.len(),
+                    volume.replicas
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Every slot the extent owns: its chain and a replica being rebuilt.
+    pub fn owned(&self) -> impl Iterator<Item = &Replica> {
+        self.chain.iter().chain(self.rebuilding.iter())
+    }
+
+    /// Whether the chain is shorter than the volume's replica count.
+    pub fn is_degraded(&self, volume: &VolumeRecord) -> bool {
+        self.chain.len() < usize::from(volume.replicas)
     }
 }
 

@@ -1,0 +1,378 @@
+//! Rebuilding lost replicas in the background, on the leading control plane.
+//!
+//! After a drive fails, the extents it held in replicated chains are
+//! degraded (their chains are shorter than the volume's replica count). The
+//! rebuilder scans for them (every [`RebuildConfig::scan_interval`], and at
+//! once when a drive fails) and rebuilds one extent at a time, at most
+//! [`RebuildConfig::rate_bytes_per_sec`] on average:
+//!
+//! 1. `Catalog::begin_rebuild` reserves a replica on another drive and
+//!    raises the extent's epoch. Volume clients that refetch the map see
+//!    the extent being rebuilt and hold their writes to it (reads go on).
+//! 2. **Fence**: every replica's granule is fenced at the new epoch (the
+//!    Fence command of `sluice_proto::fence`), and each is asked until no
+//!    write admitted before the fence is still in flight. A client on an
+//!    older map is refused from then on, refetches, and waits. So nothing
+//!    writes the extent from here to step 4, and nothing written before is
+//!    still landing.
+//! 3. **Copy** the extent from the chain's tail (which holds every
+//!    acknowledged write) to the new replica, its writes carrying the new
+//!    epoch, then flush it.
+//! 4. `Catalog::finish_rebuild`: the replica joins the chain's tail at a
+//!    higher epoch; writers refetch and carry on over the full chain.
+//!
+//! Any failure gives the replica back (`abort_rebuild`) and the extent is
+//! tried again at the next scan; a drive that fails its probe meanwhile is
+//! taken out of service, so the next attempt goes elsewhere.
+//!
+//! Fencing needs drives that are Sluice targets. A drive that answers the
+//! Fence command with Invalid Command Opcode (Linux nvmet, SPDK) cannot be
+//! fenced; its extents stay degraded and the status says why.
+//!
+//! Writes to the extent wait during steps 2-3 only: one extent's copy at
+//! full speed (a few ms on this machine); the rate limit spaces the
+//! extents out, not the bytes of one.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sluice_host::{HostError, IoFlags};
+use sluice_meta::rebuild::Rebuild;
+use sluice_meta::{Catalog, MetaStore};
+use sluice_proto::fence::GRANULE_SHIFT;
+use sluice_volume::{DriveId, Replica, EXTENT_BYTES};
+
+use crate::leader::Leadership;
+use crate::pb;
+use crate::volume::DrivePool;
+
+/// How the rebuilder runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RebuildConfig {
+    /// Average copy rate, bytes per second (each extent is copied at full
+    /// speed, and the next one starts when the budget allows).
+    pub rate_bytes_per_sec: u64,
+    /// Time between scans for degraded extents.
+    pub scan_interval: Duration,
+    /// Longest wait for writes in flight to drain after a fence.
+    pub drain_timeout: Duration,
+}
+
+impl Default for RebuildConfig {
+    fn default() -> Self {
+        RebuildConfig {
+            rate_bytes_per_sec: 64 << 20,
+            scan_interval: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Bounds of the rate (1 MiB/s to 16 GiB/s).
+pub const RATE_BYTES_PER_SEC_MIN: u64 = 1 << 20;
+pub const RATE_BYTES_PER_SEC_MAX: u64 = 16 << 30;
+/// Extents taken from one volume per scan.
+pub const EXTENTS_PER_SCAN_MAX: usize = 256;
+/// Bytes per read and write of the copy.
+pub const COPY_CHUNK_BYTES: usize = 256 << 10;
+
+impl RebuildConfig {
+    pub fn check(&self) -> Result<(), String> {
+        if !(RATE_BYTES_PER_SEC_MIN..=RATE_BYTES_PER_SEC_MAX).contains(&self.rate_bytes_per_sec) {
+            return Err(format!(
+                "rebuild rate {} bytes/s is outside {RATE_BYTES_PER_SEC_MIN}..={RATE_BYTES_PER_SEC_MAX}",
+                self.rate_bytes_per_sec
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the rebuilder has done (the `Status` call's `rebuilds`).
+#[derive(Debug, Default)]
+pub struct RebuildProgress {
+    inner: Mutex<pb::Rebuilds>,
+}
+
+impl RebuildProgress {
+    pub fn snapshot(&self) -> pb::Rebuilds {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, pb::Rebuilds> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A failed rebuild, and the drive to blame when there is one.
+#[derive(Debug)]
+struct Failure {
+    drive: Option<DriveId>,
+    reason: String,
+}
+
+fn fail(drive: DriveId, reason: String) -> Failure {
+    Failure {
+        drive: Some(drive),
+        reason,
+    }
+}
+
+/// The rebuilder of one control-plane process.
+pub(crate) struct Rebuilder<S> {
+    pub(crate) catalog: Arc<Catalog<S>>,
+    pub(crate) drives: Arc<DrivePool>,
+    pub(crate) leadership: Arc<Leadership>,
+    pub(crate) probe: sluice_host::ConnectOptions,
+    pub(crate) cfg: RebuildConfig,
+    pub(crate) progress: Arc<RebuildProgress>,
+    pub(crate) wake: Arc<tokio::sync::Notify>,
+}
+
+impl<S: MetaStore> Rebuilder<S> {
+    /// Scans and rebuilds until the process ends.
+    pub(crate) async fn run(self) {
+        self.progress.lock().rate_bytes_per_sec = self.cfg.rate_bytes_per_sec;
+        // The earliest start of the next extent's copy (the rate limit).
+        let mut next_start = Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.cfg.scan_interval) => {}
+                () = self.wake.notified() => {}
+            }
+            if !self.leadership.is_leader() {
+                continue;
+            }
+            if let Err(e) = self.scan(&mut next_start).await {
+                tracing::warn!(error = %e, "rebuild scan failed; retrying at the next scan");
+                self.progress.lock().last_error = e;
+            }
+        }
+    }
+
+    async fn scan(&self, next_start: &mut Instant) -> Result<(), String> {
+        let volumes = self
+            .catalog
+            .degraded_volumes()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.progress.lock().degraded_extents = volumes.iter().map(|v| v.degraded_extents).sum();
+        let per_extent =
+            Duration::from_secs_f64(EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64);
+        for v in volumes {
+            let extents = self
+                .catalog
+                .degraded_extents(&v, EXTENTS_PER_SCAN_MAX)
+                .await
+                .map_err(|e| e.to_string())?;
+            for e in extents {
+                if !self.leadership.is_leader() {
+                    return Ok(());
+                }
+                tokio::time::sleep_until((*next_start).into()).await;
+                *next_start = Instant::now().max(*next_start) + per_extent;
+                self.progress.lock().current = format!("{}/{}", v.name, e.index);
+                let r = self.rebuild_extent(&v.name, e.index).await;
+                let mut p = self.progress.lock();
+                p.current.clear();
+                match r {
+                    Ok(true) => {
+                        p.extents_rebuilt += 1;
+                        p.bytes_copied += EXTENT_BYTES;
+                        p.degraded_extents = p.degraded_extents.saturating_sub(1);
+                    }
+                    Ok(false) => {}
+                    Err(err) => {
+                        p.extents_aborted += 1;
+                        p.last_error = format!("{}/{}: {err}", v.name, e.index);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuilds one extent; `Ok(false)` when it needed nothing.
+    async fn rebuild_extent(&self, name: &str, index: u64) -> Result<bool, String> {
+        let Some(r) = self
+            .catalog
+            .begin_rebuild(name, index)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(false);
+        };
+        let started = Instant::now();
+        match self.fence_and_copy(&r).await {
+            Ok(()) => match self.catalog.finish_rebuild(&r).await {
+                Ok(Some(e)) => {
+                    tracing::info!(volume = %name, extent = index, epoch = e.epoch,
+                        replicas = e.chain.len(), ms = started.elapsed().as_millis(),
+                        "extent rebuilt: the new replica joined the chain");
+                    Ok(true)
+                }
+                Ok(None) => {
+                    Err("the rebuild was overtaken (a drive failed or the volume went)".into())
+                }
+                Err(e) => Err(format!("finishing: {e}")),
+            },
+            Err(f) => {
+                tracing::warn!(volume = %name, extent = index, reason = %f.reason, "rebuild failed; giving the new replica back");
+                if let Err(e) = self.catalog.abort_rebuild(&r).await {
+                    tracing::warn!(volume = %name, extent = index, error = %e, "aborting the rebuild failed; the next scan resumes it");
+                }
+                if let Some(d) = f.drive {
+                    self.fail_if_dead(d, &f.reason).await;
+                }
+                Err(f.reason)
+            }
+        }
+    }
+
+    /// Takes a drive out of service if it does not answer a probe.
+    async fn fail_if_dead(&self, id: DriveId, reason: &str) {
+        let Ok(drives) = self.catalog.drives().await else {
+            return;
+        };
+        let Some(d) = drives.into_iter().find(|d| d.id == id) else {
+            return;
+        };
+        if crate::server::probe_drive(&d.spec, &self.probe)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        match self.catalog.fail_drive(id).await {
+            Ok(n) => tracing::warn!(drive = %id, spec = %d.spec, chains_shortened = n, %reason,
+                "drive failed during a rebuild: taken out of service"),
+            Err(e) => tracing::warn!(drive = %id, error = %e, "could not mark a dead drive down"),
+        }
+    }
+
+    async fn namespace(
+        &self,
+        r: &Rebuild,
+        replica: Replica,
+    ) -> Result<(sluice_host::Namespace, u64), Failure> {
+        let d = r
+            .drive(replica.drive)
+            .ok_or_else(|| fail(replica.drive, "drive record missing".into()))?;
+        let ns = self
+            .drives
+            .namespace(&pb::Drive::from(d), None)
+            .await
+            .map_err(|e| fail(replica.drive, e.to_string()))?;
+        Ok((ns, d.slot_lba(replica.slot)))
+    }
+
+    async fn fence_and_copy(&self, r: &Rebuild) -> Result<(), Failure> {
+        let target = r.target().ok_or_else(|| Failure {
+            drive: None,
+            reason: "no replica to rebuild".into(),
+        })?;
+        let epoch = r.extent.epoch;
+        let everyone: Vec<Replica> = r.extent.owned().copied().collect();
+        // 2. Fence, then drain.
+        let mut fenced = Vec::with_capacity(everyone.len());
+        for rep in &everyone {
+            let (ns, lba) = self.namespace(r, *rep).await?;
+            let granule = (lba * u64::from(ns.block_size_bytes())) >> GRANULE_SHIFT;
+            match ns.fence(granule, 1, epoch, true).await {
+                Ok(a) if a.granule_shift == GRANULE_SHIFT => {}
+                Ok(a) => {
+                    return Err(fail(rep.drive, format!(
+                        "fence granule is 2^{} bytes, not 2^{GRANULE_SHIFT}",
+                        a.granule_shift
+                    )))
+                }
+                Err(HostError::Nvme { status, .. })
+                    if status == sluice_proto::Status::INVALID_OPCODE =>
+                {
+                    return Err(Failure {
+                        drive: None,
+                        reason: format!(
+                            "drive {} cannot fence writes (not a Sluice target); rebuilding onto or from it is unsafe",
+                            rep.drive
+                        ),
+                    })
+                }
+                Err(e) => return Err(fail(rep.drive, format!("fencing: {e}"))),
+            }
+            fenced.push((ns, granule, rep.drive));
+        }
+        let deadline = Instant::now() + self.cfg.drain_timeout;
+        for (ns, granule, drive) in &fenced {
+            let mut pause = Duration::from_micros(200);
+            loop {
+                let a = ns
+                    .fence(*granule, 1, epoch, false)
+                    .await
+                    .map_err(|e| fail(*drive, format!("draining: {e}")))?;
+                if a.writes_in_flight == 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(fail(
+                        *drive,
+                        format!(
+                            "{} writes still in flight after {:?}",
+                            a.writes_in_flight, self.cfg.drain_timeout
+                        ),
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        }
+        // 3. Copy from the tail (every acknowledged write is there; its
+        // predecessors have them too when it cannot be read).
+        let (dst, dst_lba) = self.namespace(r, target).await?;
+        let bs = u64::from(dst.block_size_bytes());
+        let flags = IoFlags {
+            epoch,
+            ..IoFlags::default()
+        };
+        let mut sources = r.extent.chain.iter().rev();
+        let mut src = None;
+        let mut at = 0u64;
+        while at < EXTENT_BYTES {
+            let len =
+                COPY_CHUNK_BYTES.min(usize::try_from(EXTENT_BYTES - at).unwrap_or(usize::MAX));
+            let data = loop {
+                if src.is_none() {
+                    let rep = *sources.next().ok_or_else(|| Failure {
+                        drive: None,
+                        reason: "no replica of the chain could be read".into(),
+                    })?;
+                    match self.namespace(r, rep).await {
+                        Ok(x) => src = Some((x, rep.drive)),
+                        Err(f) => {
+                            tracing::warn!(drive = %rep.drive, reason = %f.reason, "rebuild source unreachable; reading its predecessor");
+                            continue;
+                        }
+                    }
+                }
+                let Some(((ns, lba), drive)) = &src else {
+                    continue;
+                };
+                let sbs = u64::from(ns.block_size_bytes());
+                match ns.read(lba + at / sbs, len, IoFlags::default()).await {
+                    Ok(d) => break d,
+                    Err(e) => {
+                        tracing::warn!(drive = %drive, error = %e, "rebuild read failed; reading its predecessor");
+                        src = None;
+                    }
+                }
+            };
+            dst.write(dst_lba + at / bs, &data, flags)
+                .await
+                .map_err(|e| fail(target.drive, format!("writing the new replica: {e}")))?;
+            at += len as u64;
+        }
+        dst.flush()
+            .await
+            .map_err(|e| fail(target.drive, format!("flushing the new replica: {e}")))?;
+        Ok(())
+    }
+}
