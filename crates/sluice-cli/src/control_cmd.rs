@@ -52,6 +52,10 @@ pub struct ControlArgs {
     /// control planes on one etcd elect one leader); default: --listen.
     #[arg(long)]
     advertise: Option<String>,
+    /// Average rate at which lost replicas are rebuilt (bytes per second,
+    /// e.g. 64MiB); the leader copies one 2 MiB extent at a time.
+    #[arg(long, default_value = "64MiB")]
+    rebuild_rate: String,
 }
 
 pub fn control(a: ControlArgs) -> Result<()> {
@@ -59,6 +63,11 @@ pub fn control(a: ControlArgs) -> Result<()> {
     let mut cfg = ControlConfig::new(metadata);
     cfg.token = read_token(a.token_file.as_deref())?;
     cfg.advertise = a.advertise.clone();
+    cfg.rebuild.rate_bytes_per_sec = sluice_config::parse_size(&a.rebuild_rate)
+        .map_err(|e| anyhow::anyhow!("--rebuild-rate {:?}: {e}", a.rebuild_rate))?;
+    cfg.rebuild
+        .check()
+        .map_err(|e| anyhow::anyhow!("--rebuild-rate: {e}"))?;
     sluice_control::auth::check_listen(a.listen, cfg.token.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -170,6 +179,11 @@ pub enum VolumeCmd {
         #[command(flatten)]
         at: ControlAddr,
     },
+    /// Show the rebuild of lost replicas: rate, degraded extents, progress.
+    Rebuilds {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
@@ -205,7 +219,7 @@ fn print_drive(d: &pb::Drive) {
 fn print_volume(v: &pb::Volume) {
     let allocated: u64 = v.extents_per_drive.values().sum::<u64>() / u64::from(v.replicas.max(1));
     println!(
-        "{:<20}  v{:<4}  {:>14} B  {} B blocks  {} replica(s)  {} of {} extents allocated  epoch {}{}{}",
+        "{:<20}  v{:<4}  {:>14} B  {} B blocks  {} replica(s)  {} of {} extents allocated  epoch {}{}{}{}",
         v.name,
         v.id,
         v.size_bytes,
@@ -215,6 +229,11 @@ fn print_volume(v: &pb::Volume) {
         v.size_bytes.div_ceil(sluice_volume::EXTENT_BYTES),
         v.epoch,
         v.tenant.as_ref().map(|t| format!("  tenant {t}")).unwrap_or_default(),
+        if v.degraded_extents > 0 {
+            format!("  {} degraded (rebuilding)", v.degraded_extents)
+        } else {
+            String::new()
+        },
         if v.deleting { "  (deleting)" } else { "" }
     );
 }
@@ -355,7 +374,16 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                             .iter()
                             .map(|r| format!("d{}:{}", r.drive, r.slot))
                             .collect();
-                        println!("  extent {:>8}  {}", e.index, chain.join(" -> "));
+                        println!(
+                            "  extent {:>8}  {}  epoch {}{}",
+                            e.index,
+                            chain.join(" -> "),
+                            e.epoch,
+                            e.rebuilding
+                                .as_ref()
+                                .map(|r| format!("  rebuilding onto d{}:{}", r.drive, r.slot))
+                                .unwrap_or_default()
+                        );
                     }
                 }
             }
@@ -373,6 +401,36 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                     .await
                     .context("deleting the volume")?;
                 println!("deleted {name}");
+            }
+            VolumeCmd::Rebuilds { at } => {
+                let s = at
+                    .client()?
+                    .status()
+                    .await
+                    .context("asking the control plane for its status")?;
+                let r = s.rebuilds.unwrap_or_default();
+                if !s.is_leader {
+                    println!(
+                        "this control plane does not lead ({}); ask the leader",
+                        s.leader
+                    );
+                }
+                println!(
+                    "rate {} B/s  degraded extents {}  rebuilt {} ({} B copied)  aborted {}{}",
+                    r.rate_bytes_per_sec,
+                    r.degraded_extents,
+                    r.extents_rebuilt,
+                    r.bytes_copied,
+                    r.extents_aborted,
+                    if r.current.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  copying {}", r.current)
+                    }
+                );
+                if !r.last_error.is_empty() {
+                    println!("last error: {}", r.last_error);
+                }
             }
         }
         Ok(())

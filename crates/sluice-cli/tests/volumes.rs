@@ -83,7 +83,7 @@ fn fails(args: &[&str], needle: &str) {
 /// `sluice control` on a redb file, all listening.
 struct Pool {
     dir: tempfile::TempDir,
-    ports: [u16; 2],
+    ports: Vec<u16>,
     targets: Vec<Killed>,
     control: String,
     _control: Killed,
@@ -91,8 +91,12 @@ struct Pool {
 
 impl Pool {
     fn start() -> Pool {
+        Pool::with_targets(2)
+    }
+
+    fn with_targets(n: usize) -> Pool {
         let dir = tempfile::tempdir().unwrap();
-        let ports = [free_port(), free_port()];
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
         let targets = ports
             .iter()
             .map(|p| {
@@ -128,9 +132,9 @@ impl Pool {
 #[test]
 fn operator_builds_a_pool_and_benches_a_replicated_volume() {
     let pool = Pool::start();
-    let (ports, control) = (pool.ports, pool.control.clone());
+    let (ports, control) = (pool.ports.clone(), pool.control.clone());
     let c = ["--control", control.as_str()];
-    for p in ports {
+    for &p in &ports {
         let out = ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
         assert!(out.contains("0/32 extents used"), "{out}");
     }
@@ -224,11 +228,11 @@ fn control_refuses_to_listen_beyond_loopback_without_a_token() {
 }
 
 #[test]
-fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
-    let mut pool = Pool::start();
-    let (ports, control) = (pool.ports, pool.control.clone());
+fn killing_a_target_mid_workload_loses_no_acknowledged_write_and_its_replicas_are_rebuilt() {
+    let mut pool = Pool::with_targets(3);
+    let (ports, control) = (pool.ports.clone(), pool.control.clone());
     let c = ["--control", control.as_str()];
-    for p in ports {
+    for &p in &ports {
         ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
     }
     ok(&[
@@ -260,7 +264,7 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
             "--qd",
             "4",
         ])
-        .args(["--runtime", "3", "--verify", "--json", "--log", "warn"])
+        .args(["--runtime", "5", "--verify", "--json", "--log", "warn"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -282,14 +286,33 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write() {
     assert_eq!(v["total"]["verify_errors"], 0, "{v}");
     let drives = ok(&[&["drive", "list"], &c[..]].concat());
     assert_eq!(drives.matches("down").count(), 1, "{drives}");
+    // The dead target's replicas were rebuilt onto the third target while
+    // the verified workload ran on (its reads checked during and after).
+    let rebuilds = ok(&[&["volume", "rebuilds"], &c[..]].concat());
+    assert!(rebuilds.contains("degraded extents 0"), "{rebuilds}");
+    assert!(!rebuilds.contains("rebuilt 0 "), "{rebuilds}");
+    let list = ok(&[&["volume", "list"], &c[..]].concat());
+    assert!(!list.contains("degraded"), "{list}");
+    let inspect = ok(&[&["volume", "inspect", "r", "--extents"], &c[..]].concat());
+    assert!(!inspect.contains("rebuilding onto"), "{inspect}");
+    for line in inspect
+        .lines()
+        .filter(|l| l.contains("extent ") && l.contains(" -> "))
+    {
+        assert_eq!(
+            line.matches(" -> ").count(),
+            1,
+            "two replicas again: {line}"
+        );
+    }
 }
 
 #[test]
 fn nbd_exports_a_volume_to_unmodified_tools() {
     let pool = Pool::start();
-    let (ports, control, dir) = (pool.ports, pool.control.clone(), &pool.dir);
+    let (ports, control, dir) = (pool.ports.clone(), pool.control.clone(), &pool.dir);
     let c = ["--control", control.as_str()];
-    for p in ports {
+    for &p in &ports {
         ok(&[&["drive", "add", &format!("127.0.0.1:{p}"), NQN], &c[..]].concat());
     }
     ok(&[

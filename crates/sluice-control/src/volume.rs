@@ -64,8 +64,20 @@ pub struct DrivePool {
     conns: tokio::sync::Mutex<HashMap<(String, String, String), Controller>>,
 }
 
+/// Reconnection attempts on a lost drive connection, at most. A volume's
+/// drives fail fast: a write that cannot reach a replica reports it, and
+/// the control plane's own probe decides whether the drive is gone (a
+/// transient loss is not failed, and the write is retried). Five attempts
+/// with the default backoff held every write to a dead drive for 3.1 s.
+pub const DRIVE_RECONNECT_ATTEMPTS_MAX: u32 = 1;
+pub const DRIVE_RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
+
 impl DrivePool {
-    pub fn new(opts: ConnectOptions) -> Arc<DrivePool> {
+    pub fn new(mut opts: ConnectOptions) -> Arc<DrivePool> {
+        let r = &mut opts.reconnect;
+        r.attempts_max = r.attempts_max.min(DRIVE_RECONNECT_ATTEMPTS_MAX);
+        r.backoff_max = r.backoff_max.min(DRIVE_RECONNECT_BACKOFF_MAX);
+        r.backoff_initial = r.backoff_initial.min(r.backoff_max);
         Arc::new(DrivePool {
             opts,
             conns: tokio::sync::Mutex::new(HashMap::new()),
