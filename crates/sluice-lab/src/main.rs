@@ -75,6 +75,10 @@ enum Experiment {
     /// Flint Fig. 7c (bandwidth over N drives) and Fig. 8 (replica write
     /// latency): volumes.md, volumes-fig7c.svg.
     Volumes(RunArgs),
+    /// Rebuilding a failed drive's replicas under a foreground workload
+    /// (goal: the foreground keeps >= 80 % of its bandwidth):
+    /// volumes-rebuild.md.
+    VolumeRebuild(RunArgs),
 }
 
 /// A positive, finite number of seconds.
@@ -155,6 +159,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::PinofFig6(a) => datapath::pinof_fig6::run(&a.out, a.runtime),
         Experiment::Coalescing(a) => datapath::coalescing::run(&a.out, a.runtime),
         Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
+        Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;

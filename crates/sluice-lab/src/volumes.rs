@@ -14,6 +14,12 @@
 //!    (QD 4 per drive, so each drive sees the same load). The ratio is bandwidth ÷ (N × the N = 1 bandwidth).
 //! 4. **Flint Fig. 8**: 4 KiB random writes at QD 1 on 1 and on 3 replicas
 //!    (three drives on three targets): latency.
+//!
+//! And, as its own experiment (`volume-rebuild`, volumes-rebuild.md):
+//! 5. **Rebuild under load**: a 2-replica volume over 6 emulated SSDs on 3
+//!    targets; a drive is failed and its replicas are rebuilt at the
+//!    default rate while a random read/write workload runs: foreground
+//!    bandwidth during the rebuild over the same workload's just before.
 
 use std::path::Path;
 use std::time::Instant;
@@ -66,6 +72,10 @@ struct Control {
 
 impl Control {
     fn start(metadata: Metadata) -> Result<Control> {
+        Control::start_with(ControlConfig::new(metadata))
+    }
+
+    fn start_with(cfg: ControlConfig) -> Result<Control> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -74,13 +84,9 @@ impl Control {
         let addr = rt.block_on(async {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let addr = l.local_addr()?.to_string();
-            tokio::spawn(sluice_control::serve(
-                ControlConfig::new(metadata),
-                l,
-                async move {
-                    let _ = rx.await;
-                },
-            ));
+            tokio::spawn(sluice_control::serve(cfg, l, async move {
+                let _ = rx.await;
+            }));
             anyhow::Ok(addr)
         })?;
         Ok(Control {
@@ -285,11 +291,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     md.push('\n');
 
     // 3. Fig. 7c.
-    let ssd = SsdConfig::default()
-        .with_read_bytes_per_sec_max(150_000_000)
-        .with_write_bytes_per_sec_max(75_000_000)
-        .with_read_iops_max(20_000)
-        .with_write_iops_max(5_000);
+    let ssd = lab_ssd();
     md.push_str("## Flint Fig. 7c: bandwidth over N drives\n\n");
     md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over 2 targets; one volume, 1 replica, 64 MiB per drive; `sluice bench --volume`; writes at QD 16, reads at QD 4 × N. \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
     md.push_str("| N drives | 4K seq write MiB/s | × N·one | 128K rand read MiB/s | × N·one |\n|---|---|---|---|---|\n");
@@ -394,8 +396,137 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     for t in ts {
         t.shutdown();
     }
-    let _ = std::fs::remove_dir_all(&dir);
     md.push('\n');
+    let _ = std::fs::remove_dir_all(&dir);
     report::write(out, "volumes.md", &md)?;
+    Ok(())
+}
+
+/// The Fig. 7c drive model: 150 MB/s read, 75 MB/s write.
+fn lab_ssd() -> SsdConfig {
+    SsdConfig::default()
+        .with_read_bytes_per_sec_max(150_000_000)
+        .with_write_bytes_per_sec_max(75_000_000)
+        .with_read_iops_max(20_000)
+        .with_write_iops_max(5_000)
+}
+
+/// `volume-rebuild`: foreground bandwidth while a failed drive's replicas
+/// are rebuilt, over the same workload's bandwidth just before the failure.
+pub fn run_rebuild(out: &Path, runtime: f64) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("sluice-lab-rebuild-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut md = String::new();
+    md.push_str("# Elastic volumes: rebuilding a lost replica under load\n\n");
+    md.push_str(&format!(
+        "`cargo run --release -p sluice-lab -- volume-rebuild --runtime {runtime}`; load average before: {}.\n\n",
+        crate::datapath::loadavg()
+    ));
+    let r = rebuild_under_load(&mut md, &dir, lab_ssd(), runtime);
+    let _ = std::fs::remove_dir_all(&dir);
+    r?;
+    report::write(out, "volumes-rebuild.md", &md)
+}
+
+fn rebuild_under_load(md: &mut String, dir: &Path, ssd: SsdConfig, runtime: f64) -> Result<()> {
+    const DRIVE_BYTES: u64 = 256 * MIB;
+    const VOLUME_BYTES: u64 = 512 * MIB;
+    let ts: Vec<TargetHandle> = (0..3)
+        .map(|_| drive_target(2, DRIVE_BYTES, Some(ssd)))
+        .collect::<Result<_>>()?;
+    let mut cfg = ControlConfig::new(Metadata::Redb(dir.join("rebuild.redb")));
+    let rate = cfg.rebuild.rate_bytes_per_sec;
+    cfg.rebuild.scan_interval = std::time::Duration::from_millis(200);
+    let cp = Control::start_with(cfg)?;
+    cp.add_drives(&ts.iter().collect::<Vec<_>>(), 2)?;
+    cp.create("r", VOLUME_BYTES, 2)?;
+    let mut fill = BenchArgs::new("", "");
+    fill.volume = Some("r".into());
+    fill.control = cp.addr.clone();
+    fill.rw = RwMode::Write;
+    fill.bs = BlockSizes::fixed(1 << 20);
+    fill.qd = 4;
+    fill.ios = Some(VOLUME_BYTES / MIB);
+    sluice_bench::run(fill)?;
+    let fg = |rt: f64| {
+        let mut a = BenchArgs::new("", "");
+        a.volume = Some("r".into());
+        a.control = cp.addr.clone();
+        a.rw = RwMode::RandRw;
+        a.rwmixread = 70;
+        a.bs = BlockSizes::fixed(64 << 10);
+        a.qd = 8;
+        a.runtime = Some(rt);
+        a.polling = sluice_runtime::PollingPolicy::ADAPTIVE;
+        sluice_bench::run(a).map(|r| r.total)
+    };
+    let before = fg(runtime)?;
+    let c = cp.client()?;
+    let (degraded, started) = cp.rt.block_on(async {
+        let drives = c.list_drives().await?;
+        let victim = drives.first().context("no drives")?.id;
+        let r = c
+            .fail_drive(victim, true, "lab: rebuild under load")
+            .await?;
+        let started = Instant::now();
+        let l = c.open_volume("r").await?;
+        anyhow::Ok((
+            r.chains_shortened
+                .max(l.volume.map_or(0, |v| v.degraded_extents)),
+            started,
+        ))
+    })?;
+    let during = fg(runtime)?;
+    let during_secs = started.elapsed().as_secs_f64();
+    // Then wait for the rebuild to finish, for its achieved rate.
+    let (copied, secs, left_at_end) = cp.rt.block_on(async {
+        let mut left_at_end = None;
+        loop {
+            let s = c.status().await?.rebuilds.unwrap_or_default();
+            let l = c.open_volume("r").await?;
+            let left = l.volume.map_or(0, |v| v.degraded_extents);
+            if left_at_end.is_none() {
+                left_at_end = Some(left);
+            }
+            if left == 0 {
+                return anyhow::Ok((
+                    s.bytes_copied,
+                    started.elapsed().as_secs_f64(),
+                    left_at_end.unwrap_or(0),
+                ));
+            }
+            anyhow::ensure!(
+                started.elapsed().as_secs() < 600,
+                "the rebuild did not finish in 10 minutes"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    })?;
+    md.push_str("## Foreground bandwidth during a rebuild\n\n");
+    md.push_str(&format!(
+        "A 512 MiB volume with 2 replicas over 6 emulated SSDs (the Fig. 7c model, 256 MiB each) on 3 targets, filled. Foreground: `sluice bench --volume`, 64 KiB random 70/30 read/write at QD 8 for {runtime} s, once before and once right after one drive is failed (`FailDrive`, forced), while the leader rebuilds that drive's {degraded} replicas at the default rate of {} MiB/s (one 2 MiB extent at a time: fence, drain, copy from the tail, join).\n\n",
+        rate / MIB
+    ));
+    md.push_str("| phase | MiB/s | IOPS | p50 µs | p99 µs |\n|---|---|---|---|---|\n");
+    for (name, r) in [
+        ("before the failure", &before),
+        ("during the rebuild", &during),
+    ] {
+        md.push_str(&format!(
+            "| {name} | {:.1} | {:.0} | {:.0} | {:.0} |\n",
+            r.bandwidth_mib_s, r.iops, r.latency_us_p50, r.latency_us_p99
+        ));
+    }
+    md.push_str(&format!(
+        "\nForeground during the rebuild: **{:.2} of its bandwidth before** (goal ≥ 0.8). {left_at_end} extents were still degraded when the foreground run ended after {during_secs:.1} s, so it ran inside the rebuild throughout; the rebuild copied {} MiB in {secs:.1} s ({:.1} MiB/s achieved against {} MiB/s configured).\n\n",
+        during.bandwidth_mib_s / before.bandwidth_mib_s.max(f64::MIN_POSITIVE),
+        copied / MIB,
+        copied as f64 / MIB as f64 / secs.max(f64::MIN_POSITIVE),
+        rate / MIB
+    ));
+    drop(cp);
+    for t in ts {
+        t.shutdown();
+    }
     Ok(())
 }
