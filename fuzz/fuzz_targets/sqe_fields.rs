@@ -1,10 +1,12 @@
-//! SQE field parsers (Get Log Page, Connect, Property Get/Set) on arbitrary
+//! SQE field parsers (Get Log Page, Connect, Property Get/Set, Fence and
+//! the chain epoch of a write) on arbitrary
 //! 64-byte submission queue entries: never panic, and parse/build/parse is
 //! stable.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use sluice_proto::fabrics::{fctype, ConnectCommand, PropertyCommand};
+use sluice_proto::fence::{self, Fence, FENCE_GRANULES_MAX};
 use sluice_proto::log::GetLogPage;
 use sluice_proto::Sqe;
 
@@ -27,5 +29,16 @@ fuzz_target!(|data: &[u8]| {
         PropertyCommand::parse(&p.to_sqe(sqe.cid(), fctype::PROPERTY_SET)),
         p
     );
+    match Fence::parse(&sqe) {
+        Ok(f) => {
+            assert!(f.granules >= 1 && f.granules <= FENCE_GRANULES_MAX);
+            assert_eq!(Fence::parse(&f.to_sqe()), Ok(f));
+        }
+        Err(st) => assert_eq!(st, sluice_proto::Status::INVALID_FIELD),
+    }
+    let mut w = sqe;
+    let e = fence::write_epoch(&sqe);
+    fence::set_write_epoch(&mut w, e);
+    assert_eq!(w, sqe);
     let _ = format!("{sqe:?} {g:?} {c:?} {p:?}");
 });
