@@ -36,6 +36,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use sluice_host::{HostError, IoFlags};
 use sluice_meta::rebuild::Rebuild;
 use sluice_meta::{Catalog, MetaStore};
@@ -56,14 +58,18 @@ pub struct RebuildConfig {
     pub scan_interval: Duration,
     /// Longest wait for writes in flight to drain after a fence.
     pub drain_timeout: Duration,
+    /// Extents rebuilt at once (each its own fence, drain and copy); the
+    /// rate limit spaces their starts.
+    pub parallel: usize,
 }
 
 impl Default for RebuildConfig {
     fn default() -> Self {
         RebuildConfig {
-            rate_bytes_per_sec: 64 << 20,
+            rate_bytes_per_sec: 32 << 20,
             scan_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
+            parallel: 4,
         }
     }
 }
@@ -73,6 +79,8 @@ pub const RATE_BYTES_PER_SEC_MIN: u64 = 1 << 20;
 pub const RATE_BYTES_PER_SEC_MAX: u64 = 16 << 30;
 /// Extents taken from one volume per scan.
 pub const EXTENTS_PER_SCAN_MAX: usize = 256;
+/// Extents rebuilt at once, at most.
+pub const PARALLEL_MAX: usize = 64;
 /// Bytes per read and write of the copy.
 pub const COPY_CHUNK_BYTES: usize = 256 << 10;
 
@@ -82,6 +90,12 @@ impl RebuildConfig {
             return Err(format!(
                 "rebuild rate {} bytes/s is outside {RATE_BYTES_PER_SEC_MIN}..={RATE_BYTES_PER_SEC_MAX}",
                 self.rate_bytes_per_sec
+            ));
+        }
+        if !(1..=PARALLEL_MAX).contains(&self.parallel) {
+            return Err(format!(
+                "rebuild parallelism {} is outside 1..={PARALLEL_MAX}",
+                self.parallel
             ));
         }
         Ok(())
@@ -165,29 +179,42 @@ impl<S: MetaStore> Rebuilder<S> {
                 .degraded_extents(&v, EXTENTS_PER_SCAN_MAX)
                 .await
                 .map_err(|e| e.to_string())?;
-            for e in extents {
-                if !self.leadership.is_leader() {
-                    return Ok(());
-                }
-                tokio::time::sleep_until((*next_start).into()).await;
-                *next_start = Instant::now().max(*next_start) + per_extent;
-                self.progress.lock().current = format!("{}/{}", v.name, e.index);
-                let r = self.rebuild_extent(&v.name, e.index).await;
-                let mut p = self.progress.lock();
-                p.current.clear();
-                match r {
-                    Ok(true) => {
-                        p.extents_rebuilt += 1;
-                        p.bytes_copied += EXTENT_BYTES;
-                        p.degraded_extents = p.degraded_extents.saturating_sub(1);
+            let next_start = tokio::sync::Mutex::new(&mut *next_start);
+            futures_util::stream::iter(extents)
+                .for_each_concurrent(self.cfg.parallel, |e| {
+                    let (name, next_start) = (&v.name, &next_start);
+                    async move {
+                        if !self.leadership.is_leader() {
+                            return;
+                        }
+                        {
+                            // Starts are spaced by the rate; copies overlap.
+                            let mut at = next_start.lock().await;
+                            tokio::time::sleep_until((**at).into()).await;
+                            **at = Instant::now().max(**at) + per_extent;
+                        }
+                        let here = format!("{name}/{}", e.index);
+                        self.progress.lock().current = here.clone();
+                        let r = self.rebuild_extent(name, e.index).await;
+                        let mut p = self.progress.lock();
+                        if p.current == here {
+                            p.current.clear();
+                        }
+                        match r {
+                            Ok(true) => {
+                                p.extents_rebuilt += 1;
+                                p.bytes_copied += EXTENT_BYTES;
+                                p.degraded_extents = p.degraded_extents.saturating_sub(1);
+                            }
+                            Ok(false) => {}
+                            Err(err) => {
+                                p.extents_aborted += 1;
+                                p.last_error = format!("{here}: {err}");
+                            }
+                        }
                     }
-                    Ok(false) => {}
-                    Err(err) => {
-                        p.extents_aborted += 1;
-                        p.last_error = format!("{}/{}: {err}", v.name, e.index);
-                    }
-                }
-            }
+                })
+                .await;
         }
         Ok(())
     }
