@@ -7,6 +7,8 @@
 //!   listening beyond loopback must have one.
 //! * [`server`]: `sluice control`: the service over a `sluice-meta`
 //!   catalog (redb or etcd); probes drives over NVMe/TCP when they are added.
+//! * [`probe`]: asking a drive over NVMe/TCP for its size, block size and
+//!   NGUID.
 //! * [`leader`]: leader election between control planes on one etcd.
 //! * [`rebuild`]: the leader's background rebuild of lost replicas:
 //!   fence the chain at a new epoch, drain, copy from the tail, join.
@@ -24,6 +26,7 @@ pub mod client;
 pub mod error;
 pub mod leader;
 pub mod pb;
+pub mod probe;
 pub mod rebuild;
 pub mod server;
 pub mod volume;

@@ -264,7 +264,7 @@ impl<S: MetaStore> Rebuilder<S> {
         let Some(d) = drives.into_iter().find(|d| d.id == id) else {
             return;
         };
-        if crate::server::probe_drive(&d.spec, &self.probe)
+        if crate::probe::probe_drive(&d.spec, &self.probe)
             .await
             .is_ok()
         {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_admin::BearerToken;
-use sluice_host::{ConnectOptions, Controller};
+use sluice_host::ConnectOptions;
 use sluice_meta::catalog::{CatalogError, VolumeSpec};
 use sluice_meta::check::check_catalog;
 use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
@@ -306,33 +306,6 @@ fn st(e: CatalogError) -> Status {
     status_of(&e)
 }
 
-/// Connects to a drive once: its block size, size and NGUID.
-pub async fn probe_drive(
-    spec: &DriveSpec,
-    opts: &ConnectOptions,
-) -> Result<(u32, u64, Option<String>), String> {
-    let addr = tokio::net::lookup_host(spec.addr.as_str())
-        .await
-        .map_err(|e| format!("resolving {}: {e}", spec.addr))?
-        .next()
-        .ok_or_else(|| format!("{} resolves to no address", spec.addr))?;
-    let ctrl = Controller::connect(addr, &spec.nqn, opts.clone())
-        .await
-        .map_err(|e| format!("connecting to {} {}: {e}", spec.addr, spec.nqn))?;
-    let ns = ctrl
-        .namespace(spec.nsid)
-        .map_err(|e| format!("{} {} nsid {}: {e}", spec.addr, spec.nqn, spec.nsid));
-    ctrl.disconnect(Duration::from_millis(100)).await;
-    let ns = ns?;
-    let info = ns.info();
-    let nguid = info.identify.nguid;
-    let nguid = (nguid != [0; 16]).then(|| nguid.iter().map(|b| format!("{b:02x}")).collect());
-    let size = info
-        .size_blocks
-        .saturating_mul(u64::from(info.block_size_bytes));
-    Ok((info.block_size_bytes, size, nguid))
-}
-
 #[tonic::async_trait]
 impl<S: MetaStore> Control for ControlService<S> {
     async fn add_drive(&self, req: Request<pb::AddDriveRequest>) -> Answer<pb::Drive> {
@@ -343,7 +316,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             nqn: r.nqn,
             nsid: if r.nsid == 0 { 1 } else { r.nsid },
         };
-        let (bs, size, nguid) = probe_drive(&spec, &self.probe)
+        let (bs, size, nguid) = crate::probe::probe_drive(&spec, &self.probe)
             .await
             .map_err(|e| Status::failed_precondition(format!("cannot add drive: {e}")))?;
         let d = self
@@ -494,7 +467,11 @@ impl<S: MetaStore> Control for ControlService<S> {
             .into_iter()
             .find(|d| d.id == id)
             .ok_or_else(|| st(CatalogError::UnknownDrive(id)))?;
-        if !r.force && probe_drive(&drive.spec, &self.probe).await.is_ok() {
+        if !r.force
+            && crate::probe::probe_drive(&drive.spec, &self.probe)
+                .await
+                .is_ok()
+        {
             tracing::info!(drive = %id, %peer, reason = %r.reason, "drive failure reported, but the drive answers; keeping it");
             return ok(pb::FailDriveResponse {
                 failed: false,

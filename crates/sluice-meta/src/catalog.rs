@@ -1057,6 +1057,9 @@ impl<S: MetaStore> Catalog<S> {
                         *n = n.saturating_sub(1);
                     }
                 }
+                if e.is_degraded(&v) {
+                    v.degraded_extents = v.degraded_extents.saturating_sub(1);
+                }
                 batch.push((e.index, *erev));
             }
             v.extents_per_drive.retain(|_, n| *n > 0);

@@ -22,8 +22,6 @@ use sluice_proto::fence::{GRANULE_BYTES, GRANULE_SHIFT};
 use sluice_proto::Status;
 use sluice_runtime::cast::usize_from;
 
-use crate::subsystem::Namespace;
-
 /// Granules a namespace may have and still be fenceable: 8 TiB, a 64 MiB
 /// table. Larger namespaces answer the Fence command with Invalid Field.
 pub const GRANULES_MAX: u64 = 1 << 22;
@@ -162,24 +160,23 @@ impl Fences {
 /// command that holds it is dropped (after its backend request completed).
 #[derive(Debug)]
 pub(crate) struct FenceHold {
-    ns: Arc<Namespace>,
+    fences: Arc<Fences>,
     span: Span,
 }
 
 impl FenceHold {
-    /// Admits a write to `ns` (see [`Fences::admit`]); `None` when it
-    /// touches no granule.
+    /// Admits a write to a namespace with `fences` (see [`Fences::admit`]);
+    /// `None` when it touches no granule.
     pub(crate) fn admit(
-        ns: &Arc<Namespace>,
+        fences: &Arc<Fences>,
         offset_bytes: u64,
         len_bytes: u64,
         epoch: u64,
     ) -> Result<Option<FenceHold>, Status> {
-        Ok(ns
-            .fences
+        Ok(fences
             .admit(offset_bytes, len_bytes, epoch)?
             .map(|span| FenceHold {
-                ns: ns.clone(),
+                fences: fences.clone(),
                 span,
             }))
     }
@@ -187,7 +184,7 @@ impl FenceHold {
 
 impl Drop for FenceHold {
     fn drop(&mut self) {
-        self.ns.fences.release(self.span);
+        self.fences.release(self.span);
     }
 }
 

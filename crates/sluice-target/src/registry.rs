@@ -284,7 +284,7 @@ impl Registry {
                     nguid,
                     eui64,
                     counters: IoCounters::default(),
-                    fences: crate::fence::Fences::new(geometry.size_bytes),
+                    fences: Arc::new(crate::fence::Fences::new(geometry.size_bytes)),
                 });
                 all_ns.push(ns.clone());
                 namespaces.insert(nc.nsid, ns);

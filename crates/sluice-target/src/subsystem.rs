@@ -25,7 +25,7 @@ pub struct Namespace {
     pub(crate) eui64: [u8; 8],
     pub counters: IoCounters,
     /// Chain-epoch fences (elastic volumes' drives; `fence.rs`).
-    pub fences: crate::fence::Fences,
+    pub fences: Arc<crate::fence::Fences>,
 }
 
 impl Namespace {

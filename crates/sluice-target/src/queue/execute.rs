@@ -115,7 +115,12 @@ impl QueueConnection {
             _ => None,
         };
         if let Some((ns, offset_bytes, len_bytes)) = written {
-            match FenceHold::admit(ns, offset_bytes, len_bytes, fence::write_epoch(&sqe)) {
+            match FenceHold::admit(
+                &ns.fences,
+                offset_bytes,
+                len_bytes,
+                fence::write_epoch(&sqe),
+            ) {
                 Ok(hold) => cmd.fence = hold,
                 Err(status) => {
                     self.complete(slot, status, 0, 0, now);
@@ -243,7 +248,7 @@ impl QueueConnection {
         if !ops.is_empty() {
             // One hold over the ranges' span (counting more granules than
             // written only makes a fence's drain wait a little longer).
-            match FenceHold::admit(&ns, lo, hi - lo, fence::write_epoch(&cmd.sqe)) {
+            match FenceHold::admit(&ns.fences, lo, hi - lo, fence::write_epoch(&cmd.sqe)) {
                 Ok(hold) => cmd.fence = hold,
                 Err(status) => {
                     self.complete(slot, status, 0, 0, now);
