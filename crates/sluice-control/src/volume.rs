@@ -594,8 +594,15 @@ impl Volume {
         drive: DriveId,
         e: &sluice_host::HostError,
     ) -> Result<(), VolumeError> {
-        tracing::warn!(volume = %self.name, %drive, error = %e, "replica unreachable; reporting it to the control plane");
         self.namespaces.write().await.remove(&drive);
+        // Another writer may have reported it already: then the fresh map
+        // no longer uses it, and one report is enough.
+        self.refresh().await?;
+        if !read(&self.map).uses_drive(drive) {
+            tracing::debug!(volume = %self.name, %drive, "replica unreachable, already out of every chain");
+            return Ok(());
+        }
+        tracing::warn!(volume = %self.name, %drive, error = %e, "replica unreachable; reporting it to the control plane");
         let reason = format!("volume {:?}: {e}", self.name);
         let answer = self.control.fail_drive(drive.0, false, &reason).await?;
         tracing::info!(volume = %self.name, %drive, failed = answer.failed, detail = %answer.detail, "drive failure reported");

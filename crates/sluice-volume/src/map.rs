@@ -149,6 +149,14 @@ impl VolumeMap {
             .and_then(Option::as_ref)
     }
 
+    /// Whether any chain uses `drive`.
+    pub fn uses_drive(&self, drive: crate::record::DriveId) -> bool {
+        self.extents
+            .iter()
+            .flatten()
+            .any(|m| m.chain.iter().any(|r| r.drive == drive))
+    }
+
     /// Allocated extents.
     pub fn allocated(&self) -> usize {
         self.extents.iter().filter(|e| e.is_some()).count()
