@@ -8,8 +8,9 @@
 //!    and, when etcd is installed, with etcd: allocations per second, p50,
 //!    p99, max.
 //! 3. **Flint Fig. 7c**: a volume over N = 1, 2, 4, 8 emulated-SSD drives
-//!    spread over 2 target instances (in this process, each with its own
-//!    worker threads), driven by `sluice bench --volume`: 4 KiB sequential
+//!    spread over up to 4 `sluice target` processes (one drive each, two
+//!    each at N = 8; the CLI binary must be built: `cargo build --release
+//!    --bin sluice`), driven by `sluice bench --volume` in this process: 4 KiB sequential
 //!    writes (QD 16; they allocate the extents) then 128 KiB random reads
 //!    (QD 4 per drive, so each drive sees the same load). The ratio is bandwidth ÷ (N × the N = 1 bandwidth).
 //! 4. **Flint Fig. 8**: 4 KiB random writes at QD 1 on 1 and on 3 replicas
@@ -63,6 +64,68 @@ fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result
     Ok(Target::start(&c)?)
 }
 
+/// A `sluice target` process (the CLI binary next to this one) serving
+/// `drives` namespaces; killed when dropped.
+struct TargetProcess {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl TargetProcess {
+    fn spawn(dir: &Path, drives: u32, drive_bytes: u64, ssd: SsdConfig) -> Result<TargetProcess> {
+        let bin = std::env::current_exe()?
+            .parent()
+            .context("the lab binary has no directory")?
+            .join("sluice");
+        anyhow::ensure!(
+            bin.exists(),
+            "{} is missing: build it first (cargo build --release --bin sluice)",
+            bin.display()
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
+        for nsid in 1..=drives {
+            sub = sub.with_namespace(
+                NamespaceConfig::emulated_ssd(nsid, drive_bytes, ssd).with_block_size(4096),
+            );
+        }
+        let settings = TargetSettings::default()
+            .with_listen(addr.parse()?)
+            .with_discovery_listen(None)
+            .with_workers(1)
+            .with_polling(PollingPolicy::ADAPTIVE);
+        let cfg = Config::default()
+            .with_target(settings)
+            .with_subsystem(sub)
+            .validated()?;
+        let path = dir.join(format!("target-{port}.toml"));
+        std::fs::write(&path, cfg.to_toml()?)?;
+        let child = std::process::Command::new(&bin)
+            .args(["target", "--config"])
+            .arg(&path)
+            .args(["--log", "warn"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let t = TargetProcess { child, addr };
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(&t.addr).is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "sluice target at {} did not start", t.addr);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for TargetProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A control plane on its own runtime thread; dropped with the runtime.
 struct Control {
     rt: tokio::runtime::Runtime,
@@ -102,12 +165,16 @@ impl Control {
     }
 
     fn add_drives(&self, targets: &[&TargetHandle], per_target: u32) -> Result<()> {
+        let addrs: Vec<String> = targets.iter().map(|t| t.local_addr().to_string()).collect();
+        self.add_drives_at(&addrs, per_target)
+    }
+
+    fn add_drives_at(&self, addrs: &[String], per_target: u32) -> Result<()> {
         let c = self.client()?;
         self.rt.block_on(async {
-            for t in targets {
+            for a in addrs {
                 for nsid in 1..=per_target {
-                    c.add_drive(&t.local_addr().to_string(), DRIVE_NQN, nsid)
-                        .await?;
+                    c.add_drive(a, DRIVE_NQN, nsid).await?;
                 }
             }
             anyhow::Ok(())
@@ -293,25 +360,22 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     // 3. Fig. 7c.
     let ssd = lab_ssd();
     md.push_str("## Flint Fig. 7c: bandwidth over N drives\n\n");
-    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over 2 targets; one volume, 1 replica, 64 MiB per drive; `sluice bench --volume`; writes at QD 16, reads at QD 4 × N. \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
+    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over separate `sluice target` processes (N = 1, 2, 4: one drive per process; N = 8: 4 processes of 2); one volume, 1 replica, 64 MiB per drive; `sluice bench --volume`; writes at QD 16, reads at QD 4 × N. \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
     md.push_str("| N drives | 4K seq write MiB/s | × N·one | 128K rand read MiB/s | × N·one |\n|---|---|---|---|---|\n");
     let mut base = (0.0, 0.0);
     let mut xs = Vec::new();
     let mut reads = Vec::new();
     let mut ideal = Vec::new();
     for n in [1u32, 2, 4, 8] {
-        let per = n.div_ceil(2);
-        let t1 = drive_target(per, 128 * MIB, Some(ssd))?;
-        let t2 = if n > 1 {
-            Some(drive_target(n - per, 128 * MIB, Some(ssd))?)
-        } else {
-            None
-        };
+        // One drive per process up to 4 processes, then two each.
+        let processes = n.min(4);
+        let per = n / processes;
+        let targets: Vec<TargetProcess> = (0..processes)
+            .map(|_| TargetProcess::spawn(&dir, per, 128 * MIB, ssd))
+            .collect::<Result<_>>()?;
         let cp = Control::start(Metadata::Redb(dir.join(format!("fig7c-{n}.redb"))))?;
-        cp.add_drives(&[&t1], per)?;
-        if let Some(t2) = &t2 {
-            cp.add_drives(&[t2], n - per)?;
-        }
+        let addrs: Vec<String> = targets.iter().map(|t| t.addr.clone()).collect();
+        cp.add_drives_at(&addrs, per)?;
         cp.create("evol", u64::from(n) * 64 * MIB, 1)?;
         let w = bench(&cp.addr, "evol", RwMode::Write, 4096, 16, runtime)?;
         // Make sure every extent exists before the read run.
@@ -346,10 +410,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         reads.push(r.bandwidth_mib_s);
         ideal.push(nf * base.1);
         drop(cp);
-        t1.shutdown();
-        if let Some(t2) = t2 {
-            t2.shutdown();
-        }
+        drop(targets);
     }
     md.push('\n');
     let svg = crate::plot::bars(
