@@ -82,7 +82,9 @@ impl TargetProcess {
             "{} is missing: build it first (cargo build --release --bin sluice)",
             bin.display()
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let addr = format!("127.0.0.1:{port}");
         let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
         for nsid in 1..=drives {
@@ -112,7 +114,11 @@ impl TargetProcess {
         let t = TargetProcess { child, addr };
         let deadline = Instant::now() + std::time::Duration::from_secs(20);
         while std::net::TcpStream::connect(&t.addr).is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "sluice target at {} did not start", t.addr);
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "sluice target at {} did not start",
+                t.addr
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         Ok(t)
