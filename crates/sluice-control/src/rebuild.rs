@@ -179,7 +179,7 @@ impl<S: MetaStore> Rebuilder<S> {
                 .degraded_extents(&v, EXTENTS_PER_SCAN_MAX)
                 .await
                 .map_err(|e| e.to_string())?;
-            let next_start = tokio::sync::Mutex::new(&mut *next_start);
+            let next_start = std::sync::Mutex::new(&mut *next_start);
             futures_util::stream::iter(extents)
                 .for_each_concurrent(self.cfg.parallel, |e| {
                     let (name, next_start) = (&v.name, &next_start);
@@ -187,12 +187,15 @@ impl<S: MetaStore> Rebuilder<S> {
                         if !self.leadership.is_leader() {
                             return;
                         }
-                        {
-                            // Starts are spaced by the rate; copies overlap.
-                            let mut at = next_start.lock().await;
-                            tokio::time::sleep_until((**at).into()).await;
-                            **at = Instant::now().max(**at) + per_extent;
-                        }
+                        // Starts are spaced by the rate; copies overlap.
+                        let start = {
+                            let mut next =
+                                next_start.lock().unwrap_or_else(PoisonError::into_inner);
+                            let start = Instant::now().max(**next);
+                            **next = start + per_extent;
+                            start
+                        };
+                        tokio::time::sleep_until(start.into()).await;
                         let here = format!("{name}/{}", e.index);
                         self.progress.lock().current = here.clone();
                         let r = self.rebuild_extent(name, e.index).await;
@@ -299,10 +302,10 @@ impl<S: MetaStore> Rebuilder<S> {
             reason: "no replica to rebuild".into(),
         })?;
         let epoch = r.extent.epoch;
-        let everyone: Vec<Replica> = r.extent.owned().copied().collect();
-        // 2. Fence, then drain.
-        let mut fenced = Vec::with_capacity(everyone.len());
-        for rep in &everyone {
+        // 2. Fence every replica (the chain, then the new one), then drain.
+        // Every one must answer: the copy uses these namespaces.
+        let mut fenced = Vec::new();
+        for rep in r.extent.owned() {
             let (ns, lba) = self.namespace(r, *rep).await?;
             let granule = (lba * u64::from(ns.block_size_bytes())) >> GRANULE_SHIFT;
             match ns.fence(granule, 1, epoch, true).await {
@@ -326,10 +329,10 @@ impl<S: MetaStore> Rebuilder<S> {
                 }
                 Err(e) => return Err(fail(rep.drive, format!("fencing: {e}"))),
             }
-            fenced.push((ns, granule, rep.drive));
+            fenced.push((rep.drive, ns, lba, granule));
         }
         let deadline = Instant::now() + self.cfg.drain_timeout;
-        for (ns, granule, drive) in &fenced {
+        for (drive, ns, _, granule) in &fenced {
             let mut pause = Duration::from_micros(200);
             loop {
                 let a = ns
@@ -354,41 +357,33 @@ impl<S: MetaStore> Rebuilder<S> {
         }
         // 3. Copy from the tail (every acknowledged write is there; its
         // predecessors have them too when it cannot be read).
-        let (dst, dst_lba) = self.namespace(r, target).await?;
+        let Some(((_, dst, dst_lba, _), chain)) = fenced.split_last() else {
+            return Err(Failure {
+                drive: None,
+                reason: "nothing fenced".into(),
+            });
+        };
         let bs = u64::from(dst.block_size_bytes());
         let flags = IoFlags {
             epoch,
             ..IoFlags::default()
         };
-        let mut sources = r.extent.chain.iter().rev();
-        let mut src = None;
+        let mut sources = chain.iter().rev().peekable();
         let mut at = 0u64;
         while at < EXTENT_BYTES {
             let len =
                 COPY_CHUNK_BYTES.min(usize::try_from(EXTENT_BYTES - at).unwrap_or(usize::MAX));
             let data = loop {
-                if src.is_none() {
-                    let rep = *sources.next().ok_or_else(|| Failure {
-                        drive: None,
-                        reason: "no replica of the chain could be read".into(),
-                    })?;
-                    match self.namespace(r, rep).await {
-                        Ok(x) => src = Some((x, rep.drive)),
-                        Err(f) => {
-                            tracing::warn!(drive = %rep.drive, reason = %f.reason, "rebuild source unreachable; reading its predecessor");
-                            continue;
-                        }
-                    }
-                }
-                let Some(((ns, lba), drive)) = &src else {
-                    continue;
-                };
+                let (drive, ns, lba, _) = sources.peek().ok_or_else(|| Failure {
+                    drive: None,
+                    reason: "no replica of the chain could be read".into(),
+                })?;
                 let sbs = u64::from(ns.block_size_bytes());
                 match ns.read(lba + at / sbs, len, IoFlags::default()).await {
                     Ok(d) => break d,
                     Err(e) => {
                         tracing::warn!(drive = %drive, error = %e, "rebuild read failed; reading its predecessor");
-                        src = None;
+                        sources.next();
                     }
                 }
             };

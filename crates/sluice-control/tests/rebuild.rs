@@ -69,15 +69,19 @@ async fn wait_rebuilt(c: &ControlClient, name: &str, within: Duration) -> pb::Vo
     }
 }
 
-/// Every replica of every extent holds the same bytes.
-async fn replicas_agree(c: &ControlClient, l: &pb::VolumeLayout) {
-    let drives: BTreeMap<u32, pb::Drive> = c
-        .list_drives()
+/// The pool's drives by id.
+async fn drives_by_id(c: &ControlClient) -> BTreeMap<u32, pb::Drive> {
+    c.list_drives()
         .await
         .unwrap()
         .into_iter()
         .map(|d| (d.id, d))
-        .collect();
+        .collect()
+}
+
+/// Every replica of every extent holds the same bytes.
+async fn replicas_agree(c: &ControlClient, l: &pb::VolumeLayout) {
+    let drives = drives_by_id(c).await;
     for e in &l.extents {
         let mut first: Option<Vec<u8>> = None;
         for r in &e.chain {
@@ -281,13 +285,7 @@ async fn a_client_on_a_stale_map_is_fenced_and_reaches_the_rebuilt_replica() {
         stale.epoch() > epoch_before,
         "the stale client refetched its map"
     );
-    let drives: BTreeMap<u32, pb::Drive> = c
-        .list_drives()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|d| (d.id, d))
-        .collect();
+    let drives = drives_by_id(&c).await;
     for x in chain {
         let got = read_drive(&drives[&x.drive], x.slot * EXTENT_BYTES + 8 * 4096, BLOCK).await;
         assert!(

@@ -44,6 +44,18 @@ const MIB: u64 = 1 << 20;
 
 /// A target whose subsystem holds `drives` namespaces.
 fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result<TargetHandle> {
+    let c = drive_config("127.0.0.1:0".parse()?, drives, drive_bytes, ssd)?;
+    Ok(Target::start(&c)?)
+}
+
+/// The configuration of a drive target listening on `listen`: `drives`
+/// emulated SSDs (RAM namespaces without `ssd`) of 4 KiB blocks.
+fn drive_config(
+    listen: std::net::SocketAddr,
+    drives: u32,
+    drive_bytes: u64,
+    ssd: Option<SsdConfig>,
+) -> Result<Config> {
     let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
     for nsid in 1..=drives {
         let ns = match &ssd {
@@ -53,15 +65,14 @@ fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result
         sub = sub.with_namespace(ns.with_block_size(4096));
     }
     let settings = TargetSettings::default()
-        .with_listen("127.0.0.1:0".parse()?)
+        .with_listen(listen)
         .with_discovery_listen(None)
         .with_workers(1)
         .with_polling(PollingPolicy::ADAPTIVE);
-    let c = Config::default()
+    Ok(Config::default()
         .with_target(settings)
         .with_subsystem(sub)
-        .validated()?;
-    Ok(Target::start(&c)?)
+        .validated()?)
 }
 
 /// A `sluice target` process (the CLI binary next to this one) serving
@@ -86,21 +97,7 @@ impl TargetProcess {
             .local_addr()?
             .port();
         let addr = format!("127.0.0.1:{port}");
-        let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
-        for nsid in 1..=drives {
-            sub = sub.with_namespace(
-                NamespaceConfig::emulated_ssd(nsid, drive_bytes, ssd).with_block_size(4096),
-            );
-        }
-        let settings = TargetSettings::default()
-            .with_listen(addr.parse()?)
-            .with_discovery_listen(None)
-            .with_workers(1)
-            .with_polling(PollingPolicy::ADAPTIVE);
-        let cfg = Config::default()
-            .with_target(settings)
-            .with_subsystem(sub)
-            .validated()?;
+        let cfg = drive_config(addr.parse()?, drives, drive_bytes, Some(ssd))?;
         let path = dir.join(format!("target-{port}.toml"));
         std::fs::write(&path, cfg.to_toml()?)?;
         let child = std::process::Command::new(&bin)

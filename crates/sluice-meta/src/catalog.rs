@@ -425,12 +425,11 @@ impl<S: MetaStore> Catalog<S> {
                 let mut txn = Txn::default();
                 for (e, erev) in &affected[..batch] {
                     let mut e = e.clone();
-                    let gone = if e.rebuilding.is_some_and(|r| r.drive == id) {
+                    let gone = if let Some(r) = e.rebuilding.filter(|r| r.drive == id) {
                         // The replica being rebuilt is lost: the rebuild
                         // will start again elsewhere.
-                        e.rebuilding.take().ok_or_else(|| {
-                            CatalogError::Inconsistent("rebuilding replica vanished".into())
-                        })?
+                        e.rebuilding = None;
+                        r
                     } else {
                         let pos = e.chain.iter().position(|r| r.drive == id).unwrap_or(0);
                         if !e.is_degraded(&vol) {

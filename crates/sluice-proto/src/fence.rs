@@ -6,7 +6,8 @@
 //! rises. A write (Write, Write Zeroes, Dataset Management) carries its
 //! writer's chain epoch in CDW2 (low) and CDW3 (high); 0 means none. A write
 //! to a granule whose fence is above its epoch completes with
-//! [`Status::STALE_EPOCH`] and changes nothing. Hosts that know nothing of
+//! [`Status::STALE_EPOCH`] (vendor specific, SCT 7h SC 01h, Do Not Retry:
+//! the writer must fetch its chain anew) and changes nothing. Hosts that know nothing of
 //! fences write with CDW2/3 = 0, which passes every granule never fenced.
 //!
 //! The **Fence** admin command ([`FENCE_OPCODE`], vendor specific, no data):
@@ -26,7 +27,7 @@
 //! fence. Targets other than Sluice answer Invalid Command Opcode.
 
 use crate::command::Sqe;
-use crate::status::{sct, Status};
+use crate::status::Status;
 
 /// Vendor-specific admin opcode of the Fence command (C0h: no data).
 pub const FENCE_OPCODE: u8 = 0xc0;
@@ -89,20 +90,6 @@ pub fn set_write_epoch(s: &mut Sqe, epoch: u64) {
     let (lo, hi) = split(epoch);
     s.set_cdw(2, lo);
     s.set_cdw(3, hi);
-}
-
-/// The status of a write refused by a fence: vendor specific (SCT 7h), SC
-/// 01h, Do Not Retry (the same write will be refused again; the writer
-/// must fetch its chain anew).
-pub const STALE_EPOCH_SC: u8 = 0x01;
-
-impl Status {
-    pub const STALE_EPOCH: Status = Status::new(sct::VENDOR, STALE_EPOCH_SC).dnr();
-
-    /// A write refused by a chain-epoch fence.
-    pub fn is_stale_epoch(self) -> bool {
-        self.sct == sct::VENDOR && self.sc == STALE_EPOCH_SC
-    }
 }
 
 fn split(v: u64) -> (u32, u32) {

@@ -71,8 +71,16 @@ impl Status {
     pub const CONNECT_INVALID_HOST: Status = Status::new(sct::COMMAND_SPECIFIC, 0x84).dnr();
     pub const INVALID_QUEUE_TYPE: Status = Status::new(sct::COMMAND_SPECIFIC, 0x85).dnr();
 
+    /// A write below its granule's chain-epoch fence (`fence.rs`).
+    pub const STALE_EPOCH: Status = Status::new(sct::VENDOR, 0x01).dnr();
+
     pub const WRITE_FAULT: Status = Status::new(sct::MEDIA, 0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(sct::MEDIA, 0x81);
+
+    /// A write refused by a chain-epoch fence.
+    pub fn is_stale_epoch(self) -> bool {
+        self.sct == Self::STALE_EPOCH.sct && self.sc == Self::STALE_EPOCH.sc
+    }
 
     pub fn is_success(self) -> bool {
         self.sct == 0 && self.sc == 0
