@@ -42,6 +42,9 @@ pub struct Fences {
     fence_max: AtomicU64,
     /// Wide writes in flight.
     wide_writes: AtomicU32,
+    /// Writes refused for a stale epoch (a metric: stale clients, or hosts
+    /// writing to a volume's drive behind the control plane's back).
+    refused: AtomicU64,
 }
 
 /// Which granules a write holds.
@@ -60,6 +63,7 @@ impl Fences {
             granules: (0..n).map(|_| Granule::default()).collect(),
             fence_max: AtomicU64::new(0),
             wide_writes: AtomicU32::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -93,8 +97,7 @@ impl Fences {
             Span::Wide => {
                 self.wide_writes.fetch_add(1, SeqCst);
                 if epoch < self.fence_max.load(SeqCst) {
-                    self.release(span);
-                    return Err(Status::STALE_EPOCH);
+                    return Err(self.refuse(span));
                 }
             }
             Span::Granules { first, last } => {
@@ -103,12 +106,24 @@ impl Fences {
                     g.writes.fetch_add(1, SeqCst);
                 }
                 if gs.iter().any(|g| epoch < g.fence.load(SeqCst)) {
-                    self.release(span);
-                    return Err(Status::STALE_EPOCH);
+                    return Err(self.refuse(span));
                 }
             }
         }
         Ok(Some(span))
+    }
+
+    /// Refuses an admitted write: releases its span and counts it.
+    fn refuse(&self, span: Span) -> Status {
+        self.release(span);
+        self.refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Status::STALE_EPOCH
+    }
+
+    /// Writes refused for a stale epoch so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn release(&self, span: Span) {
@@ -217,6 +232,7 @@ mod tests {
         );
         f.release(held);
         assert_eq!(f.fence(1, 1, 0, false), Ok(0));
+        assert_eq!(f.refused(), 2);
         // Neighbours are untouched; fences never go down.
         assert!(f.admit(0, 4096, 0).unwrap().is_some());
         assert_eq!(f.fence(1, 1, 3, true), Ok(0));

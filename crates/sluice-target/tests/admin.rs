@@ -75,9 +75,17 @@ fn admin_endpoint_with_token() {
         "sluice_target_unattributed_cpu_seconds_total",
         "sluice_tenant_table_generation",
         "sluice_namespace_ios_total",
+        "sluice_namespace_stale_epoch_writes_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }
+    assert!(
+        m.body.contains(
+            "sluice_namespace_stale_epoch_writes_total{subsystem=\"nqn.2026-11.io.sluice:admin\",nsid=\"1\"} 0"
+        ),
+        "{}",
+        m.body
+    );
     assert!(
         m.body.contains("sluice_tenant_weight{tenant=\"gold\"} 4"),
         "{}",

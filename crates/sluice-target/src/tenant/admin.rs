@@ -388,7 +388,12 @@ impl Collector for TargetCollector {
         let mut ns = Vec::new();
         for (nqn, sub) in &self.reg.subsystems {
             for (nsid, n) in &sub.namespaces {
-                ns.push((nqn.as_str(), nsid.to_string(), n.counters.snapshot()));
+                ns.push((
+                    nqn.as_str(),
+                    nsid.to_string(),
+                    n.counters.snapshot(),
+                    n.fences.refused(),
+                ));
             }
         }
         counters(
@@ -396,7 +401,7 @@ impl Collector for TargetCollector {
             "sluice_namespace_ios",
             "I/O commands completed, per namespace.",
             None,
-            ns.iter().flat_map(|(nqn, nsid, s)| {
+            ns.iter().flat_map(|(nqn, nsid, s, _)| {
                 [
                     ("read", s.read_commands),
                     ("write", s.write_commands),
@@ -419,7 +424,7 @@ impl Collector for TargetCollector {
             "sluice_namespace_bytes",
             "Bytes read and written, per namespace.",
             None,
-            ns.iter().flat_map(|(nqn, nsid, s)| {
+            ns.iter().flat_map(|(nqn, nsid, s, _)| {
                 [("read", s.read_bytes), ("write", s.write_bytes)].map(|(op, v)| {
                     (
                         [
@@ -437,8 +442,18 @@ impl Collector for TargetCollector {
             "sluice_namespace_errors",
             "I/O commands completed with an error, per namespace.",
             None,
-            ns.iter()
-                .map(|(nqn, nsid, s)| ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], s.errors)),
+            ns.iter().map(|(nqn, nsid, s, _)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], s.errors)
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_stale_epoch_writes",
+            "Writes refused below their granule's chain-epoch fence (Stale Chain Epoch), per namespace.",
+            None,
+            ns.iter().map(|(nqn, nsid, _, refused)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *refused)
+            }),
         )?;
         let hosts = self.reg.hosts.snapshot();
         counters(
