@@ -224,6 +224,14 @@ fn control_refuses_to_listen_beyond_loopback_without_a_token() {
         "--token-file",
     );
     fails(&["control", "--metadata", "mysql://x"], "--metadata");
+    for (flag, bad) in [
+        ("--rebuild-rate", "1KiB"),
+        ("--rebuild-rate", "fast"),
+        ("--rebuild-parallel", "0"),
+        ("--rebuild-parallel", "1000"),
+    ] {
+        fails(&["control", "--metadata", &meta, flag, bad], flag);
+    }
     fails(&["bench", "--rw", "read"], "--volume");
 }
 

@@ -497,4 +497,24 @@ async fn writes_below_a_fence_are_refused_and_change_nothing() {
         }
         r => panic!("fence of no granule: {r:?}"),
     }
+    let unknown = sluice_proto::fence::Fence {
+        nsid: 9,
+        first_granule: 0,
+        granules: 1,
+        epoch: 1,
+        raise: true,
+    };
+    match c
+        .admin(unknown.to_sqe(), sluice_host::core::Payload::None)
+        .await
+    {
+        Err(HostError::Nvme { status, .. }) => {
+            assert_eq!(status, sluice_proto::Status::INVALID_NAMESPACE)
+        }
+        r => panic!("fence of an unknown namespace: {r:?}"),
+    }
+    // The connection carries on after every refusal.
+    ns.write(lba, &pattern(4096, 6), at(7))
+        .await
+        .expect("still serving");
 }
