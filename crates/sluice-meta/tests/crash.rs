@@ -104,8 +104,14 @@ fn crash_child() {
     let crash_at: Option<u32> = std::env::var("SLUICE_CRASH_AT")
         .ok()
         .and_then(|s| s.parse().ok());
+    // With SLUICE_CRASH_OP, only that operation's points count.
+    let only_op = std::env::var("SLUICE_CRASH_OP").ok();
     let counter = std::sync::atomic::AtomicU32::new(0);
     let hook = move |p: CrashPoint| {
+        let (CrashPoint::BeforeCommit(op) | CrashPoint::AfterCommit(op)) = p;
+        if only_op.as_deref().is_some_and(|o| o != op) {
+            return;
+        }
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         if Some(n) == crash_at {
             eprintln!("crashing at point {n}: {p:?}");
@@ -135,6 +141,16 @@ fn crash_child() {
 /// Runs the child; returns whether it finished, and whether it crashed at
 /// its injected point (and not of something else).
 fn run_child(store: &str, crash_at: Option<u32>, kill_after: Option<Duration>) -> (bool, bool) {
+    run_child_at(store, None, crash_at, kill_after)
+}
+
+/// [`run_child`], counting only the crash points of operation `op`.
+fn run_child_at(
+    store: &str,
+    op: Option<&str>,
+    crash_at: Option<u32>,
+    kill_after: Option<Duration>,
+) -> (bool, bool) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
         "--exact",
@@ -148,6 +164,9 @@ fn run_child(store: &str, crash_at: Option<u32>, kill_after: Option<Duration>) -
     .stderr(std::process::Stdio::piped());
     if let Some(n) = crash_at {
         cmd.env("SLUICE_CRASH_AT", n.to_string());
+    }
+    if let Some(op) = op {
+        cmd.env("SLUICE_CRASH_OP", op);
     }
     let mut child = cmd.spawn().unwrap();
     if let Some(d) = kill_after {
@@ -198,6 +217,30 @@ fn redb_survives_a_crash_at_every_kind_of_point() {
     rt.block_on(verify(
         RedbStore::open(&dir.path().join("m0.redb")).unwrap(),
     ));
+}
+
+/// Every step of a rebuild (begin, finish, abort), before and after its
+/// commit: the process dies there, the fsck holds, and the next run
+/// resumes the rebuild in progress.
+#[test]
+fn redb_survives_a_crash_at_every_rebuild_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let spec = format!("redb:{}", path.display());
+    let rt = rt();
+    for op in ["begin_rebuild", "finish_rebuild", "abort_rebuild"] {
+        // Point 1 is before the op's first commit, 2 after it.
+        for n in [1, 2] {
+            assert_eq!(
+                run_child_at(&spec, Some(op), Some(n), None),
+                (false, true),
+                "the child should have crashed at point {n} of {op}"
+            );
+            rt.block_on(verify(RedbStore::open(&path).unwrap()));
+        }
+    }
+    assert_eq!(run_child(&spec, None, None), (true, false));
+    rt.block_on(verify(RedbStore::open(&path).unwrap()));
 }
 
 #[test]
