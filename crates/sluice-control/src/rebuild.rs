@@ -170,7 +170,6 @@ impl<S: MetaStore> Rebuilder<S> {
             .degraded_volumes()
             .await
             .map_err(|e| e.to_string())?;
-        self.progress.lock().degraded_extents = volumes.iter().map(|v| v.degraded_extents).sum();
         let per_extent =
             Duration::from_secs_f64(EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64);
         for v in volumes {
@@ -207,7 +206,6 @@ impl<S: MetaStore> Rebuilder<S> {
                             Ok(true) => {
                                 p.extents_rebuilt += 1;
                                 p.bytes_copied += EXTENT_BYTES;
-                                p.degraded_extents = p.degraded_extents.saturating_sub(1);
                             }
                             Ok(false) => {}
                             Err(err) => {

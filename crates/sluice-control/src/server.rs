@@ -493,7 +493,14 @@ impl<S: MetaStore> Control for ControlService<S> {
     async fn status(&self, _: Request<pb::StatusRequest>) -> Answer<pb::StatusResponse> {
         let (total, reserved) = self.catalog.capacity().await.map_err(st)?;
         let drives = self.catalog.drives().await.map_err(st)?.len() as u64;
-        let volumes = self.catalog.volumes().await.map_err(st)?.len() as u64;
+        let vols = self.catalog.volumes().await.map_err(st)?;
+        let volumes = vols.len() as u64;
+        // Degraded extents come from the metadata, not from the rebuilder's
+        // own counting (which would read 0 before its first scan).
+        let rebuilds = pb::Rebuilds {
+            degraded_extents: vols.iter().map(|v| v.degraded_extents).sum(),
+            ..self.rebuilds.snapshot()
+        };
         ok(pb::StatusResponse {
             leader: self
                 .leadership
@@ -507,7 +514,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             slots_total: total,
             slots_reserved: reserved,
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            rebuilds: Some(self.rebuilds.snapshot()),
+            rebuilds: Some(rebuilds),
         })
     }
 }
