@@ -11,7 +11,10 @@
 #   scripts/interop-linux-volume.sh [--kernel 6.12] [--keep-logs DIR]
 #
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
-# Afterwards it checks that every extent has one replica on each drive
+# Once the guest's first writes have allocated extents, the volume is grown
+# online (`sluice volume resize`); the guest must see the new size (the
+# target sends a Namespace Attribute Changed event) and write past the old
+# end. Afterwards it checks that every extent has one replica on each drive
 # target and that the target logs have no error.
 set -euo pipefail
 
@@ -35,6 +38,7 @@ GUEST_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000
 VOL_NQN=nqn.2026-11.io.sluice:interop-volume
 DRIVE_NQN=nqn.2026-11.io.sluice:ram0
 VOL_BYTES=$((160 << 20))
+GROWN_BYTES=$((192 << 20))
 
 WORK=$(mktemp -d /tmp/sluice-interop-volume.XXXXXX)
 LOGDIR=${KEEP:-$WORK/logs}
@@ -98,9 +102,24 @@ PASSED=0
 FAILED=0
 t0=$SECONDS
 name="linux-$KERNEL-volume-2-replicas"
-if "$ROOT/scripts/linux-peer-run.sh" --kernel "$KERNEL" --script "$ROOT/tests/linux-peer/guest/host-basic.sh" \
+"$ROOT/scripts/linux-peer-run.sh" --kernel "$KERNEL" --script "$ROOT/tests/linux-peer/guest/host-basic.sh" \
     -e TARGET_PORT=$PORT -e SKIP_DISCOVER=1 -e SUBNQN=$VOL_NQN -e EXPECT_NS_BYTES=$VOL_BYTES -e FIO_SIZE=32m \
-    --timeout 280 --log "$LOGDIR/$name.log" >"$LOGDIR/$name.out" 2>&1; then
+    -e EXPECT_GROW_BYTES=$GROWN_BYTES \
+    --timeout 280 --log "$LOGDIR/$name.log" >"$LOGDIR/$name.out" 2>&1 &
+GUEST=$!
+# Grow the volume online once the guest has written (its first dd
+# allocates extents), while it is connected.
+resized=0
+while kill -0 "$GUEST" 2>/dev/null; do
+    if "$SLUICE" volume list --control "$CONTROL" 2>/dev/null | grep -Eq '^vol .* [1-9][0-9]* of [0-9]+ extents allocated'; then
+        "$SLUICE" volume resize vol --size "$GROWN_BYTES" --control "$CONTROL" && resized=1
+        echo "interop-volume: grew vol to $GROWN_BYTES bytes online ($((SECONDS - t0)) s)"
+        break
+    fi
+    sleep 1
+done
+[[ $resized -eq 1 ]] || echo "interop-volume: the guest ended before any extent was allocated; vol not resized"
+if wait "$GUEST"; then
     PASSED=$((PASSED + 1)); echo "interop-volume: PASS $name ($((SECONDS - t0)) s)"
 else
     FAILED=$((FAILED + 1)); echo "interop-volume: FAIL $name ($((SECONDS - t0)) s); guest log tail:"

@@ -79,6 +79,12 @@ impl Geometry {
 /// A block storage backend, exported by the target as one namespace.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     fn geometry(&self) -> Geometry;
+    /// Capacity now. It starts at `geometry().size_bytes` and may grow
+    /// online (an elastic volume resized by its control plane), never
+    /// shrink; the target polls it and tells its hosts.
+    fn size_bytes(&self) -> u64 {
+        self.geometry().size_bytes
+    }
     /// `"ram"`, `"file"`, `"block"` or `"emulated-ssd"`.
     fn kind(&self) -> &'static str;
     /// Per-worker-thread submission/completion queue.

@@ -10,9 +10,9 @@
 //! backends. Each worker queue has its own completion list and eventfd.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sluice_backend::{
     validate_request, AlignedBuf, Backend, BackendError, BackendQueue, Geometry, IoCompletion,
@@ -27,12 +27,19 @@ use crate::volume::Volume;
 /// Requests in flight per worker queue, at most (more fail with QueueFull,
 /// which the host retries).
 pub const QUEUE_IN_FLIGHT_MAX: usize = 1024;
+/// How often the backend asks the control plane for the volume's size, so
+/// that an online resize reaches the target's hosts (as a Namespace
+/// Attribute Changed event) within about this long.
+pub const SIZE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A volume served as a namespace.
 pub struct VolumeBackend {
     volume: Arc<Volume>,
     runtime: Arc<tokio::runtime::Runtime>,
+    /// The geometry at open; the size grows in `size_bytes`.
     geometry: Geometry,
+    /// The volume's size as last polled (see [`SIZE_POLL_INTERVAL`]).
+    size_bytes: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for VolumeBackend {
@@ -65,17 +72,59 @@ impl VolumeBackend {
             volume.size_blocks() * u64::from(volume.block_size_bytes()),
             volume.block_size_bytes(),
         );
+        let volume = Arc::new(volume);
+        let size_bytes = Arc::new(AtomicU64::new(geometry.size_bytes));
+        runtime.spawn(watch_size(volume.clone(), size_bytes.clone()));
         Ok(VolumeBackend {
-            volume: Arc::new(volume),
+            volume,
             runtime: Arc::new(runtime),
             geometry,
+            size_bytes,
         })
+    }
+}
+
+/// Polls the control plane for the volume's size every
+/// [`SIZE_POLL_INTERVAL`] and publishes growth in `size_bytes`. Runs until
+/// the backend's runtime shuts down. An unreachable control plane is
+/// logged once per outage; I/O does not depend on it.
+async fn watch_size(volume: Arc<Volume>, size_bytes: Arc<AtomicU64>) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(SIZE_POLL_INTERVAL).await;
+        match volume.poll_size().await {
+            Ok(now) => {
+                if failing {
+                    tracing::info!(volume = volume.name(), "control plane reachable again");
+                    failing = false;
+                }
+                let before = size_bytes.fetch_max(now, Ordering::AcqRel);
+                if now > before {
+                    tracing::info!(
+                        volume = volume.name(),
+                        size_bytes_before = before,
+                        size_bytes = now,
+                        "volume grew online"
+                    );
+                }
+            }
+            Err(e) if !failing => {
+                tracing::warn!(volume = volume.name(), error = %e,
+                    "cannot poll the volume's size; an online resize will be seen once the control plane answers");
+                failing = true;
+            }
+            Err(_) => {}
+        }
     }
 }
 
 impl Backend for VolumeBackend {
     fn geometry(&self) -> Geometry {
         self.geometry
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
     }
 
     fn kind(&self) -> &'static str {
@@ -87,6 +136,7 @@ impl Backend for VolumeBackend {
             volume: self.volume.clone(),
             runtime: self.runtime.clone(),
             geometry: self.geometry,
+            size_bytes: self.size_bytes.clone(),
             shared: Arc::new(Shared {
                 done: Mutex::new(Vec::new()),
                 notify: EventFd::new()?,
@@ -108,6 +158,7 @@ struct VolumeQueue {
     volume: Arc<Volume>,
     runtime: Arc<tokio::runtime::Runtime>,
     geometry: Geometry,
+    size_bytes: Arc<AtomicU64>,
     shared: Arc<Shared>,
     in_flight: Arc<AtomicUsize>,
 }
@@ -146,7 +197,9 @@ impl VolumeQueue {
 
 impl BackendQueue for VolumeQueue {
     fn submit(&mut self, req: IoRequest, _now: Instant) {
-        if let Err(e) = validate_request(&self.geometry, &req) {
+        let mut geometry = self.geometry;
+        geometry.size_bytes = self.size_bytes.load(Ordering::Acquire);
+        if let Err(e) = validate_request(&geometry, &req) {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             let c = IoCompletion {
                 tag: req.tag,

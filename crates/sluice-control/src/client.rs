@@ -177,6 +177,16 @@ impl ControlClient {
         .await
     }
 
+    /// The volume's record (size, epoch, state), without its extents.
+    pub async fn get_volume(&self, name: &str) -> Result<pb::Volume, VolumeError> {
+        let req = pb::VolumeName { name: name.into() };
+        self.call(|mut s| {
+            let req = req.clone();
+            async move { s.get_volume(req).await }
+        })
+        .await
+    }
+
     pub async fn resize_volume(
         &self,
         name: &str,

@@ -403,6 +403,16 @@ impl<S: MetaStore> Control for ControlService<S> {
         })
     }
 
+    async fn get_volume(&self, req: Request<pb::VolumeName>) -> Answer<pb::Volume> {
+        self.leadership.check()?;
+        let v = self
+            .catalog
+            .volume(&req.into_inner().name)
+            .await
+            .map_err(st)?;
+        ok(pb::Volume::from(&v))
+    }
+
     async fn resize_volume(&self, req: Request<pb::ResizeVolumeRequest>) -> Answer<pb::Volume> {
         self.leadership.check()?;
         let r = req.into_inner();

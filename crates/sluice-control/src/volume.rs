@@ -322,6 +322,32 @@ impl Volume {
         Ok(())
     }
 
+    /// Asks the control plane for the volume's record and takes in an
+    /// online resize (a newer epoch refetches the whole map). Returns the
+    /// size in bytes now known. A client that exports the volume polls this
+    /// so that its own hosts see the volume grow.
+    pub async fn poll_size(&self) -> Result<u64, VolumeError> {
+        let v = self
+            .control
+            .get_volume(&self.name)
+            .await?
+            .to_record()
+            .map_err(bad)?;
+        let (size, epoch) = {
+            let m = read(&self.map);
+            (m.volume().size_bytes, m.epoch())
+        };
+        if v.epoch > epoch {
+            self.refresh().await?;
+        } else if v.size_bytes > size {
+            let mut m = write(&self.map);
+            if v.size_bytes > m.volume().size_bytes {
+                m.update_volume(v);
+            }
+        }
+        Ok(read(&self.map).volume().size_bytes)
+    }
+
     async fn namespace(&self, id: DriveId) -> Result<Namespace, VolumeError> {
         if let Some(ns) = self.namespaces.read().await.get(&id) {
             return Ok(ns.clone());

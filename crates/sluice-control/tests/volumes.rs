@@ -429,6 +429,75 @@ impl sluice_target::VolumeOpener for Opener {
     }
 }
 
+/// `sluice volume resize` of the volume behind `ctrl`'s namespace 1 (24 MiB,
+/// 4 KiB blocks): the host's held AER completes with a Namespace Attribute
+/// Changed notice, the Changed Namespace List names namespace 1, Identify
+/// shows 32 MiB, and a write past the old end reads back.
+async fn grows_online_under_a_connected_host(ctrl: &Controller, c: &ControlClient) {
+    use sluice_host::core::Payload;
+    use sluice_proto::command::{admin, io};
+    use sluice_proto::identify::{cns, IdentifyController, IdentifyNamespace};
+    use sluice_proto::Sqe;
+    let identify = |cns_v: u8, nsid: u32| {
+        let mut s = Sqe::new(admin::IDENTIFY, 0, nsid);
+        s.set_cdw(10, u32::from(cns_v));
+        ctrl.admin(s, Payload::Read(4096))
+    };
+    let oaes = IdentifyController::decode(&identify(cns::CONTROLLER, 0).await.unwrap().data)
+        .unwrap()
+        .oaes;
+    assert_ne!(oaes & 1 << 8, 0, "Namespace Attribute Notices advertised");
+    let mut enable = Sqe::new(admin::SET_FEATURES, 0, 0);
+    enable.set_cdw(10, 0x0b);
+    enable.set_cdw(11, oaes);
+    ctrl.admin(enable, Payload::None).await.unwrap();
+    let aer = {
+        let ctrl = ctrl.clone();
+        tokio::spawn(async move {
+            ctrl.admin(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0), Payload::None)
+                .await
+        })
+    };
+    let old_blocks = 24 * MIB / 4096;
+    let write_at = |lba: u64, seed: u64| {
+        ctrl.io(
+            Sqe::rw(io::WRITE, 0, 1, lba, 1, false),
+            Payload::Write(pattern(seed, 4096)),
+        )
+    };
+    let e = write_at(old_blocks, 21).await.unwrap_err();
+    assert!(e.to_string().contains("LBA Out of Range"), "{e}");
+
+    c.resize_volume("exported", 32 * MIB).await.unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(10), aer)
+        .await
+        .expect("the AER completes within 10 s of the resize")
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.cqe.result, 0x0004_0002, "Namespace Attribute Changed");
+    let log = ctrl
+        .get_log_page(
+            sluice_proto::log::lid::CHANGED_NS_LIST,
+            0xffff_ffff,
+            0,
+            4096,
+        )
+        .await
+        .unwrap();
+    assert_eq!(log[..8], [1, 0, 0, 0, 0, 0, 0, 0], "namespace 1 changed");
+    let id = IdentifyNamespace::decode(&identify(cns::NAMESPACE, 1).await.unwrap().data).unwrap();
+    assert_eq!(id.nsze, 32 * MIB / 4096);
+    write_at(old_blocks + 7, 22).await.unwrap();
+    let r = ctrl
+        .io(
+            Sqe::rw(io::READ, 0, 1, old_blocks + 7, 1, false),
+            Payload::Read(4096),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.data, pattern(22, 4096));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
     let t1 = Drives::start();
@@ -475,9 +544,11 @@ async fn a_target_exports_a_volume_whose_extents_live_on_other_targets() {
         data
     );
     ns.flush().await.unwrap();
-    // The data sits on the drives of the other two targets, twice.
+    grows_online_under_a_connected_host(&ctrl, &c).await;
+    // The data sits on the drives of the other two targets, twice (3
+    // extents, and the one written past the old end).
     let layout = c.open_volume("exported").await.unwrap();
-    assert_eq!(layout.extents.len(), 3);
+    assert_eq!(layout.extents.len(), 4);
     let e = layout.extents.iter().find(|e| e.index == 1).unwrap();
     for r in &e.chain {
         let d = layout.drives.iter().find(|d| d.id == r.drive).unwrap();

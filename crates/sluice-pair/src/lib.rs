@@ -20,10 +20,11 @@
 #![allow(clippy::expect_used)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_backend::{BackendQueue, IoCompletion};
+use sluice_backend::{Backend, BackendError, BackendQueue, Geometry, IoCompletion, RamBackend};
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
 use sluice_host::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
 use sluice_host::HostError;
@@ -37,7 +38,7 @@ use sluice_proto::pdu::flags;
 use sluice_proto::send::SendConfig;
 use sluice_proto::Status;
 use sluice_target::queue::QueueConnection;
-use sluice_target::registry::Registry;
+use sluice_target::registry::{Registry, VolumeOpener};
 
 pub use sluice_proto::coalesce::CoalesceMode as Coalescing;
 pub use sluice_proto::send::SchedulerKind;
@@ -98,6 +99,64 @@ pub struct Params {
     /// The subsystem admits any host (`allow_any_host`) instead of only
     /// [`HOSTNQN`].
     pub open_subsystem: bool,
+    /// The namespace can grow online, like an elastic volume resized by its
+    /// control plane: it starts at `ns_bytes` and reports what this holds
+    /// (at most [`GROWABLE_CAPACITY_FACTOR`] × `ns_bytes`).
+    pub growable: Option<Arc<AtomicU64>>,
+}
+
+/// RAM behind a growable namespace, as a multiple of its starting size.
+pub const GROWABLE_CAPACITY_FACTOR: u64 = 4;
+
+/// A RAM namespace whose reported size a test moves.
+#[derive(Debug)]
+struct GrowableRam {
+    ram: RamBackend,
+    start_bytes: u64,
+    size_bytes: Arc<AtomicU64>,
+}
+
+impl Backend for GrowableRam {
+    fn geometry(&self) -> Geometry {
+        let mut g = self.ram.geometry();
+        g.size_bytes = self.start_bytes;
+        g
+    }
+    fn kind(&self) -> &'static str {
+        "ram"
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+            .load(Ordering::Acquire)
+            .min(self.ram.geometry().size_bytes)
+    }
+    fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
+        self.ram.open_queue()
+    }
+}
+
+/// Opens the harness's "volume": a [`GrowableRam`].
+struct GrowableOpener {
+    start_bytes: u64,
+    block_size: u32,
+    size_bytes: Arc<AtomicU64>,
+}
+
+impl VolumeOpener for GrowableOpener {
+    fn open_volume(
+        &self,
+        _name: &str,
+        _control: &str,
+        _token_file: Option<&std::path::Path>,
+    ) -> Result<Arc<dyn Backend>, String> {
+        let ram = RamBackend::new(self.start_bytes * GROWABLE_CAPACITY_FACTOR, self.block_size)
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(GrowableRam {
+            ram,
+            start_bytes: self.start_bytes,
+            size_bytes: self.size_bytes.clone(),
+        }))
+    }
 }
 
 impl Default for Params {
@@ -121,6 +180,7 @@ impl Default for Params {
             hostnqn: HOSTNQN.into(),
             hostid: [0xaa; 16],
             open_subsystem: false,
+            growable: None,
         }
     }
 }
@@ -254,13 +314,15 @@ pub fn config(p: &Params) -> Config {
     } else {
         sub.with_host(HOSTNQN)
     };
-    let mut c =
-        Config::default()
-            .with_subsystem(sub.with_namespace(
-                NamespaceConfig::ram(NSID, p.ns_bytes).with_block_size(p.block_size),
-            ))
-            .validated()
-            .expect("harness config is valid");
+    let ns = if p.growable.is_some() {
+        NamespaceConfig::volume(NSID, "growable", "127.0.0.1:1")
+    } else {
+        NamespaceConfig::ram(NSID, p.ns_bytes)
+    };
+    let mut c = Config::default()
+        .with_subsystem(sub.with_namespace(ns.with_block_size(p.block_size)))
+        .validated()
+        .expect("harness config is valid");
     // The protocol parameters are set after validation, as they always
     // were: the tests choose them, not a file.
     let depth_max = c.target.queue_depth_max.max(p.depth);
@@ -278,7 +340,18 @@ pub fn config(p: &Params) -> Config {
 
 /// The target's registry for `p` (see [`config`]).
 pub fn registry(p: &Params) -> Arc<Registry> {
-    Arc::new(Registry::build(&config(p)).expect("registry builds"))
+    let reg = match &p.growable {
+        Some(size_bytes) => Registry::build_with(
+            &config(p),
+            &GrowableOpener {
+                start_bytes: p.ns_bytes,
+                block_size: p.block_size,
+                size_bytes: size_bytes.clone(),
+            },
+        ),
+        None => Registry::build(&config(p)),
+    };
+    Arc::new(reg.expect("registry builds"))
 }
 
 /// The host address the target is told link `i` comes from (TEST-NET-1,

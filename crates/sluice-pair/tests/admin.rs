@@ -195,3 +195,115 @@ fn number_of_queues_limits_io_connects() {
         assert_eq!(nvme_status(&r), Some(Status::CONNECT_INVALID_PARAMETERS));
     }
 }
+
+/// A namespace that grows online (an elastic volume resized by its control
+/// plane), the way the Linux host follows it: the controller advertises
+/// Namespace Attribute Notices, a held AER completes with the notice at the
+/// next controller check, the Changed Namespace List names the namespace,
+/// Identify shows the new size and I/O past the old end works. A second
+/// growth before the host read the log sends no second notice; after the
+/// read, it does.
+#[test]
+fn namespace_growth_is_announced_by_an_async_event() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let start_bytes: u64 = 4 << 20;
+    let size = Arc::new(AtomicU64::new(start_bytes));
+    let mut pair = Pair::new(Params {
+        growable: Some(size.clone()),
+        ns_bytes: start_bytes,
+        ..Params::default()
+    });
+    let bs = u64::from(pair.params.block_size);
+    let ns_blocks = |pair: &mut Pair| {
+        let d = identify(pair, identify::cns::NAMESPACE, NSID).unwrap();
+        IdentifyNamespace::decode(&d).unwrap().nsze
+    };
+    let changed_log = |pair: &mut Pair, rae: bool| {
+        let g = GetLogPage {
+            lid: lid::CHANGED_NS_LIST,
+            lsp: 0,
+            rae,
+            len_bytes: 4096,
+            offset_bytes: 0,
+        };
+        let c = pair
+            .execute(ADMIN, g.to_sqe(0, 0xffff_ffff), Payload::Read(4096))
+            .unwrap();
+        c.data
+            .chunks(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .take_while(|v| *v != 0)
+            .collect::<Vec<u32>>()
+    };
+    let aer = |pair: &mut Pair| {
+        pair.submit(
+            ADMIN,
+            Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0),
+            Payload::None,
+        )
+    };
+
+    let d = identify(&mut pair, identify::cns::CONTROLLER, 0).unwrap();
+    let oaes = IdentifyController::decode(&d).unwrap().oaes;
+    assert_ne!(
+        oaes & 1 << 8,
+        0,
+        "OAES advertises Namespace Attribute Notices"
+    );
+    // What Linux does: enable the advertised notices, post an AER.
+    admin_cmd(&mut pair, admin::SET_FEATURES, 0, 0x0b, oaes, 0).unwrap();
+    let first = aer(&mut pair);
+    pair.advance(Duration::from_secs(1));
+    assert!(
+        pair.take_result(ADMIN, first).is_none(),
+        "nothing changed yet"
+    );
+    let old_blocks = start_bytes / bs;
+    assert_eq!(ns_blocks(&mut pair), old_blocks);
+    let r = pair.write(old_blocks, &pattern(4096, 1));
+    assert_eq!(nvme_status(&r), Some(Status::LBA_OUT_OF_RANGE));
+
+    size.store(2 * start_bytes, Ordering::Release);
+    pair.advance(Duration::from_millis(250));
+    let c = pair
+        .take_result(ADMIN, first)
+        .expect("the AER completes within one controller check (200 ms)")
+        .unwrap();
+    assert!(c.cqe.status.status().is_success());
+    assert_eq!(
+        c.cqe.result, 0x0004_0002,
+        "Notice, Namespace Attribute Changed, log page 04h"
+    );
+    assert_eq!(ns_blocks(&mut pair), 2 * old_blocks);
+    let data = pattern(8192, 2);
+    pair.write(old_blocks + 8, &data).unwrap();
+    assert_eq!(pair.read(old_blocks + 8, data.len()).unwrap(), data);
+    let r = pair.write(2 * old_blocks, &pattern(4096, 3));
+    assert_eq!(nvme_status(&r), Some(Status::LBA_OUT_OF_RANGE));
+
+    // Masked until the log is read (RAE keeps it masked).
+    let second = aer(&mut pair);
+    assert_eq!(changed_log(&mut pair, true), vec![NSID]);
+    size.store(3 * start_bytes, Ordering::Release);
+    pair.advance(Duration::from_secs(1));
+    assert!(pair.take_result(ADMIN, second).is_none(), "masked");
+    assert_eq!(changed_log(&mut pair, false), vec![NSID]);
+    assert_eq!(
+        changed_log(&mut pair, false),
+        Vec::<u32>::new(),
+        "read clears it"
+    );
+    assert_eq!(ns_blocks(&mut pair), 3 * old_blocks);
+
+    // Unmasked: the next growth completes the AER still held.
+    size.store(4 * start_bytes, Ordering::Release);
+    pair.advance(Duration::from_millis(250));
+    let c = pair
+        .take_result(ADMIN, second)
+        .expect("a notice after the log was read")
+        .unwrap();
+    assert_eq!(c.cqe.result, 0x0004_0002);
+    assert_eq!(ns_blocks(&mut pair), 4 * old_blocks);
+}

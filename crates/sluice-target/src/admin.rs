@@ -173,7 +173,12 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         mdts: mdts_field(st.mdts_bytes),
         cntlid: ctrl.cntlid,
         ver: VS_1_3,
-        oaes: 0,
+        // Namespace Attribute Notices: a namespace that grows online.
+        oaes: if disc {
+            0
+        } else {
+            crate::events::AEN_NS_ATTRIBUTE
+        },
         cntrltype: if disc {
             cntrltype::DISCOVERY
         } else {
@@ -297,7 +302,7 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
             .encode()
         }
         lid::FIRMWARE_SLOT if !disc => log::encode_firmware_slot(FIRMWARE_REVISION),
-        lid::CHANGED_NS_LIST if !disc => log::encode_changed_ns_list(&[]),
+        lid::CHANGED_NS_LIST if !disc => ctrl.changed_ns_log(g.rae),
         lid::COMMANDS_SUPPORTED => {
             let a = |op| (op, effects::CSUPP);
             let mut admin_ops: Vec<(u8, u32)> = vec![

@@ -4,6 +4,7 @@
 //!
 //! Everything here is sans-IO: time is passed in.
 
+use crate::events::AsyncEvents;
 use crate::metrics::IoCounters;
 use crate::subsystem::{Subsystem, SubsystemKind};
 use sluice_config::TargetSettings;
@@ -44,6 +45,8 @@ struct State {
     async_event_config: u32,
     write_cache_enabled: bool,
     temperature_threshold: u32,
+    /// Notices owed to the host (a namespace grew online).
+    events: AsyncEvents,
 }
 
 /// One controller of a subsystem.
@@ -70,6 +73,12 @@ impl Controller {
         host_counters: Arc<IoCounters>,
         now: Instant,
     ) -> Self {
+        let events = AsyncEvents::new(
+            subsystem
+                .namespaces
+                .iter()
+                .map(|(id, ns)| (*id, ns.blocks())),
+        );
         Controller {
             cntlid,
             subsystem,
@@ -88,12 +97,42 @@ impl Controller {
                 async_event_config: 0,
                 write_cache_enabled: true,
                 temperature_threshold: 343,
+                events,
             }),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         lock(&self.state)
+    }
+
+    /// Asks every namespace's backend whether it grew and records the
+    /// changes this controller has not seen (its admin queue calls this at
+    /// each periodic check).
+    pub(crate) fn observe_namespaces(&self) {
+        for ns in self.subsystem.namespaces.values() {
+            ns.refresh_size();
+        }
+        let sizes = self
+            .subsystem
+            .namespaces
+            .iter()
+            .map(|(id, ns)| (*id, ns.blocks()));
+        let mut s = self.lock();
+        let aec = s.async_event_config;
+        s.events.observe(sizes, aec);
+    }
+
+    /// The completion DW0 for a held Asynchronous Event Request, when a
+    /// notice is due.
+    pub(crate) fn take_async_event(&self) -> Option<u32> {
+        self.lock().events.take_due()
+    }
+
+    /// The Changed Namespace List log page (cleared unless `retain`).
+    pub(crate) fn changed_ns_log(&self, retain: bool) -> Vec<u8> {
+        self.observe_namespaces();
+        self.lock().events.read_changed_ns_log(retain)
     }
 
     pub fn is_discovery(&self) -> bool {

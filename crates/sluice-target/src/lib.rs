@@ -8,6 +8,8 @@
 //!   namespaces, host counters) and the live controllers.
 //! * `controller`: controller state (CC/CSTS, keep alive, features).
 //! * `admin`: the admin commands, including the discovery log.
+//! * `events`: asynchronous event notices (a namespace grew online) and
+//!   the Changed Namespace List log.
 //! * [`queue`]: one queue pair as a sans-IO state machine.
 //! * The per-queue send scheduler is `sluice_proto::send`, shared with the
 //!   host.
@@ -23,6 +25,7 @@
 mod admin;
 pub mod admission;
 mod controller;
+mod events;
 pub mod fence;
 pub mod metrics;
 pub mod queue;

@@ -5,8 +5,8 @@
 //! by admin-queue Connects and live until their association ends.
 
 use crate::controller::Controller;
-use crate::metrics::{HostRegistry, IoCounters};
-use crate::subsystem::{ssd_model, Namespace, Subsystem, SubsystemKind};
+use crate::metrics::HostRegistry;
+use crate::subsystem::{ssd_model, Namespace, NamespaceIds, Subsystem, SubsystemKind};
 use sluice_backend::{Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend};
 use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
@@ -273,19 +273,15 @@ impl Registry {
                 }
                 let identity = namespace_identity(&nc.backend, &instance);
                 let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
-                let ns = Arc::new(Namespace {
-                    nsid: nc.nsid,
-                    index: all_ns.len(),
+                let ns = Arc::new(Namespace::new(
+                    NamespaceIds {
+                        nsid: nc.nsid,
+                        index: all_ns.len(),
+                        nguid,
+                        eui64,
+                    },
                     backend,
-                    geometry,
-                    // A u32 has at most 32 trailing zeros.
-                    #[allow(clippy::cast_possible_truncation)]
-                    lba_shift: geometry.block_size_bytes.trailing_zeros() as u8,
-                    nguid,
-                    eui64,
-                    counters: IoCounters::default(),
-                    fences: Arc::new(crate::fence::Fences::new(geometry.size_bytes)),
-                });
+                ));
                 all_ns.push(ns.clone());
                 namespaces.insert(nc.nsid, ns);
             }

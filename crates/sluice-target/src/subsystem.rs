@@ -8,7 +8,7 @@ use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
 use sluice_config::SsdConfig;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// An exported namespace.
@@ -18,7 +18,11 @@ pub struct Namespace {
     /// Index unique across the target, used by workers to key backend queues.
     pub index: usize,
     pub backend: Arc<dyn Backend>,
+    /// The geometry at start; the size may grow since (`size_bytes`).
     pub(crate) geometry: Geometry,
+    /// Capacity now: starts at `geometry.size_bytes` and follows the
+    /// backend when it grows online ([`Namespace::refresh_size`]).
+    size_bytes: AtomicU64,
     /// log2 of the block size.
     pub(crate) lba_shift: u8,
     pub(crate) nguid: [u8; 16],
@@ -28,9 +32,67 @@ pub struct Namespace {
     pub fences: Arc<crate::fence::Fences>,
 }
 
+/// What [`Namespace::new`] needs besides the backend.
+#[derive(Debug)]
+pub(crate) struct NamespaceIds {
+    pub(crate) nsid: u32,
+    pub(crate) index: usize,
+    pub(crate) nguid: [u8; 16],
+    pub(crate) eui64: [u8; 8],
+}
+
 impl Namespace {
+    pub(crate) fn new(ids: NamespaceIds, backend: Arc<dyn Backend>) -> Namespace {
+        let geometry = backend.geometry();
+        assert!(sluice_backend::valid_block_size(geometry.block_size_bytes));
+        Namespace {
+            nsid: ids.nsid,
+            index: ids.index,
+            backend,
+            geometry,
+            size_bytes: AtomicU64::new(geometry.size_bytes),
+            // A u32 has at most 32 trailing zeros.
+            #[allow(clippy::cast_possible_truncation)]
+            lba_shift: geometry.block_size_bytes.trailing_zeros() as u8,
+            nguid: ids.nguid,
+            eui64: ids.eui64,
+            counters: IoCounters::default(),
+            fences: Arc::new(crate::fence::Fences::new(geometry.size_bytes)),
+        }
+    }
+
+    /// Capacity now, in blocks.
     pub fn blocks(&self) -> u64 {
-        self.geometry.size_bytes >> self.lba_shift
+        self.size_bytes.load(Ordering::Acquire) >> self.lba_shift
+    }
+
+    /// Whether blocks `[0, end_block)` exist, asking the backend whether it
+    /// grew before saying no.
+    pub(crate) fn holds(&self, end_block: u64) -> bool {
+        end_block <= self.blocks() || {
+            self.refresh_size();
+            end_block <= self.blocks()
+        }
+    }
+
+    /// Takes in growth of the backend (an elastic volume resized online),
+    /// rounded down to whole blocks; the size never shrinks. Controllers
+    /// notice the new size at their next check and send their hosts a
+    /// Namespace Attribute Changed event (`events.rs`). True when this call
+    /// grew it.
+    pub(crate) fn refresh_size(&self) -> bool {
+        let block_mask = !((1u64 << self.lba_shift) - 1);
+        let now = self.backend.size_bytes() & block_mask;
+        let before = self.size_bytes.fetch_max(now, Ordering::AcqRel);
+        if now > before {
+            tracing::info!(
+                nsid = self.nsid,
+                size_bytes_before = before,
+                size_bytes = now,
+                "namespace grew online"
+            );
+        }
+        now > before
     }
 }
 

@@ -12,6 +12,11 @@
 #   SKIP_DISCOVER=1   skip the discovery step (target without a discovery service)
 #   FIO_SIZE          fio region size (default 64m); FIO=0 skips fio
 #   FIO_OFFSET        fio region offset (default 16m; the dd patterns live outside it)
+#   EXPECT_GROW_BYTES if set, the machine running QEMU grows the namespace online
+#                     (`sluice volume resize`) once this guest's first writes
+#                     arrived; after fio the namespace must reach this size
+#                     (through a Namespace Attribute Changed event) and take data
+#                     past its old end
 #   SECOND_CONTROLLER=1  after connecting, connect a second controller to the same
 #                     subsystem through DISC_PORT (a second path) and spread I/O over
 #                     both paths (multipath iopolicy round-robin)
@@ -160,6 +165,27 @@ if [ "$FIO" = 1 ]; then
         --verify=crc32c --do_verify=1 --verify_fatal=1 --randseed=1234 --group_reporting
     info "fio took $(awk -v a="$t" -v b="$(now_s)" 'BEGIN{printf "%.1f", b-a}') s"
     step dd-verify-after-fio
+    check_patterns
+fi
+
+if [ -n "${EXPECT_GROW_BYTES:-}" ]; then
+    step online-resize
+    i=0
+    while [ $i -lt 300 ]; do                        # up to 60 s
+        [ "$(($(cat /sys/block/$NS/size) * 512))" = "$EXPECT_GROW_BYTES" ] && break
+        sleep 0.2; i=$((i + 1))
+    done
+    GROWN=$(($(cat /sys/block/$NS/size) * 512))
+    [ "$GROWN" = "$EXPECT_GROW_BYTES" ] ||
+        fail "namespace is $GROWN bytes, not $EXPECT_GROW_BYTES, 60 s into the wait for its online growth"
+    info "namespace grew online from $BYTES to $GROWN bytes (seen after $((i / 5)) s of waiting)"
+    dmesg | grep -iE "capacity change|rescan" | tail -n 3 | sed 's/^/  dmesg: /' || true
+    run dd if=/dev/urandom of=/tmp/patG bs=1048576 count=2 2>/dev/null
+    run dd if=/tmp/patG of="$NSDEV" bs=1048576 seek=$MIB oflag=direct conv=notrunc
+    rm -f /tmp/rdG
+    run dd if="$NSDEV" of=/tmp/rdG bs=1048576 skip=$MIB count=2 iflag=direct
+    cmp /tmp/patG /tmp/rdG || fail "2 MiB written past the old end differ after read-back"
+    info "2 MiB past the old end OK"
     check_patterns
 fi
 

@@ -200,7 +200,7 @@ impl QueueConnection {
                 let slba = sqe.slba();
                 let nlb = sqe.nlb() as u64;
                 match slba.checked_add(nlb) {
-                    Some(end) if end <= ns.blocks() => {}
+                    Some(end) if ns.holds(end) => {}
                     _ => return Err(Status::LBA_OUT_OF_RANGE),
                 }
                 let offset_bytes = slba << ns.lba_shift;

@@ -32,7 +32,8 @@ pub(super) struct Execution {
     in_flight: u32,
     /// Flushes outstanding for a shutdown notification.
     shutdown_flushes: u32,
-    /// CIDs of Asynchronous Event Requests held for a future event.
+    /// Command slots of Asynchronous Event Requests held for a future
+    /// event, oldest first.
     pub(super) held_aers: Vec<u16>,
 }
 
@@ -224,12 +225,11 @@ impl QueueConnection {
                 return;
             }
         };
-        let blocks = ns.blocks();
         let mut ops = Vec::new();
         let (mut lo, mut hi) = (u64::MAX, 0);
         for r in ranges {
             match r.end() {
-                Some(end) if end <= blocks => {}
+                Some(end) if ns.holds(end) => {}
                 _ => {
                     self.complete(slot, Status::LBA_OUT_OF_RANGE, 0, 0, now);
                     return;
@@ -301,7 +301,8 @@ impl QueueConnection {
             if self.exec.held_aers.len() >= AER_MAX {
                 self.complete(slot, Status::AER_LIMIT_EXCEEDED, 0, 0, now);
             } else {
-                self.exec.held_aers.push(sqe.cid());
+                self.exec.held_aers.push(slot);
+                self.deliver_async_events(now);
             }
             return;
         }
@@ -319,6 +320,26 @@ impl QueueConnection {
             return;
         }
         self.complete(slot, reply.status, reply.result, reply.dw1, now);
+    }
+
+    /// Completes held Asynchronous Event Requests with the notices their
+    /// controller has due, oldest request first.
+    pub(super) fn deliver_async_events(&mut self, now: Instant) {
+        let Some(ctrl) = self.session.ctrl.clone() else {
+            return;
+        };
+        while !self.exec.held_aers.is_empty() {
+            let Some(dw0) = ctrl.take_async_event() else {
+                return;
+            };
+            let slot = self.exec.held_aers.remove(0);
+            tracing::info!(
+                cntlid = ctrl.cntlid,
+                dw0 = format_args!("{dw0:#x}"),
+                "asynchronous event sent: namespace attribute changed"
+            );
+            self.complete(slot, Status::SUCCESS, dw0, 0, now);
+        }
     }
 
     fn execute_fabrics(&mut self, slot: u16, sqe: &Sqe, data: &[u8], now: Instant) {

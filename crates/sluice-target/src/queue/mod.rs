@@ -275,6 +275,12 @@ impl QueueConnection {
         }
         if now >= self.next_check {
             self.next_check = self.check_after(now);
+            if self.session.qid == 0 && self.state == ConnState::Ready {
+                if let Some(c) = self.session.ctrl.clone() {
+                    c.observe_namespaces();
+                    self.deliver_async_events(now);
+                }
+            }
         }
     }
 

@@ -1,0 +1,166 @@
+//! Asynchronous events a controller owes its host. Today that is the
+//! Namespace Attribute Changed notice, sent when a namespace grows online
+//! (an elastic volume resized by its control plane), with its Changed
+//! Namespace List log page (LID 04h).
+//!
+//! Sans-IO: the admin queue shows [`AsyncEvents::observe`] the namespace
+//! sizes at its periodic check, and takes what is due
+//! ([`AsyncEvents::take_due`]) when it holds an Asynchronous Event Request.
+//! As the specification asks, a notice once sent is masked until the host
+//! reads the log page without Retain Asynchronous Event.
+
+use sluice_proto::log::{self, lid};
+use std::collections::BTreeMap;
+
+/// Asynchronous Event Configuration (and Identify OAES) bit: Namespace
+/// Attribute Notices.
+pub const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
+/// Entries the Changed Namespace List holds; past this it reports
+/// overflow (first entry FFFFFFFFh), as the specification defines.
+pub const CHANGED_NS_LIST_MAX: usize = 1024;
+
+/// Asynchronous Event Type "Notice" (AER completion DW0 bits 2:0).
+const AER_TYPE_NOTICE: u32 = 0x2;
+/// Asynchronous Event Information "Namespace Attribute Changed" (bits 15:8).
+const AER_INFO_NS_ATTRIBUTE_CHANGED: u32 = 0x00;
+
+/// The AER completion DW0 of a Namespace Attribute Changed notice.
+pub const NS_ATTRIBUTE_CHANGED_DW0: u32 =
+    AER_TYPE_NOTICE | AER_INFO_NS_ATTRIBUTE_CHANGED << 8 | (lid::CHANGED_NS_LIST as u32) << 16;
+
+/// One controller's event state.
+#[derive(Debug)]
+pub(crate) struct AsyncEvents {
+    /// Namespace sizes in blocks as this controller last saw them.
+    seen_blocks: BTreeMap<u32, u64>,
+    /// NSIDs changed since the host last read the log, ascending, at most
+    /// [`CHANGED_NS_LIST_MAX`] + 1 (one more means overflow).
+    changed: Vec<u32>,
+    /// A notice is due and waits for an AER.
+    due: bool,
+    /// A notice was sent and the host has not read the log since.
+    masked: bool,
+}
+
+impl AsyncEvents {
+    /// Starts from the namespaces as they are (nsid, blocks).
+    pub(crate) fn new(namespaces: impl IntoIterator<Item = (u32, u64)>) -> AsyncEvents {
+        AsyncEvents {
+            seen_blocks: namespaces.into_iter().collect(),
+            changed: Vec::new(),
+            due: false,
+            masked: false,
+        }
+    }
+
+    /// Records namespaces whose size changed since the last look; a notice
+    /// becomes due when `aec` (Asynchronous Event Configuration) enables
+    /// Namespace Attribute Notices and none is outstanding.
+    pub(crate) fn observe(&mut self, namespaces: impl IntoIterator<Item = (u32, u64)>, aec: u32) {
+        let mut any = false;
+        for (nsid, blocks) in namespaces {
+            let seen = self.seen_blocks.entry(nsid).or_insert(blocks);
+            if *seen != blocks {
+                *seen = blocks;
+                any = true;
+                if let Err(at) = self.changed.binary_search(&nsid) {
+                    if self.changed.len() <= CHANGED_NS_LIST_MAX {
+                        self.changed.insert(at, nsid);
+                    }
+                }
+            }
+        }
+        if any && aec & AEN_NS_ATTRIBUTE != 0 && !self.masked {
+            self.due = true;
+        }
+    }
+
+    /// The completion DW0 of the notice due now, if any; it is then masked
+    /// until the host reads the log.
+    pub(crate) fn take_due(&mut self) -> Option<u32> {
+        if !self.due {
+            return None;
+        }
+        self.due = false;
+        self.masked = true;
+        Some(NS_ATTRIBUTE_CHANGED_DW0)
+    }
+
+    /// The Changed Namespace List log page. Unless `retain` (RAE), reading
+    /// it clears the list and unmasks the notice.
+    pub(crate) fn read_changed_ns_log(&mut self, retain: bool) -> Vec<u8> {
+        let page = log::encode_changed_ns_list(&self.changed);
+        if !retain {
+            self.changed.clear();
+            self.due = false;
+            self.masked = false;
+        }
+        page
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(page: &[u8]) -> Vec<u32> {
+        page.chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .take_while(|v| *v != 0)
+            .collect()
+    }
+
+    #[test]
+    fn growth_makes_one_notice_masked_until_the_log_is_read() {
+        let mut ev = AsyncEvents::new([(1, 100), (2, 100)]);
+        ev.observe([(1, 100), (2, 100)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), None, "nothing changed");
+        ev.observe([(1, 100), (2, 200)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
+        assert_eq!(ev.take_due(), None, "one notice per change");
+        // A second change while masked goes into the log but sends nothing.
+        ev.observe([(1, 300), (2, 200)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), None, "masked until the log is read");
+        // RAE keeps the list and the mask.
+        assert_eq!(entries(&ev.read_changed_ns_log(true)), vec![1, 2]);
+        ev.observe([(1, 400), (2, 200)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), None);
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![1, 2]);
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), Vec::<u32>::new());
+        ev.observe([(1, 400), (2, 201)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0), "unmasked");
+    }
+
+    #[test]
+    fn disabled_notices_still_fill_the_log() {
+        let mut ev = AsyncEvents::new([(1, 100)]);
+        ev.observe([(1, 101)], 0);
+        assert_eq!(ev.take_due(), None);
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![1]);
+    }
+
+    #[test]
+    fn dw0_is_a_notice_for_the_changed_namespace_list() {
+        assert_eq!(NS_ATTRIBUTE_CHANGED_DW0 & 0x7, 2, "type Notice");
+        assert_eq!(
+            (NS_ATTRIBUTE_CHANGED_DW0 >> 8) & 0xff,
+            0,
+            "Namespace Attribute Changed"
+        );
+        assert_eq!(
+            (NS_ATTRIBUTE_CHANGED_DW0 >> 16) & 0xff,
+            0x04,
+            "log page 04h"
+        );
+    }
+
+    #[test]
+    fn more_than_1024_changes_overflow_the_list() {
+        let n = u32::try_from(CHANGED_NS_LIST_MAX).unwrap() + 5;
+        let mut ev = AsyncEvents::new((1..=n).map(|id| (id, 1)));
+        ev.observe((1..=n).map(|id| (id, 2)), AEN_NS_ATTRIBUTE);
+        let page = ev.read_changed_ns_log(false);
+        assert_eq!(page.len(), 4096);
+        assert_eq!(entries(&page), vec![0xffff_ffff]);
+    }
+}
