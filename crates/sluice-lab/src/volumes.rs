@@ -291,6 +291,42 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// What the disk under the metadata charges for durability: `n` times a
+/// 4 KiB write at a pseudo-random offset of an 8 MiB file, then
+/// `fdatasync`. Returns (p50, p99, max) µs of the sync. A redb commit is one
+/// such sync (of a few pages), so an extent fault's p99 cannot beat this
+/// one's.
+fn sync_floor(dir: &Path, n: usize) -> Result<(f64, f64, f64)> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join("sync-floor");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    f.set_len(8 << 20)?;
+    f.sync_all()?;
+    let page = [0x5au8; 4096];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        f.write_all_at(&page, (x >> 33) % 2048 * 4096)?;
+        let t0 = Instant::now();
+        f.sync_data()?;
+        lat.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(f);
+    std::fs::remove_file(&path)?;
+    lat.sort_by(f64::total_cmp);
+    Ok((
+        quantile(&lat, 0.5),
+        quantile(&lat, 0.99),
+        quantile(&lat, 1.0),
+    ))
+}
+
 /// Sequential extent faults through the API: (allocations/s, p50, p99, max) µs.
 fn allocation_latency(metadata: Metadata, faults: u64) -> Result<(f64, f64, f64, f64)> {
     let t = drive_target(2, 4 << 30, None)?;
@@ -342,10 +378,17 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     md.push_str("| store | allocations/s | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|\n");
     let dir = std::env::temp_dir().join(format!("sluice-lab-volumes-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let before = sync_floor(&dir, 1000)?;
     let (r, p50, p99, max) = allocation_latency(Metadata::Redb(dir.join("meta.redb")), 1000)?;
+    let after = sync_floor(&dir, 1000)?;
     md.push_str(&format!(
         "| redb | {r:.0} | {p50:.0} | {p99:.0} | {max:.0} |\n"
     ));
+    for (when, (p50, p99, max)) in [("before", before), ("after", after)] {
+        md.push_str(&format!(
+            "| floor: one 4 KiB write + fdatasync in the same directory, {when} | | {p50:.0} | {p99:.0} | {max:.0} |\n"
+        ));
+    }
     if sluice_meta::testing::EtcdServer::available() {
         let etcd = sluice_meta::testing::EtcdServer::start()?;
         let m: Metadata = format!("etcd://{}/lab", etcd.endpoint.trim_start_matches("http://"))
