@@ -714,6 +714,18 @@ impl TenantsConfig {
             })?);
         }
         s.admin_token_file = r.admin_token_file.clone();
+        if let Some(a) = s.admin_listen {
+            if !a.ip().is_loopback() && s.admin_token_file.is_none() {
+                return Err(err(
+                    "tenants.admin_token_file",
+                    format!(
+                        "the admin endpoint would listen on {a}, beyond loopback, without a token: \
+                         anyone who reaches it could read and change tenants; set \
+                         tenants.admin_token_file, or listen on 127.0.0.1"
+                    ),
+                ));
+            }
+        }
         if let Some(b) = r.cpu_accounting {
             s.cpu_accounting = b;
         }

@@ -672,3 +672,25 @@ fn connection_limits() {
         .expect_err("zero connections per source");
     assert_eq!(e.key, "target.connections_per_source_max");
 }
+
+/// The admin endpoint reads and changes tenants: beyond loopback it needs a
+/// token, and a config without one is refused naming the key.
+#[test]
+fn admin_endpoint_beyond_loopback_needs_a_token() {
+    tenants_must_fail(
+        "[tenants]\nadmin_listen = \"0.0.0.0:9400\"",
+        "tenants.admin_token_file",
+        "beyond loopback",
+    );
+    tenants_must_fail(
+        "[tenants]\nadmin_listen = \"[::]:9400\"",
+        "tenants.admin_token_file",
+        "beyond loopback",
+    );
+    let c = cfg("[tenants]\nadmin_listen = \"0.0.0.0:9400\"\nadmin_token_file = \"/etc/sluice/admin.token\"")
+        .unwrap();
+    assert!(c.tenants.settings.admin_token_file.is_some());
+    for local in ["127.0.0.1:9400", "[::1]:9400"] {
+        cfg(&format!("[tenants]\nadmin_listen = \"{local}\"")).unwrap();
+    }
+}
