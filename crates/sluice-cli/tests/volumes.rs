@@ -400,6 +400,29 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
         &url,
     ]);
     assert!(cmp.contains("identical"), "{cmp}");
+    // qemu-img reads the allocation map through NBD block status
+    // (`base:allocation`, structured replies): the 6 MiB written are data,
+    // the 10 MiB of unallocated extents a hole that reads as zeros.
+    let map = run(&["map", "--output=json", "-f", "raw", &url]);
+    let map: serde_json::Value = serde_json::from_str(&map).expect("qemu-img map prints JSON");
+    let runs: Vec<(u64, u64, bool, bool)> = map
+        .as_array()
+        .expect("a list of ranges")
+        .iter()
+        .map(|r| {
+            (
+                r["start"].as_u64().unwrap(),
+                r["length"].as_u64().unwrap(),
+                r["data"].as_bool().unwrap(),
+                r["zero"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        vec![(0, 6 << 20, true, false), (6 << 20, 10 << 20, false, true)],
+        "{map}"
+    );
     // Three extents were allocated, on both targets.
     let inspect = ok(&[&["volume", "inspect", "nbdvol", "--extents"], &c[..]].concat());
     assert_eq!(inspect.matches("  extent ").count(), 3, "{inspect}");

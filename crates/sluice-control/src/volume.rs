@@ -436,6 +436,47 @@ impl Volume {
         m.insert(extent).map_err(bad)
     }
 
+    /// Which of `blocks` blocks from `lba` lie in allocated extents: runs
+    /// of (blocks, allocated) that tile the range. Extents the cached map
+    /// shows unallocated may have been allocated by another client since,
+    /// so the map is refetched first when the range has any (a hole
+    /// reported here was a hole when this call asked).
+    pub async fn allocation(&self, lba: u64, blocks: u64) -> Result<Vec<(u64, bool)>, VolumeError> {
+        let bs = u64::from(self.block_size_bytes());
+        let (first, end) = (lba * bs, (lba + blocks) * bs);
+        let runs = |m: &VolumeMap| -> Result<Vec<(u64, bool)>, VolumeError> {
+            if end > m.volume().size_bytes {
+                return Err(VolumeError::Range(sluice_volume::map::RangeError::Beyond {
+                    offset_bytes: first,
+                    len_bytes: end - first,
+                    size_bytes: m.volume().size_bytes,
+                }));
+            }
+            let mut out: Vec<(u64, bool)> = Vec::new();
+            let mut at = first;
+            while at < end {
+                let index = at / sluice_volume::EXTENT_BYTES;
+                let next = ((index + 1) * sluice_volume::EXTENT_BYTES).min(end);
+                let allocated = m.extent(index).is_some();
+                let n = (next - at) / bs;
+                match out.last_mut() {
+                    Some((k, a)) if *a == allocated => *k += n,
+                    _ => out.push((n, allocated)),
+                }
+                at = next;
+            }
+            Ok(out)
+        };
+        let cached = runs(&read(&self.map));
+        match cached {
+            Ok(r) if r.iter().all(|(_, a)| *a) => Ok(r),
+            _ => {
+                self.refresh().await?;
+                runs(&read(&self.map))
+            }
+        }
+    }
+
     /// Reads `len_bytes` at block `lba`.
     pub async fn read(
         &self,

@@ -42,6 +42,19 @@ pub trait BlockDevice: Send + Sync + 'static {
         lba: u64,
         blocks: u64,
     ) -> impl Future<Output = Result<(), HostError>> + Send;
+    /// Which of `blocks` blocks from `lba` hold data: runs of (blocks,
+    /// allocated) that tile the range in order. Only a device that knows
+    /// a range reads as zeros and holds nothing (an elastic volume's
+    /// unallocated extents) reports `false`; the default says every block
+    /// holds data, which is always safe.
+    fn allocation(
+        &self,
+        lba: u64,
+        blocks: u64,
+    ) -> impl Future<Output = Result<Vec<(u64, bool)>, HostError>> + Send {
+        let _ = lba;
+        std::future::ready(Ok(vec![(blocks, true)]))
+    }
 }
 
 impl BlockDevice for Namespace {
@@ -163,6 +176,12 @@ impl BlockDevice for RemoteDevice {
             RemoteDevice::Namespace(n) => BlockDevice::deallocate(n, lba, blocks).await,
             // Advisory (TRIM): a volume keeps its extents.
             RemoteDevice::Volume(_) => Ok(()),
+        }
+    }
+    async fn allocation(&self, lba: u64, blocks: u64) -> Result<Vec<(u64, bool)>, HostError> {
+        match self {
+            RemoteDevice::Namespace(_) => Ok(vec![(blocks, true)]),
+            RemoteDevice::Volume(v) => v.allocation(lba, blocks).await.map_err(volume_error),
         }
     }
 }
@@ -419,6 +438,45 @@ impl<D: BlockDevice> ByteDevice<D> {
 
     fn dev_err(op: OpKind) -> impl FnOnce(HostError) -> ExportError {
         move |source| ExportError::Device { op, source }
+    }
+
+    /// Which bytes of `len` at `offset` hold data: runs of (bytes,
+    /// allocated) that tile the range exactly (partial edge blocks take the
+    /// state of their block).
+    pub async fn allocation(&self, offset: u64, len: u64) -> Result<Vec<(u64, bool)>, ExportError> {
+        self.check(offset, len, OpKind::Read)?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let span = BlockSpan::new(offset, len, self.bs);
+        let runs = self
+            .dev
+            .allocation(span.first_lba, span.blocks)
+            .await
+            .map_err(Self::dev_err(OpKind::Read))?;
+        let end = offset + len;
+        let mut at = span.first_lba * self.bs;
+        let mut out: Vec<(u64, bool)> = Vec::with_capacity(runs.len());
+        for (blocks, allocated) in runs {
+            let (from, to) = (at.max(offset), at.saturating_add(blocks * self.bs).min(end));
+            at = at.saturating_add(blocks * self.bs);
+            if from >= to {
+                continue;
+            }
+            match out.last_mut() {
+                Some((n, a)) if *a == allocated => *n += to - from,
+                _ => out.push((to - from, allocated)),
+            }
+        }
+        let covered: u64 = out.iter().map(|r| r.0).sum();
+        if covered < len {
+            // A device that described less than asked: the rest holds data.
+            match out.last_mut() {
+                Some((n, true)) => *n += len - covered,
+                _ => out.push((len - covered, true)),
+            }
+        }
+        Ok(out)
     }
 
     /// Reads `len` bytes at `offset`.

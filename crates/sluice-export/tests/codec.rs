@@ -90,7 +90,14 @@ fn go_with_info_replies_and_leftover() {
     );
     let r = replies(&hs.take_output());
     assert_eq!(r[0].0, OPT_STRUCTURED_REPLY);
-    assert_eq!(r[0].1, REP_ERR_UNSUP);
+    assert_eq!(r[0].1, REP_ACK);
+    assert_eq!(
+        hs.session(),
+        Session {
+            structured: true,
+            base_allocation: false
+        }
+    );
     // INFO: export, block size, name, description, ack.
     let info: Vec<_> = r.iter().filter(|x| x.0 == OPT_INFO).collect();
     assert_eq!(info.len(), 5);
@@ -477,4 +484,175 @@ fn several_exports_selected_by_name() {
     let mut hs = two_exports();
     hs.feed(&opt(OPT_EXPORT_NAME, b"third"));
     assert!(hs.process().is_err());
+}
+
+fn meta_data(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
+    }
+    d
+}
+
+/// Meta contexts: LIST names `base:allocation`; SET needs structured
+/// replies, selects it by its full name only, and ignores other contexts;
+/// malformed payloads and unknown exports get the right errors; GO of
+/// another export leaves BLOCK_STATUS off.
+#[test]
+fn structured_replies_and_the_allocation_context() {
+    let mut hs = started(false);
+    hs.feed(&opt(
+        OPT_SET_META_CONTEXT,
+        &meta_data("disk", &["base:allocation"]),
+    ));
+    hs.feed(&opt(OPT_LIST_META_CONTEXT, &meta_data("", &[])));
+    hs.feed(&opt(
+        OPT_LIST_META_CONTEXT,
+        &meta_data("disk", &["qemu:dirty-bitmap:x"]),
+    ));
+    hs.feed(&opt(OPT_LIST_META_CONTEXT, &meta_data("nope", &[])));
+    hs.feed(&opt(OPT_LIST_META_CONTEXT, b"\0\0\0\x09disk"));
+    hs.feed(&opt(OPT_STRUCTURED_REPLY, b"x"));
+    hs.feed(&opt(OPT_STRUCTURED_REPLY, &[]));
+    hs.feed(&opt(
+        OPT_SET_META_CONTEXT,
+        &meta_data("disk", &["qemu:dirty-bitmap:x", "base:allocation"]),
+    ));
+    assert_eq!(hs.process(), Ok(HandshakeStatus::NeedMore));
+    let r = replies(&hs.take_output());
+    let kinds: Vec<(u32, u32)> = r.iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (OPT_SET_META_CONTEXT, REP_ERR_INVALID), // before structured replies
+            (OPT_LIST_META_CONTEXT, REP_META_CONTEXT),
+            (OPT_LIST_META_CONTEXT, REP_ACK),
+            (OPT_LIST_META_CONTEXT, REP_ACK), // nothing matched
+            (OPT_LIST_META_CONTEXT, REP_ERR_UNKNOWN),
+            (OPT_LIST_META_CONTEXT, REP_ERR_INVALID),
+            (OPT_STRUCTURED_REPLY, REP_ERR_INVALID),
+            (OPT_STRUCTURED_REPLY, REP_ACK),
+            (OPT_SET_META_CONTEXT, REP_META_CONTEXT),
+            (OPT_SET_META_CONTEXT, REP_ACK),
+        ]
+    );
+    assert_eq!(&r[1].2[4..], b"base:allocation");
+    assert_eq!(
+        u32::from_be_bytes(r[8].2[0..4].try_into().unwrap()),
+        META_BASE_ALLOCATION_ID
+    );
+    assert_eq!(&r[8].2[4..], b"base:allocation");
+    hs.feed(&opt(OPT_GO, &info_data("disk", &[])));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    let session = hs.session();
+    assert_eq!(
+        session,
+        Session {
+            structured: true,
+            base_allocation: true
+        }
+    );
+
+    // BLOCK_STATUS is checked like a read, and needs the context.
+    let e = export(false);
+    let v = |h: RequestHeader, s: Session| validate_in(&h, &e, s).map_err(|r| r.errno);
+    assert_eq!(
+        v(hdr(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 4096, 8192), session),
+        Ok(Command::BlockStatus {
+            offset: 4096,
+            length: 8192,
+            one: true
+        })
+    );
+    assert_eq!(
+        v(hdr(CMD_BLOCK_STATUS, 0, 0, 4096), Session::default()),
+        Err(EINVAL)
+    );
+    assert_eq!(
+        v(hdr(CMD_BLOCK_STATUS, CMD_FLAG_FUA, 0, 4096), session),
+        Err(EINVAL)
+    );
+    assert_eq!(v(hdr(CMD_BLOCK_STATUS, 0, 0, 0), session), Err(EINVAL));
+    // Not bound by the transfer limit: a question about the whole export.
+    let big = ExportInfo {
+        size_bytes: 8 << 30,
+        ..export(false)
+    };
+    assert!(validate_in(&hdr(CMD_BLOCK_STATUS, 0, 0, u32::MAX), &big, session).is_ok());
+    assert_eq!(
+        v(hdr(CMD_BLOCK_STATUS, 0, (1 << 20) - 512, 4096), session),
+        Err(EINVAL)
+    );
+    // Read-only exports answer block status too.
+    let ro = export(true);
+    assert!(validate_in(&hdr(CMD_BLOCK_STATUS, 0, 0, 4096), &ro, session).is_ok());
+
+    // A SET naming another export does not carry over to GO of this one.
+    let mut hs = two_exports();
+    hs.feed(&opt(OPT_STRUCTURED_REPLY, &[]));
+    hs.feed(&opt(
+        OPT_SET_META_CONTEXT,
+        &meta_data("second", &["base:allocation"]),
+    ));
+    hs.feed(&opt(OPT_GO, &info_data("disk", &[])));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    assert!(!hs.session().base_allocation);
+}
+
+/// Structured reply chunks: header fields, payload layouts.
+#[test]
+fn structured_chunks_are_framed_as_the_protocol_says() {
+    let head = |b: &[u8]| {
+        (
+            u32::from_be_bytes(b[0..4].try_into().unwrap()),
+            u16::from_be_bytes(b[4..6].try_into().unwrap()),
+            u16::from_be_bytes(b[6..8].try_into().unwrap()),
+            u64::from_be_bytes(b[8..16].try_into().unwrap()),
+            u32::from_be_bytes(b[16..20].try_into().unwrap()) as usize,
+        )
+    };
+    let r = encode_read_chunk(7, 4096, b"abcd");
+    assert_eq!(
+        head(&r),
+        (
+            STRUCTURED_REPLY_MAGIC,
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_OFFSET_DATA,
+            7,
+            12
+        )
+    );
+    assert_eq!(&r[20..28], &4096u64.to_be_bytes());
+    assert_eq!(&r[28..], b"abcd");
+    let r = encode_error_chunk(8, EINVAL, "bad");
+    assert_eq!(
+        head(&r),
+        (
+            STRUCTURED_REPLY_MAGIC,
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_ERROR,
+            8,
+            9
+        )
+    );
+    assert_eq!(&r[20..24], &EINVAL.to_be_bytes());
+    assert_eq!(&r[24..26], &3u16.to_be_bytes());
+    assert_eq!(&r[26..], b"bad");
+    let r = encode_block_status(9, &[(4096, 0), (8192, STATE_HOLE | STATE_ZERO)]);
+    assert_eq!(
+        head(&r),
+        (
+            STRUCTURED_REPLY_MAGIC,
+            REPLY_FLAG_DONE,
+            REPLY_TYPE_BLOCK_STATUS,
+            9,
+            20
+        )
+    );
+    assert_eq!(&r[20..24], &META_BASE_ALLOCATION_ID.to_be_bytes());
+    assert_eq!(&r[24..32], &[0, 0, 0x10, 0, 0, 0, 0, 0]);
+    assert_eq!(&r[32..40], &[0, 0, 0x20, 0, 0, 0, 0, 3]);
 }

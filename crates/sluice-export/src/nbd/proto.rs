@@ -1,6 +1,7 @@
 //! The NBD protocol, sans-IO: the fixed newstyle handshake
-//! ([`ServerHandshake`]), request decoding and validation
-//! ([`RequestDecoder`], [`validate`]) and simple-reply encoding.
+//! ([`ServerHandshake`]: options, structured replies, the `base:allocation`
+//! meta context), request decoding and validation ([`RequestDecoder`],
+//! [`validate_in`]), and simple and structured reply encoding.
 //!
 //! Nothing here touches a socket: the I/O layer feeds received bytes in and
 //! writes the bytes [`ServerHandshake::take_output`] hands out. Malformed
@@ -30,11 +31,14 @@ pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_INFO: u32 = 6;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 /// Option replies.
 pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 pub const REP_INFO: u32 = 3;
+pub const REP_META_CONTEXT: u32 = 4;
 pub const REP_ERR_UNSUP: u32 = (1 << 31) | 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) | 2;
 pub const REP_ERR_INVALID: u32 = (1 << 31) | 3;
@@ -63,10 +67,32 @@ pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 pub const CMD_TRIM: u16 = 4;
 pub const CMD_WRITE_ZEROES: u16 = 6;
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 /// Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// BLOCK_STATUS: one descriptor is enough.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
+
+/// Structured replies.
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+pub const STRUCTURED_REPLY_HEADER_BYTES: usize = 20;
+pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
+pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+
+/// The one meta context served: which ranges hold data.
+pub const META_BASE_ALLOCATION: &str = "base:allocation";
+/// Its context id in this server's replies.
+pub const META_BASE_ALLOCATION_ID: u32 = 1;
+/// `base:allocation` flags of a block status descriptor.
+pub const STATE_HOLE: u32 = 1 << 0;
+pub const STATE_ZERO: u32 = 1 << 1;
+/// Queries accepted in one LIST/SET_META_CONTEXT.
+pub const META_QUERIES_MAX: u32 = 128;
 
 /// Option payloads larger than this are answered with NBD_REP_ERR_TOO_BIG
 /// and skipped (names are at most 4096 bytes by the spec).
@@ -157,6 +183,21 @@ pub struct ServerHandshake {
     phase: Phase,
     no_zeroes: bool,
     options_seen: u32,
+    /// NBD_OPT_STRUCTURED_REPLY was acknowledged.
+    structured: bool,
+    /// The export whose `base:allocation` context NBD_OPT_SET_META_CONTEXT
+    /// selected (it applies only if NBD_OPT_GO picks the same export).
+    allocation_context_for: Option<usize>,
+}
+
+/// What a connection negotiated in its handshake, which decides the
+/// commands it may send and how replies are framed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Session {
+    /// Structured replies (reads and block status are answered in chunks).
+    pub structured: bool,
+    /// The `base:allocation` meta context is selected: BLOCK_STATUS works.
+    pub base_allocation: bool,
 }
 
 fn be_u16(b: &[u8], at: usize) -> u16 {
@@ -216,6 +257,8 @@ impl ServerHandshake {
             phase: Phase::ClientFlags,
             no_zeroes: false,
             options_seen: 0,
+            structured: false,
+            allocation_context_for: None,
         }
     }
 
@@ -223,6 +266,14 @@ impl ServerHandshake {
     /// client chose; meaningful once the handshake is `Done`.
     pub fn selected(&self) -> usize {
         self.selected
+    }
+
+    /// What the finished handshake negotiated for the selected export.
+    pub fn session(&self) -> Session {
+        Session {
+            structured: self.structured,
+            base_allocation: self.structured && self.allocation_context_for == Some(self.selected),
+        }
     }
 
     /// Appends received bytes.
@@ -420,7 +471,25 @@ impl ServerHandshake {
                     Ok(None)
                 }
             }
-            OPT_STARTTLS | OPT_STRUCTURED_REPLY => {
+            OPT_STRUCTURED_REPLY => {
+                if data.is_empty() {
+                    self.structured = true;
+                    encode_option_reply(out, option, REP_ACK, &[]);
+                } else {
+                    encode_option_reply(
+                        out,
+                        option,
+                        REP_ERR_INVALID,
+                        b"NBD_OPT_STRUCTURED_REPLY takes no data",
+                    );
+                }
+                Ok(None)
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
+                self.meta_context(option, data);
+                Ok(None)
+            }
+            OPT_STARTTLS => {
                 encode_option_reply(out, option, REP_ERR_UNSUP, b"not supported");
                 Ok(None)
             }
@@ -434,6 +503,78 @@ impl ServerHandshake {
 
 /// Parses NBD_OPT_INFO/GO data: name and information requests; `None` if
 /// the lengths do not add up exactly.
+impl ServerHandshake {
+    /// NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: the only
+    /// context is `base:allocation`. LIST with no query, or the query
+    /// `base:`, lists it; SET selects it when asked by its full name, and
+    /// needs structured replies first. Queries for other contexts match
+    /// nothing (no reply for them), as the protocol asks.
+    fn meta_context(&mut self, option: u32, data: &[u8]) {
+        let out = &mut self.output;
+        let Some((name, queries)) = parse_meta_request(data) else {
+            encode_option_reply(
+                out,
+                option,
+                REP_ERR_INVALID,
+                b"malformed meta context request",
+            );
+            return;
+        };
+        let Some(i) = find_export(&self.exports, name) else {
+            encode_option_reply(out, option, REP_ERR_UNKNOWN, b"no such export");
+            return;
+        };
+        let set = option == OPT_SET_META_CONTEXT;
+        if set && !self.structured {
+            encode_option_reply(
+                out,
+                option,
+                REP_ERR_INVALID,
+                b"NBD_OPT_SET_META_CONTEXT needs structured replies first",
+            );
+            return;
+        }
+        let full = META_BASE_ALLOCATION.as_bytes();
+        let matches = if set {
+            queries.contains(&full)
+        } else {
+            queries.is_empty() || queries.iter().any(|q| *q == b"base:" || *q == full)
+        };
+        if set {
+            // Each SET replaces the previous selection.
+            self.allocation_context_for = matches.then_some(i);
+        }
+        if matches {
+            let id = if set { META_BASE_ALLOCATION_ID } else { 0 };
+            let mut d = id.to_be_bytes().to_vec();
+            d.extend_from_slice(full);
+            encode_option_reply(out, option, REP_META_CONTEXT, &d);
+        }
+        encode_option_reply(out, option, REP_ACK, &[]);
+    }
+}
+
+/// A LIST/SET_META_CONTEXT payload: export name, then queries.
+fn parse_meta_request(d: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
+    let nlen = usize_from(u64::from(be_u32(d.get(..4)?, 0)));
+    let rest = d.get(4..)?;
+    let name = rest.get(..nlen)?;
+    let mut rest = rest.get(nlen..)?;
+    let n = be_u32(rest.get(..4)?, 0);
+    if n > META_QUERIES_MAX {
+        return None;
+    }
+    rest = rest.get(4..)?;
+    let mut queries = Vec::with_capacity(usize_from(u64::from(n)));
+    for _ in 0..n {
+        let qlen = usize_from(u64::from(be_u32(rest.get(..4)?, 0)));
+        let end = qlen.checked_add(4)?;
+        queries.push(rest.get(4..end)?);
+        rest = rest.get(end..)?;
+    }
+    rest.is_empty().then_some((name, queries))
+}
+
 fn parse_info_request(d: &[u8]) -> Option<(&[u8], Vec<u16>)> {
     if d.len() < 4 {
         return None;
@@ -568,11 +709,32 @@ impl RequestDecoder {
 /// A validated command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    Read { offset: u64, length: u32 },
-    Write { offset: u64, fua: bool },
+    Read {
+        offset: u64,
+        length: u32,
+    },
+    Write {
+        offset: u64,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, length: u32, fua: bool },
-    WriteZeroes { offset: u64, length: u32, fua: bool },
+    Trim {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        length: u32,
+        fua: bool,
+    },
+    /// Which ranges hold data (`base:allocation`); `one`: a single
+    /// descriptor is enough (NBD_CMD_FLAG_REQ_ONE).
+    BlockStatus {
+        offset: u64,
+        length: u32,
+        one: bool,
+    },
     Disconnect,
 }
 
@@ -595,10 +757,26 @@ fn refuse(errno: u32, reason: &'static str) -> Refusal {
 /// * WRITE/TRIM/WRITE_ZEROES on a read-only export: `EPERM`;
 /// * a range past the end: `ENOSPC` for WRITE/WRITE_ZEROES, `EINVAL` for
 ///   READ/TRIM.
+///
+/// This is a connection that negotiated only simple replies; see
+/// [`validate_in`].
 pub fn validate(h: &RequestHeader, export: &ExportInfo) -> Result<Command, Refusal> {
+    validate_in(h, export, Session::default())
+}
+
+/// [`validate`] for a connection that negotiated `session`: BLOCK_STATUS
+/// needs the `base:allocation` context (else `EINVAL`) and may carry
+/// REQ_ONE; its range is checked like a read's.
+pub fn validate_in(
+    h: &RequestHeader,
+    export: &ExportInfo,
+    session: Session,
+) -> Result<Command, Refusal> {
     let known_flags = match h.kind {
         CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
         CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM => CMD_FLAG_FUA,
+        CMD_BLOCK_STATUS if session.base_allocation => CMD_FLAG_REQ_ONE,
+        CMD_BLOCK_STATUS => return Err(refuse(EINVAL, "no meta context was selected")),
         CMD_DISC => 0,
         _ => return Err(refuse(EINVAL, "unknown command")),
     };
@@ -624,8 +802,9 @@ pub fn validate(h: &RequestHeader, export: &ExportInfo) -> Result<Command, Refus
         return Err(refuse(EINVAL, "zero length"));
     }
     // Trim and write-zeroes carry no payload, but the same cap keeps one
-    // request's work bounded.
-    if h.length > REQUEST_BYTES_MAX {
+    // request's work bounded. Block status is a question about a range, not
+    // a transfer: clients ask about the whole export (up to 4 GiB at once).
+    if h.length > REQUEST_BYTES_MAX && h.kind != CMD_BLOCK_STATUS {
         return Err(refuse(EINVAL, "length over the request limit"));
     }
     let fits = h
@@ -652,6 +831,11 @@ pub fn validate(h: &RequestHeader, export: &ExportInfo) -> Result<Command, Refus
             length: h.length,
             fua,
         },
+        CMD_BLOCK_STATUS => Command::BlockStatus {
+            offset: h.offset,
+            length: h.length,
+            one: h.flags & CMD_FLAG_REQ_ONE != 0,
+        },
         _ => Command::WriteZeroes {
             offset: h.offset,
             length: h.length,
@@ -667,6 +851,75 @@ pub fn encode_simple_reply(cookie: u64, errno: u32) -> [u8; SIMPLE_REPLY_HEADER_
     b[4..8].copy_from_slice(&errno.to_be_bytes());
     b[8..16].copy_from_slice(&cookie.to_be_bytes());
     b
+}
+
+/// A structured reply chunk's header.
+fn structured_header(out: &mut Vec<u8>, cookie: u64, flags: u16, kind: u16, len: usize) {
+    debug_assert!(
+        u32::try_from(len).is_ok(),
+        "chunks are bounded by the request limit"
+    );
+    #[allow(clippy::cast_possible_truncation)]
+    let len = len as u32;
+    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+}
+
+/// A read's data as one final NBD_REPLY_TYPE_OFFSET_DATA chunk.
+pub fn encode_read_chunk(cookie: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + 8 + data.len());
+    structured_header(
+        &mut out,
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_OFFSET_DATA,
+        8 + data.len(),
+    );
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// A failed request as one final NBD_REPLY_TYPE_ERROR chunk (the message
+/// is cut at 4096 bytes).
+pub fn encode_error_chunk(cookie: u64, errno: u32, message: &str) -> Vec<u8> {
+    let msg = &message.as_bytes()[..message.len().min(4096)];
+    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + 6 + msg.len());
+    structured_header(
+        &mut out,
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        6 + msg.len(),
+    );
+    out.extend_from_slice(&errno.to_be_bytes());
+    #[allow(clippy::cast_possible_truncation)] // at most 4096
+    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}
+
+/// `base:allocation` descriptors (length, flags) as one final
+/// NBD_REPLY_TYPE_BLOCK_STATUS chunk.
+pub fn encode_block_status(cookie: u64, extents: &[(u32, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + 4 + 8 * extents.len());
+    let len = 4 + 8 * extents.len();
+    structured_header(
+        &mut out,
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        len,
+    );
+    out.extend_from_slice(&META_BASE_ALLOCATION_ID.to_be_bytes());
+    for (len, flags) in extents {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    }
+    out
 }
 
 /// Decodes a simple reply header: `(errno, cookie)`; `None` on bad magic.

@@ -4,8 +4,9 @@
 //! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
 
 use super::proto::{
-    encode_simple_reply, validate, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder,
-    ServerHandshake, TransmissionError,
+    encode_block_status, encode_error_chunk, encode_read_chunk, encode_simple_reply, validate_in,
+    Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake, Session,
+    TransmissionError, STATE_HOLE, STATE_ZERO,
 };
 use crate::account::ExportAccount;
 use crate::blockio::{BlockDevice, ByteDevice};
@@ -183,12 +184,15 @@ impl<D: BlockDevice> NbdServer<D> {
         };
         wr.flush().await?;
         let idx = hs.selected();
+        let session = hs.session();
         let entry = &self.entries[idx];
         let account = entry.account.clone();
         info!(
             export = %entry.export.name,
             hostnqn = %entry.hostnqn,
             size_bytes = entry.export.size_bytes,
+            structured_replies = session.structured,
+            base_allocation = session.base_allocation,
             "transmission phase"
         );
 
@@ -234,7 +238,7 @@ impl<D: BlockDevice> NbdServer<D> {
                         let tx = tx.clone();
                         tokio::spawn(
                             async move {
-                                let reply = me.execute(idx, req).await;
+                                let reply = me.execute(idx, req, session).await;
                                 let _ = tx.send(reply).await;
                                 drop((c, b));
                             }
@@ -272,10 +276,10 @@ impl<D: BlockDevice> NbdServer<D> {
     }
 
     /// Executes one request and encodes its reply.
-    async fn execute(&self, idx: usize, req: Incoming) -> Vec<u8> {
+    async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Vec<u8> {
         let e = &self.entries[idx];
         let written = req.payload.len();
-        let reply = self.execute_on(e, req).await;
+        let reply = self.execute_on(e, req, session).await;
         if let Some(a) = &e.account {
             // Payload moved: write data in, read data out (after the
             // 16-byte simple reply header).
@@ -284,9 +288,14 @@ impl<D: BlockDevice> NbdServer<D> {
         reply
     }
 
-    async fn execute_on(&self, e: &Entry<D>, req: Incoming) -> Vec<u8> {
+    /// Executes one request. With structured replies negotiated, reads and
+    /// block status answer in one final chunk (data, block status or
+    /// error); everything else gets a simple reply, which the protocol
+    /// allows.
+    async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> Vec<u8> {
         let cookie = req.header.cookie;
-        let cmd = match validate(&req.header, &e.export) {
+        let structured = session.structured;
+        let cmd = match validate_in(&req.header, &e.export, session) {
             Ok(c) => c,
             Err(r) => {
                 debug!(
@@ -295,18 +304,62 @@ impl<D: BlockDevice> NbdServer<D> {
                     reason = r.reason,
                     "request refused"
                 );
+                let chunked = structured
+                    && matches!(
+                        req.header.kind,
+                        super::proto::CMD_READ | super::proto::CMD_BLOCK_STATUS
+                    );
+                if chunked {
+                    return encode_error_chunk(cookie, r.errno, r.reason);
+                }
                 return encode_simple_reply(cookie, r.errno).to_vec();
             }
         };
         let r = match cmd {
             Command::Read { offset, length } => match e.dev.read(offset, length as usize).await {
+                Ok(data) if structured => return encode_read_chunk(cookie, offset, &data),
                 Ok(data) => {
                     let mut out = Vec::with_capacity(16 + data.len());
                     out.extend_from_slice(&encode_simple_reply(cookie, 0));
                     out.extend_from_slice(&data);
                     return out;
                 }
+                Err(err) if structured => {
+                    warn!(cookie, errno = err.errno(), "request failed: {err}");
+                    return encode_error_chunk(cookie, err.errno(), &err.to_string());
+                }
                 Err(e) => Err(e),
+            },
+            Command::BlockStatus {
+                offset,
+                length,
+                one,
+            } => match e.dev.allocation(offset, u64::from(length)).await {
+                Ok(runs) => {
+                    let mut extents: Vec<(u32, u32)> = runs
+                        .iter()
+                        .map(|&(n, allocated)| {
+                            // Runs tile a request of at most u32::MAX bytes.
+                            let n = u32::try_from(n).unwrap_or(u32::MAX);
+                            (
+                                n,
+                                if allocated {
+                                    0
+                                } else {
+                                    STATE_HOLE | STATE_ZERO
+                                },
+                            )
+                        })
+                        .collect();
+                    if one {
+                        extents.truncate(1);
+                    }
+                    return encode_block_status(cookie, &extents);
+                }
+                Err(err) => {
+                    warn!(cookie, errno = err.errno(), "block status failed: {err}");
+                    return encode_error_chunk(cookie, err.errno(), &err.to_string());
+                }
             },
             Command::Write { offset, fua } => e.dev.write(offset, req.payload, fua).await,
             Command::Flush => e.dev.flush().await,
