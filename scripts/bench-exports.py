@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Exports against the host library beneath them: fio through `sluice nbd`
+and through a `sluice fuse` file, `sluice bench` alone, and nbdkit's memory
+plugin (no network hop) as the yardstick, on the same Sluice target.
+
+    scripts/bench-exports.py [--runtime 3] [--repeats 3] [--out docs/benchmarks.md]
+
+The target (RAM namespace, adaptive polling) runs on core 0; the export and
+its load generator (fio, or `sluice bench`) share core 1, as an application
+and its export would. Workloads: 4 KiB random reads at QD 32 and 128 KiB
+sequential reads at QD 8, each `--runtime` seconds, each path `--repeats`
+times in rotation (so drift hits every path alike); cells are medians with
+the range in brackets. "CPU µs/IO" is the CPU time of the process that
+serves the I/O on core 1 (the export, nbdkit, or `sluice bench` itself,
+which also generates the load) over the I/Os done. Ratios: NBD over
+`sluice bench` and FUSE over NBD (the goals are >= 0.8 and >= 0.5).
+
+Installs what it needs (fio, nbdkit, libnbd-bin) with apt-get when run as
+root, and makes a release build of `sluice`. Writes its table between the
+markers `<!-- bench-exports:begin -->` and `<!-- bench-exports:end -->` of
+--out (appended once when absent).
+"""
+import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SLUICE = os.path.join(ROOT, "target", "release", "sluice")
+NQN = "nqn.2026-11.io.sluice:ram0"
+TARGET_CPU, LOAD_CPU = "0", "1"
+WORKLOADS = [("randread", "4k", 32), ("read", "128k", 8)]
+SPAN = "512m"
+BEGIN, END = "<!-- bench-exports:begin -->", "<!-- bench-exports:end -->"
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for(pred, what, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"bench-exports: {what} did not come up in {timeout} s")
+
+
+def listening(port):
+    def f():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+    return f
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def ensure_tools():
+    need = [pkg for tool, pkg in [("fio", "fio"), ("nbdkit", "nbdkit"), ("nbdinfo", "libnbd-bin")]
+            if shutil.which(tool) is None]
+    if need:
+        if os.geteuid() != 0:
+            raise SystemExit(f"bench-exports: missing {', '.join(need)}; install them (apt-get install {' '.join(need)})")
+        print(f"bench-exports: installing {' '.join(need)}", flush=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *need], check=True, env=env, stdout=subprocess.DEVNULL)
+    if not os.path.exists("/dev/fuse"):
+        raise SystemExit("bench-exports: /dev/fuse is missing (the FUSE row needs it)")
+
+
+def fio(args, runtime):
+    cmd = ["taskset", "-c", LOAD_CPU, "fio", "--name=x", "--time_based", f"--runtime={runtime}",
+           "--ramp_time=0", "--output-format=json", "--numjobs=1", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench-exports: fio failed: {' '.join(cmd)}\n{out.stderr}{out.stdout[-2000:]}")
+    # fio may print warnings before the JSON.
+    j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["read"]
+    return j["iops"], j["bw_bytes"] / 2**20, j["total_ios"]
+
+
+def fio_workload(rw, bs, qd):
+    return [f"--rw={rw}", f"--bs={bs}", f"--iodepth={qd}", f"--size={SPAN}"]
+
+
+class Server:
+    """A process on the load core whose CPU time is charged to its rows."""
+
+    def __init__(self, cmd, ready, what):
+        self.p = subprocess.Popen(["taskset", "-c", LOAD_CPU, *cmd], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: self.p.poll() is not None or ready(), what)
+        except SystemExit:
+            self.stop()
+            raise
+        if self.p.poll() is not None:
+            raise SystemExit(f"bench-exports: {what} exited: {self.p.stderr.read()[-2000:]}")
+
+    def cpu(self):
+        return cpu_seconds(self.p.pid)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def run_bench(port, runtime):
+    rows = {}
+    for rw, bs, qd in WORKLOADS:
+        out = subprocess.run(["taskset", "-c", LOAD_CPU, SLUICE, "bench", "--target", f"127.0.0.1:{port}", "--nqn", NQN,
+                              "--rw", rw, "--bs", bs, "--qd", str(qd), "--runtime", str(runtime), "--span", SPAN,
+                              "--json", "--log", "warn"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"bench-exports: sluice bench failed: {out.stderr}")
+        r = json.loads(out.stdout)
+        j = r["jobs"][0]
+        cpu = r["cpu_user_s"] + r["cpu_sys_s"]
+        rows[(rw, bs, qd)] = (j["iops"], j["bandwidth_mib_s"], cpu / max(j["ios"], 1) * 1e6)
+    return rows
+
+
+def run_served(server, target_of, runtime):
+    rows = {}
+    try:
+        for rw, bs, qd in WORKLOADS:
+            c0 = server.cpu()
+            iops, mib, ios = fio([*target_of, *fio_workload(rw, bs, qd)], runtime)
+            rows[(rw, bs, qd)] = (iops, mib, (server.cpu() - c0) / max(ios, 1) * 1e6)
+    finally:
+        server.stop()
+    return rows
+
+
+def run_nbd(port, runtime):
+    nport = free_port()
+    s = Server([SLUICE, "nbd", "--target", f"127.0.0.1:{port}", "--nqn", NQN, "--listen", f"127.0.0.1:{nport}",
+                "--export-name", "disk", "--log", "warn"], listening(nport), "sluice nbd")
+    return run_served(s, ["--ioengine=nbd", f"--uri=nbd://127.0.0.1:{nport}/disk"], runtime)
+
+
+def run_fuse(port, runtime, work):
+    mnt = os.path.join(work, "fuse")
+    os.makedirs(mnt, exist_ok=True)
+    f = os.path.join(mnt, "disk.img")
+    s = Server([SLUICE, "fuse", "--target", f"127.0.0.1:{port}", "--nqn", NQN, mnt, "--file-name", "disk.img",
+                "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
+    try:
+        return run_served(s, ["--ioengine=libaio", "--direct=1", f"--filename={f}"], runtime)
+    finally:
+        subprocess.run(["fusermount", "-u", mnt], stderr=subprocess.DEVNULL)
+
+
+def run_nbdkit(runtime):
+    nport = free_port()
+    s = Server(["nbdkit", "--foreground", "--exit-with-parent", "-i", "127.0.0.1", "-p", str(nport), "memory", "1G"],
+               listening(nport), "nbdkit")
+    return run_served(s, ["--ioengine=nbd", f"--uri=nbd://127.0.0.1:{nport}/"], runtime)
+
+
+def cell(samples, i, scale=1.0, fmt="{:.0f}"):
+    v = [s[i] * scale for s in samples]
+    return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
+    a = ap.parse_args()
+    if a.runtime < 1 or a.repeats < 1:
+        raise SystemExit("bench-exports: --runtime and --repeats must be at least 1")
+    ensure_tools()
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
+    with open("/proc/loadavg") as f:
+        load_before = f.read().split()[0]
+    port = free_port()
+    work = tempfile.mkdtemp(prefix="sluice-bench-exports.")
+    target = subprocess.Popen(["taskset", "-c", TARGET_CPU, SLUICE, "target", "--listen", f"127.0.0.1:{port}",
+                               "--discovery-listen", "", "--polling", "adaptive", "--ram-size", "1GiB", "--log", "warn"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    paths = [
+        ("`sluice bench` → target (the host library alone)", lambda: run_bench(port, a.runtime)),
+        ("fio (nbd engine) → `sluice nbd` → target", lambda: run_nbd(port, a.runtime)),
+        ("fio (libaio, O_DIRECT) → `sluice fuse` file → target", lambda: run_fuse(port, a.runtime, work)),
+        ("fio (nbd engine) → nbdkit memory plugin, no network hop, for scale", lambda: run_nbdkit(a.runtime)),
+    ]
+    results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}
+    try:
+        wait_for(listening(port), "sluice target")
+        for rep in range(a.repeats):
+            for name, run in paths:
+                rows = run()
+                for w, r in rows.items():
+                    results[name][w].append(r)
+                    print(f"[{rep + 1}/{a.repeats}] {name}: {w[0]} {w[1]} QD {w[2]}: {r[0]:.0f} IOPS, "
+                          f"{r[1]:.0f} MiB/s, {r[2]:.1f} CPU µs/IO", flush=True)
+    finally:
+        target.send_signal(signal.SIGINT)
+        target.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    with open("/proc/loadavg") as f:
+        load_after = f.read().split()[0]
+
+    small, large = WORKLOADS
+    lines = [
+        BEGIN,
+        "## Exports: fio through NBD and FUSE against the host library",
+        "",
+        f"Command: `scripts/bench-exports.py --runtime {a.runtime} --repeats {a.repeats}` "
+        f"({time.strftime('%Y-%m-%d')}, 1-minute load average {load_before} before, {load_after} after).",
+        "",
+        "Sluice target (RAM, adaptive polling) on core 0; the export (or nbdkit) and fio, or `sluice bench`, "
+        "on core 1. Median of the repeats, range in brackets. CPU µs/IO: the serving process on core 1 "
+        "(for `sluice bench`, the bench itself, load generation included).",
+        "",
+        "| path | 4 KiB randread QD 32, IOPS | CPU µs/IO | 128 KiB read QD 8, GB/s | CPU µs/IO |",
+        "|---|---|---|---|---|",
+    ]
+    for name, _ in paths:
+        s, l = results[name][small], results[name][large]
+        lines.append(f"| {name} | {cell(s, 0)} | {cell(s, 2, fmt='{:.1f}')} | "
+                     f"{cell(l, 1, 2**20 / 1e9, '{:.2f}')} | {cell(l, 2, fmt='{:.1f}')} |")
+    med = {name: {w: statistics.median(r[0] for r in results[name][w]) for w in WORKLOADS} for name, _ in paths}
+    bench, nbd, fuse = (paths[0][0], paths[1][0], paths[2][0])
+    lines += [
+        "",
+        f"Ratios of medians: NBD / `sluice bench` = {med[nbd][small] / med[bench][small]:.2f} (4 KiB) and "
+        f"{med[nbd][large] / med[bench][large]:.2f} (128 KiB), goal >= 0.8; FUSE / NBD = "
+        f"{med[fuse][small] / med[nbd][small]:.2f} and {med[fuse][large] / med[nbd][large]:.2f}, goal >= 0.5.",
+        END,
+    ]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    text = open(a.out).read() if os.path.exists(a.out) else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + table + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + table
+    with open(a.out, "w") as f:
+        f.write(text)
+    print(f"bench-exports: wrote {a.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
