@@ -92,6 +92,19 @@ check "unaligned write/read (qemu-io)" bash -c "out=\$(qemu-io -c 'write -P 0x5a
     --image-opts driver=nbd,path='$SOCK',export=disk 2>&1); echo \"\$out\"; \
     ! grep -qi 'fail' <<<\"\$out\" && grep -q 'read 16/16' <<<\"\$out\""
 
+# Several NBD connections at once (multi-conn): 4 fio jobs, each its own
+# libnbd connection, writing and verifying its own 24 MiB region at QD 16,
+# random block sizes, while the others run (after the comparisons above,
+# which need the export past 64 MiB to read as zeros).
+CONNS_BEFORE=$(grep -c 'transmission phase' "$WORK/nbd.log" || true)
+check "4 concurrent NBD connections, crc32c-verified writes in disjoint regions" \
+    fio --name=multi --ioengine=nbd --uri="nbd+unix:///disk?socket=$SOCK" --numjobs=4 --rw=randwrite \
+        --bsrange=4k-64k --iodepth=16 --size=24m --offset=128m --offset_increment=24m \
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --group_reporting --output="$WORK/fio-multi.txt"
+if [ -f "$WORK/fio-multi.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-multi.txt" | sed 's/^/    /'; fi
+check "the fio jobs each had their own NBD connection" \
+    bash -c "[ \$(grep -c 'transmission phase' '$WORK/nbd.log') -ge $((CONNS_BEFORE + 4)) ]"
+
 # FUSE: one file, loop device, ext4.
 MNT_FUSE=$WORK/fuse
 mkdir -p "$MNT_FUSE"
