@@ -443,27 +443,15 @@ impl Volume {
     /// reported here was a hole when this call asked).
     pub async fn allocation(&self, lba: u64, blocks: u64) -> Result<Vec<(u64, bool)>, VolumeError> {
         let bs = u64::from(self.block_size_bytes());
-        let (first, end) = (lba * bs, (lba + blocks) * bs);
         let runs = |m: &VolumeMap| -> Result<Vec<(u64, bool)>, VolumeError> {
-            if end > m.volume().size_bytes {
-                return Err(VolumeError::Range(sluice_volume::map::RangeError::Beyond {
-                    offset_bytes: first,
-                    len_bytes: end - first,
-                    size_bytes: m.volume().size_bytes,
-                }));
-            }
             let mut out: Vec<(u64, bool)> = Vec::new();
-            let mut at = first;
-            while at < end {
-                let index = at / sluice_volume::EXTENT_BYTES;
-                let next = ((index + 1) * sluice_volume::EXTENT_BYTES).min(end);
-                let allocated = m.extent(index).is_some();
-                let n = (next - at) / bs;
+            for p in m.plan(lba * bs, blocks * bs, u64::MAX)? {
+                let allocated = matches!(p.target, PieceTarget::Mapped { .. });
+                let n = p.len_bytes / bs;
                 match out.last_mut() {
                     Some((k, a)) if *a == allocated => *k += n,
                     _ => out.push((n, allocated)),
                 }
-                at = next;
             }
             Ok(out)
         };

@@ -91,8 +91,28 @@ async fn volume_round_trip(metadata: Metadata) {
     // Two targets, one subsystem each: two associations for both volumes.
     assert_eq!(pool.connections().await, 2);
 
+    // The allocation map (what NBD block status reports): extents 0-3
+    // hold data. Extent 10, allocated by the other client after this one
+    // fetched its map, is data too: a hole is only reported after a refetch.
+    let blocks = |mib: u64| mib * MIB / 4096;
+    v.write(blocks(20), &pattern(2, 4096), IoFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        v2.allocation(0, blocks(40)).await.unwrap(),
+        vec![
+            (blocks(8), true),
+            (blocks(12), false),
+            (blocks(2), true),
+            (blocks(18), false)
+        ]
+    );
+    assert_eq!(v2.allocation(blocks(1), 1).await.unwrap(), vec![(1, true)]);
+    assert!(v2.allocation(blocks(40), 1).await.is_err(), "past the end");
+
     // Online growth: a write past the old end is seen after a refetch.
     c.resize_volume("data", 48 * MIB).await.unwrap();
+    assert_eq!(v2.poll_size().await.unwrap(), 48 * MIB, "polled growth");
     v.write((44 * MIB) / 4096, &pattern(3, 8192), IoFlags::default())
         .await
         .unwrap();
