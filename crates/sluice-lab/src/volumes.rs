@@ -224,6 +224,20 @@ fn bench(
     Ok(sluice_bench::run(a)?.total)
 }
 
+/// Writes the first `bytes` of `volume` sequentially in 1 MiB writes (QD 4),
+/// so that every extent there is allocated before a measured run.
+fn fill(control: &str, volume: &str, bytes: u64) -> Result<()> {
+    let mut a = BenchArgs::new("", "");
+    a.volume = Some(volume.into());
+    a.control = control.into();
+    a.rw = RwMode::Write;
+    a.bs = BlockSizes::fixed(1 << 20);
+    a.qd = 4;
+    a.ios = Some(bytes / MIB);
+    sluice_bench::run(a)?;
+    Ok(())
+}
+
 fn map_overhead() -> (f64, usize) {
     let extents: u64 = 51_200; // 100 GiB
     let volume = VolumeRecord {
@@ -425,14 +439,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         cp.create("evol", u64::from(n) * 64 * MIB, 1)?;
         let w = bench(&cp.addr, "evol", RwMode::Write, 4096, 16, runtime)?;
         // Make sure every extent exists before the read run.
-        let mut fill = BenchArgs::new("", "");
-        fill.volume = Some("evol".into());
-        fill.control = cp.addr.clone();
-        fill.rw = RwMode::Write;
-        fill.bs = BlockSizes::fixed(1 << 20);
-        fill.qd = 4;
-        fill.ios = Some(u64::from(n) * 64);
-        sluice_bench::run(fill)?;
+        fill(&cp.addr, "evol", u64::from(n) * 64 * MIB)?;
         let r = bench(
             &cp.addr,
             "evol",
@@ -485,14 +492,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     for replicas in [1u32, 3] {
         let name = format!("r{replicas}");
         cp.create(&name, 64 * MIB, replicas)?;
-        let mut fill = BenchArgs::new("", "");
-        fill.volume = Some(name.clone());
-        fill.control = cp.addr.clone();
-        fill.rw = RwMode::Write;
-        fill.bs = BlockSizes::fixed(1 << 20);
-        fill.qd = 4;
-        fill.ios = Some(64);
-        sluice_bench::run(fill)?;
+        fill(&cp.addr, &name, 64 * MIB)?;
         let r = bench(&cp.addr, &name, RwMode::RandWrite, 4096, 1, runtime)?;
         md.push_str(&format!(
             "| {replicas} | {:.0} | {:.1} | {:.1} |\n",
@@ -584,14 +584,7 @@ fn rebuild_under_load(dir: &Path, ssd: SsdConfig, runtime: f64, rate: u64) -> Re
     let cp = Control::start_with(cfg)?;
     cp.add_drives(&ts.iter().collect::<Vec<_>>(), 2)?;
     cp.create("r", REBUILD_VOLUME_BYTES, 2)?;
-    let mut fill = BenchArgs::new("", "");
-    fill.volume = Some("r".into());
-    fill.control = cp.addr.clone();
-    fill.rw = RwMode::Write;
-    fill.bs = BlockSizes::fixed(1 << 20);
-    fill.qd = 4;
-    fill.ios = Some(REBUILD_VOLUME_BYTES / MIB);
-    sluice_bench::run(fill)?;
+    fill(&cp.addr, "r", REBUILD_VOLUME_BYTES)?;
     let fg = |rt: f64| {
         let mut a = BenchArgs::new("", "");
         a.volume = Some("r".into());
