@@ -279,11 +279,10 @@ impl<D: BlockDevice> NbdServer<D> {
     async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Vec<u8> {
         let e = &self.entries[idx];
         let written = req.payload.len();
-        let reply = self.execute_on(e, req, session).await;
+        let (reply, read) = self.execute_on(e, req, session).await;
         if let Some(a) = &e.account {
-            // Payload moved: write data in, read data out (after the
-            // 16-byte simple reply header).
-            a.record((written + reply.len().saturating_sub(16)) as u64);
+            // Payload moved: write data in, read data out.
+            a.record((written + read) as u64);
         }
         reply
     }
@@ -291,8 +290,8 @@ impl<D: BlockDevice> NbdServer<D> {
     /// Executes one request. With structured replies negotiated, reads and
     /// block status answer in one final chunk (data, block status or
     /// error); everything else gets a simple reply, which the protocol
-    /// allows.
-    async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> Vec<u8> {
+    /// allows. Returns the reply and the bytes of read data in it.
+    async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Vec<u8>, usize) {
         let cookie = req.header.cookie;
         let structured = session.structured;
         let cmd = match validate_in(&req.header, &e.export, session) {
@@ -310,23 +309,25 @@ impl<D: BlockDevice> NbdServer<D> {
                         super::proto::CMD_READ | super::proto::CMD_BLOCK_STATUS
                     );
                 if chunked {
-                    return encode_error_chunk(cookie, r.errno, r.reason);
+                    return (encode_error_chunk(cookie, r.errno, r.reason), 0);
                 }
-                return encode_simple_reply(cookie, r.errno).to_vec();
+                return (encode_simple_reply(cookie, r.errno).to_vec(), 0);
             }
         };
         let r = match cmd {
             Command::Read { offset, length } => match e.dev.read(offset, length as usize).await {
-                Ok(data) if structured => return encode_read_chunk(cookie, offset, &data),
+                Ok(data) if structured => {
+                    return (encode_read_chunk(cookie, offset, &data), data.len())
+                }
                 Ok(data) => {
                     let mut out = Vec::with_capacity(16 + data.len());
                     out.extend_from_slice(&encode_simple_reply(cookie, 0));
                     out.extend_from_slice(&data);
-                    return out;
+                    return (out, data.len());
                 }
                 Err(err) if structured => {
                     warn!(cookie, errno = err.errno(), "request failed: {err}");
-                    return encode_error_chunk(cookie, err.errno(), &err.to_string());
+                    return (encode_error_chunk(cookie, err.errno(), &err.to_string()), 0);
                 }
                 Err(e) => Err(e),
             },
@@ -354,11 +355,11 @@ impl<D: BlockDevice> NbdServer<D> {
                     if one {
                         extents.truncate(1);
                     }
-                    return encode_block_status(cookie, &extents);
+                    return (encode_block_status(cookie, &extents), 0);
                 }
                 Err(err) => {
                     warn!(cookie, errno = err.errno(), "block status failed: {err}");
-                    return encode_error_chunk(cookie, err.errno(), &err.to_string());
+                    return (encode_error_chunk(cookie, err.errno(), &err.to_string()), 0);
                 }
             },
             Command::Write { offset, fua } => e.dev.write(offset, req.payload, fua).await,
@@ -375,13 +376,14 @@ impl<D: BlockDevice> NbdServer<D> {
             } => e.dev.write_zeroes(offset, length as u64, fua).await,
             Command::Disconnect => Ok(()),
         };
-        match r {
+        let reply = match r {
             Ok(()) => encode_simple_reply(cookie, 0).to_vec(),
             Err(err) => {
                 warn!(cookie, errno = err.errno(), "request failed: {err}");
                 encode_simple_reply(cookie, err.errno()).to_vec()
             }
-        }
+        };
+        (reply, 0)
     }
 }
 
