@@ -290,6 +290,10 @@ async fn bad_requests_get_clear_errors() {
     assert!(e.to_string().contains("not shrink"), "{e}");
     let e = c.open_volume("nope").await.unwrap_err();
     assert!(e.to_string().contains("not found"), "{e}");
+    let e = c.get_volume("nope").await.unwrap_err();
+    assert!(e.to_string().contains("not found"), "{e}");
+    let e = c.get_volume("bad/name").await.unwrap_err();
+    assert!(e.to_string().contains("volume name"), "{e}");
     let e = Volume::open(c.clone(), DrivePool::new(host_opts()), "nope")
         .await
         .unwrap_err();
