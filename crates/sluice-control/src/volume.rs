@@ -312,10 +312,19 @@ impl Volume {
         self.allocations.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Refetches the whole map (after a resize or a chain change).
+    /// Refetches the whole map (after a resize or a chain change). Several
+    /// tasks may refetch at once and answers may arrive out of order, so the
+    /// fetched map is absorbed ([`VolumeMap::absorb`]), never just stored:
+    /// an older answer must not hide an extent allocated since.
     pub async fn refresh(&self) -> Result<(), VolumeError> {
         let (map, drives) = Self::decode_layout(self.control.open_volume(&self.name).await?)?;
-        *write(&self.map) = map;
+        if map.volume().id != read(&self.map).volume().id {
+            return Err(VolumeError::Control(format!(
+                "volume {:?} was deleted and created again; open it again",
+                self.name
+            )));
+        }
+        write(&self.map).absorb(map);
         write(&self.drives).extend(drives);
         // Chains may have moved: forget nothing (connections stay valid),
         // but drop namespaces of drives no longer known.

@@ -148,6 +148,14 @@ pub struct Catalog<S> {
     /// The volumes and drives the last allocations committed (the fast path
     /// of [`Catalog::allocate`]).
     alloc_cache: Mutex<Option<AllocCache>>,
+    /// Held by every operation that takes a slot, from its plan to its
+    /// commit. An allocation zeroes its slots *before* committing them, so
+    /// two plans made from one view would choose the same slot, and the
+    /// loser's late zeroing could land after the winner's client wrote
+    /// there: acknowledged data erased. One taker at a time means every
+    /// plan sees the previous commit. Only the leader takes slots, so one
+    /// process-wide lock covers the pool (see docs/volumes.md).
+    slot_takers: tokio::sync::Mutex<()>,
 }
 
 /// Volumes remembered by the allocation fast path, at most.
@@ -185,6 +193,7 @@ impl<S: MetaStore> Catalog<S> {
             busy: Mutex::new(HashMap::new()),
             crash_hook: None,
             alloc_cache: Mutex::new(None),
+            slot_takers: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -216,6 +225,11 @@ impl<S: MetaStore> Catalog<S> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(drive, degree);
+    }
+
+    /// Waits for the slot lock (see `slot_takers`): rebuilds take slots too.
+    pub(crate) async fn lock_slot_takers(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.slot_takers.lock().await
     }
 
     /// Drops the allocation fast path's copies (after any other change).
@@ -729,6 +743,7 @@ impl<S: MetaStore> Catalog<S> {
         F: Fn(&Allocation) -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
+        let _one_taker = self.slot_takers.lock().await;
         // Fast path: the volume and drives as this catalog last wrote them.
         // The transaction compares their revisions and the extent's
         // absence, so a stale cache costs a conflict, never a wrong write.

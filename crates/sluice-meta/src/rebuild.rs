@@ -85,6 +85,7 @@ impl<S: MetaStore> Catalog<S> {
         name: &str,
         index: u64,
     ) -> Result<Option<Rebuild>, CatalogError> {
+        let _one_taker = self.lock_slot_takers().await;
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut v, vrev) = self.volume_rev(name).await?;
             if v.state != VolumeState::Ready {

@@ -350,6 +350,74 @@ fn etcd_racing_allocators_agree() {
     rt().block_on(async { racing_allocators(etcd(&server, "/t4/").await).await });
 }
 
+// ------------------------------------- zeroing never erases a committed slot
+
+/// Allocations zero their slots before they commit them. Concurrent
+/// allocations (a volume client's parallel writers fault distinct extents at
+/// once) must never zero a slot that another allocation has committed: its
+/// client may already have written there. Each `prepare` here waits a
+/// different time, then looks at what is committed.
+async fn zeroing_spares_committed_slots<S: MetaStore>(s: S) {
+    let c = Arc::new(Catalog::new(s, PlacementWeights::default()));
+    for i in 0..3 {
+        c.add_drive(spec(i, i), 512, 40 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
+    }
+    let v = c
+        .create_volume(VolumeSpec::new("z", 16 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    let erased = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let (c, erased) = (c.clone(), erased.clone());
+        tasks.push(tokio::spawn(async move {
+            let cat = c.clone();
+            c.allocate_with("z", v.id, i, move |new| {
+                let (cat, erased, new) = (cat.clone(), erased.clone(), new.clone());
+                async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(1 + 3 * (i % 4))).await;
+                    // The moment the zeroes would land.
+                    let layout = cat.layout("z").await.map_err(|e| e.to_string())?;
+                    for e in layout.extents.iter().filter(|e| e.index != i) {
+                        for r in e.chain.iter().filter(|r| new.extent.chain.contains(r)) {
+                            erased.lock().unwrap().push(format!(
+                                "extent {i} zeroed slot {} of {}, committed to extent {}",
+                                r.slot, r.drive, e.index
+                            ));
+                        }
+                    }
+                    Ok(())
+                }
+            })
+            .await
+            .unwrap()
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let erased = erased.lock().unwrap().clone();
+    assert!(erased.is_empty(), "{erased:#?}");
+    let s = check_catalog(c.store()).await.unwrap();
+    assert_eq!(s.slots_used, 16);
+}
+
+#[test]
+fn redb_zeroing_spares_committed_slots() {
+    let (_d, s) = redb();
+    rt().block_on(zeroing_spares_committed_slots(s));
+}
+
+#[test]
+fn etcd_zeroing_spares_committed_slots() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_zeroing_spares_committed_slots") else {
+        return;
+    };
+    rt().block_on(async { zeroing_spares_committed_slots(etcd(&server, "/t9/").await).await });
+}
+
 // ------------------------------------------------------------- corrupt keys
 
 #[test]

@@ -136,6 +136,41 @@ impl VolumeMap {
         self.volume = volume;
     }
 
+    /// Takes in a refetched map of the same volume without ever going back
+    /// in time. Refetches race (two tasks of one client refetch at once, and
+    /// the one that asked first may answer last), and a map that went back
+    /// would hide an extent allocated since: reads of it would see zeros
+    /// where acknowledged data lies. So an extent known here stays known
+    /// (extents are freed only with their volume); a chain is replaced by a
+    /// higher chain epoch, or at the same chain epoch by a map whose volume
+    /// epoch is not lower (a failed drive shortens chains and raises only
+    /// the volume's epoch); and the volume record is the one with the
+    /// higher (epoch, size).
+    pub fn absorb(&mut self, fetched: VolumeMap) {
+        debug_assert_eq!(fetched.volume.id, self.volume.id, "maps of one volume");
+        let fetched_newer = (fetched.volume.epoch, fetched.volume.size_bytes)
+            >= (self.volume.epoch, self.volume.size_bytes);
+        let same_or_newer_epoch = fetched.volume.epoch >= self.volume.epoch;
+        if self.extents.len() < fetched.extents.len() {
+            self.extents.resize(fetched.extents.len(), None);
+        }
+        for (mine, theirs) in self.extents.iter_mut().zip(fetched.extents) {
+            let Some(theirs) = theirs else { continue };
+            let take = match mine {
+                None => true,
+                Some(m) => {
+                    theirs.epoch > m.epoch || (theirs.epoch == m.epoch && same_or_newer_epoch)
+                }
+            };
+            if take {
+                *mine = Some(theirs);
+            }
+        }
+        if fetched_newer {
+            self.volume = fetched.volume;
+        }
+    }
+
     /// The chain of extent `index`, if allocated.
     pub fn chain(&self, index: u64) -> Option<&Chain> {
         self.extent(index).map(|m| &m.chain)
@@ -352,6 +387,70 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn at(mut r: ExtentRecord, epoch: u64) -> ExtentRecord {
+        r.epoch = epoch;
+        r
+    }
+
+    fn with_epoch(mut v: VolumeRecord, epoch: u64) -> VolumeRecord {
+        v.epoch = epoch;
+        v
+    }
+
+    /// The race that made reads of acknowledged data return zeros: a
+    /// refetch that asked before extent 1 was allocated answers after the
+    /// fault put extent 1 in the map.
+    #[test]
+    fn an_older_refetch_never_hides_an_allocated_extent() {
+        let mut map = VolumeMap::from_records(volume(4, 2), [rec(0, &[(0, 0), (1, 0)])]).unwrap();
+        let older = map.clone();
+        map.insert(rec(1, &[(0, 1), (1, 1)])).unwrap();
+        map.absorb(older);
+        assert_eq!(map.allocated(), 2);
+        assert_eq!(map.chain(1).map(|c| c[0].slot), Some(1));
+    }
+
+    #[test]
+    fn chains_follow_the_higher_epoch_in_either_order() {
+        let v = volume(4, 2);
+        let before =
+            VolumeMap::from_records(v.clone(), [at(rec(0, &[(0, 0), (1, 0)]), 5)]).unwrap();
+        // A rebuild raised the extent's epoch and moved a replica.
+        let rebuilt =
+            VolumeMap::from_records(v.clone(), [at(rec(0, &[(0, 0), (2, 7)]), 9)]).unwrap();
+        // A failed drive shortened the chain: same extent epoch, higher
+        // volume epoch.
+        let shortened =
+            VolumeMap::from_records(with_epoch(v, 4), [at(rec(0, &[(0, 0)]), 5)]).unwrap();
+
+        let mut m = before.clone();
+        m.absorb(rebuilt.clone());
+        m.absorb(before.clone());
+        assert_eq!(m.extent(0).map(|e| e.epoch), Some(9));
+        assert_eq!(m.chain(0).map(|c| c[1].drive), Some(DriveId(2)));
+
+        let mut m = before.clone();
+        m.absorb(shortened.clone());
+        assert_eq!(m.chain(0).map(Vec::len), Some(1));
+        assert_eq!(m.epoch(), 4);
+        m.absorb(before);
+        assert_eq!(m.chain(0).map(Vec::len), Some(1), "an older map came back");
+        assert_eq!(m.epoch(), 4);
+    }
+
+    #[test]
+    fn a_refetch_after_a_resize_grows_the_map() {
+        let mut map = VolumeMap::new(volume(2, 1));
+        let mut grown = volume(4, 1);
+        grown.epoch = map.epoch();
+        let grown = VolumeMap::from_records(grown, [rec(3, &[(0, 3)])]).unwrap();
+        let small = map.clone();
+        map.absorb(grown);
+        map.absorb(small);
+        assert_eq!(map.volume().extents(), 4);
+        assert!(map.chain(3).is_some());
+    }
+
     #[test]
     fn a_request_inside_one_extent_is_one_piece() {
         let map = VolumeMap::from_records(volume(4, 1), [rec(1, &[(0, 9)])]).unwrap();
@@ -509,6 +608,50 @@ mod tests {
     }
 
     proptest! {
+        /// However a client's refetches interleave, it ends at the newest
+        /// map: snapshots of one volume's history (allocations, rebuilds
+        /// that raise an extent's epoch, failures that shorten a chain and
+        /// raise the volume's) absorbed in any order give the last one.
+        #[test]
+        fn refetches_absorbed_in_any_order_end_at_the_newest_map(
+            steps in proptest::collection::vec((0u8..3, 0u64..4), 1..12),
+            order in proptest::collection::vec(any::<proptest::sample::Index>(), 1..12),
+        ) {
+            let mut now = VolumeMap::new(volume(4, 2));
+            let mut epoch = 10;
+            let mut history = vec![now.clone()];
+            for (kind, index) in steps {
+                epoch += 1;
+                match (kind, now.extent(index).cloned()) {
+                    (_, None) => now.insert(at(rec(index, &[(0, index), (1, index)]), epoch)).unwrap(),
+                    (0, Some(e)) => {
+                        let mut r = rec(index, &[(0, index), (2, epoch)]);
+                        r.chain.truncate(e.chain.len().max(1));
+                        now.insert(at(r, epoch)).unwrap();
+                    }
+                    (_, Some(e)) => {
+                        let mut v = now.volume().clone();
+                        v.epoch = epoch;
+                        now.update_volume(v);
+                        let mut r = rec(index, &[]);
+                        r.chain = e.chain[..1].to_vec();
+                        now.insert(at(r, e.epoch)).unwrap();
+                    }
+                }
+                history.push(now.clone());
+            }
+            let mut client = history[0].clone();
+            for i in &order {
+                client.absorb(i.get(&history).clone());
+            }
+            client.absorb(now.clone());
+            for i in &order {
+                client.absorb(i.get(&history).clone());
+            }
+            prop_assert_eq!(&client.extents, &now.extents);
+            prop_assert_eq!(client.epoch(), now.epoch());
+        }
+
         /// Pieces tile the request exactly, each lies in allocated or
         /// unallocated space only, and every byte maps to the replica offset
         /// that its own extent's chain gives.
