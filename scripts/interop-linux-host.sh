@@ -37,6 +37,10 @@ GUEST_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000
 RAM_NQN=nqn.2026-11.io.sluice:interop-ram
 FILE_NQN=nqn.2026-11.io.sluice:interop-file4k
 CLOSED_NQN=nqn.2026-11.io.sluice:interop-closed
+AUTH_NQN=nqn.2026-11.io.sluice:interop-dhchap
+# Admitted by the authenticating subsystem's allow-list but given no secret.
+UNKEYED_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ff
+AUTH_BYTES=$((128 << 20))
 RAM_BYTES=$((256 << 20))
 FILE_BYTES=$((192 << 20))
 
@@ -100,6 +104,32 @@ backend = "ram"
 size = "16MiB"
 TOML
 
+# DH-HMAC-CHAP secrets from `sluice gen-dhchap-key` (the kernel parses
+# them: DHHC-1, the transform, base64 of key and CRC-32).
+HOST_KEY=$("$SLUICE" gen-dhchap-key --hmac 1)
+CTRL_KEY=$("$SLUICE" gen-dhchap-key --hmac 0 --key-length 48)
+WRONG_KEY=$("$SLUICE" gen-dhchap-key --hmac 1)
+WRONG_CTRL_KEY=$("$SLUICE" gen-dhchap-key --hmac 0 --key-length 48)
+cat >> "$WORK/target.toml" <<TOML
+
+# Hosts must authenticate (DH-HMAC-CHAP); the target prefers SHA-384 and
+# FFDHE-3072, and proves CTRL_KEY to hosts that ask.
+[[subsystem]]
+nqn = "$AUTH_NQN"
+hosts = ["$GUEST_HOSTNQN", "$UNKEYED_HOSTNQN"]
+require_auth = true
+[[subsystem.dhchap]]
+host = "$GUEST_HOSTNQN"
+secret = "$HOST_KEY"
+ctrl_secret = "$CTRL_KEY"
+hash = "sha384"
+dhgroup = "ffdhe3072"
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = $AUTH_BYTES
+TOML
+
 "$SLUICE" target --config "$WORK/target.toml" "${SEND_ARGS[@]}" --log info >"$LOGDIR/target.log" 2>&1 &
 TARGET_PID=$!
 for _ in $(seq 50); do
@@ -154,6 +184,43 @@ if [[ $QUICK == 0 ]]; then
         echo "interop: FAIL no I/O queue was handed over between workers"
         FAILED=$((FAILED + 1))
         FAILED_NAMES+=("two-controllers-hand-over")
+    fi
+fi
+# DH-HMAC-CHAP (Linux 6.12 has NVME_HOST_AUTH; 6.1 does not): one-way,
+# bidirectional, and a wrong secret refused and logged with the peer.
+if [[ " $KERNELS " == *" 6.12 "* ]]; then
+    run "linux-6.12-dhchap" 6.12 host-basic.sh -e SUBNQN=$AUTH_NQN -e EXPECT_NS_BYTES=$AUTH_BYTES \
+        -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=16m -e SKIP_DISCOVER=1
+    if [[ $QUICK == 0 ]]; then
+        run "linux-6.12-dhchap-bidirectional" 6.12 host-basic.sh -e SUBNQN=$AUTH_NQN -e EXPECT_NS_BYTES=$AUTH_BYTES \
+            -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY --dhchap-ctrl-secret=$CTRL_KEY -i 1" -e FIO_SIZE=16m -e SKIP_DISCOVER=1
+    fi
+fi
+if [[ " $KERNELS " == *" 6.12 "* && $QUICK == 0 ]]; then
+    failures_logged() { sed 's/\x1b\[[0-9;]*m//g' "$LOGDIR/target.log" | grep "DH-HMAC-CHAP authentication failed" | grep -c 'peer="127' || true; }
+    before=$(failures_logged)
+    run "linux-6.12-dhchap-wrong-secret" 6.12 host-denied.sh -e SUBNQN=$AUTH_NQN -e EXPECT_DENIED_DMESG=0 \
+        -e DENIED_HOSTNQN=$GUEST_HOSTNQN -e "CONNECT_ARGS=--dhchap-secret=$WRONG_KEY"
+    after=$(failures_logged)
+    if [[ $after -gt $before ]]; then
+        echo "interop: PASS the wrong secret was logged with the peer address"
+        PASSED=$((PASSED + 1))
+    else
+        echo "interop: FAIL no 'DH-HMAC-CHAP authentication failed' line with the peer in the target log"
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("dhchap-failure-logged")
+    fi
+    # The host expects a controller secret the target does not have: the
+    # host itself must refuse the target (so the bidirectional pass above
+    # means Linux checked the target's response).
+    run "linux-6.12-dhchap-wrong-ctrl-secret" 6.12 host-denied.sh -e SUBNQN=$AUTH_NQN -e EXPECT_DENIED_DMESG=0 \
+        -e DENIED_HOSTNQN=$GUEST_HOSTNQN -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY --dhchap-ctrl-secret=$WRONG_CTRL_KEY"
+    # A listed host with no secret: refused at Connect (require_auth).
+    run "linux-6.12-dhchap-no-secret" 6.12 host-denied.sh -e SUBNQN=$AUTH_NQN -e EXPECT_DENIED_DMESG=1 \
+        -e DENIED_HOSTNQN=$UNKEYED_HOSTNQN
+    # The base64 of each key (a log could quote it without the prefix).
+    if grep -qF -e "${HOST_KEY:10:24}" -e "${CTRL_KEY:10:24}" -e "${WRONG_KEY:10:24}" -e "${WRONG_CTRL_KEY:10:24}" "$LOGDIR/target.log"; then
+        echo "interop: FAIL a secret appears in the target log"
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("dhchap-secret-logged")
     fi
 fi
 # SQ flow control disabled: the target answers reads with C2HData + SUCCESS.

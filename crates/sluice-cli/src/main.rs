@@ -20,7 +20,7 @@ mod host_cmd;
 mod target_cmd;
 mod top_cmd;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -62,11 +62,39 @@ enum Command {
     /// Manage elastic volumes.
     #[command(subcommand)]
     Volume(control_cmd::VolumeCmd),
+    /// Print a new DH-HMAC-CHAP secret (`DHHC-1:hh:...:`, as `nvme
+    /// gen-dhchap-key` does) for `[[subsystem.dhchap]]` and `nvme connect
+    /// --dhchap-secret`.
+    GenDhchapKey {
+        /// Transform the key per NQN with this hash: 0 (none), 1 (SHA-256),
+        /// 2 (SHA-384) or 3 (SHA-512); the key is that hash's length.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=3))]
+        hmac: u8,
+        /// Key length in bytes without a transform: 32, 48 or 64.
+        #[arg(long, default_value_t = 32)]
+        key_length: usize,
+    },
     /// Validate a target configuration file and print what it defines.
     CheckConfig {
         /// TOML configuration file.
         config: std::path::PathBuf,
     },
+}
+
+/// A fresh DH-HMAC-CHAP secret on stdout.
+fn gen_dhchap_key(hmac: u8, key_length: usize) -> Result<()> {
+    let transform = sluice_auth::HashId::from_id(hmac);
+    let len = transform.map_or(key_length, sluice_auth::HashId::len_bytes);
+    if !matches!(len, 32 | 48 | 64) {
+        anyhow::bail!("--key-length must be 32, 48 or 64 (got {len})");
+    }
+    let mut key = vec![0u8; len];
+    if !sluice_auth::os_random(&mut key) {
+        anyhow::bail!("the operating system gave no random bytes");
+    }
+    let secret = sluice_auth::Secret::new(key, transform).context("building the secret")?;
+    println!("{}", secret.to_dhhc());
+    Ok(())
 }
 
 fn main() {
@@ -80,6 +108,7 @@ fn main() {
     let r: Result<()> = match cli.command {
         Command::Target(a) => target_cmd::run(a),
         Command::CheckConfig { config } => target_cmd::check(&config),
+        Command::GenDhchapKey { hmac, key_length } => gen_dhchap_key(hmac, key_length),
         Command::Bench(a) => host_cmd::bench(*a),
         Command::Discover(a) => host_cmd::discover(a),
         Command::Top(a) => top_cmd::run(a),

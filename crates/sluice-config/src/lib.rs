@@ -62,6 +62,7 @@
 //! assert_eq!(Config::from_toml(&c.to_toml().expect("toml")), Ok(c));
 //! ```
 
+pub mod auth;
 mod file;
 mod send;
 mod size;

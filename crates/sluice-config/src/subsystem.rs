@@ -254,6 +254,12 @@ pub struct SubsystemConfig {
     pub nqn: String,
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
+    /// DH-HMAC-CHAP secrets per host: a host with one must authenticate.
+    #[serde(default)]
+    pub dhchap: Vec<crate::auth::HostAuthConfig>,
+    /// Every host must authenticate: hosts without a secret are refused.
+    #[serde(default)]
+    pub require_auth: bool,
     pub serial: String,
     pub model: String,
     #[serde(rename = "namespace")]
@@ -273,6 +279,8 @@ impl SubsystemConfig {
             nqn,
             allow_any_host: false,
             hosts: vec![],
+            dhchap: vec![],
+            require_auth: false,
             model: MODEL_DEFAULT.into(),
             namespaces: vec![],
         }
@@ -280,6 +288,16 @@ impl SubsystemConfig {
     /// Admits `host` (a host NQN).
     pub fn with_host(mut self, host: impl Into<String>) -> Self {
         self.hosts.push(host.into());
+        self
+    }
+    /// Makes `auth.host` authenticate with DH-HMAC-CHAP.
+    pub fn with_dhchap(mut self, auth: crate::auth::HostAuthConfig) -> Self {
+        self.dhchap.push(auth);
+        self
+    }
+    /// Refuses hosts that have no DH-HMAC-CHAP secret.
+    pub fn require_auth(mut self) -> Self {
+        self.require_auth = true;
         self
     }
     /// Admits every host (the target logs a SECURITY warning).
@@ -354,6 +372,10 @@ pub struct SubsystemFile {
     pub(crate) allow_any_host: bool,
     #[serde(default)]
     pub(crate) hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) dhchap: Vec<crate::auth::HostAuthFile>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) require_auth: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -620,6 +642,38 @@ pub fn subsystem(
     for (j, h) in s.hosts.iter().enumerate() {
         validate_nqn(&format!("{k}.hosts[{j}]"), h)?;
     }
+    if s.dhchap.len() > HOSTS_PER_SUBSYSTEM_MAX {
+        return Err(err(
+            format!("{k}.dhchap"),
+            format!("more than {HOSTS_PER_SUBSYSTEM_MAX} entries"),
+        ));
+    }
+    let mut dhchap = Vec::with_capacity(s.dhchap.len());
+    let mut keyed = HashSet::new();
+    for (j, f) in s.dhchap.into_iter().enumerate() {
+        let dk = format!("{k}.dhchap[{j}]");
+        let a = crate::auth::parse(f, &dk)?;
+        validate_nqn(&format!("{dk}.host"), &a.host)?;
+        if !s.allow_any_host && !s.hosts.contains(&a.host) {
+            return Err(err(
+                format!("{dk}.host"),
+                format!("`{}` is not in `hosts`: add it there too (a secret does not admit a host by itself)", a.host),
+            ));
+        }
+        if !keyed.insert(a.host.clone()) {
+            return Err(err(
+                format!("{dk}.host"),
+                format!("`{}` has two entries", a.host),
+            ));
+        }
+        dhchap.push(a);
+    }
+    if s.require_auth && dhchap.is_empty() {
+        return Err(err(
+            format!("{k}.require_auth"),
+            "no host could connect: give hosts secrets in [[subsystem.dhchap]]",
+        ));
+    }
     if !s.allow_any_host && s.hosts.is_empty() {
         return Err(err(
             format!("{k}.hosts"),
@@ -665,6 +719,8 @@ pub fn subsystem(
         nqn: s.nqn,
         allow_any_host: s.allow_any_host,
         hosts: s.hosts,
+        dhchap,
+        require_auth: s.require_auth,
         serial,
         model,
         namespaces,
@@ -686,6 +742,8 @@ impl SubsystemFile {
             nqn: s.nqn,
             allow_any_host: s.allow_any_host,
             hosts: s.hosts,
+            dhchap: s.dhchap.into_iter().map(crate::auth::raw).collect(),
+            require_auth: s.require_auth,
             serial: Some(s.serial),
             model: Some(s.model),
             send_scheduler,

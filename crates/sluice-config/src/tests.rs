@@ -694,3 +694,70 @@ fn admin_endpoint_beyond_loopback_needs_a_token() {
         cfg(&format!("[tenants]\nadmin_listen = \"{local}\"")).unwrap();
     }
 }
+
+#[test]
+fn dhchap_entries_parse_round_trip_and_name_their_keys() {
+    use sluice_auth::{DhGroup, HashId, Secret};
+    let host = "nqn.2014-08.org.nvmexpress:uuid:a";
+    let s1 = Secret::new(vec![1; 32], Some(HashId::Sha256)).unwrap().to_dhhc();
+    let s2 = Secret::new(vec![2; 48], None).unwrap().to_dhhc();
+    let doc = |entry: &str, extra: &str| {
+        format!(
+            r#"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.sluice:a"
+            hosts = ["{host}"]
+            {extra}
+            [[subsystem.dhchap]]
+            {entry}
+            [[subsystem.namespace]]
+            nsid = 1
+            backend = "ram"
+            size = "1MiB"
+            "#
+        )
+    };
+    let ok = doc(
+        &format!("host = \"{host}\"\nsecret = \"{s1}\"\nctrl_secret = \"{s2}\"\nhash = \"hmac(sha512)\"\ndhgroup = \"ffdhe4096\""),
+        "require_auth = true",
+    );
+    let c = Config::from_toml(&ok).unwrap();
+    let sub = &c.subsystems[0];
+    assert!(sub.require_auth);
+    let a = &sub.dhchap[0];
+    assert_eq!((a.hash, a.dhgroup), (HashId::Sha512, DhGroup::Ffdhe4096));
+    assert_eq!(a.secret, Secret::parse(&s1).unwrap());
+    // Round trip through TOML and JSON.
+    let written = c.to_toml().unwrap();
+    assert_eq!(Config::from_toml(&written).unwrap(), c);
+    let json = serde_json::to_string(&c).unwrap();
+    assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), c);
+    // Debug never shows a secret.
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains(&s1[10..30]) && !dbg.contains(&s2[10..30]), "{dbg}");
+
+    let bad = |entry: String, extra: &str, key: &str| {
+        let e = Config::from_toml(&doc(&entry, extra)).unwrap_err();
+        assert_eq!(e.key, key, "{e}");
+        assert!(!e.to_string().contains(&s1[10..30]), "{e}");
+    };
+    let typo = s1.replacen('A', "B", 1).replacen('a', "b", 1);
+    bad(format!("host = \"{host}\"\nsecret = \"{typo}\""), "", "subsystem[0].dhchap[0].secret");
+    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\nctrl_secret = \"{s1}\""), "", "subsystem[0].dhchap[0].ctrl_secret");
+    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\nhash = \"md5\""), "", "subsystem[0].dhchap[0].hash");
+    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\ndhgroup = \"ffdhe1024\""), "", "subsystem[0].dhchap[0].dhgroup");
+    bad(format!("host = \"nqn.2014-08.org.nvmexpress:uuid:b\"\nsecret = \"{s1}\""), "", "subsystem[0].dhchap[0].host");
+    bad(
+        format!("host = \"{host}\"\nsecret = \"{s1}\"\n[[subsystem.dhchap]]\nhost = \"{host}\"\nsecret = \"{s2}\""),
+        "",
+        "subsystem[0].dhchap[1].host",
+    );
+    // require_auth with no secret at all.
+    let none = r#"
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.sluice:a"
+        allow_any_host = true
+        require_auth = true
+        "#;
+    assert_eq!(Config::from_toml(none).unwrap_err().key, "subsystem[0].require_auth");
+}

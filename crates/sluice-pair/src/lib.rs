@@ -103,6 +103,10 @@ pub struct Params {
     /// control plane: it starts at `ns_bytes` and reports what this holds
     /// (at most [`GROWABLE_CAPACITY_FACTOR`] × `ns_bytes`).
     pub growable: Option<Arc<AtomicU64>>,
+    /// DH-HMAC-CHAP settings for [`HOSTNQN`] on the subsystem.
+    pub dhchap: Option<sluice_config::auth::HostAuthConfig>,
+    /// The subsystem refuses hosts without DH-HMAC-CHAP settings.
+    pub require_auth: bool,
 }
 
 /// RAM behind a growable namespace, as a multiple of its starting size.
@@ -181,6 +185,8 @@ impl Default for Params {
             hostid: [0xaa; 16],
             open_subsystem: false,
             growable: None,
+            dhchap: None,
+            require_auth: false,
         }
     }
 }
@@ -313,6 +319,15 @@ pub fn config(p: &Params) -> Config {
         sub.allow_any_host()
     } else {
         sub.with_host(HOSTNQN)
+    };
+    let sub = match &p.dhchap {
+        Some(a) => sub.with_dhchap(a.clone()),
+        None => sub,
+    };
+    let sub = if p.require_auth {
+        sub.require_auth()
+    } else {
+        sub
     };
     let ns = if p.growable.is_some() {
         NamespaceConfig::volume(NSID, "growable", "127.0.0.1:1")

@@ -240,6 +240,34 @@ impl PropertyCommand {
     }
 }
 
+/// AUTH_Send (`send`) or AUTH_Receive of `len` bytes for DH-HMAC-CHAP:
+/// SECP E9h, SPSP0 = SPSP1 = 01h in CDW10, TL or AL in CDW11 (the data
+/// pointer is the host's to fill, as for any transfer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthCommand {
+    pub send: bool,
+    pub len: u32,
+}
+
+/// SECP of DH-HMAC-CHAP.
+pub const AUTH_SECP_DHCHAP: u8 = 0xe9;
+
+impl AuthCommand {
+    pub fn to_sqe(&self, cid: u16) -> Sqe {
+        let mut s = Sqe::new(admin::FABRICS, cid, 0);
+        s.0[4] = if self.send {
+            fctype::AUTH_SEND
+        } else {
+            fctype::AUTH_RECEIVE
+        };
+        s.0[41] = 0x01;
+        s.0[42] = 0x01;
+        s.0[43] = AUTH_SECP_DHCHAP;
+        put_u32(&mut s.0, 44, self.len);
+        s
+    }
+}
+
 /// Controller Capabilities (CAP) fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cap {

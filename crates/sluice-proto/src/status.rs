@@ -70,6 +70,8 @@ impl Status {
     pub const CONNECT_RESTART_DISCOVERY: Status = Status::new(sct::COMMAND_SPECIFIC, 0x83).dnr();
     pub const CONNECT_INVALID_HOST: Status = Status::new(sct::COMMAND_SPECIFIC, 0x84).dnr();
     pub const INVALID_QUEUE_TYPE: Status = Status::new(sct::COMMAND_SPECIFIC, 0x85).dnr();
+    /// Authentication Required: the queue has not finished DH-HMAC-CHAP.
+    pub const AUTH_REQUIRED: Status = Status::new(sct::COMMAND_SPECIFIC, 0x91).dnr();
 
     /// A write below its granule's chain-epoch fence (`fence.rs`).
     pub const STALE_EPOCH: Status = Status::new(sct::VENDOR, 0x01).dnr();

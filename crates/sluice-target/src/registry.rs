@@ -285,6 +285,14 @@ impl Registry {
                 all_ns.push(ns.clone());
                 namespaces.insert(nc.nsid, ns);
             }
+            if !sc.dhchap.is_empty() {
+                tracing::info!(
+                    subsystem = %sc.nqn,
+                    hosts = sc.dhchap.len(),
+                    require_auth = sc.require_auth,
+                    "DH-HMAC-CHAP: hosts with a secret must authenticate"
+                );
+            }
             if !sc.allow_any_host {
                 tracing::info!(subsystem = %sc.nqn, hosts = sc.hosts.len(), "subsystem admits only its listed hosts");
             } else {
@@ -302,6 +310,22 @@ impl Registry {
                     model: sc.model.clone(),
                     allow_any_host: sc.allow_any_host,
                     hosts: sc.hosts.iter().cloned().collect(),
+                    auth: sc
+                        .dhchap
+                        .iter()
+                        .map(|a| {
+                            let c = sluice_auth::ControllerConfig {
+                                hostnqn: a.host.clone(),
+                                subnqn: sc.nqn.clone(),
+                                host_secret: a.secret.clone(),
+                                ctrl_secret: a.ctrl_secret.clone(),
+                                hash: a.hash,
+                                dhgroup: a.dhgroup,
+                            };
+                            (a.host.clone(), Arc::new(c))
+                        })
+                        .collect(),
+                    require_auth: sc.require_auth,
                     namespaces,
                     live_controllers: AtomicUsize::new(0),
                 }),
@@ -314,6 +338,8 @@ impl Registry {
             model: "Sluice Discovery".into(),
             allow_any_host: true,
             hosts: HashSet::new(),
+            auth: HashMap::new(),
+            require_auth: false,
             namespaces: BTreeMap::new(),
             live_controllers: AtomicUsize::new(0),
         });

@@ -7,7 +7,7 @@
 use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
 use sluice_config::SsdConfig;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -112,6 +112,10 @@ pub struct Subsystem {
     pub(crate) model: String,
     pub(crate) allow_any_host: bool,
     pub(crate) hosts: HashSet<String>,
+    /// DH-HMAC-CHAP settings of the hosts that must authenticate.
+    pub(crate) auth: HashMap<String, Arc<sluice_auth::ControllerConfig>>,
+    /// Hosts without DH-HMAC-CHAP settings are refused.
+    pub(crate) require_auth: bool,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
     /// Live controllers, kept by the registry's controller table.
     pub(crate) live_controllers: AtomicUsize,
@@ -120,6 +124,14 @@ pub struct Subsystem {
 impl Subsystem {
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.kind == SubsystemKind::Discovery || self.allow_any_host || self.hosts.contains(hostnqn)
+    }
+
+    /// The DH-HMAC-CHAP settings `hostnqn` authenticates with, if any.
+    pub(crate) fn auth_for(&self, hostnqn: &str) -> Option<Arc<sluice_auth::ControllerConfig>> {
+        if self.kind == SubsystemKind::Discovery {
+            return None;
+        }
+        self.auth.get(hostnqn).cloned()
     }
 
     /// Highest NSID (Identify Controller NN).

@@ -83,6 +83,17 @@ impl QueueConnection {
             self.respond_now(cid, Status::INVALID_FIELD, 0, now);
             return;
         }
+        if sqe.opcode() != admin::FABRICS
+            && self
+                .session
+                .auth
+                .as_ref()
+                .is_some_and(|a| !a.is_authenticated())
+        {
+            // DH-HMAC-CHAP first (only Fabrics commands before it, as nvmet).
+            self.respond_now(cid, Status::AUTH_REQUIRED, 0, now);
+            return;
+        }
         let dir = data_direction(&sqe);
         let (sgl_len, in_capsule) = match self.check_sgl(&sqe, dir, data.len()) {
             Ok(v) => v,

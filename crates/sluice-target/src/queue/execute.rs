@@ -379,11 +379,103 @@ impl QueueConnection {
                     }
                 }
             }
+            fctype::AUTH_SEND | fctype::AUTH_RECEIVE => self.execute_auth(slot, sqe, data, now),
             fctype::DISCONNECT => {
                 self.complete(slot, Status::SUCCESS, 0, 0, now);
                 self.close("host disconnected the queue");
             }
             _ => self.complete(slot, Status::INVALID_FIELD, 0, 0, now),
+        }
+    }
+
+    /// AUTH_Send and AUTH_Receive: one DH-HMAC-CHAP message each way
+    /// (`sluice_auth::ControllerAuth` runs the transaction). Field checks as
+    /// nvmet: SECP E9h, SPSP0 and SPSP1 01h, a non-zero length equal to the
+    /// SGL's. A failed transaction is logged once with the peer and host
+    /// NQN (never a secret); after `AUTH_FAILURES_MAX` the queue closes.
+    fn execute_auth(&mut self, slot: u16, sqe: &Sqe, data: &[u8], now: Instant) {
+        let cdw10 = sqe.cdw(10);
+        let (spsp0, spsp1, secp) = ((cdw10 >> 8) & 0xff, (cdw10 >> 16) & 0xff, cdw10 >> 24);
+        let len = sqe.cdw(11);
+        if secp != u32::from(sluice_auth::message::SECP_DHCHAP)
+            || spsp0 != 1
+            || spsp1 != 1
+            || len == 0
+        {
+            self.complete(slot, Status::INVALID_FIELD, 0, 0, now);
+            return;
+        }
+        if len != sqe.sgl().length || len as usize > AUTH_MESSAGE_BYTES_MAX {
+            self.complete(slot, Status::DATA_SGL_LENGTH_INVALID, 0, 0, now);
+            return;
+        }
+        let Some(auth) = self.session.auth.as_mut() else {
+            tracing::debug!("AUTH_Send/AUTH_Receive from a host without DH-HMAC-CHAP settings");
+            self.complete(slot, Status::COMMAND_SEQUENCE_ERROR, 0, 0, now);
+            return;
+        };
+        if sqe.fctype() == fctype::AUTH_SEND {
+            auth.handle_send(data);
+            self.log_auth_outcome();
+            self.complete(slot, Status::SUCCESS, 0, 0, now);
+            return;
+        }
+        let mut random_ok = true;
+        let mut msg = auth.poll_receive(&mut |b: &mut [u8]| {
+            random_ok &= sluice_auth::os_random(b);
+        });
+        if !random_ok {
+            tracing::error!(
+                "no random bytes from the operating system: authentication cannot proceed"
+            );
+            self.complete(slot, Status::INTERNAL_ERROR, 0, 0, now);
+            self.close("no randomness for DH-HMAC-CHAP");
+            return;
+        }
+        msg.resize(len as usize, 0);
+        let cid = sqe.cid();
+        self.send_c2h_data_then(slot, cid, &msg, 0, 0, now);
+        self.log_auth_outcome();
+    }
+
+    /// Logs how a DH-HMAC-CHAP transaction ended (once), and closes the
+    /// queue after too many failures.
+    fn log_auth_outcome(&mut self) {
+        let Some(outcome) = self.session.auth.as_mut().and_then(|a| a.take_outcome()) else {
+            return;
+        };
+        let peer = self.peer.map(|p| p.to_string());
+        let peer = peer.as_deref().unwrap_or("(unknown)");
+        let hostnqn = self
+            .session
+            .ctrl
+            .as_ref()
+            .map_or("", |c| c.hostnqn.as_str());
+        match outcome {
+            sluice_auth::Outcome::Authenticated {
+                hash,
+                dhgroup,
+                bidirectional,
+            } => {
+                tracing::info!(peer, hostnqn, %hash, %dhgroup, bidirectional, "host authenticated (DH-HMAC-CHAP)");
+            }
+            sluice_auth::Outcome::Failed {
+                explanation,
+                detail,
+            } => {
+                self.session.auth_failures += 1;
+                tracing::warn!(
+                    peer,
+                    hostnqn,
+                    reason = sluice_auth::message::reason::describe(explanation),
+                    detail = detail.as_str(),
+                    failures = self.session.auth_failures,
+                    "DH-HMAC-CHAP authentication failed"
+                );
+                if self.session.auth_failures >= super::handshake::AUTH_FAILURES_MAX {
+                    self.close("too many failed DH-HMAC-CHAP attempts");
+                }
+            }
         }
     }
 
@@ -408,6 +500,11 @@ impl QueueConnection {
         }
     }
 }
+
+/// The longest AUTH_Send/AUTH_Receive transfer accepted: the Linux host
+/// asks for 4 KiB; the largest message (a Reply with an ffdhe8192 value) is
+/// about 1.2 KiB.
+const AUTH_MESSAGE_BYTES_MAX: usize = 8192;
 
 /// A count of a command's backend operations (one flush, or at most 256 DSM
 /// ranges) or of a subsystem's namespaces (at most 1024): far below

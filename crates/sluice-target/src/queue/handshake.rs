@@ -37,7 +37,21 @@ pub(super) struct Session {
     pub(super) ctrl: Option<Arc<Controller>>,
     /// The host's MAXR2T from ICReq (we issue one R2T per command).
     pub(super) maxr2t: u32,
+    /// DH-HMAC-CHAP on this queue, when its host has a secret.
+    pub(super) auth: Option<sluice_auth::ControllerAuth>,
+    /// Failed authentication transactions on this queue.
+    pub(super) auth_failures: u32,
 }
+
+/// Failed DH-HMAC-CHAP transactions a queue may have before it is closed
+/// (a host guessing secrets online gets this many tries per connection).
+pub(super) const AUTH_FAILURES_MAX: u32 = 3;
+
+/// How long after the handshake deadline a queue may take to authenticate.
+const AUTH_GRACE: Duration = Duration::from_secs(60);
+
+/// The Connect result bit that tells the host to authenticate (ATR).
+pub(super) const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
 
 impl Session {
     pub(super) fn new(now: Instant) -> Self {
@@ -47,12 +61,21 @@ impl Session {
             depth: 0,
             ctrl: None,
             maxr2t: 0,
+            auth: None,
+            auth_failures: 0,
         }
     }
 
     /// When a queue not yet connected is closed.
     pub(super) fn handshake_deadline(&self, reg: &Registry) -> Instant {
         self.created + Duration::from_millis(u64::from(reg.settings.handshake_timeout_ms))
+    }
+
+    /// When a connected queue that must authenticate and has not is closed
+    /// (a slow guest's FFDHE-8192 exchange takes seconds, so a minute more
+    /// than the handshake allows).
+    pub(super) fn auth_deadline(&self, reg: &Registry) -> Instant {
+        self.handshake_deadline(reg) + AUTH_GRACE
     }
 
     /// The keep-alive deadline; only the admin queue watches it.
@@ -214,6 +237,19 @@ impl QueueConnection {
                 ),
             );
         }
+        let auth = sub.auth_for(&cd.hostnqn);
+        if auth.is_none() && sub.require_auth && sub.kind != SubsystemKind::Discovery {
+            return self.refuse(
+                &c,
+                data,
+                "hostnqn",
+                "the subsystem requires DH-HMAC-CHAP and has no secret for this host",
+                (
+                    Status::CONNECT_INVALID_HOST,
+                    connect_invalid_param_result(true, connect_data_offset::HOSTNQN),
+                ),
+            );
+        }
         let mqes = self.reg.settings.queue_depth_max - 1;
         if c.sqsize == 0 || c.sqsize > mqes || (c.qid == 0 && c.sqsize < 31) {
             let reason = if c.sqsize == 0 {
@@ -338,7 +374,17 @@ impl QueueConnection {
         self.session.ctrl = Some(ctrl);
         self.state = ConnState::Ready;
         tracing::debug!(sqsize = c.sqsize, sq_flow_disabled, "queue connected");
-        (Status::SUCCESS, cntlid as u32)
+        let mut result = u32::from(cntlid);
+        if let Some(cfg) = auth {
+            // Every queue authenticates; until it has, only Fabrics
+            // commands run (admission answers Authentication Required).
+            self.session.auth = Some(sluice_auth::ControllerAuth::new(
+                cfg,
+                sluice_auth::random_seqnum(),
+            ));
+            result |= CONNECT_AUTHREQ_ATR;
+        }
+        (Status::SUCCESS, result)
     }
 
     /// Logs one refused Connect (one line, at warn: peer, host NQN or

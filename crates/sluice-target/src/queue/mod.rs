@@ -256,6 +256,18 @@ impl QueueConnection {
             self.close("no ICReq and Connect within target.handshake_timeout_ms");
             return;
         }
+        if self.state == ConnState::Ready
+            && self
+                .session
+                .auth
+                .as_ref()
+                .is_some_and(|a| !a.is_authenticated())
+            && now >= self.session.auth_deadline(&self.reg)
+        {
+            tracing::warn!("host connected but did not authenticate in time");
+            self.close("no DH-HMAC-CHAP within target.handshake_timeout_ms + 60 s");
+            return;
+        }
         if let Some(c) = self.session.ctrl.clone() {
             if let Some(d) = self.session.keep_alive_deadline(&self.reg) {
                 if now >= d {
