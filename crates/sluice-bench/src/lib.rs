@@ -105,6 +105,19 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// DH-HMAC-CHAP secret (`DHHC-1:...`, as `sluice gen-dhchap-key` or
+    /// `nvme gen-dhchap-key` prints it), or `@FILE` holding it: every queue
+    /// authenticates when the target asks.
+    #[arg(long, env = "SLUICE_DHCHAP_SECRET", hide_env_values = true)]
+    pub dhchap_secret: Option<String>,
+    /// The target must prove this secret too (bidirectional); `@FILE` reads it.
+    #[arg(
+        long,
+        env = "SLUICE_DHCHAP_CTRL_SECRET",
+        hide_env_values = true,
+        requires = "dhchap_secret"
+    )]
+    pub dhchap_ctrl_secret: Option<String>,
     #[arg(long)]
     pub(crate) hdr_digest: bool,
     #[arg(long)]
@@ -149,6 +162,19 @@ pub struct BenchArgs {
     pub send_scheduler: SchedulerKind,
 }
 
+/// A DH-HMAC-CHAP secret from a flag: the `DHHC-1:...` text, or `@FILE`
+/// holding it. Errors name the flag (and the file), never the secret.
+pub fn load_secret(flag: &str, value: Option<&str>) -> anyhow::Result<Option<sluice_auth::Secret>> {
+    let Some(v) = value else { return Ok(None) };
+    let text = match v.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("{flag}: reading the secret from {path}"))?,
+        None => v.to_owned(),
+    };
+    let s = sluice_auth::Secret::parse(&text).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+    Ok(Some(s))
+}
+
 impl BenchArgs {
     /// Defaults for library callers and tests.
     pub fn new(target: impl Into<String>, nqn: impl Into<String>) -> Self {
@@ -172,6 +198,8 @@ impl BenchArgs {
             verify: false,
             jobs: Vec::new(),
             json: false,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
             hdr_digest: false,
             data_digest: false,
             polling: PollingPolicy::Interrupt,
@@ -524,6 +552,9 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     if let Err((k, why)) = coalescing.validate() {
         bail!("--coalescing: {k} {why}");
     }
+    let dhchap_secret = load_secret("--dhchap-secret", args.dhchap_secret.as_deref())?;
+    let dhchap_ctrl_secret =
+        load_secret("--dhchap-ctrl-secret", args.dhchap_ctrl_secret.as_deref())?;
     // Connect every job first, so the measured window holds only I/O.
     let mut prepared = Vec::new();
     for j in &jobs {
@@ -541,6 +572,8 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 ..SendConfig::default()
             },
             cgroup: j.cgroup.clone(),
+            dhchap_secret: dhchap_secret.clone(),
+            dhchap_ctrl_secret: dhchap_ctrl_secret.clone(),
             ..Default::default()
         };
         let (c, ns) = match &args.volume {

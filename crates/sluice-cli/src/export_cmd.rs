@@ -44,6 +44,18 @@ pub struct RemoteArgs {
     /// I/O queues (TCP connections) to the target.
     #[arg(long, default_value_t = 2)]
     pub io_queues: u16,
+    /// DH-HMAC-CHAP secret (`DHHC-1:...`) or `@FILE` holding it: every
+    /// queue authenticates when the target asks.
+    #[arg(long, env = "SLUICE_DHCHAP_SECRET", hide_env_values = true)]
+    pub dhchap_secret: Option<String>,
+    /// The target must prove this secret too (bidirectional); `@FILE` reads it.
+    #[arg(
+        long,
+        env = "SLUICE_DHCHAP_CTRL_SECRET",
+        hide_env_values = true,
+        requires = "dhchap_secret"
+    )]
+    pub dhchap_ctrl_secret: Option<String>,
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -180,6 +192,15 @@ struct Remote<'a> {
     hostnqn: Option<&'a str>,
     io_queues: u16,
     cgroup: Option<&'a PathBuf>,
+    dhchap: (Option<sluice_auth::Secret>, Option<sluice_auth::Secret>),
+}
+
+/// The DH-HMAC-CHAP secrets of `r`'s flags.
+fn dhchap(r: &RemoteArgs) -> Result<(Option<sluice_auth::Secret>, Option<sluice_auth::Secret>)> {
+    Ok((
+        sluice_bench::load_secret("--dhchap-secret", r.dhchap_secret.as_deref())?,
+        sluice_bench::load_secret("--dhchap-ctrl-secret", r.dhchap_ctrl_secret.as_deref())?,
+    ))
 }
 
 impl<'a> Remote<'a> {
@@ -196,6 +217,7 @@ impl<'a> Remote<'a> {
             hostnqn: r.hostnqn.as_deref(),
             io_queues: r.io_queues,
             cgroup: r.cgroup.as_ref(),
+            dhchap: dhchap(r)?,
         })
     }
 }
@@ -214,6 +236,8 @@ async fn open_device(
     };
     let mut opts = ConnectOptions {
         io_queues: a.io_queues.max(1),
+        dhchap_secret: r.dhchap.0.clone(),
+        dhchap_ctrl_secret: r.dhchap.1.clone(),
         ..ConnectOptions::default()
     };
     if let Some(h) = r.hostnqn {
@@ -242,6 +266,8 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
     let mut opts = ConnectOptions {
         io_queues: r.io_queues.max(1),
         cgroup: r.cgroup.cloned(),
+        dhchap_secret: r.dhchap.0.clone(),
+        dhchap_ctrl_secret: r.dhchap.1.clone(),
         ..ConnectOptions::default()
     };
     if let Some(h) = r.hostnqn {
@@ -312,6 +338,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 hostnqn: (!s.hostnqn.is_empty()).then_some(s.hostnqn.as_str()),
                 io_queues: a.remote.io_queues,
                 cgroup: s.cgroup.as_ref(),
+                dhchap: dhchap(&a.remote)?,
             };
             let (ctrl, ns, hostnqn) = match open_device(&a.remote, &remote)
                 .await

@@ -699,7 +699,9 @@ fn admin_endpoint_beyond_loopback_needs_a_token() {
 fn dhchap_entries_parse_round_trip_and_name_their_keys() {
     use sluice_auth::{DhGroup, HashId, Secret};
     let host = "nqn.2014-08.org.nvmexpress:uuid:a";
-    let s1 = Secret::new(vec![1; 32], Some(HashId::Sha256)).unwrap().to_dhhc();
+    let s1 = Secret::new(vec![1; 32], Some(HashId::Sha256))
+        .unwrap()
+        .to_dhhc();
     let s2 = Secret::new(vec![2; 48], None).unwrap().to_dhhc();
     let doc = |entry: &str, extra: &str| {
         format!(
@@ -734,7 +736,10 @@ fn dhchap_entries_parse_round_trip_and_name_their_keys() {
     assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), c);
     // Debug never shows a secret.
     let dbg = format!("{c:?}");
-    assert!(!dbg.contains(&s1[10..30]) && !dbg.contains(&s2[10..30]), "{dbg}");
+    assert!(
+        !dbg.contains(&s1[10..30]) && !dbg.contains(&s2[10..30]),
+        "{dbg}"
+    );
 
     let bad = |entry: String, extra: &str, key: &str| {
         let e = Config::from_toml(&doc(&entry, extra)).unwrap_err();
@@ -742,11 +747,31 @@ fn dhchap_entries_parse_round_trip_and_name_their_keys() {
         assert!(!e.to_string().contains(&s1[10..30]), "{e}");
     };
     let typo = s1.replacen('A', "B", 1).replacen('a', "b", 1);
-    bad(format!("host = \"{host}\"\nsecret = \"{typo}\""), "", "subsystem[0].dhchap[0].secret");
-    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\nctrl_secret = \"{s1}\""), "", "subsystem[0].dhchap[0].ctrl_secret");
-    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\nhash = \"md5\""), "", "subsystem[0].dhchap[0].hash");
-    bad(format!("host = \"{host}\"\nsecret = \"{s1}\"\ndhgroup = \"ffdhe1024\""), "", "subsystem[0].dhchap[0].dhgroup");
-    bad(format!("host = \"nqn.2014-08.org.nvmexpress:uuid:b\"\nsecret = \"{s1}\""), "", "subsystem[0].dhchap[0].host");
+    bad(
+        format!("host = \"{host}\"\nsecret = \"{typo}\""),
+        "",
+        "subsystem[0].dhchap[0].secret",
+    );
+    bad(
+        format!("host = \"{host}\"\nsecret = \"{s1}\"\nctrl_secret = \"{s1}\""),
+        "",
+        "subsystem[0].dhchap[0].ctrl_secret",
+    );
+    bad(
+        format!("host = \"{host}\"\nsecret = \"{s1}\"\nhash = \"md5\""),
+        "",
+        "subsystem[0].dhchap[0].hash",
+    );
+    bad(
+        format!("host = \"{host}\"\nsecret = \"{s1}\"\ndhgroup = \"ffdhe1024\""),
+        "",
+        "subsystem[0].dhchap[0].dhgroup",
+    );
+    bad(
+        format!("host = \"nqn.2014-08.org.nvmexpress:uuid:b\"\nsecret = \"{s1}\""),
+        "",
+        "subsystem[0].dhchap[0].host",
+    );
     bad(
         format!("host = \"{host}\"\nsecret = \"{s1}\"\n[[subsystem.dhchap]]\nhost = \"{host}\"\nsecret = \"{s2}\""),
         "",
@@ -759,5 +784,8 @@ fn dhchap_entries_parse_round_trip_and_name_their_keys() {
         allow_any_host = true
         require_auth = true
         "#;
-    assert_eq!(Config::from_toml(none).unwrap_err().key, "subsystem[0].require_auth");
+    assert_eq!(
+        Config::from_toml(none).unwrap_err().key,
+        "subsystem[0].require_auth"
+    );
 }

@@ -108,6 +108,11 @@ pub struct ConnectOptions {
     /// moves the **whole process** (every thread), not just the queue
     /// threads. Off by default; v1 and threaded v2 cgroups ignore it.
     pub cgroup_procs: bool,
+    /// DH-HMAC-CHAP secret (`DHHC-1:...`): every queue authenticates with
+    /// it when the controller asks (ATR in the Connect response).
+    pub dhchap_secret: Option<sluice_auth::Secret>,
+    /// The controller must prove this secret too (bidirectional).
+    pub dhchap_ctrl_secret: Option<sluice_auth::Secret>,
 }
 
 impl Default for ConnectOptions {
@@ -130,6 +135,8 @@ impl Default for ConnectOptions {
             send: sluice_proto::send::SendConfig::default(),
             cgroup: None,
             cgroup_procs: false,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }
@@ -275,7 +282,100 @@ async fn fabrics_connect(
             )),
             e => e,
         })?;
+    if c.cqe.result & CONNECT_AUTHREQ_ATR != 0 {
+        authenticate(q, qid, subnqn, opts).await?;
+    }
     Ok((c.cqe.result & 0xffff) as u16)
+}
+
+/// The Connect result bit asking the host to authenticate.
+const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
+/// AUTH_Receive allocation length (the Linux host's buffer size).
+const AUTH_RECEIVE_BYTES: u32 = 4096;
+
+/// One DH-HMAC-CHAP transaction on queue `qid` (`sluice_auth::HostAuth`
+/// does the protocol; this sends and receives its messages).
+async fn authenticate(
+    q: &QueueHandle,
+    qid: u16,
+    subnqn: &str,
+    opts: &ConnectOptions,
+) -> Result<()> {
+    use sluice_proto::fabrics::AuthCommand;
+    let Some(secret) = opts.dhchap_secret.clone() else {
+        return Err(HostError::Authentication(format!(
+            "{subnqn} requires DH-HMAC-CHAP (the Connect of queue {qid} asked for it); give a secret (--dhchap-secret)"
+        )));
+    };
+    let mut h = sluice_auth::HostAuth::new(
+        sluice_auth::HostConfig {
+            hostnqn: opts.hostnqn.clone(),
+            subnqn: subnqn.to_owned(),
+            secret,
+            ctrl_secret: opts.dhchap_ctrl_secret.clone(),
+        },
+        qid,
+    );
+    let send = |msg: Vec<u8>| {
+        let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
+        q.execute(
+            AuthCommand { send: true, len }.to_sqe(0),
+            Payload::Write(msg),
+        )
+    };
+    let receive = || {
+        q.execute(
+            AuthCommand {
+                send: false,
+                len: AUTH_RECEIVE_BYTES,
+            }
+            .to_sqe(0),
+            Payload::Read(AUTH_RECEIVE_BYTES),
+        )
+    };
+    let failed = |e: sluice_auth::HostAuthError| {
+        HostError::Authentication(format!("queue {qid} to {subnqn}: {e}"))
+    };
+    nvme(admin::FABRICS, send(h.negotiate()).await)?;
+    let challenge = nvme(admin::FABRICS, receive().await)?.data;
+    let mut random_ok = true;
+    let reply = h.handle_challenge(
+        &challenge,
+        &mut |b: &mut [u8]| random_ok &= sluice_auth::os_random(b),
+        sluice_auth::random_seqnum(),
+    );
+    if !random_ok {
+        return Err(HostError::Authentication(
+            "the operating system gave no random bytes".into(),
+        ));
+    }
+    let reply = match reply {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(x) = e.failure2_explanation() {
+                let _ = send(h.failure2(x)).await;
+            }
+            return Err(failed(e));
+        }
+    };
+    nvme(admin::FABRICS, send(reply).await)?;
+    let success1 = nvme(admin::FABRICS, receive().await)?.data;
+    match h.handle_success1(&success1) {
+        Ok(Some(success2)) => {
+            nvme(admin::FABRICS, send(success2).await)?;
+        }
+        Ok(None) => {}
+        Err(e) => {
+            if let Some(x) = e.failure2_explanation() {
+                let _ = send(h.failure2(x)).await;
+            }
+            return Err(failed(e));
+        }
+    }
+    if let Some((hash, group)) = h.negotiated() {
+        tracing::debug!(qid, %hash, %group, bidirectional = opts.dhchap_ctrl_secret.is_some(), "authenticated (DH-HMAC-CHAP)");
+    }
+    Ok(())
 }
 
 async fn property_get(q: &QueueHandle, offset: u32, size8: bool) -> Result<u64> {

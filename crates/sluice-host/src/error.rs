@@ -45,6 +45,10 @@ pub enum HostError {
     /// The controller's answers do not allow the operation.
     #[error("controller incompatible: {0}")]
     Incompatible(String),
+    /// DH-HMAC-CHAP failed: the controller refused the host, the
+    /// controller could not prove its secret, or no secret was given.
+    #[error("authentication: {0}")]
+    Authentication(String),
 }
 
 impl HostError {

@@ -33,9 +33,20 @@ impl RealTarget {
         hosts: &[&str],
         target: impl FnOnce(TargetSettings) -> TargetSettings,
     ) -> RealTarget {
+        RealTarget::start_sub(hosts, target, |s| s)
+    }
+
+    /// As [`RealTarget::start_with`], with `sub` adjusting the subsystem
+    /// (DH-HMAC-CHAP secrets, for one).
+    pub fn start_sub(
+        hosts: &[&str],
+        target: impl FnOnce(TargetSettings) -> TargetSettings,
+        sub_fn: impl FnOnce(SubsystemConfig) -> SubsystemConfig,
+    ) -> RealTarget {
         let subnqn = "nqn.2024-01.io.sluice:real".to_string();
         let mut sub = SubsystemConfig::new(&subnqn)
             .with_namespace(NamespaceConfig::ram(1, 16 << 20).with_block_size(512));
+        sub = sub_fn(sub);
         if hosts.is_empty() {
             sub = sub.allow_any_host();
         }
