@@ -62,9 +62,9 @@ check() {
 }
 
 boot_target() {
-    local k=$1 log=$2
+    local k=$1 log=$2; shift 2
     "$ROOT/scripts/linux-peer-run.sh" --kernel "$k" --script "$ROOT/tests/linux-peer/guest/target-nvmet.sh" \
-        -e SUBNQN=$SUBNQN -e NS_MB=512 -e TARGET_UP_SECONDS=400 -e EXPECT_HOST_CONNECT=1 \
+        -e SUBNQN=$SUBNQN -e NS_MB=512 -e TARGET_UP_SECONDS=400 -e EXPECT_HOST_CONNECT=1 "$@" \
         --hostfwd "tcp:127.0.0.1:$HPORT-:4420" --hostfwd "tcp:127.0.0.1:$CPORT-:4499" \
         --timeout 460 --log "$log" >"$log.run" 2>&1 &
     QPID=$!
@@ -118,6 +118,37 @@ for k in $KERNELS; do
     check "linux-$k-bench-verify-2-tenants" bench_verify
     check "linux-$k-target-clean-exit" stop_target
 done
+
+# DH-HMAC-CHAP against nvmet (Linux 6.12 has NVME_TARGET_AUTH; 6.1 does
+# not): the host must authenticate with the secret nvmet holds, the target
+# proves its own, and a wrong secret is refused.
+AUTH_HOST=nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-0000000000ac
+dhchap_against_nvmet() {
+    local key ctrl wrong
+    key=$("$SLUICE" gen-dhchap-key --hmac 3)
+    ctrl=$("$SLUICE" gen-dhchap-key --hmac 0 --key-length 32)
+    wrong=$("$SLUICE" gen-dhchap-key --hmac 3)
+    boot_target 6.12 "$LOGDIR/guest-dhchap.log" -e ALLOWED_HOSTNQN=$AUTH_HOST -e "DHCHAP_KEY=$key" \
+        -e "DHCHAP_CTRL_KEY=$ctrl" -e "DHCHAP_HASH=hmac(sha512)" -e DHCHAP_DHGROUP=ffdhe2048 || { stop_qemu; return 1; }
+    local rc=0
+    "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --hostnqn $AUTH_HOST --dhchap-secret "$key" \
+        --dhchap-ctrl-secret "$ctrl" --rw randrw --bs 4k-64k --qd 4 --queues 2 --ios 400 --verify --span 64m \
+        --json > "$LOGDIR/dhchap-bench.json" 2> "$LOGDIR/dhchap-bench.err" || rc=$?
+    if [[ $rc -ne 0 ]] || ! python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; assert t["ios"]==400 and t["errors"]==0 and t["verify_errors"]==0, t' "$LOGDIR/dhchap-bench.json"; then
+        echo "bench with the right secrets failed (rc $rc):"; tail -5 "$LOGDIR/dhchap-bench.err"; stop_target || true; return 1
+    fi
+    echo "bench with the right secrets: 400 verified I/Os"
+    if "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --hostnqn $AUTH_HOST --dhchap-secret "$wrong" \
+        --rw randread --ios 10 --json > /dev/null 2> "$LOGDIR/dhchap-wrong.err"; then
+        echo "a wrong secret was accepted"; stop_target || true; return 1
+    fi
+    grep -q "authentication" "$LOGDIR/dhchap-wrong.err" || { echo "no authentication error:"; cat "$LOGDIR/dhchap-wrong.err"; stop_target || true; return 1; }
+    echo "wrong secret refused: $(grep -o 'authentication.*' "$LOGDIR/dhchap-wrong.err" | head -1)"
+    stop_target
+}
+if [[ " $KERNELS " == *" 6.12 "* ]]; then
+    check "linux-6.12-dhchap-sluice-host-to-nvmet" dhchap_against_nvmet
+fi
 
 # The target disappears mid-run: the bench must report the errors and finish
 # by itself (its host library retries the connection with back-off first).

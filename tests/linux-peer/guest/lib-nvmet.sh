@@ -40,6 +40,24 @@ nvmet_setup() {
         [ -d "$NVMET/hosts/$_host" ] || run mkdir "$NVMET/hosts/$_host"
         run ln -s "$NVMET/hosts/$_host" "$_s/allowed_hosts/$_host"
         info "allowed host: $_host"
+        # DH-HMAC-CHAP (kernels with NVME_TARGET_AUTH): the host must
+        # authenticate with DHCHAP_KEY; DHCHAP_CTRL_KEY lets it make the
+        # target prove itself.
+        if [ -n "${DHCHAP_KEY:-}" ]; then
+            _h=$NVMET/hosts/$_host
+            [ -e "$_h/dhchap_key" ] || fail "this kernel's nvmet has no DH-HMAC-CHAP (no $_h/dhchap_key)"
+            printf %s "$DHCHAP_KEY" > "$_h/dhchap_key" || fail "writing dhchap_key"
+            if [ -n "${DHCHAP_CTRL_KEY:-}" ]; then
+                printf %s "$DHCHAP_CTRL_KEY" > "$_h/dhchap_ctrl_key" || fail "writing dhchap_ctrl_key"
+            fi
+            if [ -n "${DHCHAP_HASH:-}" ]; then
+                echo "$DHCHAP_HASH" > "$_h/dhchap_hash" || fail "writing dhchap_hash"
+            fi
+            if [ -n "${DHCHAP_DHGROUP:-}" ]; then
+                echo "$DHCHAP_DHGROUP" > "$_h/dhchap_dhgroup" || fail "writing dhchap_dhgroup"
+            fi
+            info "DH-HMAC-CHAP required of $_host (hash $(cat "$_h/dhchap_hash"), group $(cat "$_h/dhchap_dhgroup"))"
+        fi
     else
         echo 1 > "$_s/attr_allow_any_host"
         info "any host allowed"

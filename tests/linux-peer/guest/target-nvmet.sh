@@ -15,6 +15,9 @@
 #   TARGET_PORT         listen port in the guest (default 4420), on 0.0.0.0
 #   NS_MB               null_blk namespace size (default 1024)
 #   ALLOWED_HOSTNQN     if set, only this host NQN may connect (else any host)
+#   DHCHAP_KEY          with ALLOWED_HOSTNQN: that host must authenticate with this
+#                       DHHC-1 secret; DHCHAP_CTRL_KEY, DHCHAP_HASH ("hmac(sha512)"),
+#                       DHCHAP_DHGROUP ("ffdhe2048") are optional
 #   TARGET_UP_SECONDS   default 120
 #   CTRL_PORT           control port in the guest (default 4499)
 #   EXPECT_HOST_CONNECT 1 = fail unless some host connected an I/O or admin controller
