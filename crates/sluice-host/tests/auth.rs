@@ -54,7 +54,9 @@ async fn every_queue_authenticates_and_io_flows() {
             .expect("connect with the right secret");
         assert_eq!(c.io_queue_count(), 2);
         let ns = c.namespace(1).unwrap();
-        let data: Vec<u8> = (0..8192u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
+        let data: Vec<u8> = (0..8192u32)
+            .map(|i| u8::try_from(i % 251).unwrap())
+            .collect();
         ns.write(16, &data, IoFlags::default()).await.unwrap();
         assert_eq!(
             ns.read(16, data.len(), IoFlags::default()).await.unwrap(),

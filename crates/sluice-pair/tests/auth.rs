@@ -288,3 +288,25 @@ fn hosts_without_a_secret_on_an_ordinary_subsystem_connect_as_before() {
     assert_eq!(pair.read(0, 4096).expect("read"), data);
     assert_eq!(pair.link(ADMIN).target.hostnqn(), Some(HOSTNQN));
 }
+
+#[test]
+fn a_queue_that_never_authenticates_is_closed_after_the_grace() {
+    let mut pair = Pair::unconnected(params(secret(1), None, DhGroup::Null));
+    connect_admin(&mut pair);
+    // No keep alive here (KATO 0): only the authentication deadline can
+    // close the queue. Handshake timeout 10 s + 60 s of grace.
+    pair.advance(std::time::Duration::from_secs(65));
+    assert!(pair.link(ADMIN).closed().is_none(), "closed too early");
+    pair.advance(std::time::Duration::from_secs(10));
+    assert!(
+        pair.link(ADMIN).closed().is_some(),
+        "still open 75 s after connecting without authenticating"
+    );
+    // An authenticated queue is not touched by that deadline.
+    let mut pair = Pair::unconnected(params(secret(1), None, DhGroup::Null));
+    connect_admin(&mut pair);
+    authenticate(&mut pair, ADMIN, secret(1), None, 1).unwrap();
+    pair.advance(std::time::Duration::from_secs(120));
+    assert!(pair.link(ADMIN).closed().is_none());
+    identify_ctrl(&mut pair).expect("Identify long after authenticating");
+}
