@@ -282,16 +282,16 @@ async fn fabrics_connect(
             )),
             e => e,
         })?;
-    if c.cqe.result & CONNECT_AUTHREQ_ATR != 0 {
+    if c.cqe.result & sluice_proto::fabrics::CONNECT_AUTHREQ_ATR != 0 {
         authenticate(q, qid, subnqn, opts).await?;
     }
     Ok((c.cqe.result & 0xffff) as u16)
 }
 
-/// The Connect result bit asking the host to authenticate.
-const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
-/// AUTH_Receive allocation length (the Linux host's buffer size).
-const AUTH_RECEIVE_BYTES: u32 = 4096;
+/// AUTH_Receive allocation length: the largest message, as the Linux host
+/// asks for.
+#[allow(clippy::cast_possible_truncation)] // 4096
+const AUTH_RECEIVE_BYTES: u32 = sluice_auth::message::MESSAGE_BYTES_MAX as u32;
 
 /// One DH-HMAC-CHAP transaction on queue `qid` (`sluice_auth::HostAuth`
 /// does the protocol; this sends and receives its messages).

@@ -21,7 +21,7 @@ use sluice_proto::fabrics::{cc, prop, AuthCommand, CNTLID_DYNAMIC};
 use sluice_proto::send::SendConfig;
 use sluice_proto::{Sqe, Status};
 
-const ATR: u32 = 1 << 17;
+const ATR: u32 = sluice_proto::fabrics::CONNECT_AUTHREQ_ATR;
 
 fn secret(seed: u8) -> Secret {
     Secret::new((0..32).map(|i| seed ^ i).collect(), None).unwrap()
@@ -239,6 +239,18 @@ fn bad_auth_commands_get_the_statuses_nvmet_gives() {
     s.0[43] = 0xea;
     let e = pair.execute(ADMIN, s, Payload::Write(vec![0; 8]));
     assert_eq!(nvme_status(&e), Some(Status::INVALID_FIELD));
+    // TL that is not the SGL's length (8 announced, 16 sent).
+    let s = AuthCommand { send: true, len: 8 }.to_sqe(0);
+    let e = pair.execute(ADMIN, s, Payload::Write(vec![0; 16]));
+    assert_eq!(nvme_status(&e), Some(Status::DATA_SGL_LENGTH_INVALID));
+    // AL beyond what any message needs.
+    let s = AuthCommand {
+        send: false,
+        len: 1 << 20,
+    }
+    .to_sqe(0);
+    let e = pair.execute(ADMIN, s, Payload::Read(1 << 20));
+    assert_eq!(nvme_status(&e), Some(Status::DATA_SGL_LENGTH_INVALID));
     // TL 0.
     let s = AuthCommand {
         send: false,

@@ -252,6 +252,11 @@ pub struct AuthCommand {
 /// SECP of DH-HMAC-CHAP.
 pub const AUTH_SECP_DHCHAP: u8 = 0xe9;
 
+/// ATR, Authentication Transaction Required: the bit of a Connect
+/// response's DW0 (above the CNTLID) that tells the host to run
+/// DH-HMAC-CHAP on the queue before anything else.
+pub const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
+
 impl AuthCommand {
     pub fn to_sqe(&self, cid: u16) -> Sqe {
         let mut s = Sqe::new(admin::FABRICS, cid, 0);

@@ -504,7 +504,7 @@ impl QueueConnection {
 /// The longest AUTH_Send/AUTH_Receive transfer accepted: the Linux host
 /// asks for 4 KiB; the largest message (a Reply with an ffdhe8192 value) is
 /// about 1.2 KiB.
-const AUTH_MESSAGE_BYTES_MAX: usize = 8192;
+const AUTH_MESSAGE_BYTES_MAX: usize = 2 * sluice_auth::message::MESSAGE_BYTES_MAX;
 
 /// A count of a command's backend operations (one flush, or at most 256 DSM
 /// ranges) or of a subsystem's namespaces (at most 1024): far below

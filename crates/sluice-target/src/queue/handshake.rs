@@ -50,9 +50,6 @@ pub(super) const AUTH_FAILURES_MAX: u32 = 3;
 /// How long after the handshake deadline a queue may take to authenticate.
 const AUTH_GRACE: Duration = Duration::from_secs(60);
 
-/// The Connect result bit that tells the host to authenticate (ATR).
-pub(super) const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
-
 impl Session {
     pub(super) fn new(now: Instant) -> Self {
         Session {
@@ -382,7 +379,7 @@ impl QueueConnection {
                 cfg,
                 sluice_auth::random_seqnum(),
             ));
-            result |= CONNECT_AUTHREQ_ATR;
+            result |= sluice_proto::fabrics::CONNECT_AUTHREQ_ATR;
         }
         (Status::SUCCESS, result)
     }
