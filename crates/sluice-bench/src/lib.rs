@@ -105,19 +105,8 @@ pub struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// DH-HMAC-CHAP secret (`DHHC-1:...`, as `sluice gen-dhchap-key` or
-    /// `nvme gen-dhchap-key` prints it), or `@FILE` holding it: every queue
-    /// authenticates when the target asks.
-    #[arg(long, env = "SLUICE_DHCHAP_SECRET", hide_env_values = true)]
-    pub dhchap_secret: Option<String>,
-    /// The target must prove this secret too (bidirectional); `@FILE` reads it.
-    #[arg(
-        long,
-        env = "SLUICE_DHCHAP_CTRL_SECRET",
-        hide_env_values = true,
-        requires = "dhchap_secret"
-    )]
-    pub dhchap_ctrl_secret: Option<String>,
+    #[command(flatten)]
+    pub dhchap: DhchapArgs,
     #[arg(long)]
     pub(crate) hdr_digest: bool,
     #[arg(long)]
@@ -162,9 +151,41 @@ pub struct BenchArgs {
     pub send_scheduler: SchedulerKind,
 }
 
+/// `--dhchap-secret` and `--dhchap-ctrl-secret`, shared by `sluice bench`,
+/// `nbd` and `fuse`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DhchapArgs {
+    /// DH-HMAC-CHAP secret (`DHHC-1:...`, as `sluice gen-dhchap-key` or
+    /// `nvme gen-dhchap-key` prints it), or `@FILE` holding it: every queue
+    /// authenticates when the target asks.
+    #[arg(long, env = "SLUICE_DHCHAP_SECRET", hide_env_values = true)]
+    pub dhchap_secret: Option<String>,
+    /// The target must prove this secret too (bidirectional); `@FILE` reads it.
+    #[arg(
+        long,
+        env = "SLUICE_DHCHAP_CTRL_SECRET",
+        hide_env_values = true,
+        requires = "dhchap_secret"
+    )]
+    pub dhchap_ctrl_secret: Option<String>,
+}
+
+/// The host's secret and the controller's, as parsed from the flags.
+pub type DhchapSecrets = (Option<sluice_auth::Secret>, Option<sluice_auth::Secret>);
+
+impl DhchapArgs {
+    /// Parses both secrets (reading `@FILE`s); errors name the flag.
+    pub fn load(&self) -> anyhow::Result<DhchapSecrets> {
+        Ok((
+            load_secret("--dhchap-secret", self.dhchap_secret.as_deref())?,
+            load_secret("--dhchap-ctrl-secret", self.dhchap_ctrl_secret.as_deref())?,
+        ))
+    }
+}
+
 /// A DH-HMAC-CHAP secret from a flag: the `DHHC-1:...` text, or `@FILE`
 /// holding it. Errors name the flag (and the file), never the secret.
-pub fn load_secret(flag: &str, value: Option<&str>) -> anyhow::Result<Option<sluice_auth::Secret>> {
+fn load_secret(flag: &str, value: Option<&str>) -> anyhow::Result<Option<sluice_auth::Secret>> {
     let Some(v) = value else { return Ok(None) };
     let text = match v.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
@@ -198,8 +219,7 @@ impl BenchArgs {
             verify: false,
             jobs: Vec::new(),
             json: false,
-            dhchap_secret: None,
-            dhchap_ctrl_secret: None,
+            dhchap: DhchapArgs::default(),
             hdr_digest: false,
             data_digest: false,
             polling: PollingPolicy::Interrupt,
@@ -552,9 +572,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     if let Err((k, why)) = coalescing.validate() {
         bail!("--coalescing: {k} {why}");
     }
-    let dhchap_secret = load_secret("--dhchap-secret", args.dhchap_secret.as_deref())?;
-    let dhchap_ctrl_secret =
-        load_secret("--dhchap-ctrl-secret", args.dhchap_ctrl_secret.as_deref())?;
+    let (dhchap_secret, dhchap_ctrl_secret) = args.dhchap.load()?;
     // Connect every job first, so the measured window holds only I/O.
     let mut prepared = Vec::new();
     for j in &jobs {

@@ -44,18 +44,8 @@ pub struct RemoteArgs {
     /// I/O queues (TCP connections) to the target.
     #[arg(long, default_value_t = 2)]
     pub io_queues: u16,
-    /// DH-HMAC-CHAP secret (`DHHC-1:...`) or `@FILE` holding it: every
-    /// queue authenticates when the target asks.
-    #[arg(long, env = "SLUICE_DHCHAP_SECRET", hide_env_values = true)]
-    pub dhchap_secret: Option<String>,
-    /// The target must prove this secret too (bidirectional); `@FILE` reads it.
-    #[arg(
-        long,
-        env = "SLUICE_DHCHAP_CTRL_SECRET",
-        hide_env_values = true,
-        requires = "dhchap_secret"
-    )]
-    pub dhchap_ctrl_secret: Option<String>,
+    #[command(flatten)]
+    pub dhchap: sluice_bench::DhchapArgs,
     /// Export read-only.
     #[arg(long)]
     pub read_only: bool,
@@ -192,15 +182,7 @@ struct Remote<'a> {
     hostnqn: Option<&'a str>,
     io_queues: u16,
     cgroup: Option<&'a PathBuf>,
-    dhchap: (Option<sluice_auth::Secret>, Option<sluice_auth::Secret>),
-}
-
-/// The DH-HMAC-CHAP secrets of `r`'s flags.
-fn dhchap(r: &RemoteArgs) -> Result<(Option<sluice_auth::Secret>, Option<sluice_auth::Secret>)> {
-    Ok((
-        sluice_bench::load_secret("--dhchap-secret", r.dhchap_secret.as_deref())?,
-        sluice_bench::load_secret("--dhchap-ctrl-secret", r.dhchap_ctrl_secret.as_deref())?,
-    ))
+    dhchap: sluice_bench::DhchapSecrets,
 }
 
 impl<'a> Remote<'a> {
@@ -217,7 +199,7 @@ impl<'a> Remote<'a> {
             hostnqn: r.hostnqn.as_deref(),
             io_queues: r.io_queues,
             cgroup: r.cgroup.as_ref(),
-            dhchap: dhchap(r)?,
+            dhchap: r.dhchap.load()?,
         })
     }
 }
@@ -325,6 +307,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
             bail!("export name `{}` given twice", s.name);
         }
     }
+    let dhchap = a.remote.dhchap.load()?;
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
     rt.block_on(async {
@@ -338,7 +321,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 hostnqn: (!s.hostnqn.is_empty()).then_some(s.hostnqn.as_str()),
                 io_queues: a.remote.io_queues,
                 cgroup: s.cgroup.as_ref(),
-                dhchap: dhchap(&a.remote)?,
+                dhchap: dhchap.clone(),
             };
             let (ctrl, ns, hostnqn) = match open_device(&a.remote, &remote)
                 .await
