@@ -132,11 +132,15 @@ impl Secret {
     }
 
     /// The key as used for `nqn`: HMAC-hh(key, nqn || "NVMe-over-Fabrics"),
-    /// or the key itself when the transform is 00.
-    pub fn transformed(&self, nqn: &str) -> Vec<u8> {
+    /// or the key itself when the transform is 00; wiped when dropped.
+    pub fn transformed(&self, nqn: &str) -> zeroize::Zeroizing<Vec<u8>> {
         match self.transform {
-            None => self.key.clone(),
-            Some(h) => algo::hmac(h, &self.key, &[nqn.as_bytes(), b"NVMe-over-Fabrics"]),
+            None => zeroize::Zeroizing::new(self.key.clone()),
+            Some(h) => zeroize::Zeroizing::new(algo::hmac(
+                h,
+                &self.key,
+                &[nqn.as_bytes(), b"NVMe-over-Fabrics"],
+            )),
         }
     }
 }
@@ -222,12 +226,12 @@ mod tests {
     #[test]
     fn the_transform_depends_on_the_nqn_and_the_hash() {
         let plain = Secret::new(key(32), None).unwrap();
-        assert_eq!(plain.transformed("nqn.a"), key(32));
+        assert_eq!(*plain.transformed("nqn.a"), key(32));
         let t = Secret::new(key(32), Some(HashId::Sha256)).unwrap();
         let a = t.transformed("nqn.a");
         assert_eq!(a.len(), 32);
-        assert_ne!(a, t.transformed("nqn.b"));
-        assert_ne!(a, key(32));
+        assert_ne!(*a, *t.transformed("nqn.b"));
+        assert_ne!(*a, key(32));
         let t512 = Secret::new(key(64), Some(HashId::Sha512)).unwrap();
         assert_eq!(t512.transformed("nqn.a").len(), 64);
     }
