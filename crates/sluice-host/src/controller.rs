@@ -243,6 +243,11 @@ fn nvme(opcode: u8, c: Result<Completion>) -> Result<Completion> {
     })
 }
 
+/// ASCR, Authentication Secure Channel Required: bit 18 of a Connect
+/// response's DW0 (secure channel concatenation, which this host lacks; the
+/// Linux host without `concat` refuses it the same way).
+const CONNECT_AUTHREQ_ASCR: u32 = 1 << 18;
+
 /// Sends a Fabrics Connect on `q`; returns the CNTLID.
 async fn fabrics_connect(
     q: &QueueHandle,
@@ -282,6 +287,11 @@ async fn fabrics_connect(
             )),
             e => e,
         })?;
+    if c.cqe.result & CONNECT_AUTHREQ_ASCR != 0 {
+        return Err(HostError::Authentication(format!(
+            "{subnqn} requires secure channel concatenation (ASCR in the Connect response of queue {qid}), which this host does not support"
+        )));
+    }
     if c.cqe.result & sluice_proto::fabrics::CONNECT_AUTHREQ_ATR != 0 {
         authenticate(q, qid, subnqn, opts).await?;
     }

@@ -715,18 +715,18 @@ impl State {
     fn on_capsule_resp(&mut self, cqe: &Cqe) -> std::result::Result<(), PduError> {
         // CQE CID sits at PDU byte 8 + 12.
         let slot = self.slot_mut(cqe.cid, "cid", 20)?;
-        if let Data::Read { .. } = slot.data {
-            if !slot.data_done && cqe.status().is_success() && !slot.timed_out {
-                let len = match &slot.data {
-                    Data::Read { buf, .. } => buf.len(),
-                    _ => 0,
-                };
-                if len > 0 {
-                    slot.error = Some(HostError::Transport(format!(
-                        "successful read completion before its data (cid {})",
-                        cqe.cid
-                    )));
-                }
+        // All the bytes without LAST_PDU count as the data (as the Linux
+        // and SPDK hosts take it); the length check in `complete` stays.
+        if let Data::Read { buf, received } = &slot.data {
+            if !slot.data_done
+                && (*received as usize) < buf.len()
+                && cqe.status().is_success()
+                && !slot.timed_out
+            {
+                slot.error = Some(HostError::Transport(format!(
+                    "successful read completion before its data (cid {})",
+                    cqe.cid
+                )));
             }
         }
         self.complete(cqe.cid, *cqe);

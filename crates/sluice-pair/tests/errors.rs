@@ -81,9 +81,9 @@ fn other_command_errors_have_their_status() {
     let s = Sqe::rw(io::READ, 0, NSID, 0, 2, false);
     let r = pair.execute(IO, s, Payload::Read(512));
     assert_eq!(nvme_status(&r), Some(Status::DATA_SGL_LENGTH_INVALID));
-    // A Connect on a connected queue.
+    // A Connect on a connected queue: Invalid Opcode, as nvmet and SPDK.
     let r = pair.connect(IO, 1, 31, 0, pair.cntlid);
-    assert_eq!(nvme_status(&r), Some(Status::COMMAND_SEQUENCE_ERROR));
+    assert_eq!(nvme_status(&r), Some(Status::INVALID_OPCODE));
     assert_eq!(pair.read(0, 64 * 1024).unwrap(), pattern(64 * 1024, 3));
 }
 

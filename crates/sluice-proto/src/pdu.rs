@@ -315,7 +315,19 @@ fn is_term_req(t: u8) -> bool {
 /// Validates the common header against the connection state and computes
 /// where header digest, data and data digest lie. Needs only the 8 bytes of
 /// the common header, so the receiver knows how much more to read.
+///
+/// A controller (receiving host-to-controller PDUs) ignores what Linux
+/// nvmet and SPDK's nvmf_tgt both ignore and the NVMe/TCP specification
+/// leaves to the receiver: reserved FLAGS bits (cleared in the layout),
+/// PDO in a PDU without data, and DDGSTF on a CapsuleCmd without data.
+/// [`ignored_header_fields`] names them for the controller's log.
 pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayout, DecodeError> {
+    let lenient = p.direction == Direction::HostToController;
+    let mut ch = *ch;
+    if lenient {
+        ch.flags &= allowed_flags(ch.pdu_type);
+    }
+    let ch = &ch;
     let t = ch.pdu_type;
     let dir = PduHeader::direction(t)
         .ok_or_else(|| DecodeError::invalid("pdu-type", 0, format!("unknown PDU type {t:#04x}")))?;
@@ -354,7 +366,7 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
     }
     let plen = ch.plen as usize;
     if is_ic {
-        if ch.pdo != 0 {
+        if ch.pdo != 0 && !lenient {
             return Err(DecodeError::invalid("pdo", 3, "must be 0 in ICReq/ICResp"));
         }
         if plen != IC_LEN {
@@ -373,7 +385,7 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
         });
     }
     if is_term_req(t) {
-        if ch.pdo != 0 {
+        if ch.pdo != 0 && !lenient {
             return Err(DecodeError::invalid("pdo", 3, "must be 0 in a TermReq"));
         }
         if !(SHORT_HLEN..=SHORT_HLEN + TERM_REQ_DATA_MAX).contains(&plen) {
@@ -441,14 +453,14 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
         if t != pdu_type::CAPSULE_CMD {
             return Err(DecodeError::invalid("plen", 4, "data PDU without data"));
         }
-        if ch.pdo != 0 {
+        if ch.pdo != 0 && !lenient {
             return Err(DecodeError::invalid(
                 "pdo",
                 3,
                 format!("{} in a capsule without data", ch.pdo),
             ));
         }
-        if ddgst {
+        if ddgst && !lenient {
             return Err(DecodeError::invalid(
                 "flags",
                 1,
@@ -494,7 +506,9 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
     let data_len = plen - pdo - ddgst_len;
     if data_len > p.data_len_max as usize {
         let msg = format!("{data_len} data bytes in one PDU, limit {}", p.data_len_max);
-        return Err(if t == pdu_type::H2C_DATA {
+        // Host-to-controller data beyond what the controller advertised
+        // (MAXH2CDATA, in-capsule size) is FES 05h, as in SPDK.
+        return Err(if matches!(t, pdu_type::H2C_DATA | pdu_type::CAPSULE_CMD) {
             DecodeError::DataLimitExceeded(msg)
         } else {
             DecodeError::invalid("plen", 4, msg)
@@ -507,6 +521,38 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
         data_offset: pdo,
         data_len,
     })
+}
+
+/// What [`validate_common_header`] and the header decode ignored in a
+/// host-to-controller PDU header `raw` (at least the common header)
+/// carrying `data_len` bytes of data: "flags" for reserved FLAGS bits,
+/// "pdo" for PDO in a PDU without data, "ddgstf" for DDGSTF on a capsule
+/// without data, "reserved" for non-zero reserved bits or bytes of an
+/// ICReq (DGST bits 7:2, bytes 16-127) or an H2CData (bytes 20-23).
+pub fn ignored_header_fields(raw: &[u8], data_len: usize) -> impl Iterator<Item = &'static str> {
+    let (t, f, pdo) = match *raw {
+        [t, f, _, pdo, ..] => (t, f, pdo),
+        _ => (pdu_type::IC_REQ, 0, 0),
+    };
+    let no_data = data_len == 0 || is_term_req(t);
+    let capsule_ddgstf = t == pdu_type::CAPSULE_CMD && data_len == 0 && f & flags::DDGSTF != 0;
+    let nonzero = |from: usize, to: usize| {
+        raw.get(from..to.min(raw.len()))
+            .is_some_and(|b| b.iter().any(|x| *x != 0))
+    };
+    let reserved = match t {
+        pdu_type::IC_REQ => raw.get(11).is_some_and(|d| d & !0x3 != 0) || nonzero(16, IC_LEN),
+        pdu_type::H2C_DATA => nonzero(20, 24),
+        _ => false,
+    };
+    [
+        ("reserved", reserved),
+        ("flags", f & !allowed_flags(t) != 0),
+        ("pdo", pdo != 0 && no_data),
+        ("ddgstf", capsule_ddgstf),
+    ]
+    .into_iter()
+    .filter_map(|(n, on)| on.then_some(n))
 }
 
 fn check_reserved(h: &[u8], from: usize, to: usize) -> Result<(), DecodeError> {
@@ -552,7 +598,10 @@ pub fn decode_specific(
                 ));
             }
             let dgst = h[11];
-            if dgst & !0x3 != 0 {
+            // Reserved bits and bytes of an ICReq are the controller's to
+            // ignore (as nvmet and nvmf_tgt do; see `ignored_header_fields`).
+            let lenient = t == pdu_type::IC_REQ;
+            if dgst & !0x3 != 0 && !lenient {
                 return Err(DecodeError::invalid(
                     "dgst",
                     11,
@@ -560,7 +609,9 @@ pub fn decode_specific(
                 ));
             }
             let v = u32_at(h, 12);
-            check_reserved(h, 16, IC_LEN)?;
+            if !lenient {
+                check_reserved(h, 16, IC_LEN)?;
+            }
             if t == pdu_type::IC_REQ {
                 PduHeader::IcReq(IcReq {
                     pfv,
@@ -619,8 +670,8 @@ pub fn decode_specific(
             }
             if t == pdu_type::C2H_DATA {
                 check_reserved(h, 10, 12)?;
+                check_reserved(h, 20, 24)?;
             }
-            check_reserved(h, 20, 24)?;
             let f = layout.ch.flags;
             let success = f & flags::SUCCESS != 0;
             if success && f & flags::LAST_PDU == 0 {

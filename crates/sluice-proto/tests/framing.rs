@@ -250,14 +250,14 @@ fn plen_too_short_and_too_long() {
     let e = err_of(&mut init_framer(false, false), &w);
     assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
 
-    // An in-capsule payload beyond the receiver's limit is refused from the
-    // common header alone, before the data is buffered.
+    // An in-capsule payload beyond the receiver's limit is refused (FES 05h)
+    // from the common header alone, before the data is buffered.
     let mut w = capsule(TxParams::default(), &[0; 16]);
     w[4..8].copy_from_slice(&(72 + 100_000u32).to_le_bytes());
     let mut f = init_framer(false, false);
     f.feed(&w[..8]);
     let e = f.next_pdu().unwrap_err();
-    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
+    assert_eq!((e.fes(), e.fei()), (fes::DATA_LIMIT_EXCEEDED, 0));
 }
 
 #[test]
@@ -379,15 +379,19 @@ fn wrong_pfv_is_unsupported_parameter() {
     assert_eq!((e.fes(), e.fei()), (fes::UNSUPPORTED_PARAMETER, 8));
 }
 
+/// Reserved ICReq bytes and DGST bits are the controller's to ignore (as
+/// nvmet and nvmf_tgt do; the target logs them once), and
+/// `ignored_header_fields` names them; the host still refuses them in an
+/// ICResp.
 #[test]
-fn icreq_reserved_byte_is_rejected() {
+fn icreq_reserved_bytes_are_ignored_icresp_reserved_bytes_are_not() {
     let mut w = Vec::new();
     encode_pdu(
         &PduHeader::IcReq(IcReq {
             pfv: 0,
             hpda: 0,
             hdgst: false,
-            ddgst: false,
+            ddgst: true,
             maxr2t: 0,
         }),
         &[],
@@ -395,7 +399,37 @@ fn icreq_reserved_byte_is_rejected() {
         &mut w,
     );
     w[100] = 1;
-    let e = err_of(&mut Framer::new(Direction::HostToController, 8192), &w);
+    w[11] |= 0x10;
+    let mut f = Framer::new(Direction::HostToController, 8192);
+    f.feed(&w);
+    let p = f.next_pdu().unwrap().unwrap();
+    assert!(matches!(
+        p.header,
+        PduHeader::IcReq(IcReq {
+            ddgst: true,
+            hdgst: false,
+            ..
+        })
+    ));
+    let ignored: Vec<_> =
+        sluice_proto::pdu::ignored_header_fields(p.raw_header, p.data.len()).collect();
+    assert_eq!(ignored, ["reserved"]);
+
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::IcResp(IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxh2cdata: 8192,
+        }),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    w[100] = 1;
+    let e = err_of(&mut Framer::new(Direction::ControllerToHost, 8192), &w);
     assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 100));
 }
 
@@ -518,7 +552,7 @@ fn data_len_max_can_be_raised_after_init() {
     let mut f = Framer::new(Direction::HostToController, 1024);
     f.set_initialized(false, false, 0, 1024);
     let e = err_of(&mut f, &capsule(TxParams::default(), &[1; 2048]));
-    assert_eq!((e.fes(), e.fei()), (fes::INVALID_HEADER_FIELD, 4));
+    assert_eq!((e.fes(), e.fei()), (fes::DATA_LIMIT_EXCEEDED, 0));
 
     let mut f = Framer::new(Direction::HostToController, 1024);
     f.set_initialized(false, false, 0, 1024);

@@ -24,6 +24,8 @@ pub const AER_MAX: usize = 4;
 pub const FIRMWARE_REVISION: &str = concat!("S", env!("CARGO_PKG_VERSION"));
 /// IEEE OUI-less vendor id; 0 means "not PCI".
 const VENDOR_ID: u16 = 0;
+/// The Changed Namespace List log's size (`log::encode_changed_ns_list`).
+const CHANGED_NS_LIST_BYTES: u64 = 4096;
 
 /// What an admin command produced.
 #[derive(Debug, Default)]
@@ -94,6 +96,9 @@ pub fn execute(
         {
             set_features(ctrl, sqe, reg)
         }
+        // A discovery controller has only those two features: any other FID
+        // is an invalid field (nvmet, SPDK), as in Get Features.
+        admin::SET_FEATURES => AdminReply::status(Status::INVALID_FIELD),
         admin::GET_FEATURES => get_features(ctrl, sqe),
         admin::KEEP_ALIVE => AdminReply::default(),
         admin::ASYNC_EVENT_REQUEST => AdminReply {
@@ -220,6 +225,10 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
     let csi = (sqe.cdw(11) >> 24) as u8;
     let nsid = sqe.nsid();
     let sub = &ctrl.subsystem;
+    // The data (4 KiB) must fit the host's buffer (nvmet, SPDK refuse too).
+    if usize_from(u64::from(sqe.sgl().length)) < identify::IDENTIFY_LEN {
+        return AdminReply::status(Status::DATA_SGL_LENGTH_INVALID);
+    }
     if ctrl.is_discovery() && cns_v != cns::CONTROLLER {
         return AdminReply::status(Status::INVALID_FIELD);
     }
@@ -274,6 +283,14 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
 fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext) -> AdminReply {
     let g = GetLogPage::parse(sqe);
     let disc = ctrl.is_discovery();
+    // The command's own fields first: a log that a read clears (Changed
+    // Namespace List) is cleared only by a read that succeeds.
+    if !g.offset_bytes.is_multiple_of(4) || g.len_bytes > 1 << 20 {
+        return AdminReply::status(Status::INVALID_FIELD);
+    }
+    if u64::from(sqe.sgl().length) < g.len_bytes {
+        return AdminReply::status(Status::DATA_SGL_LENGTH_INVALID);
+    }
     let page = match g.lid {
         lid::DISCOVERY if disc => {
             log::encode_discovery_log(reg.genctr(), &discovery_entries(ctrl, reg, ctx))
@@ -302,7 +319,12 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
             .encode()
         }
         lid::FIRMWARE_SLOT if !disc => log::encode_firmware_slot(FIRMWARE_REVISION),
-        lid::CHANGED_NS_LIST if !disc => ctrl.changed_ns_log(g.rae),
+        lid::CHANGED_NS_LIST if !disc => {
+            if g.offset_bytes > CHANGED_NS_LIST_BYTES {
+                return AdminReply::status(Status::INVALID_FIELD);
+            }
+            ctrl.changed_ns_log(g.rae)
+        }
         lid::COMMANDS_SUPPORTED => {
             let a = |op| (op, effects::CSUPP);
             let mut admin_ops: Vec<(u8, u32)> = vec![
@@ -335,10 +357,7 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
     };
     // Return exactly the requested window, zero-padded past the end.
     let off = g.offset_bytes;
-    if !off.is_multiple_of(4) || off > page.len() as u64 {
-        return AdminReply::status(Status::INVALID_FIELD);
-    }
-    if g.len_bytes > 1 << 20 {
+    if off > page.len() as u64 {
         return AdminReply::status(Status::INVALID_FIELD);
     }
     let mut out = vec![0u8; usize_from(g.len_bytes)];
@@ -364,7 +383,23 @@ fn set_features(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
 fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminReply {
     let cdw10 = sqe.cdw(10);
     let f = (cdw10 & 0xff) as u8;
-    let sel = (cdw10 >> 8) & 0x7;
+    let mut sel = (cdw10 >> 8) & 0x7;
+    if sel > 3 {
+        // Reserved; nvmet and SPDK ignore SEL and report the current value.
+        crate::tolerated::note(
+            crate::tolerated::Tolerated::FeatureSelReserved,
+            format_args!("SEL {sel}, FID {f:#04x}"),
+        );
+        sel = 0;
+    }
+    // A discovery controller reports only keep alive and async event config.
+    let readable =
+        !ctrl.is_discovery() || matches!(f, fid::KEEP_ALIVE_TIMER | fid::ASYNC_EVENT_CONFIG);
+    let current = match ctrl.feature(f) {
+        Some(r) if readable => r,
+        // An FID we do not report is invalid whatever SEL asks (nvmet, SPDK).
+        _ => return AdminReply::status(Status::INVALID_FIELD),
+    };
     if sel == 3 {
         // Supported capabilities: nothing is saveable or namespace specific;
         // the changeable ones are marked changeable (bit 2).
@@ -378,16 +413,7 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminReply {
         );
         return AdminReply::result(if changeable { 0x4 } else { 0 });
     }
-    if sel > 3 {
-        return AdminReply::status(Status::INVALID_FIELD);
-    }
-    // A discovery controller reports only keep alive and async event config.
-    let readable =
-        !ctrl.is_discovery() || matches!(f, fid::KEEP_ALIVE_TIMER | fid::ASYNC_EVENT_CONFIG);
-    match ctrl.feature(f) {
-        Some(r) if readable => AdminReply::result(r),
-        _ => AdminReply::status(Status::INVALID_FIELD),
-    }
+    AdminReply::result(current)
 }
 
 fn config_nsid_max() -> u32 {

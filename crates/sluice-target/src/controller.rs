@@ -29,6 +29,7 @@ pub mod fid {
     pub const WRITE_ATOMICITY: u8 = 0x0a;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
+    pub const HOST_IDENTIFIER: u8 = 0x81;
 }
 
 /// Mutable controller state, behind the controller's lock.
@@ -306,14 +307,27 @@ impl Controller {
                 s.kato_ms = v;
                 Ok(0)
             }
+            // Without a volatile write cache there is nothing to set (nvmet,
+            // SPDK).
+            fid::VOLATILE_WRITE_CACHE if !self.subsystem.volatile_write_cache() => {
+                Err(Status::INVALID_FIELD)
+            }
             fid::VOLATILE_WRITE_CACHE => {
                 s.write_cache_enabled = v & 1 != 0;
                 Ok(0)
             }
             fid::TEMPERATURE_THRESHOLD => {
+                // TMPSEL 9-14 and THSEL 10b/11b are reserved (SPDK refuses
+                // them; nvmet refuses the feature).
+                let (tmpsel, thsel) = ((v >> 16) & 0xf, (v >> 20) & 0x3);
+                if (9..=14).contains(&tmpsel) || thsel > 1 {
+                    return Err(Status::INVALID_FIELD);
+                }
                 s.temperature_threshold = v & 0xffff;
                 Ok(0)
             }
+            // On Fabrics the Host Identifier comes from Connect.
+            fid::HOST_IDENTIFIER => Err(Status::COMMAND_SEQUENCE_ERROR),
             fid::ARBITRATION
             | fid::POWER_MANAGEMENT
             | fid::ERROR_RECOVERY

@@ -19,6 +19,8 @@
 //!   the handshake) checked at accept, and their counters.
 //! * [`metrics`]: counters per namespace and host.
 //! * `tag`: the backend request tag layout (`BackendTag`).
+//! * [`tolerated`]: inputs accepted because both reference targets accept
+//!   them, each logged once at debug level and counted.
 //! * [`tenant`]: tenants, fair scheduling, rate limits, CPU isolation, the
 //!   admin endpoint.
 
@@ -34,6 +36,7 @@ mod server;
 pub mod subsystem;
 mod tag;
 pub mod tenant;
+pub mod tolerated;
 
 pub use registry::{NoVolumes, VolumeOpener};
 pub use server::{ShutdownReport, StartError, Target, TargetHandle, WorkerReport};

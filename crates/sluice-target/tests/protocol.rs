@@ -267,8 +267,8 @@ fn capsule_beyond_in_capsule_size_is_fatal() {
         p.send(&PduHeader::CapsuleCmd(s), &[0; 16384]);
         assert_eq!(
             p.term,
-            Some((fes::INVALID_HEADER_FIELD, 4)),
-            "PLEN beyond what was advertised"
+            Some((fes::DATA_LIMIT_EXCEEDED, 0)),
+            "in-capsule data beyond what was advertised"
         );
         assert!(p.conn.is_closed());
     }
@@ -291,6 +291,45 @@ fn malformed_header_gets_term_req_and_close() {
         p.send_raw(&w);
         assert_eq!(p.term, Some((fes::INVALID_HEADER_FIELD, 2)));
         assert!(p.conn.is_closed());
+    }
+}
+
+/// A read whose data is on its way when a protocol error arrives: the
+/// TermReq is the last PDU on the wire in every send mode, though the read
+/// completes afterwards (found by the `target_queue` fuzzer).
+#[test]
+fn nothing_follows_a_term_req() {
+    for mode in SEND_MODES {
+        let r = reg_in(mode);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let mut w = Vec::new();
+        for cid in 1..=4u16 {
+            let mut s = Sqe::rw(io::READ, cid, 1, 0, 8, false);
+            s.set_sgl(SglDescriptor {
+                address: 0,
+                length: 4096,
+                id: sgl::TRANSPORT_DATA_BLOCK,
+            });
+            sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), &[], &p.txp, &mut w);
+        }
+        let mut bad = Vec::new();
+        sluice_proto::pdu::encode_pdu(
+            &PduHeader::CapsuleCmd(Sqe::new(0x02, 9, 1)),
+            &[],
+            &p.txp,
+            &mut bad,
+        );
+        bad[2] = 100; // HLEN
+        w.extend_from_slice(&bad);
+        p.send_raw(&w);
+        let got = p.take();
+        let last = got.last().map(|g| &g.header);
+        assert!(
+            matches!(last, Some(PduHeader::C2HTermReq(t)) if t.fes == fes::INVALID_HEADER_FIELD),
+            "{mode}: the TermReq is not last: {got:?}"
+        );
+        assert!(p.conn.is_closed(), "{mode}");
     }
 }
 

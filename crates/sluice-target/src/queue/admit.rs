@@ -7,11 +7,12 @@
 use super::commands::{Cmd, CmdKind};
 use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES};
 use crate::subsystem::Namespace;
+use crate::tolerated::Tolerated;
 use sluice_backend::IoOp;
 use sluice_proto::coalesce::Hint;
 use sluice_proto::command::{admin, io, rw, sgl, FUSE_MASK, PSDT_MASK, PSDT_SGL};
 use sluice_proto::dsm::DsmCommand;
-use sluice_proto::fabrics::fctype;
+use sluice_proto::fabrics::{fctype, CONNECT_DATA_LEN};
 use sluice_proto::pdu::DecodeError;
 use sluice_proto::{Sqe, Status};
 use std::sync::Arc;
@@ -43,9 +44,29 @@ fn data_direction(sqe: &Sqe) -> DataDir {
 }
 
 impl QueueConnection {
-    pub(super) fn handle_command(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool, now: Instant) {
+    /// One CapsuleCmd; `header` is its received header (common header and
+    /// SQE), quoted by a TermReq.
+    pub(super) fn handle_command(
+        &mut self,
+        sqe: Sqe,
+        header: &[u8],
+        data: &[u8],
+        digest_ok: bool,
+        now: Instant,
+    ) {
         self.stats.commands += 1;
         let cid = sqe.cid();
+        let inline_max_bytes = self.inline_max_bytes();
+        if data.len() > inline_max_bytes as usize {
+            // As SPDK (and as the framer does beyond its own limit): more
+            // in-capsule data than advertised is fatal, whatever the config.
+            let e = DecodeError::DataLimitExceeded(format!(
+                "{} bytes of in-capsule data, limit {inline_max_bytes}",
+                data.len()
+            ));
+            self.fatal(&e, header, now);
+            return;
+        }
         if self.state == ConnState::Ready {
             self.out.advance_sqhd(self.session.depth);
         }
@@ -56,11 +77,14 @@ impl QueueConnection {
         }
         if self.state == ConnState::Ready && is_connect {
             let c = sluice_proto::fabrics::ConnectCommand::parse(&sqe);
-            let answer = (Status::COMMAND_SEQUENCE_ERROR, 0);
+            // nvmet and SPDK take it as a Fabrics type this queue does not
+            // serve: Invalid Opcode.
+            let answer = (Status::INVALID_OPCODE, 0);
             self.refuse(&c, data, "qid", "queue already connected", answer);
             self.respond_now(cid, answer.0, 0, now);
             return;
         }
+        self.drop_abandoned_aer(cid);
         let depth = if self.state == ConnState::AwaitConnect {
             1
         } else {
@@ -70,9 +94,7 @@ impl QueueConnection {
             let e = DecodeError::Sequence(format!(
                 "more than {depth} outstanding commands (queue depth exceeded)"
             ));
-            let mut quote = vec![0u8; 8];
-            quote.extend_from_slice(&sqe.0);
-            self.fatal(&e, &quote, now);
+            self.fatal(&e, header, now);
             return;
         }
         if self.cmds.has_cid(cid) {
@@ -102,6 +124,13 @@ impl QueueConnection {
                 return;
             }
         };
+        if is_connect && sgl_len as usize > CONNECT_DATA_LEN {
+            // Before a Connect is accepted nothing larger than the Connect
+            // data is buffered (no R2T up to MDTS); nvmet answers any other
+            // Connect data length with Data SGL Length Invalid.
+            self.respond_now(cid, Status::DATA_SGL_LENGTH_INVALID, 0, now);
+            return;
+        }
         let kind = if self.session.qid > 0 && sqe.opcode() != io::FABRICS {
             match self.plan_io(&sqe, sgl_len) {
                 Ok(k) => k,
@@ -132,6 +161,34 @@ impl QueueConnection {
         self.execute(slot, data, now);
     }
 
+    /// A host that reuses the CID of an Asynchronous Event Request it left
+    /// outstanding has given that request up: SPDK's host does so at
+    /// shutdown, aborting its AERs locally and then reading CC with one of
+    /// their CIDs. nvmet and nvmf_tgt never check CIDs, so they accept the
+    /// new command; Sluice does too, and drops the AER without a completion
+    /// (its completion would name the new command). Any other CID still in
+    /// use is a conflict.
+    fn drop_abandoned_aer(&mut self, cid: u16) {
+        let Some(slot) = self.cmds.slot_of(cid) else {
+            return;
+        };
+        let Some(at) = self.exec.held_aers.iter().position(|s| *s == slot) else {
+            return;
+        };
+        self.exec.held_aers.remove(at);
+        self.cmds.free(slot);
+        crate::tolerated::note(Tolerated::AerCidReused, format_args!("cid {cid}"));
+    }
+
+    /// In-capsule data this queue accepts (IOCCSZ on I/O queues).
+    fn inline_max_bytes(&self) -> u32 {
+        if self.session.qid == 0 {
+            ADMIN_INLINE_BYTES
+        } else {
+            self.reg.settings.inline_data_bytes
+        }
+    }
+
     /// Checks the SGL against the data direction and capsule contents.
     /// Returns (transfer length, data is in the capsule).
     fn check_sgl(
@@ -153,17 +210,13 @@ impl QueueConnection {
         match d.id {
             sgl::DATA_BLOCK_OFFSET => {
                 if dir != DataDir::HostToController {
-                    return Err(Status::SGL_DESCRIPTOR_TYPE_INVALID);
+                    // nvmet's answer (`nvmet_tcp_map_data`).
+                    return Err(Status::INVALID_FIELD);
                 }
                 if d.address != 0 {
                     return Err(Status::SGL_OFFSET_INVALID);
                 }
-                let limit = if self.session.qid == 0 {
-                    ADMIN_INLINE_BYTES
-                } else {
-                    self.reg.settings.inline_data_bytes
-                };
-                if d.length as usize != capsule_data || d.length > limit {
+                if d.length as usize != capsule_data {
                     return Err(Status::DATA_SGL_LENGTH_INVALID);
                 }
                 Ok((d.length, true))
@@ -229,10 +282,12 @@ impl QueueConnection {
                         write: true,
                     });
                 }
-                if len_bytes > self.reg.settings.mdts_bytes as u64 {
-                    return Err(Status::INVALID_FIELD);
-                }
+                // The SGL length first (nvmet, SPDK): with it checked against
+                // MDTS in `check_sgl`, the MDTS check below is defensive.
                 if sgl_len as u64 != len_bytes {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                if len_bytes > self.reg.settings.mdts_bytes as u64 {
                     return Err(Status::DATA_SGL_LENGTH_INVALID);
                 }
                 Ok(if sqe.opcode() == io::READ {

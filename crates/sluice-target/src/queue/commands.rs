@@ -135,6 +135,11 @@ impl CommandTable {
         self.by_cid.contains_key(&cid)
     }
 
+    /// The slot of the outstanding command with `cid`.
+    pub(super) fn slot_of(&self, cid: u16) -> Option<u16> {
+        self.by_cid.get(&cid).copied()
+    }
+
     pub(super) fn outstanding(&self) -> u16 {
         self.outstanding
     }

@@ -11,7 +11,7 @@ use super::QueueConnection;
 use crate::tag::BackendTag;
 use sluice_backend::{BackendError, IoCompletion};
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
-use sluice_proto::send::{Immediate, PduClass, SendScheduler};
+use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::{Cqe, Status};
 use std::time::Instant;
 
@@ -64,6 +64,24 @@ impl Responder {
         self.tx = new;
     }
 
+    /// Ends the stream with a C2HTermReq: the bytes already due go first,
+    /// then the TermReq, then nothing. PDUs the scheduler still held and
+    /// every later send (a backend completion landing after the fatal
+    /// error) are dropped: the specification lets nothing follow a
+    /// TermReq.
+    pub(super) fn terminate(&mut self, term: &PduHeader, data: &[u8]) {
+        let mut due = self.tx.due().to_vec();
+        encode_pdu(term, data, &self.txp, &mut due);
+        let mut stats = self.tx.stats();
+        stats.pdus += 1;
+        self.tx = Box::new(Terminated {
+            due,
+            start: 0,
+            dropped: Vec::new(),
+            stats,
+        });
+    }
+
     pub(super) fn send_pdu(&mut self, class: PduClass, h: &PduHeader, data: &[u8], now: Instant) {
         let buf = self.tx.buffer(class);
         encode_pdu(h, data, &self.txp, buf);
@@ -90,6 +108,54 @@ impl Responder {
             cid,
             status: status.into(),
         }
+    }
+}
+
+/// The send path once a C2HTermReq is queued (see [`Responder::terminate`]).
+#[derive(Debug)]
+struct Terminated {
+    /// What was due at the fatal error, then the TermReq.
+    due: Vec<u8>,
+    /// Written prefix of `due`.
+    start: usize,
+    /// Where later PDUs are encoded, to be dropped at their commit.
+    dropped: Vec<u8>,
+    stats: SendStats,
+}
+
+impl SendScheduler for Terminated {
+    fn buffer(&mut self, _class: PduClass) -> &mut Vec<u8> {
+        &mut self.dropped
+    }
+
+    fn commit(&mut self, _class: PduClass, _now: Instant) {
+        self.dropped.clear();
+    }
+
+    fn due(&self) -> &[u8] {
+        &self.due[self.start..]
+    }
+
+    fn consume(&mut self, n: usize) {
+        assert!(
+            self.start + n <= self.due.len(),
+            "consumed more than was due"
+        );
+        self.start += n;
+    }
+
+    fn poll(&mut self, _now: Instant) {}
+
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    fn backlog_bytes(&self) -> usize {
+        self.due.len() - self.start
+    }
+
+    fn stats(&self) -> SendStats {
+        self.stats
     }
 }
 

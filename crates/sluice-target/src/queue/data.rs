@@ -6,6 +6,7 @@
 //! data is in. The last PDU hands the command to execution.
 
 use super::QueueConnection;
+use crate::tolerated::Tolerated;
 use sluice_backend::AlignedBuf;
 use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t};
 use sluice_proto::send::PduClass;
@@ -42,6 +43,15 @@ impl QueueConnection {
         now: Instant,
     ) -> Result<(), DecodeError> {
         self.stats.h2c_pdus += 1;
+        let maxh2cdata_bytes = self.reg.settings.max_h2c_data_bytes;
+        if d.len > maxh2cdata_bytes {
+            // The framer's limit can be higher (in-capsule size); MAXH2CDATA
+            // is what ICResp advertised. FES 05h, as SPDK.
+            return Err(DecodeError::DataLimitExceeded(format!(
+                "{} bytes in one H2CData PDU, MAXH2CDATA {maxh2cdata_bytes}",
+                d.len
+            )));
+        }
         let slot = d.ttag;
         let cmd = match self.cmds.get_mut(slot) {
             Some(c) if c.sqe.cid() == d.cccid && c.buf.is_some() && c.h2c_expected > 0 => c,
@@ -69,11 +79,12 @@ impl QueueConnection {
         };
         let last_needed = end == cmd.h2c_expected;
         if d.last != last_needed {
-            return Err(DecodeError::invalid(
-                "flags",
-                1,
-                "LAST_PDU does not match the end of the R2T",
-            ));
+            // nvmet and SPDK ignore LAST_PDU and end the transfer on its
+            // length; so does Sluice.
+            crate::tolerated::note(
+                Tolerated::H2cLastPduMismatch,
+                format_args!("LAST_PDU {} at {end} of {} bytes", d.last, cmd.h2c_expected),
+            );
         }
         if let Some(buf) = cmd.buf.as_mut() {
             buf[d.offset as usize..end as usize].copy_from_slice(data);

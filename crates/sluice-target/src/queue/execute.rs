@@ -353,7 +353,13 @@ impl QueueConnection {
                     self.complete(slot, Status::COMMAND_SEQUENCE_ERROR, 0, 0, now);
                     return;
                 };
-                if self.session.qid != 0 || !PropertyCommand::attrib_valid(sqe) {
+                // Properties live on the admin queue: nvmet and SPDK answer
+                // Invalid Opcode on an I/O queue.
+                if self.session.qid != 0 {
+                    self.complete(slot, Status::INVALID_OPCODE, 0, 0, now);
+                    return;
+                }
+                if !PropertyCommand::attrib_valid(sqe) {
                     self.complete(slot, Status::INVALID_FIELD, 0, 0, now);
                     return;
                 }
@@ -380,11 +386,18 @@ impl QueueConnection {
                 }
             }
             fctype::AUTH_SEND | fctype::AUTH_RECEIVE => self.execute_auth(slot, sqe, data, now),
+            // Disconnect deletes an I/O queue; the admin queue ends the
+            // association by closing. nvmet and SPDK implement no Disconnect
+            // and answer Invalid Opcode, so the admin queue's answer is theirs.
+            fctype::DISCONNECT if self.session.qid == 0 => {
+                self.complete(slot, Status::INVALID_OPCODE, 0, 0, now);
+            }
             fctype::DISCONNECT => {
                 self.complete(slot, Status::SUCCESS, 0, 0, now);
                 self.close("host disconnected the queue");
             }
-            _ => self.complete(slot, Status::INVALID_FIELD, 0, 0, now),
+            // Unknown FCTYPE: Invalid Opcode, as nvmet and SPDK.
+            _ => self.complete(slot, Status::INVALID_OPCODE, 0, 0, now),
         }
     }
 

@@ -322,7 +322,7 @@ impl QueueConnection {
                 );
             };
             // The I/O queue joins the admin queue's association: the same
-            // HOSTNQN and HOSTID, byte for byte (empty and zero included).
+            // HOSTNQN, byte for byte (empty included).
             if ctrl.hostnqn != cd.hostnqn {
                 return self.refuse(
                     &c,
@@ -333,12 +333,11 @@ impl QueueConnection {
                 );
             }
             if ctrl.hostid != cd.hostid {
-                return self.refuse(
-                    &c,
-                    data,
-                    "hostid",
-                    "HOSTID differs from the admin queue's",
-                    invalid(true, connect_data_offset::HOSTID),
+                // Neither nvmet nor SPDK compares HOSTIDs, and the HOSTNQN
+                // (checked above) names the host: the queue joins.
+                crate::tolerated::note(
+                    crate::tolerated::Tolerated::IoConnectHostIdDiffers,
+                    format_args!("cntlid {} qid {}", ctrl.cntlid, c.qid),
                 );
             }
             if let Err(st) = ctrl.connect_io_queue(c.qid, self.reg.settings.io_queues_max) {

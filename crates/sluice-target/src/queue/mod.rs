@@ -416,11 +416,12 @@ impl QueueConnection {
                     return;
                 }
             };
+            note_ignored_fields(pdu.raw_header, pdu.data.len());
             match pdu.header {
                 PduHeader::IcReq(r) => self.handle_ic_req(framer, r, now),
                 PduHeader::CapsuleCmd(sqe) => {
                     let connecting = self.state == ConnState::AwaitConnect;
-                    self.handle_command(sqe, pdu.data, pdu.data_digest_ok, now);
+                    self.handle_command(sqe, pdu.raw_header, pdu.data, pdu.data_digest_ok, now);
                     if connecting && self.state == ConnState::Ready {
                         handshake::open_framer(framer, &self.reg);
                     }
@@ -456,18 +457,16 @@ impl QueueConnection {
     // ---------------------------------------------------------------- life
 
     /// A protocol error: C2HTermReq quoting the offending header, then close.
-    fn fatal(&mut self, e: &DecodeError, quote: &[u8], now: Instant) {
+    fn fatal(&mut self, e: &DecodeError, quote: &[u8], _now: Instant) {
         tracing::warn!(error = %e, fes = e.fes(), "protocol error; sending C2HTermReq and closing");
         let t = pdu::term_req_for(e, quote);
         let data = t.data.clone();
-        self.out.send_pdu(
-            sluice_proto::send::PduClass::Control,
+        self.out.terminate(
             &PduHeader::C2HTermReq(TermReq {
                 data: Vec::new(),
                 ..t
             }),
             &data,
-            now,
         );
         self.close(&format!("protocol error: {e}"));
     }
@@ -499,5 +498,24 @@ impl QueueConnection {
             }
             _ => {}
         }
+    }
+}
+
+/// Records the header fields the framer ignored in a received PDU (see
+/// `sluice_proto::pdu::validate_common_header`).
+fn note_ignored_fields(raw_header: &[u8], data_len: usize) {
+    use crate::tolerated::{note, Tolerated};
+    let t = raw_header.first().copied().unwrap_or(0);
+    for f in pdu::ignored_header_fields(raw_header, data_len) {
+        let case = match f {
+            "flags" => Tolerated::PduReservedFlags,
+            "pdo" => Tolerated::PduOffsetWithoutData,
+            "reserved" => Tolerated::PduReservedBytes,
+            _ => Tolerated::CapsuleDdgstfWithoutData,
+        };
+        note(
+            case,
+            format_args!("PDU type {t:#04x}, header {raw_header:02x?}"),
+        );
     }
 }
