@@ -189,8 +189,22 @@ fi
 # DH-HMAC-CHAP (Linux 6.12 has NVME_HOST_AUTH; 6.1 does not): one-way,
 # bidirectional, and a wrong secret refused and logged with the peer.
 if [[ " $KERNELS " == *" 6.12 "* ]]; then
+    # With a re-authentication the host starts on the live connection: the
+    # target must authenticate every queue (admin + 2 I/O) three times:
+    # at connect, at re-authentication, and at the reconnect the script ends with.
+    auths_logged() { sed 's/\x1b\[[0-9;]*m//g' "$LOGDIR/target.log" | grep -c "host authenticated (DH-HMAC-CHAP)" || true; }
+    before=$(auths_logged)
     run "linux-6.12-dhchap" 6.12 host-basic.sh -e SUBNQN=$AUTH_NQN -e EXPECT_NS_BYTES=$AUTH_BYTES \
-        -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=16m -e SKIP_DISCOVER=1
+        -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY -i 2" -e EXPECT_IO_QUEUES=2 -e FIO_SIZE=16m -e SKIP_DISCOVER=1 \
+        -e REAUTH=1
+    after=$(auths_logged)
+    if [[ $((after - before)) -ge 9 ]]; then
+        echo "interop: PASS Linux re-authenticated every queue on the live connection ($((after - before)) authentications)"
+        PASSED=$((PASSED + 1))
+    else
+        echo "interop: FAIL $((after - before)) authentications logged, expected at least 9 (3 queues x connect, re-auth, reconnect)"
+        FAILED=$((FAILED + 1)); FAILED_NAMES+=("dhchap-reauth")
+    fi
     if [[ $QUICK == 0 ]]; then
         run "linux-6.12-dhchap-bidirectional" 6.12 host-basic.sh -e SUBNQN=$AUTH_NQN -e EXPECT_NS_BYTES=$AUTH_BYTES \
             -e "CONNECT_ARGS=--dhchap-secret=$HOST_KEY --dhchap-ctrl-secret=$CTRL_KEY -i 1" -e FIO_SIZE=16m -e SKIP_DISCOVER=1

@@ -8,6 +8,7 @@
 //! wire floor measured in the same run ([`FloorReport`]).
 
 mod device;
+mod direct;
 mod floor;
 mod spec;
 
@@ -21,7 +22,10 @@ use anyhow::{bail, Context};
 use device::Device;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use sluice_host::{ConnectOptions, Controller, HostQueueStats, IoFlags, PollingPolicy};
+use sluice_host::{
+    ConnectOptions, Controller, DirectQueue, HostError, HostQueueStats, IoFlags, PollingPolicy,
+    RwBuilder,
+};
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_runtime::cast::{nanos, usize_from};
@@ -36,6 +40,28 @@ pub const JOBS_MAX: usize = 64;
 pub const QD_MAX: u32 = 4096;
 /// Longest run.
 pub const RUNTIME_S_MAX: u64 = 24 * 3600;
+
+/// How a job drives its I/O (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Engine {
+    /// Run to completion: one OS thread per job (per I/O queue) keeps `qd`
+    /// I/Os outstanding on a `sluice_host::DirectQueue`, no queue thread
+    /// and no channels (as spdk_nvme_perf).
+    #[default]
+    Direct,
+    /// `qd` tokio tasks, each awaiting one `Namespace` I/O at a time through
+    /// the threaded queues.
+    Async,
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Engine::Direct => "direct",
+            Engine::Async => "async",
+        })
+    }
+}
 
 /// Arguments of `sluice bench`.
 #[derive(Debug, Clone, clap::Args)]
@@ -111,9 +137,18 @@ pub struct BenchArgs {
     pub(crate) hdr_digest: bool,
     #[arg(long)]
     pub(crate) data_digest: bool,
-    /// Receive path: interrupt, busy, adaptive[:SPIN_US].
+    /// Receive path: interrupt, busy, adaptive[:SPIN_US]. With the direct
+    /// engine it is the job thread's loop: busy never waits, adaptive
+    /// spins SPIN_US after the last progress then waits in epoll,
+    /// interrupt waits in epoll.
     #[arg(long, default_value = "interrupt")]
     pub polling: PollingPolicy,
+    /// I/O engine: direct (run to completion on the job's own thread) or
+    /// async (tokio tasks over the threaded queues). Direct falls back to
+    /// async, with a notice, for DH-HMAC-CHAP, --volume, --coalescing,
+    /// and block sizes above one command.
+    #[arg(long, value_enum, default_value_t = Engine::Direct)]
+    pub engine: Engine,
     /// Also measure the raw TCP wire floor on loopback, shaped after the
     /// job with the largest QD (its block size and direction).
     #[arg(long)]
@@ -223,6 +258,7 @@ impl BenchArgs {
             hdr_digest: false,
             data_digest: false,
             polling: PollingPolicy::Interrupt,
+            engine: Engine::Direct,
             floor: false,
             floor_server_cpu: None,
             timeout_ms: 30_000,
@@ -244,6 +280,9 @@ pub struct JobReport {
     pub(crate) hostnqn: String,
     pub(crate) rw: String,
     pub(crate) qd: u32,
+    /// The engine that ran the job (`direct` or `async`; `mixed` in a
+    /// total over both).
+    pub engine: String,
     pub ios: u64,
     pub reads: u64,
     pub writes: u64,
@@ -276,8 +315,11 @@ pub struct HostCounters {
     pub(crate) notifications: u64,
     /// Socket write calls that moved bytes.
     pub(crate) send_syscalls: u64,
+    /// Socket read calls that returned bytes.
+    pub(crate) read_syscalls: u64,
     pub notifications_per_io: f64,
     pub send_syscalls_per_io: f64,
+    pub read_syscalls_per_io: f64,
     /// Mean time a completion was held by the coalescer, µs (held ones only
     /// count; 0 when coalescing is off).
     pub held_us_per_notification: f64,
@@ -310,8 +352,10 @@ impl HostCounters {
             completions: s.completions,
             notifications: s.notifications,
             send_syscalls: s.sends,
+            read_syscalls: s.reads,
             notifications_per_io: per(s.notifications),
             send_syscalls_per_io: per(s.sends),
+            read_syscalls_per_io: per(s.reads),
             held_us_per_notification: if s.notifications == 0 {
                 0.0
             } else {
@@ -384,13 +428,16 @@ impl BenchReport {
         for j in &self.jobs {
             let _ = writeln!(
                 s,
-                "host [{}]: {:.3} notifications/I/O, {:.3} send syscalls/I/O ({} completions, {} notifications, {} sends); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data)",
+                "host [{}] ({}): {:.3} notifications/I/O, {:.3} send syscalls/I/O, {:.3} read syscalls/I/O ({} completions, {} notifications, {} sends, {} reads); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data)",
                 j.name,
+                j.engine,
                 j.host.notifications_per_io,
                 j.host.send_syscalls_per_io,
+                j.host.read_syscalls_per_io,
                 j.host.completions,
                 j.host.notifications,
                 j.host.send_syscalls,
+                j.host.read_syscalls,
                 j.host.pdus_per_flush,
                 j.host.timer_flushes,
                 j.host.freight_wait_us_latency,
@@ -594,35 +641,64 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             dhchap_ctrl_secret: dhchap_ctrl_secret.clone(),
             ..Default::default()
         };
-        let (c, ns) = match &args.volume {
-            Some(name) => (
-                None,
-                device::open_volume(&args, name, opts)
-                    .await
-                    .with_context(|| format!("job {}", j.name))?,
-            ),
+        let p = match &args.volume {
+            Some(name) => {
+                if args.engine == Engine::Direct {
+                    notice(j, "volumes are driven by the async engine");
+                }
+                Prepared {
+                    ctrl: None,
+                    dev: device::open_volume(&args, name, opts)
+                        .await
+                        .with_context(|| format!("job {}", j.name))?,
+                    direct: None,
+                }
+            }
             None => {
                 let addr = resolve(&args.target)?;
-                let c = Controller::connect(addr, &args.nqn, opts)
-                    .await
-                    .with_context(|| {
-                        format!("job {}: connect to {} at {addr}", j.name, args.nqn)
-                    })?;
-                let nsid = match args.nsid {
-                    Some(n) => n,
-                    None => c
-                        .namespaces()
-                        .first()
-                        .map(|n| n.nsid)
-                        .with_context(|| format!("{} has no namespace", args.nqn))?,
+                let why_async = match args.engine {
+                    Engine::Async => None,
+                    Engine::Direct if opts.dhchap_secret.is_some() => {
+                        Some("direct queues do not do DH-HMAC-CHAP yet".to_string())
+                    }
+                    Engine::Direct if coalescing.mode != CoalesceMode::Off => {
+                        Some("--coalescing batches the async engine's wake-ups".to_string())
+                    }
+                    Engine::Direct => None,
                 };
-                let ns = c
-                    .namespace(nsid)
-                    .with_context(|| format!("job {}", j.name))?;
-                (Some(c), Device::Namespace(ns))
+                let direct = match (args.engine, why_async) {
+                    (Engine::Async, _) => None,
+                    (Engine::Direct, Some(why)) => {
+                        notice(j, &why);
+                        None
+                    }
+                    (Engine::Direct, None) => match connect_direct(addr, &args, j, &opts).await? {
+                        Ok(p) => Some(p),
+                        Err(why) => {
+                            notice(j, &why);
+                            None
+                        }
+                    },
+                };
+                match direct {
+                    Some(p) => p,
+                    None => {
+                        let c = Controller::connect(addr, &args.nqn, opts)
+                            .await
+                            .with_context(|| {
+                                format!("job {}: connect to {} at {addr}", j.name, args.nqn)
+                            })?;
+                        let ns = pick_namespace(&c, &args, j)?;
+                        Prepared {
+                            ctrl: Some(c),
+                            dev: Device::Namespace(ns),
+                            direct: None,
+                        }
+                    }
+                }
             }
         };
-        prepared.push((j.clone(), c, ns));
+        prepared.push((j.clone(), p));
     }
     let span_blocks = match &args.span {
         Some(s) => Some(spec::parse_size(s).context("--span")?),
@@ -631,25 +707,40 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let stop = Arc::new(AtomicBool::new(false));
     let stats_of =
         |c: &Option<Controller>| c.as_ref().map(Controller::io_stats).unwrap_or_default();
-    let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, c, _)| stats_of(c)).collect();
+    let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, p)| stats_of(&p.ctrl)).collect();
     let (u0, s0) = cpu_times_s();
     let start = Instant::now();
     let mut handles = Vec::new();
     let mut counters = Vec::new();
-    for (j, c, ns) in &prepared {
+    let mut engines = Vec::new();
+    for (j, p) in &mut prepared {
         let ctr = Arc::new(AtomicU64::new(0));
         counters.push((j.name.clone(), ctr.clone()));
         let job = JobRun::new(
             j.clone(),
-            ns.clone(),
+            p.dev.clone(),
             span_blocks,
             args.verify,
             args.ios,
             stop.clone(),
             ctr,
         )?;
-        let _ = c;
-        handles.push(tokio::spawn(job.run()));
+        match p.direct.take() {
+            Some(d) => {
+                engines.push(Engine::Direct);
+                let polling = args.polling;
+                handles.push(tokio::task::spawn_blocking(move || {
+                    job.run_direct(d.queues, d.rw, polling)
+                }));
+            }
+            None => {
+                engines.push(Engine::Async);
+                handles.push(tokio::spawn(async move {
+                    let (st, h) = job.run().await?;
+                    Ok((st, h, None))
+                }));
+            }
+        }
     }
     let progress = args.progress || std::io::stderr().is_terminal();
     let deadline = runtime.map(|r| start + r);
@@ -695,13 +786,17 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let host: Vec<HostQueueStats> = prepared
         .iter()
         .zip(&host0)
-        .map(|((_, c, _), h0)| stats_of(c).since(h0))
+        .zip(&results)
+        .map(|(((_, p), h0), (_, _, direct))| match direct {
+            Some(d) => *d,
+            None => stats_of(&p.ctrl).since(h0),
+        })
         .collect();
     if progress {
         eprintln!();
     }
-    for (_, c, _) in &prepared {
-        if let Some(c) = c {
+    for (_, p) in &prepared {
+        if let Some(c) = &p.ctrl {
             c.disconnect(Duration::from_secs(2)).await;
         }
     }
@@ -710,11 +805,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     let mut total = JobStats::default();
     let mut elapsed_max = 0f64;
     let mut host_total = HostQueueStats::default();
-    for ((j, (stats, h)), hs) in jobs.iter().zip(results).zip(&host) {
+    for (((j, (stats, h, _)), hs), e) in jobs.iter().zip(results).zip(&host).zip(&engines) {
         total_hist.add(&h).context("merge histograms")?;
         elapsed_max = elapsed_max.max(stats.elapsed_s);
         let mut r = stats.report(j, &h);
         r.host = HostCounters::from_stats(hs);
+        r.engine = e.to_string();
         reports.push(r);
         total.merge(&stats);
         host_total.add(hs);
@@ -729,6 +825,11 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     };
     let mut total_report = total.report(&total_spec, &total_hist);
     total_report.host = HostCounters::from_stats(&host_total);
+    total_report.engine = if engines.windows(2).all(|w| w[0] == w[1]) {
+        engines.first().map_or(String::new(), Engine::to_string)
+    } else {
+        "mixed".into()
+    };
     total_report.rw = if jobs.len() > 1 {
         "mixed".into()
     } else {
@@ -747,6 +848,104 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         cpu_sys_s: s1 - s0,
         floor,
     })
+}
+
+/// A job's connection, ready to run.
+struct Prepared {
+    /// The controller (none for a volume).
+    ctrl: Option<Controller>,
+    dev: Device,
+    /// The direct engine's queues, taken when the job starts.
+    direct: Option<DirectSetup>,
+}
+
+/// What the direct engine drives: a `DirectQueue` per `--queues`.
+struct DirectSetup {
+    queues: Vec<DirectQueue>,
+    rw: RwBuilder,
+}
+
+/// One line on stderr: job `j` runs on the async engine, and why.
+fn notice(j: &JobSpec, why: &str) {
+    eprintln!(
+        "sluice bench: job {}: using the async engine ({why})",
+        j.name
+    );
+}
+
+/// `--nsid` or the controller's first active namespace.
+fn pick_namespace(
+    c: &Controller,
+    args: &BenchArgs,
+    j: &JobSpec,
+) -> anyhow::Result<sluice_host::Namespace> {
+    let nsid = match args.nsid {
+        Some(n) => n,
+        None => c
+            .namespaces()
+            .first()
+            .map(|n| n.nsid)
+            .with_context(|| format!("{} has no namespace", args.nqn))?,
+    };
+    c.namespace(nsid).with_context(|| format!("job {}", j.name))
+}
+
+/// Connects job `j` for the direct engine: a controller whose threaded
+/// queues stay idle (one I/O queue, interrupt polling: the job's own loop
+/// polls) and `--queues` direct queues. `Ok(Err(why))` when the job must
+/// fall back to the async engine (the controller asks the direct queues to
+/// authenticate; a block size above one command).
+async fn connect_direct(
+    addr: SocketAddr,
+    args: &BenchArgs,
+    j: &JobSpec,
+    opts: &ConnectOptions,
+) -> anyhow::Result<Result<Prepared, String>> {
+    let n = j.queues.max(1);
+    let o = ConnectOptions {
+        io_queues: 1,
+        direct_queues: n,
+        polling: PollingPolicy::Interrupt,
+        ..opts.clone()
+    };
+    let c = Controller::connect(addr, &args.nqn, o)
+        .await
+        .with_context(|| format!("job {}: connect to {} at {addr}", j.name, args.nqn))?;
+    let ns = pick_namespace(&c, args, j)?;
+    let rw = ns.rw_builder();
+    let mut fallback = None;
+    if j.bs.max_bytes() > rw.max_command_bytes() {
+        fallback = Some(format!(
+            "--bs up to {} bytes is above one command ({} bytes); the async engine splits it",
+            j.bs.max_bytes(),
+            rw.max_command_bytes()
+        ));
+    }
+    let mut queues = Vec::new();
+    while fallback.is_none() && queues.len() < usize::from(n) {
+        match c.connect_direct_queue().await {
+            Ok(q) => queues.push(q),
+            Err(e @ HostError::DirectAuthUnsupported { .. }) => fallback = Some(e.to_string()),
+            Err(e) => {
+                drop(queues);
+                c.disconnect(Duration::from_secs(1)).await;
+                return Err(anyhow::Error::new(e).context(format!(
+                    "job {}: direct queue to {} at {addr}",
+                    j.name, args.nqn
+                )));
+            }
+        }
+    }
+    if let Some(why) = fallback {
+        drop(queues);
+        c.disconnect(Duration::from_secs(1)).await;
+        return Ok(Err(why));
+    }
+    Ok(Ok(Prepared {
+        ctrl: Some(c),
+        dev: Device::Namespace(ns),
+        direct: Some(DirectSetup { queues, rw }),
+    }))
 }
 
 fn hist() -> anyhow::Result<Histogram<u64>> {
@@ -791,6 +990,7 @@ impl JobStats {
             name: j.name.clone(),
             hostnqn: j.hostnqn.clone(),
             rw: j.rw.to_string(),
+            engine: String::new(),
             qd: j.qd,
             ios: self.ios,
             reads: self.reads,
@@ -910,6 +1110,51 @@ impl JobRun {
         Ok((st, h))
     }
 
+    /// The direct engine: one OS thread per queue, each driving its slots
+    /// (`crate::direct`); blocks until they finish.
+    fn run_direct(
+        self: Arc<Self>,
+        queues: Vec<DirectQueue>,
+        rw: RwBuilder,
+        polling: PollingPolicy,
+    ) -> anyhow::Result<(JobStats, Histogram<u64>, Option<HostQueueStats>)> {
+        let start = Instant::now();
+        let n = u32::try_from(queues.len()).context("queues")?;
+        let mut threads = Vec::new();
+        for (k, q) in (0u32..).zip(queues) {
+            let me = self.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("sluice-bench-d{k}"))
+                    .spawn(move || me.direct_thread(q, rw, k, n, start, polling))
+                    .context("spawn the direct I/O thread")?,
+            );
+        }
+        let mut h = hist()?;
+        let mut host = HostQueueStats::default();
+        let mut first_err = None;
+        for t in threads {
+            match t.join() {
+                Ok(Ok((th, hs))) => {
+                    h.add(&th).context("merge histograms")?;
+                    host.add(&hs);
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(anyhow::anyhow!("a direct I/O thread panicked"));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let mut st = lock(&self.stats).clone();
+        st.elapsed_s = start.elapsed().as_secs_f64();
+        Ok((st, h, Some(host)))
+    }
+
     /// One outstanding I/O at a time; `qd` workers give the queue depth.
     async fn worker(self: Arc<Self>, w: u32, start: Instant) -> anyhow::Result<Histogram<u64>> {
         let mut h = hist()?;
@@ -929,10 +1174,7 @@ impl JobRun {
             urgent: self.spec.urgent,
             ..Default::default()
         };
-        let mut junk = vec![0u8; usize_from(self.spec.bs.max_bytes())];
-        for (i, b) in junk.iter_mut().enumerate() {
-            *b = (mix(i as u64) & 0xff) as u8;
-        }
+        let junk = self.junk();
         loop {
             if self.stop.load(Ordering::Acquire) {
                 break;
@@ -941,8 +1183,7 @@ impl JobRun {
             if self.ios_limit.is_some_and(|n| ticket >= n) {
                 break;
             }
-            if let Some(rate) = self.spec.rate_iops.filter(|r| *r > 0) {
-                let due = start + Duration::from_secs_f64(ticket as f64 / rate as f64);
+            if let Some(due) = self.ticket_due(start, ticket) {
                 let now = Instant::now();
                 if due > now {
                     // Sleep in slices so a stop is noticed quickly.
@@ -960,100 +1201,158 @@ impl JobRun {
                     }
                 }
             }
-            rng = mix(rng);
-            let len_blocks = self.spec.bs.pick(rng).div_ceil(bs).max(1);
-            let is_read = match self.spec.rw {
-                RwMode::Read | RwMode::RandRead => true,
-                RwMode::Write | RwMode::RandWrite => false,
-                RwMode::Rw | RwMode::RandRw => {
-                    (mix(rng ^ 0xabc) % 100) < self.spec.rwmixread as u64
-                }
-            };
-            let (lo, span) = if self.verify {
-                (region_start, region)
-            } else {
-                (0, self.blocks)
-            };
-            let span = span.max(len_blocks);
-            let lba = if self.spec.rw.is_random() {
-                lo + (mix(rng ^ 0x1234) % (span - len_blocks + 1))
-            } else {
-                let c = self.seq_cursor.fetch_add(len_blocks, Ordering::AcqRel);
-                lo + (c % (span - len_blocks + 1))
-            };
-            let len = usize_from(len_blocks * bs);
+            let io = self.next_io(&mut rng, region_start, region);
+            let len = usize_from(io.blocks * bs);
             let t0 = Instant::now();
-            let r = if is_read {
-                self.ns.read(lba, len, flags).await.map(Some)
+            let r = if io.read {
+                self.ns.read(io.lba, len, flags).await.map(Some)
             } else {
-                let data = if self.verify {
-                    let mut d = vec![0u8; len];
-                    for b in 0..len_blocks {
-                        let g = &mut gens[usize_from(lba - region_start + b)];
-                        *g = g.wrapping_add(1).max(1);
-                        let at = usize_from(b * bs);
-                        fill_pattern(&mut d[at..at + usize_from(bs)], lba + b, *g);
-                    }
-                    d
-                } else {
-                    junk[..len].to_vec()
-                };
-                self.ns.write_owned(lba, data, flags).await.map(|_| None)
+                let data = self.write_data(&mut gens, region_start, &io, &junk);
+                self.ns.write_owned(io.lba, data, flags).await.map(|_| None)
             };
             let dt = t0.elapsed();
             h.record(nanos(dt).max(1)).context("record latency")?;
             self.done.fetch_add(1, Ordering::Relaxed);
-            local.ios += 1;
             match r {
-                Ok(data) => {
-                    local.bytes += len as u64;
-                    if is_read {
-                        local.reads += 1;
-                    } else {
-                        local.writes += 1;
-                    }
-                    if let (true, Some(d)) = (self.verify, data) {
-                        let mut expect = vec![0u8; usize_from(bs)];
-                        for b in 0..len_blocks {
-                            let g = gens[usize_from(lba - region_start + b)];
-                            if g == 0 {
-                                continue;
-                            }
-                            fill_pattern(&mut expect, lba + b, g);
-                            let at = usize_from(b * bs);
-                            if d[at..at + usize_from(bs)] != expect[..] {
-                                local.verify_errors += 1;
-                                if local.error_samples.len() < 5 {
-                                    local.error_samples.push(format!(
-                                        "verify: LBA {} generation {g} differs",
-                                        lba + b
-                                    ));
-                                }
-                            }
-                        }
-                    }
-                }
+                Ok(data) => self.completed(&mut local, &gens, region_start, &io, data.as_deref()),
                 Err(e) => {
-                    local.errors += 1;
-                    if local.error_samples.len() < 5 {
-                        local.error_samples.push(e.to_string());
-                    }
+                    self.failed(&mut local, e.to_string());
                     if e.is_fatal_for_connection() && local.errors > 100 {
                         break;
                     }
                 }
             }
         }
-        {
-            let mut s = lock(&self.stats);
-            let samples = std::mem::take(&mut local.error_samples);
-            s.merge(&local);
-            for e in samples {
-                if s.error_samples.len() < 5 {
-                    s.error_samples.push(e);
+        self.merge_stats(local);
+        Ok(h)
+    }
+
+    /// A buffer of junk bytes for writes without --verify.
+    fn junk(&self) -> Vec<u8> {
+        let mut junk = vec![0u8; usize_from(self.spec.bs.max_bytes())];
+        for (i, b) in junk.iter_mut().enumerate() {
+            *b = (mix(i as u64) & 0xff) as u8;
+        }
+        junk
+    }
+
+    /// When I/O ticket `ticket` may start under --rate-iops (ticket n is not
+    /// issued before start + n/rate); `None` without a rate.
+    fn ticket_due(&self, start: Instant, ticket: u64) -> Option<Instant> {
+        let rate = self.spec.rate_iops.filter(|r| *r > 0)?;
+        Some(start + Duration::from_secs_f64(ticket as f64 / rate as f64))
+    }
+
+    /// The next I/O of a worker (or direct slot) owning the verify region
+    /// `region_start..+region`: its direction, LBA and length.
+    fn next_io(&self, rng: &mut u64, region_start: u64, region: u64) -> NextIo {
+        let bs = self.ns.block_size_bytes() as u64;
+        *rng = mix(*rng);
+        let blocks = self.spec.bs.pick(*rng).div_ceil(bs).max(1);
+        let read = match self.spec.rw {
+            RwMode::Read | RwMode::RandRead => true,
+            RwMode::Write | RwMode::RandWrite => false,
+            RwMode::Rw | RwMode::RandRw => (mix(*rng ^ 0xabc) % 100) < self.spec.rwmixread as u64,
+        };
+        let (lo, span) = if self.verify {
+            (region_start, region)
+        } else {
+            (0, self.blocks)
+        };
+        let span = span.max(blocks);
+        let lba = if self.spec.rw.is_random() {
+            lo + (mix(*rng ^ 0x1234) % (span - blocks + 1))
+        } else {
+            let c = self.seq_cursor.fetch_add(blocks, Ordering::AcqRel);
+            lo + (c % (span - blocks + 1))
+        };
+        NextIo { read, lba, blocks }
+    }
+
+    /// A write's data: with --verify each block's pattern from (LBA, its
+    /// next generation in `gens`), else junk.
+    fn write_data(&self, gens: &mut [u32], region_start: u64, io: &NextIo, junk: &[u8]) -> Vec<u8> {
+        let bs = self.ns.block_size_bytes() as u64;
+        let len = usize_from(io.blocks * bs);
+        if !self.verify {
+            return junk[..len].to_vec();
+        }
+        let mut d = vec![0u8; len];
+        for b in 0..io.blocks {
+            let g = &mut gens[usize_from(io.lba - region_start + b)];
+            *g = g.wrapping_add(1).max(1);
+            let at = usize_from(b * bs);
+            fill_pattern(&mut d[at..at + usize_from(bs)], io.lba + b, *g);
+        }
+        d
+    }
+
+    /// Accounts a successful I/O; with --verify checks a read's blocks
+    /// against their last written generation.
+    fn completed(
+        &self,
+        local: &mut JobStats,
+        gens: &[u32],
+        region_start: u64,
+        io: &NextIo,
+        data: Option<&[u8]>,
+    ) {
+        let bs = self.ns.block_size_bytes() as u64;
+        local.ios += 1;
+        local.bytes += io.blocks * bs;
+        if io.read {
+            local.reads += 1;
+        } else {
+            local.writes += 1;
+        }
+        let (true, Some(d)) = (self.verify, data) else {
+            return;
+        };
+        let mut expect = vec![0u8; usize_from(bs)];
+        for b in 0..io.blocks {
+            let g = gens[usize_from(io.lba - region_start + b)];
+            if g == 0 {
+                continue;
+            }
+            fill_pattern(&mut expect, io.lba + b, g);
+            let at = usize_from(b * bs);
+            if d.get(at..at + usize_from(bs)) != Some(&expect[..]) {
+                local.verify_errors += 1;
+                if local.error_samples.len() < 5 {
+                    local
+                        .error_samples
+                        .push(format!("verify: LBA {} generation {g} differs", io.lba + b));
                 }
             }
         }
-        Ok(h)
     }
+
+    /// Accounts a failed I/O.
+    fn failed(&self, local: &mut JobStats, error: String) {
+        local.ios += 1;
+        local.errors += 1;
+        if local.error_samples.len() < 5 {
+            local.error_samples.push(error);
+        }
+    }
+
+    /// Adds a worker's (or direct thread's) counts to the job's.
+    fn merge_stats(&self, mut local: JobStats) {
+        let mut s = lock(&self.stats);
+        let samples = std::mem::take(&mut local.error_samples);
+        s.merge(&local);
+        for e in samples {
+            if s.error_samples.len() < 5 {
+                s.error_samples.push(e);
+            }
+        }
+    }
+}
+
+/// One I/O to issue.
+#[derive(Debug, Clone, Copy)]
+struct NextIo {
+    read: bool,
+    lba: u64,
+    blocks: u64,
 }

@@ -1,11 +1,23 @@
 //! The bench engine against Sluice's target on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sluice_bench::{run, BenchArgs, BenchReport, BlockSizes, RwMode};
+use sluice_bench::{run, BenchArgs, BenchReport, BlockSizes, Engine, RwMode};
 use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
+use sluice_host::PollingPolicy as HostPolling;
 use sluice_target::{Target, TargetHandle};
 
 const SUBNQN: &str = "nqn.2024-01.io.sluice:bench";
+
+/// Held by tests that spin a core (busy polling, the wire floor), so they
+/// do not starve each other on a small machine (the floor's histograms end
+/// at 60 ms).
+static SPINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn spinning() -> std::sync::MutexGuard<'static, ()> {
+    SPINNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The real target (one RAM namespace of 32 MiB, any host: the bench uses
 /// one host NQN per job); shut down when dropped.
@@ -90,6 +102,77 @@ fn ios_count_iops_and_verify() {
     assert!(r.table().contains("IOPS"));
 }
 
+/// A verified randrw run over a small span (every read finds written
+/// blocks) on `engine`; returns the report after the common checks.
+fn verified_randrw(engine: Engine, polling: HostPolling, queues: u16) -> BenchReport {
+    let (_t, mut a) = target();
+    a.engine = engine;
+    a.polling = polling;
+    a.ios = Some(4000);
+    a.qd = 16;
+    a.queues = queues;
+    a.rw = RwMode::RandRw;
+    // 512 B and 4 KiB in-capsule, 64 KiB by R2T.
+    a.bs = "512:20,4k:50,64k:30".parse::<BlockSizes>().expect("bs");
+    a.span = Some("1m".into());
+    a.verify = true;
+    let r = run(a).expect("bench");
+    check_consistent(&r);
+    assert_eq!(r.total.ios, 4000);
+    assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+    assert_eq!(r.total.verify_errors, 0, "{:?}", r.total.error_samples);
+    assert!(
+        r.total.reads > 1000 && r.total.writes > 1000,
+        "{:?}",
+        r.total
+    );
+    assert_eq!(r.jobs[0].engine, engine.to_string());
+    r
+}
+
+#[test]
+fn direct_engine_verifies_randrw() {
+    let _spin = spinning();
+    for (polling, queues) in [
+        (HostPolling::Interrupt, 1),
+        (HostPolling::Adaptive { spin_us: 20 }, 2),
+        (HostPolling::BusyPoll, 1),
+    ] {
+        let r = verified_randrw(Engine::Direct, polling, queues);
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        let host = &json["jobs"][0]["host"];
+        // Every I/O completed on the direct queues (the threaded queues of
+        // the controller carried none), and nothing was woken.
+        assert_eq!(host["completions"], 4000, "{polling:?}: {host}");
+        assert_eq!(host["notifications"], 0, "{polling:?}: {host}");
+        assert!(host["read_syscalls"].as_u64().unwrap() > 0, "{host}");
+        assert!(r.table().contains("host [job0] (direct)"), "{}", r.table());
+    }
+}
+
+#[test]
+fn async_engine_still_verifies_randrw() {
+    let r = verified_randrw(Engine::Async, HostPolling::Interrupt, 1);
+    let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+    let host = &json["jobs"][0]["host"];
+    assert_eq!(host["completions"], 4000, "{host}");
+    assert!(host["notifications"].as_u64().unwrap() > 0, "{host}");
+    assert!(r.table().contains("host [job0] (async)"), "{}", r.table());
+}
+
+#[test]
+fn direct_engine_falls_back_above_one_command() {
+    // 2 MiB is above one command (1 MiB MDTS): the async engine splits it.
+    let (_t, mut a) = target();
+    a.ios = Some(50);
+    a.qd = 2;
+    a.rw = RwMode::Write;
+    a.bs = "2m".parse::<BlockSizes>().expect("bs");
+    let r = run(a).expect("bench");
+    assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+    assert_eq!(r.jobs[0].engine, "async");
+}
+
 #[test]
 fn rate_limit_is_honoured() {
     let (_t, mut a) = target();
@@ -122,6 +205,7 @@ fn several_tenant_jobs() {
 
 #[test]
 fn floor_is_measured() {
+    let _spin = spinning();
     let (_t, mut a) = target();
     a.ios = Some(200);
     a.floor = true;

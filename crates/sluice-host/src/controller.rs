@@ -6,7 +6,7 @@
 //! [`Namespace`] does block I/O of any length, split at MDTS.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,8 +19,10 @@ use sluice_proto::log::GetLogPage;
 use tokio::sync::mpsc;
 
 use crate::core::{Completion, CoreConfig, Payload};
+use crate::direct::{DirectParams, DirectQueue};
 use crate::error::{HostError, Result};
 use crate::queue::{wait, QueueHandle, QueueParams, TimedOutCommand};
+pub use crate::rw::{IoFlags, RwBuilder, DSM_ACCESS_LATENCY_LOW, SLUICE_BARRIER_BIT};
 use sluice_runtime::cast::usize_from;
 use sluice_runtime::{sync, PollingPolicy};
 
@@ -36,11 +38,6 @@ pub const TRANSFER_BYTES_MAX: u32 = 8 << 20;
 pub const NAMESPACES_MAX: usize = 1024;
 /// Feature identifier: Number of Queues.
 pub const FID_NUMBER_OF_QUEUES: u32 = 0x07;
-/// CDW13 Dataset Management: Access Latency = 11b (low latency) for urgent I/O.
-pub const DSM_ACCESS_LATENCY_LOW: u32 = 0b11 << 4;
-/// CDW13 bit 8 (reserved in NVMe Read/Write, ignored by Linux nvmet): Sluice's
-/// barrier hint. Sent only when [`ConnectOptions::wire_hints`] is on.
-pub const SLUICE_BARRIER_BIT: u32 = 1 << 8;
 
 /// When and how to re-establish a lost association.
 #[derive(Debug, Clone)]
@@ -72,6 +69,11 @@ pub struct ConnectOptions {
     pub hostid: [u8; 16],
     /// I/O queues to ask for (the controller may grant fewer).
     pub io_queues: u16,
+    /// Extra I/O queue IDs to ask for in Set Features Number of Queues,
+    /// kept for [`Controller::connect_direct_queue`] (default 0). Direct
+    /// queues take the IDs after the `io_queues` threaded ones, up to what
+    /// the controller granted.
+    pub direct_queues: u16,
     /// Commands per I/O queue (SQSIZE + 1).
     pub queue_depth: u16,
     pub hdr_digest: bool,
@@ -121,6 +123,7 @@ impl Default for ConnectOptions {
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000".into(),
             hostid: [0; 16],
             io_queues: 1,
+            direct_queues: 0,
             queue_depth: 128,
             hdr_digest: false,
             data_digest: false,
@@ -139,22 +142,6 @@ impl Default for ConnectOptions {
             dhchap_ctrl_secret: None,
         }
     }
-}
-
-/// Per-I/O hints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IoFlags {
-    /// Latency-sensitive: DSM Access Latency 11b in CDW13.
-    pub urgent: bool,
-    /// Ordering barrier: CDW13 bit 8 (Sluice-specific, see docs/host.md).
-    pub barrier: bool,
-    /// Force Unit Access (CDW12 bit 30).
-    pub fua: bool,
-    /// The writer's chain epoch, carried in CDW2-3 of writes (0: none).
-    /// Sluice drives refuse a write whose epoch is below its granule's
-    /// fence with Stale Chain Epoch (`sluice_proto::fence`); other targets
-    /// ignore these dwords.
-    pub epoch: u64,
 }
 
 /// What a Fence command answered.
@@ -188,6 +175,15 @@ struct Assoc {
     namespaces: Vec<NamespaceInfo>,
     max_transfer_bytes: u32,
     queue_depth: u16,
+    /// In-capsule limit of the I/O queues.
+    in_capsule: u32,
+    /// I/O queues the controller granted (the highest usable QID).
+    io_queues_granted: u16,
+    /// The QID the next direct queue takes (after the threaded ones).
+    next_direct_qid: AtomicU16,
+    /// Where queues report timed-out commands (the keep-alive task Aborts
+    /// them on the admin queue).
+    timeouts: mpsc::UnboundedSender<TimedOutCommand>,
     keepalive: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -220,6 +216,20 @@ pub struct Controller {
     inner: Arc<Inner>,
 }
 
+/// The core of an I/O queue (threaded or direct): the admin parameters with
+/// the association's transfer limit.
+fn io_core(
+    opts: &ConnectOptions,
+    qid: u16,
+    depth: u16,
+    in_capsule: u32,
+    max_transfer_bytes: u32,
+) -> CoreConfig {
+    let mut core = admin_core(opts, qid, depth, in_capsule);
+    core.c2h_data_max_bytes = max_transfer_bytes.max(8192);
+    core
+}
+
 fn admin_core(opts: &ConnectOptions, qid: u16, depth: u16, in_capsule: u32) -> CoreConfig {
     CoreConfig {
         qid,
@@ -248,16 +258,15 @@ fn nvme(opcode: u8, c: Result<Completion>) -> Result<Completion> {
 /// Linux host without `concat` refuses it the same way).
 const CONNECT_AUTHREQ_ASCR: u32 = 1 << 18;
 
-/// Sends a Fabrics Connect on `q`; returns the CNTLID.
-async fn fabrics_connect(
-    q: &QueueHandle,
+/// The Fabrics Connect command of queue `qid` and its data.
+fn connect_command(
     qid: u16,
     sqsize: u16,
     kato: Duration,
     cntlid: u16,
     subnqn: &str,
     opts: &ConnectOptions,
-) -> Result<u16> {
+) -> (Sqe, Payload) {
     let cmd = ConnectCommand {
         cid: 0,
         recfmt: 0,
@@ -276,26 +285,46 @@ async fn fabrics_connect(
         subnqn: subnqn.to_string(),
         hostnqn: opts.hostnqn.clone(),
     };
-    let c = q
-        .execute(cmd.to_sqe(), Payload::Write(data.encode()))
-        .await
-        .map_err(|e| match e {
-            HostError::Nvme { status, result, .. } => HostError::Incompatible(format!(
-                "Connect qid {qid} to {subnqn} refused: {status} (IATTR {}, IPO {})",
-                (result >> 16) & 1,
-                result & 0xffff
-            )),
-            e => e,
-        })?;
+    (cmd.to_sqe(), Payload::Write(data.encode()))
+}
+
+/// What a Connect's completion says: the CNTLID, and whether the controller
+/// requires DH-HMAC-CHAP (ATR) before anything else.
+fn connect_outcome(qid: u16, subnqn: &str, r: Result<Completion>) -> Result<(u16, bool)> {
+    let c = r.map_err(|e| match e {
+        HostError::Nvme { status, result, .. } => HostError::Incompatible(format!(
+            "Connect qid {qid} to {subnqn} refused: {status} (IATTR {}, IPO {})",
+            (result >> 16) & 1,
+            result & 0xffff
+        )),
+        e => e,
+    })?;
     if c.cqe.result & CONNECT_AUTHREQ_ASCR != 0 {
         return Err(HostError::Authentication(format!(
             "{subnqn} requires secure channel concatenation (ASCR in the Connect response of queue {qid}), which this host does not support"
         )));
     }
-    if c.cqe.result & sluice_proto::fabrics::CONNECT_AUTHREQ_ATR != 0 {
+    let atr = c.cqe.result & sluice_proto::fabrics::CONNECT_AUTHREQ_ATR != 0;
+    Ok(((c.cqe.result & 0xffff) as u16, atr))
+}
+
+/// Sends a Fabrics Connect on `q` (and authenticates when asked); returns
+/// the CNTLID.
+async fn fabrics_connect(
+    q: &QueueHandle,
+    qid: u16,
+    sqsize: u16,
+    kato: Duration,
+    cntlid: u16,
+    subnqn: &str,
+    opts: &ConnectOptions,
+) -> Result<u16> {
+    let (sqe, payload) = connect_command(qid, sqsize, kato, cntlid, subnqn, opts);
+    let (cntlid, atr) = connect_outcome(qid, subnqn, q.execute(sqe, payload).await)?;
+    if atr {
         authenticate(q, qid, subnqn, opts).await?;
     }
-    Ok((c.cqe.result & 0xffff) as u16)
+    Ok(cntlid)
 }
 
 /// AUTH_Receive allocation length: the largest message, as the Linux host
@@ -532,8 +561,11 @@ async fn establish(
         };
         let max_transfer_bytes = (opts.max_transfer_bytes.clamp(4096, TRANSFER_BYTES_MAX) as u64)
             .min(mdts_bytes) as u32;
-        // Number of queues: ask, then use min(granted, asked).
-        let want = opts.io_queues.clamp(1, IO_QUEUES_MAX);
+        // Number of queues: ask (threaded plus direct ones), then use
+        // min(granted, asked) threaded queues; direct queues take the QIDs
+        // after them, up to what was granted.
+        let threaded = opts.io_queues.clamp(1, IO_QUEUES_MAX);
+        let want = threaded.saturating_add(opts.direct_queues).min(IO_QUEUES_MAX);
         let mut sf = Sqe::new(admin::SET_FEATURES, 0, 0);
         sf.set_cdw(10, FID_NUMBER_OF_QUEUES);
         sf.set_cdw(11, (want as u32 - 1) | ((want as u32 - 1) << 16));
@@ -542,7 +574,7 @@ async fn establish(
         // (we never ask for more than IO_QUEUES_MAX).
         let granted_0s = (c.cqe.result & 0xffff).min(c.cqe.result >> 16);
         let granted = u16::try_from(granted_0s + 1).unwrap_or(u16::MAX);
-        let nq = want.min(granted);
+        let nq = threaded.min(granted);
         let mqes = Cap::decode(s.cap).mqes as u32 + 1;
         let mut depth = (opts.queue_depth as u32).clamp(2, crate::core::QUEUE_DEPTH_MAX as u32).min(mqes);
         if s.ident.maxcmd > 0 {
@@ -558,8 +590,7 @@ async fn establish(
         tracing::debug!(nq, depth, in_capsule, max_transfer_bytes, cntlid = s.cntlid, "association parameters");
         let mut ioq = Vec::with_capacity(nq as usize);
         for qid in 1..=nq {
-            let mut core = admin_core(opts, qid, depth, in_capsule);
-            core.c2h_data_max_bytes = max_transfer_bytes.max(8192);
+            let core = io_core(opts, qid, depth, in_capsule, max_transfer_bytes);
             let q = QueueHandle::connect(
                 QueueParams {
                     addr: inner_addr,
@@ -643,6 +674,10 @@ async fn establish(
             namespaces,
             max_transfer_bytes,
             queue_depth: depth,
+            in_capsule,
+            io_queues_granted: granted,
+            next_direct_qid: AtomicU16::new(nq + 1),
+            timeouts: to_tx.clone(),
             keepalive,
         })
     }
@@ -749,6 +784,56 @@ impl Controller {
     }
     pub fn options(&self) -> &ConnectOptions {
         &self.inner.opts
+    }
+
+    /// Opens one more I/O queue of this association as a [`DirectQueue`],
+    /// driven by the thread that owns it (no queue thread; see
+    /// `crate::direct`). It takes the next unused QID after the threaded
+    /// I/O queues, which must be within what the controller granted (ask
+    /// for room with [`ConnectOptions::direct_queues`]); QIDs are not
+    /// reused within an association. The queue has the threaded I/O
+    /// queues' parameters (depth, digests, in-capsule and transfer limits,
+    /// command timeout, send scheduler); `polling`, `coalescing` and
+    /// `cgroup` do not apply (the owner's loop decides). Its timed-out
+    /// commands are aborted through this controller's admin queue.
+    ///
+    /// A controller that asks the queue to authenticate (ATR) gets
+    /// [`HostError::DirectAuthUnsupported`]: the direct path does not run
+    /// DH-HMAC-CHAP yet. The queue belongs to the current association: a
+    /// reconnect does not carry it over.
+    pub async fn connect_direct_queue(&self) -> Result<DirectQueue> {
+        let a = self.assoc();
+        let limit = a.io_queues_granted;
+        let qid = a
+            .next_direct_qid
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q != 0 && q <= limit).then(|| q.wrapping_add(1))
+            })
+            .map_err(|_| {
+                HostError::InvalidArgument(format!(
+                    "no I/O queue ID left for a direct queue: the controller granted {limit} I/O queues and all are in use (ask for room with ConnectOptions::direct_queues)"
+                ))
+            })?;
+        let opts = &self.inner.opts;
+        let depth = a.queue_depth;
+        let subnqn = self.inner.subnqn.clone();
+        let p = DirectParams {
+            addr: self.inner.addr,
+            core: io_core(opts, qid, depth, a.in_capsule, a.max_transfer_bytes),
+            send: opts.send,
+            connect_timeout: opts.connect_timeout,
+            connect: connect_command(qid, depth - 1, Duration::ZERO, a.cntlid, &subnqn, opts),
+            timeouts: Some(a.timeouts.clone()),
+        };
+        let (q, r) = tokio::task::spawn_blocking(move || DirectQueue::open(p))
+            .await
+            .map_err(|e| HostError::Transport(format!("direct queue connect task: {e}")))??;
+        let (_, atr) = connect_outcome(qid, &subnqn, r)?;
+        if atr {
+            return Err(HostError::DirectAuthUnsupported { qid });
+        }
+        tracing::debug!(qid, cntlid = a.cntlid, "direct queue connected");
+        Ok(q)
     }
 
     /// A handle for I/O to `nsid`.
@@ -927,50 +1012,19 @@ impl Namespace {
         &self.ctrl
     }
 
-    fn check(&self, lba: u64, len_bytes: usize) -> Result<u64> {
-        let bs = self.info.block_size_bytes as usize;
-        if len_bytes == 0 || !len_bytes.is_multiple_of(bs) {
-            return Err(HostError::InvalidArgument(format!(
-                "length {len_bytes} is not a positive multiple of the {bs} byte block size"
-            )));
-        }
-        let blocks = (len_bytes / bs) as u64;
-        if lba
-            .checked_add(blocks)
-            .is_none_or(|e| e > self.info.size_blocks)
-        {
-            return Err(HostError::InvalidArgument(format!(
-                "LBA {lba} + {blocks} blocks beyond the namespace ({} blocks)",
-                self.info.size_blocks
-            )));
-        }
-        Ok(blocks)
-    }
-
-    /// Blocks per command: MDTS and the 16-bit NLB field.
-    /// Blocks per command: MDTS (the negotiated transfer limit) in blocks,
-    /// at least 1 and at most 65536 (NLB is 16 bits, 0's based).
-    fn chunk_blocks(&self) -> u32 {
+    /// What building this namespace's Read and Write commands needs, as a
+    /// copy (for [`DirectQueue`]; no lock per command).
+    pub fn rw_builder(&self) -> RwBuilder {
         let bs = self.info.block_size_bytes.max(1);
-        (self.ctrl.max_transfer_bytes() / bs).clamp(1, 65536)
-    }
-
-    fn rw_sqe(&self, opcode: u8, lba: u64, blocks: u32, flags: IoFlags) -> Sqe {
-        let mut s = Sqe::rw(opcode, 0, self.info.nsid, lba, blocks, flags.fua);
-        if self.ctrl.inner.opts.wire_hints {
-            let mut dsm = 0;
-            if flags.urgent {
-                dsm |= DSM_ACCESS_LATENCY_LOW;
-            }
-            if flags.barrier {
-                dsm |= SLUICE_BARRIER_BIT;
-            }
-            s.set_cdw(13, dsm);
+        RwBuilder {
+            nsid: self.info.nsid,
+            block_size_bytes: self.info.block_size_bytes,
+            size_blocks: self.info.size_blocks,
+            // Blocks per command: MDTS (the negotiated transfer limit) in
+            // blocks, at least 1 and at most 65536 (NLB is 16 bits, 0's based).
+            chunk_blocks: (self.ctrl.max_transfer_bytes() / bs).clamp(1, 65536),
+            wire_hints: self.ctrl.inner.opts.wire_hints,
         }
-        if opcode == io::WRITE && flags.epoch != 0 {
-            sluice_proto::fence::set_write_epoch(&mut s, flags.epoch);
-        }
-        s
     }
 
     /// Sluice's Fence command on this namespace (`sluice_proto::fence`):
@@ -1002,20 +1056,21 @@ impl Namespace {
     /// Reads `len_bytes` from `lba`; split into commands of at most MDTS,
     /// all in flight at once.
     pub async fn read(&self, lba: u64, len_bytes: usize, flags: IoFlags) -> Result<Vec<u8>> {
-        let blocks = self.check(lba, len_bytes)?;
-        let chunk = self.chunk_blocks();
+        let b = self.rw_builder();
+        let blocks = b.check(lba, len_bytes)?;
+        let chunk = b.chunk_blocks;
         let bs = self.info.block_size_bytes;
         if blocks <= u64::from(chunk) {
             // n * bs = len_bytes
             let n = piece(blocks, chunk);
-            let s = self.rw_sqe(io::READ, lba, n, flags);
+            let s = b.sqe(io::READ, lba, n, flags);
             return Ok(self.ctrl.io(s, Payload::Read(n * bs)).await?.data);
         }
         let mut futs = Vec::new();
         let mut at = 0;
         while at < blocks {
             let n = piece(blocks - at, chunk);
-            let s = self.rw_sqe(io::READ, lba + at, n, flags);
+            let s = b.sqe(io::READ, lba + at, n, flags);
             let c = self.ctrl.clone();
             futs.push(tokio::spawn(
                 async move { c.io(s, Payload::Read(n * bs)).await },
@@ -1034,17 +1089,18 @@ impl Namespace {
 
     /// Writes `data` (a multiple of the block size) at `lba`.
     pub async fn write(&self, lba: u64, data: &[u8], flags: IoFlags) -> Result<()> {
-        let blocks = self.check(lba, data.len())?;
-        let chunk = self.chunk_blocks();
+        let b = self.rw_builder();
+        let blocks = b.check(lba, data.len())?;
+        let chunk = b.chunk_blocks;
         let bs = self.info.block_size_bytes as usize;
         if blocks <= u64::from(chunk) {
-            let s = self.rw_sqe(io::WRITE, lba, piece(blocks, chunk), flags);
+            let s = b.sqe(io::WRITE, lba, piece(blocks, chunk), flags);
             self.ctrl.io(s, Payload::Write(data.to_vec())).await?;
             return Ok(());
         }
         let mut futs = Vec::new();
         for (i, bytes) in data.chunks(chunk as usize * bs).enumerate() {
-            let s = self.rw_sqe(
+            let s = b.sqe(
                 io::WRITE,
                 lba + i as u64 * u64::from(chunk),
                 piece((bytes.len() / bs) as u64, chunk),
@@ -1065,10 +1121,11 @@ impl Namespace {
 
     /// Writes an owned buffer without copying when it fits one command.
     pub async fn write_owned(&self, lba: u64, data: Vec<u8>, flags: IoFlags) -> Result<()> {
-        let blocks = self.check(lba, data.len())?;
-        let chunk = self.chunk_blocks();
+        let b = self.rw_builder();
+        let blocks = b.check(lba, data.len())?;
+        let chunk = b.chunk_blocks;
         if blocks <= u64::from(chunk) {
-            let s = self.rw_sqe(io::WRITE, lba, piece(blocks, chunk), flags);
+            let s = b.sqe(io::WRITE, lba, piece(blocks, chunk), flags);
             self.ctrl.io(s, Payload::Write(data)).await?;
             Ok(())
         } else {
@@ -1092,7 +1149,7 @@ impl Namespace {
     /// [`IoFlags::epoch`]).
     pub async fn write_zeroes_at_epoch(&self, lba: u64, blocks: u64, epoch: u64) -> Result<()> {
         let bs = u64::from(self.info.block_size_bytes);
-        self.check(lba, usize_from(blocks * bs))?;
+        self.rw_builder().check(lba, usize_from(blocks * bs))?;
         let mut at = 0;
         while at < blocks {
             let n = piece(blocks - at, 65536);
@@ -1106,7 +1163,7 @@ impl Namespace {
 
     /// Deallocate (Dataset Management, AD) `blocks` blocks from `lba`.
     pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<()> {
-        self.check(
+        self.rw_builder().check(
             lba,
             usize_from(blocks * u64::from(self.info.block_size_bytes)),
         )?;

@@ -50,7 +50,7 @@ const TIMER: Token = Token(2);
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostQueueStats {
     /// Commands submitted to the wire.
-    pub(crate) submitted: u64,
+    pub submitted: u64,
     /// Completions that reached the queue thread.
     pub completions: u64,
     /// Wake-up batches: one per completion delivered alone, one per
@@ -59,6 +59,8 @@ pub struct HostQueueStats {
     /// Socket write calls that moved bytes.
     pub sends: u64,
     pub(crate) send_bytes: u64,
+    /// Socket read calls that returned bytes.
+    pub reads: u64,
     /// Completions held by the coalescer, total ns from arrival to wake-up.
     pub held_ns: u64,
     /// Send scheduler: containers flushed and PDUs they carried.
@@ -81,6 +83,7 @@ impl HostQueueStats {
         self.notifications += o.notifications;
         self.sends += o.sends;
         self.send_bytes += o.send_bytes;
+        self.reads += o.reads;
         self.held_ns += o.held_ns;
         self.flushes += o.flushes;
         self.flush_pdus += o.flush_pdus;
@@ -98,6 +101,7 @@ impl HostQueueStats {
             notifications: self.notifications.saturating_sub(o.notifications),
             sends: self.sends.saturating_sub(o.sends),
             send_bytes: self.send_bytes.saturating_sub(o.send_bytes),
+            reads: self.reads.saturating_sub(o.reads),
             held_ns: self.held_ns.saturating_sub(o.held_ns),
             flushes: self.flushes.saturating_sub(o.flushes),
             flush_pdus: self.flush_pdus.saturating_sub(o.flush_pdus),
@@ -117,6 +121,7 @@ struct Counters {
     notifications: AtomicU64,
     sends: AtomicU64,
     send_bytes: AtomicU64,
+    reads: AtomicU64,
     held_ns: AtomicU64,
     /// The send scheduler's counters, published by the queue thread.
     send: Mutex<SendStats>,
@@ -130,6 +135,7 @@ impl Counters {
             notifications: self.notifications.load(Ordering::Relaxed),
             sends: self.sends.load(Ordering::Relaxed),
             send_bytes: self.send_bytes.load(Ordering::Relaxed),
+            reads: self.reads.load(Ordering::Relaxed),
             held_ns: self.held_ns.load(Ordering::Relaxed),
             ..HostQueueStats::default()
         }
@@ -575,6 +581,7 @@ impl Driver {
                 }
                 Ok(n) => {
                     self.core.handle_read(now, n);
+                    bump(&self.shared.counters.reads, 1);
                     progress = true;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return progress,

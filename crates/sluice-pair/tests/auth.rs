@@ -183,9 +183,14 @@ fn a_wrong_secret_is_refused_and_the_queue_stays_closed_to_commands() {
         nvme_status(&identify_ctrl(&mut pair)),
         Some(Status::AUTH_REQUIRED)
     );
+    // Counted by reason, for the metrics (each pair has its own registry).
+    assert_eq!(pair.reg.auth.failures()[usize::from(reason::FAILED)], 1);
+    assert_eq!(pair.reg.auth.successes(), 0);
     // A second try with the right secret on the same queue works.
     authenticate(&mut pair, ADMIN, secret(1), None, 2).expect("second try");
     identify_ctrl(&mut pair).expect("Identify");
+    assert_eq!(pair.reg.auth.successes(), 1);
+    assert_eq!(pair.reg.auth.failures().iter().sum::<u64>(), 1);
 }
 
 #[test]

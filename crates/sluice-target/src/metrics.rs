@@ -201,3 +201,55 @@ mod tests {
         assert!(send_summary(&s, 2).contains("2 sends (1.000/I/O)"));
     }
 }
+
+/// DH-HMAC-CHAP outcomes, target-wide. No host label: before a host has
+/// authenticated, its NQN is a claim, and a label per claimed NQN would let
+/// a stranger grow the metric without bound.
+#[derive(Debug, Default)]
+pub struct AuthCounters {
+    successes: AtomicU64,
+    /// By explanation code (`sluice_auth::message::reason`, 1..=7); 0
+    /// counts codes outside that range.
+    failures: [AtomicU64; AUTH_REASONS],
+}
+
+/// Explanation codes counted apart (0 = any other).
+pub const AUTH_REASONS: usize = 8;
+
+impl AuthCounters {
+    pub fn record_success(&self) {
+        self.successes.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_failure(&self, explanation: u8) {
+        let i = usize::from(explanation);
+        let i = if i < AUTH_REASONS { i } else { 0 };
+        self.failures[i].fetch_add(1, Relaxed);
+    }
+
+    pub fn successes(&self) -> u64 {
+        self.successes.load(Relaxed)
+    }
+
+    /// Failures by explanation code (index 0: codes outside 1..=7).
+    pub fn failures(&self) -> [u64; AUTH_REASONS] {
+        std::array::from_fn(|i| self.failures[i].load(Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod auth_counter_tests {
+    use super::*;
+
+    #[test]
+    fn failures_count_by_reason_and_out_of_range_codes_fold_to_zero() {
+        let c = AuthCounters::default();
+        c.record_success();
+        c.record_failure(1);
+        c.record_failure(1);
+        c.record_failure(6);
+        c.record_failure(200);
+        assert_eq!(c.successes(), 1);
+        assert_eq!(c.failures(), [1, 2, 0, 0, 0, 0, 1, 0]);
+    }
+}

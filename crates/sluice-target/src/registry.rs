@@ -95,6 +95,8 @@ pub struct Registry {
     /// Connection limits and counts (the acceptor admits, connections
     /// hold permits).
     pub admission: Arc<crate::admission::Admission>,
+    /// DH-HMAC-CHAP successes and failures (by reason).
+    pub auth: crate::metrics::AuthCounters,
     /// Discovery log generation counter.
     pub(crate) discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
@@ -355,6 +357,7 @@ impl Registry {
             hosts: HostRegistry::default(),
             send: crate::metrics::SendTotals::default(),
             admission: Arc::new(crate::admission::Admission::new(&config.target)),
+            auth: crate::metrics::AuthCounters::default(),
             discovery_genctr: AtomicU64::new(1),
             namespaces: all_ns,
             controllers,

@@ -609,3 +609,54 @@ fn handshake_limit_and_timeout() {
     assert_eq!(good.read(0, 8).0, Status::SUCCESS);
     t.shutdown();
 }
+
+/// DH-HMAC-CHAP outcomes and tolerated inputs are exported: failures by
+/// the reason sent to the host (no host label), tolerated inputs by case.
+#[test]
+fn auth_outcomes_and_tolerated_inputs_are_metrics() {
+    let t = start("interrupt", 1);
+    let reason_failed =
+        sluice_auth::message::reason::describe(sluice_auth::message::reason::FAILED);
+    assert_eq!(
+        metric(
+            &t,
+            "sluice_auth_failures_total",
+            Some(("reason", reason_failed))
+        ),
+        0.0
+    );
+    t.registry()
+        .auth
+        .record_failure(sluice_auth::message::reason::FAILED);
+    t.registry().auth.record_failure(200);
+    t.registry().auth.record_success();
+    assert_eq!(
+        metric(
+            &t,
+            "sluice_auth_failures_total",
+            Some(("reason", reason_failed))
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&t, "sluice_auth_failures_total", Some(("reason", "other"))),
+        1.0
+    );
+    assert_eq!(metric(&t, "sluice_auth_successes_total", None), 1.0);
+    for case in sluice_target::tolerated::Tolerated::ALL {
+        // Process-wide counts: another test may add to one meanwhile.
+        let before = sluice_target::tolerated::count(case) as f64;
+        let v = metric(
+            &t,
+            "sluice_tolerated_inputs_total",
+            Some(("case", case.name())),
+        );
+        let after = sluice_target::tolerated::count(case) as f64;
+        assert!(
+            (before..=after).contains(&v),
+            "{}: {v} not in {before}..={after}",
+            case.name()
+        );
+    }
+    t.shutdown();
+}

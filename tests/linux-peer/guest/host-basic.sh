@@ -17,6 +17,9 @@
 #                     arrived; after fio the namespace must reach this size
 #                     (through a Namespace Attribute Changed event) and take data
 #                     past its old end
+#   REAUTH=1          after the first read-back, write the controller's own
+#                     DH-HMAC-CHAP secret back to sysfs: the kernel re-authenticates
+#                     every queue on the live connection; data must still read back
 #   SECOND_CONTROLLER=1  after connecting, connect a second controller to the same
 #                     subsystem through DISC_PORT (a second path) and spread I/O over
 #                     both paths (multipath iopolicy round-robin)
@@ -154,6 +157,26 @@ check_patterns() {
 }
 step dd-verify
 check_patterns
+
+if [ "${REAUTH:-0}" = 1 ]; then
+    step re-authenticate
+    SECRET=$(cat "/sys/class/nvme/$CTRL/dhchap_secret")
+    case "$SECRET" in DHHC-1:*) ;; *) fail "no DH-HMAC-CHAP secret on $CTRL ($SECRET)";; esac
+    before=$(dmesg | grep -c "re-authenticating controller" || true)
+    # The same secret: no key change, a new transaction on every queue.
+    printf '%s' "$SECRET" > "/sys/class/nvme/$CTRL/dhchap_secret"
+    i=0
+    while [ $i -lt 50 ]; do
+        [ "$(dmesg | grep -c "re-authenticating controller" || true)" -gt "$before" ] && break
+        sleep 0.2; i=$((i + 1))
+    done
+    [ "$(dmesg | grep -c "re-authenticating controller" || true)" -gt "$before" ] ||
+        fail "the kernel did not start re-authentication"
+    sleep 2
+    dmesg | grep -iE "authentication failed|auth.*error" && fail "re-authentication failed"
+    dmesg | grep -E "re-authenticating|authenticated" | tail -n 6 | sed 's/^/  dmesg: /' || true
+    check_patterns
+fi
 
 if [ "$FIO" = 1 ]; then
     step fio

@@ -470,6 +470,7 @@ impl QueueConnection {
                 dhgroup,
                 bidirectional,
             } => {
+                self.reg.auth.record_success();
                 tracing::info!(peer, hostnqn, %hash, %dhgroup, bidirectional, "host authenticated (DH-HMAC-CHAP)");
             }
             sluice_auth::Outcome::Failed {
@@ -477,6 +478,7 @@ impl QueueConnection {
                 detail,
             } => {
                 self.session.auth_failures += 1;
+                self.reg.auth.record_failure(explanation);
                 tracing::warn!(
                     peer,
                     hostnqn,

@@ -384,6 +384,7 @@ impl Collector for TargetCollector {
             i64::try_from(t.generation).unwrap_or(i64::MAX),
         )?;
         connection_metrics(e, &self.reg.admission)?;
+        auth_and_tolerance_metrics(e, &self.reg)?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
         for (nqn, sub) in &self.reg.subsystems {
@@ -488,6 +489,43 @@ impl Collector for TargetCollector {
             hosts.iter().map(|(h, s)| ([("hostnqn", Esc(h))], s.errors)),
         )
     }
+}
+
+/// DH-HMAC-CHAP outcomes (failures by reason; no host label, see
+/// [`crate::metrics::AuthCounters`]) and the inputs accepted under
+/// [`crate::tolerated`], by case.
+fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std::fmt::Result {
+    counter(
+        e,
+        "sluice_auth_successes",
+        "DH-HMAC-CHAP transactions a host completed (every queue authenticates, and again on re-authentication).",
+        None,
+        reg.auth.successes(),
+    )?;
+    let failures = reg.auth.failures();
+    counters(
+        e,
+        "sluice_auth_failures",
+        "DH-HMAC-CHAP transactions that failed, by the reason sent to the host.",
+        None,
+        (0..failures.len()).map(|i| {
+            let code = u8::try_from(i).unwrap_or(0);
+            let reason = if i == 0 {
+                "other"
+            } else {
+                sluice_auth::message::reason::describe(code)
+            };
+            ([("reason", Esc(reason))], failures[i])
+        }),
+    )?;
+    counters(
+        e,
+        "sluice_tolerated_inputs",
+        "Inputs accepted because Linux nvmet and SPDK accept them (docs/conformance.md), by case.",
+        None,
+        crate::tolerated::Tolerated::ALL
+            .map(|t| ([("case", Esc(t.name()))], crate::tolerated::count(t))),
+    )
 }
 
 /// The connection limits: live counts, the configured limits, refusals

@@ -1,0 +1,244 @@
+//! The `direct` engine of `sluice bench`: a job's I/O runs to completion on
+//! its own OS thread (one per I/O queue; one per job with the default
+//! `--queues 1`), which keeps `qd` I/Os outstanding on a
+//! [`sluice_host::DirectQueue`], in the manner of spdk_nvme_perf's reactor.
+//! No tokio task, channel or lock is on the I/O path.
+//!
+//! Each outstanding I/O has a slot (its LBA, length, start time; with
+//! `--verify` its own LBA region and the generations written there, as the
+//! async engine's workers have). On each completion the loop records the
+//! latency, verifies a read, accounts the result and submits the slot's
+//! next I/O. Tickets (`--ios`, `--rate-iops`), the stop flag, the latency
+//! histogram, [`crate::JobStats`] and error samples are those of the async
+//! engine. `--polling` picks what the loop does when a turn completed
+//! nothing: `busy` polls again at once, `adaptive:US` spins while there was
+//! progress in the last US µs and then waits in epoll, `interrupt` waits in
+//! epoll (at most 1 ms, or until the next rate-limited I/O is due).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use sluice_host::core::{Completion, Payload};
+use sluice_host::{DirectQueue, HostQueueStats, IoFlags, PollingPolicy, RwBuilder};
+use sluice_runtime::cast::{nanos, usize_from};
+
+use crate::{hist, mix, JobRun, JobStats, NextIo};
+
+/// Longest wait in epoll of the interrupt and adaptive modes (the stop flag
+/// and the run time are checked between waits).
+const WAIT_MAX: Duration = Duration::from_millis(1);
+
+/// What one direct thread returns.
+pub(crate) type ThreadOutcome = (Histogram<u64>, HostQueueStats);
+
+#[derive(Debug)]
+enum State {
+    /// Needs a ticket.
+    Ready,
+    /// Has a ticket, due at this time (--rate-iops), or to use as soon as
+    /// the queue has a free CID.
+    Waiting(Instant),
+    InFlight {
+        io: NextIo,
+        t0: Instant,
+    },
+    /// No more I/O (--ios reached, the queue closed, too many errors).
+    Done,
+}
+
+#[derive(Debug)]
+struct Slot {
+    rng: u64,
+    /// The verify region (whole namespace without --verify).
+    region_start: u64,
+    gens: Vec<u32>,
+    state: State,
+}
+
+impl JobRun {
+    /// Runs the slots `w` with `w % threads == index` on `q` until the stop
+    /// flag, the I/O limit, or the queue closing; merges the counts into
+    /// the job's and returns the latency histogram and the queue's counters
+    /// over the run.
+    pub(crate) fn direct_thread(
+        self: Arc<Self>,
+        mut q: DirectQueue,
+        rw: RwBuilder,
+        index: u32,
+        threads: u32,
+        start: Instant,
+        polling: PollingPolicy,
+    ) -> anyhow::Result<ThreadOutcome> {
+        if let Some(cg) = &self.spec.cgroup {
+            sluice_cpu::join_cgroup(cg, false)
+                .with_context(|| format!("job {}: direct I/O thread", self.spec.name))?;
+        }
+        let s0 = q.stats();
+        let mut h = hist()?;
+        let bs = u64::from(rw.block_size_bytes());
+        let qd = self.spec.qd.max(1);
+        let region = self.blocks / u64::from(qd);
+        let mut slots: Vec<Slot> = (0..qd.min(crate::QD_MAX))
+            .filter(|w| w % threads == index)
+            .map(|w| Slot {
+                rng: mix(0x5eed ^ (u64::from(w) << 32) ^ nanos(start.elapsed())),
+                region_start: u64::from(w) * region,
+                gens: if self.verify {
+                    vec![0; usize_from(region)]
+                } else {
+                    Vec::new()
+                },
+                state: State::Ready,
+            })
+            .collect();
+        let flags = IoFlags {
+            urgent: self.spec.urgent,
+            ..Default::default()
+        };
+        let junk = self.junk();
+        let mut local = JobStats::default();
+        let mut out: Vec<(u64, sluice_host::Result<Completion>)> = Vec::with_capacity(slots.len());
+        let mut last_progress = Instant::now();
+        loop {
+            let stopping = self.stop.load(Ordering::Acquire);
+            // Submit: every slot that needs a ticket or whose ticket is due.
+            let mut next_due: Option<Instant> = None;
+            let mut submitted = false;
+            let mut now: Option<Instant> = None;
+            for (i, s) in slots.iter_mut().enumerate() {
+                match s.state {
+                    State::InFlight { .. } | State::Done => continue,
+                    _ if stopping => {
+                        s.state = State::Done;
+                        continue;
+                    }
+                    State::Ready => {
+                        let ticket = self.issued.fetch_add(1, Ordering::AcqRel);
+                        if self.ios_limit.is_some_and(|n| ticket >= n) {
+                            s.state = State::Done;
+                            continue;
+                        }
+                        if let Some(due) = self.ticket_due(start, ticket) {
+                            s.state = State::Waiting(due);
+                        }
+                    }
+                    State::Waiting(_) => {}
+                }
+                if let State::Waiting(due) = s.state {
+                    let t = *now.get_or_insert_with(Instant::now);
+                    if due > t {
+                        next_due = Some(next_due.map_or(due, |d: Instant| d.min(due)));
+                        continue;
+                    }
+                }
+                if !q.can_submit() && !q.is_closed() {
+                    // No free CID (a timed-out command still holds its
+                    // own): keep the ticket, retry after completions.
+                    s.state = State::Waiting(start);
+                    continue;
+                }
+                let io = self.next_io(&mut s.rng, s.region_start, region);
+                let len = usize_from(io.blocks * bs);
+                let cmd = if io.read {
+                    rw.read(io.lba, len, flags)
+                } else {
+                    let data = self.write_data(&mut s.gens, s.region_start, &io, &junk);
+                    rw.write(io.lba, data, flags)
+                };
+                let t0 = Instant::now();
+                match cmd.and_then(|(sqe, p): (_, Payload)| q.submit(sqe, p, i as u64)) {
+                    Ok(()) => {
+                        s.state = State::InFlight { io, t0 };
+                        submitted = true;
+                    }
+                    Err(e) => {
+                        h.record(nanos(t0.elapsed()).max(1))
+                            .context("record latency")?;
+                        self.done.fetch_add(1, Ordering::Relaxed);
+                        self.failed(&mut local, e.to_string());
+                        s.state = if q.is_closed() {
+                            State::Done
+                        } else {
+                            State::Ready
+                        };
+                    }
+                }
+            }
+            if q.outstanding() == 0 {
+                let live = slots.iter().any(|s| !matches!(s.state, State::Done));
+                if !live {
+                    break;
+                }
+            }
+            // Poll: how long to wait when this turn completes nothing.
+            let wait = match polling {
+                PollingPolicy::BusyPoll => None,
+                _ if submitted => None,
+                PollingPolicy::Adaptive { spin_us }
+                    if last_progress.elapsed() < Duration::from_micros(u64::from(spin_us)) =>
+                {
+                    None
+                }
+                PollingPolicy::Adaptive { .. } | PollingPolicy::Interrupt => {
+                    let t = now.unwrap_or_else(Instant::now);
+                    Some(
+                        next_due.map_or(WAIT_MAX, |d| WAIT_MAX.min(d.saturating_duration_since(t))),
+                    )
+                }
+            };
+            let n = match q.poll(&mut out, wait) {
+                Ok(n) => n,
+                Err(e) => {
+                    // Closed, and every command was reported.
+                    for s in &mut slots {
+                        if !matches!(s.state, State::InFlight { .. }) {
+                            s.state = State::Done;
+                        }
+                    }
+                    if local.error_samples.len() < 5 && local.errors == 0 {
+                        local.error_samples.push(e.to_string());
+                    }
+                    0
+                }
+            };
+            if n > 0 || submitted {
+                last_progress = Instant::now();
+            }
+            for (token, r) in out.drain(..) {
+                let Some(s) = slots.get_mut(usize_from(token)) else {
+                    continue;
+                };
+                let State::InFlight { io, t0 } = s.state else {
+                    continue;
+                };
+                h.record(nanos(t0.elapsed()).max(1))
+                    .context("record latency")?;
+                self.done.fetch_add(1, Ordering::Relaxed);
+                s.state = State::Ready;
+                match r {
+                    Ok(c) => {
+                        let data = io.read.then_some(c.data.as_slice());
+                        self.completed(&mut local, &s.gens, s.region_start, &io, data);
+                    }
+                    Err(e) => {
+                        let fatal = e.is_fatal_for_connection();
+                        self.failed(&mut local, e.to_string());
+                        if q.is_closed() || (fatal && local.errors > 100) {
+                            s.state = State::Done;
+                        }
+                    }
+                }
+            }
+            if q.is_closed() && q.outstanding() == 0 {
+                for s in &mut slots {
+                    s.state = State::Done;
+                }
+            }
+        }
+        self.merge_stats(local);
+        Ok((h, q.stats().since(&s0)))
+    }
+}

@@ -1,0 +1,433 @@
+//! Run-to-completion I/O queues: [`DirectQueue`], one NVMe/TCP I/O queue
+//! pair driven by the thread that owns it, as spdk_nvme_perf's reactor
+//! drives its qpairs.
+//!
+//! The threaded path (`queue.rs`) hands every command from the caller's
+//! task to a per-connection thread (a mutex-protected submission queue, an
+//! eventfd wake-up) and every completion back on a oneshot channel: two
+//! thread crossings per I/O. A `DirectQueue` has none: the owner calls
+//! [`DirectQueue::submit`] and [`DirectQueue::poll`] itself, and `poll`
+//! writes the pending PDUs (many per `write`), reads until `EWOULDBLOCK`,
+//! feeds the sans-IO [`QueuePairCore`], runs its timers and hands back the
+//! completions. No channel and no lock is on the I/O path; the only
+//! blocking is the optional wait in `poll` (epoll on the one socket).
+//!
+//! Created by [`crate::Controller::connect_direct_queue`], which opens one
+//! more I/O queue of the controller's association (ICReq/ICResp, Fabrics
+//! Connect with the next unused QID). The queue is `Send`: connect it from
+//! async code, then move it to the thread that will drive it. Dropping it
+//! closes the socket; commands still outstanding are abandoned.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token};
+use sluice_proto::coalesce::CoalesceMode;
+use sluice_proto::command::Sqe;
+use sluice_proto::send::{FlushReason, SendConfig};
+use tokio::sync::mpsc;
+
+use crate::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
+use crate::error::{HostError, Result};
+use crate::queue::{HostQueueStats, TimedOutCommand};
+use crate::rw::{IoFlags, RwBuilder};
+
+const SOCKET: Token = Token(0);
+/// Most reads per pass before the pass returns (the next poll continues).
+const READS_PER_PASS_MAX: usize = 64;
+/// Granularity of command timeout checks.
+const TIMER_CHECK: Duration = Duration::from_millis(1);
+/// Longest wait of a poll during connect.
+const CONNECT_WAIT: Duration = Duration::from_millis(10);
+/// The token of the Fabrics Connect (the only command in flight then).
+const CONNECT_TOKEN: u64 = u64::MAX;
+/// An idle output buffer above this size is given back.
+const OUT_KEEP_BYTES: usize = 4 << 20;
+
+/// Everything needed to open a direct queue (built by the controller).
+#[derive(Debug)]
+pub(crate) struct DirectParams {
+    pub(crate) addr: SocketAddr,
+    pub(crate) core: CoreConfig,
+    /// Send scheduler (its `coalescing` part is the target's, ignored).
+    pub(crate) send: SendConfig,
+    pub(crate) connect_timeout: Duration,
+    /// The Fabrics Connect command and its data.
+    pub(crate) connect: (Sqe, Payload),
+    /// Where timed-out commands go (for an Abort on the admin queue).
+    pub(crate) timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
+}
+
+/// One I/O queue pair driven by its owner's thread: no queue thread, no
+/// channels, no locks. See the module documentation.
+#[derive(Debug)]
+pub struct DirectQueue {
+    qid: u16,
+    depth: u16,
+    core: QueuePairCore,
+    stream: mio::net::TcpStream,
+    poll: Poll,
+    events: Events,
+    /// Bytes taken from the core and not yet written, from `out_pos`.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// When the core's command timers are checked next.
+    next_timer: Instant,
+    /// The clock of the last pass (submissions are stamped with it).
+    last_now: Instant,
+    /// Commands submitted whose completion was not handed out yet.
+    outstanding: usize,
+    /// Why the queue closed, once it did.
+    close_reason: Option<HostError>,
+    stats: HostQueueStats,
+    waits: u64,
+    timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
+}
+
+fn transport(what: &str, e: std::io::Error) -> HostError {
+    HostError::Transport(format!("{what}: {e}"))
+}
+
+impl DirectQueue {
+    /// Connects the socket and runs ICReq/ICResp and the Fabrics Connect
+    /// (blocking; the controller calls it on a blocking-pool thread).
+    /// Returns the queue and the Connect's completion, which the controller
+    /// interprets (refusal, ATR, ASCR).
+    pub(crate) fn open(p: DirectParams) -> Result<(DirectQueue, Result<Completion>)> {
+        let addr = p.addr;
+        let stream = TcpStream::connect_timeout(&addr, p.connect_timeout)
+            .map_err(|e| transport(&format!("connect to {addr}"), e))?;
+        stream
+            .set_nodelay(true)
+            .map_err(|e| transport("TCP_NODELAY", e))?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| transport("non-blocking", e))?;
+        let mut stream = mio::net::TcpStream::from_std(stream);
+        let poll = Poll::new().map_err(|e| transport("epoll", e))?;
+        poll.registry()
+            .register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)
+            .map_err(|e| transport("epoll register", e))?;
+        let now = Instant::now();
+        let mut sc = p.send;
+        sc.coalescing.mode = CoalesceMode::Off;
+        let qid = p.core.qid;
+        let depth = p.core.depth;
+        let mut q = DirectQueue {
+            qid,
+            depth,
+            core: QueuePairCore::with_scheduler(p.core, now, sc.build(false)),
+            stream,
+            poll,
+            events: Events::with_capacity(4),
+            out: Vec::new(),
+            out_pos: 0,
+            next_timer: now,
+            last_now: now,
+            outstanding: 0,
+            close_reason: None,
+            stats: HostQueueStats::default(),
+            waits: 0,
+            timeouts: p.timeouts,
+        };
+        // ICReq/ICResp: the core bounds the exchange by the command timeout
+        // (it closes, and `poll` then returns the reason).
+        let mut done = Vec::new();
+        while !q.core.is_ready() {
+            q.poll(&mut done, Some(CONNECT_WAIT))?;
+        }
+        let (sqe, payload) = p.connect;
+        q.submit(sqe, payload, CONNECT_TOKEN)?;
+        // The Connect is bounded by the command timeout too.
+        let r = loop {
+            q.poll(&mut done, Some(CONNECT_WAIT))?;
+            if let Some(i) = done.iter().position(|(t, _)| *t == CONNECT_TOKEN) {
+                break done.swap_remove(i).1;
+            }
+        };
+        // Count I/O only.
+        q.stats = HostQueueStats::default();
+        q.waits = 0;
+        Ok((q, r))
+    }
+
+    /// Queue ID.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// Command slots (CIDs) of the queue.
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
+
+    /// Commands submitted whose completion [`Self::poll`] has not handed
+    /// out yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Whether [`Self::submit`] would take a command now (a CID is free and
+    /// the queue is open). A timed-out command keeps its CID until its late
+    /// completion arrives, so this can be false with fewer than `depth`
+    /// commands outstanding.
+    pub fn can_submit(&self) -> bool {
+        self.core.can_submit()
+    }
+
+    /// The connection is closed (lost, refused, or a protocol error); every
+    /// outstanding command has been or will be failed by [`Self::poll`].
+    pub fn is_closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
+    /// Counters so far: submissions, completions, socket writes (`sends`)
+    /// and reads (`reads`) that moved bytes, the send scheduler's flushes.
+    /// `notifications` and `held_ns` stay 0 (nothing is woken).
+    pub fn stats(&self) -> HostQueueStats {
+        let s = self.core.send_stats();
+        HostQueueStats {
+            flushes: s.flushes,
+            flush_pdus: s.flush_pdus,
+            timer_flushes: s.reason(FlushReason::Timer),
+            wait_ns_latency: s.wait_ns_latency,
+            waited_latency: s.waited_latency,
+            wait_ns_data: s.wait_ns_data,
+            waited_data: s.waited_data,
+            ..self.stats
+        }
+    }
+
+    /// Times [`Self::poll`] blocked in epoll.
+    pub fn waits(&self) -> u64 {
+        self.waits
+    }
+
+    /// Queues a command; its completion comes out of [`Self::poll`] with
+    /// `token`. The CID and SGL are filled in here; the bytes go out at the
+    /// next `poll`. Fails with [`HostError::QueueFull`] when no CID is free,
+    /// with the close reason when the queue is closed, and with
+    /// [`HostError::InvalidArgument`] for a transfer over the limits.
+    pub fn submit(&mut self, sqe: Sqe, payload: Payload, token: u64) -> Result<()> {
+        if self.core.is_closed() {
+            return Err(self.close_error());
+        }
+        if !self.core.can_submit() {
+            return Err(HostError::QueueFull {
+                qid: self.qid,
+                depth: self.depth,
+            });
+        }
+        // The clock is read only by `poll`: the command's deadline (and a
+        // send-scheduler freight timer) counts from the last pass, at most
+        // one loop turn earlier.
+        self.core.submit(self.last_now, sqe, payload, token)?;
+        self.outstanding += 1;
+        self.stats.submitted += 1;
+        Ok(())
+    }
+
+    /// A Read of `len_bytes` at `lba` built by `rw` (as
+    /// [`crate::Namespace::read`] builds it; one command, at most
+    /// [`RwBuilder::max_command_bytes`]), then [`Self::submit`].
+    pub fn submit_read(
+        &mut self,
+        rw: &RwBuilder,
+        lba: u64,
+        len_bytes: usize,
+        flags: IoFlags,
+        token: u64,
+    ) -> Result<()> {
+        let (sqe, payload) = rw.read(lba, len_bytes, flags)?;
+        self.submit(sqe, payload, token)
+    }
+
+    /// A Write of `data` at `lba` built by `rw` (as
+    /// [`crate::Namespace::write`] builds it; one command), then
+    /// [`Self::submit`].
+    pub fn submit_write(
+        &mut self,
+        rw: &RwBuilder,
+        lba: u64,
+        data: Vec<u8>,
+        flags: IoFlags,
+        token: u64,
+    ) -> Result<()> {
+        let (sqe, payload) = rw.write(lba, data, flags)?;
+        self.submit(sqe, payload, token)
+    }
+
+    /// Drives the queue: writes every pending byte (all due PDUs in as few
+    /// writes as the socket takes), reads until `EWOULDBLOCK` (at most 64
+    /// reads; the next poll continues), feeds the core, runs its command
+    /// timers, and appends the completions to `out` as `(token, result)`.
+    /// The clock is read once per pass. If the pass completed nothing and
+    /// `wait` is `Some`, blocks in epoll on the socket for at most `wait`
+    /// (less when a command deadline or a send-scheduler timer comes
+    /// sooner) and makes one more pass. `None` never blocks (busy poll).
+    ///
+    /// Returns how many completions were appended. When the connection is
+    /// lost every outstanding command completes with the error; after that
+    /// (nothing left to report) `poll` returns the close reason as `Err`.
+    pub fn poll(
+        &mut self,
+        out: &mut Vec<(u64, Result<Completion>)>,
+        wait: Option<Duration>,
+    ) -> Result<usize> {
+        let before = out.len();
+        let now = Instant::now();
+        let drained = self.pass(now, out);
+        if out.len() == before && drained && !self.core.is_closed() {
+            if let Some(w) = wait {
+                let deadline = [self.core.poll_timeout(), self.core.send_deadline()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                let t = deadline.map_or(w, |d| w.min(d.saturating_duration_since(now)));
+                if !t.is_zero() {
+                    self.waits += 1;
+                    if let Err(e) = self.poll.poll(&mut self.events, Some(t)) {
+                        if e.kind() != ErrorKind::Interrupted {
+                            self.core.close(&format!("epoll wait: {e}"));
+                        }
+                    }
+                }
+                let now = Instant::now();
+                self.pass(now, out);
+            }
+        }
+        let n = out.len() - before;
+        if n == 0 && self.core.is_closed() && self.outstanding == 0 {
+            return Err(self.close_error());
+        }
+        Ok(n)
+    }
+
+    /// One pass at `now`; returns whether the reads reached `EWOULDBLOCK`
+    /// (or the queue closed), i.e. whether blocking is safe.
+    fn pass(&mut self, now: Instant, out: &mut Vec<(u64, Result<Completion>)>) -> bool {
+        self.last_now = now;
+        self.core.poll_send(now);
+        self.write();
+        let drained = self.read(now);
+        if now >= self.next_timer {
+            self.core.handle_timeout(now);
+            self.next_timer = now + TIMER_CHECK;
+        }
+        // What the received PDUs made due (H2CData for R2Ts, a TermReq).
+        if self.core.has_transmit() {
+            self.core.poll_send(now);
+            self.write();
+        }
+        self.collect(out);
+        drained || self.core.is_closed()
+    }
+
+    fn write(&mut self) {
+        if let Some(b) = self.core.poll_transmit() {
+            if self.out_pos == self.out.len() {
+                self.out = b;
+                self.out_pos = 0;
+            } else {
+                self.out.extend_from_slice(&b);
+            }
+        }
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => {
+                    self.core.handle_connection_lost("socket write returned 0");
+                    break;
+                }
+                Ok(n) => {
+                    self.out_pos += n;
+                    self.stats.sends += 1;
+                    self.stats.send_bytes += n as u64;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.handle_connection_lost(&format!("write: {e}"));
+                    break;
+                }
+            }
+        }
+        if self.out_pos == self.out.len() && self.out.capacity() > OUT_KEEP_BYTES {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+    }
+
+    /// Reads until `EWOULDBLOCK` (true) or the per-pass cap (false).
+    fn read(&mut self, now: Instant) -> bool {
+        for _ in 0..READS_PER_PASS_MAX {
+            if self.core.is_closed() {
+                return true;
+            }
+            let buf = self.core.read_buf();
+            match self.stream.read(buf) {
+                Ok(0) => {
+                    self.core
+                        .handle_connection_lost("controller closed the connection");
+                    return true;
+                }
+                Ok(n) => {
+                    self.stats.reads += 1;
+                    self.core.handle_read(now, n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.core.handle_connection_lost(&format!("read: {e}"));
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn collect(&mut self, out: &mut Vec<(u64, Result<Completion>)>) {
+        while let Some(ev) = self.core.poll_event() {
+            match ev {
+                Event::Complete { token, result } => {
+                    self.outstanding = self.outstanding.saturating_sub(1);
+                    self.stats.completions += 1;
+                    out.push((token, result));
+                }
+                Event::TimedOut { qid, cid, opcode } => {
+                    if let Some(t) = &self.timeouts {
+                        let _ = t.send(TimedOutCommand { qid, cid, opcode });
+                    }
+                }
+                Event::Closed(e) => {
+                    tracing::debug!(qid = self.qid, error = %e, "direct queue closed");
+                    self.close_reason = Some(e);
+                }
+            }
+        }
+    }
+
+    fn close_error(&self) -> HostError {
+        self.close_reason
+            .clone()
+            .unwrap_or_else(|| HostError::ConnectionLost(format!("queue {} closed", self.qid)))
+    }
+}
+
+impl AsRawFd for DirectQueue {
+    /// The socket (to wait on several queues at once, e.g. with poll(2)).
+    fn as_raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
+impl Drop for DirectQueue {
+    fn drop(&mut self) {
+        // Best effort: a final TermReq the core queued, then close.
+        if let Some(b) = self.core.poll_transmit() {
+            let _ = self.stream.write(&b);
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}

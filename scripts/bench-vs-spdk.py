@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""Sluice against SPDK on this machine, side by side, in one run.
+
+    scripts/bench-vs-spdk.sh SPDK_DIR [--runtime S] [--repeats N] [--rows ...]
+                                      [--engines direct,async] [--write-doc]
+
+SPDK_DIR is an SPDK tree built by scripts/build-spdk.sh (build/bin/nvmf_tgt,
+build/bin/spdk_nvme_perf, scripts/rpc.py). Each pair runs with the target
+pinned to CPU 0 and the host to CPU 1, on loopback, a 4 KiB-block RAM/malloc
+namespace of 512 MiB, no digests. The pairs:
+
+  perf>spdk      spdk_nvme_perf -> nvmf_tgt                (the SPDK pair)
+  perf>sluice    spdk_nvme_perf -> sluice target (adaptive)
+  bench>spdk     sluice bench (adaptive) -> nvmf_tgt
+  bench-busy>spdk sluice bench (busy-poll) -> nvmf_tgt
+  bench>sluice   sluice bench -> sluice target (both adaptive)
+
+and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
+QD 1 (mean latency too), 128 KiB sequential read QD 8 (bandwidth). Each cell
+is the median of --repeats runs of --runtime seconds, with the range. The
+repeats interleave the pairs (pair A, B, C, ... then again), so a slow minute
+hits every pair alike. CPU: the target's and the host's CPU-seconds over each
+run (from /proc), so IOPS per CPU-second covers both sides; nvmf_tgt and
+spdk_nvme_perf busy-poll a core each by design.
+
+Prints a markdown table with ratios; with --write-doc also replaces the block
+between the markers in docs/benchmarks.md. Run it on a quiet machine: a
+compile beside it halves the numbers.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLUICE = ROOT / "target" / "release" / "sluice"
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- bench-vs-spdk: begin -->"
+END = "<!-- bench-vs-spdk: end -->"
+PORT_SPDK = 34720
+PORT_SLUICE = 34721
+NQN_SPDK = "nqn.2016-06.io.spdk:bench"
+NQN_SLUICE = "nqn.2026-11.io.sluice:bench"
+TARGET_CPU = 0
+HOST_CPU = 1
+
+ROWS = {
+    "4k-randread-qd32": dict(rw="randread", bs=4096, qd=32, label="4K randread QD32"),
+    "4k-randwrite-qd32": dict(rw="randwrite", bs=4096, qd=32, label="4K randwrite QD32"),
+    "4k-randread-qd1": dict(rw="randread", bs=4096, qd=1, label="4K randread QD1"),
+    "128k-read-qd8": dict(rw="read", bs=131072, qd=8, label="128K read QD8"),
+}
+
+
+def die(msg):
+    print(f"bench-vs-spdk: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def cpu_s(pid):
+    """utime + stime of a process and its threads, in seconds."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_port(port, timeout=15):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    die(f"port {port} never opened")
+
+
+class SpdkTarget:
+    def __init__(self, spdk, work):
+        self.sock = str(Path(work) / "spdk.sock")
+        self.log = open(Path(work) / "nvmf_tgt.log", "w")
+        self.p = subprocess.Popen(
+            ["taskset", "-c", str(TARGET_CPU), f"{spdk}/build/bin/nvmf_tgt", "-m", "0x1",
+             "--disable-cpumask-locks", "-r", self.sock],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(100):
+            if Path(self.sock).exists():
+                break
+            time.sleep(0.1)
+        env = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""))
+        rpc = [f"{spdk}/scripts/rpc.py", "-s", self.sock]
+        for args in (["nvmf_create_transport", "-t", "TCP"],
+                     ["bdev_malloc_create", "-b", "Malloc0", "512", "4096"],
+                     ["nvmf_create_subsystem", NQN_SPDK, "-a", "-s", "SPDK0001"],
+                     ["nvmf_subsystem_add_ns", NQN_SPDK, "Malloc0"],
+                     ["nvmf_subsystem_add_listener", NQN_SPDK, "-t", "tcp", "-a", "127.0.0.1",
+                      "-s", str(PORT_SPDK)]):
+            subprocess.run(rpc + args, env=env, check=True, stdout=subprocess.DEVNULL)
+        wait_port(PORT_SPDK)
+
+    def stop(self):
+        self.p.send_signal(signal.SIGINT)
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+class SluiceTarget:
+    def __init__(self, work):
+        cfg = Path(work) / "target.toml"
+        cfg.write_text(f"""
+[target]
+listen = "127.0.0.1:{PORT_SLUICE}"
+discovery_listen = ""
+workers = 1
+polling = "adaptive"
+
+[[subsystem]]
+nqn = "{NQN_SLUICE}"
+allow_any_host = true
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "512MiB"
+block_size = 4096
+""")
+        self.log = open(Path(work) / "sluice-target.log", "w")
+        self.p = subprocess.Popen(
+            ["taskset", "-c", str(TARGET_CPU), str(SLUICE), "target", "--config", str(cfg)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_port(PORT_SLUICE)
+
+    def stop(self):
+        self.p.send_signal(signal.SIGINT)
+        try:
+            self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+def run_perf(spdk, port, nqn, row, runtime):
+    """spdk_nvme_perf: (IOPS, MiB/s, mean latency us, host CPU-s)."""
+    r = ROWS[row]
+    cmd = ["/usr/bin/time", "-f", "CPU %U %S", f"{spdk}/build/bin/spdk_nvme_perf",
+           "-c", hex(1 << HOST_CPU), "-q", str(r["qd"]), "-o", str(r["bs"]), "-w", r["rw"],
+           "-t", str(runtime),
+           "-r", f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
+    text = out.stdout + out.stderr
+    m = re.search(r"^Total\s*:\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
+    c = re.search(r"^CPU ([\d.]+) ([\d.]+)", text, re.M)
+    if not m:
+        raise RuntimeError(f"spdk_nvme_perf gave no Total line:\n{text[-2000:]}")
+    cpu = float(c.group(1)) + float(c.group(2)) if c else 0.0
+    return float(m.group(1)), float(m.group(2)), float(m.group(3)), cpu
+
+
+def run_bench(port, nqn, row, runtime, polling, engine):
+    r = ROWS[row]
+    cmd = ["taskset", "-c", str(HOST_CPU), str(SLUICE), "bench", "--target", f"127.0.0.1:{port}",
+           "--nqn", nqn, "--rw", r["rw"], "--bs", str(r["bs"]), "--qd", str(r["qd"]),
+           "--runtime", str(runtime), "--polling", polling, "--json"]
+    if engine:
+        cmd += ["--engine", engine]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
+    try:
+        rep = json.loads(out.stdout[out.stdout.index("{"):])
+    except (ValueError, json.JSONDecodeError):
+        raise RuntimeError(f"sluice bench failed:\n{out.stdout[-1500:]}\n{out.stderr[-1500:]}")
+    t = rep["total"]
+    if t["errors"]:
+        raise RuntimeError(f"sluice bench reported {t['errors']} errors")
+    return t["iops"], t["bandwidth_mib_s"], t["latency_us_mean"], rep["cpu_user_s"] + rep["cpu_sys_s"]
+
+
+def fmt_iops(v):
+    return f"{v / 1000:.0f}k" if v >= 1000 else f"{v:.0f}"
+
+
+def cell(vals, kind):
+    med = statistics.median(vals)
+    lo, hi = min(vals), max(vals)
+    if kind == "bw":
+        return f"{med / 1024:.2f} GiB/s ({lo / 1024:.2f}-{hi / 1024:.2f})"
+    if kind == "lat":
+        return f"{med:.1f} µs ({lo:.1f}-{hi:.1f})"
+    return f"{fmt_iops(med)} ({fmt_iops(lo)}-{fmt_iops(hi)})"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("spdk_dir")
+    ap.add_argument("--runtime", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--engine", default="", help="sluice bench --engine value (default: bench's default)")
+    ap.add_argument("--write-doc", action="store_true")
+    a = ap.parse_args()
+    spdk = Path(a.spdk_dir).resolve()
+    for b in ("build/bin/nvmf_tgt", "build/bin/spdk_nvme_perf", "scripts/rpc.py"):
+        if not (spdk / b).exists():
+            die(f"{spdk / b} is missing: build SPDK with scripts/build-spdk.sh first")
+    rows = a.rows.split(",")
+    for r in rows:
+        if r not in ROWS:
+            die(f"--rows: unknown row {r!r} (known: {', '.join(ROWS)})")
+    if a.runtime < 1 or a.repeats < 1:
+        die("--runtime and --repeats must be at least 1")
+    if os.cpu_count() < 2:
+        die("needs two CPUs (target on 0, host on 1)")
+    if int(Path("/proc/sys/vm/nr_hugepages").read_text()) < 1024:
+        Path("/proc/sys/vm/nr_hugepages").write_text("1024")
+    subprocess.run(["cargo", "build", "-q", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
+
+    work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
+    pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice"]
+    # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
+    results = {p: {r: [] for r in rows} for p in pairs}
+    # One target at a time: nvmf_tgt's reactor spins on CPU 0 even when
+    # idle, so a Sluice target beside it would get half the core.
+    for rep in range(a.repeats):
+        for target_kind in ("spdk", "sluice"):
+            tgt = SpdkTarget(spdk, work) if target_kind == "spdk" else SluiceTarget(work)
+            port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
+            try:
+                for row in rows:
+                    for pair in (p for p in pairs if p.endswith(">" + target_kind)):
+                        t0 = cpu_s(tgt.p.pid)
+                        if pair.startswith("perf"):
+                            iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
+                        else:
+                            polling = "busy-poll" if pair.startswith("bench-busy") else "adaptive"
+                            iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine)
+                        tcpu = cpu_s(tgt.p.pid) - t0
+                        results[pair][row].append((iops, mib, lat, hcpu + tcpu))
+                        print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
+                              f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
+            finally:
+                tgt.stop()
+
+    def med(pair, row, i):
+        return statistics.median(v[i] for v in results[pair][row])
+
+    def per_cpu(pair, row):
+        return statistics.median(v[0] * a.runtime / v[3] if v[3] > 0 else 0 for v in results[pair][row])
+
+    lines = []
+    lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
+                 f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
+                 f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
+                 f"namespace, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time, alternating) "
+                 f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}.")
+    lines.append("")
+    lines.append("| workload | " + " | ".join(pairs) + " |")
+    lines.append("|---|" + "---|" * len(pairs))
+    for row in rows:
+        kind = "bw" if ROWS[row]["bs"] > 4096 else "iops"
+        cells = [cell([v[1 if kind == "bw" else 0] for v in results[p][row]], kind) for p in pairs]
+        lines.append(f"| {ROWS[row]['label']} | " + " | ".join(cells) + " |")
+        if ROWS[row]["qd"] == 1:
+            cells = [cell([v[2] for v in results[p][row]], "lat") for p in pairs]
+            lines.append(f"| {ROWS[row]['label']} mean latency | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Ratios of medians (the goals: each ≥ 1.0; the Sluice pair also ≥ 1.5x the SPDK pair's "
+                 "IOPS per CPU-second; QD 1 also as latency, lower is better):")
+    lines.append("")
+    lines.append("| workload | perf>sluice / perf>spdk | bench>spdk / perf>spdk | bench-busy>spdk / bench>spdk "
+                 "| bench>sluice / perf>spdk | IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for row in rows:
+        i = 1 if ROWS[row]["bs"] > 4096 else 0
+        base = med("perf>spdk", row, i)
+        r1 = med("perf>sluice", row, i) / base
+        r2 = med("bench>spdk", row, i) / base
+        r3 = med("bench-busy>spdk", row, i) / med("bench>spdk", row, i)
+        r4 = med("bench>sluice", row, i) / base
+        lines.append(f"| {ROWS[row]['label']} | {r1:.2f} | {r2:.2f} | {r3:.2f} | {r4:.2f} | "
+                     f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if a.write_doc:
+        doc = DOC.read_text()
+        block = f"{BEGIN}\n{table}\n{END}"
+        if BEGIN in doc and END in doc:
+            doc = doc[:doc.index(BEGIN)] + block + doc[doc.index(END) + len(END):]
+        else:
+            doc += "\n## Against SPDK on this machine\n\n" + block + "\n"
+        DOC.write_text(doc)
+        print(f"\nwrote the table into {DOC}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
