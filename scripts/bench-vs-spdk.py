@@ -7,13 +7,16 @@
 SPDK_DIR is an SPDK tree built by scripts/build-spdk.sh (build/bin/nvmf_tgt,
 build/bin/spdk_nvme_perf, scripts/rpc.py). Each pair runs with the target
 pinned to CPU 0 and the host to CPU 1, on loopback, a 4 KiB-block RAM/malloc
-namespace of 512 MiB, no digests. The pairs:
+namespace of 512 MiB, no digests, written whole once after each target
+starts (Sluice's RAM backend is sparse: unwritten ranges read as zeros
+without touching memory, and a first write faults its chunk in). The pairs:
 
   perf>spdk      spdk_nvme_perf -> nvmf_tgt                (the SPDK pair)
   perf>sluice    spdk_nvme_perf -> sluice target (adaptive)
   bench>spdk     sluice bench (adaptive) -> nvmf_tgt
   bench-busy>spdk sluice bench (busy-poll) -> nvmf_tgt
   bench>sluice   sluice bench -> sluice target (both adaptive)
+  bench-busy>sluice-busy  both in busy-poll mode (as the SPDK pair always is)
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
 QD 1 (mean latency too), 128 KiB sequential read QD 8 (bandwidth). Each cell
@@ -119,14 +122,14 @@ class SpdkTarget:
 
 
 class SluiceTarget:
-    def __init__(self, work):
+    def __init__(self, work, polling="adaptive"):
         cfg = Path(work) / "target.toml"
         cfg.write_text(f"""
 [target]
 listen = "127.0.0.1:{PORT_SLUICE}"
 discovery_listen = ""
 workers = 1
-polling = "adaptive"
+polling = "{polling}"
 
 [[subsystem]]
 nqn = "{NQN_SLUICE}"
@@ -186,6 +189,21 @@ def run_bench(port, nqn, row, runtime, polling, engine):
     return t["iops"], t["bandwidth_mib_s"], t["latency_us_mean"], rep["cpu_user_s"] + rep["cpu_sys_s"]
 
 
+def precondition(spdk, port, nqn):
+    """Writes the whole namespace once (128 KiB sequential writes for 3 s,
+    several passes), so every row measures written memory: Sluice's RAM
+    backend is sparse (a read of a never-written range fills zeros without
+    touching memory, a first write allocates and faults its chunk), while
+    SPDK's malloc bdev is allocated up front."""
+    cmd = [f"{spdk}/build/bin/spdk_nvme_perf", "-c", hex(1 << HOST_CPU), "-q", "16", "-o", "131072",
+           "-w", "write", "-t", "3",
+           "-r", f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    m = re.search(r"^Total\s*:\s*([\d.]+)\s+([\d.]+)", out.stdout + out.stderr, re.M)
+    if not m or float(m.group(2)) * 3 < 512 * 1.5:
+        raise RuntimeError(f"preconditioning wrote too little:\n{(out.stdout + out.stderr)[-1500:]}")
+
+
 def fmt_iops(v):
     return f"{v / 1000:.0f}k" if v >= 1000 else f"{v:.0f}"
 
@@ -226,16 +244,21 @@ def main():
     subprocess.run(["cargo", "build", "-q", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
-    pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice"]
+    pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice",
+             "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
     # One target at a time: nvmf_tgt's reactor spins on CPU 0 even when
     # idle, so a Sluice target beside it would get half the core.
     for rep in range(a.repeats):
-        for target_kind in ("spdk", "sluice"):
-            tgt = SpdkTarget(spdk, work) if target_kind == "spdk" else SluiceTarget(work)
+        for target_kind in ("spdk", "sluice", "sluice-busy"):
+            if target_kind == "spdk":
+                tgt = SpdkTarget(spdk, work)
+            else:
+                tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive")
             port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
             try:
+                precondition(spdk, port, nqn)
                 for row in rows:
                     for pair in (p for p in pairs if p.endswith(">" + target_kind)):
                         t0 = cpu_s(tgt.p.pid)
@@ -261,7 +284,7 @@ def main():
     lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
-                 f"namespace, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time, alternating) "
+                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time, alternating) "
                  f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}.")
     lines.append("")
     lines.append("| workload | " + " | ".join(pairs) + " |")
@@ -278,8 +301,9 @@ def main():
                  "IOPS per CPU-second; QD 1 also as latency, lower is better):")
     lines.append("")
     lines.append("| workload | perf>sluice / perf>spdk | bench>spdk / perf>spdk | bench-busy>spdk / bench>spdk "
-                 "| bench>sluice / perf>spdk | IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair |")
-    lines.append("|---|---|---|---|---|---|---|")
+                 "| bench>sluice / perf>spdk | bench-busy>sluice-busy / perf>spdk "
+                 "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for row in rows:
         i = 1 if ROWS[row]["bs"] > 4096 else 0
         base = med("perf>spdk", row, i)
@@ -287,7 +311,8 @@ def main():
         r2 = med("bench>spdk", row, i) / base
         r3 = med("bench-busy>spdk", row, i) / med("bench>spdk", row, i)
         r4 = med("bench>sluice", row, i) / base
-        lines.append(f"| {ROWS[row]['label']} | {r1:.2f} | {r2:.2f} | {r3:.2f} | {r4:.2f} | "
+        r5 = med("bench-busy>sluice-busy", row, i) / base
+        lines.append(f"| {ROWS[row]['label']} | {r1:.2f} | {r2:.2f} | {r3:.2f} | {r4:.2f} | {r5:.2f} | "
                      f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} |")
     table = "\n".join(lines)
     print()
