@@ -523,13 +523,24 @@ pub fn validate_common_header(ch: &CommonHeader, p: &RxParams) -> Result<PduLayo
     })
 }
 
-/// What [`validate_common_header`] and the header decode ignored in a
-/// host-to-controller PDU header `raw` (at least the common header)
-/// carrying `data_len` bytes of data: "flags" for reserved FLAGS bits,
-/// "pdo" for PDO in a PDU without data, "ddgstf" for DDGSTF on a capsule
-/// without data, "reserved" for non-zero reserved bits or bytes of an
-/// ICReq (DGST bits 7:2, bytes 16-127) or an H2CData (bytes 20-23).
-pub fn ignored_header_fields(raw: &[u8], data_len: usize) -> impl Iterator<Item = &'static str> {
+/// A header field that [`validate_common_header`] and the header decode
+/// ignore in a host-to-controller PDU (as Linux nvmet and SPDK do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IgnoredField {
+    /// Non-zero reserved bits or bytes of an ICReq (DGST bits 7:2, bytes
+    /// 16-127) or an H2CData (bytes 20-23).
+    ReservedBytes,
+    /// Reserved FLAGS bits.
+    ReservedFlags,
+    /// PDO in a PDU without data.
+    OffsetWithoutData,
+    /// DDGSTF on a capsule without data.
+    DdgstfWithoutData,
+}
+
+/// The fields of host-to-controller PDU header `raw` (at least the common
+/// header), carrying `data_len` bytes of data, that were ignored.
+pub fn ignored_header_fields(raw: &[u8], data_len: usize) -> impl Iterator<Item = IgnoredField> {
     let (t, f, pdo) = match *raw {
         [t, f, _, pdo, ..] => (t, f, pdo),
         _ => (pdu_type::IC_REQ, 0, 0),
@@ -546,10 +557,10 @@ pub fn ignored_header_fields(raw: &[u8], data_len: usize) -> impl Iterator<Item 
         _ => false,
     };
     [
-        ("reserved", reserved),
-        ("flags", f & !allowed_flags(t) != 0),
-        ("pdo", pdo != 0 && no_data),
-        ("ddgstf", capsule_ddgstf),
+        (IgnoredField::ReservedBytes, reserved),
+        (IgnoredField::ReservedFlags, f & !allowed_flags(t) != 0),
+        (IgnoredField::OffsetWithoutData, pdo != 0 && no_data),
+        (IgnoredField::DdgstfWithoutData, capsule_ddgstf),
     ]
     .into_iter()
     .filter_map(|(n, on)| on.then_some(n))

@@ -413,7 +413,7 @@ fn icreq_reserved_bytes_are_ignored_icresp_reserved_bytes_are_not() {
     ));
     let ignored: Vec<_> =
         sluice_proto::pdu::ignored_header_fields(p.raw_header, p.data.len()).collect();
-    assert_eq!(ignored, ["reserved"]);
+    assert_eq!(ignored, [IgnoredField::ReservedBytes]);
 
     let mut w = Vec::new();
     encode_pdu(

@@ -64,7 +64,7 @@ impl QueueConnection {
                 "{} bytes of in-capsule data, limit {inline_max_bytes}",
                 data.len()
             ));
-            self.fatal(&e, header, now);
+            self.fatal(&e, header);
             return;
         }
         if self.state == ConnState::Ready {
@@ -94,7 +94,7 @@ impl QueueConnection {
             let e = DecodeError::Sequence(format!(
                 "more than {depth} outstanding commands (queue depth exceeded)"
             ));
-            self.fatal(&e, header, now);
+            self.fatal(&e, header);
             return;
         }
         if self.cmds.has_cid(cid) {
@@ -169,6 +169,10 @@ impl QueueConnection {
     /// (its completion would name the new command). Any other CID still in
     /// use is a conflict.
     fn drop_abandoned_aer(&mut self, cid: u16) {
+        // I/O queues never hold AERs: no CID lookup on their hot path.
+        if self.exec.held_aers.is_empty() {
+            return;
+        }
         let Some(slot) = self.cmds.slot_of(cid) else {
             return;
         };

@@ -412,7 +412,7 @@ impl QueueConnection {
                 Ok(None) => return,
                 Err(e) => {
                     let quote = framer.current_header().to_vec();
-                    self.fatal(&e, &quote, now);
+                    self.fatal(&e, &quote);
                     return;
                 }
             };
@@ -429,7 +429,7 @@ impl QueueConnection {
                 PduHeader::H2CData(d) => {
                     if let Err(e) = self.handle_h2c_data(d, pdu.data, pdu.data_digest_ok, now) {
                         let quote = pdu.raw_header.to_vec();
-                        self.fatal(&e, &quote, now);
+                        self.fatal(&e, &quote);
                         return;
                     }
                 }
@@ -447,7 +447,7 @@ impl QueueConnection {
                     let e =
                         DecodeError::Sequence(format!("unexpected PDU {:#04x}", other.pdu_type()));
                     let quote = pdu.raw_header.to_vec();
-                    self.fatal(&e, &quote, now);
+                    self.fatal(&e, &quote);
                     return;
                 }
             }
@@ -457,7 +457,7 @@ impl QueueConnection {
     // ---------------------------------------------------------------- life
 
     /// A protocol error: C2HTermReq quoting the offending header, then close.
-    fn fatal(&mut self, e: &DecodeError, quote: &[u8], _now: Instant) {
+    fn fatal(&mut self, e: &DecodeError, quote: &[u8]) {
         tracing::warn!(error = %e, fes = e.fes(), "protocol error; sending C2HTermReq and closing");
         let t = pdu::term_req_for(e, quote);
         let data = t.data.clone();
@@ -505,13 +505,14 @@ impl QueueConnection {
 /// `sluice_proto::pdu::validate_common_header`).
 fn note_ignored_fields(raw_header: &[u8], data_len: usize) {
     use crate::tolerated::{note, Tolerated};
+    use pdu::IgnoredField;
     let t = raw_header.first().copied().unwrap_or(0);
     for f in pdu::ignored_header_fields(raw_header, data_len) {
         let case = match f {
-            "flags" => Tolerated::PduReservedFlags,
-            "pdo" => Tolerated::PduOffsetWithoutData,
-            "reserved" => Tolerated::PduReservedBytes,
-            _ => Tolerated::CapsuleDdgstfWithoutData,
+            IgnoredField::ReservedFlags => Tolerated::PduReservedFlags,
+            IgnoredField::OffsetWithoutData => Tolerated::PduOffsetWithoutData,
+            IgnoredField::ReservedBytes => Tolerated::PduReservedBytes,
+            IgnoredField::DdgstfWithoutData => Tolerated::CapsuleDdgstfWithoutData,
         };
         note(
             case,
