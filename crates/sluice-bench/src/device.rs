@@ -93,5 +93,6 @@ pub(crate) async fn open_volume(
                 args.control
             )
         })?;
+    v.set_eio(args.eio);
     Ok(Device::Volume(Arc::new(v)))
 }

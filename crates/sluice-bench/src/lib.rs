@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// File holding the control plane's bearer token, with --volume.
     #[arg(long, env = "SLUICE_TOKEN_FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// With --volume: pass the volume's I/O through the eIO scheduler
+    /// (Flint's PIFO; docs/isolation-volumes.md).
+    #[arg(long, requires = "volume")]
+    pub eio: bool,
     /// Namespace ID (default: the first active one).
     #[arg(long)]
     pub(crate) nsid: Option<u32>,
@@ -240,6 +244,7 @@ impl BenchArgs {
             volume: None,
             control: "127.0.0.1:9500".into(),
             token_file: None,
+            eio: false,
             nsid: None,
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:5a1c0000-0000-4000-8000-000000000001".into(),
             cgroup: None,
@@ -584,6 +589,9 @@ fn floor_spec(jobs: &[JobSpec], server_cpu: Option<usize>) -> floor::FloorSpec {
 pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     if args.volume.is_none() && (args.target.is_empty() || args.nqn.is_empty()) {
         bail!("give --target and --nqn, or --volume (with --control)");
+    }
+    if args.eio && args.volume.is_none() {
+        bail!("--eio schedules a volume's I/O: give --volume (with --control)");
     }
     let jobs = spec::jobs_from_args(&args)?;
     if jobs.is_empty() || jobs.len() > JOBS_MAX {

@@ -61,6 +61,20 @@ pub struct ControlArgs {
     /// the rate spaces their starts).
     #[arg(long, default_value_t = 4)]
     rebuild_parallel: usize,
+    /// Serve the shadow view's Prometheus metrics (/metrics) and JSON
+    /// (/v1/view) here, with --token-file's token.
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+    /// Shadow view: time between bottleneck analyses.
+    #[arg(long, default_value_t = 100)]
+    view_epoch_ms: u64,
+    /// Shadow view: span of every sliding window.
+    #[arg(long, default_value_t = 1000)]
+    view_window_ms: u64,
+    /// Shadow view: a drive whose mean queueing delay reaches this is
+    /// congested.
+    #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
+    view_queue_delay_us: f64,
 }
 
 pub fn control(a: ControlArgs) -> Result<()> {
@@ -76,6 +90,19 @@ pub fn control(a: ControlArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--rebuild-rate/--rebuild-parallel: {e}"))?;
     sluice_control::auth::check_listen(a.listen, cfg.token.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
+    cfg.view.epoch_us = a.view_epoch_ms.saturating_mul(1000);
+    cfg.view.window_us = a.view_window_ms.saturating_mul(1000);
+    cfg.view.queue_delay_us_congested = a.view_queue_delay_us;
+    cfg.view.check().map_err(|e| {
+        anyhow::anyhow!("--view-epoch-ms/--view-window-ms/--view-queue-delay-us: {e}")
+    })?;
+    if let Some(addr) = a.admin_listen {
+        sluice_control::auth::check_listen(addr, cfg.token.as_ref())
+            .map_err(|e| anyhow::anyhow!("--admin-listen: {e}"))?;
+        let mut admin = sluice_admin::AdminConfig::new(addr);
+        admin.token = cfg.token.clone();
+        cfg.admin = Some(admin);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -32,6 +32,10 @@ pub struct RemoteArgs {
     /// File holding the control plane's bearer token, with --volume.
     #[arg(long, env = "SLUICE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// With --volume: pass the volume's I/O through the eIO scheduler
+    /// (Flint's PIFO; docs/isolation-volumes.md).
+    #[arg(long, requires = "volume")]
+    pub eio: bool,
     /// Subsystem NQN (required unless `nbd --export` gives exports).
     #[arg(long)]
     pub nqn: Option<String>,
@@ -213,6 +217,9 @@ async fn open_device(
     r: &Remote<'_>,
 ) -> Result<(Option<Controller>, RemoteDevice, String)> {
     let Some(name) = &a.volume else {
+        if a.eio {
+            bail!("--eio schedules a volume's I/O: give --volume (with --control)");
+        }
         let (c, ns, hostnqn) = connect(r).await?;
         return Ok((Some(c), RemoteDevice::Namespace(ns), hostnqn));
     };
@@ -234,7 +241,8 @@ async fn open_device(
                 a.control
             )
         })?;
-    info!(volume = %name, block_size_bytes = v.block_size_bytes(), size_blocks = v.size_blocks(), "volume opened");
+    v.set_eio(a.eio);
+    info!(volume = %name, block_size_bytes = v.block_size_bytes(), size_blocks = v.size_blocks(), eio = a.eio, "volume opened");
     Ok((None, RemoteDevice::Volume(Arc::new(v)), hostnqn))
 }
 

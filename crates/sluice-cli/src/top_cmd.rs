@@ -1,4 +1,7 @@
-//! `sluice top`: live per-tenant view polled from a target's admin endpoint.
+//! `sluice top`: live per-tenant view polled from a target's admin endpoint,
+//! or, with `--control`, the shadow view of a control plane: every drive,
+//! target port and client with its throughput, latency and queueing delay,
+//! the congested ones, and the victim sessions of the last analysis.
 
 use anyhow::{bail, Context, Result};
 use sluice_admin::schema::{interval_quantile, TenantStats, TenantStatsReport};
@@ -19,6 +22,95 @@ pub struct TopArgs {
     /// Stop after this many samples (default: run until interrupted).
     #[arg(long)]
     pub count: Option<u64>,
+    /// Show the shadow view of the control plane at HOST:PORT instead of a
+    /// target's tenants.
+    #[arg(long)]
+    pub control: Option<String>,
+    /// File holding the control plane's bearer token, with --control.
+    #[arg(long, env = "SLUICE_TOKEN_FILE", requires = "control")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+fn kind_name(e: Option<&sluice_control::pb::ViewEntity>) -> String {
+    use sluice_control::pb::view_entity::Kind;
+    match e.and_then(|e| e.kind.as_ref()) {
+        Some(Kind::Drive(d)) => format!("drive d{d}"),
+        Some(Kind::IoPipe(p)) => format!("port {p}"),
+        Some(Kind::NetPipe(c)) => format!("client {c}"),
+        None => "?".into(),
+    }
+}
+
+/// Renders one view snapshot as a table.
+pub fn render_view(s: &sluice_control::pb::ViewSnapshot) -> String {
+    let mut out = format!(
+        "{:<34} {:>10} {:>9} {:>10} {:>10} {:>6} {:>5}\n",
+        "ENTITY", "MB/s", "IOPS", "LAT us", "QDELAY us", "BUSY", "CONG"
+    );
+    for v in &s.entities {
+        let w = v.stats.unwrap_or_default();
+        out.push_str(&format!(
+            "{:<34} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>5}\n",
+            kind_name(v.entity.as_ref()),
+            w.bytes_per_sec / 1e6,
+            w.iops,
+            w.latency_us_mean,
+            w.queue_delay_us_mean,
+            v.busy_degree,
+            if v.congested { "yes" } else { "" }
+        ));
+    }
+    let r = s.report.clone().unwrap_or_default();
+    out.push_str(&format!("epoch {}: ", r.epoch));
+    if r.victims.is_empty() {
+        out.push_str("no congestion\n");
+    } else {
+        let v: Vec<String> = r
+            .victims
+            .iter()
+            .map(|v| {
+                format!(
+                    "{}->d{} (by {})",
+                    v.client,
+                    v.drive,
+                    kind_name(v.bound.as_ref())
+                )
+            })
+            .collect();
+        out.push_str(&format!("victims {}\n", v.join(", ")));
+    }
+    out
+}
+
+fn run_view(a: &TopArgs, control: &str) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime")?;
+    let token = a
+        .token_file
+        .as_deref()
+        .map(sluice_admin::BearerToken::from_file)
+        .transpose()?;
+    let client = {
+        let _g = rt.enter();
+        sluice_control::ControlClient::new(control, token.as_ref())?
+    };
+    let mut n = 0u64;
+    loop {
+        let snap = rt
+            .block_on(client.view_query(sluice_control::pb::ViewQueryRequest {
+                entities: vec![],
+                all: true,
+            }))
+            .with_context(|| format!("querying the view of the control plane at {control}"))?;
+        println!("{}", render_view(&snap));
+        n += 1;
+        if a.count.is_some_and(|c| n >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs_f64(a.interval));
+    }
 }
 
 /// Decodes `GET /v1/stats` into per-tenant samples.
@@ -51,6 +143,9 @@ fn fmt_lat(s: Option<f64>) -> String {
 pub fn run(a: TopArgs) -> Result<()> {
     if a.interval.is_nan() || a.interval <= 0.0 {
         bail!("--interval must be positive");
+    }
+    if let Some(c) = a.control.clone() {
+        return run_view(&a, &c);
     }
     let token = a.admin_token.as_deref().filter(|t| !t.is_empty());
     let scrape = || scrape(&a.admin, token);

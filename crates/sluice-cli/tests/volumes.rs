@@ -460,3 +460,88 @@ fn drives_are_found_through_discovery() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("0 drive(s) added"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("already in the pool"));
 }
+
+#[test]
+fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let tport = free_port();
+    let listen = format!("127.0.0.1:{tport}");
+    let _target = spawn(&[
+        "target",
+        "--listen",
+        &listen,
+        "--discovery-listen",
+        "",
+        "--ram-size",
+        "64MiB",
+    ]);
+    let (cport, aport) = (free_port(), free_port());
+    let control = format!("127.0.0.1:{cport}");
+    let admin = format!("127.0.0.1:{aport}");
+    let meta = format!("redb:{}", dir.path().join("meta.redb").display());
+    let _control = spawn(&[
+        "control",
+        "--listen",
+        &control,
+        "--metadata",
+        &meta,
+        "--admin-listen",
+        &admin,
+        "--view-epoch-ms",
+        "50",
+    ]);
+    for p in [tport, cport, aport] {
+        wait_port(p);
+    }
+    let c = ["--control", control.as_str()];
+    ok(&[&["drive", "add", &listen, NQN], &c[..]].concat());
+    ok(&[&["volume", "create", "v", "--size", "16MiB"], &c[..]].concat());
+    let out = ok(&[
+        &[
+            "bench", "--volume", "v", "--eio", "--rw", "randrw", "--bs", "4k-64k", "--qd", "8",
+            "--ios", "400", "--verify", "--json",
+        ],
+        &c[..],
+    ]
+    .concat());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["total"]["ios"], 400, "{out}");
+    assert_eq!(v["total"]["verify_errors"], 0, "{out}");
+
+    // The bench's agent reported its I/O: the view knows the drive, the
+    // target port and the bench as a client.
+    let top = ok(&[&["top", "--count", "1"], &c[..]].concat());
+    assert!(top.contains("drive d0"), "{top}");
+    assert!(top.contains(&format!("port {listen}")), "{top}");
+    assert!(top.contains("client "), "{top}");
+    assert!(top.contains("epoch "), "{top}");
+    let metrics = sluice_admin::client::request(&admin, "GET", "/metrics", "", None).unwrap();
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics
+            .body
+            .contains("sluice_view_drive_bytes_per_second{drive=\"0\"}"),
+        "{}",
+        metrics.body
+    );
+    let view = sluice_admin::client::request(&admin, "GET", "/v1/view", "", None).unwrap();
+    assert!(view.body.contains("\"Drive\": 0"), "{}", view.body);
+
+    for (flag, bad) in [("--view-epoch-ms", "0"), ("--view-queue-delay-us", "-1")] {
+        fails(&["control", "--metadata", &meta, flag, bad], flag);
+    }
+    fails(
+        &[
+            "control",
+            "--metadata",
+            &meta,
+            "--admin-listen",
+            "0.0.0.0:0",
+        ],
+        "--admin-listen",
+    );
+    fails(
+        &["bench", "--eio", "--target", "x", "--nqn", "y"],
+        "--volume",
+    );
+}

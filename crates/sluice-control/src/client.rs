@@ -257,4 +257,51 @@ impl ControlClient {
         self.call(|mut s| async move { s.status(pb::StatusRequest {}).await })
             .await
     }
+
+    /// Sends a batch of view samples; the answer carries the counters.
+    pub async fn view_sync(&self, batch: pb::ViewBatch) -> Result<pb::ViewAck, VolumeError> {
+        self.call(|mut s| {
+            let b = batch.clone();
+            async move { s.view_sync(b).await }
+        })
+        .await
+    }
+
+    /// PULL: entities of the view and the latest bottleneck report.
+    pub async fn view_query(
+        &self,
+        req: pb::ViewQueryRequest,
+    ) -> Result<pb::ViewSnapshot, VolumeError> {
+        self.call(|mut s| {
+            let r = req.clone();
+            async move { s.view_query(r).await }
+        })
+        .await
+    }
+
+    /// PUSH: opens the stream on which the controller sends `client`'s part
+    /// of the view every epoch.
+    pub async fn watch_view(
+        &self,
+        client: &str,
+    ) -> Result<tonic::Streaming<pb::ViewPush>, VolumeError> {
+        self.watch_view_with(client, Vec::new()).await
+    }
+
+    /// [`Self::watch_view`] with event subscriptions.
+    pub async fn watch_view_with(
+        &self,
+        client: &str,
+        subscriptions: Vec<pb::ViewSubscription>,
+    ) -> Result<tonic::Streaming<pb::ViewPush>, VolumeError> {
+        let req = pb::WatchViewRequest {
+            client: client.into(),
+            subscriptions,
+        };
+        self.call(|mut s| {
+            let r = req.clone();
+            async move { s.watch_view(r).await }
+        })
+        .await
+    }
 }

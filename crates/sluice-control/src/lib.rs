@@ -19,16 +19,24 @@
 //!   drives it needs (sharing connections between volumes), sends every
 //!   piece of an I/O straight to its drive, drives replication as a chain,
 //!   and calls the control plane only to allocate an extent on first write.
+//! * [`view`]: the shadow view's controller in `sluice control` (Flint §3):
+//!   epochs, PUSH to watching agents, busy degrees for placement, metrics.
+//! * [`view_pb`]: the view's types to and from their gRPC messages.
+//! * [`isolation`]: the client side of Flint's isolation: the view agent's
+//!   task and the eIO gate every volume's I/O passes (Flint §4.5).
 
 pub mod auth;
 pub mod backend;
 pub mod client;
 pub mod error;
+pub mod isolation;
 pub mod leader;
 pub mod pb;
 pub mod probe;
 pub mod rebuild;
 pub mod server;
+pub mod view;
+pub mod view_pb;
 pub mod volume;
 
 pub use client::ControlClient;

@@ -27,7 +27,10 @@ use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
 use crate::rebuild::{RebuildConfig, RebuildProgress, Rebuilder};
+use crate::view::{ViewCollector, ViewHub};
+use crate::view_pb;
 use crate::volume::DrivePool;
+use sluice_flint::ViewControllerConfig;
 
 /// Where the metadata lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +91,10 @@ pub struct ControlConfig {
     pub advertise: Option<String>,
     /// The background rebuild of lost replicas.
     pub rebuild: RebuildConfig,
+    /// The shadow view's windows, epoch and congestion thresholds.
+    pub view: ViewControllerConfig,
+    /// Where to serve `/metrics` and `/v1/view` (none by default).
+    pub admin: Option<sluice_admin::AdminConfig>,
 }
 
 impl ControlConfig {
@@ -111,6 +118,8 @@ impl ControlConfig {
             probe,
             advertise: None,
             rebuild: RebuildConfig::default(),
+            view: ViewControllerConfig::default(),
+            admin: None,
         }
     }
 }
@@ -141,6 +150,9 @@ pub async fn serve(
     }
     cfg.weights.check().map_err(ServeError::Config)?;
     cfg.rebuild.check().map_err(ServeError::Config)?;
+    cfg.view
+        .check()
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     match &cfg.metadata {
         Metadata::Redb(path) => {
             // One process owns the file (redb locks it): it always leads.
@@ -212,6 +224,13 @@ async fn run<S: MetaStore>(
     );
     // A drive may have failed while no control plane ran.
     wake.notify_one();
+    let view = ViewHub::new(cfg.view).map_err(|e| ServeError::Config(e.to_string()))?;
+    view.refresh_drives(&catalog).await;
+    let epochs = tokio::spawn(view.clone().run_epochs(catalog.clone()));
+    let _admin = match cfg.admin.clone() {
+        None => None,
+        Some(admin) => Some(start_admin(admin, view.clone())?),
+    };
     let service = ControlService {
         catalog,
         probe: cfg.probe.clone(),
@@ -220,8 +239,16 @@ async fn run<S: MetaStore>(
         drives,
         rebuilds: progress,
         wake_rebuilder: wake,
+        view,
     };
     let incoming = tokio_stream_listener(listener);
+    // Shutting down ends the PUSH streams first: a graceful shutdown waits
+    // for every open stream, and those never end by themselves.
+    let hub = service.view.clone();
+    let shutdown = async move {
+        shutdown.await;
+        hub.close();
+    };
     let served = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(30))
         .concurrency_limit_per_connection(64)
@@ -233,7 +260,28 @@ async fn run<S: MetaStore>(
         .await
         .map_err(|e| ServeError::Transport(e.to_string()));
     rebuilder.abort();
+    epochs.abort();
     served
+}
+
+/// Serves the view's metrics (`/metrics`) and JSON (`/v1/view`).
+fn start_admin(
+    cfg: sluice_admin::AdminConfig,
+    view: Arc<ViewHub>,
+) -> Result<sluice_admin::AdminServer, ServeError> {
+    let mut reg = prometheus_client::registry::Registry::default();
+    reg.register_collector(Box::new(ViewCollector(view.clone())));
+    let app = sluice_admin::compose(
+        &cfg,
+        [
+            sluice_admin::routes::metrics(Arc::new(reg)),
+            sluice_admin::routes::get_json("/v1/view", move || view.snapshot_all()),
+        ],
+    );
+    let s = sluice_admin::AdminServer::start(cfg, app)
+        .map_err(|e| ServeError::Transport(format!("admin endpoint: {e}")))?;
+    tracing::info!(addr = %s.local_addr(), "control admin endpoint ready (/metrics, /v1/view)");
+    Ok(s)
 }
 
 fn tokio_stream_listener(
@@ -253,6 +301,8 @@ struct ControlService<S> {
     rebuilds: Arc<RebuildProgress>,
     /// Starts a rebuild scan now (a drive failed).
     wake_rebuilder: Arc<tokio::sync::Notify>,
+    /// The shadow view.
+    view: Arc<ViewHub>,
 }
 
 /// Zeroes every replica of a new extent before it is committed (see
@@ -306,8 +356,109 @@ fn st(e: CatalogError) -> Status {
     status_of(&e)
 }
 
+/// A bad view message is the caller's fault.
+fn bad_view(e: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// What `WatchView` streams.
+type ViewPushStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<pb::ViewPush, Status>> + Send + 'static>,
+>;
+
 #[tonic::async_trait]
 impl<S: MetaStore> Control for ControlService<S> {
+    type WatchViewStream = ViewPushStream;
+
+    async fn view_sync(&self, req: Request<pb::ViewBatch>) -> Answer<pb::ViewAck> {
+        self.leadership.check()?;
+        let batch = view_pb::batch_from_pb(req.into_inner()).map_err(bad_view)?;
+        let now = self.view.now_us();
+        let ack = self
+            .view
+            .with(|c| c.handle_batch(now, &batch))
+            .map_err(bad_view)?;
+        if ack.unknown_drive_samples > 0 {
+            self.view.drives_unknown();
+        }
+        ok(view_pb::ack_to_pb(&ack))
+    }
+
+    async fn view_query(&self, req: Request<pb::ViewQueryRequest>) -> Answer<pb::ViewSnapshot> {
+        self.leadership.check()?;
+        let r = req.into_inner();
+        let now = self.view.now_us();
+        let snap = if r.all {
+            self.view.snapshot_all()
+        } else {
+            let entities = r
+                .entities
+                .iter()
+                .map(|e| view_pb::entity_from_pb(Some(e), "entities"))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(bad_view)?;
+            self.view
+                .with(|c| c.query(&entities, now))
+                .map_err(bad_view)?
+        };
+        ok(view_pb::snapshot_to_pb(&snap))
+    }
+
+    async fn watch_view(
+        &self,
+        req: Request<pb::WatchViewRequest>,
+    ) -> Answer<Self::WatchViewStream> {
+        self.leadership.check()?;
+        let r = req.into_inner();
+        let subs = r
+            .subscriptions
+            .iter()
+            .map(view_pb::subscription_from_pb)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad_view)?;
+        let now = self.view.now_us();
+        let client = r.client;
+        self.view
+            .with(|c| {
+                subs.into_iter()
+                    .try_for_each(|s| c.subscribe(now, &client, s))
+            })
+            .map_err(bad_view)?;
+        let hub = self.view.clone();
+        let rx = hub.subscribe_epochs();
+        let closed = Box::pin(hub.closed());
+        let stream = futures_util::stream::unfold(
+            (hub, rx, client, closed),
+            |(hub, mut rx, client, mut closed)| async move {
+                loop {
+                    let next = tokio::select! {
+                        r = rx.recv() => r,
+                        () = &mut closed => return None,
+                    };
+                    match next {
+                        Ok(fired) => {
+                            let now = hub.now_us();
+                            let snap = hub.with(|c| c.snapshot_for(&client, now));
+                            let push = pb::ViewPush {
+                                snapshot: Some(view_pb::snapshot_to_pb(&snap)),
+                                notifications: fired
+                                    .iter()
+                                    .filter(|n| n.client == client)
+                                    .map(view_pb::notification_to_pb)
+                                    .collect(),
+                            };
+                            return Some((Ok(push), (hub, rx, client, closed)));
+                        }
+                        // A slow watcher skips epochs; the next push is whole.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            },
+        );
+        ok(Box::pin(stream) as ViewPushStream)
+    }
+
     async fn add_drive(&self, req: Request<pb::AddDriveRequest>) -> Answer<pb::Drive> {
         self.leadership.check()?;
         let r = req.into_inner();
@@ -325,6 +476,12 @@ impl<S: MetaStore> Control for ControlService<S> {
             .await
             .map_err(st)?;
         tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
+        if let Err(e) = self
+            .view
+            .with(|c| c.set_drive(u64::from(d.id.0), &d.spec.addr, None))
+        {
+            tracing::warn!(drive = %d.id, error = %e, "view: drive not tracked");
+        }
         ok(pb::Drive::from(&d))
     }
 

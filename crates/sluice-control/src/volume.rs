@@ -29,7 +29,9 @@ use sluice_volume::{DriveId, PieceTarget, VolumeMap, VolumeRecord};
 
 use crate::client::ControlClient;
 use crate::error::VolumeError;
+use crate::isolation::{default_client_name, ClientIsolation, EioPermit};
 use crate::pb;
+use sluice_flint::eio::{EioConfig, IoKind, StreamId};
 
 /// Longest piece sent as one namespace request (the host library splits it
 /// further at the drive's MDTS).
@@ -60,6 +62,8 @@ fn stale_epoch(e: &VolumeError) -> bool {
 #[derive(Debug)]
 pub struct DrivePool {
     opts: ConnectOptions,
+    /// The process's view agent and eIO gate (Flint's isolation).
+    isolation: Arc<ClientIsolation>,
     /// By (address, subsystem NQN, host NQN).
     conns: tokio::sync::Mutex<HashMap<(String, String, String), Controller>>,
 }
@@ -73,15 +77,33 @@ pub const DRIVE_RECONNECT_ATTEMPTS_MAX: u32 = 1;
 pub const DRIVE_RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
 impl DrivePool {
-    pub fn new(mut opts: ConnectOptions) -> Arc<DrivePool> {
+    /// A pool whose client is `HOSTNAME:PID` in the view, with the
+    /// default eIO scheduler.
+    pub fn new(opts: ConnectOptions) -> Arc<DrivePool> {
+        let iso = ClientIsolation::new(&default_client_name(), EioConfig::default())
+            .unwrap_or_else(|e| unreachable!("the default eIO configuration is valid: {e}"));
+        Self::with_isolation(opts, iso)
+    }
+
+    /// A pool with its own view client name and eIO scheduler.
+    pub fn with_isolation(
+        mut opts: ConnectOptions,
+        isolation: Arc<ClientIsolation>,
+    ) -> Arc<DrivePool> {
         let r = &mut opts.reconnect;
         r.attempts_max = r.attempts_max.min(DRIVE_RECONNECT_ATTEMPTS_MAX);
         r.backoff_max = r.backoff_max.min(DRIVE_RECONNECT_BACKOFF_MAX);
         r.backoff_initial = r.backoff_initial.min(r.backoff_max);
         Arc::new(DrivePool {
             opts,
+            isolation,
             conns: tokio::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The process's view agent and eIO gate.
+    pub fn isolation(&self) -> &Arc<ClientIsolation> {
+        &self.isolation
     }
 
     /// Associations open.
@@ -224,6 +246,34 @@ pub struct Volume {
     drives: RwLock<HashMap<DriveId, pb::Drive>>,
     namespaces: tokio::sync::RwLock<HashMap<DriveId, Namespace>>,
     allocations: std::sync::atomic::AtomicU64,
+    /// Whether this volume's I/O passes the eIO scheduler (off by default).
+    eio: std::sync::atomic::AtomicBool,
+    /// This volume's share in the eIO scheduler (1 = equal), as f64 bits.
+    eio_weight: std::sync::atomic::AtomicU64,
+    /// Extents with writes of this client in flight, and how many: their
+    /// replicas may differ until the writes reach the tail.
+    writing: std::sync::Mutex<HashMap<u64, u32>>,
+    /// Extents where a write failed part-way down the chain: their
+    /// replicas may differ for good, so only the tail serves reads.
+    diverged: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Counts a write in flight on an extent for as long as it lives.
+struct Writing<'a> {
+    v: &'a Volume,
+    extent: u64,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut w = sluice_runtime::sync::lock(&self.v.writing);
+        if let Some(n) = w.get_mut(&self.extent) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&self.extent);
+            }
+        }
+    }
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -253,6 +303,7 @@ impl Volume {
             )));
         }
         let hostnqn = map.volume().tenant.as_deref().map(tenant_hostnqn);
+        pool.isolation.start(&control);
         Ok(Volume {
             name: name.to_owned(),
             hostnqn,
@@ -262,6 +313,10 @@ impl Volume {
             drives: RwLock::new(drives),
             namespaces: tokio::sync::RwLock::new(HashMap::new()),
             allocations: std::sync::atomic::AtomicU64::new(0),
+            eio: std::sync::atomic::AtomicBool::new(false),
+            eio_weight: std::sync::atomic::AtomicU64::new(1.0f64.to_bits()),
+            writing: std::sync::Mutex::new(HashMap::new()),
+            diverged: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -281,6 +336,12 @@ impl Volume {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The drive pool this volume uses (shared with the other volumes
+    /// opened on it).
+    pub fn pool(&self) -> &Arc<DrivePool> {
+        &self.pool
     }
 
     /// The volume as last fetched.
@@ -310,6 +371,62 @@ impl Volume {
     /// Extent faults this client resolved through the control plane.
     pub fn allocations(&self) -> u64 {
         self.allocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Switches the eIO scheduler on or off for this volume's I/O (Flint
+    /// §4.5). Off, its I/O goes to the drives as it comes.
+    pub fn set_eio(&self, on: bool) {
+        self.eio.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn eio(&self) -> bool {
+        self.eio.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// This volume's share of the eIO scheduler, relative to others (1 by
+    /// default; 2 pays half the rank per byte). Refused unless finite > 0.
+    pub fn set_eio_weight(&self, weight: f64) -> Result<(), VolumeError> {
+        if !weight.is_finite() || weight <= 0.0 {
+            return Err(VolumeError::Control(format!(
+                "eIO weight {weight} must be a finite number > 0"
+            )));
+        }
+        self.eio_weight
+            .store(weight.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sends one drive I/O: through the eIO gate when it is on, timed for
+    /// the view either way.
+    async fn drive_io<T>(
+        &self,
+        drive: DriveId,
+        kind: IoKind,
+        bytes: usize,
+        io: impl std::future::Future<Output = Result<T, sluice_host::HostError>>,
+    ) -> Result<T, VolumeError> {
+        let iso = &self.pool.isolation;
+        let _permit: Option<EioPermit> = if self.eio() {
+            let weight = f64::from_bits(self.eio_weight.load(std::sync::atomic::Ordering::Relaxed));
+            let stream = StreamId((read(&self.map).volume().id.0 << 32) | u64::from(drive.0));
+            Some(
+                iso.admit(stream, u64::from(drive.0), kind, bytes as u64, weight)
+                    .await,
+            )
+        } else {
+            None
+        };
+        let start = std::time::Instant::now();
+        let r = io.await;
+        if r.is_ok() {
+            iso.record(
+                u64::from(drive.0),
+                kind == IoKind::Write,
+                bytes,
+                start.elapsed(),
+            );
+        }
+        r.map_err(|source| VolumeError::Drive { drive, source })
     }
 
     /// Refetches the whole map (after a resize or a chain change). Several
@@ -512,17 +629,28 @@ impl Volume {
         // The tail holds only acknowledged writes. When it cannot be
         // reached, its predecessors hold every acknowledged write too (a
         // write reaches the tail last), so they serve the read.
+        //
+        // While no write of this client is in flight on the extent and none
+        // failed part-way down its chain, every replica is clean (a volume
+        // has one writer), so the read goes to the replica whose path the
+        // view shows least loaded (Flint §5.5); the tail wins ties.
+        let mut order: Vec<&sluice_volume::Replica> = chain.iter().rev().collect();
+        if order.len() > 1 && self.clean(extent) {
+            let iso = &self.pool.isolation;
+            let mut scored: Vec<(f64, &sluice_volume::Replica)> = order
+                .iter()
+                .map(|r| (iso.drive_load(u64::from(r.drive.0)), *r))
+                .collect();
+            scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+            order = scored.into_iter().map(|(_, r)| r).collect();
+        }
         let mut last = None;
-        for replica in chain.iter().rev() {
+        for replica in order {
             let r = async {
                 let ns = self.namespace(replica.drive).await?;
                 let lba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
-                ns.read(lba, len, flags)
+                self.drive_io(replica.drive, IoKind::Read, len, ns.read(lba, len, flags))
                     .await
-                    .map_err(|source| VolumeError::Drive {
-                        drive: replica.drive,
-                        source,
-                    })
             }
             .await;
             match r {
@@ -637,19 +765,47 @@ impl Volume {
             };
             let at = usize::try_from(p.buf_offset).map_err(bad)?;
             let bytes = &data[at..at + usize::try_from(p.len_bytes).map_err(bad)?];
+            let _writing = self.writing(extent);
             // Head first, tail last: acknowledged once the tail has it.
-            for replica in &m.chain {
-                let ns = self.namespace(replica.drive).await?;
-                let dlba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
-                ns.write(dlba, bytes, flags)
+            for (i, replica) in m.chain.iter().enumerate() {
+                let r = async {
+                    let ns = self.namespace(replica.drive).await?;
+                    let dlba = p.drive_offset(replica) / u64::from(ns.block_size_bytes());
+                    self.drive_io(
+                        replica.drive,
+                        IoKind::Write,
+                        bytes.len(),
+                        ns.write(dlba, bytes, flags),
+                    )
                     .await
-                    .map_err(|source| VolumeError::Drive {
-                        drive: replica.drive,
-                        source,
-                    })?;
+                }
+                .await;
+                if let Err(e) = r {
+                    if i > 0 {
+                        // The head has data the tail has not: from now on
+                        // only the tail serves reads of this extent.
+                        sluice_runtime::sync::lock(&self.diverged).insert(extent);
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Marks a write in flight on `extent`.
+    fn writing(&self, extent: u64) -> Writing<'_> {
+        *sluice_runtime::sync::lock(&self.writing)
+            .entry(extent)
+            .or_insert(0) += 1;
+        Writing { v: self, extent }
+    }
+
+    /// Whether every replica of `extent` holds the same data: no write of
+    /// this client in flight on it, and none ever failed part-way.
+    fn clean(&self, extent: u64) -> bool {
+        !sluice_runtime::sync::lock(&self.writing).contains_key(&extent)
+            && !sluice_runtime::sync::lock(&self.diverged).contains(&extent)
     }
 
     /// A replica could not be reached: report it and refetch the map.

@@ -17,6 +17,7 @@
 mod affinity;
 mod configs;
 mod datapath;
+mod flint;
 mod plot;
 mod report;
 mod tenant;
@@ -79,6 +80,27 @@ enum Experiment {
     /// (goal: the foreground keeps >= 80 % of its bandwidth):
     /// volumes-rebuild.md.
     VolumeRebuild(RunArgs),
+    /// Flint Fig. 10: a 4 KiB victim volume beside a 128 KiB streamer on one
+    /// drive, eIO scheduler off and on: eio-fig10.md.
+    Eio(RepeatArgs),
+    /// Flint Table 1: view_query from the local copy, view_sync round trips
+    /// against a TCP ping-pong, the agent's CPU per 100k IOPS:
+    /// view-table1.md.
+    View(RepeatArgs),
+}
+
+/// Flags of the experiments that repeat each point.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RepeatArgs {
+    /// Directory for tables and plots.
+    #[arg(long, default_value = "docs/experiments")]
+    pub out: PathBuf,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds, allow_negative_numbers = true)]
+    pub runtime: f64,
+    /// Repeats of every point (median and range reported).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeats: u32,
 }
 
 /// A positive, finite number of seconds.
@@ -160,6 +182,8 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::Coalescing(a) => datapath::coalescing::run(&a.out, a.runtime),
         Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
         Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
+        Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
+        Experiment::View(a) => flint::run_view(&a.out, a.repeats),
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;

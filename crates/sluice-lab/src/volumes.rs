@@ -39,11 +39,15 @@ use sluice_volume::{
 
 use crate::report;
 
-const DRIVE_NQN: &str = "nqn.2026-11.io.sluice:lab-drives";
+pub(crate) const DRIVE_NQN: &str = "nqn.2026-11.io.sluice:lab-drives";
 const MIB: u64 = 1 << 20;
 
 /// A target whose subsystem holds `drives` namespaces.
-fn drive_target(drives: u32, drive_bytes: u64, ssd: Option<SsdConfig>) -> Result<TargetHandle> {
+pub(crate) fn drive_target(
+    drives: u32,
+    drive_bytes: u64,
+    ssd: Option<SsdConfig>,
+) -> Result<TargetHandle> {
     let c = drive_config("127.0.0.1:0".parse()?, drives, drive_bytes, ssd)?;
     Ok(Target::start(&c)?)
 }
@@ -130,18 +134,18 @@ impl Drop for TargetProcess {
 }
 
 /// A control plane on its own runtime thread; dropped with the runtime.
-struct Control {
-    rt: tokio::runtime::Runtime,
+pub(crate) struct Control {
+    pub(crate) rt: tokio::runtime::Runtime,
     addr: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Control {
-    fn start(metadata: Metadata) -> Result<Control> {
+    pub(crate) fn start(metadata: Metadata) -> Result<Control> {
         Control::start_with(ControlConfig::new(metadata))
     }
 
-    fn start_with(cfg: ControlConfig) -> Result<Control> {
+    pub(crate) fn start_with(cfg: ControlConfig) -> Result<Control> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -162,12 +166,12 @@ impl Control {
         })
     }
 
-    fn client(&self) -> Result<ControlClient> {
+    pub(crate) fn client(&self) -> Result<ControlClient> {
         let _g = self.rt.enter();
         Ok(ControlClient::new(&self.addr, None)?)
     }
 
-    fn add_drives(&self, targets: &[&TargetHandle], per_target: u32) -> Result<()> {
+    pub(crate) fn add_drives(&self, targets: &[&TargetHandle], per_target: u32) -> Result<()> {
         let addrs: Vec<String> = targets.iter().map(|t| t.local_addr().to_string()).collect();
         self.add_drives_at(&addrs, per_target)
     }
@@ -184,7 +188,7 @@ impl Control {
         })
     }
 
-    fn create(&self, name: &str, size_bytes: u64, replicas: u32) -> Result<()> {
+    pub(crate) fn create(&self, name: &str, size_bytes: u64, replicas: u32) -> Result<()> {
         let c = self.client()?;
         let req = pb::CreateVolumeRequest {
             name: name.into(),

@@ -1,0 +1,429 @@
+//! The client side of Flint's isolation across volumes: one per process
+//! (inside the [`crate::DrivePool`] its volumes share).
+//!
+//! * **View agent** ([`ViewAgent`]): every drive I/O a volume sends is
+//!   timed and recorded. A task sends the samples in batches (`ViewSync`),
+//!   pulls the entities whose counters show another client moved them
+//!   (`ViewQuery`), and a second task holds a `WatchView` stream on which
+//!   the controller pushes this client's part of the view each epoch.
+//!   Queries ([`ClientIsolation::query`]) read the local copy: no round trip.
+//! * **eIO gate** ([`EioScheduler`]): volumes with eIO on wait here for
+//!   admission before each drive I/O; the PIFO decides the order, using
+//!   the view's service rate per drive and the victims of the last report.
+//!
+//! The control plane is never waited for on an I/O's path: telemetry goes
+//! out from its own task, and an unreachable control plane only means the
+//! view ages (samples are held up to a bound, then dropped).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use sluice_flint::eio::{EioConfig, EioScheduler, IoKind, StreamId};
+use sluice_flint::view::{AgentConfig, EntityView, IoSample, ViewAgent};
+use sluice_flint::Entity;
+use sluice_runtime::sync::lock;
+use tokio::sync::oneshot;
+
+use crate::client::ControlClient;
+use crate::view_pb;
+
+/// How often the agent task looks for a due batch.
+const AGENT_TICK: Duration = Duration::from_millis(5);
+/// Longest wait before the PUSH stream is opened again.
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+type Gate = EioScheduler<oneshot::Sender<()>>;
+
+/// A process's view agent and eIO gate.
+#[derive(Debug)]
+pub struct ClientIsolation {
+    client: String,
+    origin: Instant,
+    agent: Mutex<ViewAgent>,
+    eio: Mutex<Gate>,
+    started: AtomicBool,
+}
+
+/// The default client name: `HOSTNAME:PID`.
+pub fn default_client_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// An admitted I/O's place in the gate; dropping it completes the I/O.
+#[derive(Debug)]
+pub struct EioPermit {
+    gate: Arc<ClientIsolation>,
+    drive: u64,
+    bytes: u64,
+}
+
+impl Drop for EioPermit {
+    fn drop(&mut self) {
+        self.gate.complete(self.drive, self.bytes);
+    }
+}
+
+/// Waiting for admission; if the waiting future is dropped after the gate
+/// admitted it, the slot is given back.
+struct Waiting {
+    gate: Arc<ClientIsolation>,
+    rx: Option<oneshot::Receiver<()>>,
+    drive: u64,
+    bytes: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.gate.complete(self.drive, self.bytes);
+            }
+        }
+    }
+}
+
+impl ClientIsolation {
+    pub fn new(client: &str, eio: EioConfig) -> Result<Arc<ClientIsolation>, String> {
+        Ok(Arc::new(ClientIsolation {
+            client: client.to_owned(),
+            origin: Instant::now(),
+            agent: Mutex::new(ViewAgent::new(client, AgentConfig::default())),
+            eio: Mutex::new(EioScheduler::new(eio)?),
+            started: AtomicBool::new(false),
+        }))
+    }
+
+    /// The name the control plane knows this client by (its NetPipe).
+    pub fn client(&self) -> &str {
+        &self.client
+    }
+
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Records one completed drive I/O for the view.
+    pub fn record(&self, drive: u64, write: bool, bytes: usize, latency: Duration) {
+        let s = IoSample {
+            drive,
+            write,
+            bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
+            latency_us: u32::try_from(latency.as_micros()).unwrap_or(u32::MAX),
+            at_us: self.now_us(),
+        };
+        lock(&self.agent).record(s);
+    }
+
+    /// Waits until the eIO PIFO admits an I/O of `bytes` to `drive`.
+    pub async fn admit(
+        self: &Arc<Self>,
+        stream: StreamId,
+        drive: u64,
+        kind: IoKind,
+        bytes: u64,
+        weight: f64,
+    ) -> EioPermit {
+        let (tx, rx) = oneshot::channel();
+        {
+            let now = self.now_us();
+            let mut g = lock(&self.eio);
+            if let Err(tx) = g.enqueue(now, stream, drive, kind, bytes, weight, tx) {
+                // The PIFO is full: admit outside it rather than fail the
+                // I/O (the limit bounds memory, not correctness).
+                drop(tx);
+                drop(g);
+                tracing::debug!(drive, "eIO gate full; I/O sent unscheduled");
+                return EioPermit::unscheduled(self.clone(), drive);
+            }
+            self.dispatch(&mut g, now);
+        }
+        let mut w = Waiting {
+            gate: self.clone(),
+            rx: Some(rx),
+            drive,
+            bytes,
+        };
+        if let Some(rx) = w.rx.as_mut() {
+            // The sender is only dropped unsent when the gate is dropped,
+            // and the gate lives as long as `self`.
+            let _ = rx.await;
+        }
+        w.rx = None;
+        EioPermit {
+            gate: self.clone(),
+            drive,
+            bytes,
+        }
+    }
+
+    /// Sends every admission the gate allows now.
+    fn dispatch(&self, g: &mut Gate, now: u64) {
+        while let Some(a) = g.poll_admit(now) {
+            if a.token.send(()).is_err() {
+                // Its waiter is gone: the slot is free again.
+                g.complete(a.drive, a.bytes);
+            }
+        }
+    }
+
+    fn complete(&self, drive: u64, bytes: u64) {
+        if bytes == u64::MAX {
+            return; // unscheduled
+        }
+        let now = self.now_us();
+        let mut g = lock(&self.eio);
+        g.complete(drive, bytes);
+        self.dispatch(&mut g, now);
+    }
+
+    /// The agent task's step: the batch due now, if any (public for
+    /// benchmarks and tests).
+    pub fn poll_batch(&self) -> Option<sluice_flint::view::SampleBatch> {
+        let now = self.now_us();
+        lock(&self.agent).poll_batch(now)
+    }
+
+    /// I/Os waiting in the eIO gate.
+    pub fn eio_pending(&self) -> usize {
+        lock(&self.eio).pending()
+    }
+
+    /// The view of `e` as this client holds it (no round trip).
+    pub fn query(&self, e: &Entity) -> Option<EntityView> {
+        lock(&self.agent).query(e).cloned()
+    }
+
+    /// Whether the last report this client has calls its session to
+    /// `drive` a victim.
+    pub fn is_victim(&self, drive: u64) -> bool {
+        lock(&self.agent).is_victim(drive)
+    }
+
+    /// How loaded `drive` looks from here, for choosing a replica to read
+    /// (lower is better): a congested drive first of all, then the view's
+    /// queueing delay, then this client's own mean latency to it. 0 when
+    /// nothing is known.
+    pub fn drive_load(&self, drive: u64) -> f64 {
+        let a = lock(&self.agent);
+        let held = a.query(&Entity::Drive(drive));
+        let congested = held.is_some_and(|v| v.congested);
+        let delay = held.map_or(0.0, |v| v.stats.queue_delay_us_mean);
+        let own = a
+            .local_stats(drive, self.now_us())
+            .map_or(0.0, |s| s.latency_us_mean);
+        (if congested { 1e9 } else { 0.0 }) + delay + own
+    }
+
+    /// This client's own window of its I/O to `drive`.
+    pub fn local_stats(&self, drive: u64) -> Option<sluice_flint::WindowStats> {
+        let now = self.now_us();
+        lock(&self.agent).local_stats(drive, now)
+    }
+
+    /// The epoch of the last report this client has.
+    pub fn epoch(&self) -> u64 {
+        lock(&self.agent).report().epoch
+    }
+
+    /// Samples waiting to go out, and samples dropped while the control
+    /// plane could not take them.
+    pub fn telemetry_backlog(&self) -> (usize, u64) {
+        let a = lock(&self.agent);
+        (a.pending(), a.dropped())
+    }
+
+    /// Starts the agent's tasks on the current tokio runtime, once per
+    /// process (the first volume's control plane is the one told).
+    pub fn start(self: &Arc<Self>, control: &ControlClient) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tokio::spawn(sync_task(Arc::downgrade(self), control.clone()));
+        tokio::spawn(watch_task(Arc::downgrade(self), control.clone()));
+    }
+
+    /// Takes a snapshot (PUSH or PULL) into the agent and the gate: each
+    /// drive's service rate (its capacity as the view knows it) and whether
+    /// this client's session to it is a victim.
+    fn absorb(&self, snap: sluice_flint::view::ViewSnapshot) {
+        let mut a = lock(&self.agent);
+        a.handle_snapshot(snap);
+        let mut g = lock(&self.eio);
+        for (d, v) in held_drives(&a) {
+            let rate = (v.capacity_bytes_per_sec > 0.0).then(|| v.capacity_bytes_per_sec / 1e6);
+            g.set_drive_view(d, rate, a.is_victim(d));
+        }
+    }
+}
+
+/// The drive entries an agent holds.
+fn held_drives(a: &ViewAgent) -> Vec<(u64, EntityView)> {
+    a.held()
+        .filter_map(|v| match v.entity {
+            Entity::Drive(d) => Some((d, v.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+impl EioPermit {
+    fn unscheduled(gate: Arc<ClientIsolation>, drive: u64) -> EioPermit {
+        EioPermit {
+            gate,
+            drive,
+            bytes: u64::MAX,
+        }
+    }
+}
+
+/// Sends due batches and pulls stale entities until the process's
+/// isolation state is dropped.
+async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
+    let mut tick = tokio::time::interval(AGENT_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let Some(iso) = me.upgrade() else { return };
+        let batch = {
+            let now = iso.now_us();
+            lock(&iso.agent).poll_batch(now)
+        };
+        if let Some(batch) = batch {
+            match control.view_sync(view_pb::batch_to_pb(&batch)).await {
+                Ok(ack) => {
+                    if failing {
+                        tracing::info!(control = %control.addr(), "view: telemetry flows again");
+                        failing = false;
+                    }
+                    match view_pb::ack_from_pb(ack) {
+                        Ok(ack) => {
+                            lock(&iso.agent).handle_ack(&ack);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "view: bad acknowledgement"),
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(control = %control.addr(), error = %e,
+                            "view: telemetry cannot reach the control plane; holding samples");
+                        failing = true;
+                    }
+                    lock(&iso.agent).handle_undelivered(batch);
+                }
+            }
+        }
+        let pull = lock(&iso.agent).poll_pull();
+        if let Some(entities) = pull {
+            let req = crate::pb::ViewQueryRequest {
+                entities: entities.iter().map(view_pb::entity_to_pb).collect(),
+                all: false,
+            };
+            match control.view_query(req).await {
+                Ok(snap) => match view_pb::snapshot_from_pb(&snap) {
+                    Ok(snap) => iso.absorb(snap),
+                    Err(e) => tracing::warn!(error = %e, "view: bad snapshot"),
+                },
+                Err(e) => tracing::debug!(error = %e, "view: pull failed"),
+            }
+        }
+    }
+}
+
+/// Holds the PUSH stream open, reopening it with backoff.
+async fn watch_task(me: Weak<ClientIsolation>, control: ControlClient) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(client) = me.upgrade().map(|i| i.client.clone()) else {
+            return;
+        };
+        match control.watch_view(&client).await {
+            Ok(mut stream) => {
+                backoff = Duration::from_millis(100);
+                loop {
+                    match stream.message().await {
+                        Ok(Some(push)) => {
+                            let Some(iso) = me.upgrade() else { return };
+                            let Some(snap) = push.snapshot else { continue };
+                            match view_pb::snapshot_from_pb(&snap) {
+                                Ok(snap) => iso.absorb(snap),
+                                Err(e) => tracing::warn!(error = %e, "view: bad push"),
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "view: push stream ended");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "view: cannot open the push stream"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(WATCH_BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+
+    fn one_at_a_time() -> Arc<ClientIsolation> {
+        ClientIsolation::new(
+            "t",
+            EioConfig {
+                drive_inflight_ios_max: 1,
+                ..EioConfig::default()
+            },
+        )
+        .expect("config")
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_before_or_after_admission_gives_its_slot_back() {
+        let g = one_at_a_time();
+        let a = g.admit(StreamId(1), 7, IoKind::Read, 4096, 1.0).await;
+        // B waits behind A; its future is dropped while it waits.
+        let g2 = g.clone();
+        let b = tokio::spawn(async move {
+            let _p = g2.admit(StreamId(2), 7, IoKind::Read, 4096, 1.0).await;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(g.eio_pending(), 1);
+        b.abort();
+        let _ = b.await;
+        // A completes: the slot passes to nobody and stays free.
+        drop(a);
+        assert_eq!(g.eio_pending(), 0);
+        let c = tokio::time::timeout(
+            Duration::from_secs(5),
+            g.admit(StreamId(3), 7, IoKind::Read, 4096, 1.0),
+        )
+        .await
+        .expect("the drive is idle again");
+        // Admitted but never polled again: dropping the waiter frees it.
+        let g3 = g.clone();
+        let mut d = Box::pin(g3.admit(StreamId(4), 7, IoKind::Read, 4096, 1.0));
+        let waker = futures_util::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(d.as_mut().poll(&mut cx).is_pending());
+        drop(c); // admits d's waiter, which is never polled...
+        drop(d); // ...and is dropped: the slot comes back
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            g.admit(StreamId(5), 7, IoKind::Read, 4096, 1.0),
+        )
+        .await
+        .expect("no slot leaked");
+    }
+}

@@ -1,0 +1,351 @@
+//! The shadow view's types to and from their gRPC messages. What comes off
+//! the wire is checked: an entity with no kind, or a batch over the limit,
+//! is refused naming the field.
+
+use sluice_flint::bottleneck::{BottleneckReport, Bound, Session};
+use sluice_flint::view::{
+    Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, ViewSnapshot,
+};
+use sluice_flint::{Entity, WindowStats};
+
+use crate::pb;
+
+/// A message from the wire that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadView(pub String);
+
+pub fn entity_to_pb(e: &Entity) -> pb::ViewEntity {
+    use pb::view_entity::Kind;
+    pb::ViewEntity {
+        kind: Some(match e {
+            Entity::NetPipe(c) => Kind::NetPipe(c.clone()),
+            Entity::IoPipe(p) => Kind::IoPipe(p.clone()),
+            Entity::Drive(d) => Kind::Drive(*d),
+        }),
+    }
+}
+
+pub fn entity_from_pb(e: Option<&pb::ViewEntity>, field: &str) -> Result<Entity, BadView> {
+    use pb::view_entity::Kind;
+    match e.and_then(|e| e.kind.as_ref()) {
+        Some(Kind::NetPipe(c)) => Ok(Entity::NetPipe(c.clone())),
+        Some(Kind::IoPipe(p)) => Ok(Entity::IoPipe(p.clone())),
+        Some(Kind::Drive(d)) => Ok(Entity::Drive(*d)),
+        None => Err(BadView(format!("{field}: an entity with no kind"))),
+    }
+}
+
+pub fn batch_to_pb(b: &SampleBatch) -> pb::ViewBatch {
+    pb::ViewBatch {
+        client: b.client.clone(),
+        sent_at_us: b.sent_at_us,
+        samples: b
+            .samples
+            .iter()
+            .map(|s| pb::ViewSample {
+                drive: s.drive,
+                write: s.write,
+                bytes: s.bytes,
+                latency_us: s.latency_us,
+                at_us: s.at_us,
+            })
+            .collect(),
+    }
+}
+
+pub fn batch_from_pb(b: pb::ViewBatch) -> Result<SampleBatch, BadView> {
+    if b.samples.len() > sluice_flint::view::BATCH_SAMPLES_MAX {
+        return Err(BadView(format!(
+            "samples: {} in one batch; at most {}",
+            b.samples.len(),
+            sluice_flint::view::BATCH_SAMPLES_MAX
+        )));
+    }
+    Ok(SampleBatch {
+        client: b.client,
+        sent_at_us: b.sent_at_us,
+        samples: b
+            .samples
+            .into_iter()
+            .map(|s| IoSample {
+                drive: s.drive,
+                write: s.write,
+                bytes: s.bytes,
+                latency_us: s.latency_us,
+                at_us: s.at_us,
+            })
+            .collect(),
+    })
+}
+
+pub fn ack_to_pb(a: &Ack) -> pb::ViewAck {
+    pb::ViewAck {
+        counters: a
+            .counters
+            .iter()
+            .map(|(e, c, n)| pb::ViewCounter {
+                entity: Some(entity_to_pb(e)),
+                counter: *c,
+                applied: *n,
+            })
+            .collect(),
+        unknown_drive_samples: a.unknown_drive_samples,
+        epoch: a.epoch,
+    }
+}
+
+pub fn ack_from_pb(a: pb::ViewAck) -> Result<Ack, BadView> {
+    let counters = a
+        .counters
+        .iter()
+        .map(|c| {
+            Ok((
+                entity_from_pb(c.entity.as_ref(), "counters.entity")?,
+                c.counter,
+                c.applied,
+            ))
+        })
+        .collect::<Result<_, BadView>>()?;
+    Ok(Ack {
+        counters,
+        unknown_drive_samples: a.unknown_drive_samples,
+        epoch: a.epoch,
+    })
+}
+
+fn window_to_pb(w: &WindowStats) -> pb::ViewWindow {
+    pb::ViewWindow {
+        ios: w.ios,
+        bytes: w.bytes,
+        iops: w.iops,
+        bytes_per_sec: w.bytes_per_sec,
+        latency_us_mean: w.latency_us_mean,
+        latency_us_max: w.latency_us_max,
+        queue_delay_us_mean: w.queue_delay_us_mean,
+        write_share: w.write_share,
+    }
+}
+
+fn window_from_pb(w: &pb::ViewWindow) -> WindowStats {
+    WindowStats {
+        ios: w.ios,
+        bytes: w.bytes,
+        iops: w.iops,
+        bytes_per_sec: w.bytes_per_sec,
+        latency_us_mean: w.latency_us_mean,
+        latency_us_max: w.latency_us_max,
+        queue_delay_us_mean: w.queue_delay_us_mean,
+        write_share: w.write_share,
+    }
+}
+
+pub fn entity_view_to_pb(v: &EntityView) -> pb::EntityView {
+    pb::EntityView {
+        entity: Some(entity_to_pb(&v.entity)),
+        counter: v.counter,
+        stats: Some(window_to_pb(&v.stats)),
+        ewma: v.ewma.as_ref().map(window_to_pb),
+        capacity_bytes_per_sec: v.capacity_bytes_per_sec,
+        headroom_bytes_per_sec: v.headroom_bytes_per_sec,
+        busy_degree: v.busy_degree,
+        congested: v.congested,
+    }
+}
+
+pub fn entity_view_from_pb(v: &pb::EntityView) -> Result<EntityView, BadView> {
+    Ok(EntityView {
+        entity: entity_from_pb(v.entity.as_ref(), "entities.entity")?,
+        counter: v.counter,
+        stats: v.stats.as_ref().map(window_from_pb).unwrap_or_default(),
+        ewma: v.ewma.as_ref().map(window_from_pb),
+        capacity_bytes_per_sec: v.capacity_bytes_per_sec,
+        headroom_bytes_per_sec: v.headroom_bytes_per_sec,
+        busy_degree: v.busy_degree,
+        congested: v.congested,
+    })
+}
+
+fn report_to_pb(r: &BottleneckReport) -> pb::BottleneckReport {
+    pb::BottleneckReport {
+        epoch: r.epoch,
+        congested_drives: r.congested_drives.clone(),
+        congested_io_pipes: r.congested_io_pipes.clone(),
+        congested_net_pipes: r.congested_net_pipes.clone(),
+        victims: r
+            .victims
+            .iter()
+            .map(|(s, b)| pb::ViewVictim {
+                client: s.client.clone(),
+                drive: s.drive,
+                bound: Some(entity_to_pb(&match b {
+                    Bound::Drive(d) => Entity::Drive(*d),
+                    Bound::NetPipe(c) => Entity::NetPipe(c.clone()),
+                })),
+            })
+            .collect(),
+    }
+}
+
+fn report_from_pb(r: &pb::BottleneckReport) -> Result<BottleneckReport, BadView> {
+    let victims = r
+        .victims
+        .iter()
+        .map(|v| {
+            let bound = match entity_from_pb(v.bound.as_ref(), "victims.bound")? {
+                Entity::Drive(d) => Bound::Drive(d),
+                Entity::NetPipe(c) => Bound::NetPipe(c),
+                Entity::IoPipe(p) => {
+                    return Err(BadView(format!(
+                        "victims.bound: an IOPipe ({p}) never bounds a session"
+                    )))
+                }
+            };
+            Ok((
+                Session {
+                    client: v.client.clone(),
+                    drive: v.drive,
+                },
+                bound,
+            ))
+        })
+        .collect::<Result<_, BadView>>()?;
+    Ok(BottleneckReport {
+        epoch: r.epoch,
+        congested_drives: r.congested_drives.clone(),
+        congested_io_pipes: r.congested_io_pipes.clone(),
+        congested_net_pipes: r.congested_net_pipes.clone(),
+        victims,
+    })
+}
+
+pub fn snapshot_to_pb(s: &ViewSnapshot) -> pb::ViewSnapshot {
+    pb::ViewSnapshot {
+        epoch: s.epoch,
+        entities: s.entities.iter().map(entity_view_to_pb).collect(),
+        report: Some(report_to_pb(&s.report)),
+    }
+}
+
+pub fn snapshot_from_pb(s: &pb::ViewSnapshot) -> Result<ViewSnapshot, BadView> {
+    Ok(ViewSnapshot {
+        epoch: s.epoch,
+        entities: s
+            .entities
+            .iter()
+            .map(entity_view_from_pb)
+            .collect::<Result<_, _>>()?,
+        report: s
+            .report
+            .as_ref()
+            .map(report_from_pb)
+            .transpose()?
+            .unwrap_or_default(),
+    })
+}
+
+pub fn subscription_from_pb(s: &pb::ViewSubscription) -> Result<Subscription, BadView> {
+    let h = s.headroom_below_bytes_per_sec;
+    if !h.is_finite() || h < 0.0 {
+        return Err(BadView(format!(
+            "subscriptions.headroom_below_bytes_per_sec: {h} must be a finite number >= 0"
+        )));
+    }
+    Ok(if h == 0.0 {
+        Subscription::Congestion { drive: s.drive }
+    } else {
+        Subscription::HeadroomBelow {
+            drive: s.drive,
+            bytes_per_sec: h,
+        }
+    })
+}
+
+pub fn subscription_to_pb(s: &Subscription) -> pb::ViewSubscription {
+    match s {
+        Subscription::Congestion { drive } => pb::ViewSubscription {
+            drive: *drive,
+            headroom_below_bytes_per_sec: 0.0,
+        },
+        Subscription::HeadroomBelow {
+            drive,
+            bytes_per_sec,
+        } => pb::ViewSubscription {
+            drive: *drive,
+            headroom_below_bytes_per_sec: *bytes_per_sec,
+        },
+    }
+}
+
+pub fn notification_to_pb(n: &Notification) -> pb::ViewNotification {
+    pb::ViewNotification {
+        subscription: Some(subscription_to_pb(&n.subscription)),
+        holds: n.holds,
+        view: Some(entity_view_to_pb(&n.view)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_survives_the_wire() {
+        let snap = ViewSnapshot {
+            epoch: 4,
+            entities: vec![EntityView {
+                entity: Entity::Drive(3),
+                counter: 9,
+                stats: WindowStats {
+                    ios: 5,
+                    bytes: 20480,
+                    iops: 5.0,
+                    bytes_per_sec: 20480.0,
+                    latency_us_mean: 120.0,
+                    latency_us_max: 300,
+                    queue_delay_us_mean: 20.0,
+                    write_share: 0.2,
+                },
+                ewma: None,
+                capacity_bytes_per_sec: 1e9,
+                headroom_bytes_per_sec: 5e8,
+                busy_degree: 0.5,
+                congested: true,
+            }],
+            report: BottleneckReport {
+                epoch: 4,
+                congested_drives: vec![3],
+                congested_io_pipes: vec!["t:1".into()],
+                congested_net_pipes: vec!["c".into()],
+                victims: vec![(
+                    Session {
+                        client: "c".into(),
+                        drive: 3,
+                    },
+                    Bound::Drive(3),
+                )],
+            },
+        };
+        assert_eq!(snapshot_from_pb(&snapshot_to_pb(&snap)), Ok(snap));
+    }
+
+    #[test]
+    fn entities_without_a_kind_and_io_pipe_bounds_are_refused() {
+        assert!(entity_from_pb(Some(&pb::ViewEntity { kind: None }), "x")
+            .is_err_and(|e| e.0.contains("x: an entity with no kind")));
+        let bad = pb::BottleneckReport {
+            victims: vec![pb::ViewVictim {
+                client: "c".into(),
+                drive: 1,
+                bound: Some(entity_to_pb(&Entity::IoPipe("p".into()))),
+            }],
+            ..Default::default()
+        };
+        assert!(report_from_pb(&bad).is_err());
+        assert!(subscription_from_pb(&pb::ViewSubscription {
+            drive: 1,
+            headroom_below_bytes_per_sec: f64::NAN
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,388 @@
+//! The shadow view end to end (Flint §3): volume clients' agents send their
+//! samples to `sluice control`, which finds the congested drive, names the
+//! victim sessions, pushes them to the agents, exports them as metrics, and
+//! steers placement away from the congested drive.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice_config::{
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
+};
+use sluice_control::isolation::ClientIsolation;
+use sluice_control::server::{ControlConfig, Metadata};
+use sluice_control::{pb, ControlClient, DrivePool, Volume};
+use sluice_flint::eio::EioConfig;
+use sluice_flint::{Entity, ViewControllerConfig};
+use sluice_host::IoFlags;
+use sluice_target::{Target, TargetHandle};
+
+const SLOW_NQN: &str = "nqn.2026-11.io.sluice:slow";
+const FAST_NQN: &str = "nqn.2026-11.io.sluice:fast";
+
+/// A target with one namespace: an emulated SSD that writes at 20 MB/s
+/// (so a few 64 KiB writes in flight queue), or RAM.
+fn target(nqn: &str, slow: bool) -> TargetHandle {
+    let ns = if slow {
+        NamespaceConfig::emulated_ssd(
+            1,
+            64 << 20,
+            SsdConfig::default()
+                .with_write_bytes_per_sec_max(20_000_000)
+                .with_base_write_latency_us(100)
+                .with_parallelism(1),
+        )
+    } else {
+        NamespaceConfig::ram(1, 64 << 20)
+    };
+    let settings = TargetSettings::default()
+        .with_listen("127.0.0.1:0".parse().unwrap())
+        .with_discovery_listen(None)
+        .with_workers(1)
+        .with_polling(PollingPolicy::Interrupt)
+        .with_shutdown_drain_ms(200);
+    let c = Config::default()
+        .with_target(settings)
+        .with_subsystem(
+            SubsystemConfig::new(nqn)
+                .with_namespace(ns.with_block_size(4096))
+                .allow_any_host(),
+        )
+        .validated()
+        .unwrap();
+    Target::start(&c).unwrap()
+}
+
+async fn control(
+    dir: &std::path::Path,
+) -> (
+    String,
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let admin_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let mut cfg = ControlConfig::new(Metadata::Redb(dir.join("m.redb")));
+    cfg.view = ViewControllerConfig {
+        window_us: 500_000,
+        epoch_us: 50_000,
+        congestion_ios_min: 8,
+        ..ViewControllerConfig::default()
+    };
+    cfg.admin = Some(sluice_admin::AdminConfig::new(admin_port));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(sluice_control::serve(cfg, listener, async move {
+        let _ = rx.await;
+    }));
+    (addr, admin_port, tx)
+}
+
+fn client(name: &str) -> Arc<DrivePool> {
+    DrivePool::with_isolation(
+        host_opts(),
+        ClientIsolation::new(name, EioConfig::default()).unwrap(),
+    )
+}
+
+async fn create_on(c: &ControlClient, name: &str, addr: &str) {
+    c.create_volume(pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes: 16 * MIB,
+        replicas: 1,
+        prefer: vec![addr.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// `qd` (at most 16) writers of 64 KiB each, until `stop`.
+fn writers(v: &Arc<Volume>, qd: u64, stop: Instant) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..qd)
+        .map(|w| {
+            let v = v.clone();
+            tokio::spawn(async move {
+                let data = pattern(w, 64 << 10);
+                let mut i = 0u64;
+                while Instant::now() < stop {
+                    // Each writer owns 256 blocks (1 MiB) of the volume.
+                    let lba = w * 256 + (i % 16) * 16;
+                    v.write(lba, &data, IoFlags::default()).await.unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_agents() {
+    let slow = target(SLOW_NQN, true);
+    let fast = target(FAST_NQN, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, admin, _stop) = control(dir.path()).await;
+    let c = ControlClient::new(&addr, None).unwrap();
+    let slow_addr = slow.local_addr().to_string();
+    let fast_addr = fast.local_addr().to_string();
+    let d_slow = c.add_drive(&slow_addr, SLOW_NQN, 1).await.unwrap().id;
+    let d_fast = c.add_drive(&fast_addr, FAST_NQN, 1).await.unwrap().id;
+    create_on(&c, "a-slow", &slow_addr).await;
+    create_on(&c, "a-fast", &fast_addr).await;
+    create_on(&c, "b-fast", &fast_addr).await;
+
+    // Client a writes to both drives; client b only to the fast one.
+    let pool_a = client("client-a");
+    let pool_b = client("client-b");
+    let a_slow = Arc::new(
+        Volume::open(c.clone(), pool_a.clone(), "a-slow")
+            .await
+            .unwrap(),
+    );
+    let a_fast = Arc::new(
+        Volume::open(c.clone(), pool_a.clone(), "a-fast")
+            .await
+            .unwrap(),
+    );
+    let b_fast = Arc::new(
+        Volume::open(c.clone(), pool_b.clone(), "b-fast")
+            .await
+            .unwrap(),
+    );
+    // One write each while idle: the drives' unloaded latencies.
+    for v in [&a_slow, &a_fast, &b_fast] {
+        v.write(0, &pattern(1, 64 << 10), IoFlags::default())
+            .await
+            .unwrap();
+    }
+    let stop = Instant::now() + Duration::from_secs(4);
+    let mut tasks = writers(&a_slow, 8, stop);
+    tasks.extend(writers(&a_fast, 2, stop));
+    tasks.extend(writers(&b_fast, 2, stop));
+
+    // The controller's analysis: the slow drive is congested, a's sessions
+    // are victims (to the drive, and through a's NetPipe), b's is not.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let report = loop {
+        let snap = c
+            .view_query(pb::ViewQueryRequest {
+                entities: vec![],
+                all: true,
+            })
+            .await
+            .unwrap();
+        let r = snap.report.clone().unwrap_or_default();
+        if r.congested_drives.contains(&u64::from(d_slow))
+            && r.victims
+                .iter()
+                .any(|v| v.client == "client-a" && v.drive == u64::from(d_fast))
+        {
+            break (snap, r);
+        }
+        assert!(Instant::now() < deadline, "no congestion found: {snap:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (snap, r) = report;
+    assert!(!r.congested_drives.contains(&u64::from(d_fast)), "{r:?}");
+    assert_eq!(r.congested_io_pipes, vec![slow_addr.clone()]);
+    assert_eq!(r.congested_net_pipes, vec!["client-a".to_owned()]);
+    assert!(
+        !r.victims.iter().any(|v| v.client == "client-b"),
+        "b shares no pipe with the congested drive: {r:?}"
+    );
+    // Every client's I/O is in the view, under its own NetPipe.
+    let netpipes: Vec<String> = snap
+        .entities
+        .iter()
+        .filter_map(|e| match e.entity.as_ref().and_then(|e| e.kind.clone()) {
+            Some(pb::view_entity::Kind::NetPipe(n)) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert!(netpipes.contains(&"client-a".to_owned()) && netpipes.contains(&"client-b".to_owned()));
+
+    // The agents learn it without asking: a is a victim on both drives,
+    // answered from its local copy.
+    let iso_a = pool_a.isolation().clone();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !(iso_a.is_victim(u64::from(d_slow)) && iso_a.is_victim(u64::from(d_fast))) {
+        assert!(
+            Instant::now() < deadline,
+            "client a never learnt it is a victim"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = iso_a.query(&Entity::Drive(u64::from(d_slow))).unwrap();
+    assert!(held.congested, "{held:?}");
+    assert!(!pool_b.isolation().is_victim(u64::from(d_fast)));
+
+    // Prometheus and JSON on the admin endpoint.
+    let m = sluice_admin::client::request(&admin.to_string(), "GET", "/metrics", "", None).unwrap();
+    assert_eq!(m.status, 200);
+    let congested = format!("sluice_view_drive_congested{{drive=\"{d_slow}\"}} 1");
+    assert!(m.body.contains(&congested), "{}", m.body);
+    assert!(
+        m.body
+            .contains("sluice_view_victim_sessions{client=\"client-a\"} 2"),
+        "{}",
+        m.body
+    );
+    let j = sluice_admin::client::request(&admin.to_string(), "GET", "/v1/view", "", None).unwrap();
+    assert_eq!(j.status, 200);
+    assert!(j.body.contains("client-a"), "{}", j.body);
+
+    // Placement now avoids the congested drive: a new volume that prefers
+    // neither drive gets its first extent on the fast one.
+    create(&c, "new", 16 * MIB, 1).await;
+    let v = Volume::open(c.clone(), pool_b.clone(), "new")
+        .await
+        .unwrap();
+    v.write(0, &pattern(3, 4096), IoFlags::default())
+        .await
+        .unwrap();
+    let layout = c.open_volume("new").await.unwrap();
+    assert_eq!(
+        layout.extents[0].chain[0].drive, d_fast,
+        "placed on the congested drive"
+    );
+
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Data written under the view reads back.
+    for w in 0..8 {
+        let got = a_slow
+            .read(w * 256, 64 << 10, IoFlags::default())
+            .await
+            .unwrap();
+        assert!(got == pattern(w, 64 << 10), "writer {w}'s data");
+    }
+    drop((slow, fast));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_view_messages_get_invalid_argument_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _admin, _stop) = control(dir.path()).await;
+    let c = ControlClient::new(&addr, None).unwrap();
+    let e = c
+        .view_query(pb::ViewQueryRequest {
+            entities: vec![pb::ViewEntity { kind: None }],
+            all: false,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("entities: an entity with no kind"),
+        "{e}"
+    );
+    let big = pb::ViewBatch {
+        client: "x".into(),
+        sent_at_us: 0,
+        samples: vec![pb::ViewSample::default(); sluice_flint::view::BATCH_SAMPLES_MAX + 1],
+    };
+    let e = c.view_sync(big).await.unwrap_err();
+    assert!(e.to_string().contains("samples:"), "{e}");
+    let e = c
+        .view_sync(pb::ViewBatch {
+            client: String::new(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("client name"), "{e}");
+    let e = c
+        .watch_view_with(
+            "x",
+            vec![pb::ViewSubscription {
+                drive: 1,
+                headroom_below_bytes_per_sec: -1.0,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("headroom_below_bytes_per_sec"),
+        "{e}"
+    );
+}
+
+/// Reads of an extent no write is changing go to the replica whose path
+/// looks least loaded; here the client's own latencies show a drive that
+/// answers reads in 3 ms beside one that answers in microseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_replicated_reads_go_to_the_least_loaded_replica() {
+    let slow = {
+        let ns = NamespaceConfig::emulated_ssd(
+            1,
+            64 << 20,
+            SsdConfig::default().with_base_read_latency_us(3000),
+        );
+        let c = Config::default()
+            .with_target(
+                TargetSettings::default()
+                    .with_listen("127.0.0.1:0".parse().unwrap())
+                    .with_discovery_listen(None)
+                    .with_workers(1)
+                    .with_polling(PollingPolicy::Interrupt),
+            )
+            .with_subsystem(
+                SubsystemConfig::new(SLOW_NQN)
+                    .with_namespace(ns.with_block_size(4096))
+                    .allow_any_host(),
+            )
+            .validated()
+            .unwrap();
+        Target::start(&c).unwrap()
+    };
+    let fast = target(FAST_NQN, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _admin, _stop) = control(dir.path()).await;
+    let c = ControlClient::new(&addr, None).unwrap();
+    let d_slow = c
+        .add_drive(&slow.local_addr().to_string(), SLOW_NQN, 1)
+        .await
+        .unwrap()
+        .id;
+    let d_fast = c
+        .add_drive(&fast.local_addr().to_string(), FAST_NQN, 1)
+        .await
+        .unwrap()
+        .id;
+    create(&c, "r2", 16 * MIB, 2).await;
+    let pool = client("reader");
+    let v = Volume::open(c.clone(), pool.clone(), "r2").await.unwrap();
+    let data = pattern(5, 1 << 20);
+    v.write(0, &data, IoFlags::default()).await.unwrap();
+    for i in 0..40u64 {
+        let lba = (i * 7) % 256;
+        let got = v.read(lba, 4096, IoFlags::default()).await.unwrap();
+        let at = usize::try_from(lba * 4096).unwrap();
+        assert!(got == data[at..at + 4096], "read {i}");
+    }
+    // write_share is in 0..=1, so the count it gives is in 0..=ios.
+    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+    let reads = |d: u32| {
+        pool.isolation()
+            .local_stats(u64::from(d))
+            .map_or(0, |s| s.ios - (s.ios as f64 * s.write_share).round() as u64)
+    };
+    let (rs, rf) = (reads(d_slow), reads(d_fast));
+    assert_eq!(rs + rf, 40);
+    assert!(
+        rs <= 1,
+        "{rs} reads went to the slow replica, {rf} to the fast one"
+    );
+    drop((slow, fast));
+}
