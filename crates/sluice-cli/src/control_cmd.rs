@@ -1,5 +1,5 @@
-//! `sluice control` (the control plane), and its clients `sluice drive` and
-//! `sluice volume`.
+//! `sluice control` (the control plane), and its clients `sluice drive`,
+//! `sluice volume`, `sluice tenant` and `sluice auction`.
 
 use std::path::PathBuf;
 
@@ -75,6 +75,25 @@ pub struct ControlArgs {
     /// congested.
     #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
     view_queue_delay_us: f64,
+    /// Start with the bandwidth auction on: volume clients send to a drive
+    /// only with a slice of its bandwidth, shared by weighted max-min
+    /// fairness (switch it later with `sluice auction on|off`).
+    #[arg(long)]
+    auction: bool,
+    /// Time between auctions.
+    #[arg(long, default_value_t = 50)]
+    auction_epoch_ms: u64,
+    /// The auction backs a drive's estimate off when its I/O waits, on
+    /// average, longer than this many of its slowest I/O's unloaded
+    /// latencies.
+    #[arg(long, default_value_t = 2.0, allow_negative_numbers = true)]
+    auction_inflation: f64,
+    /// SLO classes and their weights in the auction, NAME=WEIGHT,...
+    #[arg(long, default_value = "gold=4,silver=2,bronze=1")]
+    slo_classes: String,
+    /// The class of tenants (and volumes) no `sluice tenant set` names.
+    #[arg(long, default_value = "bronze")]
+    default_slo_class: String,
 }
 
 pub fn control(a: ControlArgs) -> Result<()> {
@@ -96,6 +115,14 @@ pub fn control(a: ControlArgs) -> Result<()> {
     cfg.view.check().map_err(|e| {
         anyhow::anyhow!("--view-epoch-ms/--view-window-ms/--view-queue-delay-us: {e}")
     })?;
+    cfg.auction.epoch_us = a.auction_epoch_ms.saturating_mul(1000);
+    cfg.auction.inflation_target = a.auction_inflation;
+    cfg.auction
+        .check()
+        .map_err(|e| anyhow::anyhow!("--auction-epoch-ms/--auction-inflation: {e}"))?;
+    cfg.auction_on = a.auction;
+    cfg.slo = sluice_control::view::SloClasses::parse(&a.slo_classes, &a.default_slo_class)
+        .map_err(|e| anyhow::anyhow!("--slo-classes/--default-slo-class: {e}"))?;
     if let Some(addr) = a.admin_listen {
         sluice_control::auth::check_listen(addr, cfg.token.as_ref())
             .map_err(|e| anyhow::anyhow!("--admin-listen: {e}"))?;
@@ -214,6 +241,45 @@ pub enum VolumeCmd {
     },
     /// Show the rebuild of lost replicas: rate, degraded extents, progress.
     Rebuilds {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    /// Put a tenant in an SLO class: its volumes bid with the class's
+    /// weight in the bandwidth auction.
+    Set {
+        /// The tenant, as volumes name it (`volume create --tenant`).
+        name: String,
+        #[arg(long)]
+        slo_class: String,
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// List tenants and the SLO classes.
+    List {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuctionCmd {
+    /// Show the auction: each drive's estimate and grants, each session's
+    /// share.
+    Status {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Switch the auction on: volume clients then send only with slices.
+    On {
+        #[command(flatten)]
+        at: ControlAddr,
+    },
+    /// Switch the auction off.
+    Off {
         #[command(flatten)]
         at: ControlAddr,
     },
@@ -466,6 +532,120 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                 }
             }
         }
+        Ok(())
+    })
+}
+
+pub fn tenant(cmd: TenantCmd) -> Result<()> {
+    block_on(async move {
+        match cmd {
+            TenantCmd::Set {
+                name,
+                slo_class,
+                at,
+            } => {
+                let t = at
+                    .client()?
+                    .set_tenant(&name, &slo_class)
+                    .await
+                    .context("setting the tenant's class")?;
+                println!("{}  class {}  weight {}", t.name, t.slo_class, t.weight);
+            }
+            TenantCmd::List { at } => {
+                let l = at
+                    .client()?
+                    .list_tenants()
+                    .await
+                    .context("listing tenants")?;
+                let classes: Vec<String> = l
+                    .classes
+                    .iter()
+                    .map(|c| format!("{}={}", c.name, c.weight))
+                    .collect();
+                println!(
+                    "classes {}  (default {})",
+                    classes.join(","),
+                    l.default_class
+                );
+                for t in &l.tenants {
+                    println!("{}  class {}  weight {}", t.name, t.slo_class, t.weight);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The auction's state as a table.
+pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
+    let mut out = format!(
+        "auction {}  epoch {} every {} ms\n",
+        if a.on { "on" } else { "off" },
+        a.epoch,
+        a.epoch_us / 1000
+    );
+    out.push_str(&format!(
+        "{:<6} {:<22} {:>10} {:>10} {:>11} {:>9} {:>9} {:>6}\n",
+        "DRIVE", "PORT", "EST MB/s", "DONE MB/s", "GRANTED MB", "SLICE KiB", "QDELAY us", "WAITS"
+    ));
+    for d in &a.drives {
+        out.push_str(&format!(
+            "{:<6} {:<22} {:>10.1} {:>10.1} {:>11.2} {:>9} {:>9.0} {:>6.2}\n",
+            format!("d{}", d.drive),
+            d.port,
+            d.bytes_per_sec / 1e6,
+            d.completed_bytes_per_sec / 1e6,
+            d.granted_bytes as f64 / 1e6,
+            d.slice_bytes / 1024,
+            d.queue_delay_us_mean,
+            d.inflation_mean
+        ));
+    }
+    out.push_str(&format!(
+        "{:<28} {:>7} {:>6} {:>7} {:>12} {:>12} {}\n",
+        "CLIENT", "VOLUME", "DRIVE", "WEIGHT", "GRANTED MB", "SPENT MB", "STATE"
+    ));
+    for s in &a.sessions {
+        out.push_str(&format!(
+            "{:<28} {:>7} {:>6} {:>7} {:>12.2} {:>12.2} {}\n",
+            s.client,
+            format!("v{}", s.volume),
+            format!("d{}", s.drive),
+            s.weight,
+            s.granted_bytes as f64 / 1e6,
+            s.spent_last_bytes as f64 / 1e6,
+            if s.idle {
+                "idle"
+            } else if s.hungry {
+                "hungry"
+            } else {
+                "active"
+            }
+        ));
+    }
+    out
+}
+
+pub fn auction(cmd: AuctionCmd) -> Result<()> {
+    block_on(async move {
+        let a = match cmd {
+            AuctionCmd::Status { at } => at
+                .client()?
+                .auction_status()
+                .await
+                .context("asking for the auction's state")?,
+            AuctionCmd::On { at } => at
+                .client()?
+                .set_auction(true)
+                .await
+                .context("switching the auction on")?,
+            AuctionCmd::Off { at } => at
+                .client()?
+                .set_auction(false)
+                .await
+                .context("switching the auction off")?,
+        };
+        print!("{}", render_auction(&a));
         Ok(())
     })
 }

@@ -6,8 +6,9 @@
 //!   and the TCP wire floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
 //! * `sluice top`: live per-tenant view from a target's admin endpoint.
-//! * `sluice control`, `sluice drive`, `sluice volume`: the control plane
-//!   and its clients (elastic volumes).
+//! * `sluice control`, `sluice drive`, `sluice volume`, `sluice tenant`,
+//!   `sluice auction`: the control plane and its clients (elastic volumes,
+//!   SLO classes, the bandwidth auction).
 //! * `sluice nbd`, `sluice fuse`: export a remote namespace over NBD or as a
 //!   file in a FUSE mount.
 //!
@@ -62,6 +63,13 @@ enum Command {
     /// Manage elastic volumes.
     #[command(subcommand)]
     Volume(control_cmd::VolumeCmd),
+    /// Put tenants in SLO classes (their weights in the bandwidth auction).
+    #[command(subcommand)]
+    Tenant(control_cmd::TenantCmd),
+    /// Show or switch the bandwidth auction (Flint's slices of each
+    /// drive's bandwidth, shared fairly between volumes).
+    #[command(subcommand)]
+    Auction(control_cmd::AuctionCmd),
     /// Print a new DH-HMAC-CHAP secret (`DHHC-1:hh:...:`, as `nvme
     /// gen-dhchap-key` does) for `[[subsystem.dhchap]]` and `nvme connect
     /// --dhchap-secret`.
@@ -117,6 +125,8 @@ fn main() {
         Command::Control(a) => control_cmd::control(a),
         Command::Drive(c) => control_cmd::drive(c),
         Command::Volume(c) => control_cmd::volume(c),
+        Command::Tenant(c) => control_cmd::tenant(c),
+        Command::Auction(c) => control_cmd::auction(c),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -544,4 +544,31 @@ fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() 
         &["bench", "--eio", "--target", "x", "--nqn", "y"],
         "--volume",
     );
+
+    // The auction and the tenants' classes, from the command line.
+    let status = ok(&[&["auction", "status"], &c[..]].concat());
+    assert!(status.starts_with("auction off"), "{status}");
+    let on = ok(&[&["auction", "on"], &c[..]].concat());
+    assert!(on.starts_with("auction on"), "{on}");
+    assert!(on.contains("d0 "), "{on}");
+    let t = ok(&[&["tenant", "set", "web", "--slo-class", "gold"], &c[..]].concat());
+    assert!(t.contains("web  class gold  weight 4"), "{t}");
+    let l = ok(&[&["tenant", "list"], &c[..]].concat());
+    assert!(
+        l.contains("classes bronze=1,gold=4,silver=2  (default bronze)"),
+        "{l}"
+    );
+    fails(
+        &[&["tenant", "set", "web", "--slo-class", "platinum"], &c[..]].concat(),
+        "platinum",
+    );
+    ok(&[&["auction", "off"], &c[..]].concat());
+    for (flag, bad, needle) in [
+        ("--slo-classes", "gold=zero", "--slo-classes"),
+        ("--default-slo-class", "platinum", "default SLO class"),
+        ("--auction-epoch-ms", "0", "--auction-epoch-ms"),
+        ("--auction-inflation", "-1", "--auction-inflation"),
+    ] {
+        fails(&["control", "--metadata", &meta, flag, bad], needle);
+    }
 }

@@ -304,4 +304,35 @@ impl ControlClient {
         })
         .await
     }
+
+    /// The bandwidth auction's state.
+    pub async fn auction_status(&self) -> Result<pb::AuctionStatusResponse, VolumeError> {
+        self.call(|mut s| async move { s.auction_status(pb::AuctionStatusRequest {}).await })
+            .await
+    }
+
+    /// Switches the bandwidth auction on or off.
+    pub async fn set_auction(&self, on: bool) -> Result<pb::AuctionStatusResponse, VolumeError> {
+        self.call(|mut s| async move { s.set_auction(pb::SetAuctionRequest { on }).await })
+            .await
+    }
+
+    /// Puts a tenant in an SLO class.
+    pub async fn set_tenant(&self, name: &str, slo_class: &str) -> Result<pb::Tenant, VolumeError> {
+        let req = pb::SetTenantRequest {
+            name: name.into(),
+            slo_class: slo_class.into(),
+        };
+        self.call(|mut s| {
+            let r = req.clone();
+            async move { s.set_tenant(r).await }
+        })
+        .await
+    }
+
+    /// Tenants, the SLO classes and the default class.
+    pub async fn list_tenants(&self) -> Result<pb::ListTenantsResponse, VolumeError> {
+        self.call(|mut s| async move { s.list_tenants(pb::ListTenantsRequest {}).await })
+            .await
+    }
 }

@@ -10,17 +10,23 @@
 //! * **eIO gate** ([`EioScheduler`]): volumes with eIO on wait here for
 //!   admission before each drive I/O; the PIFO decides the order, using
 //!   the view's service rate per drive and the victims of the last report.
+//! * **Wallet** ([`Wallet`]): while the control plane runs the bandwidth
+//!   auction, each drive I/O spends its session's slice first; when the
+//!   slice is spent the I/O waits here for the next grant. Bids ride on the
+//!   agent's `ViewSync` and grants on its answer.
 //!
-//! The control plane is never waited for on an I/O's path: telemetry goes
-//! out from its own task, and an unreachable control plane only means the
-//! view ages (samples are held up to a bound, then dropped).
+//! The control plane is never waited for on an I/O's path beyond the
+//! slices: telemetry goes out from its own task, an unreachable control
+//! plane only means the view ages (samples are held up to a bound, then
+//! dropped), and a wallet that hears no grant for a second stops metering.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use sluice_flint::auction::{Spend, Wallet, WalletConfig};
 use sluice_flint::eio::{EioConfig, EioScheduler, IoKind, StreamId};
-use sluice_flint::view::{AgentConfig, EntityView, IoSample, ViewAgent};
+use sluice_flint::view::{AgentConfig, EntityView, IoSample, SampleBatch, ViewAgent};
 use sluice_flint::Entity;
 use sluice_runtime::sync::lock;
 use tokio::sync::oneshot;
@@ -42,6 +48,9 @@ pub struct ClientIsolation {
     origin: Instant,
     agent: Mutex<ViewAgent>,
     eio: Mutex<Gate>,
+    wallet: Mutex<Wallet<oneshot::Sender<()>>>,
+    /// Wakes the sync task: a session ran out of slices.
+    hungry: tokio::sync::Notify,
     started: AtomicBool,
 }
 
@@ -96,6 +105,8 @@ impl ClientIsolation {
             origin: Instant::now(),
             agent: Mutex::new(ViewAgent::new(client, AgentConfig::default())),
             eio: Mutex::new(EioScheduler::new(eio)?),
+            wallet: Mutex::new(Wallet::new(WalletConfig::default())),
+            hungry: tokio::sync::Notify::new(),
             started: AtomicBool::new(false),
         }))
     }
@@ -119,6 +130,31 @@ impl ClientIsolation {
             at_us: self.now_us(),
         };
         lock(&self.agent).record(s);
+    }
+
+    /// Spends `bytes` of `volume`'s slice of `drive` (Algorithm 3): at once
+    /// while the slice lasts or the auction is off, else after the next
+    /// grant.
+    pub async fn spend(&self, volume: u64, drive: u64, bytes: u64, write: bool) {
+        let (tx, rx) = oneshot::channel();
+        let now = self.now_us();
+        let spend = lock(&self.wallet).request(now, volume, drive, bytes, write, tx);
+        if let Spend::Wait = spend {
+            self.hungry.notify_one();
+            // The sender goes when the wallet releases it or is dropped
+            // with `self`; either way the I/O may go.
+            let _ = rx.await;
+        }
+    }
+
+    /// I/Os waiting for slices.
+    pub fn auction_waiting(&self) -> usize {
+        lock(&self.wallet).waiting()
+    }
+
+    /// Whether this client's I/O is metered by the auction now.
+    pub fn metered(&self) -> bool {
+        lock(&self.wallet).metered(self.now_us())
     }
 
     /// Waits until the eIO PIFO admits an I/O of `bytes` to `drive`.
@@ -185,7 +221,7 @@ impl ClientIsolation {
 
     /// The agent task's step: the batch due now, if any (public for
     /// benchmarks and tests).
-    pub fn poll_batch(&self) -> Option<sluice_flint::view::SampleBatch> {
+    pub fn poll_batch(&self) -> Option<SampleBatch> {
         let now = self.now_us();
         lock(&self.agent).poll_batch(now)
     }
@@ -283,29 +319,53 @@ impl EioPermit {
     }
 }
 
-/// Sends due batches and pulls stale entities until the process's
-/// isolation state is dropped.
+/// Sends due batches and bids, takes the grants, and pulls stale
+/// entities, until the process's isolation state is dropped.
 async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
-    let mut tick = tokio::time::interval(AGENT_TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
-        tick.tick().await;
-        let Some(iso) = me.upgrade() else { return };
-        let batch = {
+        let wait = {
+            let Some(iso) = me.upgrade() else { return };
             let now = iso.now_us();
-            lock(&iso.agent).poll_batch(now)
+            let deadline = lock(&iso.wallet).deadline_us();
+            let until = deadline.map_or(AGENT_TICK, |d| {
+                Duration::from_micros(d.saturating_sub(now)).min(AGENT_TICK)
+            });
+            let iso2 = iso.clone();
+            async move {
+                tokio::select! {
+                    () = tokio::time::sleep(until) => {}
+                    () = iso2.hungry.notified() => {}
+                }
+            }
+        };
+        wait.await;
+        let Some(iso) = me.upgrade() else { return };
+        let now = iso.now_us();
+        release(lock(&iso.wallet).poll_release(now));
+        let bids = lock(&iso.wallet).poll_bid(now);
+        let batch = {
+            let mut a = lock(&iso.agent);
+            // A bid takes whatever samples wait along.
+            if bids.is_some() {
+                Some(a.flush_batch(now))
+            } else {
+                a.poll_batch(now)
+            }
         };
         if let Some(batch) = batch {
-            match control.view_sync(view_pb::batch_to_pb(&batch)).await {
+            let bids = bids.unwrap_or_default();
+            match control.view_sync(view_pb::batch_to_pb(&batch, &bids)).await {
                 Ok(ack) => {
                     if failing {
                         tracing::info!(control = %control.addr(), "view: telemetry flows again");
                         failing = false;
                     }
                     match view_pb::ack_from_pb(ack) {
-                        Ok(ack) => {
+                        Ok((ack, grants)) => {
                             lock(&iso.agent).handle_ack(&ack);
+                            let now = iso.now_us();
+                            release(lock(&iso.wallet).handle_grants(now, &grants));
                         }
                         Err(e) => tracing::warn!(error = %e, "view: bad acknowledgement"),
                     }
@@ -334,6 +394,14 @@ async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
                 Err(e) => tracing::debug!(error = %e, "view: pull failed"),
             }
         }
+    }
+}
+
+/// Lets go the I/Os the wallet released.
+fn release(released: Vec<oneshot::Sender<()>>) {
+    for tx in released {
+        // A waiter that is gone has nothing to spend.
+        let _ = tx.send(());
     }
 }
 

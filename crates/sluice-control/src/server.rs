@@ -27,10 +27,10 @@ use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
 use crate::rebuild::{RebuildConfig, RebuildProgress, Rebuilder};
-use crate::view::{ViewCollector, ViewHub};
+use crate::view::{SloClasses, ViewCollector, ViewHub};
 use crate::view_pb;
 use crate::volume::DrivePool;
-use sluice_flint::ViewControllerConfig;
+use sluice_flint::{AuctionConfig, ViewControllerConfig};
 
 /// Where the metadata lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +95,11 @@ pub struct ControlConfig {
     pub view: ViewControllerConfig,
     /// Where to serve `/metrics` and `/v1/view` (none by default).
     pub admin: Option<sluice_admin::AdminConfig>,
+    /// The bandwidth auction: its knobs and whether it starts on.
+    pub auction: AuctionConfig,
+    pub auction_on: bool,
+    /// SLO classes and their weights in the auction.
+    pub slo: SloClasses,
 }
 
 impl ControlConfig {
@@ -120,6 +125,9 @@ impl ControlConfig {
             rebuild: RebuildConfig::default(),
             view: ViewControllerConfig::default(),
             admin: None,
+            auction: AuctionConfig::default(),
+            auction_on: false,
+            slo: SloClasses::default(),
         }
     }
 }
@@ -153,6 +161,7 @@ pub async fn serve(
     cfg.view
         .check()
         .map_err(|e| ServeError::Config(e.to_string()))?;
+    cfg.auction.check().map_err(ServeError::Config)?;
     match &cfg.metadata {
         Metadata::Redb(path) => {
             // One process owns the file (redb locks it): it always leads.
@@ -224,9 +233,14 @@ async fn run<S: MetaStore>(
     );
     // A drive may have failed while no control plane ran.
     wake.notify_one();
-    let view = ViewHub::new(cfg.view).map_err(|e| ServeError::Config(e.to_string()))?;
+    let view = ViewHub::with_auction(cfg.view, cfg.auction, cfg.auction_on, cfg.slo.clone())
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     view.refresh_drives(&catalog).await;
     let epochs = tokio::spawn(view.clone().run_epochs(catalog.clone()));
+    let auction = tokio::spawn(view.clone().run_auction(catalog.clone()));
+    if cfg.auction_on {
+        tracing::info!(epoch_us = cfg.auction.epoch_us, "bandwidth auction on");
+    }
     let _admin = match cfg.admin.clone() {
         None => None,
         Some(admin) => Some(start_admin(admin, view.clone())?),
@@ -261,6 +275,7 @@ async fn run<S: MetaStore>(
         .map_err(|e| ServeError::Transport(e.to_string()));
     rebuilder.abort();
     epochs.abort();
+    auction.abort();
     served
 }
 
@@ -275,7 +290,11 @@ fn start_admin(
         &cfg,
         [
             sluice_admin::routes::metrics(Arc::new(reg)),
-            sluice_admin::routes::get_json("/v1/view", move || view.snapshot_all()),
+            sluice_admin::routes::get_json("/v1/view", {
+                let view = view.clone();
+                move || view.snapshot_all()
+            }),
+            sluice_admin::routes::get_json("/v1/auction", move || view.auction_status()),
         ],
     );
     let s = sluice_admin::AdminServer::start(cfg, app)
@@ -372,16 +391,12 @@ impl<S: MetaStore> Control for ControlService<S> {
 
     async fn view_sync(&self, req: Request<pb::ViewBatch>) -> Answer<pb::ViewAck> {
         self.leadership.check()?;
-        let batch = view_pb::batch_from_pb(req.into_inner()).map_err(bad_view)?;
-        let now = self.view.now_us();
-        let ack = self
-            .view
-            .with(|c| c.handle_batch(now, &batch))
-            .map_err(bad_view)?;
+        let (batch, bid) = view_pb::batch_from_pb(req.into_inner()).map_err(bad_view)?;
+        let (ack, grants) = self.view.sync(&batch, &bid).map_err(bad_view)?;
         if ack.unknown_drive_samples > 0 {
             self.view.drives_unknown();
         }
-        ok(view_pb::ack_to_pb(&ack))
+        ok(view_pb::ack_to_pb(&ack, &grants))
     }
 
     async fn view_query(&self, req: Request<pb::ViewQueryRequest>) -> Answer<pb::ViewSnapshot> {
@@ -476,10 +491,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             .await
             .map_err(st)?;
         tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
-        if let Err(e) = self
-            .view
-            .with(|c| c.set_drive(u64::from(d.id.0), &d.spec.addr, None))
-        {
+        if let Err(e) = self.view.add_drive(u64::from(d.id.0), &d.spec.addr) {
             tracing::warn!(drive = %d.id, error = %e, "view: drive not tracked");
         }
         ok(pb::Drive::from(&d))
@@ -654,6 +666,84 @@ impl<S: MetaStore> Control for ControlService<S> {
             failed: true,
             chains_shortened: n,
             detail: format!("{n} chain(s) shortened"),
+        })
+    }
+
+    async fn auction_status(
+        &self,
+        _: Request<pb::AuctionStatusRequest>,
+    ) -> Answer<pb::AuctionStatusResponse> {
+        self.leadership.check()?;
+        ok(view_pb::auction_to_pb(&self.view.auction_status()))
+    }
+
+    async fn set_auction(
+        &self,
+        req: Request<pb::SetAuctionRequest>,
+    ) -> Answer<pb::AuctionStatusResponse> {
+        self.leadership.check()?;
+        let on = req.into_inner().on;
+        self.view.with_arbiter(|a| a.set_on(on));
+        tracing::info!(on, "bandwidth auction switched");
+        ok(view_pb::auction_to_pb(&self.view.auction_status()))
+    }
+
+    async fn set_tenant(&self, req: Request<pb::SetTenantRequest>) -> Answer<pb::Tenant> {
+        self.leadership.check()?;
+        let r = req.into_inner();
+        let Some(weight) = self.view.slo().weight(&r.slo_class) else {
+            let known: Vec<&str> = self.view.slo().classes().map(|(n, _)| n).collect();
+            return Err(Status::invalid_argument(format!(
+                "slo_class: no SLO class {:?}; this control plane has {known:?}",
+                r.slo_class
+            )));
+        };
+        let t = self
+            .catalog
+            .set_tenant(&r.name, &r.slo_class)
+            .await
+            .map_err(st)?;
+        tracing::info!(tenant = %t.name, slo_class = %t.slo_class, weight, "tenant's class set");
+        self.view.refresh_weights(&self.catalog).await;
+        ok(pb::Tenant {
+            name: t.name,
+            slo_class: t.slo_class,
+            weight,
+        })
+    }
+
+    async fn list_tenants(
+        &self,
+        _: Request<pb::ListTenantsRequest>,
+    ) -> Answer<pb::ListTenantsResponse> {
+        self.leadership.check()?;
+        let slo = self.view.slo();
+        let tenants = self
+            .catalog
+            .tenants()
+            .await
+            .map_err(st)?
+            .into_iter()
+            .map(|t| pb::Tenant {
+                // A class this process does not define bids at the default.
+                weight: slo
+                    .weight(&t.slo_class)
+                    .or_else(|| slo.weight(slo.default_class()))
+                    .unwrap_or(1.0),
+                name: t.name,
+                slo_class: t.slo_class,
+            })
+            .collect();
+        ok(pb::ListTenantsResponse {
+            tenants,
+            classes: slo
+                .classes()
+                .map(|(name, weight)| pb::SloClass {
+                    name: name.to_owned(),
+                    weight,
+                })
+                .collect(),
+            default_class: slo.default_class().to_owned(),
         })
     }
 

@@ -1,12 +1,18 @@
-//! The view controller's home in `sluice control` (Flint §3): the shared
-//! [`ViewController`], the epoch task, PUSH to watching agents, and the
-//! view's Prometheus metrics and JSON (`--admin-listen`).
+//! Flint's isolation in `sluice control` (Flint §3, §4.6): the shared
+//! [`ViewController`] and bandwidth [`Arbiter`], their epoch tasks, PUSH
+//! to watching agents, and their Prometheus metrics and JSON
+//! (`--admin-listen`).
 //!
-//! The epoch task, every `epoch_us`: refreshes the drive list from the
-//! catalog (once a second), runs the analysis, hands each drive's busy
+//! The view's epoch task, every `epoch_us`: refreshes the drive list from
+//! the catalog (once a second), runs the analysis, hands each drive's busy
 //! degree to placement (`Catalog::report_busy`: new extents avoid a
 //! congested drive, Flint §5.5), and wakes every `WatchView` stream, which
 //! then sends its client's part of the view and its fired events.
+//!
+//! The auction's task, every auction epoch: takes what the view saw of
+//! each drive since the last one and runs the auction; once a second it
+//! refreshes each volume's weight from its tenant's SLO class. Bids and
+//! grants travel on `ViewSync` ([`ViewHub::sync`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -15,18 +21,133 @@ use std::time::{Duration, Instant};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use sluice_admin::metrics::{gauge, gauges, Esc};
-use sluice_flint::view::{Notification, ViewError, ViewSnapshot};
-use sluice_flint::{Entity, ViewController, ViewControllerConfig};
+use sluice_flint::auction::{Bid, Grants};
+use sluice_flint::view::{Ack, Notification, SampleBatch, ViewError, ViewSnapshot};
+use sluice_flint::{Arbiter, AuctionConfig, Entity, ViewController, ViewControllerConfig};
 use sluice_meta::{Catalog, MetaStore};
 use sluice_runtime::sync::lock;
 
 /// Epochs between drive-list refreshes from the catalog.
 const DRIVE_REFRESH_EPOCHS: u64 = 10;
+/// How often the volumes' weights are read again from the catalog.
+const WEIGHT_REFRESH: Duration = Duration::from_secs(1);
+/// SLO classes, at most.
+pub const SLO_CLASSES_MAX: usize = 64;
 
-/// The controller and what wakes the watchers.
+/// Service classes and their weights in the auction; a tenant is put in
+/// one with `sluice tenant set`, and a volume bids with its tenant's
+/// class's weight (the default class's when it has none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SloClasses {
+    classes: BTreeMap<String, f64>,
+    default: String,
+}
+
+impl Default for SloClasses {
+    fn default() -> Self {
+        SloClasses {
+            classes: [("gold", 4.0), ("silver", 2.0), ("bronze", 1.0)]
+                .into_iter()
+                .map(|(n, w)| (n.to_owned(), w))
+                .collect(),
+            default: "bronze".into(),
+        }
+    }
+}
+
+impl SloClasses {
+    /// Parses `NAME=WEIGHT[,NAME=WEIGHT...]`; `default` must be one of them.
+    pub fn parse(spec: &str, default: &str) -> Result<SloClasses, String> {
+        let mut classes = BTreeMap::new();
+        for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+            let (name, weight) = part
+                .split_once('=')
+                .ok_or_else(|| format!("SLO class {part:?} is not NAME=WEIGHT"))?;
+            let name = name.trim();
+            sluice_volume::record::check_slo_class(name)?;
+            let w: f64 = weight
+                .trim()
+                .parse()
+                .map_err(|_| format!("SLO class {name}: weight {weight:?} is not a number"))?;
+            if !w.is_finite() || !(0.01..=1000.0).contains(&w) {
+                return Err(format!(
+                    "SLO class {name}: weight {w} must be in 0.01..=1000"
+                ));
+            }
+            if classes.insert(name.to_owned(), w).is_some() {
+                return Err(format!("SLO class {name} is given twice"));
+            }
+        }
+        if classes.is_empty() || classes.len() > SLO_CLASSES_MAX {
+            return Err(format!(
+                "between 1 and {SLO_CLASSES_MAX} SLO classes, got {}",
+                classes.len()
+            ));
+        }
+        if !classes.contains_key(default) {
+            return Err(format!(
+                "the default SLO class {default:?} is not among {:?}",
+                classes.keys().collect::<Vec<_>>()
+            ));
+        }
+        Ok(SloClasses {
+            classes,
+            default: default.to_owned(),
+        })
+    }
+
+    pub fn weight(&self, class: &str) -> Option<f64> {
+        self.classes.get(class).copied()
+    }
+
+    pub fn default_class(&self) -> &str {
+        &self.default
+    }
+
+    pub fn classes(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.classes.iter().map(|(n, w)| (n.as_str(), *w))
+    }
+
+    /// The weight a volume of `tenant` bids with.
+    pub fn weight_of(&self, tenant: Option<&str>, tenants: &BTreeMap<String, String>) -> f64 {
+        let class = tenant
+            .and_then(|t| tenants.get(t))
+            .map_or(self.default.as_str(), String::as_str);
+        self.weight(class)
+            .or_else(|| self.weight(&self.default))
+            .unwrap_or(1.0)
+    }
+}
+
+/// The auction's state for `sluice auction status` and `/v1/auction`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AuctionStatus {
+    pub on: bool,
+    pub epoch: u64,
+    pub epoch_us: u64,
+    pub drives: Vec<AuctionDriveStatus>,
+    pub sessions: Vec<sluice_flint::auction::SessionView>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AuctionDriveStatus {
+    pub drive: u64,
+    pub port: String,
+    pub bytes_per_sec: f64,
+    pub bytes_per_sec_max: Option<f64>,
+    pub slice_bytes: u64,
+    pub granted_bytes: u64,
+    pub queue_delay_us_mean: f64,
+    pub inflation_mean: f64,
+    pub completed_bytes_per_sec: f64,
+}
+
+/// The view controller, the arbiter, and what wakes the watchers.
 #[derive(Debug)]
 pub struct ViewHub {
     controller: Mutex<ViewController>,
+    arbiter: Mutex<Arbiter>,
+    slo: SloClasses,
     origin: Instant,
     /// Each epoch's fired notifications; watchers filter their own.
     epochs: tokio::sync::broadcast::Sender<Arc<Vec<Notification>>>,
@@ -39,10 +160,24 @@ pub struct ViewHub {
 }
 
 impl ViewHub {
+    /// A hub with the auction off and the default classes.
     pub fn new(cfg: ViewControllerConfig) -> Result<Arc<ViewHub>, ViewError> {
+        Self::with_auction(cfg, AuctionConfig::default(), false, SloClasses::default())
+    }
+
+    pub fn with_auction(
+        cfg: ViewControllerConfig,
+        auction: AuctionConfig,
+        auction_on: bool,
+        slo: SloClasses,
+    ) -> Result<Arc<ViewHub>, ViewError> {
         let (epochs, _) = tokio::sync::broadcast::channel(16);
+        let mut arbiter = Arbiter::new(auction).map_err(ViewError::BadConfig)?;
+        arbiter.set_on(auction_on);
         Ok(Arc::new(ViewHub {
             controller: Mutex::new(ViewController::new(cfg)?),
+            arbiter: Mutex::new(arbiter),
+            slo,
             origin: Instant::now(),
             epochs,
             stale_drives: std::sync::atomic::AtomicBool::new(false),
@@ -80,6 +215,88 @@ impl ViewHub {
         f(&mut lock(&self.controller))
     }
 
+    /// Runs `f` on the arbiter.
+    pub fn with_arbiter<T>(&self, f: impl FnOnce(&mut Arbiter) -> T) -> T {
+        f(&mut lock(&self.arbiter))
+    }
+
+    pub fn slo(&self) -> &SloClasses {
+        &self.slo
+    }
+
+    /// A client's `ViewSync`: its samples into the view, its bid into the
+    /// auction; the answer carries the counters and its grants.
+    pub fn sync(&self, batch: &SampleBatch, bid: &Bid) -> Result<(Ack, Grants), String> {
+        let now = self.now_us();
+        let ack = self
+            .with(|c| c.handle_batch(now, batch))
+            .map_err(|e| e.to_string())?;
+        let grants = self
+            .with_arbiter(|a| a.handle_bid(now, bid))
+            .map_err(|e| e.to_string())?;
+        Ok((ack, grants))
+    }
+
+    /// The auction as the API shows it.
+    pub fn auction_status(&self) -> AuctionStatus {
+        self.with_arbiter(|a| AuctionStatus {
+            on: a.is_on(),
+            epoch: a.epoch(),
+            epoch_us: a.config().epoch_us,
+            drives: a
+                .drives()
+                .map(|(id, d)| AuctionDriveStatus {
+                    drive: id,
+                    port: d.port.clone(),
+                    bytes_per_sec: d.bytes_per_sec,
+                    bytes_per_sec_max: d.bytes_per_sec_max,
+                    slice_bytes: d.slice_bytes,
+                    granted_bytes: d.granted_bytes,
+                    queue_delay_us_mean: d.last.queue_delay_us_mean,
+                    inflation_mean: d.last.inflation_mean,
+                    completed_bytes_per_sec: d.completed_bytes_per_sec,
+                })
+                .collect(),
+            sessions: a.sessions(),
+        })
+    }
+
+    /// The auction's task: one auction per epoch, weights once a second.
+    pub async fn run_auction<S: MetaStore>(self: Arc<Self>, catalog: Arc<Catalog<S>>) {
+        let epoch = Duration::from_micros(self.with_arbiter(|a| a.config().epoch_us));
+        let mut tick = tokio::time::interval(epoch);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut weights_at: Option<Instant> = None;
+        loop {
+            tick.tick().await;
+            if weights_at.is_none_or(|t| t.elapsed() >= WEIGHT_REFRESH) {
+                weights_at = Some(Instant::now());
+                self.refresh_weights(&catalog).await;
+            }
+            let now = self.now_us();
+            let signals = self.with(|c| c.take_drive_signals(now));
+            self.with_arbiter(|a| a.poll_epoch(now, |d| signals.get(&d).copied()));
+        }
+    }
+
+    /// Every volume's weight from its tenant's class.
+    pub async fn refresh_weights<S: MetaStore>(&self, catalog: &Catalog<S>) {
+        let (volumes, tenants) = match (catalog.volumes().await, catalog.tenants().await) {
+            (Ok(v), Ok(t)) => (v, t),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "auction: reading weights failed; keeping the last");
+                return;
+            }
+        };
+        let tenants: BTreeMap<String, String> =
+            tenants.into_iter().map(|t| (t.name, t.slo_class)).collect();
+        self.with_arbiter(|a| {
+            for v in &volumes {
+                a.set_weight(v.id.0, self.slo.weight_of(v.tenant.as_deref(), &tenants));
+            }
+        });
+    }
+
     /// A receiver of each epoch's notifications.
     pub fn subscribe_epochs(&self) -> tokio::sync::broadcast::Receiver<Arc<Vec<Notification>>> {
         self.epochs.subscribe()
@@ -91,7 +308,14 @@ impl ViewHub {
         self.with(|c| c.snapshot_all(now))
     }
 
-    /// Brings the controller's drives in line with the catalog's.
+    /// A drive joined the pool: the view and the auction track it.
+    pub fn add_drive(&self, drive: u64, port: &str) -> Result<(), ViewError> {
+        self.with_arbiter(|a| a.set_drive(drive, port, None));
+        self.with(|c| c.set_drive(drive, port, None))
+    }
+
+    /// Brings the controller's and the arbiter's drives in line with the
+    /// catalog's.
     pub async fn refresh_drives<S: MetaStore>(&self, catalog: &Catalog<S>) {
         let drives = match catalog.drives().await {
             Ok(d) => d,
@@ -100,13 +324,19 @@ impl ViewHub {
                 return;
             }
         };
+        let keep: BTreeSet<u64> = drives.iter().map(|d| u64::from(d.id.0)).collect();
         self.with(|c| {
-            let keep: BTreeSet<u64> = drives.iter().map(|d| u64::from(d.id.0)).collect();
             c.retain_drives(&keep);
             for d in &drives {
                 if let Err(e) = c.set_drive(u64::from(d.id.0), &d.spec.addr, None) {
                     tracing::warn!(drive = %d.id, error = %e, "view: drive not tracked");
                 }
+            }
+        });
+        self.with_arbiter(|a| {
+            a.retain_drives(&keep);
+            for d in &drives {
+                a.set_drive(u64::from(d.id.0), &d.spec.addr, None);
             }
         });
     }
@@ -236,6 +466,67 @@ impl Collector for ViewCollector {
         for (s, _) in &snap.report.victims {
             *victims.entry(s.client.clone()).or_default() += 1;
         }
+        let (on, epoch, drives_auction, sessions) = self.0.with_arbiter(|a| {
+            let d: Vec<(String, f64, u64)> = a
+                .drives()
+                .map(|(id, d)| (id.to_string(), d.bytes_per_sec, d.granted_bytes))
+                .collect();
+            (a.is_on(), a.epoch(), d, a.sessions())
+        });
+        gauge(
+            e,
+            "sluice_auction_on",
+            "1 while the bandwidth auction meters the volumes' I/O.",
+            None,
+            u64::from(on),
+        )?;
+        gauge(e, "sluice_auction_epoch", "Auctions run.", None, epoch)?;
+        gauges(
+            e,
+            "sluice_auction_drive_estimate_bytes_per_second",
+            "The auction's estimate of what the drive can carry.",
+            None,
+            drives_auction
+                .iter()
+                .map(|(id, b, _)| ([("drive", Esc(id))], *b)),
+        )?;
+        gauges(
+            e,
+            "sluice_auction_drive_granted_bytes",
+            "Bytes of the drive granted in the current epoch.",
+            None,
+            drives_auction
+                .iter()
+                .map(|(id, _, g)| ([("drive", Esc(id))], *g)),
+        )?;
+        let mut per_volume: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        for s in &sessions {
+            let v = per_volume.entry(s.volume.to_string()).or_default();
+            v.0 += s.granted_bytes;
+            v.1 += s.spent_last_bytes;
+            v.2 += u64::from(s.hungry);
+        }
+        gauges(
+            e,
+            "sluice_auction_volume_granted_bytes",
+            "Bytes granted to the volume's sessions in the current epoch.",
+            None,
+            per_volume.iter().map(|(v, t)| ([("volume", Esc(v))], t.0)),
+        )?;
+        gauges(
+            e,
+            "sluice_auction_volume_spent_bytes",
+            "Bytes the volume's sessions spent in the last epoch.",
+            None,
+            per_volume.iter().map(|(v, t)| ([("volume", Esc(v))], t.1)),
+        )?;
+        gauges(
+            e,
+            "sluice_auction_volume_hungry_sessions",
+            "The volume's sessions that ran out of slices in the last epoch.",
+            None,
+            per_volume.iter().map(|(v, t)| ([("volume", Esc(v))], t.2)),
+        )?;
         gauges(
             e,
             "sluice_view_victim_sessions",
@@ -244,5 +535,38 @@ impl Collector for ViewCollector {
             victims.iter().map(|(c, n)| ([("client", Esc(c))], *n)),
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slo_classes_parse_and_weigh_tenants() {
+        let c = SloClasses::parse("gold=4, silver=2,bronze=1", "bronze").expect("classes");
+        assert_eq!(c.weight("gold"), Some(4.0));
+        assert_eq!(c.default_class(), "bronze");
+        let tenants: BTreeMap<String, String> = [("a".to_owned(), "gold".to_owned())].into();
+        assert_eq!(c.weight_of(Some("a"), &tenants), 4.0);
+        // No class named, or a tenant nobody classed: the default.
+        assert_eq!(c.weight_of(None, &tenants), 1.0);
+        assert_eq!(c.weight_of(Some("b"), &tenants), 1.0);
+        // A class this process does not define: the default too.
+        let stale: BTreeMap<String, String> = [("a".to_owned(), "platinum".to_owned())].into();
+        assert_eq!(c.weight_of(Some("a"), &stale), 1.0);
+        for (spec, default, needle) in [
+            ("gold", "gold", "NAME=WEIGHT"),
+            ("gold=x", "gold", "not a number"),
+            ("gold=0", "gold", "0.01..=1000"),
+            ("gold=nan", "gold", "0.01..=1000"),
+            ("gold=1,gold=2", "gold", "twice"),
+            ("go ld=1", "go ld", "letters"),
+            ("", "gold", "between 1"),
+            ("gold=1", "bronze", "default SLO class"),
+        ] {
+            let e = SloClasses::parse(spec, default).expect_err(spec);
+            assert!(e.contains(needle), "{spec}: {e}");
+        }
     }
 }

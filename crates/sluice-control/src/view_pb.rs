@@ -2,6 +2,7 @@
 //! the wire is checked: an entity with no kind, or a batch over the limit,
 //! is refused naming the field.
 
+use sluice_flint::auction::{Bid, Grant, Grants, SessionBid, BID_SESSIONS_MAX};
 use sluice_flint::bottleneck::{BottleneckReport, Bound, Session};
 use sluice_flint::view::{
     Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, ViewSnapshot,
@@ -36,8 +37,19 @@ pub fn entity_from_pb(e: Option<&pb::ViewEntity>, field: &str) -> Result<Entity,
     }
 }
 
-pub fn batch_to_pb(b: &SampleBatch) -> pb::ViewBatch {
+/// A batch and a bid as one `ViewSync` message.
+pub fn batch_to_pb(b: &SampleBatch, bids: &[SessionBid]) -> pb::ViewBatch {
     pb::ViewBatch {
+        bids: bids
+            .iter()
+            .map(|s| pb::SessionBid {
+                volume: s.volume,
+                drive: s.drive,
+                spent_bytes_total: s.spent_bytes_total,
+                written_bytes_total: s.written_bytes_total,
+                hungry: s.hungry,
+            })
+            .collect(),
         client: b.client.clone(),
         sent_at_us: b.sent_at_us,
         samples: b
@@ -54,7 +66,31 @@ pub fn batch_to_pb(b: &SampleBatch) -> pb::ViewBatch {
     }
 }
 
-pub fn batch_from_pb(b: pb::ViewBatch) -> Result<SampleBatch, BadView> {
+/// A `ViewSync` message as the view's batch and the auction's bid.
+pub fn batch_from_pb(mut b: pb::ViewBatch) -> Result<(SampleBatch, Bid), BadView> {
+    if b.bids.len() > BID_SESSIONS_MAX {
+        return Err(BadView(format!(
+            "bids: {} sessions in one bid; at most {BID_SESSIONS_MAX}",
+            b.bids.len()
+        )));
+    }
+    let bid = Bid {
+        client: b.client.clone(),
+        sessions: std::mem::take(&mut b.bids)
+            .into_iter()
+            .map(|s| SessionBid {
+                volume: s.volume,
+                drive: s.drive,
+                spent_bytes_total: s.spent_bytes_total,
+                written_bytes_total: s.written_bytes_total,
+                hungry: s.hungry,
+            })
+            .collect(),
+    };
+    Ok((samples_from_pb(b)?, bid))
+}
+
+fn samples_from_pb(b: pb::ViewBatch) -> Result<SampleBatch, BadView> {
     if b.samples.len() > sluice_flint::view::BATCH_SAMPLES_MAX {
         return Err(BadView(format!(
             "samples: {} in one batch; at most {}",
@@ -79,8 +115,51 @@ pub fn batch_from_pb(b: pb::ViewBatch) -> Result<SampleBatch, BadView> {
     })
 }
 
-pub fn ack_to_pb(a: &Ack) -> pb::ViewAck {
+pub fn grants_to_pb(g: &Grants) -> pb::Grants {
+    pb::Grants {
+        on: g.on,
+        epoch: g.epoch,
+        epoch_us: g.epoch_us,
+        next_epoch_in_us: g.next_epoch_in_us,
+        grants: g
+            .grants
+            .iter()
+            .map(|g| pb::Grant {
+                volume: g.volume,
+                drive: g.drive,
+                epoch: g.epoch,
+                bytes: g.bytes,
+            })
+            .collect(),
+    }
+}
+
+/// No grants message means an older control plane: no auction.
+pub fn grants_from_pb(g: Option<pb::Grants>) -> Grants {
+    let Some(g) = g else {
+        return Grants::default();
+    };
+    Grants {
+        on: g.on,
+        epoch: g.epoch,
+        epoch_us: g.epoch_us,
+        next_epoch_in_us: g.next_epoch_in_us,
+        grants: g
+            .grants
+            .into_iter()
+            .map(|g| Grant {
+                volume: g.volume,
+                drive: g.drive,
+                epoch: g.epoch,
+                bytes: g.bytes,
+            })
+            .collect(),
+    }
+}
+
+pub fn ack_to_pb(a: &Ack, grants: &Grants) -> pb::ViewAck {
     pb::ViewAck {
+        grants: Some(grants_to_pb(grants)),
         counters: a
             .counters
             .iter()
@@ -95,7 +174,8 @@ pub fn ack_to_pb(a: &Ack) -> pb::ViewAck {
     }
 }
 
-pub fn ack_from_pb(a: pb::ViewAck) -> Result<Ack, BadView> {
+/// The acknowledgement and the grants it carries.
+pub fn ack_from_pb(a: pb::ViewAck) -> Result<(Ack, Grants), BadView> {
     let counters = a
         .counters
         .iter()
@@ -107,11 +187,12 @@ pub fn ack_from_pb(a: pb::ViewAck) -> Result<Ack, BadView> {
             ))
         })
         .collect::<Result<_, BadView>>()?;
-    Ok(Ack {
+    let ack = Ack {
         counters,
         unknown_drive_samples: a.unknown_drive_samples,
         epoch: a.epoch,
-    })
+    };
+    Ok((ack, grants_from_pb(a.grants)))
 }
 
 fn window_to_pb(w: &WindowStats) -> pb::ViewWindow {
@@ -282,6 +363,43 @@ pub fn notification_to_pb(n: &Notification) -> pb::ViewNotification {
         subscription: Some(subscription_to_pb(&n.subscription)),
         holds: n.holds,
         view: Some(entity_view_to_pb(&n.view)),
+    }
+}
+
+pub fn auction_to_pb(a: &crate::view::AuctionStatus) -> pb::AuctionStatusResponse {
+    pb::AuctionStatusResponse {
+        on: a.on,
+        epoch: a.epoch,
+        epoch_us: a.epoch_us,
+        drives: a
+            .drives
+            .iter()
+            .map(|d| pb::AuctionDrive {
+                drive: d.drive,
+                port: d.port.clone(),
+                bytes_per_sec: d.bytes_per_sec,
+                bytes_per_sec_max: d.bytes_per_sec_max,
+                slice_bytes: d.slice_bytes,
+                granted_bytes: d.granted_bytes,
+                queue_delay_us_mean: d.queue_delay_us_mean,
+                inflation_mean: d.inflation_mean,
+                completed_bytes_per_sec: d.completed_bytes_per_sec,
+            })
+            .collect(),
+        sessions: a
+            .sessions
+            .iter()
+            .map(|s| pb::AuctionSession {
+                client: s.client.clone(),
+                volume: s.volume,
+                drive: s.drive,
+                weight: s.weight,
+                granted_bytes: s.granted_bytes,
+                spent_last_bytes: s.spent_last_bytes,
+                hungry: s.hungry,
+                idle: s.idle,
+            })
+            .collect(),
     }
 }
 

@@ -396,8 +396,9 @@ impl Volume {
         Ok(())
     }
 
-    /// Sends one drive I/O: through the eIO gate when it is on, timed for
-    /// the view either way.
+    /// Sends one drive I/O: after its bandwidth slice (when the auction
+    /// runs) and through the eIO gate (when it is on), timed for the view
+    /// either way.
     async fn drive_io<T>(
         &self,
         drive: DriveId,
@@ -406,9 +407,19 @@ impl Volume {
         io: impl std::future::Future<Output = Result<T, sluice_host::HostError>>,
     ) -> Result<T, VolumeError> {
         let iso = &self.pool.isolation;
+        let volume = read(&self.map).volume().id.0;
+        // The auction's slice first (no wait while it lasts or the auction
+        // is off), then the eIO gate's order.
+        iso.spend(
+            volume,
+            u64::from(drive.0),
+            bytes as u64,
+            kind == IoKind::Write,
+        )
+        .await;
         let _permit: Option<EioPermit> = if self.eio() {
             let weight = f64::from_bits(self.eio_weight.load(std::sync::atomic::Ordering::Relaxed));
-            let stream = StreamId((read(&self.map).volume().id.0 << 32) | u64::from(drive.0));
+            let stream = StreamId((volume << 32) | u64::from(drive.0));
             Some(
                 iso.admit(stream, u64::from(drive.0), kind, bytes as u64, weight)
                     .await,

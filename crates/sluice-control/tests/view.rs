@@ -291,9 +291,17 @@ async fn bad_view_messages_get_invalid_argument_naming_the_field() {
         client: "x".into(),
         sent_at_us: 0,
         samples: vec![pb::ViewSample::default(); sluice_flint::view::BATCH_SAMPLES_MAX + 1],
+        bids: vec![],
     };
     let e = c.view_sync(big).await.unwrap_err();
     assert!(e.to_string().contains("samples:"), "{e}");
+    let greedy = pb::ViewBatch {
+        client: "x".into(),
+        bids: vec![pb::SessionBid::default(); sluice_flint::auction::BID_SESSIONS_MAX + 1],
+        ..Default::default()
+    };
+    let e = c.view_sync(greedy).await.unwrap_err();
+    assert!(e.to_string().contains("bids:"), "{e}");
     let e = c
         .view_sync(pb::ViewBatch {
             client: String::new(),

@@ -15,15 +15,20 @@
 //! * [`eio`]: the eIO scheduler (Algorithm 2): a PIFO per drive ranked by
 //!   estimated cost, queueing time, allocated share and bottleneck reports,
 //!   order kept within a stream, admission bounded by the bytes in flight.
+//! * [`auction`]: the bandwidth auction (Algorithms 3-4): the arbiter's
+//!   DRR with gang admission over NetPipe, IOPipe and drive, and the
+//!   client's wallet of slices.
 //!
 //! Nothing here touches a socket, a file or a clock: time is passed in as
 //! microseconds on the caller's monotonic clock.
 
+pub mod auction;
 pub mod bottleneck;
 pub mod eio;
 pub mod view;
 pub mod window;
 
+pub use auction::{Arbiter, AuctionConfig, Wallet, WalletConfig};
 pub use bottleneck::{BottleneckReport, Session};
 pub use eio::{EioConfig, EioScheduler, IoKind, StreamId};
 pub use view::{Entity, IoSample, ViewAgent, ViewController, ViewControllerConfig};

@@ -255,6 +255,15 @@ impl Counted {
     }
 }
 
+/// A drive's samples since the auction last took them.
+#[derive(Clone, Copy, Debug, Default)]
+struct SinceTake {
+    ios: u64,
+    bytes: u64,
+    /// Latency above the unloaded latency of each sample's size, summed.
+    excess_us: u64,
+}
+
 #[derive(Clone, Debug)]
 struct DriveState {
     port: String,
@@ -262,10 +271,15 @@ struct DriveState {
     peak_bytes_per_sec: f64,
     /// Least latency seen per size class (`u64::MAX`: none yet).
     baseline_us: [u64; SIZE_CLASSES],
+    /// When each size class was last seen (for the auction's measure: the
+    /// slowest unloaded latency among the sizes in use).
+    class_seen_us: [u64; SIZE_CLASSES],
     c: Counted,
     congested: bool,
     headroom: f64,
     busy: f64,
+    /// Samples since the auction last took them.
+    since_take: SinceTake,
 }
 
 impl DriveState {
@@ -336,10 +350,12 @@ impl ViewController {
                     capacity_configured: capacity,
                     peak_bytes_per_sec: 0.0,
                     baseline_us: [u64::MAX; SIZE_CLASSES],
+                    class_seen_us: [0; SIZE_CLASSES],
                     c: Counted::new(span),
                     congested: false,
                     headroom: 0.0,
                     busy: 0.0,
+                    since_take: SinceTake::default(),
                 },
             );
         }
@@ -411,9 +427,14 @@ impl ViewController {
             let latency = u64::from(s.latency_us);
             *base = (*base).min(latency);
             let excess = latency.saturating_sub(*base);
+            d.class_seen_us[class] = d.class_seen_us[class].max(at);
             let bytes = u64::from(s.bytes);
             if d.c.window.record(at, bytes, latency, excess, s.write) {
                 d.c.counter += 1;
+                let t = &mut d.since_take;
+                t.ios += 1;
+                t.bytes = t.bytes.saturating_add(bytes);
+                t.excess_us = t.excess_us.saturating_add(excess);
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
                 let port = d.port.clone();
                 if let Some(p) = self.ports.get_mut(&port) {
@@ -492,7 +513,9 @@ impl ViewController {
     /// are congested, runs Algorithm 1, drops silent clients, and returns
     /// the subscriptions that changed state. `None` when no epoch was due.
     pub fn poll_epoch(&mut self, now_us: u64) -> Option<Vec<Notification>> {
-        if now_us < self.next_epoch_us {
+        // A timer that fires a little early (an eighth of a period) still
+        // runs the epoch, rather than skipping a whole period.
+        if now_us.saturating_add(self.cfg.epoch_us / 8) < self.next_epoch_us {
             return None;
         }
         self.next_epoch_us = now_us + self.cfg.epoch_us;
@@ -685,6 +708,45 @@ impl ViewController {
         }
     }
 
+    /// What each drive's samples showed since the last call (the bandwidth
+    /// auction's signal), and starts counting anew.
+    pub fn take_drive_signals(
+        &mut self,
+        now_us: u64,
+    ) -> BTreeMap<u64, crate::auction::DriveSignal> {
+        let span = self.cfg.window_us;
+        self.drives
+            .iter_mut()
+            .map(|(id, d)| {
+                let t = std::mem::take(&mut d.since_take);
+                // The slowest unloaded latency among the sizes used within
+                // the window.
+                let base_us_max = d
+                    .baseline_us
+                    .iter()
+                    .zip(&d.class_seen_us)
+                    .filter(|(b, seen)| **b != u64::MAX && now_us.saturating_sub(**seen) < span)
+                    .map(|(b, _)| *b)
+                    .max()
+                    .unwrap_or(1);
+                #[allow(clippy::cast_precision_loss)]
+                let delay = if t.ios == 0 {
+                    0.0
+                } else {
+                    t.excess_us as f64 / t.ios as f64
+                };
+                #[allow(clippy::cast_precision_loss)]
+                let signal = crate::auction::DriveSignal {
+                    ios: t.ios,
+                    bytes: t.bytes,
+                    queue_delay_us_mean: delay,
+                    inflation_mean: delay / base_us_max.max(1) as f64,
+                };
+                (*id, signal)
+            })
+            .collect()
+    }
+
     /// Busy degree (0..=1) per drive, for placement.
     pub fn busy_degrees(&self) -> impl Iterator<Item = (u64, f64)> + '_ {
         self.drives.iter().map(|(id, d)| (*id, d.busy))
@@ -808,6 +870,17 @@ impl ViewAgent {
             sent_at_us: now_us,
             samples: self.pending.drain(..n).collect(),
         })
+    }
+
+    /// Whatever samples wait, as a batch (possibly empty): a bid for
+    /// bandwidth takes them along.
+    pub fn flush_batch(&mut self, now_us: u64) -> SampleBatch {
+        let n = self.pending.len().min(BATCH_SAMPLES_MAX);
+        SampleBatch {
+            client: self.client.clone(),
+            sent_at_us: now_us,
+            samples: self.pending.drain(..n).collect(),
+        }
     }
 
     /// A batch could not be delivered: its samples go back, oldest first.
@@ -963,6 +1036,36 @@ mod tests {
         assert_eq!(get(Entity::IoPipe("10.0.0.1:4420".into())), Some((1, 1)));
         assert_eq!(get(Entity::NetPipe("a".into())), Some((2, 2)));
         assert_eq!(get(Entity::Drive(2)), None);
+    }
+
+    #[test]
+    fn the_auctions_signal_counts_waits_in_units_of_the_slowest_size_in_use() {
+        let mut c = controller();
+        // Unloaded: 4 KiB in 100 us, 128 KiB in 1000 us.
+        let unloaded = vec![sample(1, 4096, 100, 0), sample(1, 128 << 10, 1000, 0)];
+        c.handle_batch(10, &batch("a", 10, unloaded))
+            .expect("batch");
+        c.take_drive_signals(10);
+        // Then 4 KiB reads that waited 2 ms each: two of the slowest I/O.
+        let waited: Vec<IoSample> = (0..10).map(|i| sample(1, 4096, 2100, 20 + i)).collect();
+        c.handle_batch(40, &batch("a", 40, waited)).expect("batch");
+        let s = c.take_drive_signals(40);
+        let d1 = s.get(&1).expect("drive 1");
+        assert_eq!((d1.ios, d1.bytes), (10, 40_960));
+        assert!((d1.queue_delay_us_mean - 2000.0).abs() < 1e-9, "{d1:?}");
+        assert!((d1.inflation_mean - 2.0).abs() < 1e-9, "{d1:?}");
+        // Taken: the next call starts from nothing.
+        assert_eq!(c.take_drive_signals(50).get(&1).map(|d| d.ios), Some(0));
+        // A size unused for a whole window no longer sets the unit.
+        let late = vec![sample(1, 4096, 300, 2_000_000)];
+        c.handle_batch(2_000_000, &batch("a", 2_000_000, late))
+            .expect("batch");
+        let s = c.take_drive_signals(2_000_000);
+        let d1 = s.get(&1).expect("drive 1");
+        assert!(
+            d1.inflation_mean > 1.5,
+            "in units of the 4 KiB read now: {d1:?}"
+        );
     }
 
     #[test]

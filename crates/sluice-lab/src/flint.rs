@@ -295,7 +295,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         };
         rt.block_on(async {
             client
-                .view_sync(view_pb::batch_to_pb(&batch(64, 0)))
+                .view_sync(view_pb::batch_to_pb(&batch(64, 0), &[]))
                 .await?;
             let snap = client
                 .view_query(sluice_control::pb::ViewQueryRequest {
@@ -343,14 +343,14 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
             let mut full = Vec::new();
             let cpu0 = sluice_cpu::current_thread_cpu_ns();
             for i in 0..n_sync {
-                let b = view_pb::batch_to_pb(&batch(512, u64::from(i) * 1000));
+                let b = view_pb::batch_to_pb(&batch(512, u64::from(i) * 1000), &[]);
                 let t = Instant::now();
                 client.view_sync(b).await?;
                 full.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
             }
             let cpu = sluice_cpu::current_thread_cpu_ns().saturating_sub(cpu0);
             for i in 0..n_sync {
-                let b = view_pb::batch_to_pb(&batch(1, u64::from(i)));
+                let b = view_pb::batch_to_pb(&batch(1, u64::from(i)), &[]);
                 let t = Instant::now();
                 client.view_sync(b).await?;
                 one.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));

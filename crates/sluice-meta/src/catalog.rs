@@ -22,8 +22,8 @@ use sluice_volume::record::{
     check_replicas, check_size, check_volume_name, DRIVES_MAX, NAME_BYTES_MAX, VOLUMES_MAX,
 };
 use sluice_volume::{
-    DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, VolumeId, VolumeRecord,
-    VolumeState, EXTENT_BYTES,
+    DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, TenantRecord, VolumeId,
+    VolumeRecord, VolumeState, EXTENT_BYTES,
 };
 
 use crate::keys::{self, Ids, Reserved};
@@ -479,6 +479,50 @@ impl<S: MetaStore> Catalog<S> {
             }
         }
         Ok(shortened)
+    }
+
+    // ------------------------------------------------------------------ tenants
+
+    /// Every tenant with an SLO class, by name.
+    pub async fn tenants(&self) -> Result<Vec<TenantRecord>, CatalogError> {
+        let tenants: Vec<(TenantRecord, u64)> = self.list(keys::TENANTS).await?;
+        tenants
+            .into_iter()
+            .map(|(t, _)| {
+                t.check().map_err(|r| {
+                    CatalogError::Inconsistent(format!("{}: {r}", keys::tenant(&t.name)))
+                })?;
+                Ok(t)
+            })
+            .collect()
+    }
+
+    /// Puts `name` in SLO class `slo_class` (one transaction; the last
+    /// writer wins, as for any setting).
+    pub async fn set_tenant(
+        &self,
+        name: &str,
+        slo_class: &str,
+    ) -> Result<TenantRecord, CatalogError> {
+        let record = TenantRecord {
+            name: name.to_owned(),
+            slo_class: slo_class.to_owned(),
+        };
+        sluice_volume::record::check_tenant_name(name).map_err(invalid("tenant"))?;
+        sluice_volume::record::check_slo_class(slo_class).map_err(invalid("SLO class"))?;
+        let key = keys::tenant(name);
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let current = self.store.get(&key).await?;
+            let txn = match &current {
+                Some(v) => Txn::default().unchanged(key.clone(), v.mod_revision),
+                None => Txn::default().absent(key.clone()),
+            }
+            .put(key.clone(), keys::encode(&record));
+            if self.commit("set_tenant", txn).await?.is_some() {
+                return Ok(record);
+            }
+        }
+        Err(CatalogError::Contended("set_tenant"))
     }
 
     // ------------------------------------------------------------------ volumes

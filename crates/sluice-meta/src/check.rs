@@ -73,6 +73,14 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
             volumes.insert(vol.id, vol);
         } else if k.starts_with(keys::EXTENTS) {
             extents.push((k.clone(), keys::decode(k, v)?));
+        } else if k.starts_with(keys::TENANTS) {
+            let t: sluice_volume::TenantRecord = keys::decode(k, v)?;
+            if let Err(r) = t.check() {
+                problems.push(format!("{k}: {r}"));
+            }
+            if *k != keys::tenant(&t.name) {
+                problems.push(format!("{k}: holds tenant {:?}", t.name));
+            }
         } else if k.starts_with(keys::LEADER) {
             // The election's candidates: not catalog records.
         } else {

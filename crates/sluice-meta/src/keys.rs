@@ -6,6 +6,7 @@
 //! drives/{id:08}                DriveRecord
 //! volumes/{name}                VolumeRecord
 //! extents/{volume:016x}/{index:016x}   ExtentRecord
+//! tenants/{name}                TenantRecord (SLO class)
 //! leader/...                    the control planes' election (etcd only)
 //! ```
 //!
@@ -25,6 +26,7 @@ pub const RESERVED: &str = "pool/reserved";
 pub const DRIVES: &str = "drives/";
 pub const VOLUMES: &str = "volumes/";
 pub const EXTENTS: &str = "extents/";
+pub const TENANTS: &str = "tenants/";
 /// The control planes' election (etcd's election API keeps one key per
 /// candidate under it; not catalog records).
 pub const LEADER: &str = "leader";
@@ -35,6 +37,10 @@ pub fn drive(id: DriveId) -> String {
 
 pub fn volume(name: &str) -> String {
     format!("volumes/{name}")
+}
+
+pub fn tenant(name: &str) -> String {
+    format!("tenants/{name}")
 }
 
 pub fn extents_of(volume: VolumeId) -> String {

@@ -247,6 +247,36 @@ async fn catalog_lifecycle<S: MetaStore>(s: S) {
     let e = c.allocate_extent("db", v2.id, 0).await.unwrap();
     assert_eq!(e.chain[0].drive, DriveId(3));
     check_catalog(c.store()).await.unwrap();
+
+    // Tenants' SLO classes: set, changed, listed; bad names refused.
+    assert!(c.tenants().await.unwrap().is_empty());
+    c.set_tenant("nqn.2014-08.org.example:gold-host", "gold")
+        .await
+        .unwrap();
+    c.set_tenant("web", "bronze").await.unwrap();
+    c.set_tenant("web", "silver").await.unwrap();
+    let t: Vec<(String, String)> = c
+        .tenants()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.name, t.slo_class))
+        .collect();
+    assert_eq!(
+        t,
+        vec![
+            ("nqn.2014-08.org.example:gold-host".into(), "gold".into()),
+            ("web".into(), "silver".into())
+        ]
+    );
+    for (name, class, field) in [("", "gold", "tenant"), ("x", "no spaces", "SLO class")] {
+        let e = c.set_tenant(name, class).await.unwrap_err();
+        assert!(
+            matches!(&e, CatalogError::Invalid { field: f, .. } if *f == field),
+            "{e}"
+        );
+    }
+    check_catalog(c.store()).await.unwrap();
 }
 
 #[test]

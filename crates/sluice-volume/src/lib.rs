@@ -23,6 +23,6 @@ pub mod record;
 pub use map::{ExtentFault, MappedExtent, Piece, PieceTarget, VolumeMap};
 pub use placement::{DriveCandidate, PlacementError, PlacementWeights};
 pub use record::{
-    Chain, DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, VolumeId,
-    VolumeRecord, VolumeState, EXTENT_BYTES,
+    Chain, DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, TenantRecord,
+    VolumeId, VolumeRecord, VolumeState, EXTENT_BYTES,
 };

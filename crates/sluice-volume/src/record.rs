@@ -404,6 +404,42 @@ pub fn check_size(size_bytes: u64, block_size_bytes: u32) -> Result<(), String> 
     Ok(())
 }
 
+/// A tenant's service class: the weight its volumes bid with in the
+/// bandwidth auction comes from the class (`sluice tenant set`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    /// As volumes name it (`--tenant`): a name or a host NQN.
+    pub name: String,
+    pub slo_class: String,
+}
+
+impl TenantRecord {
+    pub fn check(&self) -> Result<(), String> {
+        check_name("tenant", &self.name)?;
+        check_slo_class(&self.slo_class)
+    }
+}
+
+/// Checks an SLO class name: 1-64 letters, digits, '_' or '-'.
+pub fn check_slo_class(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+    {
+        return Err(format!(
+            "SLO class {name:?} must be 1-64 letters, digits, '_' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a tenant name: 1-256 printable bytes.
+pub fn check_tenant_name(name: &str) -> Result<(), String> {
+    check_name("tenant", name)
+}
+
 /// Checks a replica count: 1..=[`REPLICAS_MAX`].
 pub fn check_replicas(replicas: u8) -> Result<(), String> {
     if replicas == 0 || replicas > REPLICAS_MAX {
