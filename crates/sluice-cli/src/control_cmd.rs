@@ -585,12 +585,20 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
         a.epoch_us / 1000
     );
     out.push_str(&format!(
-        "{:<6} {:<22} {:>10} {:>10} {:>11} {:>9} {:>9} {:>6}\n",
-        "DRIVE", "PORT", "EST MB/s", "DONE MB/s", "GRANTED MB", "SLICE KiB", "QDELAY us", "WAITS"
+        "{:<6} {:<22} {:>10} {:>10} {:>11} {:>9} {:>9} {:>6} {:>6}\n",
+        "DRIVE",
+        "PORT",
+        "EST MB/s",
+        "DONE MB/s",
+        "GRANTED MB",
+        "SLICE KiB",
+        "QDELAY us",
+        "WAITS",
+        "CONT"
     ));
     for d in &a.drives {
         out.push_str(&format!(
-            "{:<6} {:<22} {:>10.1} {:>10.1} {:>11.2} {:>9} {:>9.0} {:>6.2}\n",
+            "{:<6} {:<22} {:>10.1} {:>10.1} {:>11.2} {:>9} {:>9.0} {:>6.2} {:>6.2}\n",
             format!("d{}", d.drive),
             d.port,
             d.bytes_per_sec / 1e6,
@@ -598,7 +606,8 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
             d.granted_bytes as f64 / 1e6,
             d.slice_bytes / 1024,
             d.queue_delay_us_mean,
-            d.inflation_mean
+            d.inflation_mean,
+            d.contention_mean
         ));
     }
     out.push_str(&format!(

@@ -119,6 +119,37 @@ impl SloClasses {
     }
 }
 
+/// One line per drive of the auction's state (for experiments' logs).
+pub fn render_auction_brief(a: &crate::pb::AuctionStatusResponse) -> String {
+    let mut out = String::new();
+    for d in &a.drives {
+        let sessions: Vec<String> = a
+            .sessions
+            .iter()
+            .filter(|s| s.drive == d.drive)
+            .map(|s| {
+                format!(
+                    "{}:{:.1}/{:.1}{}",
+                    s.client,
+                    s.granted_bytes as f64 / 1e6,
+                    s.spent_last_bytes as f64 / 1e6,
+                    if s.hungry { "h" } else { "" }
+                )
+            })
+            .collect();
+        out.push_str(&format!(
+            "auction d{} est {:.0} MB/s done {:.0} MB/s waits {:.2} contention {:.2} | {}\n",
+            d.drive,
+            d.bytes_per_sec / 1e6,
+            d.completed_bytes_per_sec / 1e6,
+            d.inflation_mean,
+            d.contention_mean,
+            sessions.join(" ")
+        ));
+    }
+    out
+}
+
 /// The auction's state for `sluice auction status` and `/v1/auction`.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AuctionStatus {
@@ -139,6 +170,7 @@ pub struct AuctionDriveStatus {
     pub granted_bytes: u64,
     pub queue_delay_us_mean: f64,
     pub inflation_mean: f64,
+    pub contention_mean: f64,
     pub completed_bytes_per_sec: f64,
 }
 
@@ -254,6 +286,7 @@ impl ViewHub {
                     granted_bytes: d.granted_bytes,
                     queue_delay_us_mean: d.last.queue_delay_us_mean,
                     inflation_mean: d.last.inflation_mean,
+                    contention_mean: d.last.contention_mean,
                     completed_bytes_per_sec: d.completed_bytes_per_sec,
                 })
                 .collect(),

@@ -383,6 +383,7 @@ pub fn auction_to_pb(a: &crate::view::AuctionStatus) -> pb::AuctionStatusRespons
                 granted_bytes: d.granted_bytes,
                 queue_delay_us_mean: d.queue_delay_us_mean,
                 inflation_mean: d.inflation_mean,
+                contention_mean: d.contention_mean,
                 completed_bytes_per_sec: d.completed_bytes_per_sec,
             })
             .collect(),

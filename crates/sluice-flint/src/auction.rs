@@ -43,17 +43,20 @@
 //! longer than a fast drive's whole queue, and a 4 KiB read behind a
 //! single 128 KiB transfer is inflated tenfold without any queue. When
 //! the measure passes `inflation_target`, the estimate drops to `back_off`
-//! times what the drive completed; when sessions ran out of slices while
-//! the drive completed most of what was granted, it grows by `probe_up`
-//! (grants the drive cannot complete would only lengthen its queue before
-//! the measure notices). And while the drive is contended (below), one
-//! session runs out of slices and another leaves most of its share unspent
-//! without running out, the estimate shrinks by `back_off`: the second is
-//! held back by the first's queue, and equal slices only mean equal
-//! bandwidth once both can spend them. An operator's figure caps it.
+//! times what the drive completed. While the drive is contended (below),
+//! one session runs out of slices and another leaves most of its share
+//! unspent without running out, the estimate shrinks by `back_off`: the
+//! second is held back by the first's queue, and equal slices only mean
+//! equal bandwidth once both can spend them. Otherwise, while sessions run
+//! out of slices, it grows by `probe_up` (a drive that cannot complete more
+//! fills its clients' queues, and they stop running out). While the
+//! auction is off the estimate follows what the drive completes, so that
+//! switching it on starts from the drive's real pace. An operator's figure
+//! caps it.
 //!
-//! **Shares.** While a drive is contended (its measure is past a quarter
-//! of `inflation_target`: I/O waits behind other I/O), every active session
+//! **Shares.** While a drive is contended (its I/O waits, on average, as
+//! long again as its own unloaded latency: I/O is held up by other I/O;
+//! the view measures this too), every active session
 //! keeps its whole weighted share, hungry or not: a reader that cannot
 //! spend its share is most likely held back by the others' queue, and
 //! giving its share away would feed that queue. While the drive is not, a
@@ -82,14 +85,12 @@ use serde::{Deserialize, Serialize};
 /// A session that spent less than this share of its grant without running
 /// out was held back (or needed less).
 const STARVED: f64 = 0.7;
-/// Share of `inflation_target` beyond which the drive counts as contended:
-/// active sessions then keep their whole share, hungry or not.
-const CONTENDED: f64 = 0.25;
+/// Mean contention (an I/O's wait as a multiple of its own unloaded
+/// latency) beyond which the drive counts as contended: active sessions
+/// then keep their whole share, hungry or not.
+const CONTENDED: f64 = 1.0;
 /// An epoch may run this fraction of a period early (1/8).
 const EPOCH_SLACK: u64 = 8;
-/// The estimate grows only while the drive completes at least this share
-/// of what is granted.
-const KEEPS_UP: f64 = 0.85;
 /// Weight of the newest epoch in a drive's smoothed completion rate.
 const COMPLETED_EWMA: f64 = 0.5;
 /// A hungry wallet bids this long after the auction it waits for ran.
@@ -255,6 +256,9 @@ pub struct DriveSignal {
     /// That mean in units of the longest unloaded latency among the sizes
     /// seen: about how many of the slowest I/Os the average one waited for.
     pub inflation_mean: f64,
+    /// Each I/O's excess as a multiple of its own unloaded latency (capped
+    /// at 10), averaged: how much I/O is held up by other I/O.
+    pub contention_mean: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -617,16 +621,23 @@ impl Arbiter {
             a.2 |= !s.idle && !s.hungry_last && s.granted_last > 0 && short;
         }
         let cfg = self.cfg;
+        let on = self.on;
         for (id, d) in &mut self.drives {
             let sig = signal(*id).unwrap_or_default();
             d.last = sig;
             let (hungry, granted, starved) = appetite.get(id).copied().unwrap_or_default();
-            let contended = sig.inflation_mean >= cfg.inflation_target * CONTENDED;
+            let contended = sig.contention_mean >= CONTENDED;
             #[allow(clippy::cast_precision_loss)]
             let completed = sig.bytes as f64 / epoch_s;
             d.completed_bytes_per_sec += COMPLETED_EWMA * (completed - d.completed_bytes_per_sec);
             d.inflated = sig.ios >= cfg.signal_ios_min && sig.inflation_mean > cfg.inflation_target;
-            if d.inflated {
+            if !on {
+                // Off, the drive runs as fast as its clients push it: what
+                // it completes is where the auction starts when switched on.
+                if d.completed_bytes_per_sec > 0.0 {
+                    d.bytes_per_sec = d.completed_bytes_per_sec;
+                }
+            } else if d.inflated {
                 d.bytes_per_sec =
                     d.bytes_per_sec.min(d.completed_bytes_per_sec.max(1.0)) * cfg.back_off;
             } else if contended && hungry && starved {
@@ -635,17 +646,11 @@ impl Arbiter {
                 // less, until the other can spend its share (equal shares
                 // only mean equal bandwidth if both can use them).
                 d.bytes_per_sec *= cfg.back_off;
-            } else {
-                // Grow while sessions wait for slices and the drive
-                // completes most of what is granted: grants it cannot
-                // complete would only lengthen its queue before the
-                // measure notices.
-                #[allow(clippy::cast_precision_loss)]
-                let granted_rate = granted as f64 / epoch_s;
-                let keeps_up = d.completed_bytes_per_sec >= KEEPS_UP * granted_rate;
-                if hungry && granted > 0 && keeps_up {
-                    d.bytes_per_sec *= cfg.probe_up;
-                }
+            } else if hungry && granted > 0 && !starved {
+                // Sessions want more and none is held back: probe. A drive
+                // that cannot complete more fills its clients' queues, so
+                // they stop running out of slices and probing stops.
+                d.bytes_per_sec *= cfg.probe_up;
             }
             d.bytes_per_sec = d.bytes_per_sec.max(cfg.drive_bytes_per_sec_min);
             if let Some(m) = d.bytes_per_sec_max {
@@ -725,8 +730,9 @@ impl Arbiter {
                 let d = self.drives.get(&k.drive)?;
                 let port = d.port.clone();
                 let slice_bytes = d.slice_bytes;
-                // Any queueing at all: every active session keeps its share.
-                let contended = d.last.inflation_mean >= self.cfg.inflation_target * CONTENDED;
+                // I/O held up by other I/O: every active session keeps its
+                // share.
+                let contended = d.last.contention_mean >= CONTENDED;
                 #[allow(clippy::cast_precision_loss)]
                 let slice = slice_bytes as f64;
                 #[allow(clippy::cast_precision_loss)]

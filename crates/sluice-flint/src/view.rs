@@ -48,6 +48,8 @@ pub const QUERY_ENTITIES_MAX: usize = 4096;
 pub const SUBSCRIPTIONS_PER_CLIENT_MAX: usize = 64;
 /// Size classes for the unloaded-latency baselines (512 B .. 16 MiB).
 pub const SIZE_CLASSES: usize = 16;
+/// Unloaded-latency baselines per drive: reads and writes of each class.
+const BASELINES: usize = 2 * SIZE_CLASSES;
 /// Longest client name.
 pub const CLIENT_NAME_BYTES_MAX: usize = 256;
 
@@ -262,18 +264,27 @@ struct SinceTake {
     bytes: u64,
     /// Latency above the unloaded latency of each sample's size, summed.
     excess_us: u64,
+    /// That excess as a multiple of the sample's own unloaded latency
+    /// (at most [`CONTENTION_MAX`]), summed.
+    contention: f64,
 }
+
+/// One sample counts at most this much in the contention measure, so that
+/// a few stalls do not stand for the whole epoch.
+const CONTENTION_MAX: f64 = 10.0;
 
 #[derive(Clone, Debug)]
 struct DriveState {
     port: String,
     capacity_configured: Option<f64>,
     peak_bytes_per_sec: f64,
-    /// Least latency seen per size class (`u64::MAX`: none yet).
-    baseline_us: [u64; SIZE_CLASSES],
-    /// When each size class was last seen (for the auction's measure: the
-    /// slowest unloaded latency among the sizes in use).
-    class_seen_us: [u64; SIZE_CLASSES],
+    /// Least latency seen per direction and size class (reads first;
+    /// `u64::MAX`: none yet): a write and a read of one size cost the drive
+    /// differently, so each is measured against its own kind.
+    baseline_us: [u64; BASELINES],
+    /// When each was last seen (for the auction's measure: the slowest
+    /// unloaded latency among the sizes in use).
+    class_seen_us: [u64; BASELINES],
     c: Counted,
     congested: bool,
     headroom: f64,
@@ -349,8 +360,8 @@ impl ViewController {
                     port: port.to_owned(),
                     capacity_configured: capacity,
                     peak_bytes_per_sec: 0.0,
-                    baseline_us: [u64::MAX; SIZE_CLASSES],
-                    class_seen_us: [0; SIZE_CLASSES],
+                    baseline_us: [u64::MAX; BASELINES],
+                    class_seen_us: [0; BASELINES],
                     c: Counted::new(span),
                     congested: false,
                     headroom: 0.0,
@@ -422,11 +433,13 @@ impl ViewController {
             // Place the sample on our clock by its age in the batch.
             let age = batch.sent_at_us.saturating_sub(s.at_us);
             let at = now_us.saturating_sub(age);
-            let class = size_class(s.bytes);
+            let class = size_class(s.bytes) + usize::from(s.write) * SIZE_CLASSES;
             let base = &mut d.baseline_us[class];
             let latency = u64::from(s.latency_us);
             *base = (*base).min(latency);
             let excess = latency.saturating_sub(*base);
+            #[allow(clippy::cast_precision_loss)]
+            let contention = (excess as f64 / (*base).max(1) as f64).min(CONTENTION_MAX);
             d.class_seen_us[class] = d.class_seen_us[class].max(at);
             let bytes = u64::from(s.bytes);
             if d.c.window.record(at, bytes, latency, excess, s.write) {
@@ -435,6 +448,7 @@ impl ViewController {
                 t.ios += 1;
                 t.bytes = t.bytes.saturating_add(bytes);
                 t.excess_us = t.excess_us.saturating_add(excess);
+                t.contention += contention;
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
                 let port = d.port.clone();
                 if let Some(p) = self.ports.get_mut(&port) {
@@ -741,6 +755,11 @@ impl ViewController {
                     bytes: t.bytes,
                     queue_delay_us_mean: delay,
                     inflation_mean: delay / base_us_max.max(1) as f64,
+                    contention_mean: if t.ios == 0 {
+                        0.0
+                    } else {
+                        t.contention / t.ios as f64
+                    },
                 };
                 (*id, signal)
             })

@@ -1,5 +1,7 @@
 //! Flint's isolation across volumes (docs/isolation-volumes.md).
 //!
+//! `auction` (Flint Fig. 9a): see [`run_auction`].
+//!
 //! `eio` (Flint Fig. 10): a latency-sensitive volume beside a volume that
 //! streams 128 KiB reads, both on one emulated SSD and opened by one client
 //! (one `DrivePool`, so one eIO scheduler). The victim reads 4 KiB at
@@ -462,4 +464,266 @@ async fn tcp_ping_pong(n: u32) -> Result<Vec<u32>> {
     drop(c);
     let _ = server.join();
     Ok(lat)
+}
+
+/// One stream of a workload: block size, queue depth, share of reads.
+#[derive(Debug, Clone, Copy)]
+struct StreamSpec {
+    bs: usize,
+    qd: u64,
+    read_share: f64,
+}
+
+impl StreamSpec {
+    const fn new(bs: usize, qd: u64, read_share: f64) -> StreamSpec {
+        StreamSpec { bs, qd, read_share }
+    }
+
+    fn label(&self) -> String {
+        let kind = match self.read_share {
+            r if r >= 1.0 => "read".to_owned(),
+            r if r <= 0.0 => "write".to_owned(),
+            r => format!("{:.0}/{:.0} r/w", r * 100.0, (1.0 - r) * 100.0),
+        };
+        format!("{}x{}K {kind}", self.qd, self.bs / 1024)
+    }
+}
+
+/// Flint §5.3's five pairs: the first stream on the small volume, the
+/// second on the large one.
+const WORKLOADS: [(&str, StreamSpec, StreamSpec); 5] = [
+    (
+        "W1",
+        StreamSpec::new(4096, 16, 1.0),
+        StreamSpec::new(128 << 10, 8, 1.0),
+    ),
+    (
+        "W2",
+        StreamSpec::new(4096, 8, 1.0),
+        StreamSpec::new(4096, 8, 0.0),
+    ),
+    (
+        "W3",
+        StreamSpec::new(4096, 8, 0.0),
+        StreamSpec::new(128 << 10, 8, 1.0),
+    ),
+    (
+        "W4",
+        StreamSpec::new(128 << 10, 8, 1.0),
+        StreamSpec::new(128 << 10, 8, 0.0),
+    ),
+    (
+        "W5",
+        StreamSpec::new(4096, 8, 0.7),
+        StreamSpec::new(4096, 8, 0.3),
+    ),
+];
+
+/// `spec`'s I/O on `v` over its first `span` bytes until `stop`; bytes moved.
+async fn stream(
+    v: Arc<Volume>,
+    spec: StreamSpec,
+    span: u64,
+    seed: u64,
+    stop: Instant,
+) -> Result<u64> {
+    let blocks = span / spec.bs as u64;
+    let per = (spec.bs / 4096) as u64;
+    let tasks: Vec<_> = (0..spec.qd)
+        .map(|w| {
+            let v = v.clone();
+            tokio::spawn(async move {
+                let data = vec![0xa5u8; spec.bs];
+                let mut x = 0x9e37_79b9_7f4a_7c15 ^ (seed << 8) ^ (w + 1);
+                let mut bytes = 0u64;
+                while Instant::now() < stop {
+                    let lba = (next(&mut x) % blocks) * per;
+                    #[allow(clippy::cast_precision_loss)]
+                    let coin = (next(&mut x) % 1000) as f64 / 1000.0;
+                    if coin < spec.read_share {
+                        v.read(lba, spec.bs, IoFlags::default()).await?;
+                    } else {
+                        v.write(lba, &data, IoFlags::default()).await?;
+                    }
+                    bytes += spec.bs as u64;
+                }
+                anyhow::Ok(bytes)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total)
+}
+
+/// The drives of the auction's experiment: slower than the default model,
+/// so that two streams saturate them before this 2-core machine's CPU does.
+fn fair_ssd() -> SsdConfig {
+    SsdConfig::default()
+        .with_read_bytes_per_sec_max(400_000_000)
+        .with_write_bytes_per_sec_max(200_000_000)
+        .with_read_iops_max(40_000)
+        .with_write_iops_max(20_000)
+        .with_parallelism(4)
+}
+
+/// `auction` (Flint Fig. 9a): W1-W5, each a stream on a 64 MiB volume
+/// against a stream on a 512 MiB volume, over the same two drives, from
+/// two clients; the bandwidth auction off, then on, in each repeat.
+pub fn run_auction(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
+    const SMALL: u64 = 64 * MIB;
+    const LARGE: u64 = 512 * MIB;
+    let dir = std::env::temp_dir().join(format!("sluice-lab-auction-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let target = drive_target(2, 512 * MIB, Some(fair_ssd()))?;
+    let control = Control::start(Metadata::Redb(dir.join("m.redb")))?;
+    control.add_drives(&[&target], 2)?;
+    control.create("small", SMALL, 1)?;
+    control.create("large", LARGE, 1)?;
+    let client = control.client()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    // (workload, repeat, on) -> (small MB/s, large MB/s)
+    let mut results: Vec<Vec<[(f64, f64); 2]>> = vec![Vec::new(); WORKLOADS.len()];
+    rt.block_on(async {
+        let opts = ConnectOptions {
+            hostnqn: "nqn.2026-11.io.sluice:lab-auction".into(),
+            queue_depth: 128,
+            ..ConnectOptions::default()
+        };
+        // Every extent written first: streams never wait on allocation,
+        // and reads reach the drives.
+        {
+            let pool = DrivePool::new(opts.clone());
+            let chunk = vec![0x5au8; 1 << 20];
+            for (name, size) in [("small", SMALL), ("large", LARGE)] {
+                let v = Volume::open(client.clone(), pool.clone(), name).await?;
+                for i in 0..size / MIB {
+                    v.write(i * MIB / 4096, &chunk, IoFlags::default())
+                        .await
+                        .context("filling the volumes")?;
+                }
+            }
+        }
+        let pool = |name: &str| -> Result<Arc<DrivePool>> {
+            let iso = ClientIsolation::new(name, EioConfig::default()).map_err(anyhow::Error::msg)?;
+            Ok(DrivePool::with_isolation(opts.clone(), iso))
+        };
+        let small = Arc::new(Volume::open(client.clone(), pool("lab-small")?, "small").await?);
+        let large = Arc::new(Volume::open(client.clone(), pool("lab-large")?, "large").await?);
+        let settle = Duration::from_secs(1);
+        if std::env::var_os("SLUICE_LAB_DEBUG").is_some() {
+            let c = client.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if let Ok(a) = c.auction_status().await {
+                        eprint!("{}", sluice_control::view::render_auction_brief(&a));
+                    }
+                }
+            });
+        }
+        for rep in 0..repeats {
+            for (w, (name, a, b)) in WORKLOADS.iter().enumerate() {
+                let mut row = [(0.0, 0.0); 2];
+                for (k, on) in [false, true].into_iter().enumerate() {
+                    client.set_auction(on).await?;
+                    // Unmeasured: the estimate and the wallets settle.
+                    let stop = Instant::now() + settle;
+                    let _ = tokio::join!(
+                        stream(small.clone(), *a, SMALL, 1, stop),
+                        stream(large.clone(), *b, LARGE, 2, stop)
+                    );
+                    let t = Instant::now();
+                    let stop = t + Duration::from_secs_f64(runtime);
+                    let (sa, sb) = tokio::join!(
+                        stream(small.clone(), *a, SMALL, 3 + rep as u64, stop),
+                        stream(large.clone(), *b, LARGE, 4 + rep as u64, stop)
+                    );
+                    let secs = t.elapsed().as_secs_f64();
+                    #[allow(clippy::cast_precision_loss)]
+                    let r = (sa? as f64 / secs / 1e6, sb? as f64 / secs / 1e6);
+                    eprintln!(
+                        "repeat {rep} {name} auction {}: small {:.1} MB/s, large {:.1} MB/s, Jain {:.3}",
+                        if on { "on" } else { "off" },
+                        r.0,
+                        r.1,
+                        report::jain(&[r.0, r.1])
+                    );
+                    row[k] = r;
+                }
+                results[w].push(row);
+            }
+        }
+        client.set_auction(false).await?;
+        anyhow::Ok(())
+    })?;
+    drop(rt);
+    drop(control);
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let stat = |xs: Vec<f64>, prec: usize| {
+        let (lo, hi) = report::range(&xs);
+        format!("{:.p$} ({lo:.p$}-{hi:.p$})", report::median(&xs), p = prec)
+    };
+    let mut md = String::new();
+    md.push_str(
+        "# Bandwidth auction: volumes of different sizes on shared drives (Flint Fig. 9a)\n\n",
+    );
+    md.push_str(&format!(
+        "`cargo run --release -p sluice-lab -- auction --runtime {runtime} --repeats {repeats}`; load average before: {}.\n\n",
+        crate::datapath::loadavg()
+    ));
+    md.push_str(&format!(
+        "Two emulated SSDs (400 MB/s and 40k IOPS reading, 200 MB/s and 20k IOPS writing, 4 channels) behind one in-process Sluice target; a 64 MiB volume and a 512 MiB volume spread over both, each written whole first, each opened by its own client (its own NetPipe, view agent and wallet). Each workload runs its two streams together for {runtime} s with the auction off, then on (after 1 s unmeasured to settle), in every one of {repeats} repeats. Jain's index is over the two streams' bandwidth (1 = equal); medians over the repeats, ranges in brackets.\n\n"
+    ));
+    md.push_str("| workload | small volume's stream | large volume's stream | off: MB/s small / large | off: Jain | on: MB/s small / large | on: Jain |\n|---|---|---|---|---|---|---|\n");
+    let mut jain_off = Vec::new();
+    let mut jain_on = Vec::new();
+    for (w, (name, a, b)) in WORKLOADS.iter().enumerate() {
+        let rows = &results[w];
+        let col = |k: usize, f: fn(&(f64, f64)) -> f64| {
+            rows.iter().map(|r| f(&r[k])).collect::<Vec<f64>>()
+        };
+        let jain = |k: usize| {
+            rows.iter()
+                .map(|r| report::jain(&[r[k].0, r[k].1]))
+                .collect::<Vec<f64>>()
+        };
+        jain_off.push(report::median(&jain(0)));
+        jain_on.push(report::median(&jain(1)));
+        md.push_str(&format!(
+            "| {name} | {} | {} | {} / {} | {} | {} / {} | {} |\n",
+            a.label(),
+            b.label(),
+            stat(col(0, |r| r.0), 0),
+            stat(col(0, |r| r.1), 0),
+            stat(jain(0), 3),
+            stat(col(1, |r| r.0), 0),
+            stat(col(1, |r| r.1), 0),
+            stat(jain(1), 3),
+        ));
+    }
+    md.push_str("\nGoal: Jain ≥ 0.95 in every workload with the auction on.\n");
+    let xs: Vec<String> = WORKLOADS.iter().map(|(n, _, _)| (*n).to_owned()).collect();
+    let svg = crate::plot::bars(
+        "Fairness between a small and a large volume",
+        "workload",
+        "Jain's index (bandwidth)",
+        &xs,
+        &[
+            ("auction off".into(), jain_off),
+            ("auction on".into(), jain_on),
+        ],
+        Some(0.95),
+    )?;
+    report::write(out, "auction-fig9a.svg", &svg)?;
+    md.push_str("\n![Jain's index per workload](auction-fig9a.svg)\n");
+    report::write(out, "auction-fig9a.md", &md)?;
+    Ok(())
 }

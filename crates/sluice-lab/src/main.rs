@@ -83,6 +83,10 @@ enum Experiment {
     /// Flint Fig. 10: a 4 KiB victim volume beside a 128 KiB streamer on one
     /// drive, eIO scheduler off and on: eio-fig10.md.
     Eio(RepeatArgs),
+    /// Flint Fig. 9a: W1-W5, a stream on a small volume against one on a
+    /// large volume over shared drives, the bandwidth auction off and on
+    /// (Jain's index): auction-fig9a.md.
+    Auction(RepeatArgs),
     /// Flint Table 1: view_query from the local copy, view_sync round trips
     /// against a TCP ping-pong, the agent's CPU per 100k IOPS:
     /// view-table1.md.
@@ -184,6 +188,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
         Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
         Experiment::View(a) => flint::run_view(&a.out, a.repeats),
+        Experiment::Auction(a) => flint::run_auction(&a.out, a.runtime, a.repeats),
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;

@@ -191,8 +191,12 @@ fn estimate(a: &Arbiter, drive: u64) -> f64 {
 /// what it was granted and asks for more, while the drive completes
 /// `done` bytes and its waits measure `inflation`.
 fn starving_epoch(a: &mut Arbiter, t: u64, spent: &mut u64, done: u64, inflation: f64) {
+    epoch_of(a, t, spent, done, inflation, true);
+}
+
+fn epoch_of(a: &mut Arbiter, t: u64, spent: &mut u64, done: u64, inflation: f64, hungry: bool) {
     *spent += granted(a, "a", 10, 1);
-    a.handle_bid(t + 5_000, &bid("a", 10, 1, *spent, true))
+    a.handle_bid(t + 5_000, &bid("a", 10, 1, *spent, hungry))
         .expect("bid");
     a.poll_epoch(t + 10_000, |_| {
         Some(DriveSignal {
@@ -200,6 +204,7 @@ fn starving_epoch(a: &mut Arbiter, t: u64, spent: &mut u64, done: u64, inflation
             bytes: done,
             queue_delay_us_mean: 100.0,
             inflation_mean: inflation,
+            contention_mean: inflation,
         })
     });
 }
@@ -219,10 +224,11 @@ fn the_estimate_probes_while_the_drive_keeps_up_and_backs_off_when_it_queues() {
     }
     let up = estimate(&a, 1);
     assert!(up >= 110e6, "{up}");
-    // The drive completes only half of what was granted: no more growth.
+    // The session no longer runs out (its queue depth binds, not its
+    // slices): no more growth.
     let held = estimate(&a, 1);
-    let done = granted(&a, "a", 10, 1) / 2;
-    starving_epoch(&mut a, 60_000, &mut spent, done, 0.1);
+    let done = granted(&a, "a", 10, 1);
+    epoch_of(&mut a, 60_000, &mut spent, done, 0.1, false);
     assert!((estimate(&a, 1) - held).abs() < 1.0);
     // Now the average I/O waits five of the slowest I/O's unloaded
     // latencies while the drive completes 50 MB/s: back off to 0.9 of the
@@ -261,6 +267,7 @@ fn a_contended_drive_shrinks_while_one_session_starves_behind_another() {
             bytes: ga + gb / 10,
             queue_delay_us_mean: 500.0,
             inflation_mean: 1.0,
+            contention_mean: 2.0,
         })
     });
     let after = estimate(&a, 1);
@@ -553,6 +560,7 @@ struct Drive {
     epoch_bytes: u64,
     epoch_delay_us: u64,
     epoch_base_max: u64,
+    epoch_contention: f64,
 }
 
 fn service_us(bytes: u64) -> u64 {
@@ -587,6 +595,7 @@ fn closed_loop(auction: bool) -> (u64, u64) {
         epoch_bytes: 0,
         epoch_delay_us: 0,
         epoch_base_max: 0,
+        epoch_contention: 0.0,
     };
     let end = 1_500_000u64;
     let mut now = 0u64;
@@ -602,6 +611,11 @@ fn closed_loop(auction: bool) -> (u64, u64) {
                 d.epoch_bytes += bytes;
                 d.epoch_delay_us += started - submitted;
                 d.epoch_base_max = d.epoch_base_max.max(service_us(bytes));
+                #[allow(clippy::cast_precision_loss)]
+                {
+                    d.epoch_contention +=
+                        ((started - submitted) as f64 / service_us(bytes) as f64).min(10.0);
+                }
                 d.serving = None;
             }
         }
@@ -647,11 +661,12 @@ fn closed_loop(auction: bool) -> (u64, u64) {
                 }
             }
         }
-        let (ios, bytes, delay, base) = (
+        let (ios, bytes, delay, base, contention) = (
             d.epoch_ios,
             d.epoch_bytes,
             d.epoch_delay_us,
             d.epoch_base_max,
+            d.epoch_contention,
         );
         let ran = arb.poll_epoch(now, |_| {
             #[allow(clippy::cast_precision_loss)]
@@ -668,25 +683,19 @@ fn closed_loop(auction: bool) -> (u64, u64) {
                 } else {
                     delay as f64 / ios as f64 / base.max(1) as f64
                 },
+                contention_mean: if ios == 0 {
+                    0.0
+                } else {
+                    contention / ios as f64
+                },
             })
         });
-        if ran && std::env::var_os("SLUICE_SIM_DEBUG").is_some() {
-            let (_, dd) = arb.drives().next().expect("drive");
-            eprintln!(
-                "t {now} cap {:.0} MB/s inflation {:.2} ios {ios} sessions {:?}",
-                dd.bytes_per_sec / 1e6,
-                dd.last.inflation_mean,
-                arb.sessions()
-                    .iter()
-                    .map(|s| (s.granted_bytes, s.spent_last_bytes, s.hungry))
-                    .collect::<Vec<_>>()
-            );
-        }
         if ran {
             d.epoch_ios = 0;
             d.epoch_bytes = 0;
             d.epoch_delay_us = 0;
             d.epoch_base_max = 0;
+            d.epoch_contention = 0.0;
         }
         now += 5;
     }
