@@ -51,6 +51,21 @@ pub struct TargetArgs {
     /// keys keep their configured values).
     #[arg(long)]
     pub coalescing: Option<String>,
+    /// Report every namespace's I/O (from the target's own counters) to the
+    /// shadow view of the control plane at HOST:PORT[,HOST:PORT...].
+    #[arg(long)]
+    pub view_control: Option<String>,
+    /// File holding the control plane's bearer token, with --view-control.
+    #[arg(long, requires = "view_control")]
+    pub view_token_file: Option<PathBuf>,
+    /// The port as the pool's drives name it (default: the listen address;
+    /// an unspecified host matches any host with that port).
+    #[arg(long, requires = "view_control")]
+    pub view_port: Option<String>,
+    /// Time between reports.
+    #[arg(long, default_value_t = 100, requires = "view_control",
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub view_interval_ms: u64,
 }
 
 fn load(args: &TargetArgs) -> Result<Config> {
@@ -236,6 +251,12 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("  sluice nbd --target {addr} --nqn {first} --unix /tmp/sluice.sock   # serves it to NBD clients (fio, qemu-img)");
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
 
+    let handle = Arc::new(handle);
+    let _agent = match &args.view_control {
+        None => None,
+        Some(control) => Some(start_view_agent(&args, control, &handle)?),
+    };
+
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
@@ -245,6 +266,9 @@ pub fn run(args: TargetArgs) -> Result<()> {
     }
     let uptime = handle.uptime();
     tracing::info!("shutting down");
+    drop(_agent);
+    let handle = Arc::try_unwrap(handle)
+        .map_err(|_| anyhow::anyhow!("the view agent still holds the target"))?;
     let report = handle.shutdown();
     let worker_cpu: Duration = report.workers.iter().map(|w| w.cpu).sum();
     println!(
@@ -268,6 +292,81 @@ pub fn run(args: TargetArgs) -> Result<()> {
         sluice_target::metrics::send_summary(&report.send, report.io_commands)
     );
     Ok(())
+}
+
+/// The view agent's runtime thread; dropping it stops the agent.
+struct ViewAgent {
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for ViewAgent {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Starts the target's view agent: `--view-control`'s shadow view gets
+/// every namespace's I/O from this target's counters.
+fn start_view_agent(
+    args: &TargetArgs,
+    control: &str,
+    handle: &Arc<sluice_target::TargetHandle>,
+) -> Result<ViewAgent> {
+    let token = args
+        .view_token_file
+        .as_deref()
+        .map(|p| {
+            sluice_admin::BearerToken::from_file(p)
+                .with_context(|| format!("reading --view-token-file {}", p.display()))
+        })
+        .transpose()?;
+    let port = match &args.view_port {
+        Some(p) => {
+            if p.rsplit_once(':')
+                .is_none_or(|(h, n)| h.is_empty() || n.parse::<u16>().is_err())
+            {
+                bail!("--view-port {p:?} is not HOST:PORT");
+            }
+            p.clone()
+        }
+        None => handle.local_addr().to_string(),
+    };
+    // Its own runtime thread: the target's workers never wait on it.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("view-agent")
+        .enable_all()
+        .build()
+        .context("starting the view agent's runtime")?;
+    let client = {
+        let _g = rt.enter();
+        sluice_control::ControlClient::new(control, token.as_ref())
+            .map_err(|e| anyhow::anyhow!("--view-control {control}: {e}"))?
+    };
+    let h = handle.clone();
+    let counters = move || {
+        h.namespace_counters()
+            .into_iter()
+            .map(|c| sluice_flint::TargetCounters {
+                nqn: c.nqn,
+                nsid: c.nsid,
+                ios: c.ios,
+                write_ios: c.write_ios,
+                bytes: c.bytes,
+                latency_us_sum: c.latency_us_sum,
+            })
+            .collect()
+    };
+    println!("reporting to the shadow view of {control} as {port}");
+    rt.spawn(sluice_control::isolation::target_agent(
+        client,
+        port,
+        Duration::from_millis(args.view_interval_ms),
+        counters,
+    ));
+    Ok(ViewAgent { rt: Some(rt) })
 }
 
 /// Opens `backend = "volume"` namespaces with `sluice-control`'s client.

@@ -44,20 +44,43 @@ fn kind_name(e: Option<&sluice_control::pb::ViewEntity>) -> String {
 /// Renders one view snapshot as a table.
 pub fn render_view(s: &sluice_control::pb::ViewSnapshot) -> String {
     let mut out = format!(
-        "{:<34} {:>10} {:>9} {:>10} {:>10} {:>6} {:>5}\n",
-        "ENTITY", "MB/s", "IOPS", "LAT us", "QDELAY us", "BUSY", "CONG"
+        "{:<34} {:>10} {:>9} {:>10} {:>10} {:>6} {:>5} {:>11} {:>11} {:>9}\n",
+        "ENTITY",
+        "MB/s",
+        "IOPS",
+        "LAT us",
+        "QDELAY us",
+        "BUSY",
+        "CONG",
+        "TGT MB/s",
+        "TGT LAT us",
+        "PATH us"
     );
     for v in &s.entities {
         let w = v.stats.unwrap_or_default();
+        // Drives whose target reports: what the target itself sees.
+        let (tgt_mb, tgt_lat) = v.target.map_or((String::new(), String::new()), |t| {
+            (
+                format!("{:.1}", t.bytes_per_sec / 1e6),
+                format!("{:.0}", t.latency_us_mean),
+            )
+        });
+        let path = v
+            .path_delay_us
+            .map(|p| format!("{p:.0}"))
+            .unwrap_or_default();
         out.push_str(&format!(
-            "{:<34} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>5}\n",
+            "{:<34} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>6.2} {:>5} {:>11} {:>11} {:>9}\n",
             kind_name(v.entity.as_ref()),
             w.bytes_per_sec / 1e6,
             w.iops,
             w.latency_us_mean,
             w.queue_delay_us_mean,
             v.busy_degree,
-            if v.congested { "yes" } else { "" }
+            if v.congested { "yes" } else { "" },
+            tgt_mb,
+            tgt_lat,
+            path
         ));
     }
     let r = s.report.clone().unwrap_or_default();

@@ -466,6 +466,9 @@ fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() 
     let dir = tempfile::tempdir().unwrap();
     let tport = free_port();
     let listen = format!("127.0.0.1:{tport}");
+    let (cport, aport) = (free_port(), free_port());
+    let control = format!("127.0.0.1:{cport}");
+    // The target reports its own counters to the view too.
     let _target = spawn(&[
         "target",
         "--listen",
@@ -474,9 +477,11 @@ fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() 
         "",
         "--ram-size",
         "64MiB",
+        "--view-control",
+        &control,
+        "--view-interval-ms",
+        "50",
     ]);
-    let (cport, aport) = (free_port(), free_port());
-    let control = format!("127.0.0.1:{cport}");
     let admin = format!("127.0.0.1:{aport}");
     let meta = format!("redb:{}", dir.path().join("meta.redb").display());
     let _control = spawn(&[
@@ -512,6 +517,22 @@ fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() 
     // target port and the bench as a client.
     let top = ok(&[&["top", "--count", "1"], &c[..]].concat());
     assert!(top.contains("drive d0"), "{top}");
+    assert!(top.contains("TGT MB/s"), "{top}");
+    // The target's agent reports the drive within its interval: the row
+    // gets the target's columns.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let top = ok(&[&["top", "--count", "1"], &c[..]].concat());
+        let drive_row = top.lines().find(|l| l.starts_with("drive d0")).unwrap();
+        if drive_row.split_whitespace().count() >= 10 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the target's columns stay empty: {top}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert!(top.contains(&format!("port {listen}")), "{top}");
     assert!(top.contains("client "), "{top}");
     assert!(top.contains("epoch "), "{top}");
@@ -544,6 +565,19 @@ fn operator_runs_a_volume_through_the_eio_scheduler_and_reads_the_shadow_view() 
         &["bench", "--eio", "--target", "x", "--nqn", "y"],
         "--volume",
     );
+    fails(
+        &[
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--view-control",
+            &control,
+            "--view-port",
+            "no-port",
+        ],
+        "--view-port",
+    );
+    fails(&["target", "--view-port", "a:1"], "--view-control");
 
     // The auction and the tenants' classes, from the command line.
     let status = ok(&[&["auction", "status"], &c[..]].concat());

@@ -267,6 +267,18 @@ impl ControlClient {
         .await
     }
 
+    /// A target's report of its namespaces' I/O.
+    pub async fn view_target_report(
+        &self,
+        report: pb::TargetReport,
+    ) -> Result<pb::TargetReportAck, VolumeError> {
+        self.call(|mut s| {
+            let r = report.clone();
+            async move { s.view_target_report(r).await }
+        })
+        .await
+    }
+
     /// PULL: entities of the view and the latest bottleneck report.
     pub async fn view_query(
         &self,

@@ -405,6 +405,57 @@ fn release(released: Vec<oneshot::Sender<()>>) {
     }
 }
 
+/// A target's view agent: every `interval`, reads `counters` (the
+/// target's per-namespace I/O) and reports what changed to the control
+/// plane, until the returned future is dropped. An unreachable control
+/// plane is logged once and retried at the next interval (the report of
+/// the lost interval is gone; the view only ages).
+pub async fn target_agent(
+    control: ControlClient,
+    port: String,
+    interval: Duration,
+    counters: impl Fn() -> Vec<sluice_flint::TargetCounters> + Send + 'static,
+) {
+    let origin = Instant::now();
+    let interval_us = u64::try_from(interval.as_micros()).unwrap_or(u64::MAX);
+    let mut agent = sluice_flint::TargetAgent::new(&port, interval_us);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let now = u64::try_from(origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let Some(report) = agent.poll_report(now, &counters()) else {
+            continue;
+        };
+        if report.namespaces.is_empty() {
+            continue;
+        }
+        match control
+            .view_target_report(view_pb::target_report_to_pb(&report))
+            .await
+        {
+            Ok(ack) => {
+                if failing {
+                    tracing::info!(control = %control.addr(), "view: target reports flow again");
+                    failing = false;
+                }
+                if ack.unknown > 0 {
+                    tracing::debug!(unknown = ack.unknown, port = %port,
+                        "view: namespaces the pool has no drive for");
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(control = %control.addr(), error = %e,
+                        "view: target reports cannot reach the control plane");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
 /// Holds the PUSH stream open, reopening it with backoff.
 async fn watch_task(me: Weak<ClientIsolation>, control: ControlClient) {
     let mut backoff = Duration::from_millis(100);

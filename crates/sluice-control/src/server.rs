@@ -399,6 +399,21 @@ impl<S: MetaStore> Control for ControlService<S> {
         ok(view_pb::ack_to_pb(&ack, &grants))
     }
 
+    async fn view_target_report(
+        &self,
+        req: Request<pb::TargetReport>,
+    ) -> Answer<pb::TargetReportAck> {
+        self.leadership.check()?;
+        let r = view_pb::target_report_from_pb(req.into_inner()).map_err(bad_view)?;
+        let (drives, unknown) = self.view.handle_target_report(&r);
+        if unknown > 0 {
+            // A drive added since the last refresh, or namespaces that are
+            // not drives: refresh at the next epoch.
+            self.view.drives_unknown();
+        }
+        ok(pb::TargetReportAck { drives, unknown })
+    }
+
     async fn view_query(&self, req: Request<pb::ViewQueryRequest>) -> Answer<pb::ViewSnapshot> {
         self.leadership.check()?;
         let r = req.into_inner();
@@ -491,7 +506,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             .await
             .map_err(st)?;
         tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
-        if let Err(e) = self.view.add_drive(u64::from(d.id.0), &d.spec.addr) {
+        if let Err(e) = self.view.add_drive(&d) {
             tracing::warn!(drive = %d.id, error = %e, "view: drive not tracked");
         }
         ok(pb::Drive::from(&d))

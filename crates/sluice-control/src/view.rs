@@ -174,10 +174,32 @@ pub struct AuctionDriveStatus {
     pub completed_bytes_per_sec: f64,
 }
 
+/// What matches a target's namespace to a drive.
+#[derive(Clone, Debug)]
+struct DriveKey {
+    id: u64,
+    addr: String,
+    nqn: String,
+    nsid: u32,
+}
+
+impl DriveKey {
+    fn of(d: &sluice_volume::DriveRecord) -> DriveKey {
+        DriveKey {
+            id: u64::from(d.id.0),
+            addr: d.spec.addr.clone(),
+            nqn: d.spec.nqn.clone(),
+            nsid: d.spec.nsid,
+        }
+    }
+}
+
 /// The view controller, the arbiter, and what wakes the watchers.
 #[derive(Debug)]
 pub struct ViewHub {
     controller: Mutex<ViewController>,
+    /// The pool's drives by target, namespace and address.
+    drive_keys: Mutex<Vec<DriveKey>>,
     arbiter: Mutex<Arbiter>,
     slo: SloClasses,
     origin: Instant,
@@ -208,6 +230,7 @@ impl ViewHub {
         arbiter.set_on(auction_on);
         Ok(Arc::new(ViewHub {
             controller: Mutex::new(ViewController::new(cfg)?),
+            drive_keys: Mutex::new(Vec::new()),
             arbiter: Mutex::new(arbiter),
             slo,
             origin: Instant::now(),
@@ -342,9 +365,33 @@ impl ViewHub {
     }
 
     /// A drive joined the pool: the view and the auction track it.
-    pub fn add_drive(&self, drive: u64, port: &str) -> Result<(), ViewError> {
-        self.with_arbiter(|a| a.set_drive(drive, port, None));
-        self.with(|c| c.set_drive(drive, port, None))
+    pub fn add_drive(&self, d: &sluice_volume::DriveRecord) -> Result<(), ViewError> {
+        let id = u64::from(d.id.0);
+        lock(&self.drive_keys).push(DriveKey::of(d));
+        self.with_arbiter(|a| a.set_drive(id, &d.spec.addr, None));
+        self.with(|c| c.set_drive(id, &d.spec.addr, None))
+    }
+
+    /// A target's agent reports its namespaces: those that are drives of
+    /// the pool go into the view. Returns (drives, unknown namespaces).
+    pub fn handle_target_report(&self, r: &sluice_flint::view::TargetReport) -> (u64, u64) {
+        let now = self.now_us();
+        let keys = lock(&self.drive_keys).clone();
+        let (mut known, mut unknown) = (0u64, 0u64);
+        self.with(|c| {
+            for n in &r.namespaces {
+                let drive = keys.iter().find(|k| {
+                    k.nqn == n.nqn
+                        && k.nsid == n.nsid
+                        && sluice_flint::view::port_serves(&r.port, &k.addr)
+                });
+                match drive {
+                    Some(k) if c.handle_target(now, k.id, n) => known += 1,
+                    _ => unknown += 1,
+                }
+            }
+        });
+        (known, unknown)
     }
 
     /// Brings the controller's and the arbiter's drives in line with the
@@ -358,6 +405,7 @@ impl ViewHub {
             }
         };
         let keep: BTreeSet<u64> = drives.iter().map(|d| u64::from(d.id.0)).collect();
+        *lock(&self.drive_keys) = drives.iter().map(DriveKey::of).collect();
         self.with(|c| {
             c.retain_drives(&keep);
             for d in &drives {

@@ -134,6 +134,57 @@ pub fn grants_to_pb(g: &Grants) -> pb::Grants {
     }
 }
 
+/// A target's report from the wire, checked.
+pub fn target_report_from_pb(
+    r: pb::TargetReport,
+) -> Result<sluice_flint::view::TargetReport, BadView> {
+    use sluice_flint::view::{TargetDelta, TARGET_REPORT_NAMESPACES_MAX};
+    if r.namespaces.len() > TARGET_REPORT_NAMESPACES_MAX {
+        return Err(BadView(format!(
+            "namespaces: {} in one report; at most {TARGET_REPORT_NAMESPACES_MAX}",
+            r.namespaces.len()
+        )));
+    }
+    if r.port.is_empty() || r.port.len() > 256 || !r.port.contains(':') {
+        return Err(BadView(format!("port: {:?} is not HOST:PORT", r.port)));
+    }
+    Ok(sluice_flint::view::TargetReport {
+        port: r.port,
+        namespaces: r
+            .namespaces
+            .into_iter()
+            .map(|n| TargetDelta {
+                nqn: n.nqn,
+                nsid: n.nsid,
+                interval_us: n.interval_us,
+                ios: n.ios,
+                write_ios: n.write_ios,
+                bytes: n.bytes,
+                latency_us_sum: n.latency_us_sum,
+            })
+            .collect(),
+    })
+}
+
+pub fn target_report_to_pb(r: &sluice_flint::view::TargetReport) -> pb::TargetReport {
+    pb::TargetReport {
+        port: r.port.clone(),
+        namespaces: r
+            .namespaces
+            .iter()
+            .map(|n| pb::TargetNamespace {
+                nqn: n.nqn.clone(),
+                nsid: n.nsid,
+                interval_us: n.interval_us,
+                ios: n.ios,
+                write_ios: n.write_ios,
+                bytes: n.bytes,
+                latency_us_sum: n.latency_us_sum,
+            })
+            .collect(),
+    }
+}
+
 /// No grants message means an older control plane: no auction.
 pub fn grants_from_pb(g: Option<pb::Grants>) -> Grants {
     let Some(g) = g else {
@@ -231,6 +282,8 @@ pub fn entity_view_to_pb(v: &EntityView) -> pb::EntityView {
         headroom_bytes_per_sec: v.headroom_bytes_per_sec,
         busy_degree: v.busy_degree,
         congested: v.congested,
+        target: v.target.as_ref().map(window_to_pb),
+        path_delay_us: v.path_delay_us,
     }
 }
 
@@ -244,6 +297,8 @@ pub fn entity_view_from_pb(v: &pb::EntityView) -> Result<EntityView, BadView> {
         headroom_bytes_per_sec: v.headroom_bytes_per_sec,
         busy_degree: v.busy_degree,
         congested: v.congested,
+        target: v.target.as_ref().map(window_from_pb),
+        path_delay_us: v.path_delay_us,
     })
 }
 
@@ -262,6 +317,7 @@ fn report_to_pb(r: &BottleneckReport) -> pb::BottleneckReport {
                 bound: Some(entity_to_pb(&match b {
                     Bound::Drive(d) => Entity::Drive(*d),
                     Bound::NetPipe(c) => Entity::NetPipe(c.clone()),
+                    Bound::IoPipe(p) => Entity::IoPipe(p.clone()),
                 })),
             })
             .collect(),
@@ -276,11 +332,7 @@ fn report_from_pb(r: &pb::BottleneckReport) -> Result<BottleneckReport, BadView>
             let bound = match entity_from_pb(v.bound.as_ref(), "victims.bound")? {
                 Entity::Drive(d) => Bound::Drive(d),
                 Entity::NetPipe(c) => Bound::NetPipe(c),
-                Entity::IoPipe(p) => {
-                    return Err(BadView(format!(
-                        "victims.bound: an IOPipe ({p}) never bounds a session"
-                    )))
-                }
+                Entity::IoPipe(p) => Bound::IoPipe(p),
             };
             Ok((
                 Session {
@@ -430,6 +482,11 @@ mod tests {
                 headroom_bytes_per_sec: 5e8,
                 busy_degree: 0.5,
                 congested: true,
+                target: Some(WindowStats {
+                    ios: 7,
+                    ..WindowStats::default()
+                }),
+                path_delay_us: Some(1200.0),
             }],
             report: BottleneckReport {
                 epoch: 4,

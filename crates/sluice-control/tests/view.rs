@@ -394,3 +394,146 @@ async fn clean_replicated_reads_go_to_the_least_loaded_replica() {
     );
     drop((slow, fast));
 }
+
+/// A target's own agent reports its namespaces' I/O: the view sees a
+/// drive's load from hosts that run no view agent (here, a plain NVMe/TCP
+/// host writing to the namespace), and placement steers new extents away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targets_agent_shows_load_from_hosts_without_agents() {
+    let slow = Arc::new(target(SLOW_NQN, true));
+    let fast = target(FAST_NQN, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _admin, _stop) = control(dir.path()).await;
+    let c = ControlClient::new(&addr, None).unwrap();
+    let slow_addr = slow.local_addr().to_string();
+    let d_slow = c.add_drive(&slow_addr, SLOW_NQN, 1).await.unwrap().id;
+    let d_fast = c
+        .add_drive(&fast.local_addr().to_string(), FAST_NQN, 1)
+        .await
+        .unwrap()
+        .id;
+    // The slow target's agent, reporting as its listen port on any host.
+    let port = format!("0.0.0.0:{}", slow.local_addr().port());
+    let h = slow.clone();
+    let agent = tokio::spawn(sluice_control::isolation::target_agent(
+        c.clone(),
+        port,
+        Duration::from_millis(50),
+        move || {
+            h.namespace_counters()
+                .into_iter()
+                .map(|n| sluice_flint::TargetCounters {
+                    nqn: n.nqn,
+                    nsid: n.nsid,
+                    ios: n.ios,
+                    write_ios: n.write_ios,
+                    bytes: n.bytes,
+                    latency_us_sum: n.latency_us_sum,
+                })
+                .collect()
+        },
+    ));
+    // A host with no agent writes 64 KiB at QD 8 straight to the slow
+    // drive's namespace, past the end of any extent the pool hands out.
+    let ctrl = sluice_host::Controller::connect(slow.local_addr(), SLOW_NQN, host_opts())
+        .await
+        .unwrap();
+    let ns = ctrl.namespace(1).unwrap();
+    let stop = Instant::now() + Duration::from_secs(3);
+    let hammer: Vec<_> = (0..8u64)
+        .map(|w| {
+            let ns = ns.clone();
+            tokio::spawn(async move {
+                let data = pattern(w, 64 << 10);
+                let mut i = 0u64;
+                while Instant::now() < stop {
+                    let lba = 8192 + w * 256 + (i % 16) * 16;
+                    ns.write(lba, &data, IoFlags::default()).await.unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let view = loop {
+        let snap = c
+            .view_query(pb::ViewQueryRequest {
+                entities: vec![pb::ViewEntity {
+                    kind: Some(pb::view_entity::Kind::Drive(u64::from(d_slow))),
+                }],
+                all: false,
+            })
+            .await
+            .unwrap();
+        let v = snap.entities.first().cloned();
+        if v.as_ref()
+            .is_some_and(|v| v.congested && v.target.is_some())
+        {
+            break v.unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the target's load never showed: {snap:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let t = view.target.unwrap();
+    assert!(t.ios > 0 && t.bytes_per_sec > 1e6, "{t:?}");
+    // The clients' own windows saw nothing: no volume client ran.
+    assert_eq!(view.stats.unwrap_or_default().ios, 0);
+    assert!(view.busy_degree > 0.9, "{view:?}");
+    // A new volume's first extent avoids the busy drive (then spreading
+    // the volume weighs in: α = 4 against γ = 2 with two drives).
+    c.create_volume(pb::CreateVolumeRequest {
+        name: "newcomer".into(),
+        size_bytes: 8 * MIB,
+        replicas: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let v = Volume::open(c.clone(), client("newcomer"), "newcomer")
+        .await
+        .unwrap();
+    for e in 0..4u64 {
+        v.write(e * 512, &pattern(e, 4096), IoFlags::default())
+            .await
+            .unwrap();
+    }
+    let layout = c.open_volume("newcomer").await.unwrap();
+    let on_slow = |e: &pb::Extent| e.chain.iter().any(|r| r.drive == d_slow);
+    assert!(
+        layout.extents[0].chain.iter().all(|r| r.drive == d_fast),
+        "{layout:?}"
+    );
+    assert!(
+        layout.extents.iter().filter(|e| on_slow(e)).count() <= 1,
+        "{layout:?}"
+    );
+    for t in hammer {
+        t.await.unwrap();
+    }
+    agent.abort();
+    // A report from a port the pool does not know is counted, not applied.
+    let ack = c
+        .view_target_report(pb::TargetReport {
+            port: "10.9.9.9:4420".into(),
+            namespaces: vec![pb::TargetNamespace {
+                nqn: SLOW_NQN.into(),
+                nsid: 1,
+                ios: 5,
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap();
+    assert_eq!((ack.drives, ack.unknown), (0, 1));
+    let e = c
+        .view_target_report(pb::TargetReport {
+            port: "no-port".into(),
+            namespaces: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("port:"), "{e}");
+}

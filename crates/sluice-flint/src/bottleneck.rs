@@ -7,6 +7,13 @@
 //! marks its client's NetPipe congested; every other session that shares a
 //! congested NetPipe is a victim too. The report says, for each victim,
 //! which entity bounds it.
+//!
+//! Sluice can also see a port congest by itself: a target's own counters
+//! give each drive's latency at the target, and when the clients' latency
+//! exceeds it by a queueing delay, the time goes in the port's receive and
+//! send path (or the network before it), not in the drive. Sessions to any
+//! drive behind such a port are victims bounded by the IOPipe, and mark
+//! their NetPipes as a congested drive's sessions do.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,6 +34,9 @@ pub enum Bound {
     Drive(u64),
     /// It shares its client's NetPipe with sessions to a congested drive.
     NetPipe(String),
+    /// The port its drive sits behind is congested (seen from a target's
+    /// own counters).
+    IoPipe(String),
 }
 
 /// One epoch's analysis.
@@ -51,26 +61,35 @@ impl BottleneckReport {
     }
 }
 
-/// Algorithm 1 over `sessions`, given the congested drives and the port
-/// each drive sits behind.
+/// Algorithm 1 over `sessions`, given the congested drives, the ports
+/// found congested by themselves, and the port each drive sits behind.
 pub fn analyze(
     epoch: u64,
     congested_drives: &BTreeSet<u64>,
+    congested_ports: &BTreeSet<String>,
     drive_port: &BTreeMap<u64, String>,
     sessions: &BTreeSet<Session>,
 ) -> BottleneckReport {
     // L2-5: congested drives and their IOPipes.
-    let io_pipes: BTreeSet<String> = congested_drives
+    let mut io_pipes: BTreeSet<String> = congested_drives
         .iter()
         .filter_map(|d| drive_port.get(d).cloned())
         .collect();
+    io_pipes.extend(congested_ports.iter().cloned());
     // L6-9: sessions to a congested drive: victims; their NetPipes congest.
+    // So do sessions through a port congested by itself.
     let mut net_pipes = BTreeSet::new();
     let mut victims: BTreeMap<Session, Bound> = BTreeMap::new();
     for s in sessions {
         if congested_drives.contains(&s.drive) {
             net_pipes.insert(s.client.clone());
             victims.insert(s.clone(), Bound::Drive(s.drive));
+        } else if let Some(p) = drive_port
+            .get(&s.drive)
+            .filter(|p| congested_ports.contains(*p))
+        {
+            net_pipes.insert(s.client.clone());
+            victims.insert(s.clone(), Bound::IoPipe(p.clone()));
         }
     }
     // L10-13: every other session sharing a congested NetPipe.
@@ -107,7 +126,13 @@ mod tests {
         let sessions: BTreeSet<Session> = [s("a", 1), s("a", 3), s("b", 2), s("c", 3)]
             .into_iter()
             .collect();
-        let r = analyze(7, &[1].into_iter().collect(), &ports, &sessions);
+        let r = analyze(
+            7,
+            &[1].into_iter().collect(),
+            &BTreeSet::new(),
+            &ports,
+            &sessions,
+        );
         assert_eq!(r.epoch, 7);
         assert_eq!(r.congested_drives, vec![1]);
         assert_eq!(r.congested_io_pipes, vec!["t1".to_owned()]);
@@ -125,9 +150,44 @@ mod tests {
     }
 
     #[test]
+    fn a_port_congested_by_itself_bounds_every_session_behind_it() {
+        let ports: BTreeMap<u64, String> = [(1, "t1".into()), (2, "t1".into()), (3, "t2".into())]
+            .into_iter()
+            .collect();
+        let sessions: BTreeSet<Session> = [s("a", 1), s("b", 2), s("b", 3), s("c", 3)]
+            .into_iter()
+            .collect();
+        let r = analyze(
+            3,
+            &BTreeSet::new(),
+            &["t1".to_owned()].into_iter().collect(),
+            &ports,
+            &sessions,
+        );
+        assert!(r.congested_drives.is_empty());
+        assert_eq!(r.congested_io_pipes, vec!["t1".to_owned()]);
+        assert_eq!(r.congested_net_pipes, vec!["a".to_owned(), "b".to_owned()]);
+        assert_eq!(
+            r.victims,
+            vec![
+                (s("a", 1), Bound::IoPipe("t1".into())),
+                (s("b", 2), Bound::IoPipe("t1".into())),
+                (s("b", 3), Bound::NetPipe("b".into())),
+            ]
+        );
+        assert!(!r.is_victim("c", 3));
+    }
+
+    #[test]
     fn nothing_congested_means_no_victims() {
         let sessions: BTreeSet<Session> = [s("a", 1)].into_iter().collect();
-        let r = analyze(1, &BTreeSet::new(), &BTreeMap::new(), &sessions);
+        let r = analyze(
+            1,
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeMap::new(),
+            &sessions,
+        );
         assert!(r.victims.is_empty() && r.congested_net_pipes.is_empty());
     }
 
@@ -141,7 +201,7 @@ mod tests {
             congested in proptest::collection::btree_set(0u64..6, 0..3),
         ) {
             let sessions: BTreeSet<Session> = raw.iter().map(|(c, d)| s(&c.to_string(), *d)).collect();
-            let r = analyze(0, &congested, &BTreeMap::new(), &sessions);
+            let r = analyze(0, &congested, &BTreeSet::new(), &BTreeMap::new(), &sessions);
             for x in &sessions {
                 let to_congested = congested.contains(&x.drive);
                 let shares = sessions.iter().any(|y| y.client == x.client && congested.contains(&y.drive));

@@ -31,5 +31,7 @@ pub mod window;
 pub use auction::{Arbiter, AuctionConfig, Wallet, WalletConfig};
 pub use bottleneck::{BottleneckReport, Session};
 pub use eio::{EioConfig, EioScheduler, IoKind, StreamId};
-pub use view::{Entity, IoSample, ViewAgent, ViewController, ViewControllerConfig};
+pub use view::{
+    Entity, IoSample, TargetAgent, TargetCounters, ViewAgent, ViewController, ViewControllerConfig,
+};
 pub use window::{Window, WindowStats};

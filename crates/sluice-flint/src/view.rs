@@ -122,6 +122,12 @@ pub struct EntityView {
     pub headroom_bytes_per_sec: f64,
     pub busy_degree: f64,
     pub congested: bool,
+    /// Drives whose target reports: the drive as the target sees it (all
+    /// hosts' I/O, timed at the target).
+    pub target: Option<WindowStats>,
+    /// Drives whose target reports: the clients' mean latency above the
+    /// target's (time in the port and the network).
+    pub path_delay_us: Option<f64>,
 }
 
 /// Part of the view, with the latest report: what PUSH and PULL carry.
@@ -291,7 +297,25 @@ struct DriveState {
     busy: f64,
     /// Samples since the auction last took them.
     since_take: SinceTake,
+    /// What the drive's target says of it (its agent's counters).
+    target: Option<TargetSide>,
+    /// The clients' latency above the target's: the port and network.
+    path_delay_us: Option<f64>,
 }
+
+/// A drive as its target sees it: every I/O that reached it, from any
+/// host, timed from arrival at the target to completion.
+#[derive(Clone, Debug)]
+struct TargetSide {
+    window: Window,
+    /// Least mean latency of a report (of at least
+    /// [`TARGET_REPORT_IOS_MIN`] I/Os): the unloaded latency at the target.
+    baseline_us: u64,
+}
+
+/// A target's report for a drive counts toward its unloaded latency only
+/// with at least this many I/Os (fewer are noise).
+pub const TARGET_REPORT_IOS_MIN: u64 = 8;
 
 impl DriveState {
     fn capacity(&self) -> f64 {
@@ -367,6 +391,8 @@ impl ViewController {
                     headroom: 0.0,
                     busy: 0.0,
                     since_take: SinceTake::default(),
+                    target: None,
+                    path_delay_us: None,
                 },
             );
         }
@@ -485,6 +511,44 @@ impl ViewController {
         })
     }
 
+    /// Takes a target's report for one drive: `d` covers `interval_us` up
+    /// to now. Returns false when the view does not know the drive.
+    pub fn handle_target(&mut self, now_us: u64, drive: u64, d: &TargetDelta) -> bool {
+        let span = self.cfg.window_us;
+        let Some(state) = self.drives.get_mut(&drive) else {
+            return false;
+        };
+        if d.ios == 0 {
+            return true;
+        }
+        let t = state.target.get_or_insert_with(|| TargetSide {
+            window: Window::new(span),
+            baseline_us: u64::MAX,
+        });
+        let mean = d.latency_us_sum / d.ios;
+        if d.ios >= TARGET_REPORT_IOS_MIN {
+            t.baseline_us = t.baseline_us.min(mean);
+        }
+        let base = if t.baseline_us == u64::MAX {
+            mean
+        } else {
+            t.baseline_us
+        };
+        let excess = d.latency_us_sum.saturating_sub(base.saturating_mul(d.ios));
+        // The interval's I/O lands in the bucket of its middle.
+        let at = now_us.saturating_sub(d.interval_us / 2);
+        t.window.record_many(
+            at,
+            d.ios,
+            d.write_ios,
+            d.bytes,
+            d.latency_us_sum,
+            mean,
+            excess,
+        );
+        true
+    }
+
     fn counter(&self, e: &Entity) -> Option<u64> {
         match e {
             Entity::NetPipe(c) => self.clients.get(c).map(|c| c.c.counter),
@@ -536,23 +600,44 @@ impl ViewController {
         self.epoch += 1;
         let cfg = self.cfg;
         let mut congested = BTreeSet::new();
+        let mut congested_ports = BTreeSet::new();
         for (id, d) in &mut self.drives {
             let ewma = d.c.window.fold_ewma(now_us, cfg.ewma_alpha);
             let cur = d.c.window.stats(now_us);
-            d.peak_bytes_per_sec = d.peak_bytes_per_sec.max(ewma.bytes_per_sec);
+            // The target's own view of the drive, when its agent reports:
+            // all I/O (hosts without agents too), without the network.
+            let at_target = d.target.as_mut().and_then(|t| {
+                let e = t.window.fold_ewma(now_us, cfg.ewma_alpha);
+                let s = t.window.stats(now_us);
+                (s.ios >= cfg.congestion_ios_min).then_some((s, e))
+            });
+            let (drive, drive_ewma) = at_target.unwrap_or((cur, ewma));
+            d.peak_bytes_per_sec = d.peak_bytes_per_sec.max(drive_ewma.bytes_per_sec);
             let capacity = d.capacity();
-            d.headroom = (capacity - cur.bytes_per_sec).max(0.0);
-            let by_delay = cur.queue_delay_us_mean >= cfg.queue_delay_us_congested;
+            d.headroom = (capacity - drive.bytes_per_sec).max(0.0);
+            let by_delay = drive.queue_delay_us_mean >= cfg.queue_delay_us_congested;
             let by_headroom = d.capacity_configured.is_some()
                 && d.headroom <= cfg.headroom_share_congested * capacity;
-            d.congested = cur.ios >= cfg.congestion_ios_min && (by_delay || by_headroom);
-            let load = if capacity > 0.0 {
-                cur.bytes_per_sec / capacity
-            } else {
-                0.0
+            d.congested = drive.ios >= cfg.congestion_ios_min && (by_delay || by_headroom);
+            // The clients wait longer than the target serves: the time goes
+            // in the port or the network before it.
+            d.path_delay_us = at_target
+                .filter(|_| cur.ios >= cfg.congestion_ios_min)
+                .map(|(t, _)| cur.latency_us_mean - t.latency_us_mean);
+            if d.path_delay_us
+                .is_some_and(|p| p >= cfg.queue_delay_us_congested)
+            {
+                congested_ports.insert(d.port.clone());
+            }
+            // Load counts against an operator's capacity only: against the
+            // peak seen, any drive running at its best so far would look
+            // full, idle neighbours included.
+            let load = match d.capacity_configured {
+                Some(c) if c > 0.0 => cur.bytes_per_sec / c,
+                _ => 0.0,
             };
             d.busy = load
-                .max(cur.queue_delay_us_mean / cfg.queue_delay_us_congested)
+                .max(drive.queue_delay_us_mean / cfg.queue_delay_us_congested)
                 .clamp(0.0, 1.0);
             if d.congested {
                 congested.insert(*id);
@@ -561,6 +646,9 @@ impl ViewController {
             // drive that became slower for good is relearnt in minutes.
             for b in d.baseline_us.iter_mut().filter(|b| **b != u64::MAX) {
                 *b = b.saturating_add(*b / 1024 + 1);
+            }
+            if let Some(t) = d.target.as_mut().filter(|t| t.baseline_us != u64::MAX) {
+                t.baseline_us = t.baseline_us.saturating_add(t.baseline_us / 1024 + 1);
             }
         }
         for p in self.ports.values_mut() {
@@ -584,7 +672,8 @@ impl ViewController {
             .iter()
             .map(|(id, d)| (*id, d.port.clone()))
             .collect();
-        self.report = bottleneck::analyze(self.epoch, &congested, &ports, &sessions);
+        self.report =
+            bottleneck::analyze(self.epoch, &congested, &congested_ports, &ports, &sessions);
         Some(self.fire_subscriptions(now_us))
     }
 
@@ -641,6 +730,8 @@ impl ViewController {
             headroom_bytes_per_sec: 0.0,
             busy_degree: 0.0,
             congested: false,
+            target: None,
+            path_delay_us: None,
         };
         match e {
             Entity::NetPipe(c) => self.clients.get(c).map(|c| EntityView {
@@ -656,6 +747,8 @@ impl ViewController {
                 headroom_bytes_per_sec: d.headroom,
                 busy_degree: d.busy,
                 congested: d.congested,
+                target: d.target.as_ref().map(|t| t.window.stats(now_us)),
+                path_delay_us: d.path_delay_us,
                 ..plain(&d.c)
             }),
         }
@@ -781,6 +874,126 @@ fn e_name(e: &Entity) -> String {
     match e {
         Entity::NetPipe(s) | Entity::IoPipe(s) => s.clone(),
         Entity::Drive(d) => d.to_string(),
+    }
+}
+
+/// One namespace's cumulative counters at a target, as its agent reads
+/// them (the target's own I/O accounting: every host's I/O, timed from
+/// arrival at the target to completion).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetCounters {
+    pub nqn: String,
+    pub nsid: u32,
+    pub ios: u64,
+    pub write_ios: u64,
+    pub bytes: u64,
+    pub latency_us_sum: u64,
+}
+
+/// One namespace's I/O over an interval.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetDelta {
+    pub nqn: String,
+    pub nsid: u32,
+    pub interval_us: u64,
+    pub ios: u64,
+    pub write_ios: u64,
+    pub bytes: u64,
+    pub latency_us_sum: u64,
+}
+
+/// What a target's agent sends: its port and each namespace's interval.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetReport {
+    /// The target's port as clients reach it, `HOST:PORT` (an unspecified
+    /// host matches drives on any host with that port).
+    pub port: String,
+    pub namespaces: Vec<TargetDelta>,
+}
+
+/// Namespaces one target report may carry, at most.
+pub const TARGET_REPORT_NAMESPACES_MAX: usize = 4096;
+
+/// The view agent in a target: turns its cumulative counters into
+/// interval reports.
+#[derive(Debug)]
+pub struct TargetAgent {
+    port: String,
+    interval_us: u64,
+    last: HashMap<(String, u32), TargetCounters>,
+    last_us: Option<u64>,
+}
+
+impl TargetAgent {
+    pub fn new(port: &str, interval_us: u64) -> TargetAgent {
+        TargetAgent {
+            port: port.to_owned(),
+            interval_us: interval_us.max(1),
+            last: HashMap::new(),
+            last_us: None,
+        }
+    }
+
+    /// A report when an interval has passed since the last, of the
+    /// namespaces that did I/O in it (counters that went back, a target
+    /// restarted, start again). The first call only takes a baseline.
+    pub fn poll_report(
+        &mut self,
+        now_us: u64,
+        counters: &[TargetCounters],
+    ) -> Option<TargetReport> {
+        if self
+            .last_us
+            .is_some_and(|t| now_us.saturating_sub(t) < self.interval_us)
+        {
+            return None;
+        }
+        let since = self.last_us.replace(now_us);
+        let mut namespaces = Vec::new();
+        for c in counters.iter().take(TARGET_REPORT_NAMESPACES_MAX) {
+            let key = (c.nqn.clone(), c.nsid);
+            let prev = self.last.insert(key, c.clone());
+            let (Some(since), Some(prev)) = (since, prev) else {
+                continue;
+            };
+            if c.ios < prev.ios {
+                continue;
+            }
+            let ios = c.ios - prev.ios;
+            if ios == 0 {
+                continue;
+            }
+            namespaces.push(TargetDelta {
+                nqn: c.nqn.clone(),
+                nsid: c.nsid,
+                interval_us: now_us.saturating_sub(since),
+                ios,
+                write_ios: c.write_ios.saturating_sub(prev.write_ios),
+                bytes: c.bytes.saturating_sub(prev.bytes),
+                latency_us_sum: c.latency_us_sum.saturating_sub(prev.latency_us_sum),
+            });
+        }
+        since.map(|_| TargetReport {
+            port: self.port.clone(),
+            namespaces,
+        })
+    }
+}
+
+/// Whether a target reporting as `port` serves a drive added as `addr`:
+/// the same `HOST:PORT`, or the same port when the target did not say
+/// which host it is (it listens on every address).
+pub fn port_serves(port: &str, addr: &str) -> bool {
+    if port == addr {
+        return true;
+    }
+    let split = |s: &str| {
+        s.rsplit_once(':')
+            .map(|(h, p)| (h.trim_matches(['[', ']']).to_owned(), p.to_owned()))
+    };
+    match (split(port), split(addr)) {
+        (Some((h, p)), Some((_, q))) => p == q && matches!(h.as_str(), "0.0.0.0" | "::" | ""),
+        _ => false,
     }
 }
 
@@ -1004,6 +1217,7 @@ impl ViewAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bottleneck::Bound;
 
     fn sample(drive: u64, bytes: u32, latency_us: u32, at_us: u64) -> IoSample {
         IoSample {
@@ -1055,6 +1269,101 @@ mod tests {
         assert_eq!(get(Entity::IoPipe("10.0.0.1:4420".into())), Some((1, 1)));
         assert_eq!(get(Entity::NetPipe("a".into())), Some((2, 2)));
         assert_eq!(get(Entity::Drive(2)), None);
+    }
+
+    fn delta(ios: u64, latency_us_each: u64, interval_us: u64) -> TargetDelta {
+        TargetDelta {
+            nqn: "nqn.x".into(),
+            nsid: 1,
+            interval_us,
+            ios,
+            write_ios: 0,
+            bytes: ios * 4096,
+            latency_us_sum: ios * latency_us_each,
+        }
+    }
+
+    #[test]
+    fn a_target_agent_reports_intervals_of_its_counters() {
+        let mut a = TargetAgent::new("0.0.0.0:4420", 100_000);
+        let c = |ios: u64| TargetCounters {
+            nqn: "nqn.x".into(),
+            nsid: 1,
+            ios,
+            write_ios: ios / 2,
+            bytes: ios * 4096,
+            latency_us_sum: ios * 90,
+        };
+        assert!(
+            a.poll_report(0, &[c(10)]).is_none(),
+            "the first call takes a baseline"
+        );
+        assert!(
+            a.poll_report(50_000, &[c(20)]).is_none(),
+            "not an interval yet"
+        );
+        let r = a.poll_report(100_000, &[c(110)]).expect("a report");
+        assert_eq!(r.port, "0.0.0.0:4420");
+        assert_eq!(r.namespaces.len(), 1);
+        let d = &r.namespaces[0];
+        assert_eq!(
+            (d.ios, d.write_ios, d.bytes, d.latency_us_sum),
+            (100, 50, 409_600, 9000)
+        );
+        assert_eq!(d.interval_us, 100_000);
+        // Counters that went back (the target restarted): nothing this time.
+        let r = a.poll_report(200_000, &[c(5)]).expect("a report");
+        assert!(r.namespaces.is_empty());
+        assert!(port_serves("0.0.0.0:4420", "10.1.2.3:4420"));
+        assert!(port_serves("[::]:4420", "10.1.2.3:4420"));
+        assert!(port_serves("10.1.2.3:4420", "10.1.2.3:4420"));
+        assert!(!port_serves("10.1.2.4:4420", "10.1.2.3:4420"));
+        assert!(!port_serves("0.0.0.0:4421", "10.1.2.3:4420"));
+    }
+
+    #[test]
+    fn a_targets_counters_show_the_drive_and_the_path_to_it() {
+        let cfg = ViewControllerConfig {
+            congestion_ios_min: 8,
+            ..ViewControllerConfig::default()
+        };
+        let mut c = ViewController::new(cfg).expect("config");
+        c.set_drive(1, "t1:4420", None).expect("drive");
+        c.set_drive(2, "t1:4420", None).expect("drive");
+        assert!(
+            !c.handle_target(0, 9, &delta(10, 100, 100_000)),
+            "unknown drive"
+        );
+        // Drive 1: unloaded at 100 us at the target, then queueing 3 ms
+        // there (other hosts' I/O the clients' agents never saw).
+        c.handle_target(100_000, 1, &delta(50, 100, 100_000));
+        c.handle_target(200_000, 1, &delta(50, 3_100, 100_000));
+        c.poll_epoch(200_000);
+        let v = c.entity_view(&Entity::Drive(1), 200_000).expect("drive 1");
+        let t = v.target.expect("target side");
+        assert_eq!(t.ios, 100);
+        assert!((t.queue_delay_us_mean - 1500.0).abs() < 1.0, "{t:?}");
+        assert!(v.congested, "the target's own counters show the queue");
+        assert!(c.report().congested_drives.contains(&1));
+        // Drive 2: the target serves it in 100 us, the clients see 2.1 ms:
+        // the port (or the network) is where the time goes.
+        for i in 0..3u64 {
+            c.handle_target(300_000 + i * 100_000, 2, &delta(50, 100, 100_000));
+        }
+        let samples: Vec<IoSample> = (0..20)
+            .map(|i| sample(2, 4096, 2_100, 500_000 + i))
+            .collect();
+        c.handle_batch(500_000, &batch("a", 500_000, samples))
+            .expect("batch");
+        c.poll_epoch(600_000);
+        let v = c.entity_view(&Entity::Drive(2), 600_000).expect("drive 2");
+        assert!(v.path_delay_us.is_some_and(|p| p > 1900.0), "{v:?}");
+        assert!(!v.congested, "the drive itself is fine");
+        let r = c.report();
+        assert!(r.congested_io_pipes.contains(&"t1:4420".to_owned()));
+        assert!(r.victims.iter().any(|(s, b)| s.client == "a"
+            && s.drive == 2
+            && *b == Bound::IoPipe("t1:4420".into())));
     }
 
     #[test]

@@ -118,6 +118,32 @@ impl Window {
         true
     }
 
+    /// Records `ios` I/Os completed around `at_us` at once (a target's
+    /// counters over an interval): their bytes, writes, summed latency and
+    /// summed excess. Returns false when dropped as older than the span.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_many(
+        &mut self,
+        at_us: u64,
+        ios: u64,
+        writes: u64,
+        bytes: u64,
+        latency_us_sum: u64,
+        latency_us_max: u64,
+        excess_us_sum: u64,
+    ) -> bool {
+        let Some(b) = self.bucket(at_us) else {
+            return false;
+        };
+        b.ios = b.ios.saturating_add(ios);
+        b.writes = b.writes.saturating_add(writes.min(ios));
+        b.bytes = b.bytes.saturating_add(bytes);
+        b.latency_us_sum = b.latency_us_sum.saturating_add(latency_us_sum);
+        b.latency_us_max = b.latency_us_max.max(latency_us_max);
+        b.excess_us_sum = b.excess_us_sum.saturating_add(excess_us_sum);
+        true
+    }
+
     /// The window's totals and rates as of `now_us`.
     pub fn stats(&self, now_us: u64) -> WindowStats {
         let now_slot = slot(now_us, self.bucket_us).max(self.head_slot);

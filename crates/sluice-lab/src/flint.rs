@@ -727,3 +727,297 @@ pub fn run_auction(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
     report::write(out, "auction-fig9a.md", &md)?;
     Ok(())
 }
+
+/// One measured stream of `congestion`: its I/O latencies in µs, sorted.
+fn mean_p99(mut lat: Vec<u32>) -> (f64, f64) {
+    lat.sort_unstable();
+    #[allow(clippy::cast_precision_loss)]
+    let mean = lat.iter().map(|&l| f64::from(l)).sum::<f64>() / lat.len().max(1) as f64;
+    (mean, quantile(&lat, 0.99))
+}
+
+/// `qd` tasks of 32 KiB I/O (`read_share` of them reads) over the first
+/// `span` bytes of `v` until `stop`: every I/O's latency.
+async fn timed_stream(
+    v: Arc<Volume>,
+    qd: u64,
+    read_share: f64,
+    span: u64,
+    stop: Instant,
+) -> Result<Vec<u32>> {
+    const BS: usize = 32 << 10;
+    let blocks = span / BS as u64;
+    let tasks: Vec<_> = (0..qd)
+        .map(|w| {
+            let v = v.clone();
+            tokio::spawn(async move {
+                let data = vec![0x3cu8; BS];
+                let mut x = 0x2545_f491_4f6c_dd1d ^ (w + 7);
+                let mut lat = Vec::new();
+                while Instant::now() < stop {
+                    let lba = (next(&mut x) % blocks) * (BS as u64 / 4096);
+                    #[allow(clippy::cast_precision_loss)]
+                    let coin = (next(&mut x) % 1000) as f64 / 1000.0;
+                    let t = Instant::now();
+                    if coin < read_share {
+                        v.read(lba, BS, IoFlags::default()).await?;
+                    } else {
+                        v.write(lba, &data, IoFlags::default()).await?;
+                    }
+                    lat.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+                }
+                anyhow::Ok(lat)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
+/// A point of `congestion`: (noise, mode, stream, queue depth) indices.
+type Cell = (usize, usize, usize, usize);
+
+/// The drives of `congestion`: 200 MB/s each way, two channels.
+fn congestible_ssd() -> SsdConfig {
+    SsdConfig::default()
+        .with_read_bytes_per_sec_max(200_000_000)
+        .with_write_bytes_per_sec_max(200_000_000)
+        .with_parallelism(2)
+}
+
+/// `congestion` (Flint Figs. 9b/c): a victim volume's 32 KiB read, write
+/// and mixed streams while another tenant's volume hammers one of the five
+/// drives with 128 KiB reads (9b) or writes (9c); the victim's extents
+/// placed and its reads served with the shadow view's help (on) and
+/// without (off: placement ignores the busy degree).
+pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
+    use sluice_control::server::ControlConfig;
+    const NOISY: u64 = 128 * MIB;
+    const VICTIM: u64 = 128 * MIB;
+    const NOISE_QD: u64 = 16;
+    let dir = std::env::temp_dir().join(format!("sluice-lab-congestion-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    // The hot drive alone on one target (so that the noisy volume can
+    // prefer it by address), four more on another. Drives slow enough that
+    // the noise saturates the hot one, not this machine's two cores.
+    let model = congestible_ssd();
+    let hot = drive_target(1, 512 * MIB, Some(model))?;
+    let cold = drive_target(4, 512 * MIB, Some(model))?;
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.to_string()
+    };
+    let start = |busy: bool| -> Result<Control> {
+        let mut cfg = ControlConfig::new(Metadata::Redb(dir.join("m.redb")));
+        if !busy {
+            cfg.weights.gamma_busy = 0.0;
+        }
+        Control::start_at(cfg, &listen)
+    };
+    let hot_addr = hot.local_addr().to_string();
+    {
+        let c = start(true)?;
+        c.add_drives(&[&hot], 1)?;
+        c.add_drives(&[&cold], 4)?;
+        c.create_preferring("noisy", NOISY, 1, vec![hot_addr.clone()])?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let opts = ConnectOptions {
+        hostnqn: "nqn.2026-11.io.sluice:lab-congestion".into(),
+        queue_depth: 128,
+        ..ConnectOptions::default()
+    };
+    let streams: [(&str, f64); 3] = [("read", 1.0), ("write", 0.0), ("mixed 70% read", 0.7)];
+    let qds: [u64; 3] = [1, 4, 8];
+    // (noise, mode, stream, qd) -> per repeat (mean, p99, share of the
+    // victim's extents on the hot drive)
+    let mut cells: std::collections::BTreeMap<Cell, Vec<(f64, f64)>> =
+        std::collections::BTreeMap::new();
+    let mut on_hot: std::collections::BTreeMap<(usize, usize), Vec<f64>> =
+        std::collections::BTreeMap::new();
+    for rep in 0..repeats {
+        for (n, noise_read) in [true, false].into_iter().enumerate() {
+            for (m, busy) in [false, true].into_iter().enumerate() {
+                let control = start(busy)?;
+                let client = control.client()?;
+                let victim_name = format!("victim-{rep}-{n}-{m}");
+                control.create(&victim_name, VICTIM, 1)?;
+                let (rows, hot_share) = rt.block_on(async {
+                    let noisy_pool = DrivePool::with_isolation(
+                        opts.clone(),
+                        ClientIsolation::new("lab-noisy", EioConfig::default())
+                            .map_err(anyhow::Error::msg)?,
+                    );
+                    let noisy = Arc::new(Volume::open(client.clone(), noisy_pool, "noisy").await?);
+                    if rep == 0 && n == 0 && m == 0 {
+                        let chunk = vec![0x11u8; 1 << 20];
+                        for i in 0..NOISY / MIB {
+                            noisy
+                                .write(i * MIB / 4096, &chunk, IoFlags::default())
+                                .await?;
+                        }
+                    }
+                    // The noise runs through the whole mode.
+                    let stop_noise = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let noise: Vec<_> = (0..NOISE_QD)
+                        .map(|w| {
+                            let (v, stop) = (noisy.clone(), stop_noise.clone());
+                            tokio::spawn(async move {
+                                let data = vec![0x22u8; 128 << 10];
+                                let mut x = 0x51ed_270b_1f3c_0a4d ^ (w + 1);
+                                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                                    let lba = (next(&mut x) % (NOISY / (128 << 10))) * 32;
+                                    if noise_read {
+                                        v.read(lba, 128 << 10, IoFlags::default()).await?;
+                                    } else {
+                                        v.write(lba, &data, IoFlags::default()).await?;
+                                    }
+                                }
+                                anyhow::Ok(())
+                            })
+                        })
+                        .collect();
+                    // Long enough for the view to call the drive congested.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let pool = DrivePool::with_isolation(
+                        opts.clone(),
+                        ClientIsolation::new("lab-victim", EioConfig::default())
+                            .map_err(anyhow::Error::msg)?,
+                    );
+                    let victim = Arc::new(Volume::open(client.clone(), pool, &victim_name).await?);
+                    // Every extent allocated (placed) under the congestion,
+                    // by one 4 KiB write each: little load of the victim's
+                    // own for the view to see. Then measured.
+                    let block = vec![0x33u8; 4096];
+                    for e in 0..VICTIM / sluice_volume::EXTENT_BYTES {
+                        victim
+                            .write(
+                                e * sluice_volume::EXTENT_BYTES / 4096,
+                                &block,
+                                IoFlags::default(),
+                            )
+                            .await?;
+                    }
+                    let layout = client.open_volume(&victim_name).await?;
+                    let hot_id = client
+                        .list_drives()
+                        .await?
+                        .iter()
+                        .find(|d| d.addr == hot_addr)
+                        .map(|d| d.id)
+                        .context("the hot drive is in the pool")?;
+                    #[allow(clippy::cast_precision_loss)]
+                    let hot_share = layout
+                        .extents
+                        .iter()
+                        .filter(|e| e.chain.iter().any(|r| r.drive == hot_id))
+                        .count() as f64
+                        / layout.extents.len().max(1) as f64;
+                    let mut rows = Vec::new();
+                    for (_, read_share) in streams {
+                        for qd in qds {
+                            let stop = Instant::now() + Duration::from_secs_f64(runtime);
+                            let lat =
+                                timed_stream(victim.clone(), qd, read_share, VICTIM, stop).await?;
+                            rows.push(mean_p99(lat));
+                        }
+                    }
+                    stop_noise.store(true, std::sync::atomic::Ordering::Relaxed);
+                    for t in noise {
+                        t.await??;
+                    }
+                    anyhow::Ok((rows, hot_share))
+                })?;
+                eprintln!(
+                    "repeat {rep} noise {} view {}: {:.0} % of the victim's extents on the hot drive; {rows:?}",
+                    if noise_read { "reads" } else { "writes" },
+                    if busy { "on" } else { "off" },
+                    hot_share * 100.0
+                );
+                on_hot.entry((n, m)).or_default().push(hot_share);
+                let mut k = 0;
+                for s in 0..streams.len() {
+                    for q in 0..qds.len() {
+                        cells.entry((n, m, s, q)).or_default().push(rows[k]);
+                        k += 1;
+                    }
+                }
+                rt.block_on(client.delete_volume(&victim_name))?;
+                drop(control);
+            }
+        }
+    }
+    drop(rt);
+    drop(hot);
+    drop(cold);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut md = String::new();
+    md.push_str("# Avoiding a congested drive (Flint Figs. 9b and 9c)\n\n");
+    md.push_str(&format!(
+        "`cargo run --release -p sluice-lab -- congestion --runtime {runtime} --repeats {repeats}`; load average before: {}.\n\n",
+        crate::datapath::loadavg()
+    ));
+    md.push_str(&format!(
+        "Five emulated SSDs (200 MB/s reading and writing, 2 channels, 80 µs reads and 20 µs writes unloaded), one alone on its own in-process target (the hot drive), four on another. Another tenant's 128 MiB volume lives on the hot drive and keeps {NOISE_QD} random 128 KiB reads (9b) or writes (9c) in flight on it. Two seconds into the noise a 128 MiB victim volume (1 replica) is created and each of its extents allocated by a 4 KiB write, so they are placed while the drive is congested, then its 32 KiB random read, write and mixed (70 % read) streams run {runtime} s each at queue depths {qds:?}. *Off*: placement ignores the shadow view's busy degree (γ = 0); *on*: the default weights (γ = 2). Medians over {repeats} repeats, ranges in brackets; the gain is off ÷ on per repeat.\n\n"
+    ));
+    let stat = |xs: &[f64]| {
+        let (lo, hi) = report::range(xs);
+        format!("{:.0} ({lo:.0}-{hi:.0})", report::median(xs))
+    };
+    for (n, (fig, noise)) in [("9b", "reads"), ("9c", "writes")].into_iter().enumerate() {
+        md.push_str(&format!(
+            "## Fig. {fig}: the hot drive congested with 128 KiB {noise}\n\nThe victim's extents on the hot drive: off {:.0} %, on {:.0} % (medians).\n\n",
+            report::median(&on_hot.get(&(n, 0)).cloned().unwrap_or_default()) * 100.0,
+            report::median(&on_hot.get(&(n, 1)).cloned().unwrap_or_default()) * 100.0,
+        ));
+        md.push_str("| stream | QD | off: mean µs | on: mean µs | mean gain | off: P99 µs | on: P99 µs | P99 gain |\n|---|---|---|---|---|---|---|---|\n");
+        for (s, (name, _)) in streams.iter().enumerate() {
+            for (q, qd) in qds.iter().enumerate() {
+                let off = cells.get(&(n, 0, s, q)).cloned().unwrap_or_default();
+                let on = cells.get(&(n, 1, s, q)).cloned().unwrap_or_default();
+                let col = |v: &[(f64, f64)], p: bool| -> Vec<f64> {
+                    v.iter().map(|(m, p99)| if p { *p99 } else { *m }).collect()
+                };
+                let gain = |p: bool| {
+                    let g: Vec<f64> = off
+                        .iter()
+                        .zip(&on)
+                        .map(|(a, b)| {
+                            let (a, b) = if p { (a.1, b.1) } else { (a.0, b.0) };
+                            1.0 - b / a
+                        })
+                        .collect();
+                    let (lo, hi) = report::range(&g);
+                    format!(
+                        "{:.0} % lower ({:.0}-{:.0})",
+                        report::median(&g) * 100.0,
+                        lo * 100.0,
+                        hi * 100.0
+                    )
+                };
+                md.push_str(&format!(
+                    "| {name} | {qd} | {} | {} | {} | {} | {} | {} |\n",
+                    stat(&col(&off, false)),
+                    stat(&col(&on, false)),
+                    gain(false),
+                    stat(&col(&off, true)),
+                    stat(&col(&on, true)),
+                    gain(true),
+                ));
+            }
+        }
+        md.push('\n');
+    }
+    md.push_str(
+        "Goal: at least 40 % lower mean latency and 30 % lower P99 with the view's help.\n",
+    );
+    report::write(out, "congestion-fig9bc.md", &md)?;
+    Ok(())
+}

@@ -87,6 +87,10 @@ enum Experiment {
     /// large volume over shared drives, the bandwidth auction off and on
     /// (Jain's index): auction-fig9a.md.
     Auction(RepeatArgs),
+    /// Flint Figs. 9b/c: a victim volume's 32 KiB streams while another
+    /// tenant congests one drive, placement with and without the shadow
+    /// view's busy degree: congestion-fig9bc.md.
+    Congestion(RepeatArgs),
     /// Flint Table 1: view_query from the local copy, view_sync round trips
     /// against a TCP ping-pong, the agent's CPU per 100k IOPS:
     /// view-table1.md.
@@ -189,6 +193,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
         Experiment::View(a) => flint::run_view(&a.out, a.repeats),
         Experiment::Auction(a) => flint::run_auction(&a.out, a.runtime, a.repeats),
+        Experiment::Congestion(a) => flint::run_congestion(&a.out, a.runtime, a.repeats),
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;

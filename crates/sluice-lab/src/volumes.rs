@@ -146,13 +146,19 @@ impl Control {
     }
 
     pub(crate) fn start_with(cfg: ControlConfig) -> Result<Control> {
+        Control::start_at(cfg, "127.0.0.1:0")
+    }
+
+    /// A control plane listening on `listen` (a fixed port lets clients
+    /// find a restarted one).
+    pub(crate) fn start_at(cfg: ControlConfig, listen: &str) -> Result<Control> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let addr = rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let l = tokio::net::TcpListener::bind(listen).await?;
             let addr = l.local_addr()?.to_string();
             tokio::spawn(sluice_control::serve(cfg, l, async move {
                 let _ = rx.await;
@@ -189,11 +195,24 @@ impl Control {
     }
 
     pub(crate) fn create(&self, name: &str, size_bytes: u64, replicas: u32) -> Result<()> {
+        self.create_preferring(name, size_bytes, replicas, vec![])
+    }
+
+    /// A volume whose extents go to the drives `prefer` names (addresses
+    /// or NQNs) while they have room.
+    pub(crate) fn create_preferring(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        replicas: u32,
+        prefer: Vec<String>,
+    ) -> Result<()> {
         let c = self.client()?;
         let req = pb::CreateVolumeRequest {
             name: name.into(),
             size_bytes,
             replicas,
+            prefer,
             ..Default::default()
         };
         self.rt.block_on(c.create_volume(req))?;

@@ -39,4 +39,6 @@ pub mod tenant;
 pub mod tolerated;
 
 pub use registry::{NoVolumes, VolumeOpener};
-pub use server::{ShutdownReport, StartError, Target, TargetHandle, WorkerReport};
+pub use server::{
+    NamespaceCounters, ShutdownReport, StartError, Target, TargetHandle, WorkerReport,
+};

@@ -352,3 +352,41 @@ fn charge_cgroup_lowers_the_tenant_quota() {
     assert_eq!(quota_us(&cg), 50_000, "base quota restored at shutdown");
     let _ = cg.remove();
 }
+
+/// The per-namespace counters a view agent reads count every tenant's
+/// reads and writes exactly once, split requests included, with the
+/// target-side latency of an emulated SSD's 200 µs floor.
+#[test]
+fn namespace_counters_count_every_read_and_write_once() {
+    let _serial = serial();
+    let mut tenants = TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host(HOST_A));
+    tenants.settings.split_bytes = Some(8 << 10);
+    let t = Target::start(&config_workers(tenants, 2, 8)).unwrap();
+    let before = t.namespace_counters();
+    assert_eq!(before.len(), 1);
+    assert_eq!((before[0].nqn.as_str(), before[0].nsid), (SUBNQN, 1));
+    assert_eq!(before[0].ios, 0);
+    let mut a = BenchArgs::new(t.local_addr().to_string(), SUBNQN);
+    a.ios = Some(300);
+    a.bs = BlockSizes::fixed(16 << 10);
+    a.rw = "randrw".parse().unwrap();
+    a.qd = 4;
+    a.hostnqn = HOST_A.into();
+    let r = sluice_bench::run(a).unwrap();
+    assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+    let after = &t.namespace_counters()[0];
+    assert_eq!(
+        after.ios, r.total.ios,
+        "one count per request, not per piece"
+    );
+    assert_eq!(after.bytes, r.total.ios * (16 << 10));
+    assert!(
+        after.write_ios > 0 && after.write_ios < after.ios,
+        "{after:?}"
+    );
+    assert!(
+        after.latency_us_sum >= after.ios * 200,
+        "at least the drive's floor each: {after:?}"
+    );
+    t.shutdown();
+}

@@ -105,7 +105,42 @@ const WAKER: Token = Token(0);
 /// Connections per worker.
 pub const CONNECTIONS_PER_WORKER_MAX: usize = 4096;
 
+/// One namespace's cumulative data I/O at this target (all hosts).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceCounters {
+    pub nqn: String,
+    pub nsid: u32,
+    pub ios: u64,
+    pub write_ios: u64,
+    pub bytes: u64,
+    /// Arrival at the target to completion, summed.
+    pub latency_us_sum: u64,
+}
+
 impl TargetHandle {
+    /// Every namespace's reads and writes since start (cheap: atomics),
+    /// for a view agent.
+    pub fn namespace_counters(&self) -> Vec<NamespaceCounters> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = Vec::new();
+        for (nqn, sub) in &self.reg.subsystems {
+            for (nsid, ns) in &sub.namespaces {
+                let Some(st) = self.tenants.ns_stats.get(ns.index) else {
+                    continue;
+                };
+                out.push(NamespaceCounters {
+                    nqn: nqn.clone(),
+                    nsid: *nsid,
+                    ios: st.ios.load(Relaxed),
+                    write_ios: st.write_ios.load(Relaxed),
+                    bytes: st.bytes.load(Relaxed),
+                    latency_us_sum: st.latency_us_sum.load(Relaxed),
+                });
+            }
+        }
+        out
+    }
+
     /// Address the I/O port is bound to (with the real port when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

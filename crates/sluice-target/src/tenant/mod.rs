@@ -167,6 +167,9 @@ pub struct TenantRuntime {
     pub unattributed_cpu_ns: AtomicU64,
     /// Cost model per namespace index.
     pub cost_models: Vec<CostModel>,
+    /// Data I/O per namespace index, every tenant's (a view agent reads
+    /// them: `TargetHandle::namespace_counters`).
+    pub ns_stats: Vec<NamespaceStats>,
     /// The scheduler of each namespace (by index), shared by all workers.
     pub arbiters: Vec<shared::BackendArbiter>,
     /// The CPU throttles of the worker pool.
@@ -175,6 +178,17 @@ pub struct TenantRuntime {
     pub workers: usize,
     /// Wakes worker `i` (set by the server once the workers exist).
     waker: std::sync::OnceLock<WakeWorker>,
+}
+
+/// Cumulative reads and writes of one namespace, all tenants: what the
+/// shadow view's agent in a target reports (docs/isolation-volumes.md).
+#[derive(Debug, Default)]
+pub struct NamespaceStats {
+    pub ios: AtomicU64,
+    pub write_ios: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Arrival at the target to completion, summed.
+    pub latency_us_sum: AtomicU64,
 }
 
 /// Wakes one worker thread by index.
@@ -260,6 +274,9 @@ impl TenantRuntime {
             default_name: tc.default_tenant.clone(),
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
             unattributed_cpu_ns: AtomicU64::new(0),
+            ns_stats: (0..cost_models.len())
+                .map(|_| NamespaceStats::default())
+                .collect(),
             cost_models,
             arbiters,
             cpu: shared::CpuGovernor::new(

@@ -443,9 +443,18 @@ impl WorkerTenancy {
                 st.other_ios.fetch_add(1, Relaxed);
             }
         }
+        let latency = now.saturating_duration_since(m.arrived);
+        if let (Dir::Read | Dir::Write, Some(ns)) = (m.dir, self.rt.ns_stats.get(m.ns)) {
+            ns.ios.fetch_add(1, Relaxed);
+            ns.write_ios
+                .fetch_add(u64::from(m.dir == Dir::Write), Relaxed);
+            ns.bytes.fetch_add(m.bytes, Relaxed);
+            let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+            ns.latency_us_sum.fetch_add(us, Relaxed);
+        }
         match self.lat.get_mut(m.tenant as usize) {
             Some(Some(h)) => {
-                h.record(now.saturating_duration_since(m.arrived));
+                h.record(latency);
                 self.lat_pending = true;
             }
             // Tenant ids come from this worker's table, which has them all.
