@@ -8,17 +8,20 @@ Two Sluice targets with two emulated SSDs each (400 MB/s and 40k IOPS
 reading, 200 MB/s and 20k IOPS writing, 4 channels) form a pool managed by
 `sluice control` (redb). Two tenants' volumes spread over all four drives:
 
-* `db` (1 GiB, tenant db): `sluice fuse --volume db` exposes it as a file, a
+* `db` (4 GiB, tenant db): `sluice fuse --volume db` exposes it as a file, a
   loop device (direct I/O) carries ext4, and RocksDB's `db_bench` (Debian's
   rocksdb-tools) runs on it with direct reads and a small block cache, so
   its gets reach the volume: fillrandom once, then readrandom and
-  readwhilewriting for `--runtime` seconds each;
+  readwhilewriting (its writer held to 1 MB/s) for `--runtime` seconds
+  each;
 * `stream` (1 GiB, tenant stream): `sluice bench --volume stream` streams
   128 KiB random reads at QD 32 over the same drives.
 
-Each repeat runs db_bench alone, beside the streamer with the bandwidth
-auction off, and beside it with the auction on (`sluice auction on|off`,
-same processes). Cells are medians over the repeats with the range in
+Each repeat runs db_bench alone, then beside the streamer with no
+isolation, with the bandwidth auction (`sluice auction on`), with the
+targets' per-tenant fair queuing (docs/tenants.md: the two tenants' hosts
+moved from one shared tenant to a tenant each through the targets' admin
+API), and with both; all in the same processes. Cells are medians over the repeats with the range in
 brackets; ratios are to the solo run of the same repeat. Goals: beside
 the streamer, >= 0.8 of solo ops/s and P99 within 2x of solo.
 
@@ -31,6 +34,14 @@ import argparse, json, os, re, shutil, signal, socket, statistics, subprocess, s
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLUICE = os.path.join(ROOT, "target", "release", "sluice")
 NQN = "nqn.2026-11.io.sluice:rocks"
+# The host NQNs volume clients of tenants db and stream connect with.
+DB_HOST = "nqn.2026-11.io.sluice:tenant:db"
+STREAM_HOST = "nqn.2026-11.io.sluice:tenant:stream"
+# A modest drive: a 128 KiB read holds its transfer "bus" for 330 us, which
+# a 4 KiB read that arrives behind it waits out. (At 100 MB/s the wait is
+# 1.3 ms and db_bench, whose FUSE path serves one request at a time, drops
+# to a tenth whatever the scheduling; at 1 GB/s the streamer takes this
+# 2-core machine's CPU instead of the drives.)
 SSD = ("{ read_bytes_per_sec_max = 400000000, write_bytes_per_sec_max = 200000000, "
        "read_iops_max = 40000, write_iops_max = 20000, parallelism = 4 }")
 
@@ -105,6 +116,40 @@ class Proc:
         self.log.close()
 
 
+# (name, auction on, the targets' per-tenant fair queuing on)
+CONDITIONS = [
+    ("solo", False, False),
+    ("streamer, isolation off", False, False),
+    ("streamer, auction", True, False),
+    ("streamer, target fair queuing", False, True),
+    ("streamer, auction + target fair queuing", True, True),
+]
+
+
+def http(port, method, path, body):
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode()
+    if r.status != 200:
+        raise SystemExit(f"bench-rocksdb: {method} {path} on :{port}: {r.status} {text}")
+    return text
+
+
+def tenant_hosts(admin_port, separate):
+    """Moves the two tenants' hosts into one shared tenant (no isolation
+    between them) or into a tenant each (the target's fair queuing)."""
+    if separate:
+        http(admin_port, "PUT", "/v1/tenants/shared", json.dumps({"hosts": []}))
+        http(admin_port, "PUT", "/v1/tenants/db", json.dumps({"hosts": [DB_HOST]}))
+        http(admin_port, "PUT", "/v1/tenants/stream", json.dumps({"hosts": [STREAM_HOST]}))
+    else:
+        http(admin_port, "PUT", "/v1/tenants/db", json.dumps({"hosts": []}))
+        http(admin_port, "PUT", "/v1/tenants/stream", json.dumps({"hosts": []}))
+        http(admin_port, "PUT", "/v1/tenants/shared", json.dumps({"hosts": [DB_HOST, STREAM_HOST]}))
+
+
 def parse_db_bench(text):
     """{benchmark: (ops/s, p50 us, p99 us)} from db_bench output with --histogram."""
     res = {}
@@ -130,7 +175,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--keys", type=int, default=300000)
+    ap.add_argument("--keys", type=int, default=200000)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"))
     a = ap.parse_args()
     if a.runtime < 1 or a.repeats < 1 or a.keys < 1000:
@@ -142,29 +187,38 @@ def main():
     work = tempfile.mkdtemp(prefix="sluice-rocksdb.")
     procs, loop, mounted, fuse_mnt = [], None, None, None
     try:
-        targets = []
+        targets, admins = [], []
         for t in range(2):
             port = free_port()
             cfg = os.path.join(work, f"t{t}.toml")
+            aport = free_port()
             with open(cfg, "w") as f:
                 f.write(f'[target]\nlisten = "127.0.0.1:{port}"\ndiscovery_listen = ""\nworkers = 1\npolling = "adaptive"\n\n'
+                        # Per-tenant fair queuing, switched at run time by
+                        # moving the hosts between one shared tenant (no
+                        # isolation: one FIFO) and a tenant each.
+                        f'[tenants]\nscheduler = "fair"\ncost = "device"\ndispatch_depth = 4\n'
+                        f'admin_listen = "127.0.0.1:{aport}"\n\n'
+                        f'[[tenant]]\nname = "shared"\nhosts = ["{DB_HOST}", "{STREAM_HOST}"]\n\n'
+                        f'[[tenant]]\nname = "db"\nhosts = []\n\n[[tenant]]\nname = "stream"\nhosts = []\n\n'
                         f'[[subsystem]]\nnqn = "{NQN}"\nallow_any_host = true\n')
                 for nsid in (1, 2):
-                    f.write(f'\n[[subsystem.namespace]]\nnsid = {nsid}\nbackend = "emulated-ssd"\nsize = "1GiB"\n'
+                    f.write(f'\n[[subsystem.namespace]]\nnsid = {nsid}\nbackend = "emulated-ssd"\nsize = "2GiB"\n'
                             f'block_size = 4096\nssd = {SSD}\n')
             procs.append(Proc([SLUICE, "--log", "warn", "target", "--config", cfg], os.path.join(work, f"t{t}.log")))
             targets.append(port)
+            admins.append(aport)
         cport = free_port()
         control = f"127.0.0.1:{cport}"
         procs.append(Proc([SLUICE, "--log", "warn", "control", "--listen", control,
                            "--metadata", f"redb:{work}/meta.redb"], os.path.join(work, "control.log")))
-        for p in targets + [cport]:
+        for p in targets + admins + [cport]:
             wait_for(listening(p), f"port {p}")
         c = ["--control", control]
         for p in targets:
             for nsid in ("1", "2"):
                 run([SLUICE, "drive", "add", f"127.0.0.1:{p}", NQN, "--nsid", nsid, *c])
-        run([SLUICE, "volume", "create", "db", "--size", "1GiB", "--tenant", "db", *c])
+        run([SLUICE, "volume", "create", "db", "--size", "4GiB", "--tenant", "db", *c])
         run([SLUICE, "volume", "create", "stream", "--size", "1GiB", "--tenant", "stream", *c])
         log("filling the streamer's volume")
         run([SLUICE, "bench", "--volume", "stream", *c, "--rw", "write", "--bs", "1m", "--qd", "4",
@@ -188,10 +242,11 @@ def main():
         run(["db_bench", "--benchmarks=fillrandom", *common])
         results = {}  # (repeat, condition) -> {bench: (ops, p50, p99)}
         streams = {}
-        conditions = ["solo", "streamer, auction off", "streamer, auction on"]
         for rep in range(a.repeats):
-            for cond in conditions:
-                run([SLUICE, "auction", "on" if cond.endswith("on") else "off", *c])
+            for cond, auction, fq in CONDITIONS:
+                run([SLUICE, "auction", "on" if auction else "off", *c])
+                for aport in admins:
+                    tenant_hosts(aport, fq)
                 streamer = None
                 if cond != "solo":
                     streamer = subprocess.Popen(
@@ -199,15 +254,29 @@ def main():
                          "--bs", "128k", "--qd", "32", "--runtime", str(2 * a.runtime + 8), "--json"],
                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
                     time.sleep(3)
+                watcher = None
+                if os.environ.get("BENCH_ROCKSDB_DEBUG") == "1":
+                    # The auction's state every second, into the work log.
+                    watcher = subprocess.Popen(
+                        ["bash", "-c", f"while sleep 1; do {SLUICE} auction status --control {control}; done"],
+                        stdout=open(os.path.join(work, f"auction-{rep}-{len(results)}.log"), "w"),
+                        stderr=subprocess.DEVNULL)
+                # The writer of readwhilewriting is held to 1 MB/s, so that
+                # the database (and its compactions) stays the same size
+                # from run to run.
                 out = run(["db_bench", "--benchmarks=readrandom,readwhilewriting", "--use_existing_db=1",
-                           f"--duration={a.runtime}", "--threads=4", *common])
+                           f"--duration={a.runtime}", "--threads=4",
+                           "--benchmark_write_rate_limit=1048576", *common])
+                if watcher is not None:
+                    watcher.kill()
+                    watcher.wait()
                 r = parse_db_bench(out)
                 results[(rep, cond)] = r
                 if streamer is not None:
                     so, _ = streamer.communicate(timeout=4 * a.runtime + 60)
                     try:
                         j = json.loads(so[so.index("{"):])
-                        streams[(rep, cond)] = j["total"]["bytes"] / j["total"]["seconds"] / 1e6
+                        streams[(rep, cond)] = j["total"]["bytes"] / j["total"]["elapsed_s"] / 1e6
                     except (ValueError, KeyError):
                         streams[(rep, cond)] = float("nan")
                 log(f"repeat {rep} {cond}: " + ", ".join(
@@ -235,6 +304,7 @@ def main():
           f"Medians over {a.repeats} repeats, ranges in brackets; ratios to solo per repeat.", "",
           "| benchmark | condition | ops/s | ratio to solo | P50 µs | P99 µs | P99 ÷ solo | streamer MB/s |",
           "|---|---|---|---|---|---|---|---|"]
+    conditions = [name for name, _, _ in CONDITIONS]
     for bench in ["readrandom", "readwhilewriting"]:
         for cond in conditions:
             rows = [results[(r, cond)].get(bench) for r in range(a.repeats)]

@@ -94,6 +94,11 @@ pub struct ControlArgs {
     /// The class of tenants (and volumes) no `sluice tenant set` names.
     #[arg(long, default_value = "bronze")]
     default_slo_class: String,
+    /// Serve the view's fast channel here: clients and targets sync their
+    /// telemetry over plain TCP (about a round trip) instead of gRPC, with
+    /// --token-file's token. Beyond loopback, --token-file is required.
+    #[arg(long)]
+    view_listen: Option<std::net::SocketAddr>,
 }
 
 pub fn control(a: ControlArgs) -> Result<()> {
@@ -123,6 +128,11 @@ pub fn control(a: ControlArgs) -> Result<()> {
     cfg.auction_on = a.auction;
     cfg.slo = sluice_control::view::SloClasses::parse(&a.slo_classes, &a.default_slo_class)
         .map_err(|e| anyhow::anyhow!("--slo-classes/--default-slo-class: {e}"))?;
+    if let Some(addr) = a.view_listen {
+        sluice_control::auth::check_listen(addr, cfg.token.as_ref())
+            .map_err(|e| anyhow::anyhow!("--view-listen: {e}"))?;
+        cfg.view_listen = Some(addr);
+    }
     if let Some(addr) = a.admin_listen {
         sluice_control::auth::check_listen(addr, cfg.token.as_ref())
             .map_err(|e| anyhow::anyhow!("--admin-listen: {e}"))?;

@@ -38,6 +38,8 @@ pub struct ControlClient {
     addrs: Vec<String>,
     /// The address that answered last.
     current: Arc<AtomicUsize>,
+    /// For the view's fast channel, which sends it in its hello.
+    token: Option<BearerToken>,
 }
 
 impl ControlClient {
@@ -72,7 +74,13 @@ impl ControlClient {
             stubs,
             addrs,
             current: Arc::new(AtomicUsize::new(0)),
+            token: token.cloned(),
         })
+    }
+
+    /// The bearer token this client presents.
+    pub fn token(&self) -> Option<&BearerToken> {
+        self.token.as_ref()
     }
 
     /// The control plane's address (the one that answered last).

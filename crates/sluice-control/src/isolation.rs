@@ -51,6 +51,8 @@ pub struct ClientIsolation {
     wallet: Mutex<Wallet<oneshot::Sender<()>>>,
     /// Wakes the sync task: a session ran out of slices.
     hungry: tokio::sync::Notify,
+    /// Syncs sent over the fast channel and over gRPC.
+    paths: Mutex<(u64, u64)>,
     started: AtomicBool,
 }
 
@@ -107,6 +109,7 @@ impl ClientIsolation {
             eio: Mutex::new(EioScheduler::new(eio)?),
             wallet: Mutex::new(Wallet::new(WalletConfig::default())),
             hungry: tokio::sync::Notify::new(),
+            paths: Mutex::new((0, 0)),
             started: AtomicBool::new(false),
         }))
     }
@@ -145,6 +148,12 @@ impl ClientIsolation {
             // with `self`; either way the I/O may go.
             let _ = rx.await;
         }
+    }
+
+    /// Syncs sent so far over the control plane's fast channel and over
+    /// gRPC.
+    pub fn sync_paths(&self) -> (u64, u64) {
+        *lock(&self.paths)
     }
 
     /// I/Os waiting for slices.
@@ -319,10 +328,108 @@ impl EioPermit {
     }
 }
 
+/// How syncs travel: the control plane's fast channel when it serves one,
+/// gRPC otherwise or whenever the channel fails.
+#[derive(Debug)]
+pub struct SyncPath {
+    channel: Option<crate::view_wire::ViewChannel>,
+    /// When to look for (or retry) the channel.
+    next_try: Instant,
+    /// Syncs sent over the channel and over gRPC.
+    pub over_channel: u64,
+    pub over_grpc: u64,
+}
+
+/// Time between attempts to (re)open the fast channel.
+const CHANNEL_RETRY: Duration = Duration::from_secs(5);
+
+impl Default for SyncPath {
+    fn default() -> Self {
+        SyncPath {
+            channel: None,
+            next_try: Instant::now(),
+            over_channel: 0,
+            over_grpc: 0,
+        }
+    }
+}
+
+impl SyncPath {
+    /// Opens the fast channel if the control plane serves one and it is
+    /// time to try.
+    async fn ensure(&mut self, control: &ControlClient) {
+        if self.channel.is_some() || Instant::now() < self.next_try {
+            return;
+        }
+        self.next_try = Instant::now() + CHANNEL_RETRY;
+        let Ok(status) = control.status().await else {
+            return;
+        };
+        if status.view_addr.is_empty() {
+            return;
+        }
+        match crate::view_wire::ViewChannel::connect(&status.view_addr, control.token()).await {
+            Ok(c) => {
+                tracing::debug!(addr = %status.view_addr, "view: syncing over the fast channel");
+                self.channel = Some(c);
+            }
+            Err(e) => tracing::debug!(addr = %status.view_addr, error = %e,
+                "view: fast channel unavailable; gRPC"),
+        }
+    }
+
+    /// One `ViewSync`.
+    pub async fn view_sync(
+        &mut self,
+        control: &ControlClient,
+        msg: crate::pb::ViewBatch,
+    ) -> Result<crate::pb::ViewAck, crate::error::VolumeError> {
+        self.ensure(control).await;
+        if let Some(c) = self.channel.as_mut() {
+            match c.view_sync(&msg).await {
+                Ok(ack) => {
+                    self.over_channel += 1;
+                    return Ok(ack);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "view: fast channel failed; gRPC");
+                    self.channel = None;
+                }
+            }
+        }
+        self.over_grpc += 1;
+        control.view_sync(msg).await
+    }
+
+    /// One `ViewTargetReport`.
+    pub async fn target_report(
+        &mut self,
+        control: &ControlClient,
+        msg: crate::pb::TargetReport,
+    ) -> Result<crate::pb::TargetReportAck, crate::error::VolumeError> {
+        self.ensure(control).await;
+        if let Some(c) = self.channel.as_mut() {
+            match c.target_report(&msg).await {
+                Ok(ack) => {
+                    self.over_channel += 1;
+                    return Ok(ack);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "view: fast channel failed; gRPC");
+                    self.channel = None;
+                }
+            }
+        }
+        self.over_grpc += 1;
+        control.view_target_report(msg).await
+    }
+}
+
 /// Sends due batches and bids, takes the grants, and pulls stale
 /// entities, until the process's isolation state is dropped.
 async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
     let mut failing = false;
+    let mut path = SyncPath::default();
     loop {
         let wait = {
             let Some(iso) = me.upgrade() else { return };
@@ -355,7 +462,11 @@ async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
         };
         if let Some(batch) = batch {
             let bids = bids.unwrap_or_default();
-            match control.view_sync(view_pb::batch_to_pb(&batch, &bids)).await {
+            let synced = path
+                .view_sync(&control, view_pb::batch_to_pb(&batch, &bids))
+                .await;
+            *lock(&iso.paths) = (path.over_channel, path.over_grpc);
+            match synced {
                 Ok(ack) => {
                     if failing {
                         tracing::info!(control = %control.addr(), "view: telemetry flows again");
@@ -422,6 +533,7 @@ pub async fn target_agent(
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut path = SyncPath::default();
     loop {
         tick.tick().await;
         let now = u64::try_from(origin.elapsed().as_micros()).unwrap_or(u64::MAX);
@@ -431,8 +543,8 @@ pub async fn target_agent(
         if report.namespaces.is_empty() {
             continue;
         }
-        match control
-            .view_target_report(view_pb::target_report_to_pb(&report))
+        match path
+            .target_report(&control, view_pb::target_report_to_pb(&report))
             .await
         {
             Ok(ack) => {

@@ -22,6 +22,8 @@
 //! * [`view`]: the shadow view's controller in `sluice control` (Flint §3):
 //!   epochs, PUSH to watching agents, busy degrees for placement, metrics.
 //! * [`view_pb`]: the view's types to and from their gRPC messages.
+//! * [`view_wire`]: the view's fast channel (`--view-listen`): `ViewSync`
+//!   over a plain TCP stream, about a round trip instead of gRPC's hops.
 //! * [`isolation`]: the client side of Flint's isolation: the view agent's
 //!   task and the eIO gate every volume's I/O passes (Flint §4.5).
 
@@ -37,6 +39,7 @@ pub mod rebuild;
 pub mod server;
 pub mod view;
 pub mod view_pb;
+pub mod view_wire;
 pub mod volume;
 
 pub use client::ControlClient;

@@ -100,6 +100,8 @@ pub struct ControlConfig {
     pub auction_on: bool,
     /// SLO classes and their weights in the auction.
     pub slo: SloClasses,
+    /// Where to serve the view's fast channel (none by default).
+    pub view_listen: Option<SocketAddr>,
 }
 
 impl ControlConfig {
@@ -128,6 +130,7 @@ impl ControlConfig {
             auction: AuctionConfig::default(),
             auction_on: false,
             slo: SloClasses::default(),
+            view_listen: None,
         }
     }
 }
@@ -238,6 +241,25 @@ async fn run<S: MetaStore>(
     view.refresh_drives(&catalog).await;
     let epochs = tokio::spawn(view.clone().run_epochs(catalog.clone()));
     let auction = tokio::spawn(view.clone().run_auction(catalog.clone()));
+    let (view_addr, view_channel) = match cfg.view_listen {
+        None => (String::new(), None),
+        Some(a) => {
+            let l = tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| ServeError::Transport(format!("view channel on {a}: {e}")))?;
+            let bound = l
+                .local_addr()
+                .map_err(|e| ServeError::Transport(format!("view channel on {a}: {e}")))?;
+            tracing::info!(addr = %bound, "view channel ready");
+            let task = tokio::spawn(crate::view_wire::serve(
+                l,
+                view.clone(),
+                leadership.clone(),
+                cfg.token.clone(),
+            ));
+            (bound.to_string(), Some(task))
+        }
+    };
     if cfg.auction_on {
         tracing::info!(epoch_us = cfg.auction.epoch_us, "bandwidth auction on");
     }
@@ -254,6 +276,7 @@ async fn run<S: MetaStore>(
         rebuilds: progress,
         wake_rebuilder: wake,
         view,
+        view_addr,
     };
     let incoming = tokio_stream_listener(listener);
     // Shutting down ends the PUSH streams first: a graceful shutdown waits
@@ -276,6 +299,9 @@ async fn run<S: MetaStore>(
     rebuilder.abort();
     epochs.abort();
     auction.abort();
+    if let Some(t) = view_channel {
+        t.abort();
+    }
     served
 }
 
@@ -322,6 +348,8 @@ struct ControlService<S> {
     wake_rebuilder: Arc<tokio::sync::Notify>,
     /// The shadow view.
     view: Arc<ViewHub>,
+    /// The view's fast channel, when served.
+    view_addr: String,
 }
 
 /// Zeroes every replica of a new extent before it is committed (see
@@ -787,6 +815,7 @@ impl<S: MetaStore> Control for ControlService<S> {
             slots_reserved: reserved,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             rebuilds: Some(rebuilds),
+            view_addr: self.view_addr.clone(),
         })
     }
 }

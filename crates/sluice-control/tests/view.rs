@@ -537,3 +537,116 @@ async fn a_targets_agent_shows_load_from_hosts_without_agents() {
         .unwrap_err();
     assert!(e.to_string().contains("port:"), "{e}");
 }
+
+/// The view's fast channel (`--view-listen`): the token in the hello, the
+/// same checks as gRPC, and clients that find it through `Status` and sync
+/// over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fast_channel_authenticates_checks_and_carries_the_clients_syncs() {
+    use sluice_control::view_wire::{ViewChannel, WireCallError};
+    let drives = target(FAST_NQN, false);
+    let dir = tempfile::tempdir().unwrap();
+    let token = sluice_admin::BearerToken::new("view-s3cret");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut cfg = ControlConfig::new(Metadata::Redb(dir.path().join("m.redb")));
+    cfg.token = token.clone();
+    cfg.view_listen = Some("127.0.0.1:0".parse().unwrap());
+    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(sluice_control::serve(cfg, listener, async move {
+        let _ = rx.await;
+    }));
+    let c = ControlClient::new(&addr, token.as_ref()).unwrap();
+    let view_addr = loop {
+        if let Ok(s) = c.status().await {
+            break s.view_addr;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(!view_addr.is_empty());
+    let d = c
+        .add_drive(&drives.local_addr().to_string(), FAST_NQN, 1)
+        .await
+        .unwrap()
+        .id;
+
+    // No token, or a wrong one: refused at the hello.
+    for t in [None, sluice_admin::BearerToken::new("wrong")] {
+        let e = ViewChannel::connect(&view_addr, t.as_ref())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, WireCallError::Refused(ref m) if m.contains("token")),
+            "{e}"
+        );
+    }
+    let mut ch = ViewChannel::connect(&view_addr, token.as_ref())
+        .await
+        .unwrap();
+    let batch = pb::ViewBatch {
+        client: "fast".into(),
+        sent_at_us: 10,
+        samples: vec![
+            pb::ViewSample {
+                drive: u64::from(d),
+                bytes: 4096,
+                latency_us: 90,
+                at_us: 5,
+                ..Default::default()
+            };
+            3
+        ],
+        bids: vec![],
+    };
+    let ack = ch.view_sync(&batch).await.unwrap();
+    assert!(
+        ack.counters
+            .iter()
+            .any(|k| k.applied == 3 && k.counter >= 3),
+        "{ack:?}"
+    );
+    assert!(ack.grants.is_some_and(|g| !g.on));
+    // The same checks as gRPC, naming the field; the connection then ends.
+    let greedy = pb::ViewBatch {
+        client: "fast".into(),
+        samples: vec![pb::ViewSample::default(); sluice_flint::view::BATCH_SAMPLES_MAX + 1],
+        ..Default::default()
+    };
+    let e = ch.view_sync(&greedy).await.unwrap_err();
+    assert!(e.to_string().contains("samples:"), "{e}");
+    let mut ch = ViewChannel::connect(&view_addr, token.as_ref())
+        .await
+        .unwrap();
+    let e = ch
+        .target_report(&pb::TargetReport {
+            port: "nonsense".into(),
+            namespaces: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("port:"), "{e}");
+
+    // A volume client finds the channel and syncs over it.
+    c.create_volume(pb::CreateVolumeRequest {
+        name: "v".into(),
+        size_bytes: 8 * MIB,
+        replicas: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let pool = client("channel-client");
+    let v = Volume::open(c.clone(), pool.clone(), "v").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.isolation().sync_paths().0 == 0 {
+        v.write(0, &pattern(1, 4096), IoFlags::default())
+            .await
+            .unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            pool.isolation().sync_paths()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

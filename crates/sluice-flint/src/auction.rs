@@ -43,26 +43,31 @@
 //! longer than a fast drive's whole queue, and a 4 KiB read behind a
 //! single 128 KiB transfer is inflated tenfold without any queue. When
 //! the measure passes `inflation_target`, the estimate drops to `back_off`
-//! times what the drive completed. While the drive is contended (below),
-//! one session runs out of slices and another leaves most of its share
-//! unspent without running out, the estimate shrinks by `back_off`: the
-//! second is held back by the first's queue, and equal slices only mean
-//! equal bandwidth once both can spend them. Otherwise, while sessions run
+//! times what the drive completed. While the drive is *contended* (some
+//! client's I/O waits, on average, as long again as its own unloaded
+//! latency: held up by other I/O; the view measures it per client, so that
+//! a heavy client's many samples cannot hide a light one's stalls) and a
+//! session leaves
+//! most of its share unspent without running out beside one that moves
+//! more than twice its bytes, the estimate shrinks by `back_off`: the
+//! first is held back by the second's queue, and equal slices only mean
+//! equal bandwidth once both can spend them (the heavy one need not be out
+//! of slices: shrinking makes it so). Otherwise, while sessions run
 //! out of slices, it grows by `probe_up` (a drive that cannot complete more
 //! fills its clients' queues, and they stop running out). While the
 //! auction is off the estimate follows what the drive completes, so that
 //! switching it on starts from the drive's real pace. An operator's figure
 //! caps it.
 //!
-//! **Shares.** While a drive is contended (its I/O waits, on average, as
-//! long again as its own unloaded latency: I/O is held up by other I/O;
-//! the view measures this too), every active session
-//! keeps its whole weighted share, hungry or not: a reader that cannot
-//! spend its share is most likely held back by the others' queue, and
-//! giving its share away would feed that queue. While the drive is not, a
-//! session that did not run out of slices is granted 1.5 times what it
-//! spent, and the rest goes to the hungry ones (work-conserving, weighted
-//! max-min).
+//! **Shares.** Every active session keeps its whole weighted share of each
+//! epoch, hungry or not (Flint: "a large volume cannot take more than its
+//! (weighted) equal share"); only an idle session's share goes to the
+//! others. Handing an active but light session's unspent share to a heavy
+//! one would feed the very queue that keeps the light one light, and the
+//! light one, when it wants more again, would wait for the next epoch.
+//! What the drive can give beyond the shares in use goes to the hungry
+//! through the capacity estimate: while sessions run out of slices and no
+//! one is held back, it grows.
 //!
 //! **The client** (Algorithm 3): an I/O takes `bytes` from its session's
 //! purse and goes at once while the purse is positive (it may overdraw;
@@ -86,8 +91,8 @@ use serde::{Deserialize, Serialize};
 /// out was held back (or needed less).
 const STARVED: f64 = 0.7;
 /// Mean contention (an I/O's wait as a multiple of its own unloaded
-/// latency) beyond which the drive counts as contended: active sessions
-/// then keep their whole share, hungry or not.
+/// latency) beyond which the drive counts as contended: a session that
+/// leaves its share unspent is then taken to be held back by the others.
 const CONTENDED: f64 = 1.0;
 /// An epoch may run this fraction of a period early (1/8).
 const EPOCH_SLACK: u64 = 8;
@@ -257,7 +262,8 @@ pub struct DriveSignal {
     /// seen: about how many of the slowest I/Os the average one waited for.
     pub inflation_mean: f64,
     /// Each I/O's excess as a multiple of its own unloaded latency (capped
-    /// at 10), averaged: how much I/O is held up by other I/O.
+    /// at 10), averaged per client, the worst-off client's: how much its
+    /// I/O is held up by other I/O.
     pub contention_mean: f64,
 }
 
@@ -300,6 +306,15 @@ struct SessionState {
     topped_up: bool,
     last_bid_us: u64,
     idle: bool,
+}
+
+/// One drive's sessions as the estimate weighs them.
+#[derive(Clone, Copy, Debug, Default)]
+struct Appetite {
+    hungry: bool,
+    granted: u64,
+    starved_spent: Option<u64>,
+    spent_max: u64,
 }
 
 /// A drive's estimate and budget.
@@ -609,23 +624,40 @@ impl Arbiter {
     fn estimate(&mut self, signal: &impl Fn(u64) -> Option<DriveSignal>) {
         #[allow(clippy::cast_precision_loss)]
         let epoch_s = self.cfg.epoch_us as f64 / 1e6;
-        // Per drive: a session ran out of slices; what was granted; an
-        // active session left much of its grant unspent without running out.
-        let mut appetite: BTreeMap<u64, (bool, u64, bool)> = BTreeMap::new();
+        // Per drive: a session ran out of slices; what was granted; the
+        // least a starved session spent (an active session that left much
+        // of its grant unspent without running out); the most any active
+        // session spent.
+        let mut appetite: BTreeMap<u64, Appetite> = BTreeMap::new();
         for (k, s) in &self.sessions {
             let a = appetite.entry(k.drive).or_default();
-            a.0 |= s.hungry_last;
-            a.1 += s.granted_last;
+            a.hungry |= s.hungry_last;
+            a.granted += s.granted_last;
+            if s.idle {
+                continue;
+            }
+            a.spent_max = a.spent_max.max(s.spent_last);
             #[allow(clippy::cast_precision_loss)]
             let short = (s.spent_last as f64) < STARVED * s.granted_last as f64;
-            a.2 |= !s.idle && !s.hungry_last && s.granted_last > 0 && short;
+            if !s.hungry_last && s.granted_last > 0 && short {
+                a.starved_spent = Some(
+                    a.starved_spent
+                        .map_or(s.spent_last, |m| m.min(s.spent_last)),
+                );
+            }
         }
         let cfg = self.cfg;
         let on = self.on;
         for (id, d) in &mut self.drives {
             let sig = signal(*id).unwrap_or_default();
             d.last = sig;
-            let (hungry, granted, starved) = appetite.get(id).copied().unwrap_or_default();
+            let a = appetite.get(id).copied().unwrap_or_default();
+            let (hungry, granted) = (a.hungry, a.granted);
+            // Held back by another: a starved session beside one that
+            // moves more than twice its bytes.
+            let starved = a
+                .starved_spent
+                .is_some_and(|least| a.spent_max > least.saturating_mul(2));
             let contended = sig.contention_mean >= CONTENDED;
             #[allow(clippy::cast_precision_loss)]
             let completed = sig.bytes as f64 / epoch_s;
@@ -640,13 +672,14 @@ impl Arbiter {
             } else if d.inflated {
                 d.bytes_per_sec =
                     d.bytes_per_sec.min(d.completed_bytes_per_sec.max(1.0)) * cfg.back_off;
-            } else if contended && hungry && starved {
-                // One session takes all it is given while another, with
-                // its share unspent, waits behind it in the drive: grant
-                // less, until the other can spend its share (equal shares
-                // only mean equal bandwidth if both can use them).
+            } else if contended && starved {
+                // One session moves far more than another that, with its
+                // share unspent, waits behind it in the drive: grant less,
+                // until the first runs out of slices and the queue shrinks
+                // (equal shares only mean equal bandwidth once both can
+                // spend them).
                 d.bytes_per_sec *= cfg.back_off;
-            } else if hungry && granted > 0 && !starved {
+            } else if hungry && granted > 0 {
                 // Sessions want more and none is held back: probe. A drive
                 // that cannot complete more fills its clients' queues, so
                 // they stop running out of slices and probing stops.
@@ -719,7 +752,6 @@ impl Arbiter {
             port: String,
             slice: u64,
             quantum: f64,
-            want: f64,
             cost: [f64; 3],
             blocked: bool,
         }
@@ -730,9 +762,6 @@ impl Arbiter {
                 let d = self.drives.get(&k.drive)?;
                 let port = d.port.clone();
                 let slice_bytes = d.slice_bytes;
-                // I/O held up by other I/O: every active session keeps its
-                // share.
-                let contended = d.last.contention_mean >= CONTENDED;
                 #[allow(clippy::cast_precision_loss)]
                 let slice = slice_bytes as f64;
                 #[allow(clippy::cast_precision_loss)]
@@ -741,28 +770,20 @@ impl Arbiter {
                 } else {
                     0.0
                 };
-                #[allow(clippy::cast_precision_loss)]
-                let want = if s.hungry_last || contended {
-                    f64::INFINITY
-                } else {
-                    (s.spent_last as f64 * 1.5).max(slice)
-                };
                 Some(Walk {
                     slice: slice_bytes,
                     quantum: slice * self.weight(k.volume) / w_max,
                     port,
-                    want,
                     cost: self.slice_cost(slice_bytes, write_share),
                     blocked: false,
                     key: k,
                 })
             })
             .collect();
-        let mut granted: Vec<f64> = vec![0.0; walk.len()];
         for _ in 0..ROUNDS_MAX {
             let mut moving = false;
-            for (i, w) in walk.iter_mut().enumerate() {
-                if w.blocked || granted[i] >= w.want {
+            for w in &mut walk {
+                if w.blocked {
                     continue;
                 }
                 let Some(s) = self.sessions.get_mut(&w.key) else {
@@ -802,17 +823,13 @@ impl Arbiter {
                 if let Some(l) = self.client_left.get_mut(&w.key.client) {
                     *l -= w.cost[NET];
                 }
-                #[allow(clippy::cast_precision_loss)]
-                {
-                    granted[i] += w.slice as f64;
-                }
                 s.granted += w.slice;
             }
             if !moving {
                 break;
             }
         }
-        // A satisfied session keeps no credit beyond one slice.
+        // A session keeps no credit beyond one slice.
         for w in &walk {
             if let Some(s) = self.sessions.get_mut(&w.key) {
                 for k in 0..3 {

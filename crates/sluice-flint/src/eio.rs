@@ -7,7 +7,10 @@
 //! bytes and `drive_inflight_ios_max` I/Os at a time (one I/O is always
 //! admitted to an idle drive, however large), and the whole client at most
 //! `inflight_ios_max` (its NetPipe). The rest wait here, where their order
-//! is chosen.
+//! is chosen. A small reserve beyond the byte cap
+//! (`drive_small_reserve_bytes`) is open to small I/Os only: a 4 KiB read
+//! behind a drive full of 128 KiB reads goes at once instead of waiting for
+//! one of them to finish.
 //!
 //! **Rank.** An I/O's rank is its arrival time plus its estimated cost,
 //! scaled:
@@ -62,6 +65,11 @@ pub enum IoKind {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EioConfig {
     pub drive_inflight_bytes_max: u64,
+    /// Extra bytes in flight per drive open only to small I/Os (at most
+    /// `small_io_bytes` each): a small read need not wait for a large one
+    /// to finish before it may go; it then waits only on the drive.
+    pub drive_small_reserve_bytes: u64,
+    pub small_io_bytes: u64,
     pub drive_inflight_ios_max: u32,
     pub inflight_ios_max: u32,
     /// Fixed cost of any I/O.
@@ -84,6 +92,8 @@ impl Default for EioConfig {
             // (bandwidth x unloaded latency of an NVMe drive: about 1 GB/s
             // x 200 us), little enough that a small I/O waits for few.
             drive_inflight_bytes_max: 512 << 10,
+            drive_small_reserve_bytes: 64 << 10,
+            small_io_bytes: 16 << 10,
             drive_inflight_ios_max: 64,
             inflight_ios_max: 1024,
             io_cost_us: 10.0,
@@ -282,9 +292,16 @@ impl<T> EioScheduler<T> {
     }
 
     fn has_room(&self, d: &DriveQ, bytes: u64) -> bool {
+        let cap = if bytes <= self.cfg.small_io_bytes {
+            self.cfg
+                .drive_inflight_bytes_max
+                .saturating_add(self.cfg.drive_small_reserve_bytes)
+        } else {
+            self.cfg.drive_inflight_bytes_max
+        };
         d.inflight_ios == 0
             || (d.inflight_ios < self.cfg.drive_inflight_ios_max
-                && d.inflight_bytes.saturating_add(bytes) <= self.cfg.drive_inflight_bytes_max)
+                && d.inflight_bytes.saturating_add(bytes) <= cap)
     }
 
     /// The next I/O to send, if one may go now: the lowest rank among the
@@ -396,6 +413,42 @@ mod tests {
     }
 
     #[test]
+    fn small_ios_have_a_reserve_beyond_the_byte_cap_and_large_ones_do_not() {
+        let mut s = sched(); // 256 KiB cap, 64 KiB small reserve
+        for i in 0..3u32 {
+            s.enqueue(
+                0,
+                StreamId(u64::from(i)),
+                7,
+                IoKind::Read,
+                128 << 10,
+                1.0,
+                i,
+            )
+            .expect("room");
+        }
+        assert!(s.poll_admit(0).is_some() && s.poll_admit(0).is_some());
+        assert!(s.poll_admit(0).is_none(), "the third 128 KiB read waits");
+        // 4 KiB reads go at once, up to the reserve.
+        for i in 0..17u32 {
+            s.enqueue(
+                1,
+                StreamId(100 + u64::from(i)),
+                7,
+                IoKind::Read,
+                4096,
+                1.0,
+                100 + i,
+            )
+            .expect("room");
+        }
+        let small: Vec<u32> = std::iter::from_fn(|| s.poll_admit(2).map(|a| a.token)).collect();
+        assert_eq!(small.len(), 16, "{small:?}");
+        assert!(small.iter().all(|t| *t >= 100));
+        assert_eq!(s.inflight(7), (18, (256 << 10) + (64 << 10)));
+    }
+
+    #[test]
     fn order_within_a_stream_is_kept_even_when_a_later_io_ranks_lower() {
         let mut s = sched();
         s.enqueue(0, StreamId(1), 7, IoKind::Write, 1 << 20, 1.0, 0)
@@ -414,10 +467,10 @@ mod tests {
         let mut s = sched();
         s.enqueue(0, StreamId(1), 1, IoKind::Read, 256 << 10, 1.0, 0)
             .expect("room");
-        s.enqueue(0, StreamId(1), 1, IoKind::Read, 4096, 1.0, 1)
+        s.enqueue(0, StreamId(1), 1, IoKind::Read, 64 << 10, 1.0, 1)
             .expect("room");
         assert_eq!(s.poll_admit(1).map(|a| a.token), Some(0));
-        // Drive 1 is full: its 4 KiB read waits, and drive 2's goes.
+        // Drive 1 is full: its 64 KiB read waits, and drive 2's goes.
         s.enqueue(5, StreamId(2), 2, IoKind::Read, 4096, 1.0, 2)
             .expect("room");
         assert_eq!(s.poll_admit(6).map(|a| a.token), Some(2));
@@ -524,7 +577,7 @@ mod tests {
                     inflight.push_back((a.drive, a.bytes));
                     admitted.push((a.token, now));
                     let (n, b) = s.inflight(a.drive);
-                    proptest::prop_assert!(n <= 4 && (n == 1 || b <= 512 << 10));
+                    proptest::prop_assert!(n <= 4 && (n == 1 || b <= (512 << 10) + cfg.drive_small_reserve_bytes));
                     proptest::prop_assert!(inflight.len() <= 6);
                 }
                 if next == ios.len() && s.poll_admit(now).is_none() && !inflight.is_empty() {

@@ -19,6 +19,9 @@
 //!   DRR with gang admission over NetPipe, IOPipe and drive, and the
 //!   client's wallet of slices.
 //!
+//! * [`wire`]: the framing of the view's fast channel (`ViewSync` over a
+//!   plain TCP stream instead of gRPC).
+//!
 //! Nothing here touches a socket, a file or a clock: time is passed in as
 //! microseconds on the caller's monotonic clock.
 
@@ -27,6 +30,7 @@ pub mod bottleneck;
 pub mod eio;
 pub mod view;
 pub mod window;
+pub mod wire;
 
 pub use auction::{Arbiter, AuctionConfig, Wallet, WalletConfig};
 pub use bottleneck::{BottleneckReport, Session};

@@ -264,16 +264,22 @@ impl Counted {
 }
 
 /// A drive's samples since the auction last took them.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct SinceTake {
     ios: u64,
     bytes: u64,
     /// Latency above the unloaded latency of each sample's size, summed.
     excess_us: u64,
-    /// That excess as a multiple of the sample's own unloaded latency
-    /// (at most [`CONTENTION_MAX`]), summed.
-    contention: f64,
+    /// Per client: its samples, and their excess as a multiple of each
+    /// sample's own unloaded latency (at most [`CONTENTION_MAX`]), summed.
+    /// Kept apart so that one heavy client's many samples cannot hide
+    /// another's stalls.
+    contention: BTreeMap<String, (u64, f64)>,
 }
+
+/// A client needs this many samples in an epoch for its contention to
+/// count (a stray sample is noise).
+const CONTENTION_SAMPLES_MIN: u64 = 4;
 
 /// One sample counts at most this much in the contention measure, so that
 /// a few stalls do not stand for the whole epoch.
@@ -474,7 +480,12 @@ impl ViewController {
                 t.ios += 1;
                 t.bytes = t.bytes.saturating_add(bytes);
                 t.excess_us = t.excess_us.saturating_add(excess);
-                t.contention += contention;
+                match t.contention.get_mut(&batch.client) {
+                    Some(c) => *c = (c.0 + 1, c.1 + contention),
+                    None => {
+                        t.contention.insert(batch.client.clone(), (1, contention));
+                    }
+                }
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
                 let port = d.port.clone();
                 if let Some(p) = self.ports.get_mut(&port) {
@@ -848,11 +859,13 @@ impl ViewController {
                     bytes: t.bytes,
                     queue_delay_us_mean: delay,
                     inflation_mean: delay / base_us_max.max(1) as f64,
-                    contention_mean: if t.ios == 0 {
-                        0.0
-                    } else {
-                        t.contention / t.ios as f64
-                    },
+                    // The worst-off client's mean.
+                    contention_mean: t
+                        .contention
+                        .values()
+                        .filter(|(n, _)| *n >= CONTENTION_SAMPLES_MIN)
+                        .map(|(n, sum)| sum / *n as f64)
+                        .fold(0.0, f64::max),
                 };
                 (*id, signal)
             })

@@ -269,12 +269,17 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("sluice-lab-view-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let target = drive_target(1, 64 * MIB, None)?;
-    let control = Control::start(Metadata::Redb(dir.join("m.redb")))?;
+    let control = {
+        let mut cfg =
+            sluice_control::server::ControlConfig::new(Metadata::Redb(dir.join("m.redb")));
+        cfg.view_listen = Some("127.0.0.1:0".parse()?);
+        Control::start_with(cfg)?
+    };
     control.add_drives(&[&target], 1)?;
     let client = control.client()?;
     let n_query: u32 = 1_000_000;
     let n_sync: u32 = 2000;
-    let mut rows: Vec<[f64; 8]> = Vec::new();
+    let mut rows: Vec<[f64; 11]> = Vec::new();
     for rep in 0..repeats {
         // 1. view_query from the local copy: the agent alone, and through
         // the client's lock (what the eIO gate and callers use).
@@ -340,7 +345,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         // 2. view_sync round trips, one after another, and their CPU on
         // this (the client's) thread; 3. a TCP ping-pong on the same kind
         // of runtime (epoll, no busy polling) as the yardstick.
-        let (sync1, sync512, sync_cpu_ns, tcp) = rt.block_on(async {
+        let (sync1, sync512, sync_cpu_ns, tcp, fast1, fast512) = rt.block_on(async {
             let mut one = Vec::new();
             let mut full = Vec::new();
             let cpu0 = sluice_cpu::current_thread_cpu_ns();
@@ -358,9 +363,35 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
                 one.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
             }
             let tcp = tcp_ping_pong(n_sync).await?;
+            // The same syncs over the fast channel (`--view-listen`).
+            let view_addr = client.status().await?.view_addr;
+            let mut ch = sluice_control::view_wire::ViewChannel::connect(&view_addr, None).await?;
+            let mut fast1 = Vec::new();
+            let mut fast512 = Vec::new();
+            for i in 0..n_sync {
+                let b = view_pb::batch_to_pb(&batch(1, u64::from(i)), &[]);
+                let t = Instant::now();
+                ch.view_sync(&b).await?;
+                fast1.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+            }
+            for i in 0..n_sync {
+                let b = view_pb::batch_to_pb(&batch(512, u64::from(i) * 1000), &[]);
+                let t = Instant::now();
+                ch.view_sync(&b).await?;
+                fast512.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+            }
             #[allow(clippy::cast_precision_loss)]
-            anyhow::Ok((one, full, cpu as f64 / f64::from(n_sync), tcp))
+            anyhow::Ok((
+                one,
+                full,
+                cpu as f64 / f64::from(n_sync),
+                tcp,
+                fast1,
+                fast512,
+            ))
         })?;
+        let (f1_p50, f1_p99) = p50_p99(fast1);
+        let (f512_p50, _) = p50_p99(fast512);
         let (s1_p50, s1_p99) = p50_p99(sync1);
         let (s512_p50, _) = p50_p99(sync512);
         let (tcp_p50, _) = p50_p99(tcp);
@@ -378,6 +409,9 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
             s512_p50,
             tcp_p50,
             core_share * 100.0,
+            f1_p50,
+            f1_p99,
+            f512_p50,
         ]);
     }
     drop(control);
@@ -390,10 +424,12 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
     };
     let ratio: Vec<f64> = rows.iter().map(|r| r[3] / r[6]).collect();
     let (rlo, rhi) = report::range(&ratio);
+    let fast_ratio: Vec<f64> = rows.iter().map(|r| r[8] / r[6]).collect();
+    let (flo, fhi) = report::range(&fast_ratio);
     let mut md = String::new();
     md.push_str("# The shadow view's cost on a client (Flint Table 1)\n\n");
     md.push_str(&format!(
-        "`cargo run --release -p sluice-lab -- view --repeats {repeats}`; load average before: {}. Medians over {repeats} repeats, ranges in brackets. The control plane runs in this process on its own runtime thread (gRPC over loopback).\n\n",
+        "`cargo run --release -p sluice-lab -- view --repeats {repeats}`; load average before: {}. Medians over {repeats} repeats, ranges in brackets. The control plane runs in this process on its own runtime thread (gRPC over loopback, and the fast channel of `--view-listen`: the same protobuf messages over a plain TCP stream).\n\n",
         crate::datapath::loadavg()
     ));
     md.push_str("| primitive | figure | goal |\n|---|---|---|\n");
@@ -419,8 +455,18 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         cell(6, 0)
     ));
     md.push_str(&format!(
-        "| view_sync p50 ÷ TCP round trip | {:.2} ({rlo:.2}-{rhi:.2}) | ≤ 1.5 |\n",
+        "| view_sync (gRPC) p50 ÷ TCP round trip | {:.2} ({rlo:.2}-{rhi:.2}) | |\n",
         report::median(&ratio)
+    ));
+    md.push_str(&format!(
+        "| view_sync over the fast channel (`--view-listen`), 1 sample: p50 µs | {} | |\n| view_sync over the fast channel, 1 sample: p99 µs | {} | |\n| view_sync over the fast channel, 512 samples: p50 µs | {} | |\n",
+        cell(8, 0),
+        cell(9, 0),
+        cell(10, 0)
+    ));
+    md.push_str(&format!(
+        "| view_sync (fast channel) p50 ÷ TCP round trip | {:.2} ({flo:.2}-{fhi:.2}) | ≤ 1.5 |\n",
+        report::median(&fast_ratio)
     ));
     md.push_str(&format!(
         "| agent per I/O (`record`, batching included) | {} ns | |\n| agent CPU per 100k IOPS (records + syncs of 512) | {} % of a core | < 2 % |\n",

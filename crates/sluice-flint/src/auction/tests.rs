@@ -82,20 +82,29 @@ fn hungry_sessions_share_a_drive_by_weight() {
 }
 
 #[test]
-fn a_session_that_spends_little_leaves_the_rest_to_a_hungry_one() {
+fn an_active_session_keeps_its_share_and_an_idle_ones_goes_to_the_others() {
     let mut a = arbiter_with(&[(1, "t1:4420", Some(400e6))]); // 4 MB per epoch, 3.6 MB sold
     a.handle_bid(0, &bid("a", 10, 1, 0, false)).expect("bid");
     a.handle_bid(0, &bid("b", 20, 1, 0, true)).expect("bid");
     a.poll_epoch(0, no_signal);
-    // a spent 256 KiB last epoch and was never short: it gets 1.5x that.
+    // a spends little and never runs out; b is hungry. a still keeps its
+    // whole share: handing it to b would feed the queue a waits behind.
     a.handle_bid(1, &bid("a", 10, 1, SLICE, false))
         .expect("bid");
     a.handle_bid(1, &bid("b", 20, 1, 4 * SLICE, true))
         .expect("bid");
     a.poll_epoch(10_000, no_signal);
     let (ga, gb) = (granted(&a, "a", 10, 1), granted(&a, "b", 20, 1));
-    assert!(ga <= 2 * SLICE, "{ga}");
-    assert!(gb >= 3 * SLICE, "b takes what a leaves: {gb}");
+    assert!(ga.abs_diff(gb) <= slice_of(&a, 1), "{ga} {gb}");
+    assert!(ga + gb >= 3_600_000 - slice_of(&a, 1), "{ga} {gb}");
+    // a goes quiet: after the idle time b gets it all.
+    for i in 1..=60u64 {
+        a.handle_bid(i * 10_000, &bid("b", 20, 1, 4 * SLICE, true))
+            .expect("bid");
+        a.poll_epoch(i * 10_000 + 5_000, no_signal);
+    }
+    assert_eq!(granted(&a, "a", 10, 1), 0);
+    assert!(granted(&a, "b", 20, 1) >= 3_600_000 - slice_of(&a, 1));
 }
 
 #[test]
