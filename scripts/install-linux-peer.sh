@@ -61,7 +61,10 @@ apt_update_once() {
 }
 
 # ---------------------------------------------------------------- host packages
-PKGS=(qemu-system-x86 busybox-static cpio kmod nvme-cli fio xz-utils zstd)
+# qemu-utils too: installing Debian's qemu-system-x86 removes a newer
+# qemu-utils (a backport) that conflicts with it, and the tests need
+# qemu-img (the NBD exports of volumes).
+PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod nvme-cli fio xz-utils zstd)
 [[ $WANT_TSHARK == 1 ]] && PKGS+=(tshark)
 MISSING=()
 for p in "${PKGS[@]}"; do
@@ -76,7 +79,7 @@ if [[ ${#MISSING[@]} -gt 0 ]]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${MISSING[@]}" \
         >/dev/null || die "apt-get install ${MISSING[*]} failed"
 fi
-for c in qemu-system-x86_64 busybox cpio depmod modprobe nvme fio xz zstd dpkg-deb ldd gzip sha256sum; do
+for c in qemu-system-x86_64 qemu-img busybox cpio depmod modprobe nvme fio xz zstd dpkg-deb ldd gzip sha256sum; do
     command -v "$c" >/dev/null || die "required command '$c' not found after install"
 done
 BUSYBOX=$(command -v busybox)

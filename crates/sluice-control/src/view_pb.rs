@@ -506,18 +506,32 @@ mod tests {
     }
 
     #[test]
-    fn entities_without_a_kind_and_io_pipe_bounds_are_refused() {
+    fn entities_without_a_kind_are_refused_and_every_bound_survives_the_wire() {
         assert!(entity_from_pb(Some(&pb::ViewEntity { kind: None }), "x")
             .is_err_and(|e| e.0.contains("x: an entity with no kind")));
         let bad = pb::BottleneckReport {
             victims: vec![pb::ViewVictim {
                 client: "c".into(),
                 drive: 1,
-                bound: Some(entity_to_pb(&Entity::IoPipe("p".into()))),
+                bound: None,
             }],
             ..Default::default()
         };
         assert!(report_from_pb(&bad).is_err());
+        // A port congested by itself bounds sessions too.
+        let r = BottleneckReport {
+            epoch: 3,
+            congested_io_pipes: vec!["p:1".into()],
+            victims: vec![(
+                Session {
+                    client: "c".into(),
+                    drive: 1,
+                },
+                Bound::IoPipe("p:1".into()),
+            )],
+            ..Default::default()
+        };
+        assert_eq!(report_from_pb(&report_to_pb(&r)), Ok(r));
         assert!(subscription_from_pb(&pb::ViewSubscription {
             drive: 1,
             headroom_below_bytes_per_sec: f64::NAN
