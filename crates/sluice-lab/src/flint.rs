@@ -279,6 +279,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
     let client = control.client()?;
     let n_query: u32 = 1_000_000;
     let n_sync: u32 = 2000;
+    let echo_rt = control.rt.handle().clone();
     let mut rows: Vec<[f64; 11]> = Vec::new();
     for rep in 0..repeats {
         // 1. view_query from the local copy: the agent alone, and through
@@ -342,9 +343,9 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         }
         let record_ns = t.elapsed().as_nanos() as f64 / f64::from(n_query);
 
-        // 2. view_sync round trips, one after another, and their CPU on
-        // this (the client's) thread; 3. a TCP ping-pong on the same kind
-        // of runtime (epoll, no busy polling) as the yardstick.
+        // 2. view_sync round trips over gRPC, one after another, and their
+        // CPU on this (the client's) thread; 3. over the fast channel,
+        // against a TCP echo served by the control plane's thread.
         let (sync1, sync512, sync_cpu_ns, tcp, fast1, fast512) = rt.block_on(async {
             let mut one = Vec::new();
             let mut full = Vec::new();
@@ -362,13 +363,19 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
                 client.view_sync(b).await?;
                 one.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
             }
-            let tcp = tcp_ping_pong(n_sync).await?;
-            // The same syncs over the fast channel (`--view-listen`).
+            // The fast channel (`--view-listen`) and a 64-byte TCP echo
+            // served by the same runtime thread as the control plane,
+            // interleaved one for one: both see the same polling mode
+            // (this VM's wake-ups make a round trip either ~5 µs or ~60 µs
+            // depending on whether the threads are already awake).
             let view_addr = client.status().await?.view_addr;
             let mut ch = sluice_control::view_wire::ViewChannel::connect(&view_addr, None).await?;
+            let mut echo = tcp_echo(&echo_rt).await?;
+            let mut tcp = Vec::new();
             let mut fast1 = Vec::new();
             let mut fast512 = Vec::new();
             for i in 0..n_sync {
+                tcp.push(echo.round_trip().await?);
                 let b = view_pb::batch_to_pb(&batch(1, u64::from(i)), &[]);
                 let t = Instant::now();
                 ch.view_sync(&b).await?;
@@ -451,7 +458,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         cell(5, 0)
     ));
     md.push_str(&format!(
-        "| TCP ping-pong, 64 bytes, same runtime (epoll): p50 µs | {} | |\n",
+        "| TCP round trip, 64 bytes, echoed by the control plane's runtime thread, interleaved with the fast channel's syncs: p50 µs | {} | |\n",
         cell(6, 0)
     ));
     md.push_str(&format!(
@@ -477,39 +484,42 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
     Ok(())
 }
 
-/// `n` round trips of 64 bytes over loopback TCP on the current runtime.
-async fn tcp_ping_pong(n: u32) -> Result<Vec<u32>> {
+/// A 64-byte TCP echo served on `rt` (the control plane's runtime), and
+/// the client's end.
+struct Echo {
+    c: tokio::net::TcpStream,
+    buf: [u8; 64],
+}
+
+async fn tcp_echo(rt: &tokio::runtime::Handle) -> Result<Echo> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    l.set_nonblocking(true)?;
     let addr = l.local_addr()?;
-    let server = std::thread::spawn(move || -> Result<()> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l.into_std()?)?;
-            let (mut s, _) = l.accept().await?;
-            s.set_nodelay(true)?;
-            let mut buf = [0u8; 64];
-            while s.read_exact(&mut buf).await.is_ok() {
-                s.write_all(&buf).await?;
-            }
-            anyhow::Ok(())
-        })
+    rt.spawn(async move {
+        let l = tokio::net::TcpListener::from_std(l)?;
+        let (mut s, _) = l.accept().await?;
+        s.set_nodelay(true)?;
+        let mut buf = [0u8; 64];
+        while s.read_exact(&mut buf).await.is_ok() {
+            s.write_all(&buf).await?;
+        }
+        anyhow::Ok(())
     });
-    let mut c = tokio::net::TcpStream::connect(addr).await?;
+    let c = tokio::net::TcpStream::connect(addr).await?;
     c.set_nodelay(true)?;
-    let mut buf = [7u8; 64];
-    let mut lat = Vec::with_capacity(n as usize);
-    for _ in 0..n {
+    Ok(Echo { c, buf: [7u8; 64] })
+}
+
+impl Echo {
+    /// One round trip, in µs.
+    async fn round_trip(&mut self) -> Result<u32> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let t = Instant::now();
-        c.write_all(&buf).await?;
-        c.read_exact(&mut buf).await?;
-        lat.push(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX));
+        self.c.write_all(&self.buf).await?;
+        self.c.read_exact(&mut self.buf).await?;
+        Ok(u32::try_from(t.elapsed().as_micros()).unwrap_or(u32::MAX))
     }
-    drop(c);
-    let _ = server.join();
-    Ok(lat)
 }
 
 /// One stream of a workload: block size, queue depth, share of reads.
