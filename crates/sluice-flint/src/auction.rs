@@ -49,7 +49,7 @@
 //! a heavy client's many samples cannot hide a light one's stalls) and a
 //! session leaves
 //! most of its share unspent without running out beside one that moves
-//! more than twice its bytes, the estimate shrinks by `back_off`: the
+//! a quarter more bytes than it, the estimate shrinks by `back_off`: the
 //! first is held back by the second's queue, and equal slices only mean
 //! equal bandwidth once both can spend them (the heavy one need not be out
 //! of slices: shrinking makes it so). Otherwise, while sessions run
@@ -87,6 +87,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+/// A session moving this many times a starved one's bytes holds it back.
+const HEAVIER: f64 = 1.25;
 /// A session that spent less than this share of its grant without running
 /// out was held back (or needed less).
 const STARVED: f64 = 0.7;
@@ -654,10 +656,12 @@ impl Arbiter {
             let a = appetite.get(id).copied().unwrap_or_default();
             let (hungry, granted) = (a.hungry, a.granted);
             // Held back by another: a starved session beside one that
-            // moves more than twice its bytes.
+            // moves a quarter more than it (a lone session, or sessions
+            // alike, never count as held back by each other).
+            #[allow(clippy::cast_precision_loss)]
             let starved = a
                 .starved_spent
-                .is_some_and(|least| a.spent_max > least.saturating_mul(2));
+                .is_some_and(|least| a.spent_max as f64 > least as f64 * HEAVIER);
             let contended = sig.contention_mean >= CONTENDED;
             #[allow(clippy::cast_precision_loss)]
             let completed = sig.bytes as f64 / epoch_s;
