@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use sluice_flint::auction::{Spend, Wallet, WalletConfig};
+use sluice_flint::auction::{Wallet, WalletConfig};
 use sluice_flint::eio::{EioConfig, EioScheduler, IoKind, StreamId};
 use sluice_flint::view::{AgentConfig, EntityView, IoSample, SampleBatch, ViewAgent};
 use sluice_flint::Entity;
@@ -53,6 +53,8 @@ pub struct ClientIsolation {
     hungry: tokio::sync::Notify,
     /// Syncs sent over the fast channel and over gRPC.
     paths: Mutex<(u64, u64)>,
+    /// The last answer said the auction runs (the I/O path's cheap test).
+    auction_on: AtomicBool,
     started: AtomicBool,
 }
 
@@ -110,6 +112,7 @@ impl ClientIsolation {
             wallet: Mutex::new(Wallet::new(WalletConfig::default())),
             hungry: tokio::sync::Notify::new(),
             paths: Mutex::new((0, 0)),
+            auction_on: AtomicBool::new(false),
             started: AtomicBool::new(false),
         }))
     }
@@ -139,15 +142,25 @@ impl ClientIsolation {
     /// while the slice lasts or the auction is off, else after the next
     /// grant.
     pub async fn spend(&self, volume: u64, drive: u64, bytes: u64, write: bool) {
-        let (tx, rx) = oneshot::channel();
-        let now = self.now_us();
-        let spend = lock(&self.wallet).request(now, volume, drive, bytes, write, tx);
-        if let Spend::Wait = spend {
-            self.hungry.notify_one();
-            // The sender goes when the wallet releases it or is dropped
-            // with `self`; either way the I/O may go.
-            let _ = rx.await;
+        // The auction off (the usual case): nothing to count, no clock, no
+        // lock.
+        if !self.auction_on.load(Ordering::Relaxed) {
+            return;
         }
+        let rx = {
+            let now = self.now_us();
+            let mut w = lock(&self.wallet);
+            if w.try_spend(now, volume, drive, bytes, write) {
+                return;
+            }
+            let (tx, rx) = oneshot::channel();
+            w.wait(volume, drive, bytes, write, tx);
+            rx
+        };
+        self.hungry.notify_one();
+        // The sender goes when the wallet releases it or is dropped with
+        // `self`; either way the I/O may go.
+        let _ = rx.await;
     }
 
     /// Syncs sent so far over the control plane's fast channel and over
@@ -378,6 +391,22 @@ impl SyncPath {
         }
     }
 
+    /// Counts an exchange over the channel; a failure drops the channel
+    /// (the caller then goes over gRPC).
+    fn took<T>(&mut self, r: Result<T, crate::view_wire::WireCallError>) -> Option<T> {
+        match r {
+            Ok(v) => {
+                self.over_channel += 1;
+                Some(v)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "view: fast channel failed; gRPC");
+                self.channel = None;
+                None
+            }
+        }
+    }
+
     /// One `ViewSync`.
     pub async fn view_sync(
         &mut self,
@@ -386,15 +415,9 @@ impl SyncPath {
     ) -> Result<crate::pb::ViewAck, crate::error::VolumeError> {
         self.ensure(control).await;
         if let Some(c) = self.channel.as_mut() {
-            match c.view_sync(&msg).await {
-                Ok(ack) => {
-                    self.over_channel += 1;
-                    return Ok(ack);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "view: fast channel failed; gRPC");
-                    self.channel = None;
-                }
+            let r = c.view_sync(&msg).await;
+            if let Some(ack) = self.took(r) {
+                return Ok(ack);
             }
         }
         self.over_grpc += 1;
@@ -409,15 +432,9 @@ impl SyncPath {
     ) -> Result<crate::pb::TargetReportAck, crate::error::VolumeError> {
         self.ensure(control).await;
         if let Some(c) = self.channel.as_mut() {
-            match c.target_report(&msg).await {
-                Ok(ack) => {
-                    self.over_channel += 1;
-                    return Ok(ack);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "view: fast channel failed; gRPC");
-                    self.channel = None;
-                }
+            let r = c.target_report(&msg).await;
+            if let Some(ack) = self.took(r) {
+                return Ok(ack);
             }
         }
         self.over_grpc += 1;
@@ -476,6 +493,7 @@ async fn sync_task(me: Weak<ClientIsolation>, control: ControlClient) {
                         Ok((ack, grants)) => {
                             lock(&iso.agent).handle_ack(&ack);
                             let now = iso.now_us();
+                            iso.auction_on.store(grants.on, Ordering::Relaxed);
                             release(lock(&iso.wallet).handle_grants(now, &grants));
                         }
                         Err(e) => tracing::warn!(error = %e, "view: bad acknowledgement"),

@@ -238,6 +238,9 @@ pub async fn open(
 #[derive(Debug)]
 pub struct Volume {
     name: String,
+    /// The volume's id (fixed: a volume deleted and re-created under the
+    /// same name is another volume, which this handle refuses).
+    id: u64,
     /// The host NQN the drives see this volume's I/O under (its tenant).
     hostnqn: Option<String>,
     control: ControlClient,
@@ -306,6 +309,7 @@ impl Volume {
         pool.isolation.start(&control);
         Ok(Volume {
             name: name.to_owned(),
+            id: map.volume().id.0,
             hostnqn,
             control,
             pool,
@@ -407,7 +411,7 @@ impl Volume {
         io: impl std::future::Future<Output = Result<T, sluice_host::HostError>>,
     ) -> Result<T, VolumeError> {
         let iso = &self.pool.isolation;
-        let volume = read(&self.map).volume().id.0;
+        let volume = self.id;
         // The auction's slice first (no wait while it lasts or the auction
         // is off), then the eIO gate's order.
         iso.spend(

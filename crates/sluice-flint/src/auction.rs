@@ -1057,6 +1057,23 @@ impl<T> Wallet<T> {
         write: bool,
         token: T,
     ) -> Spend<T> {
+        if self.try_spend(now_us, volume, drive, bytes, write) {
+            return Spend::Go(token);
+        }
+        self.wait(volume, drive, bytes, write, token);
+        Spend::Wait
+    }
+
+    /// [`Self::request`] without a token: true when the I/O may go now (and
+    /// is counted); false when it must [`Self::wait`] (nothing was done).
+    pub fn try_spend(
+        &mut self,
+        now_us: u64,
+        volume: u64,
+        drive: u64,
+        bytes: u64,
+        write: bool,
+    ) -> bool {
         let metered = self.metered(now_us) && self.waiting < WAITERS_MAX;
         let p = self
             .purses
@@ -1065,8 +1082,18 @@ impl<T> Wallet<T> {
         p.accrue(now_us);
         if !metered || (p.waiters.is_empty() && p.tokens > 0.0) {
             p.spend(bytes, write, metered);
-            return Spend::Go(token);
+            return true;
         }
+        false
+    }
+
+    /// Queues an I/O that [`Self::try_spend`] refused, behind the session's
+    /// earlier waiters.
+    pub fn wait(&mut self, volume: u64, drive: u64, bytes: u64, write: bool, token: T) {
+        let p = self
+            .purses
+            .entry((volume, drive))
+            .or_insert_with(Purse::new);
         p.waiters.push_back(Waiter {
             bytes,
             write,
@@ -1074,7 +1101,6 @@ impl<T> Wallet<T> {
         });
         p.hungry = true;
         self.waiting += 1;
-        Spend::Wait
     }
 
     /// Takes the arbiter's answer; returns the I/Os that may go now.

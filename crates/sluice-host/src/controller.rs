@@ -397,8 +397,20 @@ async fn authenticate(
             return Err(failed(e));
         }
     };
-    nvme(admin::FABRICS, send(reply).await)?;
-    let success1 = nvme(admin::FABRICS, receive().await)?.data;
+    // nvmet answers a wrong response with Failure1 and then drops the
+    // queue; when its close overtakes the Failure1 (a reset discards what
+    // we had not read yet) the loss itself is the refusal.
+    let refused = |e: HostError| {
+        match e {
+        HostError::ConnectionLost(m) | HostError::Transport(m) => HostError::Authentication(format!(
+            "queue {qid} to {subnqn}: the controller closed the connection after our DH-HMAC-CHAP reply \
+             (it refused the response: is the secret right?): {m}"
+        )),
+        e => e,
+    }
+    };
+    nvme(admin::FABRICS, send(reply).await).map_err(refused)?;
+    let success1 = nvme(admin::FABRICS, receive().await).map_err(refused)?.data;
     match h.handle_success1(&success1) {
         Ok(Some(success2)) => {
             nvme(admin::FABRICS, send(success2).await)?;

@@ -88,3 +88,70 @@ async fn wrong_missing_or_unproven_secrets_are_authentication_errors() {
         }
     }
 }
+
+/// A proxy in front of the target that closes the connection as soon as the
+/// host sends its DH-HMAC-CHAP reply (the second AUTH_Send on a queue), as
+/// nvmet does when its close overtakes the Failure1 it answers a wrong
+/// response with.
+async fn proxy_closing_after_reply(target: std::net::SocketAddr) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((host, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let ctrl = tokio::net::TcpStream::connect(target).await.unwrap();
+                let (mut host_rx, mut host_tx) = host.into_split();
+                let (mut ctrl_rx, mut ctrl_tx) = ctrl.into_split();
+                let back = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut ctrl_rx, &mut host_tx).await;
+                    host_tx
+                });
+                let mut auth_sends = 0;
+                loop {
+                    let mut ch = [0u8; 8];
+                    if host_rx.read_exact(&mut ch).await.is_err() {
+                        break;
+                    }
+                    let plen = u32::from_le_bytes([ch[4], ch[5], ch[6], ch[7]]) as usize;
+                    let mut pdu = ch.to_vec();
+                    pdu.resize(plen.max(8), 0);
+                    if host_rx.read_exact(&mut pdu[8..]).await.is_err() {
+                        break;
+                    }
+                    // CapsuleCmd carrying Fabrics (0x7F) Authentication Send (0x05).
+                    if pdu[0] == 0x04 && pdu.len() > 12 && pdu[8] == 0x7F && pdu[12] == 0x05 {
+                        auth_sends += 1;
+                        if auth_sends == 2 {
+                            back.abort();
+                            return; // both halves dropped: the connection closes
+                        }
+                    }
+                    if ctrl_tx.write_all(&pdu).await.is_err() {
+                        break;
+                    }
+                }
+                back.abort();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_after_the_reply_is_an_authentication_error() {
+    let t = target();
+    let proxy = proxy_closing_after_reply(t.addr()).await;
+    let e = Controller::connect(proxy, &t.subnqn, opts(Some(secret(9)), None))
+        .await
+        .expect_err("refused");
+    match &e {
+        HostError::Authentication(m) => {
+            assert!(
+                m.contains("closed the connection after our DH-HMAC-CHAP reply"),
+                "{m}"
+            )
+        }
+        other => panic!("expected an authentication error, got {other:?}"),
+    }
+}
