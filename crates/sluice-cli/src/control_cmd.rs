@@ -75,6 +75,17 @@ pub struct ControlArgs {
     /// congested.
     #[arg(long, default_value_t = 1000.0, allow_negative_numbers = true)]
     view_queue_delay_us: f64,
+    /// Move extents off drives the shadow view reports congested (Flint
+    /// §5.5), onto the best uncongested drive, at the rebuild rate; extents
+    /// of volumes that prefer the drive stay.
+    #[arg(long)]
+    remap: bool,
+    /// A drive must stay congested this long before its extents move.
+    #[arg(long, default_value_t = 3000)]
+    remap_congested_ms: u64,
+    /// Extents moved per remap scan (one a second), at most.
+    #[arg(long, default_value_t = 8)]
+    remap_extents_per_scan: usize,
     /// Start with the bandwidth auction on: volume clients send to a drive
     /// only with a slice of its bandwidth, shared by weighted max-min
     /// fairness (switch it later with `sluice auction on|off`).
@@ -120,6 +131,12 @@ pub fn control(a: ControlArgs) -> Result<()> {
     cfg.view.check().map_err(|e| {
         anyhow::anyhow!("--view-epoch-ms/--view-window-ms/--view-queue-delay-us: {e}")
     })?;
+    cfg.remap.enabled = a.remap;
+    cfg.remap.congested_for = std::time::Duration::from_millis(a.remap_congested_ms);
+    cfg.remap.extents_per_scan = a.remap_extents_per_scan;
+    cfg.remap
+        .check()
+        .map_err(|e| anyhow::anyhow!("--remap-congested-ms/--remap-extents-per-scan: {e}"))?;
     cfg.auction.epoch_us = a.auction_epoch_ms.saturating_mul(1000);
     cfg.auction.inflation_target = a.auction_inflation;
     cfg.auction
@@ -339,7 +356,7 @@ fn print_volume(v: &pb::Volume) {
         v.epoch,
         v.tenant.as_ref().map(|t| format!("  tenant {t}")).unwrap_or_default(),
         if v.degraded_extents > 0 {
-            format!("  {} degraded (rebuilding)", v.degraded_extents)
+            format!("  {} degraded or remapping", v.degraded_extents)
         } else {
             String::new()
         },
@@ -488,10 +505,15 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                             e.index,
                             chain.join(" -> "),
                             e.epoch,
-                            e.rebuilding
-                                .as_ref()
-                                .map(|r| format!("  rebuilding onto d{}:{}", r.drive, r.slot))
-                                .unwrap_or_default()
+                            match (&e.rebuilding, &e.retiring) {
+                                (Some(r), Some(o)) => format!(
+                                    "  remapping d{}:{} onto d{}:{}",
+                                    o.drive, o.slot, r.drive, r.slot
+                                ),
+                                (Some(r), None) =>
+                                    format!("  rebuilding onto d{}:{}", r.drive, r.slot),
+                                _ => String::new(),
+                            }
                         );
                     }
                 }
@@ -525,10 +547,11 @@ pub fn volume(cmd: VolumeCmd) -> Result<()> {
                     );
                 }
                 println!(
-                    "rate {} B/s  degraded extents {}  rebuilt {} ({} B copied)  aborted {}{}",
+                    "rate {} B/s  degraded extents {}  rebuilt {}  remapped {} ({} B copied)  aborted {}{}",
                     r.rate_bytes_per_sec,
                     r.degraded_extents,
                     r.extents_rebuilt,
+                    r.extents_remapped,
                     r.bytes_copied,
                     r.extents_aborted,
                     if r.current.is_empty() {

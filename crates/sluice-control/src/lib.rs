@@ -36,6 +36,7 @@ pub mod leader;
 pub mod pb;
 pub mod probe;
 pub mod rebuild;
+pub mod remap;
 pub mod server;
 pub mod view;
 pub mod view_pb;

@@ -97,6 +97,10 @@ impl From<&ExtentRecord> for Extent {
                 drive: r.drive.0,
                 slot: r.slot,
             }),
+            retiring: e.retiring.map(|r| Replica {
+                drive: r.drive.0,
+                slot: r.slot,
+            }),
         }
     }
 }
@@ -116,6 +120,10 @@ impl Extent {
                 .collect(),
             epoch: self.epoch,
             rebuilding: self.rebuilding.as_ref().map(|r| ReplicaRecord {
+                drive: DriveId(r.drive),
+                slot: r.slot,
+            }),
+            retiring: self.retiring.as_ref().map(|r| ReplicaRecord {
                 drive: DriveId(r.drive),
                 slot: r.slot,
             }),

@@ -46,6 +46,8 @@ use sluice_volume::{DriveId, Replica, EXTENT_BYTES};
 
 use crate::leader::Leadership;
 use crate::pb;
+use crate::remap::{Candidate, RemapConfig, RemapPlanner};
+use crate::view::ViewHub;
 use crate::volume::DrivePool;
 
 /// How the rebuilder runs.
@@ -81,6 +83,8 @@ pub const RATE_BYTES_PER_SEC_MAX: u64 = 16 << 30;
 pub const EXTENTS_PER_SCAN_MAX: usize = 256;
 /// Extents rebuilt at once, at most.
 pub const PARALLEL_MAX: usize = 64;
+/// How often the remapper looks at the view's congested drives.
+pub const REMAP_SCAN_INTERVAL: Duration = Duration::from_secs(1);
 /// Bytes per read and write of the copy.
 pub const COPY_CHUNK_BYTES: usize = 256 << 10;
 
@@ -141,6 +145,10 @@ pub(crate) struct Rebuilder<S> {
     pub(crate) cfg: RebuildConfig,
     pub(crate) progress: Arc<RebuildProgress>,
     pub(crate) wake: Arc<tokio::sync::Notify>,
+    /// The shadow view, whose congested drives the remapper moves
+    /// extents off (`remap.rs`), and how.
+    pub(crate) view: Arc<ViewHub>,
+    pub(crate) remap: RemapConfig,
 }
 
 impl<S: MetaStore> Rebuilder<S> {
@@ -149,19 +157,151 @@ impl<S: MetaStore> Rebuilder<S> {
         self.progress.lock().rate_bytes_per_sec = self.cfg.rate_bytes_per_sec;
         // The earliest start of the next extent's copy (the rate limit).
         let mut next_start = Instant::now();
+        let mut planner = RemapPlanner::new(self.remap);
+        let mut remap_tick = tokio::time::interval(REMAP_SCAN_INTERVAL);
+        remap_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                () = tokio::time::sleep(self.cfg.scan_interval) => {}
-                () = self.wake.notified() => {}
-            }
+            let remap_due = tokio::select! {
+                () = tokio::time::sleep(self.cfg.scan_interval) => false,
+                () = self.wake.notified() => false,
+                _ = remap_tick.tick(), if self.remap.enabled => true,
+            };
             if !self.leadership.is_leader() {
                 continue;
             }
+            // Lost replicas first: a remap only moves healthy extents.
             if let Err(e) = self.scan(&mut next_start).await {
                 tracing::warn!(error = %e, "rebuild scan failed; retrying at the next scan");
                 self.progress.lock().last_error = e;
             }
+            if remap_due {
+                if let Err(e) = self.remap(&mut planner, &mut next_start).await {
+                    tracing::warn!(error = %e, "remap scan failed; retrying at the next scan");
+                    self.progress.lock().last_error = e;
+                }
+            }
         }
+    }
+
+    /// Moves extents off drives the view has reported congested for long
+    /// enough (`remap.rs` chooses which), one at a time, spaced by the
+    /// rebuild rate.
+    async fn remap(
+        &self,
+        planner: &mut RemapPlanner,
+        next_start: &mut Instant,
+    ) -> Result<(), String> {
+        let congested: std::collections::BTreeSet<u64> = self
+            .view
+            .with(|c| c.report().congested_drives.iter().copied().collect());
+        let hot = planner.observe(Instant::now(), &congested);
+        if hot.is_empty() {
+            return Ok(());
+        }
+        // New replicas go to no congested drive.
+        let avoid: Vec<DriveId> = congested
+            .iter()
+            .filter_map(|d| u32::try_from(*d).ok())
+            .map(DriveId)
+            .collect();
+        let drives = self.catalog.drives().await.map_err(|e| e.to_string())?;
+        let volumes = self.catalog.volumes().await.map_err(|e| e.to_string())?;
+        let per_extent =
+            Duration::from_secs_f64(EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64);
+        let mut budget = self.remap.extents_per_scan;
+        for d in hot {
+            let Some(rec) = drives.iter().find(|x| u64::from(x.id.0) == d) else {
+                continue;
+            };
+            let mut candidates = Vec::new();
+            for v in &volumes {
+                let Some(&on_drive) = v.extents_per_drive.get(&rec.id) else {
+                    continue;
+                };
+                if v.state != sluice_volume::VolumeState::Ready {
+                    continue;
+                }
+                let prefers_drive = v
+                    .prefer
+                    .iter()
+                    .any(|p| *p == rec.spec.addr || *p == rec.spec.nqn);
+                if prefers_drive {
+                    continue;
+                }
+                let layout = match self.catalog.layout(&v.name).await {
+                    Ok(l) => l,
+                    Err(sluice_meta::CatalogError::UnknownVolume(_)) => continue,
+                    Err(e) => return Err(e.to_string()),
+                };
+                candidates.extend(
+                    layout
+                        .extents
+                        .iter()
+                        .filter(|e| {
+                            e.rebuilding.is_none() && e.chain.iter().any(|r| r.drive == rec.id)
+                        })
+                        .map(|e| Candidate {
+                            volume: v.name.clone(),
+                            index: e.index,
+                            prefers_drive,
+                            volume_extents_on_drive: on_drive,
+                        }),
+                );
+            }
+            let picked = planner.pick(Instant::now(), candidates, budget);
+            budget -= picked.len();
+            for c in picked {
+                if !self.leadership.is_leader() {
+                    return Ok(());
+                }
+                let start = Instant::now().max(*next_start);
+                *next_start = start + per_extent;
+                tokio::time::sleep_until(start.into()).await;
+                let here = format!("{}/{}", c.volume, c.index);
+                self.progress.lock().current = here.clone();
+                let r = self.move_extent(&c.volume, c.index, rec.id, &avoid).await;
+                let mut p = self.progress.lock();
+                p.current.clear();
+                match r {
+                    Ok(true) => {
+                        p.extents_remapped += 1;
+                        p.bytes_copied += EXTENT_BYTES;
+                    }
+                    Ok(false) => planner.forget(&c.volume, c.index),
+                    Err(err) => {
+                        planner.forget(&c.volume, c.index);
+                        p.extents_aborted += 1;
+                        p.last_error = format!("remapping {here}: {err}");
+                    }
+                }
+            }
+            if budget == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves one extent off drive `from`; `Ok(false)` when there was
+    /// nothing to move (or nowhere uncongested to move it: then nothing
+    /// changed and the next scan tries again).
+    async fn move_extent(
+        &self,
+        name: &str,
+        index: u64,
+        from: DriveId,
+        avoid: &[DriveId],
+    ) -> Result<bool, String> {
+        let r = match self.catalog.begin_move(name, index, from, avoid).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Ok(false),
+            Err(sluice_meta::CatalogError::PoolFull(m)) => {
+                tracing::debug!(volume = %name, extent = index, %m, "no uncongested drive to remap onto");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        self.carry_out(name, index, r).await
     }
 
     async fn scan(&self, next_start: &mut Instant) -> Result<(), String> {
@@ -230,13 +370,25 @@ impl<S: MetaStore> Rebuilder<S> {
         else {
             return Ok(false);
         };
+        self.carry_out(name, index, r).await
+    }
+
+    /// Fences, copies and finishes a begun rebuild or remap (or gives its
+    /// new replica back).
+    async fn carry_out(&self, name: &str, index: u64, r: Rebuild) -> Result<bool, String> {
         let started = Instant::now();
         match self.fence_and_copy(&r).await {
             Ok(()) => match self.catalog.finish_rebuild(&r).await {
                 Ok(Some(e)) => {
-                    tracing::info!(volume = %name, extent = index, epoch = e.epoch,
-                        replicas = e.chain.len(), ms = started.elapsed().as_millis(),
-                        "extent rebuilt: the new replica joined the chain");
+                    if let Some(old) = r.extent.retiring {
+                        tracing::info!(volume = %name, extent = index, epoch = e.epoch,
+                            from = %old.drive, to = ?r.target().map(|t| t.drive), ms = started.elapsed().as_millis(),
+                            "extent remapped off a congested drive");
+                    } else {
+                        tracing::info!(volume = %name, extent = index, epoch = e.epoch,
+                            replicas = e.chain.len(), ms = started.elapsed().as_millis(),
+                            "extent rebuilt: the new replica joined the chain");
+                    }
                     Ok(true)
                 }
                 Ok(None) => {
@@ -393,6 +545,18 @@ impl<S: MetaStore> Rebuilder<S> {
         dst.flush()
             .await
             .map_err(|e| fail(target.drive, format!("flushing the new replica: {e}")))?;
+        // 4. A remap: the retiring replica is fenced above every map that
+        // names it, so a reader on such a map is refused there (reads carry
+        // the epoch too) and refetches, before its slot is freed.
+        if let Some(old) = r.extent.retiring {
+            let (_, ns, _, granule) = fenced
+                .iter()
+                .find(|(d, ..)| *d == old.drive)
+                .ok_or_else(|| fail(old.drive, "the retiring replica was not fenced".into()))?;
+            ns.fence(*granule, 1, epoch + 1, true)
+                .await
+                .map_err(|e| fail(old.drive, format!("fencing the retiring replica: {e}")))?;
+        }
         Ok(())
     }
 }

@@ -91,6 +91,9 @@ pub struct ControlConfig {
     pub advertise: Option<String>,
     /// The background rebuild of lost replicas.
     pub rebuild: RebuildConfig,
+    /// Moving extents off drives the view reports congested (off unless
+    /// asked for).
+    pub remap: crate::remap::RemapConfig,
     /// The shadow view's windows, epoch and congestion thresholds.
     pub view: ViewControllerConfig,
     /// Where to serve `/metrics` and `/v1/view` (none by default).
@@ -125,6 +128,7 @@ impl ControlConfig {
             probe,
             advertise: None,
             rebuild: RebuildConfig::default(),
+            remap: crate::remap::RemapConfig::default(),
             view: ViewControllerConfig::default(),
             admin: None,
             auction: AuctionConfig::default(),
@@ -161,6 +165,7 @@ pub async fn serve(
     }
     cfg.weights.check().map_err(ServeError::Config)?;
     cfg.rebuild.check().map_err(ServeError::Config)?;
+    cfg.remap.check().map_err(ServeError::Config)?;
     cfg.view
         .check()
         .map_err(|e| ServeError::Config(e.to_string()))?;
@@ -220,8 +225,15 @@ async fn run<S: MetaStore>(
         reconnect: sluice_host::ReconnectPolicy::default(),
         ..cfg.probe.clone()
     });
+    let view = ViewHub::with_auction(cfg.view, cfg.auction, cfg.auction_on, cfg.slo.clone())
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    view.refresh_drives(&catalog).await;
     let progress = Arc::new(RebuildProgress::default());
     let wake = Arc::new(tokio::sync::Notify::new());
+    if cfg.remap.enabled {
+        tracing::info!(congested_for = ?cfg.remap.congested_for, extents_per_scan = cfg.remap.extents_per_scan,
+            "remapping extents off drives the view reports congested");
+    }
     let rebuilder = tokio::spawn(
         Rebuilder {
             catalog: catalog.clone(),
@@ -231,14 +243,13 @@ async fn run<S: MetaStore>(
             cfg: cfg.rebuild,
             progress: progress.clone(),
             wake: wake.clone(),
+            view: view.clone(),
+            remap: cfg.remap,
         }
         .run(),
     );
     // A drive may have failed while no control plane ran.
     wake.notify_one();
-    let view = ViewHub::with_auction(cfg.view, cfg.auction, cfg.auction_on, cfg.slo.clone())
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    view.refresh_drives(&catalog).await;
     let epochs = tokio::spawn(view.clone().run_epochs(catalog.clone()));
     let auction = tokio::spawn(view.clone().run_auction(catalog.clone()));
     let (view_addr, view_channel) = match cfg.view_listen {

@@ -615,6 +615,27 @@ impl Volume {
     ) -> Result<Vec<u8>, VolumeError> {
         let bs = u64::from(self.block_size_bytes());
         let offset = lba.checked_mul(bs).ok_or_else(|| bad("LBA overflows"))?;
+        let mut stale = 0;
+        loop {
+            match self.read_once(offset, len_bytes, flags).await {
+                // A replica remapped away answers a reader on an old map so.
+                Err(e) if stale < STALE_EPOCH_RETRIES_MAX && stale_epoch(&e) => {
+                    stale += 1;
+                    tracing::debug!(volume = %self.name, error = %e, "read refused for its chain epoch; refetching the map");
+                    tokio::time::sleep(Duration::from_millis(u64::from(stale))).await;
+                    self.refresh().await?;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn read_once(
+        &self,
+        offset: u64,
+        len_bytes: usize,
+        flags: IoFlags,
+    ) -> Result<Vec<u8>, VolumeError> {
         let pieces = self.pieces(offset, len_bytes as u64).await?;
         if let [p] = pieces.as_slice() {
             return self.read_piece(p, flags).await;
@@ -637,10 +658,17 @@ impl Volume {
         let PieceTarget::Mapped { extent } = p.target else {
             return Ok(vec![0u8; len]);
         };
-        let chain = read(&self.map)
-            .chain(extent)
+        let m = read(&self.map)
+            .extent(extent)
             .cloned()
             .ok_or_else(|| bad("mapped piece without a chain"))?;
+        let chain = &m.chain;
+        // Reads carry the chain epoch: a replica fenced above it (retired
+        // by a remap) refuses them, and the map is refetched.
+        let flags = IoFlags {
+            epoch: m.epoch,
+            ..flags
+        };
         // The tail holds only acknowledged writes. When it cannot be
         // reached, its predecessors hold every acknowledged write too (a
         // write reaches the tail last), so they serve the read.
@@ -658,6 +686,10 @@ impl Volume {
                 .collect();
             scored.sort_by(|a, b| a.0.total_cmp(&b.0));
             order = scored.into_iter().map(|(_, r)| r).collect();
+        }
+        // A replica about to leave (a remap) is read last.
+        if let Some(old) = m.retiring {
+            order.sort_by_key(|r| **r == old);
         }
         let mut last = None;
         for replica in order {

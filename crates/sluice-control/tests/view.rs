@@ -68,6 +68,17 @@ async fn control(
     std::net::SocketAddr,
     tokio::sync::oneshot::Sender<()>,
 ) {
+    control_with(dir, |_| {}).await
+}
+
+async fn control_with(
+    dir: &std::path::Path,
+    tune: impl FnOnce(&mut ControlConfig),
+) -> (
+    String,
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let admin_port = {
@@ -82,6 +93,7 @@ async fn control(
         ..ViewControllerConfig::default()
     };
     cfg.admin = Some(sluice_admin::AdminConfig::new(admin_port));
+    tune(&mut cfg);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(sluice_control::serve(cfg, listener, async move {
         let _ = rx.await;
@@ -649,4 +661,198 @@ async fn the_fast_channel_authenticates_checks_and_carries_the_clients_syncs() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A block naming its generation in its first 8 bytes.
+fn generation_block(g: u64) -> Vec<u8> {
+    let mut b = pattern(g, 16 << 10);
+    b[..8].copy_from_slice(&g.to_le_bytes());
+    b
+}
+
+/// Remapping (Flint §5.5): a volume placed before a drive congested has
+/// its extents there moved to the uncongested drives while a verified
+/// read/write workload runs on it; the noisy volume that prefers the drive
+/// stays. Every acknowledged write reads back, through the writing client,
+/// a fresh one, and one whose map predates the remap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let slow = target(SLOW_NQN, true);
+    let fast1 = target(FAST_NQN, false);
+    let fast2 = target("nqn.2026-11.io.sluice:fast2", false);
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _admin, _stop) = control_with(dir.path(), |cfg| {
+        cfg.remap = sluice_control::remap::RemapConfig {
+            enabled: true,
+            congested_for: Duration::from_millis(500),
+            ..Default::default()
+        };
+    })
+    .await;
+    let c = ControlClient::new(&addr, None).unwrap();
+    let slow_addr = slow.local_addr().to_string();
+    let d_slow = c.add_drive(&slow_addr, SLOW_NQN, 1).await.unwrap().id;
+    c.add_drive(&fast1.local_addr().to_string(), FAST_NQN, 1)
+        .await
+        .unwrap();
+    c.add_drive(
+        &fast2.local_addr().to_string(),
+        "nqn.2026-11.io.sluice:fast2",
+        1,
+    )
+    .await
+    .unwrap();
+    create_on(&c, "noisy", &slow_addr).await;
+    // The victim is placed while every drive is calm: spread over all three.
+    create(&c, "victim", 8 * sluice_volume::EXTENT_BYTES, 1).await;
+    let pool = client("client-victim");
+    let victim = Arc::new(Volume::open(c.clone(), pool, "victim").await.unwrap());
+    const BLOCKS: u64 = 64; // one per 256 KiB: 8 per extent
+    let acked = Arc::new(std::sync::Mutex::new(BTreeMap::<u64, u64>::new()));
+    for b in 0..BLOCKS {
+        victim
+            .write(b * 64, &generation_block(b + 1), IoFlags::default())
+            .await
+            .unwrap();
+        acked.lock().unwrap().insert(b, b + 1);
+    }
+    let on_slow = |l: &pb::VolumeLayout| {
+        l.extents
+            .iter()
+            .filter(|e| e.chain.iter().any(|r| r.drive == d_slow))
+            .count()
+    };
+    let before = on_slow(&c.open_volume("victim").await.unwrap());
+    assert!(before > 0, "the victim has extents on the slow drive");
+    // A second client that only reads, its map from before the remap: the
+    // retired replicas refuse its reads (fenced above its epoch), so it
+    // refetches rather than read data the volume has moved on from.
+    let early = Volume::open(c.clone(), client("client-early"), "victim")
+        .await
+        .unwrap();
+    for b in 0..BLOCKS {
+        let data = early
+            .read(b * 64, 16 << 10, IoFlags::default())
+            .await
+            .unwrap();
+        assert!(data == generation_block(b + 1));
+    }
+
+    // The noise congests the slow drive; the victim's workload runs on.
+    let noisy = Arc::new(
+        Volume::open(c.clone(), client("client-noisy"), "noisy")
+            .await
+            .unwrap(),
+    );
+    noisy
+        .write(0, &pattern(1, 64 << 10), IoFlags::default())
+        .await
+        .unwrap();
+    let noise_until = Instant::now() + Duration::from_secs(20);
+    let stop_noise = Arc::new(AtomicBool::new(false));
+    let noise: Vec<_> = (0..8u64)
+        .map(|w| {
+            let (v, stop) = (noisy.clone(), stop_noise.clone());
+            tokio::spawn(async move {
+                let data = pattern(w, 64 << 10);
+                let mut i = 0u64;
+                while !stop.load(Relaxed) && Instant::now() < noise_until {
+                    v.write(w * 256 + (i % 16) * 16, &data, IoFlags::default())
+                        .await
+                        .unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (v, acked, stop) = (victim.clone(), acked.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut g = BLOCKS;
+            while !stop.load(Relaxed) {
+                g += 1;
+                let b = g * 7 % BLOCKS;
+                v.write(b * 64, &generation_block(g), IoFlags::default())
+                    .await
+                    .expect("writes go on through the remap");
+                acked.lock().unwrap().insert(b, g);
+            }
+        })
+    };
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (v, acked, stop, reads) = (victim.clone(), acked.clone(), stop.clone(), reads.clone());
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Relaxed) {
+                i += 1;
+                let b = i * 13 % BLOCKS;
+                let newest = acked.lock().unwrap()[&b];
+                let data = v
+                    .read(b * 64, 16 << 10, IoFlags::default())
+                    .await
+                    .expect("reads go on through the remap");
+                let g = u64::from_le_bytes(data[..8].try_into().unwrap());
+                assert!(
+                    g >= newest,
+                    "block {b}: generation {g} after {newest} was acknowledged"
+                );
+                assert!(
+                    data == generation_block(g),
+                    "block {b}: torn (generation {g})"
+                );
+                reads.fetch_add(1, Relaxed);
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let l = c.open_volume("victim").await.unwrap();
+        if on_slow(&l) == 0 && l.extents.iter().all(|e| e.rebuilding.is_none()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the victim's extents never left the congested drive: {:?}",
+            c.status().await.unwrap().rebuilds
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Relaxed);
+    stop_noise.store(true, Relaxed);
+    writer.await.unwrap();
+    reader.await.unwrap();
+    for t in noise {
+        t.await.unwrap();
+    }
+    assert!(reads.load(Relaxed) > 0);
+    let status = c.status().await.unwrap().rebuilds.unwrap();
+    assert!(status.extents_remapped >= before as u64, "{status:?}");
+    // The volume that prefers the drive stays on it.
+    let noisy_layout = c.open_volume("noisy").await.unwrap();
+    assert!(noisy_layout
+        .extents
+        .iter()
+        .all(|e| e.chain.iter().all(|r| r.drive == d_slow)));
+    // Every acknowledged write reads back, through a fresh client too.
+    let fresh = Volume::open(c.clone(), client("client-check"), "victim")
+        .await
+        .unwrap();
+    let all: Vec<(u64, u64)> = acked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(b, g)| (*b, *g))
+        .collect();
+    for (b, g) in all {
+        for v in [&*victim, &fresh, &early] {
+            let data = v.read(b * 64, 16 << 10, IoFlags::default()).await.unwrap();
+            assert!(data == generation_block(g), "block {b} generation {g}");
+        }
+    }
+    drop((slow, fast1, fast2));
 }

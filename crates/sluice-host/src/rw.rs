@@ -22,10 +22,10 @@ pub struct IoFlags {
     pub barrier: bool,
     /// Force Unit Access (CDW12 bit 30).
     pub fua: bool,
-    /// The writer's chain epoch, carried in CDW2-3 of writes (0: none).
-    /// Sluice drives refuse a write whose epoch is below its granule's
-    /// fence with Stale Chain Epoch (`sluice_proto::fence`); other targets
-    /// ignore these dwords.
+    /// The caller's chain epoch, carried in CDW2-3 of reads and writes (0:
+    /// none). Sluice drives refuse an I/O whose epoch is below its
+    /// granule's fence with Stale Chain Epoch (`sluice_proto::fence`);
+    /// other targets ignore these dwords.
     pub epoch: u64,
 }
 
@@ -123,7 +123,7 @@ impl RwBuilder {
             }
             s.set_cdw(13, dsm);
         }
-        if opcode == io::WRITE && flags.epoch != 0 {
+        if (opcode == io::WRITE || opcode == io::READ) && flags.epoch != 0 {
             sluice_proto::fence::set_write_epoch(&mut s, flags.epoch);
         }
         s

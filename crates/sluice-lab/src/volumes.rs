@@ -291,6 +291,7 @@ fn map_overhead() -> (f64, usize) {
         ],
         epoch: 1,
         rebuilding: None,
+        retiring: None,
     });
     let map = VolumeMap::from_records(volume, records).unwrap_or_else(|e| panic!("lab map: {e}"));
     let n = 5_000_000u64;

@@ -439,18 +439,32 @@ impl<S: MetaStore> Catalog<S> {
                 let mut txn = Txn::default();
                 for (e, erev) in &affected[..batch] {
                     let mut e = e.clone();
+                    let degraded_before = e.is_degraded(&vol);
                     let gone = if let Some(r) = e.rebuilding.filter(|r| r.drive == id) {
-                        // The replica being rebuilt is lost: the rebuild
-                        // will start again elsewhere.
+                        // The replica being rebuilt is lost: a rebuild will
+                        // start again elsewhere; a remap is given up, and
+                        // its chain moves above the fence it may have
+                        // raised on the replica it was retiring.
                         e.rebuilding = None;
+                        if e.retiring.take().is_some() {
+                            e.epoch = vrev.max(*erev) + 1;
+                        }
                         r
                     } else {
                         let pos = e.chain.iter().position(|r| r.drive == id).unwrap_or(0);
-                        if !e.is_degraded(&vol) {
-                            vol.degraded_extents += 1;
+                        let gone = e.chain.remove(pos);
+                        if e.retiring == Some(gone) {
+                            // The remap's copy replaces a lost replica now.
+                            e.retiring = None;
                         }
-                        e.chain.remove(pos)
+                        gone
                     };
+                    let degraded_after = e.is_degraded(&vol);
+                    if degraded_before && !degraded_after {
+                        vol.degraded_extents = vol.degraded_extents.saturating_sub(1);
+                    } else if !degraded_before && degraded_after {
+                        vol.degraded_extents += 1;
+                    }
                     if !drive.give_slot(gone.slot) {
                         return Err(CatalogError::Inconsistent(format!(
                             "{}: slot {} of {id} is already free",
@@ -949,6 +963,7 @@ impl<S: MetaStore> Catalog<S> {
             chain,
             epoch: epoch + 1,
             rebuilding: None,
+            retiring: None,
         };
         txn = txn
             .put(ekey, keys::encode(&extent))

@@ -1,7 +1,8 @@
 //! Rebuilding a lost replica, the catalog's side: three transactions around
 //! the copy the control plane makes (`sluice-control/src/rebuild.rs`).
 //!
-//! 1. [`Catalog::begin_rebuild`]: a degraded extent (its chain shorter than
+//! 1. [`Catalog::begin_rebuild`] (or [`Catalog::begin_move`], a remap off a
+//!    congested drive, which also marks the replica to retire): a degraded extent (its chain shorter than
 //!    the volume's replica count, after a drive failed) gets a new replica on
 //!    the best other drive, on another target when one has room. The slot is
 //!    the extent's from now on (`ExtentRecord::rebuilding`), and the extent's
@@ -9,8 +10,9 @@
 //!    hold their writes to the extent; the control plane then fences the
 //!    chain at the new epoch, so writers on an older map are refused.
 //! 2. The control plane copies the extent from the chain's tail.
-//! 3. [`Catalog::finish_rebuild`]: the new replica joins the chain's tail,
-//!    at a still higher epoch that writers carry from then on; or
+//! 3. [`Catalog::finish_rebuild`]: the new replica joins the chain's tail
+//!    (a remap's retiring replica leaves it and its slot is freed), at a
+//!    still higher epoch that writers carry from then on; or
 //!    [`Catalog::abort_rebuild`] gives its slot back.
 //!
 //! Each is one transaction comparing what it read, so a crash leaves the
@@ -78,13 +80,44 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Starts rebuilding extent `index` of volume `name`: reserves a new
     /// replica and raises the extent's epoch. Returns the rebuild already in
-    /// progress if there is one, and `None` when the extent is not degraded
-    /// (any more) or gone.
+    /// progress if there is one (a rebuild or a remap), and `None` when the
+    /// extent is not degraded (any more) or gone.
     pub async fn begin_rebuild(
         &self,
         name: &str,
         index: u64,
     ) -> Result<Option<Rebuild>, CatalogError> {
+        self.begin(name, index, None).await
+    }
+
+    /// Starts remapping extent `index` of volume `name` off drive `from`
+    /// (Flint §5.5: a drive the view reports congested): reserves a new
+    /// replica on the best drive outside the chain and `avoid`, and marks
+    /// `from`'s replica to retire when the copy joins. The rebuilder then
+    /// fences, copies and finishes it as a rebuild. `None` when the extent
+    /// has no replica on `from`, is gone, or is already being rebuilt or
+    /// remapped (a degraded extent is rebuilt first).
+    pub async fn begin_move(
+        &self,
+        name: &str,
+        index: u64,
+        from: DriveId,
+        avoid: &[DriveId],
+    ) -> Result<Option<Rebuild>, CatalogError> {
+        self.begin(name, index, Some((from, avoid))).await
+    }
+
+    async fn begin(
+        &self,
+        name: &str,
+        index: u64,
+        moving: Option<(DriveId, &[DriveId])>,
+    ) -> Result<Option<Rebuild>, CatalogError> {
+        let op = if moving.is_some() {
+            "begin_move"
+        } else {
+            "begin_rebuild"
+        };
         let _one_taker = self.lock_slot_takers().await;
         for _ in 0..CONFLICT_RETRIES_MAX {
             let (mut v, vrev) = self.volume_rev(name).await?;
@@ -103,29 +136,49 @@ impl<S: MetaStore> Catalog<S> {
                     .map(|(d, _)| d.clone())
                     .collect()
             };
-            if e.rebuilding.is_some() {
-                let drives = records(&e);
-                return Ok(Some(Rebuild {
-                    volume: v,
-                    extent: e,
-                    drives,
-                }));
-            }
-            if !e.is_degraded(&v) {
-                return Ok(None);
-            }
+            let (retiring, avoid) = match moving {
+                None => {
+                    if e.rebuilding.is_some() {
+                        let drives = records(&e);
+                        return Ok(Some(Rebuild {
+                            volume: v,
+                            extent: e,
+                            drives,
+                        }));
+                    }
+                    if !e.is_degraded(&v) {
+                        return Ok(None);
+                    }
+                    (None, &[][..])
+                }
+                Some((from, avoid)) => {
+                    if e.rebuilding.is_some() || e.is_degraded(&v) {
+                        return Ok(None);
+                    }
+                    let Some(r) = e.chain.iter().find(|r| r.drive == from).copied() else {
+                        return Ok(None);
+                    };
+                    (Some(r), avoid)
+                }
+            };
             // Another drive, on a target the chain does not use when one
-            // has room (Flint: replicas on distinct failure domains).
+            // has room (Flint: replicas on distinct failure domains). A
+            // remap keeps the retiring replica's target out of that count.
             let chain_targets: Vec<String> = e
                 .chain
                 .iter()
+                .filter(|r| Some(**r) != retiring)
                 .filter_map(|r| drives.iter().find(|(d, _)| d.id == r.drive))
                 .map(|(d, _)| d.spec.target().to_owned())
                 .collect();
             let all: Vec<_> = self
                 .candidates(&v, &drives)
                 .into_iter()
-                .filter(|c| c.slots_free > 0 && !e.chain.iter().any(|r| r.drive == c.drive))
+                .filter(|c| {
+                    c.slots_free > 0
+                        && !e.chain.iter().any(|r| r.drive == c.drive)
+                        && !avoid.contains(&c.drive)
+                })
                 .collect();
             let elsewhere: Vec<_> = all
                 .iter()
@@ -147,7 +200,8 @@ impl<S: MetaStore> Catalog<S> {
             )
             .map_err(|_| {
                 CatalogError::PoolFull(format!(
-                    "extent {index} of {name:?} needs a drive outside its chain with a free extent to rebuild onto; none has one"
+                    "extent {index} of {name:?} needs a drive outside its chain with a free extent to {} onto; none has one",
+                    if retiring.is_some() { "move" } else { "rebuild" }
                 ))
             })?;
             let id = *chosen
@@ -165,8 +219,13 @@ impl<S: MetaStore> Catalog<S> {
             // client may hold, and above any fence the slot's previous
             // owner raised.
             let epoch = vrev.max(erev).max(*drev) + 1;
+            let degraded_before = e.is_degraded(&v);
             e.rebuilding = Some(Replica { drive: id, slot });
+            e.retiring = retiring;
             e.epoch = epoch;
+            if !degraded_before && e.is_degraded(&v) {
+                v.degraded_extents += 1;
+            }
             *v.extents_per_drive.entry(id).or_default() += 1;
             let txn = Txn::default()
                 .unchanged(ekey.clone(), erev)
@@ -176,7 +235,7 @@ impl<S: MetaStore> Catalog<S> {
                 .unchanged(keys::drive(id), *drev)
                 .put(keys::drive(id), keys::encode(&d));
             self.forget();
-            if self.commit("begin_rebuild", txn).await?.is_some() {
+            if self.commit(op, txn).await?.is_some() {
                 let mut drives = records(&e);
                 drives.retain(|x| x.id != id);
                 drives.push(d);
@@ -188,7 +247,7 @@ impl<S: MetaStore> Catalog<S> {
                 }));
             }
         }
-        Err(CatalogError::Contended("begin_rebuild"))
+        Err(CatalogError::Contended(op))
     }
 
     /// The copy is done: the new replica joins the chain's tail, at a new
@@ -234,35 +293,53 @@ impl<S: MetaStore> Catalog<S> {
             if e.rebuilding != Some(target) || e.epoch != r.extent.epoch {
                 return Ok(None);
             }
+            let degraded_before = e.is_degraded(&v);
+            let retiring = e.retiring.take();
             e.rebuilding = None;
             let mut txn = Txn::default()
                 .unchanged(ekey.clone(), erev)
                 .unchanged(keys::volume(&v.name), vrev);
-            if joined {
-                let was_degraded = e.is_degraded(&v);
+            // The slot a remap retires (joined), or the one the rebuild had
+            // reserved (aborted), goes back to its drive.
+            let freed = if joined {
                 e.chain.push(target);
-                if was_degraded && !e.is_degraded(&v) {
-                    v.degraded_extents = v.degraded_extents.saturating_sub(1);
+                if let Some(old) = retiring {
+                    e.chain.retain(|r| *r != old);
                 }
-                e.epoch = vrev.max(erev) + 1;
+                retiring
             } else {
+                Some(target)
+            };
+            // A remap fenced the retiring replica above its epoch; an
+            // aborted one leaves that replica in the chain, so the chain
+            // moves above that fence too.
+            if joined || retiring.is_some() {
+                e.epoch = vrev.max(erev) + 1;
+            }
+            if let Some(gone) = freed {
                 let (mut d, drev) = self
-                    .get::<DriveRecord>(&keys::drive(target.drive))
+                    .get::<DriveRecord>(&keys::drive(gone.drive))
                     .await?
-                    .ok_or(CatalogError::UnknownDrive(target.drive))?;
-                if !d.give_slot(target.slot) {
+                    .ok_or(CatalogError::UnknownDrive(gone.drive))?;
+                if !d.give_slot(gone.slot) {
                     return Err(CatalogError::Inconsistent(format!(
-                        "{ekey}: rebuild slot {} of {} is already free",
-                        target.slot, target.drive
+                        "{ekey}: slot {} of {} is already free",
+                        gone.slot, gone.drive
                     )));
                 }
-                if let Some(n) = v.extents_per_drive.get_mut(&target.drive) {
+                if let Some(n) = v.extents_per_drive.get_mut(&gone.drive) {
                     *n = n.saturating_sub(1);
                 }
                 v.extents_per_drive.retain(|_, n| *n > 0);
                 txn = txn
-                    .unchanged(keys::drive(target.drive), drev)
-                    .put(keys::drive(target.drive), keys::encode(&d));
+                    .unchanged(keys::drive(gone.drive), drev)
+                    .put(keys::drive(gone.drive), keys::encode(&d));
+            }
+            let degraded_after = e.is_degraded(&v);
+            if degraded_before && !degraded_after {
+                v.degraded_extents = v.degraded_extents.saturating_sub(1);
+            } else if !degraded_before && degraded_after {
+                v.degraded_extents += 1;
             }
             v.epoch += 1;
             txn = txn

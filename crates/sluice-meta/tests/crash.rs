@@ -1,5 +1,6 @@
 //! Crash tests: a child process runs a catalog workload (drives, create,
-//! allocate, grow, delete, a failed drive leaving every chain) and dies, by
+//! allocate, grow, delete, a failed drive leaving every chain, rebuilds and
+//! remaps) and dies, by
 //! `abort()` at an injected point (before or after a commit) or by SIGKILL at
 //! a random moment; the parent then checks that the metadata holds either
 //! the old or the new state of every change: no slot leaked or owned twice,
@@ -91,6 +92,32 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
                 }
             }
             c.set_drive_state(DriveId(3), DriveState::Up).await.unwrap();
+        }
+        if round == 4 {
+            // Remaps off drive 0: begun and finished, begun and aborted; a
+            // crash between leaves one in progress, which the next run's
+            // begin_rebuild resumes (it counts as needing the rebuilder).
+            for v in c.degraded_volumes().await.unwrap() {
+                for e in c.degraded_extents(&v, 8).await.unwrap() {
+                    if let Ok(Some(r)) = c.begin_rebuild(&v.name, e.index).await {
+                        c.finish_rebuild(&r).await.unwrap();
+                    }
+                }
+            }
+            if let Ok(l) = c.layout(&name).await {
+                for (k, e) in l.extents.iter().enumerate().take(4) {
+                    match c.begin_move(&name, e.index, DriveId(0), &[]).await {
+                        Ok(Some(r)) if k % 2 == 1 => {
+                            c.abort_rebuild(&r).await.unwrap();
+                        }
+                        Ok(Some(r)) => {
+                            c.finish_rebuild(&r).await.unwrap();
+                        }
+                        Ok(None) | Err(CatalogError::PoolFull(_)) => {}
+                        Err(e) => panic!("move: {e}"),
+                    }
+                }
+            }
         }
     }
 }

@@ -923,3 +923,143 @@ fn etcd_rebuilds_restore_every_chain() {
     };
     rt().block_on(async { rebuild(etcd(&server, "/t7/").await).await });
 }
+
+// ------------------------------------------------------------------ remaps
+
+/// An extent remapped off a (congested) drive: begin reserves a replica
+/// outside the chain and the drives to avoid and marks the old one
+/// retiring (the extent counts as needing the rebuilder, so a restarted
+/// control plane resumes it); finish swaps them and frees the old slot;
+/// abort gives the new slot back and lifts the epoch over the fence the
+/// move may have raised. A failure of either drive mid-move ends clean.
+async fn remap<S: MetaStore>(s: S) {
+    let c = Catalog::new(s, PlacementWeights::default());
+    for (i, t) in [(0, 0), (1, 1), (2, 2), (3, 3)] {
+        c.add_drive(spec(i, t), 512, 20 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
+    }
+    let v = c
+        .create_volume(VolumeSpec::new("v", 8 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    for i in 0..8 {
+        c.allocate_extent("v", v.id, i).await.unwrap();
+    }
+    let l = c.layout("v").await.unwrap();
+    let e0 = l.extents[0].clone();
+    let (hot, other) = (e0.chain[0].drive, e0.chain[1].drive);
+    let free: Vec<DriveId> = (0..4)
+        .map(DriveId)
+        .filter(|d| *d != hot && *d != other)
+        .collect();
+    let avoid = free[0];
+    // Nowhere to go when every drive outside the chain is to be avoided.
+    assert!(matches!(
+        c.begin_move("v", 0, hot, &free).await,
+        Err(CatalogError::PoolFull(_))
+    ));
+    // Avoided drives are not chosen.
+    let r = c.begin_move("v", 0, hot, &[avoid]).await.unwrap().unwrap();
+    assert_eq!(r.target().unwrap().drive, free[1]);
+    c.abort_rebuild(&r).await.unwrap().unwrap();
+    let e0 = c.layout("v").await.unwrap().extents[0].clone();
+    // A drive the chain does not use: nothing to move.
+    assert_eq!(c.begin_move("v", 0, avoid, &[]).await.unwrap(), None);
+    let before = used(&c).await;
+    let r = c.begin_move("v", 0, hot, &[]).await.unwrap().unwrap();
+    let to = r.target().unwrap();
+    assert!(to.drive != hot && to.drive != other);
+    assert_eq!(r.extent.retiring, Some(e0.chain[0]));
+    assert!(r.extent.epoch > e0.epoch);
+    assert_eq!(used(&c).await, before + 1);
+    assert_eq!(c.volume("v").await.unwrap().degraded_extents, 1);
+    check_catalog(c.store()).await.unwrap();
+    // Resumed as any rebuild in progress; not begun twice.
+    assert_eq!(c.begin_rebuild("v", 0).await.unwrap(), Some(r.clone()));
+    assert_eq!(c.begin_move("v", 0, other, &[]).await.unwrap(), None);
+    let todo = c.degraded_volumes().await.unwrap();
+    assert_eq!(c.degraded_extents(&todo[0], 10).await.unwrap().len(), 1);
+    // Finish: the new replica replaces the retiring one; its slot is free.
+    let done = c.finish_rebuild(&r).await.unwrap().unwrap();
+    assert_eq!(done.chain.len(), 2);
+    assert!(!done.chain.iter().any(|x| x.drive == hot));
+    assert_eq!(done.chain[1], to);
+    assert_eq!(done.retiring, None);
+    assert!(done.epoch > r.extent.epoch);
+    assert_eq!(used(&c).await, before);
+    let vol = c.volume("v").await.unwrap();
+    assert_eq!(vol.degraded_extents, 0);
+    assert_eq!(vol.extents_per_drive.values().sum::<u64>(), 16);
+    check_catalog(c.store()).await.unwrap();
+
+    // Abort: the chain is as it was, at an epoch above the move's.
+    let e1 = c.layout("v").await.unwrap().extents[1].clone();
+    let r = c
+        .begin_move("v", 1, e1.chain[1].drive, &[])
+        .await
+        .unwrap()
+        .unwrap();
+    let back = c.abort_rebuild(&r).await.unwrap().unwrap();
+    assert_eq!(back.chain, e1.chain);
+    assert!(back.epoch > r.extent.epoch);
+    assert_eq!(used(&c).await, before);
+    assert_eq!(c.volume("v").await.unwrap().degraded_extents, 0);
+    check_catalog(c.store()).await.unwrap();
+
+    // The new replica's drive fails mid-move: the move is given up.
+    let e2 = c.layout("v").await.unwrap().extents[2].clone();
+    let r = c
+        .begin_move("v", 2, e2.chain[0].drive, &[])
+        .await
+        .unwrap()
+        .unwrap();
+    c.fail_drive(r.target().unwrap().drive).await.unwrap();
+    let e = c.layout("v").await.unwrap().extents[2].clone();
+    assert_eq!((e.rebuilding, e.retiring), (None, None));
+    assert!(e.epoch > r.extent.epoch);
+    assert_eq!(c.finish_rebuild(&r).await.unwrap(), None);
+    check_catalog(c.store()).await.unwrap();
+
+    // The retiring replica's drive fails mid-move: the copy now replaces
+    // a lost replica, and finishing restores the chain.
+    let e3 = c
+        .layout("v")
+        .await
+        .unwrap()
+        .extents
+        .into_iter()
+        .find(|e| e.chain.len() == 2)
+        .unwrap();
+    let r = c
+        .begin_move("v", e3.index, e3.chain[0].drive, &[])
+        .await
+        .unwrap()
+        .unwrap();
+    c.fail_drive(e3.chain[0].drive).await.unwrap();
+    let e = c.layout("v").await.unwrap().extents[usize::try_from(e3.index).unwrap()].clone();
+    assert_eq!(e.retiring, None);
+    assert_eq!(e.rebuilding, r.target());
+    check_catalog(c.store()).await.unwrap();
+    let r = c.begin_rebuild("v", e3.index).await.unwrap().unwrap();
+    let done = c.finish_rebuild(&r).await.unwrap().unwrap();
+    assert_eq!(done.chain.len(), 2);
+    check_catalog(c.store()).await.unwrap();
+    c.delete_volume("v").await.unwrap();
+    assert_eq!(used(&c).await, 0);
+    check_catalog(c.store()).await.unwrap();
+}
+
+#[test]
+fn redb_remaps_move_an_extent_off_a_drive() {
+    let (_d, s) = redb();
+    rt().block_on(remap(s));
+}
+
+#[test]
+fn etcd_remaps_move_an_extent_off_a_drive() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_remap") else {
+        return;
+    };
+    rt().block_on(async { remap(etcd(&server, "/t8/").await).await });
+}

@@ -25,6 +25,11 @@
 //! caller raises the fences, then asks again until DW0 is 0: from then on
 //! every write the granules will ever complete carries an epoch at least the
 //! fence. Targets other than Sluice answer Invalid Command Opcode.
+//!
+//! A Read may carry an epoch the same way: when a granule's fence is above
+//! it the read completes with Stale Chain Epoch too (it is never counted in
+//! flight). Volume clients do, so that a replica an extent was remapped away
+//! from, fenced before its slot is freed, never serves a reader on an old map.
 
 use crate::command::Sqe;
 use crate::status::Status;

@@ -28,6 +28,9 @@ pub struct MappedExtent {
     pub epoch: u64,
     /// A replica is being rebuilt: writes wait until the rebuild is done.
     pub rebuilding: bool,
+    /// A remap in progress: the chain replica about to leave (reads go
+    /// elsewhere when they can).
+    pub retiring: Option<crate::record::Replica>,
 }
 
 /// The extent a write needs allocated before it can proceed.
@@ -124,6 +127,7 @@ impl VolumeMap {
             chain: record.chain,
             epoch: record.epoch,
             rebuilding: record.rebuilding.is_some(),
+            retiring: record.retiring,
         });
         Ok(())
     }
@@ -382,6 +386,7 @@ mod tests {
                 .collect(),
             epoch: 0,
             rebuilding: None,
+            retiring: None,
         }
     }
 

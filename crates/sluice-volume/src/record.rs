@@ -309,6 +309,11 @@ pub struct ExtentRecord {
     /// While it is set, writes to the extent wait (reads go on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuilding: Option<Replica>,
+    /// With `rebuilding`: the chain replica a remap retires when the new
+    /// one joins (the extent moves off a congested drive, Flint §5.5);
+    /// `None` for a rebuild of a lost replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<Replica>,
 }
 
 impl ExtentRecord {
@@ -339,11 +344,25 @@ impl ExtentRecord {
                     r.drive
                 ));
             }
-            if self.chain.len() >= usize::from(volume.replicas) {
+            if self.retiring.is_none() && self.chain.len() >= usize::from(volume.replicas) {
                 return Err(format!(
                     "rebuilding a chain of {} replicas, as many as the volume's {}",
                     self.chain.len(),
                     volume.replicas
+                ));
+            }
+        }
+        if let Some(r) = &self.retiring {
+            if self.rebuilding.is_none() {
+                return Err(format!(
+                    "retiring drive {}'s replica with nothing rebuilt to replace it",
+                    r.drive
+                ));
+            }
+            if !self.chain.contains(r) {
+                return Err(format!(
+                    "retiring drive {}'s replica, not in the chain",
+                    r.drive
                 ));
             }
         }
@@ -355,9 +374,10 @@ impl ExtentRecord {
         self.chain.iter().chain(self.rebuilding.iter())
     }
 
-    /// Whether the chain is shorter than the volume's replica count.
+    /// Whether the rebuilder has work on the extent: its chain is shorter
+    /// than the volume's replica count, or it is being remapped.
     pub fn is_degraded(&self, volume: &VolumeRecord) -> bool {
-        self.chain.len() < usize::from(volume.replicas)
+        self.chain.len() < usize::from(volume.replicas) || self.retiring.is_some()
     }
 }
 

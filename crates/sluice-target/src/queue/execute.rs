@@ -140,6 +140,15 @@ impl QueueConnection {
                 offset_bytes,
                 len_bytes,
             } => {
+                // A read carrying a chain epoch passes the fences too (a
+                // replica retired by a remap answers stale readers so).
+                if let Err(status) =
+                    ns.fences
+                        .check_read(offset_bytes, len_bytes, fence::write_epoch(&sqe))
+                {
+                    self.complete(slot, status, 0, 0, now);
+                    return;
+                }
                 cmd.ops_pending = 1;
                 cmd.kind = CmdKind::Read {
                     ns: ns.clone(),
