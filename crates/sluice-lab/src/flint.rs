@@ -844,12 +844,29 @@ fn congestible_ssd() -> SsdConfig {
         .with_parallelism(2)
 }
 
+/// How the victim avoids the congested drive in [`run_congestion`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Avoid {
+    /// Its extents are placed while the drive is congested; placement
+    /// weighs the view's busy degree (on) or not (off).
+    Placement,
+    /// Its extents are placed before the drive congests; the control plane
+    /// remaps them off it (on) or not (off).
+    Remap,
+}
+
+/// Seconds between the noise's start and the victim's streams in the
+/// remap experiment (congested for 1 s, then the moves).
+const REMAP_SETTLE_SECS: u64 = 6;
+
 /// `congestion` (Flint Figs. 9b/c): a victim volume's 32 KiB read, write
 /// and mixed streams while another tenant's volume hammers one of the five
 /// drives with 128 KiB reads (9b) or writes (9c); the victim's extents
 /// placed and its reads served with the shadow view's help (on) and
-/// without (off: placement ignores the busy degree).
-pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
+/// without (off: placement ignores the busy degree). `remap`: the victim
+/// is placed before the noise starts, and its extents on the hot drive
+/// are remapped (on) or stay (off).
+pub fn run_congestion(out: &Path, runtime: f64, repeats: u32, avoid: Avoid) -> Result<()> {
     use sluice_control::server::ControlConfig;
     const NOISY: u64 = 128 * MIB;
     const VICTIM: u64 = 128 * MIB;
@@ -866,10 +883,20 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.to_string()
     };
-    let start = |busy: bool| -> Result<Control> {
+    let start = |on: bool| -> Result<Control> {
         let mut cfg = ControlConfig::new(Metadata::Redb(dir.join("m.redb")));
-        if !busy {
-            cfg.weights.gamma_busy = 0.0;
+        match avoid {
+            Avoid::Placement if !on => cfg.weights.gamma_busy = 0.0,
+            Avoid::Placement => {}
+            Avoid::Remap => {
+                // Only remapping differs: placement ignores the busy
+                // degree in both modes (the noise of the previous mode
+                // would otherwise steer the victim's placement).
+                cfg.weights.gamma_busy = 0.0;
+                cfg.remap.enabled = on;
+                cfg.remap.congested_for = Duration::from_secs(1);
+                cfg.remap.extents_per_scan = 32;
+            }
         }
         Control::start_at(cfg, &listen)
     };
@@ -919,6 +946,31 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
                                 .await?;
                         }
                     }
+                    let pool = DrivePool::with_isolation(
+                        opts.clone(),
+                        ClientIsolation::new("lab-victim", EioConfig::default())
+                            .map_err(anyhow::Error::msg)?,
+                    );
+                    let victim = Arc::new(Volume::open(client.clone(), pool, &victim_name).await?);
+                    // Every extent allocated (placed) by one 4 KiB write
+                    // each: little load of the victim's own for the view
+                    // to see. Remap: before the noise, on calm drives.
+                    let allocate = || async {
+                        let block = vec![0x33u8; 4096];
+                        for e in 0..VICTIM / sluice_volume::EXTENT_BYTES {
+                            victim
+                                .write(
+                                    e * sluice_volume::EXTENT_BYTES / 4096,
+                                    &block,
+                                    IoFlags::default(),
+                                )
+                                .await?;
+                        }
+                        anyhow::Ok(())
+                    };
+                    if avoid == Avoid::Remap {
+                        allocate().await?;
+                    }
                     // The noise runs through the whole mode.
                     let stop_noise = Arc::new(std::sync::atomic::AtomicBool::new(false));
                     let noise: Vec<_> = (0..NOISE_QD)
@@ -939,26 +991,17 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
                             })
                         })
                         .collect();
-                    // Long enough for the view to call the drive congested.
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let pool = DrivePool::with_isolation(
-                        opts.clone(),
-                        ClientIsolation::new("lab-victim", EioConfig::default())
-                            .map_err(anyhow::Error::msg)?,
-                    );
-                    let victim = Arc::new(Volume::open(client.clone(), pool, &victim_name).await?);
-                    // Every extent allocated (placed) under the congestion,
-                    // by one 4 KiB write each: little load of the victim's
-                    // own for the view to see. Then measured.
-                    let block = vec![0x33u8; 4096];
-                    for e in 0..VICTIM / sluice_volume::EXTENT_BYTES {
-                        victim
-                            .write(
-                                e * sluice_volume::EXTENT_BYTES / 4096,
-                                &block,
-                                IoFlags::default(),
-                            )
-                            .await?;
+                    match avoid {
+                        // Long enough for the view to call the drive
+                        // congested; then placed under the congestion.
+                        Avoid::Placement => {
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            allocate().await?;
+                        }
+                        // Congested for a second, then the moves (or not).
+                        Avoid::Remap => {
+                            tokio::time::sleep(Duration::from_secs(REMAP_SETTLE_SECS)).await;
+                        }
                     }
                     let layout = client.open_volume(&victim_name).await?;
                     let hot_id = client
@@ -991,7 +1034,7 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
                     anyhow::Ok((rows, hot_share))
                 })?;
                 eprintln!(
-                    "repeat {rep} noise {} view {}: {:.0} % of the victim's extents on the hot drive; {rows:?}",
+                    "repeat {rep} noise {} {avoid:?} {}: {:.0} % of the victim's extents on the hot drive; {rows:?}",
                     if noise_read { "reads" } else { "writes" },
                     if busy { "on" } else { "off" },
                     hot_share * 100.0
@@ -1015,14 +1058,32 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     let mut md = String::new();
-    md.push_str("# Avoiding a congested drive (Flint Figs. 9b and 9c)\n\n");
+    let (title, command, file) = match avoid {
+        Avoid::Placement => (
+            "Avoiding a congested drive (Flint Figs. 9b and 9c)",
+            "congestion",
+            "congestion-fig9bc.md",
+        ),
+        Avoid::Remap => (
+            "Remapping extents off a congested drive (Flint §5.5, the setting of Figs. 9b and 9c)",
+            "remap",
+            "congestion-remap.md",
+        ),
+    };
+    md.push_str(&format!("# {title}\n\n"));
     md.push_str(&format!(
-        "`cargo run --release -p sluice-lab -- congestion --runtime {runtime} --repeats {repeats}`; load average before: {}.\n\n",
+        "`cargo run --release -p sluice-lab -- {command} --runtime {runtime} --repeats {repeats}`; load average before: {}.\n\n",
         crate::datapath::loadavg()
     ));
-    md.push_str(&format!(
+    if avoid == Avoid::Remap {
+        md.push_str(&format!(
+            "Five emulated SSDs (200 MB/s reading and writing, 2 channels, 80 µs reads and 20 µs writes unloaded), one alone on its own in-process target (the hot drive), four on another. A 128 MiB victim volume (1 replica) is created and each of its extents allocated by a 4 KiB write while every drive is calm, so placement spreads it over all five. Then another tenant's 128 MiB volume, which prefers the hot drive, keeps {NOISE_QD} random 128 KiB reads (9b) or writes (9c) in flight on it. {REMAP_SETTLE_SECS} s later the victim's 32 KiB random read, write and mixed (70 % read) streams run {runtime} s each at queue depths {qds:?}. Placement ignores the busy degree in both modes (γ = 0), so that only remapping differs. *Off*: `sluice control` without `--remap`; *on*: with it (a drive congested for 1 s, up to 32 extents a scan at the default 32 MiB/s rebuild rate; the noisy volume prefers the hot drive, so its extents stay). Medians over {repeats} repeats, ranges in brackets; the gain is off ÷ on per repeat.\n\n"
+        ));
+    } else {
+        md.push_str(&format!(
         "Five emulated SSDs (200 MB/s reading and writing, 2 channels, 80 µs reads and 20 µs writes unloaded), one alone on its own in-process target (the hot drive), four on another. Another tenant's 128 MiB volume lives on the hot drive and keeps {NOISE_QD} random 128 KiB reads (9b) or writes (9c) in flight on it. Two seconds into the noise a 128 MiB victim volume (1 replica) is created and each of its extents allocated by a 4 KiB write, so they are placed while the drive is congested, then its 32 KiB random read, write and mixed (70 % read) streams run {runtime} s each at queue depths {qds:?}. *Off*: placement ignores the shadow view's busy degree (γ = 0); *on*: the default weights (γ = 2). Medians over {repeats} repeats, ranges in brackets; the gain is off ÷ on per repeat.\n\n"
-    ));
+        ));
+    }
     let stat = |xs: &[f64]| {
         let (lo, hi) = report::range(xs);
         format!("{:.0} ({lo:.0}-{hi:.0})", report::median(xs))
@@ -1074,6 +1135,6 @@ pub fn run_congestion(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
     md.push_str(
         "Goal: at least 40 % lower mean latency and 30 % lower P99 with the view's help.\n",
     );
-    report::write(out, "congestion-fig9bc.md", &md)?;
+    report::write(out, file, &md)?;
     Ok(())
 }

@@ -91,6 +91,10 @@ enum Experiment {
     /// tenant congests one drive, placement with and without the shadow
     /// view's busy degree: congestion-fig9bc.md.
     Congestion(RepeatArgs),
+    /// Flint §5.5: the victim placed before the drive congests, its
+    /// extents remapped off it (sluice control --remap) or not:
+    /// congestion-remap.md.
+    Remap(RepeatArgs),
     /// Flint Table 1: view_query from the local copy, view_sync round trips
     /// against a TCP ping-pong, the agent's CPU per 100k IOPS:
     /// view-table1.md.
@@ -193,7 +197,12 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
         Experiment::View(a) => flint::run_view(&a.out, a.repeats),
         Experiment::Auction(a) => flint::run_auction(&a.out, a.runtime, a.repeats),
-        Experiment::Congestion(a) => flint::run_congestion(&a.out, a.runtime, a.repeats),
+        Experiment::Congestion(a) => {
+            flint::run_congestion(&a.out, a.runtime, a.repeats, flint::Avoid::Placement)
+        }
+        Experiment::Remap(a) => {
+            flint::run_congestion(&a.out, a.runtime, a.repeats, flint::Avoid::Remap)
+        }
         Experiment::Isolation(a) => {
             datapath::pinof_fig5::run(&a.out, a.runtime)?;
             datapath::pinof_fig6::run(&a.out, a.runtime)?;
