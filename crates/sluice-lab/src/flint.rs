@@ -143,8 +143,8 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    // The configurations: off, then on with three in-flight caps per drive.
-    let caps_kib: [u64; 3] = [1024, 512, 256];
+    // The configurations: off, then on with four in-flight caps per drive.
+    let caps_kib: [u64; 4] = [1024, 512, 384, 256];
     let runs: Vec<Vec<Run>> = rt.block_on(async {
         let opts = ConnectOptions {
             hostnqn: "nqn.2026-11.io.sluice:lab-eio".into(),
@@ -215,7 +215,8 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         crate::datapath::loadavg()
     ));
     md.push_str(&format!(
-        "One emulated SSD (1 GB/s reads, 100k IOPS, 8 channels, 80 µs) on one in-process Sluice target; two volumes on it opened by one client. The victim reads 4 KiB at random at QD {VICTIM_QD}; the streamer reads 128 KiB at random at QD {STREAM_QD}. Each repeat runs both for {runtime} s with the eIO scheduler off, then on with three caps on the bytes in flight per drive (`EioConfig::drive_inflight_bytes_max`; 512 KiB is the default). Medians over {repeats} repeats, ranges in brackets.\n\n"
+        "One emulated SSD (1 GB/s reads, 100k IOPS, 8 channels, 80 µs) on one in-process Sluice target; two volumes on it opened by one client. The victim reads 4 KiB at random at QD {VICTIM_QD}; the streamer reads 128 KiB at random at QD {STREAM_QD}. Each repeat runs both for {runtime} s with the eIO scheduler off, then on with {} caps on the bytes in flight per drive (`EioConfig::drive_inflight_bytes_max`; 512 KiB is the default). Medians over {repeats} repeats, ranges in brackets.\n\n",
+        caps_kib.len()
     ));
     md.push_str("| eIO | victim P50 µs | victim P99 µs | victim P999 µs | victim IOPS | streamer MB/s |\n|---|---|---|---|---|---|\n");
     let fields: [fn(&Run) -> f64; 5] = [
