@@ -167,11 +167,22 @@ pub struct FuseArgs {
     pub account: AccountArgs,
 }
 
+/// The runtime's worker threads, at most. The NVMe/TCP work runs on the
+/// host's queue threads; the workers only move NBD and FUSE requests.
+const RUNTIME_WORKERS_MAX: usize = 2;
+
 /// The runtime; with an accountant its worker threads register as shared
-/// protocol threads.
+/// protocol threads. One worker per CPU the process may run on, at most
+/// [`RUNTIME_WORKERS_MAX`]: on one CPU a second worker only adds futex
+/// hand-offs (measured: 4 KiB reads over NBD at QD 32 went from 25.7k to
+/// 71.6k IOPS, 27.7 to 9.5 µs of CPU per I/O, with one worker).
 fn runtime_with(acct: Option<Arc<CpuAccountant>>) -> Result<tokio::runtime::Runtime> {
     let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.worker_threads(2).enable_all();
+    // Affinity-aware (sched_getaffinity) and cgroup-quota-aware.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .clamp(1, RUNTIME_WORKERS_MAX);
+    b.worker_threads(workers).enable_all();
     if let Some(a) = acct {
         b.on_thread_start(move || a.register_current_thread());
     }

@@ -39,6 +39,9 @@ const FILE_INO: u64 = 2;
 const ATTR_TTL: Duration = Duration::from_secs(1);
 /// Largest write the kernel is asked to send in one request.
 pub const FUSE_MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Background requests (asynchronous direct I/O among them) the kernel
+/// may keep in flight.
+pub const FUSE_BACKGROUND_MAX: u16 = 128;
 
 /// Settings of the FUSE export.
 #[derive(Debug, Clone)]
@@ -158,6 +161,19 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         if let Err(n) = config.set_max_write(FUSE_MAX_WRITE_BYTES) {
             let _ = config.set_max_write(n);
         }
+        // Asynchronous direct I/O: without it the kernel waits for each
+        // O_DIRECT request before it sends the next one of the same
+        // submitter, so an application's queue depth never reaches us.
+        if config
+            .add_capabilities(fuser::consts::FUSE_ASYNC_DIO)
+            .is_err()
+        {
+            debug!("the kernel offers no asynchronous direct I/O");
+        }
+        // Requests the kernel keeps in flight in the background (async
+        // direct I/O, readahead); 12 by default.
+        let _ = config.set_max_background(FUSE_BACKGROUND_MAX);
+        let _ = config.set_congestion_threshold(FUSE_BACKGROUND_MAX * 3 / 4);
         Ok(())
     }
 

@@ -870,16 +870,24 @@ fn structured_header(out: &mut Vec<u8>, cookie: u64, flags: u16, kind: u16, len:
 
 /// A read's data as one final NBD_REPLY_TYPE_OFFSET_DATA chunk.
 pub fn encode_read_chunk(cookie: u64, offset: u64, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + 8 + data.len());
+    let mut out = encode_read_chunk_header(cookie, offset, data.len());
+    out.extend_from_slice(data);
+    out
+}
+
+/// What precedes `len` bytes of read data in a final
+/// NBD_REPLY_TYPE_OFFSET_DATA chunk (the data can then be sent from its own
+/// buffer, without a copy).
+pub fn encode_read_chunk_header(cookie: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_BYTES + 8);
     structured_header(
         &mut out,
         cookie,
         REPLY_FLAG_DONE,
         REPLY_TYPE_OFFSET_DATA,
-        8 + data.len(),
+        8 + len,
     );
     out.extend_from_slice(&offset.to_be_bytes());
-    out.extend_from_slice(data);
     out
 }
 

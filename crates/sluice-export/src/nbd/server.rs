@@ -4,9 +4,9 @@
 //! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
 
 use super::proto::{
-    encode_block_status, encode_error_chunk, encode_read_chunk, encode_simple_reply, validate_in,
-    Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake, Session,
-    TransmissionError, STATE_HOLE, STATE_ZERO,
+    encode_block_status, encode_error_chunk, encode_read_chunk_header, encode_simple_reply,
+    validate_in, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake,
+    Session, TransmissionError, STATE_HOLE, STATE_ZERO,
 };
 use crate::account::ExportAccount;
 use crate::blockio::{BlockDevice, ByteDevice};
@@ -29,6 +29,73 @@ const BUDGET_UNIT_BYTES: u64 = 4096;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes read from the socket per call.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Replies gathered into one socket write, at most: bytes (more when one
+/// reply is larger) and replies.
+const REPLY_BATCH_BYTES_MAX: usize = 1 << 20;
+const REPLY_BATCH_MAX: usize = 64;
+/// Slices per `writev` (Linux's UIO_MAXIOV is 1024).
+const IOV_MAX: usize = 1024;
+
+/// Writes every byte of `bufs`, in as few `writev` calls as the socket
+/// takes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    bufs: &[&[u8]],
+) -> std::io::Result<()> {
+    // (buffer, offset) of the first byte not yet written.
+    let (mut i, mut off) = (0usize, 0usize);
+    while i < bufs.len() {
+        if off == bufs[i].len() {
+            i += 1;
+            off = 0;
+            continue;
+        }
+        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&bufs[i][off..])
+            .chain(bufs[i + 1..].iter().copied())
+            .take(IOV_MAX)
+            .map(std::io::IoSlice::new)
+            .collect();
+        let mut n = wr.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < bufs.len() {
+            let left = bufs[i].len() - off;
+            if n < left {
+                off += n;
+                n = 0;
+            } else {
+                n -= left;
+                i += 1;
+                off = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One reply: its header (or all of it) and the read data that follows,
+/// sent from the buffer the read filled.
+#[derive(Debug, Default)]
+struct Reply {
+    head: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl From<Vec<u8>> for Reply {
+    fn from(head: Vec<u8>) -> Reply {
+        Reply {
+            head,
+            data: Vec::new(),
+        }
+    }
+}
+
+impl Reply {
+    fn len(&self) -> usize {
+        self.head.len() + self.data.len()
+    }
+}
 
 /// Export settings.
 #[derive(Debug, Clone)]
@@ -197,10 +264,30 @@ impl<D: BlockDevice> NbdServer<D> {
         );
 
         // Replies from request tasks go through one writer task.
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(REQUESTS_IN_FLIGHT_MAX as usize);
+        let (tx, mut rx) = mpsc::channel::<Reply>(REQUESTS_IN_FLIGHT_MAX as usize);
+        // Every reply already waiting goes out in the same (vectored)
+        // write: one syscall for a burst of completions, and no copy.
         let writer = tokio::spawn(async move {
-            while let Some(buf) = rx.recv().await {
-                wr.write_all(&buf).await?;
+            let mut batch: Vec<Reply> = Vec::new();
+            while let Some(reply) = rx.recv().await {
+                let mut bytes = reply.len();
+                batch.push(reply);
+                while bytes < REPLY_BATCH_BYTES_MAX && batch.len() < REPLY_BATCH_MAX {
+                    match rx.try_recv() {
+                        Ok(more) => {
+                            bytes += more.len();
+                            batch.push(more);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let parts: Vec<&[u8]> = batch
+                    .iter()
+                    .flat_map(|r| [r.head.as_slice(), r.data.as_slice()])
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                write_all_vectored(&mut wr, &parts).await?;
+                batch.clear();
             }
             wr.flush().await?;
             wr.shutdown().await
@@ -248,7 +335,9 @@ impl<D: BlockDevice> NbdServer<D> {
                     Ok(None) => break,
                     Err(TransmissionError::WriteTooLarge { cookie, length }) => {
                         warn!(length, "write over the request limit; closing");
-                        let _ = tx.send(encode_simple_reply(cookie, EINVAL).to_vec()).await;
+                        let _ = tx
+                            .send(encode_simple_reply(cookie, EINVAL).to_vec().into())
+                            .await;
                         break 'read Ok(());
                     }
                     Err(e) => {
@@ -276,7 +365,7 @@ impl<D: BlockDevice> NbdServer<D> {
     }
 
     /// Executes one request and encodes its reply.
-    async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Vec<u8> {
+    async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Reply {
         let e = &self.entries[idx];
         let written = req.payload.len();
         let (reply, read) = self.execute_on(e, req, session).await;
@@ -291,7 +380,7 @@ impl<D: BlockDevice> NbdServer<D> {
     /// block status answer in one final chunk (data, block status or
     /// error); everything else gets a simple reply, which the protocol
     /// allows. Returns the reply and the bytes of read data in it.
-    async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Vec<u8>, usize) {
+    async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Reply, usize) {
         let cookie = req.header.cookie;
         let structured = session.structured;
         let cmd = match validate_in(&req.header, &e.export, session) {
@@ -309,25 +398,28 @@ impl<D: BlockDevice> NbdServer<D> {
                         super::proto::CMD_READ | super::proto::CMD_BLOCK_STATUS
                     );
                 if chunked {
-                    return (encode_error_chunk(cookie, r.errno, r.reason), 0);
+                    return (encode_error_chunk(cookie, r.errno, r.reason).into(), 0);
                 }
-                return (encode_simple_reply(cookie, r.errno).to_vec(), 0);
+                return (encode_simple_reply(cookie, r.errno).to_vec().into(), 0);
             }
         };
         let r = match cmd {
             Command::Read { offset, length } => match e.dev.read(offset, length as usize).await {
-                Ok(data) if structured => {
-                    return (encode_read_chunk(cookie, offset, &data), data.len())
-                }
                 Ok(data) => {
-                    let mut out = Vec::with_capacity(16 + data.len());
-                    out.extend_from_slice(&encode_simple_reply(cookie, 0));
-                    out.extend_from_slice(&data);
-                    return (out, data.len());
+                    let head = if structured {
+                        encode_read_chunk_header(cookie, offset, data.len())
+                    } else {
+                        encode_simple_reply(cookie, 0).to_vec()
+                    };
+                    let n = data.len();
+                    return (Reply { head, data }, n);
                 }
                 Err(err) if structured => {
                     warn!(cookie, errno = err.errno(), "request failed: {err}");
-                    return (encode_error_chunk(cookie, err.errno(), &err.to_string()), 0);
+                    return (
+                        encode_error_chunk(cookie, err.errno(), &err.to_string()).into(),
+                        0,
+                    );
                 }
                 Err(e) => Err(e),
             },
@@ -355,11 +447,14 @@ impl<D: BlockDevice> NbdServer<D> {
                     if one {
                         extents.truncate(1);
                     }
-                    return (encode_block_status(cookie, &extents), 0);
+                    return (encode_block_status(cookie, &extents).into(), 0);
                 }
                 Err(err) => {
                     warn!(cookie, errno = err.errno(), "block status failed: {err}");
-                    return (encode_error_chunk(cookie, err.errno(), &err.to_string()), 0);
+                    return (
+                        encode_error_chunk(cookie, err.errno(), &err.to_string()).into(),
+                        0,
+                    );
                 }
             },
             Command::Write { offset, fua } => e.dev.write(offset, req.payload, fua).await,
@@ -383,7 +478,7 @@ impl<D: BlockDevice> NbdServer<D> {
                 encode_simple_reply(cookie, err.errno()).to_vec()
             }
         };
-        (reply, 0)
+        (reply.into(), 0)
     }
 }
 
@@ -408,5 +503,87 @@ impl UnixSocketPath {
 impl Drop for UnixSocketPath {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A writer that takes at most `step` bytes per call, across slices.
+    struct Trickle {
+        got: Vec<u8>,
+        step: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let n = buf.len().min(self.step);
+            self.got.extend_from_slice(&buf[..n]);
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[std::io::IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            let mut left = self.step;
+            let mut n = 0;
+            for b in bufs {
+                let k = b.len().min(left);
+                self.got.extend_from_slice(&b[..k]);
+                (left, n) = (left - k, n + k);
+                if left == 0 {
+                    break;
+                }
+            }
+            Poll::Ready(Ok(n))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_survive_partial_writes_at_every_boundary() {
+        let parts: Vec<Vec<u8>> = (0..9u8)
+            .map(|i| {
+                (0..u8::try_from(usize::from(i) * 5 + 1).unwrap())
+                    .map(|j| j ^ i)
+                    .collect()
+            })
+            .collect();
+        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        let whole: Vec<u8> = parts.concat();
+        for step in [1, 2, 3, 7, 16, 1000] {
+            let mut w = Trickle {
+                got: Vec::new(),
+                step,
+            };
+            write_all_vectored(&mut w, &slices).await.unwrap();
+            assert_eq!(w.got, whole, "step {step}");
+        }
+        let mut w = Trickle {
+            got: Vec::new(),
+            step: 4,
+        };
+        write_all_vectored(&mut w, &[]).await.unwrap();
+        assert!(w.got.is_empty());
     }
 }
