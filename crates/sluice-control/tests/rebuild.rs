@@ -11,7 +11,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,15 +24,8 @@ use common::*;
 const BLOCK: usize = 64 << 10;
 const BLOCKS: u64 = 256; // 16 MiB
 
-/// A block that names its generation in its first 8 bytes.
 fn block(generation: u64) -> Vec<u8> {
-    let mut b = pattern(generation, BLOCK);
-    b[..8].copy_from_slice(&generation.to_le_bytes());
-    b
-}
-
-fn generation_of(b: &[u8]) -> u64 {
-    u64::from_le_bytes(b[..8].try_into().unwrap())
+    generation_block(generation, BLOCK)
 }
 
 fn client_opts() -> ConnectOptions {
@@ -127,53 +120,10 @@ async fn a_dead_targets_extents_are_rebuilt_under_a_verified_workload() {
         .count() as u64;
     assert!(on_t3 > 0, "some extents have a replica on the third target");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (v, acked, stop) = (v.clone(), acked.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut g = BLOCKS;
-            while !stop.load(Relaxed) {
-                g += 1;
-                let b = g * 7 % BLOCKS;
-                v.write(b * 16, &block(g), IoFlags::default())
-                    .await
-                    .expect("writes keep succeeding through the failure and the rebuild");
-                acked.lock().unwrap().insert(b, g);
-            }
-            g
-        })
-    };
-    // A reader checks every block it reads: a whole block of a generation
-    // at least as new as the last one acknowledged before the read began.
-    let reads = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let (v, acked, stop, reads) = (v.clone(), acked.clone(), stop.clone(), reads.clone());
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Relaxed) {
-                i += 1;
-                let b = i * 13 % BLOCKS;
-                let before = acked.lock().unwrap()[&b];
-                let data = v
-                    .read(b * 16, BLOCK, IoFlags::default())
-                    .await
-                    .expect("reads keep succeeding");
-                let g = generation_of(&data);
-                assert!(
-                    g >= before,
-                    "block {b}: generation {g} read after {before} was acknowledged"
-                );
-                assert!(
-                    data == block(g),
-                    "block {b}: a torn or foreign block (generation {g})"
-                );
-                reads.fetch_add(1, Relaxed);
-            }
-        })
-    };
+    let work = VerifiedWorkload::start(v.clone(), BLOCKS, BLOCK, 16, acked.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     t3.stop();
-    let reads_at_kill = reads.load(Relaxed);
+    let reads_at_kill = work.reads.load(Relaxed);
     // The writer finds the dead replicas and reports them.
     let deadline = Instant::now() + Duration::from_secs(30);
     while c
@@ -192,12 +142,10 @@ async fn a_dead_targets_extents_are_rebuilt_under_a_verified_workload() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     wait_rebuilt(&c, "r", Duration::from_secs(60)).await;
-    let reads_during = reads.load(Relaxed) - reads_at_kill;
+    let reads_during = work.reads.load(Relaxed) - reads_at_kill;
     // The workload goes on over the rebuilt chains.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Relaxed);
-    let generations = writer.await.unwrap();
-    reader.await.unwrap();
+    let generations = work.finish().await;
     assert!(
         generations > BLOCKS + 20,
         "the writer made progress: {generations}"

@@ -663,13 +663,6 @@ async fn the_fast_channel_authenticates_checks_and_carries_the_clients_syncs() {
     }
 }
 
-/// A block naming its generation in its first 8 bytes.
-fn generation_block(g: u64) -> Vec<u8> {
-    let mut b = pattern(g, 16 << 10);
-    b[..8].copy_from_slice(&g.to_le_bytes());
-    b
-}
-
 /// Remapping (Flint §5.5): a volume placed before a drive congested has
 /// its extents there moved to the uncongested drives while a verified
 /// read/write workload runs on it; the noisy volume that prefers the drive
@@ -678,7 +671,7 @@ fn generation_block(g: u64) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
     use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let slow = target(SLOW_NQN, true);
     let fast1 = target(FAST_NQN, false);
     let fast2 = target("nqn.2026-11.io.sluice:fast2", false);
@@ -713,7 +706,11 @@ async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
     let acked = Arc::new(std::sync::Mutex::new(BTreeMap::<u64, u64>::new()));
     for b in 0..BLOCKS {
         victim
-            .write(b * 64, &generation_block(b + 1), IoFlags::default())
+            .write(
+                b * 64,
+                &generation_block(b + 1, 16 << 10),
+                IoFlags::default(),
+            )
             .await
             .unwrap();
         acked.lock().unwrap().insert(b, b + 1);
@@ -737,7 +734,7 @@ async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
             .read(b * 64, 16 << 10, IoFlags::default())
             .await
             .unwrap();
-        assert!(data == generation_block(b + 1));
+        assert!(data == generation_block(b + 1, 16 << 10));
     }
 
     // The noise congests the slow drive; the victim's workload runs on.
@@ -767,47 +764,7 @@ async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
             })
         })
         .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (v, acked, stop) = (victim.clone(), acked.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut g = BLOCKS;
-            while !stop.load(Relaxed) {
-                g += 1;
-                let b = g * 7 % BLOCKS;
-                v.write(b * 64, &generation_block(g), IoFlags::default())
-                    .await
-                    .expect("writes go on through the remap");
-                acked.lock().unwrap().insert(b, g);
-            }
-        })
-    };
-    let reads = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let (v, acked, stop, reads) = (victim.clone(), acked.clone(), stop.clone(), reads.clone());
-        tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Relaxed) {
-                i += 1;
-                let b = i * 13 % BLOCKS;
-                let newest = acked.lock().unwrap()[&b];
-                let data = v
-                    .read(b * 64, 16 << 10, IoFlags::default())
-                    .await
-                    .expect("reads go on through the remap");
-                let g = u64::from_le_bytes(data[..8].try_into().unwrap());
-                assert!(
-                    g >= newest,
-                    "block {b}: generation {g} after {newest} was acknowledged"
-                );
-                assert!(
-                    data == generation_block(g),
-                    "block {b}: torn (generation {g})"
-                );
-                reads.fetch_add(1, Relaxed);
-            }
-        })
-    };
+    let work = VerifiedWorkload::start(victim.clone(), BLOCKS, 16 << 10, 64, acked.clone());
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let l = c.open_volume("victim").await.unwrap();
@@ -822,14 +779,13 @@ async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.store(true, Relaxed);
     stop_noise.store(true, Relaxed);
-    writer.await.unwrap();
-    reader.await.unwrap();
+    let reads = work.reads.load(Relaxed);
+    work.finish().await;
     for t in noise {
         t.await.unwrap();
     }
-    assert!(reads.load(Relaxed) > 0);
+    assert!(reads > 0);
     let status = c.status().await.unwrap().rebuilds.unwrap();
     assert!(status.extents_remapped >= before as u64, "{status:?}");
     // The volume that prefers the drive stays on it.
@@ -851,7 +807,10 @@ async fn extents_move_off_a_congested_drive_under_a_verified_workload() {
     for (b, g) in all {
         for v in [&*victim, &fresh, &early] {
             let data = v.read(b * 64, 16 << 10, IoFlags::default()).await.unwrap();
-            assert!(data == generation_block(g), "block {b} generation {g}");
+            assert!(
+                data == generation_block(g, 16 << 10),
+                "block {b} generation {g}"
+            );
         }
     }
     drop((slow, fast1, fast2));

@@ -156,3 +156,115 @@ pub async fn read_drive(d: &pb::Drive, offset: u64, len: usize) -> Vec<u8> {
     ctrl.disconnect(Duration::from_millis(50)).await;
     data
 }
+
+/// A block of `len` bytes that names its generation in its first 8 bytes.
+pub fn generation_block(generation: u64, len: usize) -> Vec<u8> {
+    let mut b = pattern(generation, len);
+    b[..8].copy_from_slice(&generation.to_le_bytes());
+    b
+}
+
+/// The generation a [`generation_block`] names.
+pub fn generation_of(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().unwrap())
+}
+
+/// A verified read/write workload on `blocks` blocks of `block_len` bytes
+/// (block `b` at LBA `b * stride_lbas`, 4 KiB blocks): a writer
+/// writes ever newer generations, recording each acknowledged one, and a
+/// reader checks that every block it reads is whole and at least as new as
+/// the last generation acknowledged before the read began. Both run until
+/// `stop`; each panics on the first failure or wrong block.
+pub struct VerifiedWorkload {
+    pub acked: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, u64>>>,
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub reads: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    writer: tokio::task::JoinHandle<u64>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl VerifiedWorkload {
+    /// Starts both tasks; every block must already hold a generation block
+    /// recorded in `acked`, and generations continue above `blocks`.
+    pub fn start(
+        v: std::sync::Arc<sluice_control::Volume>,
+        blocks: u64,
+        block_len: usize,
+        stride_lbas: u64,
+        acked: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, u64>>>,
+    ) -> VerifiedWorkload {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reads = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let lbas = stride_lbas;
+        let writer = {
+            let (v, acked, stop) = (v.clone(), acked.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut g = blocks;
+                while !stop.load(Relaxed) {
+                    g += 1;
+                    let b = g * 7 % blocks;
+                    v.write(
+                        b * lbas,
+                        &generation_block(g, block_len),
+                        IoFlags::default(),
+                    )
+                    .await
+                    .expect("writes keep succeeding");
+                    acked.lock().unwrap().insert(b, g);
+                }
+                g
+            })
+        };
+        let reader = {
+            let (acked, stop, reads) = (acked.clone(), stop.clone(), reads.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Relaxed) {
+                    i += 1;
+                    let b = i * 13 % blocks;
+                    let before = acked.lock().unwrap()[&b];
+                    let data = v
+                        .read(b * lbas, block_len, IoFlags::default())
+                        .await
+                        .expect("reads keep succeeding");
+                    let g = generation_of(&data);
+                    assert!(
+                        g >= before,
+                        "block {b}: generation {g} read after {before} was acknowledged"
+                    );
+                    assert!(
+                        data == generation_block(g, block_len),
+                        "block {b}: a torn or foreign block (generation {g})"
+                    );
+                    reads.fetch_add(1, Relaxed);
+                }
+            })
+        };
+        VerifiedWorkload {
+            acked,
+            stop,
+            reads,
+            writer,
+            reader,
+        }
+    }
+
+    /// Stops both tasks; returns the last generation written.
+    pub async fn finish(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let g = self.writer.await.unwrap();
+        self.reader.await.unwrap();
+        g
+    }
+
+    /// Every acknowledged (block, generation), by block.
+    pub fn acknowledged(&self) -> Vec<(u64, u64)> {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(b, g)| (*b, *g))
+            .collect()
+    }
+}
