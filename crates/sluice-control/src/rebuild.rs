@@ -158,27 +158,30 @@ impl<S: MetaStore> Rebuilder<S> {
         // The earliest start of the next extent's copy (the rate limit).
         let mut next_start = Instant::now();
         let mut planner = RemapPlanner::new(self.remap);
+        let mut scan_tick = tokio::time::interval(self.cfg.scan_interval);
+        scan_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut remap_tick = tokio::time::interval(REMAP_SCAN_INTERVAL);
         remap_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let remap_due = tokio::select! {
-                () = tokio::time::sleep(self.cfg.scan_interval) => false,
+                _ = scan_tick.tick() => false,
                 () = self.wake.notified() => false,
                 _ = remap_tick.tick(), if self.remap.enabled => true,
             };
             if !self.leadership.is_leader() {
                 continue;
             }
-            // Lost replicas first: a remap only moves healthy extents.
-            if let Err(e) = self.scan(&mut next_start).await {
-                tracing::warn!(error = %e, "rebuild scan failed; retrying at the next scan");
+            // A remap only moves healthy extents (`begin_move` leaves a
+            // degraded one to the rebuild scan).
+            let r = if remap_due {
+                self.remap(&mut planner, &mut next_start).await
+            } else {
+                self.scan(&mut next_start).await
+            };
+            if let Err(e) = r {
+                let what = if remap_due { "remap" } else { "rebuild" };
+                tracing::warn!(error = %e, "{what} scan failed; retrying at the next scan");
                 self.progress.lock().last_error = e;
-            }
-            if remap_due {
-                if let Err(e) = self.remap(&mut planner, &mut next_start).await {
-                    tracing::warn!(error = %e, "remap scan failed; retrying at the next scan");
-                    self.progress.lock().last_error = e;
-                }
             }
         }
     }
