@@ -266,7 +266,8 @@ pub enum VolumeCmd {
         #[command(flatten)]
         at: ControlAddr,
     },
-    /// Show the rebuild of lost replicas: rate, degraded extents, progress.
+    /// Show the rebuild of lost replicas and the remaps off congested
+    /// drives: rate, degraded extents, extents rebuilt and remapped, progress.
     Rebuilds {
         #[command(flatten)]
         at: ControlAddr,
