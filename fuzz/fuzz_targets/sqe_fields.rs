@@ -37,8 +37,8 @@ fuzz_target!(|data: &[u8]| {
         Err(st) => assert_eq!(st, sluice_proto::Status::INVALID_FIELD),
     }
     let mut w = sqe;
-    let e = fence::write_epoch(&sqe);
-    fence::set_write_epoch(&mut w, e);
+    let e = fence::io_epoch(&sqe);
+    fence::set_io_epoch(&mut w, e);
     assert_eq!(w, sqe);
     let _ = format!("{sqe:?} {g:?} {c:?} {p:?}");
 });

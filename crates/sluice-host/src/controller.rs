@@ -1166,7 +1166,7 @@ impl Namespace {
         while at < blocks {
             let n = piece(blocks - at, 65536);
             let mut s = Sqe::rw(io::WRITE_ZEROES, 0, self.info.nsid, lba + at, n, false);
-            sluice_proto::fence::set_write_epoch(&mut s, epoch);
+            sluice_proto::fence::set_io_epoch(&mut s, epoch);
             self.ctrl.io(s, Payload::None).await?;
             at += u64::from(n);
         }

@@ -124,7 +124,7 @@ impl RwBuilder {
             s.set_cdw(13, dsm);
         }
         if (opcode == io::WRITE || opcode == io::READ) && flags.epoch != 0 {
-            sluice_proto::fence::set_write_epoch(&mut s, flags.epoch);
+            sluice_proto::fence::set_io_epoch(&mut s, flags.epoch);
         }
         s
     }

@@ -85,13 +85,13 @@ impl Fence {
     }
 }
 
-/// The chain epoch a write carries (CDW2-3), 0 when none.
-pub fn write_epoch(s: &Sqe) -> u64 {
+/// The chain epoch a read or write carries (CDW2-3), 0 when none.
+pub fn io_epoch(s: &Sqe) -> u64 {
     join(s.cdw(2), s.cdw(3))
 }
 
-/// Puts a chain epoch on a write.
-pub fn set_write_epoch(s: &mut Sqe, epoch: u64) {
+/// Puts a chain epoch on a read or write.
+pub fn set_io_epoch(s: &mut Sqe, epoch: u64) {
     let (lo, hi) = split(epoch);
     s.set_cdw(2, lo);
     s.set_cdw(3, hi);
@@ -123,10 +123,10 @@ mod tests {
         }
 
         #[test]
-        fn write_epoch_round_trips(epoch in any::<u64>()) {
+        fn io_epoch_round_trips(epoch in any::<u64>()) {
             let mut s = Sqe::rw(crate::command::io::WRITE, 7, 1, 100, 8, false);
-            set_write_epoch(&mut s, epoch);
-            prop_assert_eq!(write_epoch(&s), epoch);
+            set_io_epoch(&mut s, epoch);
+            prop_assert_eq!(io_epoch(&s), epoch);
             prop_assert_eq!(s.cdw(10), 100, "SLBA untouched");
         }
     }

@@ -45,6 +45,9 @@ pub struct Fences {
     /// Writes refused for a stale epoch (a metric: stale clients, or hosts
     /// writing to a volume's drive behind the control plane's back).
     refused: AtomicU64,
+    /// Reads refused for a stale epoch (readers on a map from before a
+    /// remap).
+    refused_reads: AtomicU64,
 }
 
 /// Which granules a write holds.
@@ -64,6 +67,7 @@ impl Fences {
             fence_max: AtomicU64::new(0),
             wide_writes: AtomicU32::new(0),
             refused: AtomicU64::new(0),
+            refused_reads: AtomicU64::new(0),
         }
     }
 
@@ -136,7 +140,7 @@ impl Fences {
                 .any(|g| epoch < g.fence.load(SeqCst)),
         };
         if stale {
-            self.refused
+            self.refused_reads
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(Status::STALE_EPOCH);
         }
@@ -149,6 +153,12 @@ impl Fences {
         self.refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Status::STALE_EPOCH
+    }
+
+    /// Reads refused for a stale epoch so far.
+    pub fn refused_reads(&self) -> u64 {
+        self.refused_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Writes refused for a stale epoch so far.
@@ -252,8 +262,10 @@ mod tests {
         );
         assert_eq!(f.check_read(2 * MIB, 4096, 7), Ok(()));
         assert_eq!(f.check_read(0, 4096, 1), Ok(()), "a neighbour granule");
-        // Reads are not counted: a fence's drain never waits for them.
+        // Reads are not counted in flight: a fence's drain never waits
+        // for them. Refusals are counted apart from writes'.
         assert_eq!(f.fence(1, 1, 0, false), Ok(0));
+        assert_eq!((f.refused_reads(), f.refused()), (2, 0));
     }
 
     #[test]

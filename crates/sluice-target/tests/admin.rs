@@ -76,6 +76,7 @@ fn admin_endpoint_with_token() {
         "sluice_tenant_table_generation",
         "sluice_namespace_ios_total",
         "sluice_namespace_stale_epoch_writes_total",
+        "sluice_namespace_stale_epoch_reads_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }

@@ -1151,7 +1151,7 @@ fn io_12_write_below_a_fence_is_stale_epoch() {
     let write = |q: &mut Pair, epoch: u64, data: &[u8]| {
         let cid = q.cid();
         let mut s = Sqe::rw(io::WRITE, cid, 1, 0, 1, false);
-        fence::set_write_epoch(&mut s, epoch);
+        fence::set_io_epoch(&mut s, epoch);
         s.set_sgl(in_capsule(512));
         q.command(s, data).0.status()
     };
@@ -1159,7 +1159,7 @@ fn io_12_write_below_a_fence_is_stale_epoch() {
     assert_eq!(st, Status::STALE_EPOCH);
     assert_eq!((st.sct, st.sc, st.dnr), (7, 0x01, true));
     let mut s = Sqe::rw(io::WRITE_ZEROES, 0, 1, 0, 1, false);
-    fence::set_write_epoch(&mut s, 4);
+    fence::set_io_epoch(&mut s, 4);
     assert_eq!(no_data(&mut q, s), Status::STALE_EPOCH);
     assert_eq!(q.read(0, 1), (Status::SUCCESS, old), "nothing written");
     assert_eq!(write(&mut q, 5, &pattern(512, 3)), Status::SUCCESS);

@@ -116,12 +116,7 @@ impl QueueConnection {
             _ => None,
         };
         if let Some((ns, offset_bytes, len_bytes)) = written {
-            match FenceHold::admit(
-                &ns.fences,
-                offset_bytes,
-                len_bytes,
-                fence::write_epoch(&sqe),
-            ) {
+            match FenceHold::admit(&ns.fences, offset_bytes, len_bytes, fence::io_epoch(&sqe)) {
                 Ok(hold) => cmd.fence = hold,
                 Err(status) => {
                     self.complete(slot, status, 0, 0, now);
@@ -144,7 +139,7 @@ impl QueueConnection {
                 // replica retired by a remap answers stale readers so).
                 if let Err(status) =
                     ns.fences
-                        .check_read(offset_bytes, len_bytes, fence::write_epoch(&sqe))
+                        .check_read(offset_bytes, len_bytes, fence::io_epoch(&sqe))
                 {
                     self.complete(slot, status, 0, 0, now);
                     return;
@@ -257,7 +252,7 @@ impl QueueConnection {
         if !ops.is_empty() {
             // One hold over the ranges' span (counting more granules than
             // written only makes a fence's drain wait a little longer).
-            match FenceHold::admit(&ns.fences, lo, hi - lo, fence::write_epoch(&cmd.sqe)) {
+            match FenceHold::admit(&ns.fences, lo, hi - lo, fence::io_epoch(&cmd.sqe)) {
                 Ok(hold) => cmd.fence = hold,
                 Err(status) => {
                     self.complete(slot, status, 0, 0, now);

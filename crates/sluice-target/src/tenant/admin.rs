@@ -393,7 +393,7 @@ impl Collector for TargetCollector {
                     nqn.as_str(),
                     nsid.to_string(),
                     n.counters.snapshot(),
-                    n.fences.refused(),
+                    (n.fences.refused(), n.fences.refused_reads()),
                 ));
             }
         }
@@ -452,8 +452,17 @@ impl Collector for TargetCollector {
             "sluice_namespace_stale_epoch_writes",
             "Writes refused below their granule's chain-epoch fence (Stale Chain Epoch), per namespace.",
             None,
-            ns.iter().map(|(nqn, nsid, _, refused)| {
-                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *refused)
+            ns.iter().map(|(nqn, nsid, _, (writes, _))| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *writes)
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_stale_epoch_reads",
+            "Reads refused below their granule's chain-epoch fence (a reader on a map from before a remap), per namespace.",
+            None,
+            ns.iter().map(|(nqn, nsid, _, (_, reads))| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *reads)
             }),
         )?;
         let hosts = self.reg.hosts.snapshot();
