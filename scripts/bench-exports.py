@@ -147,10 +147,10 @@ def run_served(server, target_of, runtime):
     return rows
 
 
-def run_nbd(port, runtime):
+def run_nbd(port, runtime, extra=()):
     nport = free_port()
     s = Server([SLUICE, "nbd", "--target", f"127.0.0.1:{port}", "--nqn", NQN, "--listen", f"127.0.0.1:{nport}",
-                "--export-name", "disk", "--log", "warn"], listening(nport), "sluice nbd")
+                "--export-name", "disk", "--log", "warn", *extra], listening(nport), "sluice nbd")
     return run_served(s, ["--ioengine=nbd", f"--uri=nbd://127.0.0.1:{nport}/disk"], runtime)
 
 
@@ -199,6 +199,8 @@ def main():
         ("`sluice bench` → target (the host library alone)", lambda: run_bench(port, a.runtime)),
         ("fio (nbd engine) → `sluice nbd` → target", lambda: run_nbd(port, a.runtime)),
         ("fio (libaio, O_DIRECT) → `sluice fuse` file → target", lambda: run_fuse(port, a.runtime, work)),
+        ("fio (nbd engine) → `sluice nbd --direct-queues 0` (task path, for comparison) → target",
+         lambda: run_nbd(port, a.runtime, ["--direct-queues", "0"])),
         ("fio (nbd engine) → nbdkit memory plugin, no network hop, for scale", lambda: run_nbdkit(a.runtime)),
     ]
     results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}

@@ -104,6 +104,10 @@ check "4 concurrent NBD connections, crc32c-verified writes in disjoint regions"
 if [ -f "$WORK/fio-multi.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-multi.txt" | sed 's/^/    /'; fi
 check "the fio jobs each had their own NBD connection" \
     bash -c "[ \$(grep -c 'transmission phase' '$WORK/nbd.log') -ge $((CONNS_BEFORE + 4)) ]"
+# The default `--direct-queues 4`: each of those connections ran to
+# completion on its own thread and NVMe/TCP queue.
+check "those connections were served by the run-to-completion path" \
+    bash -c "[ \$(grep -c 'served by the run-to-completion path' '$WORK/nbd.log') -ge 4 ]"
 
 # FUSE: one file, loop device, ext4.
 MNT_FUSE=$WORK/fuse

@@ -79,6 +79,13 @@ pub struct NbdArgs {
     /// `--io-queues` are shared. With `--nqn` too, that export comes first.
     #[arg(long = "export")]
     pub exports: Vec<sluice_export::account::ExportSpec>,
+    /// NBD connections per export served run-to-completion: each on its
+    /// own thread driving its own NVMe/TCP queue (more connections take the
+    /// task path; 0: every connection does). The target must grant
+    /// `--io-queues` + this many I/O queues. Namespaces only (not
+    /// `--volume`), and not with DH-HMAC-CHAP.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub direct_queues: u16,
     #[command(flatten)]
     pub account: AccountArgs,
 }
@@ -196,6 +203,8 @@ struct Remote<'a> {
     nsid: Option<u32>,
     hostnqn: Option<&'a str>,
     io_queues: u16,
+    /// Extra I/O queue IDs for run-to-completion queues (NBD).
+    direct_queues: u16,
     cgroup: Option<&'a PathBuf>,
     dhchap: sluice_bench::DhchapSecrets,
 }
@@ -213,6 +222,7 @@ impl<'a> Remote<'a> {
             nsid: r.nsid,
             hostnqn: r.hostnqn.as_deref(),
             io_queues: r.io_queues,
+            direct_queues: 0,
             cgroup: r.cgroup.as_ref(),
             dhchap: r.dhchap.load()?,
         })
@@ -266,6 +276,7 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
         .with_context(|| format!("`{}` resolves to no address", r.target))?;
     let mut opts = ConnectOptions {
         io_queues: r.io_queues.max(1),
+        direct_queues: r.direct_queues,
         cgroup: r.cgroup.cloned(),
         dhchap_secret: r.dhchap.0.clone(),
         dhchap_ctrl_secret: r.dhchap.1.clone(),
@@ -339,6 +350,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 nsid: s.nsid,
                 hostnqn: (!s.hostnqn.is_empty()).then_some(s.hostnqn.as_str()),
                 io_queues: a.remote.io_queues,
+                direct_queues: if direct_allowed(&dhchap) { a.direct_queues } else { 0 },
                 cgroup: s.cgroup.as_ref(),
                 dhchap: dhchap.clone(),
             };
@@ -389,6 +401,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                     .with_context(|| format!("binding Unix socket {}", path.display()))?;
                 info!(socket = %path.display(), exports = ?names, "NBD server ready");
                 server
+                    .clone()
                     .serve_unix(l)
                     .await
                     .context("accepting on the Unix socket")
@@ -397,7 +410,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                     .await
                     .with_context(|| format!("binding TCP {addr}"))?;
                 info!(addr = %l.local_addr()?, exports = ?names, "NBD server ready");
-                server.serve_tcp(l).await.context("accepting on TCP")
+                server.clone().serve_tcp(l).await.context("accepting on TCP")
             } else {
                 bail!("give --unix PATH or --listen ADDR:PORT")
             }
@@ -416,9 +429,22 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
         for c in &ctrls {
             c.disconnect(Duration::from_secs(5)).await;
         }
+        let ps = server.path_stats();
+        eprintln!(
+            "connections: {} run-to-completion, {} on tasks; requests of the former: {} on their queue, {} handed to tasks",
+            ps.direct_connections.load(std::sync::atomic::Ordering::Relaxed),
+            ps.task_connections.load(std::sync::atomic::Ordering::Relaxed),
+            ps.direct_requests.load(std::sync::atomic::Ordering::Relaxed),
+            ps.handed_off_requests.load(std::sync::atomic::Ordering::Relaxed),
+        );
         print_counters(&acct);
         r
     })
+}
+
+/// Direct queues do not run DH-HMAC-CHAP: with a secret, none are asked for.
+fn direct_allowed(d: &sluice_bench::DhchapSecrets) -> bool {
+    d.0.is_none()
 }
 
 /// Per-export counters, printed on exit.

@@ -68,6 +68,9 @@ pub struct ExportAccount {
     /// Throttled until this many ns after `epoch` (0: not throttled).
     until_ns: AtomicU64,
     tids: Option<TidSource>,
+    /// Threads working for this export alone that come and go (the NBD
+    /// run-to-completion threads, one per connection).
+    own_threads: Mutex<Vec<i32>>,
 }
 
 impl std::fmt::Debug for ExportAccount {
@@ -116,7 +119,29 @@ impl ExportAccount {
             throttled_ns: AtomicU64::new(0),
             until_ns: AtomicU64::new(0),
             tids,
+            own_threads: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Charges the calling thread's CPU to this export whole (as its own
+    /// queue threads are) until [`Self::remove_current_thread`]. For a
+    /// thread that works for this export alone.
+    pub fn add_current_thread(&self) {
+        lock(&self.own_threads).push(sluice_runtime::clock::current_tid());
+    }
+
+    /// Stops charging the calling thread (its CPU since the last batch is
+    /// not charged: at most one batch of it).
+    pub fn remove_current_thread(&self) {
+        let tid = sluice_runtime::clock::current_tid();
+        lock(&self.own_threads).retain(|t| *t != tid);
+    }
+
+    /// The TIDs charged to this export whole.
+    fn own_tids(&self) -> Vec<i32> {
+        let mut v = self.tids.as_ref().map_or_else(Vec::new, |f| f());
+        v.extend(lock(&self.own_threads).iter().copied());
+        v
     }
 
     /// One request done for this export (`bytes` of payload).
@@ -353,12 +378,12 @@ impl CpuAccountant {
             let tids = self.shared_tids();
             let shared: u64 = tids.iter().map(|t| delta(&mut last, *t, &mut seen)).sum();
             for (i, e) in exports.iter().enumerate() {
-                own[i] = e.tids.as_ref().map_or(0, |f| {
-                    f().into_iter()
-                        .filter(|t| *t > 0)
-                        .map(|t| delta(&mut last, t, &mut seen))
-                        .sum()
-                });
+                own[i] = e
+                    .own_tids()
+                    .into_iter()
+                    .filter(|t| *t > 0)
+                    .map(|t| delta(&mut last, t, &mut seen))
+                    .sum();
                 units[i] = e.units.swap(0, Ordering::Relaxed);
             }
             if first {

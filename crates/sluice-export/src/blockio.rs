@@ -42,6 +42,11 @@ pub trait BlockDevice: Send + Sync + 'static {
         lba: u64,
         blocks: u64,
     ) -> impl Future<Output = Result<(), HostError>> + Send;
+    /// The NVMe namespace behind the device, when it is exactly one (the
+    /// NBD run-to-completion path drives its controller's direct queues).
+    fn namespace(&self) -> Option<&Namespace> {
+        None
+    }
     /// Which of `blocks` blocks from `lba` hold data: runs of (blocks,
     /// allocated) that tile the range in order. Only a device that knows
     /// a range reads as zeros and holds nothing (an elastic volume's
@@ -58,6 +63,9 @@ pub trait BlockDevice: Send + Sync + 'static {
 }
 
 impl BlockDevice for Namespace {
+    fn namespace(&self) -> Option<&Namespace> {
+        Some(self)
+    }
     fn block_size_bytes(&self) -> u32 {
         Namespace::block_size_bytes(self)
     }
@@ -112,6 +120,12 @@ fn volume_error(e: sluice_control::VolumeError) -> HostError {
 }
 
 impl BlockDevice for RemoteDevice {
+    fn namespace(&self) -> Option<&Namespace> {
+        match self {
+            RemoteDevice::Namespace(n) => Some(n),
+            RemoteDevice::Volume(_) => None,
+        }
+    }
     fn block_size_bytes(&self) -> u32 {
         match self {
             RemoteDevice::Namespace(n) => n.block_size_bytes(),
@@ -332,6 +346,28 @@ impl RangeLock {
             notified.await;
         }
     }
+    /// Locks `[start, end)` if nothing overlapping is held, without
+    /// waiting: the lock's id, to give to [`Self::release`]. For callers
+    /// that hold a range across a command they drive themselves (the NBD
+    /// run-to-completion path).
+    pub fn try_lock(&self, start: u64, end: u64) -> Option<u64> {
+        let mut held = lock(&self.held);
+        if held.iter().any(|&(s, e, _)| s < end && start < e) {
+            return None;
+        }
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        held.push((start, end, id));
+        Some(id)
+    }
+
+    /// Releases a range locked by [`Self::try_lock`] and wakes waiters.
+    pub fn release(&self, id: u64) {
+        lock(&self.held).retain(|&(_, _, i)| i != id);
+        self.released.notify_waiters();
+    }
+
     /// Number of ranges held (for tests).
     pub fn held(&self) -> usize {
         lock(&self.held).len()
@@ -340,8 +376,7 @@ impl RangeLock {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.lock.held).retain(|&(_, _, id)| id != self.id);
-        self.lock.released.notify_waiters();
+        self.lock.release(self.id);
     }
 }
 

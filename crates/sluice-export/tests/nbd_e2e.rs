@@ -14,6 +14,7 @@ use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
 use std::io::{Read, Write};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 const SUBNQN: &str = "nqn.2026-11.io.sluice:nbd-e2e";
@@ -29,10 +30,24 @@ fn pattern(seed: u8, n: usize) -> Vec<u8> {
 }
 
 #[test]
-fn nbd_over_sluice_target() {
+fn nbd_over_sluice_target_on_tasks() {
+    nbd_over_sluice_target(0);
+}
+
+#[test]
+fn nbd_over_sluice_target_run_to_completion() {
+    nbd_over_sluice_target(2);
+}
+
+/// The whole protocol through one export whose controller has
+/// `direct_queues` run-to-completion queues (0: every connection on tasks).
+fn nbd_over_sluice_target(direct_queues: u16) {
     let target = common::ram_target(SUBNQN, 16 << 20);
     let addr = target.local_addr();
-    let dir = std::env::temp_dir().join(format!("sluice-nbd-e2e-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-nbd-e2e-{}-{direct_queues}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("nbd.sock");
 
@@ -41,9 +56,10 @@ fn nbd_over_sluice_target() {
         .enable_all()
         .build()
         .unwrap();
-    let (ctrl, _guard) = rt.block_on(async {
+    let (ctrl, server, _guard) = rt.block_on(async {
         let opts = ConnectOptions {
             io_queues: 2,
+            direct_queues,
             ..ConnectOptions::default()
         };
         let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
@@ -58,8 +74,8 @@ fn nbd_over_sluice_target() {
             },
         );
         let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
-        tokio::spawn(server.serve_unix(l));
-        (ctrl, guard)
+        tokio::spawn(server.clone().serve_unix(l));
+        (ctrl, server, guard)
     });
 
     let mut c = Client::connect(&sock, "disk");
@@ -155,6 +171,44 @@ fn nbd_over_sluice_target() {
         );
     }
 
+    // Pipelined aligned I/O (the run-to-completion path's own): 64 writes
+    // of 4-64 KiB in flight, then 64 reads, then a flush among reads.
+    let at = |i: u64| (10 << 20) + i * (64 << 10);
+    let len = |i: u64| 4096 * (1 + (i % 16) as u32);
+    for i in 0..64u64 {
+        let d = pattern(100 + i as u8, len(i) as usize);
+        c.send(CMD_WRITE, 0, 3000 + i, at(i), len(i), &d);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..64 {
+        let (cookie, e, _) = c.reply(|_| 0);
+        assert_eq!(e, 0, "write {cookie}");
+        assert!(seen.insert(cookie));
+    }
+    for i in 0..64u64 {
+        c.send(CMD_READ, 0, 4000 + i, at(i), len(i), &[]);
+        if i == 32 {
+            c.send(CMD_FLUSH, 0, 4999, 0, 0, &[]);
+        }
+    }
+    for _ in 0..65 {
+        let (cookie, e, d) = c.reply(|ck| {
+            if ck == 4999 {
+                0
+            } else {
+                len(ck - 4000) as usize
+            }
+        });
+        assert_eq!(e, 0, "cookie {cookie}");
+        if cookie != 4999 {
+            let i = cookie - 4000;
+            assert!(
+                d == pattern(100 + i as u8, len(i) as usize),
+                "cookie {cookie}"
+            );
+        }
+    }
+
     // A second connection sees the first one's data (multi-conn).
     let mut c2 = Client::connect(&sock, "");
     let (_, d) = c2.call(CMD_READ, 0, (8 << 20) + 8193, 4099, &[]);
@@ -169,6 +223,110 @@ fn nbd_over_sluice_target() {
     c.send(CMD_DISC, 0, 1, 0, 0, &[]);
     assert_eq!(c.s.read(&mut b).unwrap(), 0);
 
+    // Both connections are done: how they were served.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let ps = server.path_stats();
+    while ps.direct_connections.load(Relaxed) + ps.task_connections.load(Relaxed) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections not counted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (direct, tasks) = (
+        ps.direct_connections.load(Relaxed),
+        ps.task_connections.load(Relaxed),
+    );
+    if direct_queues == 0 {
+        assert_eq!((direct, tasks), (0, 2));
+    } else {
+        assert_eq!((direct, tasks), (2, 0));
+        // Aligned reads, writes and flushes ran on the direct queues; the
+        // unaligned ones, trims, zeroes and refusals went to tasks.
+        while ps.direct_requests.load(Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "requests not counted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(ps.direct_requests.load(Relaxed) >= 130);
+        assert!(ps.handed_off_requests.load(Relaxed) >= 31 + 31 + 2);
+    }
+
+    rt.block_on(ctrl.disconnect(Duration::from_secs(2)));
+    drop(rt);
+    target.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A run-to-completion write never lets a concurrent read-modify-write
+/// (an unaligned write on the task path, from another connection) put
+/// back bytes it overwrote: both hold the block-range lock. Connection B
+/// alone writes bytes 100.. of a 4 KiB region, each version acknowledged
+/// before it reads the region back, so every read must show B's latest
+/// version there; connection A keeps rewriting bytes 0..100 (RMW of the
+/// region's first block) at the same time.
+#[test]
+fn direct_writes_and_rmw_on_shared_blocks_lose_nothing() {
+    let target = common::ram_target(SUBNQN, 16 << 20);
+    let addr = target.local_addr();
+    let dir = std::env::temp_dir().join(format!("sluice-nbd-rmw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("nbd.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ctrl, server, _guard) = rt.block_on(async {
+        let opts = ConnectOptions {
+            io_queues: 1,
+            direct_queues: 2,
+            ..ConnectOptions::default()
+        };
+        let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
+        let server = NbdServer::new(
+            ByteDevice::new(ctrl.namespace(1).unwrap()),
+            NbdConfig {
+                export_name: "disk".into(),
+                description: String::new(),
+                read_only: false,
+                hostnqn: "test".into(),
+            },
+        );
+        let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
+        tokio::spawn(server.clone().serve_unix(l));
+        (ctrl, server, guard)
+    });
+    const AT: u64 = 1 << 20;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rmw = {
+        let (sock, stop) = (sock.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut a = Client::connect(&sock, "disk");
+            let mut n = 0u32;
+            while !stop.load(Relaxed) {
+                let d = pattern(n as u8, 100);
+                assert_eq!(a.call(CMD_WRITE, 0, AT, 100, &d).0, 0);
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut b = Client::connect(&sock, "disk");
+    for v in 0..400u32 {
+        let d = pattern(v as u8 ^ 0x5a, 4096);
+        assert_eq!(b.call(CMD_WRITE, 0, AT, 4096, &d).0, 0);
+        let (e, got) = b.call(CMD_READ, 0, AT, 4096, &[]);
+        assert_eq!(e, 0);
+        assert!(
+            got[100..] == d[100..],
+            "version {v}: an acknowledged write was undone by a concurrent RMW"
+        );
+    }
+    stop.store(true, Relaxed);
+    let rmws = rmw.join().unwrap();
+    assert!(rmws > 10, "the RMW connection ran only {rmws} writes");
+    let ps = server.path_stats();
+    assert_eq!(ps.direct_connections.load(Relaxed), 2);
     rt.block_on(ctrl.disconnect(Duration::from_secs(2)));
     drop(rt);
     target.shutdown();

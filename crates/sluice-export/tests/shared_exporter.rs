@@ -25,10 +25,25 @@ mod common;
 use common::Client;
 
 #[test]
-fn capped_export_is_throttled_the_other_is_not() {
+fn capped_export_is_throttled_the_other_is_not_on_tasks() {
+    capped_export_is_throttled_the_other_is_not(0);
+}
+
+/// The same with each connection on its own run-to-completion thread and
+/// queue: the thread's CPU is the export's own, and a throttled export's
+/// thread stops reading its client.
+#[test]
+fn capped_export_is_throttled_the_other_is_not_run_to_completion() {
+    capped_export_is_throttled_the_other_is_not(1);
+}
+
+fn capped_export_is_throttled_the_other_is_not(direct_queues: u16) {
     let target = common::ram_target(SUBNQN, 16 << 20);
     let addr = target.local_addr();
-    let dir = std::env::temp_dir().join(format!("sluice-shared-exp-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-shared-exp-{}-{direct_queues}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("nbd.sock");
 
@@ -51,6 +66,7 @@ fn capped_export_is_throttled_the_other_is_not() {
             let opts = ConnectOptions {
                 hostnqn: host.into(),
                 io_queues: 1,
+                direct_queues,
                 ..Default::default()
             };
             let c = Controller::connect(addr, SUBNQN, opts).await.unwrap();
@@ -144,6 +160,9 @@ fn capped_export_is_throttled_the_other_is_not() {
         free.bytes,
         cap.bytes
     );
+    let ps = server.path_stats();
+    let direct = ps.direct_connections.load(Ordering::Relaxed);
+    assert_eq!(direct, if direct_queues > 0 { 2 } else { 0 });
     srv.abort();
     rt.block_on(async {
         for c in ctrls {

@@ -200,6 +200,25 @@ impl DirectQueue {
         }
     }
 
+    /// For owners that wait on several descriptors themselves (poll(2) on
+    /// [`AsRawFd::as_raw_fd`] and their own): bytes taken from the core are
+    /// waiting for room in the socket, so wait for it to be writable too.
+    pub fn wants_write(&self) -> bool {
+        self.out_pos < self.out.len()
+    }
+
+    /// For such owners too: the latest instant by which [`Self::poll`]
+    /// must run again even if the socket stays quiet (a command deadline or
+    /// a send-scheduler timer); `None` when nothing is pending.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        // Command timers are looked at every TIMER_CHECK at most.
+        let timers = self.core.poll_timeout().map(|t| t.max(self.next_timer));
+        [timers, self.core.send_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Times [`Self::poll`] blocked in epoll.
     pub fn waits(&self) -> u64 {
         self.waits

@@ -79,6 +79,11 @@ impl RwBuilder {
         ))
     }
 
+    /// A Flush of the namespace (every completed write made durable).
+    pub fn flush(&self) -> (Sqe, Payload) {
+        (Sqe::new(io::FLUSH, 0, self.nsid), Payload::None)
+    }
+
     fn one_command(&self, lba: u64, len_bytes: usize) -> Result<u32> {
         let blocks = self.check(lba, len_bytes)?;
         match u32::try_from(blocks) {

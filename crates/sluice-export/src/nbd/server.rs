@@ -3,6 +3,7 @@
 //! as each completes, possibly out of order), bounded by
 //! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
 
+use super::direct::{DirectConn, DirectEnd, IntoClientSocket};
 use super::proto::{
     encode_block_status, encode_error_chunk, encode_read_chunk_header, encode_simple_reply,
     validate_in, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake,
@@ -11,8 +12,11 @@ use super::proto::{
 use crate::account::ExportAccount;
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::EINVAL;
+use sluice_host::{DirectQueue, HostError, Namespace};
+use sluice_runtime::sync::lock;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixListener};
@@ -77,9 +81,9 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 /// One reply: its header (or all of it) and the read data that follows,
 /// sent from the buffer the read filled.
 #[derive(Debug, Default)]
-struct Reply {
-    head: Vec<u8>,
-    data: Vec<u8>,
+pub(crate) struct Reply {
+    pub(crate) head: Vec<u8>,
+    pub(crate) data: Vec<u8>,
 }
 
 impl From<Vec<u8>> for Reply {
@@ -92,7 +96,7 @@ impl From<Vec<u8>> for Reply {
 }
 
 impl Reply {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.head.len() + self.data.len()
     }
 }
@@ -122,6 +126,33 @@ struct Entry<D> {
     export: ExportInfo,
     hostnqn: String,
     account: Option<Arc<ExportAccount>>,
+    /// The run-to-completion path's queues, when the device is one
+    /// namespace (`direct.rs`).
+    direct: Option<DirectPool>,
+}
+
+/// Direct queues of one export's controller that no connection is using.
+/// Connections take one (opening a new one while the controller grants
+/// queue IDs) and give it back when they end, so queue IDs are reused.
+#[derive(Debug)]
+struct DirectPool {
+    ns: Namespace,
+    idle: Mutex<Vec<DirectQueue>>,
+    /// The controller refused a new queue for a reason that lasts (no
+    /// queue ID left, authentication): stop asking.
+    exhausted: AtomicBool,
+}
+
+/// How the connections of a server were served (all exports).
+#[derive(Debug, Default)]
+pub struct PathStats {
+    /// Connections served by the run-to-completion path and by tasks.
+    pub direct_connections: AtomicU64,
+    pub task_connections: AtomicU64,
+    /// Requests of direct connections run on their direct queue, and those
+    /// handed to the task path (unaligned, TRIM, ..., retries).
+    pub direct_requests: AtomicU64,
+    pub handed_off_requests: AtomicU64,
 }
 
 /// Serves one or several [`ByteDevice`]s over NBD (chosen by export name in
@@ -129,6 +160,7 @@ struct Entry<D> {
 #[derive(Debug)]
 pub struct NbdServer<D> {
     entries: Vec<Entry<D>>,
+    stats: PathStats,
 }
 
 impl<D: BlockDevice> NbdServer<D> {
@@ -154,12 +186,77 @@ impl<D: BlockDevice> NbdServer<D> {
                     read_only: e.cfg.read_only,
                     preferred_block_bytes: e.dev.block_size_bytes().max(4096),
                 },
+                direct: e.dev.device().namespace().map(|ns| DirectPool {
+                    ns: ns.clone(),
+                    idle: Mutex::new(Vec::new()),
+                    exhausted: AtomicBool::new(false),
+                }),
                 dev: e.dev,
                 hostnqn: e.cfg.hostnqn,
                 account: e.account,
             })
             .collect();
-        Arc::new(NbdServer { entries })
+        Arc::new(NbdServer {
+            entries,
+            stats: PathStats::default(),
+        })
+    }
+
+    /// How connections and requests were served so far.
+    pub fn path_stats(&self) -> &PathStats {
+        &self.stats
+    }
+
+    pub(crate) fn account(&self, idx: usize) -> Option<Arc<ExportAccount>> {
+        self.entries[idx].account.clone()
+    }
+
+    pub(crate) fn export_info(&self, idx: usize) -> &ExportInfo {
+        &self.entries[idx].export
+    }
+
+    pub(crate) fn device(&self, idx: usize) -> &ByteDevice<D> {
+        &self.entries[idx].dev
+    }
+
+    /// A direct queue for a connection to export `idx`: an idle one, or a
+    /// new one while the controller grants queue IDs. `None`: the
+    /// connection takes the task path.
+    async fn take_direct(&self, idx: usize) -> Option<DirectQueue> {
+        let d = self.entries[idx].direct.as_ref()?;
+        loop {
+            let q = lock(&d.idle).pop();
+            let Some(mut q) = q else { break };
+            // Notice a queue the target closed while it sat idle.
+            let mut none = Vec::new();
+            let _ = q.poll(&mut none, None);
+            if !q.is_closed() && q.outstanding() == 0 {
+                return Some(q);
+            }
+        }
+        if d.exhausted.load(Ordering::Relaxed) {
+            return None;
+        }
+        match d.ns.controller().connect_direct_queue().await {
+            Ok(q) => Some(q),
+            Err(e) => {
+                let lasting = matches!(
+                    e,
+                    HostError::InvalidArgument(_) | HostError::DirectAuthUnsupported { .. }
+                );
+                if lasting {
+                    d.exhausted.store(true, Ordering::Relaxed);
+                }
+                info!("NBD connections beyond the direct queues take the task path: {e}");
+                None
+            }
+        }
+    }
+
+    fn give_back(&self, idx: usize, q: DirectQueue) {
+        if let Some(d) = &self.entries[idx].direct {
+            lock(&d.idle).push(q);
+        }
     }
 
     /// The first (default) export.
@@ -203,7 +300,7 @@ impl<D: BlockDevice> NbdServer<D> {
     /// Runs one connection to its end and logs how it ended.
     pub async fn serve_conn<S>(self: Arc<Self>, stream: S)
     where
-        S: AsyncRead + AsyncWrite + Send + 'static,
+        S: AsyncRead + AsyncWrite + Send + Unpin + IntoClientSocket + 'static,
     {
         match self.run_conn(stream).await {
             Ok(()) => debug!("connection closed"),
@@ -211,11 +308,10 @@ impl<D: BlockDevice> NbdServer<D> {
         }
     }
 
-    async fn run_conn<S>(self: Arc<Self>, stream: S) -> std::io::Result<()>
+    async fn run_conn<S>(self: Arc<Self>, mut stream: S) -> std::io::Result<()>
     where
-        S: AsyncRead + AsyncWrite + Send + 'static,
+        S: AsyncRead + AsyncWrite + Send + Unpin + IntoClientSocket + 'static,
     {
-        let (mut rd, mut wr) = tokio::io::split(stream);
         let mut hs =
             ServerHandshake::with_exports(self.entries.iter().map(|e| e.export.clone()).collect());
         let mut chunk = vec![0u8; READ_CHUNK_BYTES];
@@ -223,9 +319,9 @@ impl<D: BlockDevice> NbdServer<D> {
             loop {
                 let out = hs.take_output();
                 if !out.is_empty() {
-                    wr.write_all(&out).await?;
+                    stream.write_all(&out).await?;
                 }
-                let n = rd.read(&mut chunk).await?;
+                let n = stream.read(&mut chunk).await?;
                 if n == 0 {
                     return Ok(None);
                 }
@@ -233,7 +329,7 @@ impl<D: BlockDevice> NbdServer<D> {
                 let st = hs.process();
                 let out = hs.take_output();
                 if !out.is_empty() {
-                    wr.write_all(&out).await?;
+                    stream.write_all(&out).await?;
                 }
                 match st {
                     Ok(HandshakeStatus::NeedMore) => {}
@@ -249,11 +345,10 @@ impl<D: BlockDevice> NbdServer<D> {
             debug!("client left during the handshake");
             return Ok(());
         };
-        wr.flush().await?;
+        stream.flush().await?;
         let idx = hs.selected();
         let session = hs.session();
         let entry = &self.entries[idx];
-        let account = entry.account.clone();
         info!(
             export = %entry.export.name,
             hostnqn = %entry.hostnqn,
@@ -262,6 +357,95 @@ impl<D: BlockDevice> NbdServer<D> {
             base_allocation = session.base_allocation,
             "transmission phase"
         );
+        let stream = match self.take_direct(idx).await {
+            None => stream,
+            Some(dq) => match stream.into_client_socket() {
+                Err(stream) => {
+                    self.give_back(idx, dq);
+                    stream
+                }
+                Ok(Err(e)) => {
+                    self.give_back(idx, dq);
+                    return Err(e);
+                }
+                Ok(Ok(sock)) => {
+                    let Some(rw) = entry.direct.as_ref().map(|d| d.ns.rw_builder()) else {
+                        return Err(std::io::Error::other("direct queue without a namespace"));
+                    };
+                    return self.run_direct(idx, session, sock, dq, rw, leftover).await;
+                }
+            },
+        };
+        self.stats.task_connections.fetch_add(1, Ordering::Relaxed);
+        self.run_tasks(idx, session, stream, leftover).await
+    }
+
+    /// Serves a connection on its own thread (`direct.rs`) and waits for
+    /// it to end.
+    async fn run_direct(
+        self: &Arc<Self>,
+        idx: usize,
+        session: Session,
+        sock: super::direct::ClientSocket,
+        dq: DirectQueue,
+        rw: sluice_host::RwBuilder,
+        leftover: Vec<u8>,
+    ) -> std::io::Result<()> {
+        self.stats
+            .direct_connections
+            .fetch_add(1, Ordering::Relaxed);
+        info!(qid = dq.qid(), "served by the run-to-completion path");
+        let conn = DirectConn {
+            server: self.clone(),
+            idx,
+            session,
+            sock,
+            dq,
+            rw,
+            rt: tokio::runtime::Handle::current(),
+            leftover,
+            cgroup: self.entries[idx].direct.as_ref().and_then(|d| {
+                let o = d.ns.controller().options();
+                o.cgroup.clone().map(|c| (c, o.cgroup_procs))
+            }),
+        };
+        let span = tracing::Span::current();
+        let (tx, rx) = tokio::sync::oneshot::channel::<DirectEnd>();
+        std::thread::Builder::new()
+            .name("sluice-nbd-conn".into())
+            .spawn(move || {
+                let _g = span.enter();
+                let _ = tx.send(conn.run());
+            })?;
+        let end = rx
+            .await
+            .map_err(|_| std::io::Error::other("the connection's thread panicked"))?;
+        self.stats
+            .direct_requests
+            .fetch_add(end.direct_requests, Ordering::Relaxed);
+        self.stats
+            .handed_off_requests
+            .fetch_add(end.task_requests, Ordering::Relaxed);
+        if let Some(q) = end.queue {
+            self.give_back(idx, q);
+        }
+        end.result
+    }
+
+    /// Serves a connection with one task per request.
+    async fn run_tasks<S>(
+        self: &Arc<Self>,
+        idx: usize,
+        session: Session,
+        stream: S,
+        leftover: Vec<u8>,
+    ) -> std::io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+        let account = self.entries[idx].account.clone();
 
         // Replies from request tasks go through one writer task.
         let (tx, mut rx) = mpsc::channel::<Reply>(REQUESTS_IN_FLIGHT_MAX as usize);
@@ -365,7 +549,7 @@ impl<D: BlockDevice> NbdServer<D> {
     }
 
     /// Executes one request and encodes its reply.
-    async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Reply {
+    pub(crate) async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Reply {
         let e = &self.entries[idx];
         let written = req.payload.len();
         let (reply, read) = self.execute_on(e, req, session).await;
