@@ -820,7 +820,7 @@ mod tests {
         }
         fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
             self.calls += 1;
-            if self.calls % 2 == 0 {
+            if self.calls.is_multiple_of(2) {
                 return Err(ErrorKind::WouldBlock.into());
             }
             let mut left = self.step;
@@ -847,7 +847,7 @@ mod tests {
             let mut whole = Vec::new();
             for i in 0..20u8 {
                 let head: Vec<u8> = (0..16).map(|j| j ^ i).collect();
-                let data: Vec<u8> = (0..usize::from(i) * 7).map(|j| j as u8).collect();
+                let data: Vec<u8> = (0..u8::try_from(usize::from(i) * 7).unwrap()).collect();
                 whole.extend_from_slice(&head);
                 whole.extend_from_slice(&data);
                 q.push(Reply { head, data }, u64::from(i));
