@@ -27,11 +27,11 @@
 
 use super::proto::{
     encode_error_chunk, encode_read_chunk_header, encode_simple_reply, validate_in, Command,
-    Incoming, RequestDecoder, Session, TransmissionError, CMD_DISC,
+    ExportInfo, Incoming, RequestDecoder, Session, TransmissionError, CMD_DISC,
 };
-use super::server::{NbdServer, Reply, IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
+use super::reply::{Reply, IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
 use crate::account::ExportAccount;
-use crate::blockio::BlockDevice;
+use crate::blockio::RangeLock;
 use crate::errno::{from_host_error, OpKind, EINVAL};
 use rustix::event::{PollFd, PollFlags};
 use sluice_host::core::Completion;
@@ -51,6 +51,22 @@ const IOV_MAX: usize = 1024;
 /// Longest sleep in poll(2) even with nothing due (a safety net: every
 /// wake-up source is polled).
 const WAIT_MAX: Duration = Duration::from_millis(100);
+
+/// What a direct connection needs from its server (`server.rs`
+/// implements it): the task path for the requests it does not run itself,
+/// and the export's account, description and write locks.
+pub(crate) trait TaskPath: Send + Sync + 'static {
+    /// Executes a request on the task path and encodes its reply.
+    fn run_task(
+        self: Arc<Self>,
+        idx: usize,
+        req: Incoming,
+        session: Session,
+    ) -> impl std::future::Future<Output = Reply> + Send + 'static;
+    fn account(&self, idx: usize) -> Option<Arc<ExportAccount>>;
+    fn export_info(&self, idx: usize) -> &ExportInfo;
+    fn locks(&self, idx: usize) -> &RangeLock;
+}
 
 /// An NBD client's socket, in non-blocking mode.
 #[derive(Debug)]
@@ -253,8 +269,8 @@ impl Wake {
 
 /// Everything one direct connection needs; [`DirectConn::run`] serves it
 /// to its end on the calling thread.
-pub(crate) struct DirectConn<D: BlockDevice> {
-    pub(crate) server: Arc<NbdServer<D>>,
+pub(crate) struct DirectConn<T: TaskPath> {
+    pub(crate) server: Arc<T>,
     pub(crate) idx: usize,
     pub(crate) session: Session,
     pub(crate) sock: ClientSocket,
@@ -279,8 +295,8 @@ pub(crate) struct DirectEnd {
     pub(crate) task_requests: u64,
 }
 
-struct State<D: BlockDevice> {
-    c: DirectConn<D>,
+struct State<T: TaskPath> {
+    c: DirectConn<T>,
     dec: RequestDecoder,
     chunk: Vec<u8>,
     /// Commands on the direct queue, by token.
@@ -309,7 +325,7 @@ struct State<D: BlockDevice> {
     account: Option<Arc<ExportAccount>>,
 }
 
-impl<D: BlockDevice> DirectConn<D> {
+impl<T: TaskPath> DirectConn<T> {
     /// Serves the connection until the client disconnects and every
     /// request is answered.
     pub(crate) fn run(self) -> DirectEnd {
@@ -374,7 +390,7 @@ impl<D: BlockDevice> DirectConn<D> {
     }
 }
 
-impl<D: BlockDevice> State<D> {
+impl<T: TaskPath> State<T> {
     fn serve(&mut self, account: Option<&ExportAccount>) {
         loop {
             let throttled = account.and_then(|a| a.throttled_until());
@@ -482,13 +498,7 @@ impl<D: BlockDevice> State<D> {
             Ok(Command::Write { offset, fua }) if fits(offset, req.header.length) => {
                 let lba = offset / bs;
                 let blocks = u64::from(req.header.length) / bs;
-                match self
-                    .c
-                    .server
-                    .device(self.c.idx)
-                    .locks()
-                    .try_lock(lba, lba + blocks)
-                {
+                match self.c.server.locks(self.c.idx).try_lock(lba, lba + blocks) {
                     None => Err(req),
                     Some(lock_id) => {
                         let length = req.header.length;
@@ -510,7 +520,7 @@ impl<D: BlockDevice> State<D> {
                             }),
                             Err(err) => {
                                 // The payload went with the refused command.
-                                self.c.server.device(self.c.idx).locks().release(lock_id);
+                                self.c.server.locks(self.c.idx).release(lock_id);
                                 self.free.push(slot);
                                 let errno = from_host_error(&err, OpKind::Write);
                                 self.replies.push(
@@ -557,7 +567,7 @@ impl<D: BlockDevice> State<D> {
         let span = tracing::Span::current();
         self.c.rt.spawn(tracing::Instrument::instrument(
             async move {
-                let reply = server.execute(idx, req, session).await;
+                let reply = server.run_task(idx, req, session).await;
                 let _ = tx.send((reply, charge));
                 wake.wake();
             },
@@ -644,7 +654,7 @@ impl<D: BlockDevice> State<D> {
                 length,
                 lock_id,
             } => {
-                self.c.server.device(self.c.idx).locks().release(lock_id);
+                self.c.server.locks(self.c.idx).release(lock_id);
                 let errno = match result {
                     Ok(_) => {
                         if let Some(a) = &account {

@@ -4,6 +4,7 @@
 
 mod direct;
 pub mod proto;
+mod reply;
 pub mod server;
 
 pub use direct::{ClientSocket, IntoClientSocket};

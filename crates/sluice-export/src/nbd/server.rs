@@ -3,14 +3,16 @@
 //! as each completes, possibly out of order), bounded by
 //! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
 
-use super::direct::{DirectConn, DirectEnd, IntoClientSocket};
+use super::direct::{DirectConn, DirectEnd, IntoClientSocket, TaskPath};
 use super::proto::{
     encode_block_status, encode_error_chunk, encode_read_chunk_header, encode_simple_reply,
     validate_in, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake,
     Session, TransmissionError, STATE_HOLE, STATE_ZERO,
 };
+use super::reply::Reply;
+pub use super::reply::{IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
 use crate::account::ExportAccount;
-use crate::blockio::{BlockDevice, ByteDevice};
+use crate::blockio::{BlockDevice, ByteDevice, RangeLock};
 use crate::errno::EINVAL;
 use sluice_host::{DirectQueue, HostError, Namespace};
 use sluice_runtime::sync::lock;
@@ -23,10 +25,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-/// Requests of one connection being served at once.
-pub const REQUESTS_IN_FLIGHT_MAX: u32 = 128;
-/// Payload bytes (read or write data) of one connection in flight at once.
-pub const IN_FLIGHT_BYTES_MAX: u64 = 128 << 20;
 /// Unit of the byte budget semaphore.
 const BUDGET_UNIT_BYTES: u64 = 4096;
 /// Time a client has to finish the handshake.
@@ -76,29 +74,6 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
         }
     }
     Ok(())
-}
-
-/// One reply: its header (or all of it) and the read data that follows,
-/// sent from the buffer the read filled.
-#[derive(Debug, Default)]
-pub(crate) struct Reply {
-    pub(crate) head: Vec<u8>,
-    pub(crate) data: Vec<u8>,
-}
-
-impl From<Vec<u8>> for Reply {
-    fn from(head: Vec<u8>) -> Reply {
-        Reply {
-            head,
-            data: Vec::new(),
-        }
-    }
-}
-
-impl Reply {
-    pub(crate) fn len(&self) -> usize {
-        self.head.len() + self.data.len()
-    }
 }
 
 /// Export settings.
@@ -205,18 +180,6 @@ impl<D: BlockDevice> NbdServer<D> {
     /// How connections and requests were served so far.
     pub fn path_stats(&self) -> &PathStats {
         &self.stats
-    }
-
-    pub(crate) fn account(&self, idx: usize) -> Option<Arc<ExportAccount>> {
-        self.entries[idx].account.clone()
-    }
-
-    pub(crate) fn export_info(&self, idx: usize) -> &ExportInfo {
-        &self.entries[idx].export
-    }
-
-    pub(crate) fn device(&self, idx: usize) -> &ByteDevice<D> {
-        &self.entries[idx].dev
     }
 
     /// A direct queue for a connection to export `idx`: an idle one, or a
@@ -549,7 +512,7 @@ impl<D: BlockDevice> NbdServer<D> {
     }
 
     /// Executes one request and encodes its reply.
-    pub(crate) async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Reply {
+    async fn execute(&self, idx: usize, req: Incoming, session: Session) -> Reply {
         let e = &self.entries[idx];
         let written = req.payload.len();
         let (reply, read) = self.execute_on(e, req, session).await;
@@ -663,6 +626,21 @@ impl<D: BlockDevice> NbdServer<D> {
             }
         };
         (reply.into(), 0)
+    }
+}
+
+impl<D: BlockDevice> TaskPath for NbdServer<D> {
+    async fn run_task(self: Arc<Self>, idx: usize, req: Incoming, session: Session) -> Reply {
+        self.execute(idx, req, session).await
+    }
+    fn account(&self, idx: usize) -> Option<Arc<ExportAccount>> {
+        self.entries[idx].account.clone()
+    }
+    fn export_info(&self, idx: usize) -> &ExportInfo {
+        &self.entries[idx].export
+    }
+    fn locks(&self, idx: usize) -> &RangeLock {
+        self.entries[idx].dev.locks()
     }
 }
 
