@@ -29,6 +29,61 @@ fn pattern(seed: u8, n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A RAM target, a controller with `io_queues` + `direct_queues` I/O
+/// queues, and an NBD server of its namespace (export "disk") on a Unix
+/// socket in a directory of its own.
+struct Served {
+    target: sluice_target::TargetHandle,
+    dir: std::path::PathBuf,
+    sock: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+    ctrl: Controller,
+    server: std::sync::Arc<NbdServer<sluice_host::Namespace>>,
+    _guard: UnixSocketPath,
+}
+
+fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
+    let target = common::ram_target(SUBNQN, SIZE_BYTES);
+    let addr = target.local_addr();
+    let dir = std::env::temp_dir().join(format!("sluice-nbd-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("nbd.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ctrl, server, _guard) = rt.block_on(async {
+        let opts = ConnectOptions {
+            io_queues,
+            direct_queues,
+            ..ConnectOptions::default()
+        };
+        let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
+        let server = NbdServer::new(
+            ByteDevice::new(ctrl.namespace(1).unwrap()),
+            NbdConfig {
+                export_name: "disk".into(),
+                description: "e2e".into(),
+                read_only: false,
+                hostnqn: "test".into(),
+            },
+        );
+        let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
+        tokio::spawn(server.clone().serve_unix(l));
+        (ctrl, server, guard)
+    });
+    Served {
+        target,
+        dir,
+        sock,
+        rt,
+        ctrl,
+        server,
+        _guard,
+    }
+}
+
 #[test]
 fn nbd_over_sluice_target_on_tasks() {
     nbd_over_sluice_target(0);
@@ -42,41 +97,15 @@ fn nbd_over_sluice_target_run_to_completion() {
 /// The whole protocol through one export whose controller has
 /// `direct_queues` run-to-completion queues (0: every connection on tasks).
 fn nbd_over_sluice_target(direct_queues: u16) {
-    let target = common::ram_target(SUBNQN, 16 << 20);
-    let addr = target.local_addr();
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-nbd-e2e-{}-{direct_queues}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("nbd.sock");
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (ctrl, server, _guard) = rt.block_on(async {
-        let opts = ConnectOptions {
-            io_queues: 2,
-            direct_queues,
-            ..ConnectOptions::default()
-        };
-        let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
-        let ns = ctrl.namespace(1).unwrap();
-        let server = NbdServer::new(
-            ByteDevice::new(ns),
-            NbdConfig {
-                export_name: "disk".into(),
-                description: "e2e".into(),
-                read_only: false,
-                hostnqn: "test".into(),
-            },
-        );
-        let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
-        tokio::spawn(server.clone().serve_unix(l));
-        (ctrl, server, guard)
-    });
+    let Served {
+        target,
+        dir,
+        sock,
+        rt,
+        ctrl,
+        server,
+        _guard,
+    } = serve(&format!("e2e-{direct_queues}"), 2, direct_queues);
 
     let mut c = Client::connect(&sock, "disk");
     assert_eq!(c.size, SIZE_BYTES);
@@ -266,36 +295,15 @@ fn nbd_over_sluice_target(direct_queues: u16) {
 /// region's first block) at the same time.
 #[test]
 fn direct_writes_and_rmw_on_shared_blocks_lose_nothing() {
-    let target = common::ram_target(SUBNQN, 16 << 20);
-    let addr = target.local_addr();
-    let dir = std::env::temp_dir().join(format!("sluice-nbd-rmw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("nbd.sock");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (ctrl, server, _guard) = rt.block_on(async {
-        let opts = ConnectOptions {
-            io_queues: 1,
-            direct_queues: 2,
-            ..ConnectOptions::default()
-        };
-        let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
-        let server = NbdServer::new(
-            ByteDevice::new(ctrl.namespace(1).unwrap()),
-            NbdConfig {
-                export_name: "disk".into(),
-                description: String::new(),
-                read_only: false,
-                hostnqn: "test".into(),
-            },
-        );
-        let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
-        tokio::spawn(server.clone().serve_unix(l));
-        (ctrl, server, guard)
-    });
+    let Served {
+        target,
+        dir,
+        sock,
+        rt,
+        ctrl,
+        server,
+        _guard,
+    } = serve("rmw", 1, 2);
     const AT: u64 = 1 << 20;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let rmw = {

@@ -833,17 +833,11 @@ mod tests {
             if self.calls.is_multiple_of(2) {
                 return Err(ErrorKind::WouldBlock.into());
             }
-            let mut left = self.step;
-            let mut n = 0;
-            for b in bufs {
-                let k = b.len().min(left);
-                self.got.extend_from_slice(&b[..k]);
-                (left, n) = (left - k, n + k);
-                if left == 0 {
-                    break;
-                }
-            }
-            Ok(n)
+            Ok(crate::nbd::reply::take_at_most(
+                &mut self.got,
+                self.step,
+                bufs,
+            ))
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())

@@ -27,3 +27,20 @@ impl Reply {
         self.head.len() + self.data.len()
     }
 }
+
+/// Tests' stand-in for a socket that takes at most `step` bytes of `bufs`
+/// per call: appends them to `got` and returns how many it took.
+#[cfg(test)]
+pub(crate) fn take_at_most(got: &mut Vec<u8>, step: usize, bufs: &[std::io::IoSlice<'_>]) -> usize {
+    let mut left = step;
+    let mut n = 0;
+    for b in bufs {
+        let k = b.len().min(left);
+        got.extend_from_slice(&b[..k]);
+        (left, n) = (left - k, n + k);
+        if left == 0 {
+            break;
+        }
+    }
+    n
+}

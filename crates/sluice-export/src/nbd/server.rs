@@ -696,17 +696,12 @@ mod tests {
             _: &mut Context<'_>,
             bufs: &[std::io::IoSlice<'_>],
         ) -> Poll<std::io::Result<usize>> {
-            let mut left = self.step;
-            let mut n = 0;
-            for b in bufs {
-                let k = b.len().min(left);
-                self.got.extend_from_slice(&b[..k]);
-                (left, n) = (left - k, n + k);
-                if left == 0 {
-                    break;
-                }
-            }
-            Poll::Ready(Ok(n))
+            let step = self.step;
+            Poll::Ready(Ok(crate::nbd::reply::take_at_most(
+                &mut self.got,
+                step,
+                bufs,
+            )))
         }
 
         fn is_write_vectored(&self) -> bool {
