@@ -106,6 +106,16 @@ pub struct ExportStats {
     pub queue_cpu_seconds: f64,
     pub throttle_events: u64,
     pub throttle_seconds: f64,
+    /// NBD connections per path, and the requests of run-to-completion
+    /// connections by where they ran (0 for FUSE).
+    #[serde(default)]
+    pub nbd_direct_connections: u64,
+    #[serde(default)]
+    pub nbd_task_connections: u64,
+    #[serde(default)]
+    pub nbd_direct_requests: u64,
+    #[serde(default)]
+    pub nbd_handed_off_requests: u64,
 }
 
 /// `GET /v1/exports` of an exporter.

@@ -401,7 +401,6 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                     .with_context(|| format!("binding Unix socket {}", path.display()))?;
                 info!(socket = %path.display(), exports = ?names, "NBD server ready");
                 server
-                    .clone()
                     .serve_unix(l)
                     .await
                     .context("accepting on the Unix socket")
@@ -410,7 +409,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                     .await
                     .with_context(|| format!("binding TCP {addr}"))?;
                 info!(addr = %l.local_addr()?, exports = ?names, "NBD server ready");
-                server.clone().serve_tcp(l).await.context("accepting on TCP")
+                server.serve_tcp(l).await.context("accepting on TCP")
             } else {
                 bail!("give --unix PATH or --listen ADDR:PORT")
             }
@@ -429,15 +428,14 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
         for c in &ctrls {
             c.disconnect(Duration::from_secs(5)).await;
         }
-        let ps = server.path_stats();
-        eprintln!(
-            "connections: {} run-to-completion, {} on tasks; requests of the former: {} on their queue, {} handed to tasks",
-            ps.direct_connections.load(std::sync::atomic::Ordering::Relaxed),
-            ps.task_connections.load(std::sync::atomic::Ordering::Relaxed),
-            ps.direct_requests.load(std::sync::atomic::Ordering::Relaxed),
-            ps.handed_off_requests.load(std::sync::atomic::Ordering::Relaxed),
-        );
         print_counters(&acct);
+        for e in acct.exports() {
+            let c = e.counters();
+            eprintln!(
+                "{}: connections {} run-to-completion, {} on tasks; requests of the former: {} on their queue, {} handed to tasks",
+                c.name, c.direct_connections, c.task_connections, c.direct_requests, c.handed_off_requests
+            );
+        }
         r
     })
 }

@@ -10,8 +10,9 @@
 //!   (NBD parsing, RMW, reply encoding, task wake-ups; from the runtime's
 //!   `on_thread_start`) and, for FUSE, fuser's session thread (reads
 //!   `/dev/fuse` and dispatches; it registers when it serves `FUSE_INIT`);
-//! * each export's **own** `sluice-host` queue threads (NVMe/TCP), which work
-//!   for that tenant only.
+//! * each export's **own** threads, which work for that tenant only: its
+//!   `sluice-host` queue threads (NVMe/TCP) and its NBD run-to-completion
+//!   threads ([`ExportAccount::add_current_thread`]).
 //!
 //! Once per batch (default every 2 ms, never per I/O) the accountant reads
 //! the per-thread CPU clocks of all of them. The shared threads' CPU of the
@@ -71,6 +72,12 @@ pub struct ExportAccount {
     /// Threads working for this export alone that come and go (the NBD
     /// run-to-completion threads, one per connection).
     own_threads: Mutex<Vec<i32>>,
+    /// NBD connections by path, and the requests of run-to-completion
+    /// connections: run on their queue, or handed to tasks.
+    pub(crate) direct_connections: AtomicU64,
+    pub(crate) task_connections: AtomicU64,
+    pub(crate) direct_requests: AtomicU64,
+    pub(crate) handed_off_requests: AtomicU64,
 }
 
 impl std::fmt::Debug for ExportAccount {
@@ -95,6 +102,12 @@ pub struct ExportCounters {
     pub own_cpu: Duration,
     pub throttle_events: u64,
     pub throttled: Duration,
+    /// NBD connections per path, and how the requests of run-to-completion
+    /// connections ran (see [`ExportAccount::record_path`]).
+    pub direct_connections: u64,
+    pub task_connections: u64,
+    pub direct_requests: u64,
+    pub handed_off_requests: u64,
 }
 
 impl ExportAccount {
@@ -120,6 +133,10 @@ impl ExportAccount {
             until_ns: AtomicU64::new(0),
             tids,
             own_threads: Mutex::new(Vec::new()),
+            direct_connections: AtomicU64::new(0),
+            task_connections: AtomicU64::new(0),
+            direct_requests: AtomicU64::new(0),
+            handed_off_requests: AtomicU64::new(0),
         })
     }
 
@@ -142,6 +159,28 @@ impl ExportAccount {
         let mut v = self.tids.as_ref().map_or_else(Vec::new, |f| f());
         v.extend(lock(&self.own_threads).iter().copied());
         v
+    }
+
+    /// One NBD connection entered its transmission phase on the
+    /// run-to-completion path (`direct`) or the task path.
+    pub fn record_connection(&self, direct: bool) {
+        let c = if direct {
+            &self.direct_connections
+        } else {
+            &self.task_connections
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request of a run-to-completion connection started: on its queue
+    /// (`direct`) or handed to a task.
+    pub fn record_path(&self, direct: bool) {
+        let c = if direct {
+            &self.direct_requests
+        } else {
+            &self.handed_off_requests
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One request done for this export (`bytes` of payload).
@@ -199,6 +238,10 @@ impl ExportAccount {
             own_cpu: Duration::from_nanos(l(&self.own_cpu_ns)),
             throttle_events: l(&self.throttle_events),
             throttled: Duration::from_nanos(l(&self.throttled_ns)),
+            direct_connections: l(&self.direct_connections),
+            task_connections: l(&self.task_connections),
+            direct_requests: l(&self.direct_requests),
+            handed_off_requests: l(&self.handed_off_requests),
         }
     }
 }
@@ -432,6 +475,10 @@ impl CpuAccountant {
                         queue_cpu_seconds: c.own_cpu.as_secs_f64(),
                         throttle_events: c.throttle_events,
                         throttle_seconds: c.throttled.as_secs_f64(),
+                        nbd_direct_connections: c.direct_connections,
+                        nbd_task_connections: c.task_connections,
+                        nbd_direct_requests: c.direct_requests,
+                        nbd_handed_off_requests: c.handed_off_requests,
                     }
                 })
                 .collect(),
@@ -455,7 +502,7 @@ impl Collector for ExportCollector {
         let ex: Vec<ExportCounters> = self.0.exports().iter().map(|e| e.counters()).collect();
         let e = &mut enc;
         type F = fn(&ExportCounters) -> f64;
-        let families: [(&str, &str, Option<Unit>, F); 6] = [
+        let families: [(&str, &str, Option<Unit>, F); 10] = [
             (
                 "sluice_export_ios",
                 "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
@@ -491,6 +538,30 @@ impl Collector for ExportCollector {
                 "time throttled",
                 Some(Unit::Seconds),
                 |c| c.throttled.as_secs_f64(),
+            ),
+            (
+                "sluice_export_nbd_direct_connections",
+                "NBD connections served run to completion (own thread and queue)",
+                None,
+                |c| c.direct_connections as f64,
+            ),
+            (
+                "sluice_export_nbd_task_connections",
+                "NBD connections served by per-request tasks",
+                None,
+                |c| c.task_connections as f64,
+            ),
+            (
+                "sluice_export_nbd_direct_requests",
+                "requests of run-to-completion connections run on their queue",
+                None,
+                |c| c.direct_requests as f64,
+            ),
+            (
+                "sluice_export_nbd_handed_off_requests",
+                "requests of run-to-completion connections handed to tasks (unaligned, trim, zeroes, block status, refusals, retries)",
+                None,
+                |c| c.handed_off_requests as f64,
             ),
         ];
         for (name, help, unit, f) in families {

@@ -7,9 +7,10 @@
     clippy::cast_possible_wrap
 )]
 
+use sluice_export::account::ExportAccount;
 use sluice_export::errno::{EINVAL, ENOSPC};
 use sluice_export::nbd::proto::*;
-use sluice_export::nbd::server::UnixSocketPath;
+use sluice_export::nbd::server::{ExportEntry, UnixSocketPath};
 use sluice_export::nbd::{NbdConfig, NbdServer};
 use sluice_export::ByteDevice;
 use sluice_host::{ConnectOptions, Controller};
@@ -38,7 +39,7 @@ struct Served {
     sock: std::path::PathBuf,
     rt: tokio::runtime::Runtime,
     ctrl: Controller,
-    server: std::sync::Arc<NbdServer<sluice_host::Namespace>>,
+    account: std::sync::Arc<ExportAccount>,
     _guard: UnixSocketPath,
 }
 
@@ -53,25 +54,27 @@ fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
         .enable_all()
         .build()
         .unwrap();
-    let (ctrl, server, _guard) = rt.block_on(async {
+    let account = ExportAccount::new("disk", "test", None, std::time::Instant::now(), None);
+    let (ctrl, _guard) = rt.block_on(async {
         let opts = ConnectOptions {
             io_queues,
             direct_queues,
             ..ConnectOptions::default()
         };
         let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
-        let server = NbdServer::new(
-            ByteDevice::new(ctrl.namespace(1).unwrap()),
-            NbdConfig {
+        let server = NbdServer::with_exports(vec![ExportEntry {
+            dev: ByteDevice::new(ctrl.namespace(1).unwrap()),
+            cfg: NbdConfig {
                 export_name: "disk".into(),
                 description: "e2e".into(),
                 read_only: false,
                 hostnqn: "test".into(),
             },
-        );
+            account: Some(account.clone()),
+        }]);
         let (l, guard) = UnixSocketPath::bind(&sock).unwrap();
-        tokio::spawn(server.clone().serve_unix(l));
-        (ctrl, server, guard)
+        tokio::spawn(server.serve_unix(l));
+        (ctrl, guard)
     });
     Served {
         target,
@@ -79,7 +82,7 @@ fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
         sock,
         rt,
         ctrl,
-        server,
+        account,
         _guard,
     }
 }
@@ -91,7 +94,8 @@ fn nbd_over_sluice_target_on_tasks() {
 
 #[test]
 fn nbd_over_sluice_target_run_to_completion() {
-    nbd_over_sluice_target(2);
+    // One queue per connection, so none waits for another's to come back.
+    nbd_over_sluice_target(3);
 }
 
 /// The whole protocol through one export whose controller has
@@ -103,7 +107,7 @@ fn nbd_over_sluice_target(direct_queues: u16) {
         sock,
         rt,
         ctrl,
-        server,
+        account,
         _guard,
     } = serve(&format!("e2e-{direct_queues}"), 2, direct_queues);
 
@@ -248,36 +252,30 @@ fn nbd_over_sluice_target(direct_queues: u16) {
     let mut b = [0u8; 1];
     assert_eq!(c2.s.read(&mut b).unwrap(), 0);
 
+    // A write announcing more than the request limit: EINVAL for it, then
+    // the server closes rather than read the payload.
+    let mut c3 = Client::connect(&sock, "disk");
+    c3.send(CMD_WRITE, 0, 77, 0, REQUEST_BYTES_MAX + 1, &[]);
+    let (cookie, e, _) = c3.reply(|_| 0);
+    assert_eq!((cookie, e), (77, EINVAL));
+    assert_eq!(c3.s.read(&mut b).unwrap(), 0);
+
     // Disconnect: the server closes after DISC.
     c.send(CMD_DISC, 0, 1, 0, 0, &[]);
     assert_eq!(c.s.read(&mut b).unwrap(), 0);
 
-    // Both connections are done: how they were served.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let ps = server.path_stats();
-    while ps.direct_connections.load(Relaxed) + ps.task_connections.load(Relaxed) < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connections not counted"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (direct, tasks) = (
-        ps.direct_connections.load(Relaxed),
-        ps.task_connections.load(Relaxed),
-    );
+    // How the three connections were served (counted as they start, and
+    // each request before its reply).
+    let c = account.counters();
     if direct_queues == 0 {
-        assert_eq!((direct, tasks), (0, 2));
+        assert_eq!((c.direct_connections, c.task_connections), (0, 3));
+        assert_eq!((c.direct_requests, c.handed_off_requests), (0, 0));
     } else {
-        assert_eq!((direct, tasks), (2, 0));
+        assert_eq!((c.direct_connections, c.task_connections), (3, 0));
         // Aligned reads, writes and flushes ran on the direct queues; the
         // unaligned ones, trims, zeroes and refusals went to tasks.
-        while ps.direct_requests.load(Relaxed) == 0 {
-            assert!(std::time::Instant::now() < deadline, "requests not counted");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(ps.direct_requests.load(Relaxed) >= 130);
-        assert!(ps.handed_off_requests.load(Relaxed) >= 31 + 31 + 2);
+        assert!(c.direct_requests >= 130, "{c:?}");
+        assert!(c.handed_off_requests >= 31 + 31 + 2, "{c:?}");
     }
 
     rt.block_on(ctrl.disconnect(Duration::from_secs(2)));
@@ -301,7 +299,7 @@ fn direct_writes_and_rmw_on_shared_blocks_lose_nothing() {
         sock,
         rt,
         ctrl,
-        server,
+        account,
         _guard,
     } = serve("rmw", 1, 2);
     const AT: u64 = 1 << 20;
@@ -333,8 +331,7 @@ fn direct_writes_and_rmw_on_shared_blocks_lose_nothing() {
     stop.store(true, Relaxed);
     let rmws = rmw.join().unwrap();
     assert!(rmws > 10, "the RMW connection ran only {rmws} writes");
-    let ps = server.path_stats();
-    assert_eq!(ps.direct_connections.load(Relaxed), 2);
+    assert_eq!(account.counters().direct_connections, 2);
     rt.block_on(ctrl.disconnect(Duration::from_secs(2)));
     drop(rt);
     target.shutdown();

@@ -160,9 +160,17 @@ fn capped_export_is_throttled_the_other_is_not(direct_queues: u16) {
         free.bytes,
         cap.bytes
     );
-    let ps = server.path_stats();
-    let direct = ps.direct_connections.load(Ordering::Relaxed);
-    assert_eq!(direct, if direct_queues > 0 { 2 } else { 0 });
+    // Each export's one connection, on the path asked for.
+    let paths =
+        |c: &sluice_export::account::ExportCounters| (c.direct_connections, c.task_connections);
+    let want = if direct_queues > 0 { (1, 0) } else { (0, 1) };
+    assert_eq!((paths(&cap), paths(&free)), (want, want));
+    // And on /metrics.
+    let line = format!(
+        "sluice_export_nbd_direct_connections_total{{export=\"free\",hostnqn=\"nqn.2026-11.io.sluice:tenant-free\"}} {}.0",
+        want.0
+    );
+    assert!(acct.prometheus().contains(&line), "no `{line}`");
     srv.abort();
     rt.block_on(async {
         for c in ctrls {

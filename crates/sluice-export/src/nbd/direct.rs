@@ -155,6 +155,8 @@ pub(crate) struct ReplyQueue {
 
 impl ReplyQueue {
     pub(crate) fn push(&mut self, r: Reply, charge: u64) {
+        // Every reply has a header: an empty one would never be written.
+        debug_assert!(r.len() > 0, "empty NBD reply");
         self.q.push_back((r, charge));
     }
     pub(crate) fn len(&self) -> usize {
@@ -211,15 +213,6 @@ impl ReplyQueue {
                     self.q.pop_front();
                 }
             }
-        }
-        // Empty replies (none are produced, but be safe) are done at once.
-        while let Some((front, charge)) = self.q.front() {
-            if front.len() > self.off {
-                break;
-            }
-            released += charge;
-            self.off = 0;
-            self.q.pop_front();
         }
         Ok((written, released))
     }
@@ -290,9 +283,6 @@ pub(crate) struct DirectConn<T: TaskPath> {
 pub(crate) struct DirectEnd {
     pub(crate) queue: Option<DirectQueue>,
     pub(crate) result: std::io::Result<()>,
-    /// Requests served by the direct queue and by the task path.
-    pub(crate) direct_requests: u64,
-    pub(crate) task_requests: u64,
 }
 
 struct State<T: TaskPath> {
@@ -320,8 +310,6 @@ struct State<T: TaskPath> {
     dq_ok: bool,
     done: Vec<(u64, Result<Completion, HostError>)>,
     error: Option<std::io::Error>,
-    direct_requests: u64,
-    task_requests: u64,
     account: Option<Arc<ExportAccount>>,
 }
 
@@ -340,8 +328,6 @@ impl<T: TaskPath> DirectConn<T> {
                 return DirectEnd {
                     queue: Some(self.dq),
                     result: Err(e),
-                    direct_requests: 0,
-                    task_requests: 0,
                 }
             }
         };
@@ -369,8 +355,6 @@ impl<T: TaskPath> DirectConn<T> {
             dq_ok: true,
             done: Vec::new(),
             error: None,
-            direct_requests: 0,
-            task_requests: 0,
         };
         if let Some(a) = &account {
             a.add_current_thread();
@@ -384,8 +368,6 @@ impl<T: TaskPath> DirectConn<T> {
         DirectEnd {
             queue: reusable.then_some(s.c.dq),
             result: s.error.map_or(Ok(()), Err),
-            direct_requests: s.direct_requests,
-            task_requests: s.task_requests,
         }
     }
 }
@@ -466,7 +448,11 @@ impl<T: TaskPath> State<T> {
         let charge = u64::from(req.header.length);
         self.open += 1;
         self.charged += charge;
-        let Some(slot) = self.free.pop().filter(|_| self.dq_ok) else {
+        // A queue that cannot take a command now (closed, or every CID
+        // held, e.g. by a timed-out command) sends the request to the task
+        // path before its payload is given to the queue.
+        let usable = self.dq_ok && !self.c.dq.is_closed() && self.c.dq.can_submit();
+        let Some(slot) = usable.then(|| self.free.pop()).flatten() else {
             return self.hand_off(req, charge);
         };
         let e = self.c.server.export_info(self.c.idx);
@@ -546,7 +532,9 @@ impl<T: TaskPath> State<T> {
         match submitted {
             Ok(p) => {
                 self.slots[slot] = Some(p);
-                self.direct_requests += 1;
+                if let Some(a) = &self.account {
+                    a.record_path(true);
+                }
             }
             Err(req) => {
                 self.free.push(slot);
@@ -559,7 +547,9 @@ impl<T: TaskPath> State<T> {
     /// channel.
     fn hand_off(&mut self, req: Incoming, charge: u64) {
         self.slow += 1;
-        self.task_requests += 1;
+        if let Some(a) = &self.account {
+            a.record_path(false);
+        }
         let server = self.c.server.clone();
         let (idx, session) = (self.c.idx, self.c.session);
         let tx = self.slow_tx.clone();
@@ -595,10 +585,6 @@ impl<T: TaskPath> State<T> {
             self.dq_ok = false;
             return true;
         }
-        if self.c.dq.is_closed() && self.dq_ok && self.c.dq.outstanding() == 0 {
-            self.dq_ok = false;
-            return true;
-        }
         any
     }
 
@@ -615,7 +601,7 @@ impl<T: TaskPath> State<T> {
         self.free.push(token as usize);
         let structured = self.c.session.structured;
         let queue_gone = self.c.dq.is_closed();
-        let account = self.account.clone();
+        let account = self.account.as_deref();
         match p {
             Pending::Read {
                 cookie,
@@ -628,7 +614,7 @@ impl<T: TaskPath> State<T> {
                     } else {
                         encode_simple_reply(cookie, 0).to_vec()
                     };
-                    if let Some(a) = &account {
+                    if let Some(a) = account {
                         a.record(c.data.len() as u64);
                     }
                     self.replies
@@ -657,7 +643,7 @@ impl<T: TaskPath> State<T> {
                 self.c.server.locks(self.c.idx).release(lock_id);
                 let errno = match result {
                     Ok(_) => {
-                        if let Some(a) = &account {
+                        if let Some(a) = account {
                             a.record(u64::from(length));
                         }
                         0
@@ -676,7 +662,7 @@ impl<T: TaskPath> State<T> {
             Pending::Flush { cookie } => match result {
                 Err(_) if queue_gone => self.retry(super::proto::CMD_FLUSH, cookie, 0, 0),
                 r => {
-                    if let Some(a) = &account {
+                    if let Some(a) = account {
                         a.record(0);
                     }
                     let errno = r.map_or_else(|err| from_host_error(&err, OpKind::Flush), |_| 0);

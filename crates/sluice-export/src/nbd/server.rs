@@ -1,7 +1,10 @@
 //! The NBD I/O layer on tokio: Unix and TCP listeners, one task per
-//! connection, several requests in flight per connection (replies are sent
-//! as each completes, possibly out of order), bounded by
-//! [`REQUESTS_IN_FLIGHT_MAX`] and [`IN_FLIGHT_BYTES_MAX`].
+//! connection for the handshake; then either the run-to-completion path
+//! (`direct.rs`: a thread and a pooled direct queue of the export's
+//! controller) or the task path here: several requests in flight per
+//! connection, one task each (replies are sent as each completes, possibly
+//! out of order), bounded by [`REQUESTS_IN_FLIGHT_MAX`] and
+//! [`IN_FLIGHT_BYTES_MAX`].
 
 use super::direct::{DirectConn, DirectEnd, IntoClientSocket, TaskPath};
 use super::proto::{
@@ -14,10 +17,10 @@ pub use super::reply::{IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
 use crate::account::ExportAccount;
 use crate::blockio::{BlockDevice, ByteDevice, RangeLock};
 use crate::errno::EINVAL;
-use sluice_host::{DirectQueue, HostError, Namespace};
+use sluice_host::{DirectQueue, HostError, Namespace, RwBuilder};
 use sluice_runtime::sync::lock;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -118,24 +121,11 @@ struct DirectPool {
     exhausted: AtomicBool,
 }
 
-/// How the connections of a server were served (all exports).
-#[derive(Debug, Default)]
-pub struct PathStats {
-    /// Connections served by the run-to-completion path and by tasks.
-    pub direct_connections: AtomicU64,
-    pub task_connections: AtomicU64,
-    /// Requests of direct connections run on their direct queue, and those
-    /// handed to the task path (unaligned, TRIM, ..., retries).
-    pub direct_requests: AtomicU64,
-    pub handed_off_requests: AtomicU64,
-}
-
 /// Serves one or several [`ByteDevice`]s over NBD (chosen by export name in
 /// the handshake; the empty name is the first).
 #[derive(Debug)]
 pub struct NbdServer<D> {
     entries: Vec<Entry<D>>,
-    stats: PathStats,
 }
 
 impl<D: BlockDevice> NbdServer<D> {
@@ -171,22 +161,18 @@ impl<D: BlockDevice> NbdServer<D> {
                 account: e.account,
             })
             .collect();
-        Arc::new(NbdServer {
-            entries,
-            stats: PathStats::default(),
-        })
+        Arc::new(NbdServer { entries })
     }
 
-    /// How connections and requests were served so far.
-    pub fn path_stats(&self) -> &PathStats {
-        &self.stats
-    }
-
-    /// A direct queue for a connection to export `idx`: an idle one, or a
-    /// new one while the controller grants queue IDs. `None`: the
-    /// connection takes the task path.
-    async fn take_direct(&self, idx: usize) -> Option<DirectQueue> {
+    /// A direct queue for a connection to export `idx` (an idle one, or a
+    /// new one while the controller grants queue IDs) and the namespace's
+    /// command builder. `None`: the connection takes the task path.
+    async fn take_direct(&self, idx: usize) -> Option<(DirectQueue, RwBuilder)> {
         let d = self.entries[idx].direct.as_ref()?;
+        self.open_direct(d).await.map(|q| (q, d.ns.rw_builder()))
+    }
+
+    async fn open_direct(&self, d: &DirectPool) -> Option<DirectQueue> {
         loop {
             let q = lock(&d.idle).pop();
             let Some(mut q) = q else { break };
@@ -322,7 +308,7 @@ impl<D: BlockDevice> NbdServer<D> {
         );
         let stream = match self.take_direct(idx).await {
             None => stream,
-            Some(dq) => match stream.into_client_socket() {
+            Some((dq, rw)) => match stream.into_client_socket() {
                 Err(stream) => {
                     self.give_back(idx, dq);
                     stream
@@ -331,15 +317,12 @@ impl<D: BlockDevice> NbdServer<D> {
                     self.give_back(idx, dq);
                     return Err(e);
                 }
-                Ok(Ok(sock)) => {
-                    let Some(rw) = entry.direct.as_ref().map(|d| d.ns.rw_builder()) else {
-                        return Err(std::io::Error::other("direct queue without a namespace"));
-                    };
-                    return self.run_direct(idx, session, sock, dq, rw, leftover).await;
-                }
+                Ok(Ok(sock)) => return self.run_direct(idx, session, sock, dq, rw, leftover).await,
             },
         };
-        self.stats.task_connections.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = &entry.account {
+            a.record_connection(false);
+        }
         self.run_tasks(idx, session, stream, leftover).await
     }
 
@@ -351,12 +334,12 @@ impl<D: BlockDevice> NbdServer<D> {
         session: Session,
         sock: super::direct::ClientSocket,
         dq: DirectQueue,
-        rw: sluice_host::RwBuilder,
+        rw: RwBuilder,
         leftover: Vec<u8>,
     ) -> std::io::Result<()> {
-        self.stats
-            .direct_connections
-            .fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = &self.entries[idx].account {
+            a.record_connection(true);
+        }
         info!(qid = dq.qid(), "served by the run-to-completion path");
         let conn = DirectConn {
             server: self.clone(),
@@ -383,12 +366,6 @@ impl<D: BlockDevice> NbdServer<D> {
         let end = rx
             .await
             .map_err(|_| std::io::Error::other("the connection's thread panicked"))?;
-        self.stats
-            .direct_requests
-            .fetch_add(end.direct_requests, Ordering::Relaxed);
-        self.stats
-            .handed_off_requests
-            .fetch_add(end.task_requests, Ordering::Relaxed);
         if let Some(q) = end.queue {
             self.give_back(idx, q);
         }
