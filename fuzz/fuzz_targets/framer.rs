@@ -2,7 +2,9 @@
 //!
 //! Input layout (all of it is fuzzer controlled):
 //!   byte 0: bit 0 direction (0 = host to controller), bit 1 initialized,
-//!           bit 2 header digests, bit 3 data digests, bit 4 feed everything at once
+//!           bit 2 header digests, bit 3 data digests, bit 4 feed everything at once,
+//!           bit 5 split data PDUs off (`split_data`) and receive their rest
+//!           outside the framer, as the host's I/O layer does
 //!   byte 1: PDA (0's based dwords, any u8)
 //!   bytes 2-3: data_len_max / 16 (little endian), so at most ~1 MiB
 //!   bytes 4-7: chunk sizes (each + 1), used in a cycle
@@ -10,7 +12,8 @@
 //!
 //! Checks: no panic; errors carry an FES in 1..=6 and are sticky; every decoded
 //! PDU, re-encoded with `encode_pdu` under the same parameters, decodes back to
-//! the same header and data in a fresh framer.
+//! the same header and data in a fresh framer; a split PDU's head and rest
+//! add up to its DATAL.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -95,6 +98,63 @@ fn drain(cfg: &Config, f: &mut Framer) -> bool {
     }
 }
 
+/// A data PDU split off the framer: its data so far, and what is missing.
+struct Split {
+    header: PduHeader,
+    data: Vec<u8>,
+    rest: usize,
+    ddgst: bool,
+}
+
+/// Drains the framer, splitting data PDUs off. Returns false once it failed.
+fn drain_split(cfg: &Config, f: &mut Framer, split: &mut Option<Split>) -> bool {
+    loop {
+        if let Some(sp) = split {
+            if sp.rest > 0 {
+                return true;
+            }
+            if sp.ddgst && f.take_bytes(4).is_none() {
+                return true;
+            }
+            let done = split.take().expect("split");
+            round_trip(cfg, &done.header, &done.data);
+            continue;
+        }
+        match f.next_pdu() {
+            Ok(Some(p)) => {
+                let (h, d) = (p.header.clone(), p.data.to_vec());
+                round_trip(cfg, &h, &d);
+            }
+            Ok(None) => match f.split_data(1) {
+                Ok(None) => return true,
+                Ok(Some(sp)) => {
+                    let datal = match &sp.header {
+                        PduHeader::H2CData(d) | PduHeader::C2HData(d) => d.len as usize,
+                        other => panic!("split a PDU that carries no data: {other:?}"),
+                    };
+                    assert!(sp.data_rest > 0);
+                    assert_eq!(sp.data_head.len() + sp.data_rest, datal, "head + rest != DATAL");
+                    *split = Some(Split {
+                        header: sp.header,
+                        data: sp.data_head.to_vec(),
+                        rest: sp.data_rest,
+                        ddgst: sp.ddgst,
+                    });
+                    assert_eq!(f.buffered(), 0, "framer kept bytes of a split PDU");
+                }
+                Err(e) => {
+                    check_error(&e, f);
+                    return false;
+                }
+            },
+            Err(e) => {
+                check_error(&e, f);
+                return false;
+            }
+        }
+    }
+}
+
 fuzz_target!(|input: &[u8]| {
     if input.len() < CONFIG_LEN {
         return;
@@ -116,6 +176,28 @@ fuzz_target!(|input: &[u8]| {
     let chunks = [c[4], c[5], c[6], c[7]];
 
     let mut f = cfg.framer();
+    if c[0] & 0x20 != 0 {
+        let mut split = None;
+        let mut rest = stream;
+        let mut i = 0;
+        while !rest.is_empty() {
+            let mut n = (chunks[i % 4] as usize + 1).min(rest.len());
+            i += 1;
+            if let Some(sp) = split.as_mut().filter(|sp: &&mut Split| sp.rest > 0) {
+                let k = n.min(sp.rest);
+                sp.data.extend_from_slice(&rest[..k]);
+                sp.rest -= k;
+                rest = &rest[k..];
+                n -= k;
+            }
+            f.feed(&rest[..n]);
+            rest = &rest[n..];
+            if !drain_split(&cfg, &mut f, &mut split) {
+                return;
+            }
+        }
+        return;
+    }
     if all_at_once {
         f.feed(stream);
         drain(&cfg, &mut f);

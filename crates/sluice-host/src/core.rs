@@ -16,12 +16,15 @@
 //! connection is closed; all its commands fail.
 
 use std::collections::VecDeque;
+use std::io::{IoSliceMut, Read};
 use std::time::{Duration, Instant};
 
 use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
+use sluice_proto::digest::crc32c;
 use sluice_proto::framer::{Framer, RxPdu};
 use sluice_proto::pdu::{
     encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
+    DIGEST_LEN,
 };
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::Status;
@@ -32,6 +35,16 @@ use crate::error::{HostError, Result};
 pub const QUEUE_DEPTH_MAX: u16 = 1024;
 /// SQE flags byte: PSDT = 01b (SGL for data), as NVMe over Fabrics requires.
 const SQE_FLAGS_SGL: u8 = 0x40;
+/// A C2HData PDU with at least this much data still to come has the rest
+/// read straight into its command's buffer (see [`QueuePairCore::read_bufs`]).
+const DIRECT_RX_REST_MIN_BYTES: usize = 16 * 1024;
+/// While data goes straight into a command's buffer, the same read gives
+/// the framer at most this much: room for what follows (the data digest,
+/// a response, the next PDU's header). More would let the head of a
+/// following large PDU in, to be copied out again.
+const DIRECT_RX_TAIL_BYTES: usize = 8 * 1024;
+/// Header length of a C2HData PDU.
+const DATA_HLEN: usize = 24;
 
 /// Static parameters of one queue pair.
 #[derive(Debug, Clone)]
@@ -56,8 +69,14 @@ pub struct CoreConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
     None,
-    /// Controller-to-host transfer of this many bytes.
+    /// Controller-to-host transfer of this many bytes (into a new,
+    /// zeroed buffer).
     Read(u32),
+    /// Controller-to-host transfer into this buffer: its length is the
+    /// transfer's, its contents are overwritten, and it comes back as the
+    /// completion's data. Lets a caller recycle read buffers instead of
+    /// allocating and zeroing one per read.
+    ReadInto(Vec<u8>),
     /// Host-to-controller transfer (in-capsule or solicited by R2T).
     Write(Vec<u8>),
 }
@@ -150,11 +169,29 @@ struct State {
     in_flight: usize,
 }
 
+/// A C2HData PDU whose data is being read straight into its command's
+/// buffer, past the framer.
+#[derive(Debug)]
+struct DirectRx {
+    header: DataHeader,
+    /// Its raw header, for quoting in a TermReq.
+    raw_header: [u8; DATA_HLEN],
+    /// Where the next byte goes in the command's read buffer.
+    at: usize,
+    /// Data bytes still to come.
+    left: usize,
+    /// A data digest follows the data.
+    ddgst: bool,
+}
+
 /// The sans-IO state machine of one queue pair.
 #[derive(Debug)]
 pub struct QueuePairCore {
     framer: Framer,
     st: State,
+    direct_rx: Option<DirectRx>,
+    /// Data bytes read straight into command buffers (past the framer).
+    rx_direct_bytes: u64,
 }
 
 impl QueuePairCore {
@@ -201,6 +238,8 @@ impl QueuePairCore {
                 events: VecDeque::new(),
                 in_flight: 0,
             },
+            direct_rx: None,
+            rx_direct_bytes: 0,
         }
     }
 
@@ -220,6 +259,11 @@ impl QueuePairCore {
     /// Commands whose slot is taken (including timed-out ones).
     pub fn in_flight(&self) -> usize {
         self.st.in_flight
+    }
+    /// C2HData bytes the socket wrote straight into command buffers (the
+    /// rest of large PDUs; see [`Self::read_bufs`]).
+    pub fn rx_direct_bytes(&self) -> u64 {
+        self.rx_direct_bytes
     }
     /// Whether [`Self::submit`] would accept a command now.
     pub fn can_submit(&self) -> bool {
@@ -248,15 +292,8 @@ impl QueuePairCore {
         }
         let len = match &payload {
             Payload::None => 0,
-            Payload::Read(n) => {
-                if *n > st.cfg.c2h_data_max_bytes {
-                    return Err(HostError::InvalidArgument(format!(
-                        "read of {n} bytes exceeds the {} byte limit",
-                        st.cfg.c2h_data_max_bytes
-                    )));
-                }
-                *n
-            }
+            Payload::Read(n) => read_len(u64::from(*n), st.cfg.c2h_data_max_bytes)?,
+            Payload::ReadInto(b) => read_len(b.len() as u64, st.cfg.c2h_data_max_bytes)?,
             Payload::Write(d) => u32::try_from(d.len()).map_err(|_| {
                 HostError::InvalidArgument(format!("write of {} bytes is too large", d.len()))
             })?,
@@ -279,19 +316,17 @@ impl QueuePairCore {
                 });
                 (Data::None, None)
             }
-            Payload::Read(n) => {
+            Payload::Read(_) | Payload::ReadInto(_) => {
                 sqe.set_sgl(SglDescriptor {
                     address: 0,
-                    length: n,
+                    length: len,
                     id: sgl::TRANSPORT_DATA_BLOCK,
                 });
-                (
-                    Data::Read {
-                        buf: vec![0; n as usize],
-                        received: 0,
-                    },
-                    None,
-                )
+                let buf = match payload {
+                    Payload::ReadInto(b) => b,
+                    _ => vec![0; len as usize],
+                };
+                (Data::Read { buf, received: 0 }, None)
             }
             Payload::Write(buf) => {
                 if len <= st.cfg.in_capsule_max_bytes {
@@ -378,27 +413,80 @@ impl QueuePairCore {
         self.st.events.pop_front()
     }
 
-    /// Buffer for the socket to read into; follow with [`Self::handle_read`].
-    pub fn read_buf(&mut self) -> &mut [u8] {
-        self.framer.read_buf()
+    /// Buffers for the socket to read into, in order (one `readv`); follow
+    /// with [`Self::handle_read`]. The first is empty unless a large
+    /// C2HData PDU is under way: then it is the rest of that PDU's data,
+    /// in its command's own buffer, so the bulk of a large read is copied
+    /// once (by the kernel) instead of twice. The second is the framer's.
+    pub fn read_bufs(&mut self) -> (&mut [u8], &mut [u8]) {
+        let Self {
+            framer,
+            st,
+            direct_rx,
+            ..
+        } = self;
+        if let Some(d) = direct_rx.as_ref().filter(|d| d.left > 0) {
+            if let Some(dest) = st.read_buf_of(d.header.cccid) {
+                let tail = framer.read_buf();
+                let n = tail.len().min(DIRECT_RX_TAIL_BYTES);
+                return (&mut dest[d.at..d.at + d.left], &mut tail[..n]);
+            }
+        }
+        // One read chunk at most: a read that took in the whole of a large
+        // PDU would leave nothing to receive in place.
+        let chunk = framer.read_chunk();
+        let b = framer.read_buf();
+        let n = b.len().min(chunk);
+        (&mut [], &mut b[..n])
     }
 
-    /// `n` bytes were read into [`Self::read_buf`].
+    /// `n` bytes were read into [`Self::read_bufs`] (the first buffer
+    /// fills before the second).
     pub fn handle_read(&mut self, now: Instant, n: usize) {
         if self.st.phase == Phase::Closed {
             return;
+        }
+        let mut n = n;
+        if let Some(d) = self.direct_rx.as_mut() {
+            let k = n.min(d.left);
+            d.at += k;
+            d.left -= k;
+            n -= k;
+            self.rx_direct_bytes += k as u64;
         }
         self.framer.advance(n);
         self.process(now);
     }
 
     /// Received bytes (copying variant, for tests and in-memory peers).
-    pub fn handle_bytes(&mut self, now: Instant, data: &[u8]) {
-        if self.st.phase == Phase::Closed {
-            return;
+    pub fn handle_bytes(&mut self, now: Instant, mut data: &[u8]) {
+        while !data.is_empty() {
+            if self.st.phase == Phase::Closed {
+                return;
+            }
+            let (a, b) = self.read_bufs();
+            let k = a.len().min(data.len());
+            a[..k].copy_from_slice(&data[..k]);
+            let m = b.len().min(data.len() - k);
+            b[..m].copy_from_slice(&data[k..k + m]);
+            self.handle_read(now, k + m);
+            data = &data[k + m..];
         }
-        self.framer.feed(data);
-        self.process(now);
+    }
+
+    /// Reads from `src` once into [`Self::read_bufs`] and handles what
+    /// came (`Ok(0)`: end of stream). For I/O layers over a byte stream.
+    pub fn read_from(&mut self, now: Instant, src: &mut impl Read) -> std::io::Result<usize> {
+        let (a, b) = self.read_bufs();
+        let n = if a.is_empty() {
+            src.read(b)?
+        } else {
+            src.read_vectored(&mut [IoSliceMut::new(a), IoSliceMut::new(b)])?
+        };
+        if n > 0 {
+            self.handle_read(now, n);
+        }
+        Ok(n)
     }
 
     /// The peer closed the connection or the socket failed.
@@ -488,9 +576,19 @@ impl QueuePairCore {
             if self.st.phase == Phase::Closed {
                 return;
             }
+            if self.direct_rx.is_some() {
+                if !self.finish_direct_rx(now) {
+                    return;
+                }
+                continue;
+            }
             let r = self.framer.next_pdu();
             match r {
-                Ok(None) => return,
+                Ok(None) => {
+                    if !self.split_direct_rx(now) {
+                        return;
+                    }
+                }
                 Ok(Some(pdu)) => {
                     let (res, set_init) = self.st.on_pdu(now, &pdu);
                     if let Err(e) = res {
@@ -514,6 +612,81 @@ impl QueuePairCore {
                 }
             }
         }
+    }
+
+    /// Splits a large C2HData PDU off the framer so that the rest of its
+    /// data is read into its command's buffer. True when it did (the
+    /// PDU's head is checked and copied; nothing else to process yet).
+    fn split_direct_rx(&mut self, now: Instant) -> bool {
+        if self.st.phase != Phase::Ready {
+            return false;
+        }
+        let sp = match self.framer.split_data(DIRECT_RX_REST_MIN_BYTES) {
+            Ok(None) => return false,
+            Ok(Some(sp)) => sp,
+            Err(e) => {
+                let raw = self.framer.current_header().to_vec();
+                self.st.fatal(e.into(), &raw, now);
+                return false;
+            }
+        };
+        let mut raw_header = [0u8; DATA_HLEN];
+        let n = sp.raw_header.len().min(DATA_HLEN);
+        raw_header[..n].copy_from_slice(&sp.raw_header[..n]);
+        let PduHeader::C2HData(header) = sp.header else {
+            // The framer splits data PDUs only, and receives no H2CData here.
+            let e = DecodeError::Sequence("data PDU of the wrong direction".into());
+            self.st.fatal(e.into(), &raw_header, now);
+            return false;
+        };
+        let head = sp.data_head;
+        match self.st.c2h_dest(&header) {
+            Ok(dest) => dest[..head.len()].copy_from_slice(head),
+            Err(e) => {
+                self.st.fatal(e, &raw_header, now);
+                return false;
+            }
+        }
+        self.direct_rx = Some(DirectRx {
+            at: header.offset as usize + head.len(),
+            left: sp.data_rest,
+            ddgst: sp.ddgst,
+            header,
+            raw_header,
+        });
+        true
+    }
+
+    /// Completes the split PDU once its data (and digest) is in. False:
+    /// more bytes are needed, or the connection closed.
+    fn finish_direct_rx(&mut self, now: Instant) -> bool {
+        let Some(d) = self.direct_rx.as_ref() else {
+            return true;
+        };
+        if d.left > 0 {
+            return false;
+        }
+        let digest_ok = if d.ddgst {
+            let Some(b) = self.framer.take_bytes(DIGEST_LEN) else {
+                return false;
+            };
+            let received = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let (from, len) = (d.header.offset as usize, d.header.len as usize);
+            self.st
+                .read_buf_of(d.header.cccid)
+                .map(|buf| crc32c(&buf[from..from + len]) == received)
+                .unwrap_or(true)
+        } else {
+            true
+        };
+        let Some(d) = self.direct_rx.take() else {
+            return true;
+        };
+        if let Err(e) = self.st.c2h_done(&d.header, digest_ok) {
+            self.st.fatal(e, &d.raw_header, now);
+            return false;
+        }
+        true
     }
 }
 
@@ -739,7 +912,21 @@ impl State {
         data: &[u8],
         digest_ok: bool,
     ) -> std::result::Result<(), PduError> {
-        let qid = self.cfg.qid;
+        self.c2h_dest(d)?.copy_from_slice(data);
+        self.c2h_done(d, digest_ok)
+    }
+
+    /// The read buffer of the outstanding command `cid`, if it reads.
+    fn read_buf_of(&mut self, cid: u16) -> Option<&mut [u8]> {
+        match self.slots.get_mut(cid as usize)?.as_mut()?.data {
+            Data::Read { ref mut buf, .. } => Some(buf),
+            _ => None,
+        }
+    }
+
+    /// Checks a C2HData header against its command; returns where its
+    /// data goes.
+    fn c2h_dest(&mut self, d: &DataHeader) -> std::result::Result<&mut [u8], PduError> {
         let slot = self.slot_mut(d.cccid, "cccid", 8)?;
         if slot.data_done {
             return Err(DecodeError::Sequence(format!(
@@ -781,9 +968,25 @@ impl State {
             )
             .into());
         }
-        buf[d.offset as usize..end as usize].copy_from_slice(data);
+        Ok(&mut buf[d.offset as usize..end as usize])
+    }
+
+    /// Accounts a C2HData PDU whose data [`Self::c2h_dest`] accepted and
+    /// which is now all in.
+    fn c2h_done(&mut self, d: &DataHeader, digest_ok: bool) -> std::result::Result<(), PduError> {
+        let qid = self.cfg.qid;
+        let slot = self.slot_mut(d.cccid, "cccid", 8)?;
+        let Data::Read { buf, received } = &mut slot.data else {
+            return Err(DecodeError::Sequence(format!(
+                "C2HData for CID {} which reads no data",
+                d.cccid
+            ))
+            .into());
+        };
+        let end = d.offset + d.len;
         *received = end;
         let complete_len = *received as usize == buf.len();
+        let buf_len = buf.len();
         if !digest_ok && slot.error.is_none() {
             slot.error = Some(HostError::DataDigest { cid: d.cccid });
         }
@@ -794,9 +997,7 @@ impl State {
             if !complete_len {
                 return Err(DecodeError::Sequence(format!(
                     "C2HData SUCCESS for CID {} with {} of {} bytes",
-                    d.cccid,
-                    end,
-                    buf.len()
+                    d.cccid, end, buf_len
                 ))
                 .into());
             }
@@ -880,6 +1081,16 @@ impl State {
         }
         *sent = end;
         Ok(())
+    }
+}
+
+/// The length of a read of `n` bytes, refused over `max`.
+fn read_len(n: u64, max: u32) -> Result<u32> {
+    match u32::try_from(n) {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(HostError::InvalidArgument(format!(
+            "read of {n} bytes exceeds the {max} byte limit"
+        ))),
     }
 }
 

@@ -18,7 +18,7 @@
 //! async code, then move it to the thread that will drive it. Dropping it
 //! closes the socket; commands still outstanding are abandoned.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -196,6 +196,7 @@ impl DirectQueue {
             waited_latency: s.waited_latency,
             wait_ns_data: s.wait_ns_data,
             waited_data: s.waited_data,
+            rx_direct_bytes: self.core.rx_direct_bytes(),
             ..self.stats
         }
     }
@@ -260,6 +261,20 @@ impl DirectQueue {
         token: u64,
     ) -> Result<()> {
         let (sqe, payload) = rw.read(lba, len_bytes, flags)?;
+        self.submit(sqe, payload, token)
+    }
+
+    /// [`Self::submit_read`] into `buf`, a recycled buffer (its length is
+    /// the read's; it comes back as the completion's data).
+    pub fn submit_read_into(
+        &mut self,
+        rw: &RwBuilder,
+        lba: u64,
+        buf: Vec<u8>,
+        flags: IoFlags,
+        token: u64,
+    ) -> Result<()> {
+        let (sqe, payload) = rw.read_into(lba, buf, flags)?;
         self.submit(sqe, payload, token)
     }
 
@@ -384,16 +399,14 @@ impl DirectQueue {
             if self.core.is_closed() {
                 return true;
             }
-            let buf = self.core.read_buf();
-            match self.stream.read(buf) {
+            match self.core.read_from(now, &mut self.stream) {
                 Ok(0) => {
                     self.core
                         .handle_connection_lost("controller closed the connection");
                     return true;
                 }
-                Ok(n) => {
+                Ok(_) => {
                     self.stats.reads += 1;
-                    self.core.handle_read(now, n);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -13,7 +13,7 @@
 //!   `spin_us` microseconds, then sleeps like `Interrupt`.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -61,6 +61,9 @@ pub struct HostQueueStats {
     pub(crate) send_bytes: u64,
     /// Socket read calls that returned bytes.
     pub reads: u64,
+    /// C2HData bytes the socket wrote straight into read buffers (the bulk
+    /// of large reads; the rest went through the receive buffer).
+    pub rx_direct_bytes: u64,
     /// Completions held by the coalescer, total ns from arrival to wake-up.
     pub held_ns: u64,
     /// Send scheduler: containers flushed and PDUs they carried.
@@ -84,6 +87,7 @@ impl HostQueueStats {
         self.sends += o.sends;
         self.send_bytes += o.send_bytes;
         self.reads += o.reads;
+        self.rx_direct_bytes += o.rx_direct_bytes;
         self.held_ns += o.held_ns;
         self.flushes += o.flushes;
         self.flush_pdus += o.flush_pdus;
@@ -102,6 +106,7 @@ impl HostQueueStats {
             sends: self.sends.saturating_sub(o.sends),
             send_bytes: self.send_bytes.saturating_sub(o.send_bytes),
             reads: self.reads.saturating_sub(o.reads),
+            rx_direct_bytes: self.rx_direct_bytes.saturating_sub(o.rx_direct_bytes),
             held_ns: self.held_ns.saturating_sub(o.held_ns),
             flushes: self.flushes.saturating_sub(o.flushes),
             flush_pdus: self.flush_pdus.saturating_sub(o.flush_pdus),
@@ -122,6 +127,7 @@ struct Counters {
     sends: AtomicU64,
     send_bytes: AtomicU64,
     reads: AtomicU64,
+    rx_direct_bytes: AtomicU64,
     held_ns: AtomicU64,
     /// The send scheduler's counters, published by the queue thread.
     send: Mutex<SendStats>,
@@ -136,6 +142,7 @@ impl Counters {
             sends: self.sends.load(Ordering::Relaxed),
             send_bytes: self.send_bytes.load(Ordering::Relaxed),
             reads: self.reads.load(Ordering::Relaxed),
+            rx_direct_bytes: self.rx_direct_bytes.load(Ordering::Relaxed),
             held_ns: self.held_ns.load(Ordering::Relaxed),
             ..HostQueueStats::default()
         }
@@ -572,16 +579,18 @@ impl Driver {
             if self.core.is_closed() {
                 break;
             }
-            let buf = self.core.read_buf();
-            match self.stream.read(buf) {
+            match self.core.read_from(now, &mut self.stream) {
                 Ok(0) => {
                     self.core
                         .handle_connection_lost("controller closed the connection");
                     break;
                 }
-                Ok(n) => {
-                    self.core.handle_read(now, n);
+                Ok(_) => {
                     bump(&self.shared.counters.reads, 1);
+                    self.shared
+                        .counters
+                        .rx_direct_bytes
+                        .store(self.core.rx_direct_bytes(), Ordering::Relaxed);
                     progress = true;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return progress,

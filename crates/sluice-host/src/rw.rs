@@ -70,6 +70,16 @@ impl RwBuilder {
         Ok((self.sqe(io::READ, lba, blocks, flags), Payload::Read(n)))
     }
 
+    /// One Read command at `lba` into `buf` (its length is the read's; see
+    /// [`Payload::ReadInto`]).
+    pub fn read_into(&self, lba: u64, buf: Vec<u8>, flags: IoFlags) -> Result<(Sqe, Payload)> {
+        let blocks = self.one_command(lba, buf.len())?;
+        Ok((
+            self.sqe(io::READ, lba, blocks, flags),
+            Payload::ReadInto(buf),
+        ))
+    }
+
     /// One Write command of `data` at `lba`.
     pub fn write(&self, lba: u64, data: Vec<u8>, flags: IoFlags) -> Result<(Sqe, Payload)> {
         let blocks = self.one_command(lba, data.len())?;

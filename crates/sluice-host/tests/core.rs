@@ -619,6 +619,200 @@ fn queue_full_is_refused() {
         .is_err());
 }
 
+/// The C2HData PDUs of one read of `data`, `pdu_bytes` each.
+fn c2h_pdus(ctrl: &FakeCtrl, cid: u16, data: &[u8], pdu_bytes: usize, success: bool) -> Vec<u8> {
+    let mut b = Vec::new();
+    let n = data.chunks(pdu_bytes).count();
+    for (i, chunk) in data.chunks(pdu_bytes).enumerate() {
+        let last = i + 1 == n;
+        b.extend(ctrl.pdu(
+            PduHeader::C2HData(DataHeader {
+                cccid: cid,
+                ttag: 0,
+                offset: (i * pdu_bytes) as u32,
+                len: chunk.len() as u32,
+                last,
+                success: last && success,
+            }),
+            chunk,
+        ));
+    }
+    if !success {
+        b.extend(resp(ctrl, cid, Status::SUCCESS));
+    }
+    b
+}
+
+/// Large reads: the rest of each large C2HData PDU goes straight into
+/// the command's buffer; whatever the read sizes and digests, every read
+/// returns its data, and a small read behind the large ones too.
+#[test]
+fn large_reads_are_received_into_their_buffers() {
+    for (hd, dd) in [(false, false), (true, true), (false, true)] {
+        for success in [true, false] {
+            for chunk in [1000, 7000, 70_000, 1 << 20] {
+                let (mut host, mut ctrl, now) = connect(cfg(hd, dd), 0, 8192);
+                let big = pattern(256 * 1024);
+                let small: Vec<u8> = pattern(4096).iter().map(|b| b ^ 0x5a).collect();
+                let c1 = host
+                    .submit(
+                        now,
+                        Sqe::rw(io::READ, 0, 1, 0, 512, false),
+                        Payload::Read(big.len() as u32),
+                        1,
+                    )
+                    .expect("submit");
+                let c2 = host
+                    .submit(
+                        now,
+                        Sqe::rw(io::READ, 0, 1, 0, 8, false),
+                        Payload::Read(4096),
+                        2,
+                    )
+                    .expect("submit");
+                ctrl.recv(&mut host);
+                let mut b = c2h_pdus(&ctrl, c1, &big, 128 * 1024, success);
+                b.extend(c2h_pdus(&ctrl, c2, &small, 4096, success));
+                for c in b.chunks(chunk) {
+                    host.handle_bytes(now, c);
+                }
+                let mut got: Vec<_> = events(&mut host)
+                    .into_iter()
+                    .map(|e| match e {
+                        Event::Complete { token, result } => (token, result.expect("read ok").data),
+                        other => panic!("{other:?}"),
+                    })
+                    .collect();
+                got.sort_by_key(|g| g.0);
+                assert_eq!(got.len(), 2, "hd {hd} dd {dd} chunk {chunk}");
+                assert!(
+                    got[0].1 == big,
+                    "hd {hd} dd {dd} success {success} chunk {chunk}"
+                );
+                assert!(got[1].1 == small);
+                // (Handed all at once, the PDUs fill the framer's buffer first.)
+                assert!(
+                    chunk > 70_000 || host.rx_direct_bytes() > 128 * 1024,
+                    "chunk {chunk}: only {} bytes went straight in",
+                    host.rx_direct_bytes()
+                );
+                assert_eq!(host.in_flight(), 0);
+                assert!(!host.is_closed());
+            }
+        }
+    }
+}
+
+#[test]
+fn large_read_data_digest_error_fails_only_the_command() {
+    let (mut host, ctrl, now) = connect(cfg(false, true), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 128, false),
+            Payload::Read(65536),
+            1,
+        )
+        .expect("submit");
+    let mut b = c2h_pdus(&ctrl, cid, &pattern(65536), 65536, true);
+    let n = b.len();
+    b[n - 1] ^= 0xff; // corrupt DDGST
+    for c in b.chunks(9000) {
+        host.handle_bytes(now, c);
+    }
+    assert!(host.rx_direct_bytes() > 0);
+    let (_, r) = completion(&mut host);
+    assert!(matches!(r, Err(HostError::DataDigest { .. })), "{r:?}");
+    assert!(!host.is_closed());
+    // The stream stays in step: the next read works.
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 128, false),
+            Payload::Read(65536),
+            2,
+        )
+        .expect("submit");
+    for c in c2h_pdus(&ctrl, cid, &pattern(65536), 65536, true).chunks(9000) {
+        host.handle_bytes(now, c);
+    }
+    let (_, r) = completion(&mut host);
+    assert_eq!(r.expect("read ok").data, pattern(65536));
+}
+
+/// A large C2HData that breaks the rules is refused when its header is in
+/// (before its data), with the same TermReq as a small one.
+#[test]
+fn large_c2h_data_violations_are_fatal() {
+    for (cid_delta, len, fes_want) in [
+        (3u16, 65536u32, fes::INVALID_HEADER_FIELD),
+        (0, 131_072, fes::DATA_OUT_OF_RANGE),
+    ] {
+        let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+        let cid = host
+            .submit(
+                now,
+                Sqe::rw(io::READ, 0, 1, 0, 128, false),
+                Payload::Read(65536),
+                1,
+            )
+            .expect("submit");
+        ctrl.recv(&mut host);
+        let b = ctrl.pdu(
+            PduHeader::C2HData(DataHeader {
+                cccid: cid + cid_delta,
+                ttag: 0,
+                offset: 0,
+                len,
+                last: true,
+                success: true,
+            }),
+            &pattern(len as usize),
+        );
+        host.handle_bytes(now, &b[..4096]);
+        assert!(host.is_closed());
+        assert_eq!(host.rx_direct_bytes(), 0);
+        assert_eq!(term_req(&mut ctrl, &mut host), Some(fes_want));
+        // Whatever else arrives is ignored.
+        host.handle_bytes(now, &b[4096..]);
+    }
+}
+
+/// SUCCESS on a large C2HData that does not finish the read is fatal.
+#[test]
+fn large_c2h_success_before_the_end_is_fatal() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 256, false),
+            Payload::Read(131_072),
+            1,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let b = ctrl.pdu(
+        PduHeader::C2HData(DataHeader {
+            cccid: cid,
+            ttag: 0,
+            offset: 0,
+            len: 65536,
+            last: true,
+            success: true,
+        }),
+        &pattern(65536),
+    );
+    for c in b.chunks(5000) {
+        host.handle_bytes(now, c);
+    }
+    assert!(host.rx_direct_bytes() > 0);
+    assert!(host.is_closed());
+    assert_eq!(
+        term_req(&mut ctrl, &mut host),
+        Some(fes::PDU_SEQUENCE_ERROR)
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
@@ -657,5 +851,50 @@ proptest! {
         host.handle_timeout(now + Duration::from_secs(60));
         host.handle_timeout(now + Duration::from_secs(120));
         prop_assert_eq!(host.in_flight(), 0);
+    }
+
+    /// Reads of any size, in PDUs of any size, delivered in reads of any
+    /// size, with or without digests: each read returns its own data.
+    #[test]
+    fn reads_of_any_size_return_their_data(
+        reads in prop::collection::vec((1usize..300_000, 4096usize..140_000), 1..5),
+        chunks in prop::collection::vec(1usize..100_000, 1..20),
+        hd: bool,
+        dd: bool,
+        success: bool,
+    ) {
+        let (mut host, mut ctrl, now) = connect(cfg(hd, dd), 0, 8192);
+        let mut want = Vec::new();
+        let mut b = Vec::new();
+        for (i, &(len, pdu)) in reads.iter().enumerate() {
+            let data: Vec<u8> = pattern(len).iter().map(|x| x.wrapping_add(i as u8)).collect();
+            let cid = host
+                .submit(now, Sqe::rw(io::READ, 0, 1, 0, 1, false), Payload::Read(len as u32), i as u64)
+                .expect("submit");
+            b.extend(c2h_pdus(&ctrl, cid, &data, pdu, success));
+            want.push(data);
+        }
+        ctrl.recv(&mut host);
+        let mut at = 0;
+        let mut k = 0;
+        while at < b.len() {
+            let n = chunks[k % chunks.len()].min(b.len() - at);
+            host.handle_bytes(now, &b[at..at + n]);
+            at += n;
+            k += 1;
+        }
+        let mut got = Vec::new();
+        while let Some(ev) = host.poll_event() {
+            match ev {
+                Event::Complete { token, result } => got.push((token, result.expect("read ok").data)),
+                other => panic!("{other:?}"),
+            }
+        }
+        got.sort_by_key(|g| g.0);
+        prop_assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert!(&g.1 == w);
+        }
+        prop_assert!(!host.is_closed());
     }
 }

@@ -166,7 +166,25 @@ async fn writes_read_back_at_qd32_in_every_transfer_shape() {
         // more than one write per command after that.
         assert!(s.sends < n, "{} sends for {n} reads", s.sends);
         assert!(s.reads > 0);
+        // The 64 KiB C2HData PDUs of the large reads went mostly straight
+        // into their buffers.
+        assert!(s.rx_direct_bytes > 0, "{s:?}");
         assert_eq!(q.outstanding(), 0);
+        // Reads into recycled buffers holding other bytes get the device's.
+        let reads: Vec<_> = layout
+            .iter()
+            .map(|&(lba, len)| {
+                rw.read_into(lba, vec![0xee; len], IoFlags::default())
+                    .unwrap()
+            })
+            .collect();
+        for (t, r) in run_at_qd(&mut q, reads, Some(Duration::from_millis(1))) {
+            let c = r.unwrap_or_else(|e| panic!("read {t} failed: {e}"));
+            assert!(
+                c.data == data[t as usize],
+                "read into a used buffer differs"
+            );
+        }
         q
     });
     let q = tokio::task::spawn_blocking(move || handle.join())

@@ -21,8 +21,8 @@
 
 use crate::digest::crc32c;
 use crate::pdu::{
-    decode_specific, validate_common_header, CommonHeader, DecodeError, Direction, PduHeader,
-    PduLayout, RxParams, CH_LEN, DIGEST_LEN, HLEN_MAX,
+    decode_specific, pdu_type, validate_common_header, CommonHeader, DecodeError, Direction,
+    PduHeader, PduLayout, RxParams, CH_LEN, DIGEST_LEN, HLEN_MAX,
 };
 use crate::wire::u32_at;
 
@@ -35,6 +35,24 @@ pub struct RxPdu<'a> {
     pub data_digest_ok: bool,
     /// The raw header bytes (for quoting in a TermReq).
     pub raw_header: &'a [u8],
+}
+
+/// A data PDU (H2CData or C2HData) whose header is in but whose data is
+/// not all there yet, split off by [`Framer::split_data`] so that the
+/// caller reads the rest of its data straight into the command's buffer
+/// instead of through the framer's.
+#[derive(Debug)]
+pub struct SplitPdu<'a> {
+    pub header: PduHeader,
+    /// The raw header bytes (for quoting in a TermReq).
+    pub raw_header: &'a [u8],
+    /// The data bytes already received (the framer's buffer held them).
+    pub data_head: &'a [u8],
+    /// Data bytes still to come: the caller receives them itself.
+    pub data_rest: usize,
+    /// A 4-byte data digest follows the data; the caller takes it with
+    /// [`Framer::take_bytes`] once the data is in.
+    pub ddgst: bool,
 }
 
 /// The receive side of one NVMe/TCP connection.
@@ -199,6 +217,88 @@ impl Framer {
                 Err(e)
             }
         }
+    }
+
+    /// Splits off the data PDU being received when at least `rest_min`
+    /// bytes of its data have yet to arrive (and its header, with the
+    /// header digest checked, is in). Everything the framer holds belongs
+    /// to that PDU and is handed out as `data_head`; the framer then
+    /// stands at the end of the PDU's data. The caller must receive the
+    /// `data_rest` bytes that follow outside the framer (into
+    /// [`Self::read_buf`] no byte of them may go), then the data digest
+    /// with [`Self::take_bytes`] when `ddgst`, and only then call
+    /// [`Self::next_pdu`] again.
+    ///
+    /// `Ok(None)`: nothing to split (no data PDU pending, its header is
+    /// not complete, or too little of its data is missing).
+    pub fn split_data(&mut self, rest_min: usize) -> Result<Option<SplitPdu<'_>>, DecodeError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        let Some(layout) = self.pending else {
+            return Ok(None);
+        };
+        if !matches!(layout.ch.pdu_type, pdu_type::H2C_DATA | pdu_type::C2H_DATA) {
+            return Ok(None);
+        }
+        let avail = self.end - self.start;
+        let data_end = layout.data_offset + layout.data_len;
+        if avail < layout.data_offset || avail >= data_end {
+            return Ok(None);
+        }
+        let rest = data_end - avail;
+        if rest < rest_min.max(1) {
+            return Ok(None);
+        }
+        let start = self.start;
+        let hlen = layout.ch.hlen as usize;
+        let decoded = if layout.hdgst {
+            let received = u32_at(&self.buf, start + hlen);
+            let computed = crc32c(&self.buf[start..start + hlen]);
+            if received == computed {
+                decode_specific(&layout, &self.buf[start..start + hlen], &[])
+            } else {
+                Err(DecodeError::HeaderDigest { received, computed })
+            }
+        } else {
+            decode_specific(&layout, &self.buf[start..start + hlen], &[])
+        };
+        let header = match decoded {
+            Ok(h) => h,
+            Err(e) => {
+                self.error_quote = self.buf[start..start + hlen.min(HLEN_MAX)].to_vec();
+                self.poisoned = Some(e.clone());
+                return Err(e);
+            }
+        };
+        let end = self.end;
+        self.start = 0;
+        self.end = 0;
+        self.pending = None;
+        let b = &self.buf[start..end];
+        Ok(Some(SplitPdu {
+            header,
+            raw_header: &b[..hlen],
+            data_head: &b[layout.data_offset..],
+            data_rest: rest,
+            ddgst: layout.ddgst,
+        }))
+    }
+
+    /// Takes the next `n` raw bytes when they are all in (`None`: not
+    /// yet). Only between PDUs: for the data digest of a split PDU.
+    pub fn take_bytes(&mut self, n: usize) -> Option<&[u8]> {
+        debug_assert!(self.pending.is_none(), "take_bytes inside a PDU");
+        if self.poisoned.is_some() || self.pending.is_some() || self.end - self.start < n {
+            return None;
+        }
+        let at = self.start;
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Some(&self.buf[at..at + n])
     }
 
     /// The header of the PDU that caused the last error (for a TermReq

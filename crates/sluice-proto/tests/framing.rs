@@ -560,3 +560,123 @@ fn data_len_max_can_be_raised_after_init() {
     f.feed(&capsule(TxParams::default(), &[1; 2048]));
     assert_eq!(f.next_pdu().unwrap().unwrap().data.len(), 2048);
 }
+
+fn c2h_data_pdu(tx: TxParams, len: usize) -> Vec<u8> {
+    let mut w = Vec::new();
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+    encode_pdu(
+        &PduHeader::C2HData(DataHeader {
+            cccid: 5,
+            ttag: 0,
+            offset: 0,
+            len: len as u32,
+            last: true,
+            success: true,
+        }),
+        &data,
+        &tx,
+        &mut w,
+    );
+    w
+}
+
+fn host_framer(hdgst: bool, ddgst: bool) -> Framer {
+    let mut f = Framer::new(Direction::ControllerToHost, MAX);
+    f.set_initialized(hdgst, ddgst, 0, MAX);
+    f
+}
+
+/// A data PDU is split off only once its header is in and enough of its
+/// data is missing; the head comes out, the rest and the digest are the
+/// caller's, and the framer then goes on with the next PDU.
+#[test]
+fn split_data_hands_out_the_head_and_leaves_the_rest() {
+    for (hdgst, ddgst) in [(false, false), (true, true)] {
+        let tx = TxParams {
+            hdgst,
+            ddgst,
+            pda: 0,
+        };
+        let w = c2h_data_pdu(tx, 65536);
+        let data_at = 24 + if hdgst { 4 } else { 0 };
+        let mut f = host_framer(hdgst, ddgst);
+        // Header not complete: nothing to split.
+        f.feed(&w[..data_at - 1]);
+        assert!(f.next_pdu().unwrap().is_none());
+        assert!(f.split_data(1).unwrap().is_none());
+        f.feed(&w[data_at - 1..data_at + 1000]);
+        assert!(f.next_pdu().unwrap().is_none());
+        // Too little missing for the threshold asked.
+        assert!(f.split_data(65536).unwrap().is_none());
+        let sp = f.split_data(4096).unwrap().unwrap();
+        assert!(matches!(sp.header, PduHeader::C2HData(d) if d.len == 65536 && d.cccid == 5));
+        assert_eq!(sp.data_head, &w[data_at..data_at + 1000]);
+        assert_eq!(sp.data_rest, 65536 - 1000);
+        assert_eq!(sp.ddgst, ddgst);
+        assert_eq!(sp.raw_header.len(), 24);
+        assert_eq!(f.buffered(), 0);
+        // The caller receives the rest; then the digest and a next PDU
+        // arrive through the framer.
+        let data_end = data_at + 65536;
+        let mut next = w[data_end..].to_vec();
+        next.extend_from_slice(&c2h_data_pdu(tx, 100));
+        f.feed(&next);
+        if ddgst {
+            assert_eq!(f.take_bytes(4).unwrap(), &w[data_end..data_end + 4]);
+        }
+        let p = f.next_pdu().unwrap().unwrap();
+        assert!(matches!(p.header, PduHeader::C2HData(d) if d.len == 100));
+        assert!(p.data_digest_ok);
+        assert!(f.take_bytes(1).is_none());
+    }
+}
+
+#[test]
+fn split_data_leaves_other_pdus_and_whole_pdus_alone() {
+    let mut f = host_framer(false, false);
+    let mut w = Vec::new();
+    encode_pdu(
+        &PduHeader::CapsuleResp(Cqe::new(1, sluice_proto::Status::SUCCESS)),
+        &[],
+        &TxParams::default(),
+        &mut w,
+    );
+    f.feed(&w[..10]);
+    assert!(f.next_pdu().unwrap().is_none());
+    assert!(f.split_data(1).unwrap().is_none());
+    f.feed(&w[10..]);
+    assert!(f.next_pdu().unwrap().is_some());
+    // All of a data PDU's data is in (only the digest missing): no split.
+    let tx = TxParams {
+        hdgst: false,
+        ddgst: true,
+        pda: 0,
+    };
+    let mut f = host_framer(false, true);
+    let w = c2h_data_pdu(tx, 8192);
+    f.feed(&w[..w.len() - 2]);
+    assert!(f.next_pdu().unwrap().is_none());
+    assert!(f.split_data(1).unwrap().is_none());
+}
+
+#[test]
+fn split_data_checks_the_header_digest_and_poisons() {
+    let tx = TxParams {
+        hdgst: true,
+        ddgst: false,
+        pda: 0,
+    };
+    let mut w = c2h_data_pdu(tx, 65536);
+    w[9] ^= 0xff; // corrupt the header
+    let mut f = host_framer(true, false);
+    f.feed(&w[..27]); // header and 3 bytes of its digest: not yet checked
+    assert!(f.next_pdu().unwrap().is_none());
+    assert!(f.split_data(1).unwrap().is_none());
+    f.feed(&w[27..]);
+    let e = f.split_data(1).err().or_else(|| f.next_pdu().err());
+    let e = e.expect("header digest error");
+    assert_eq!(e.fes(), fes::HEADER_DIGEST_ERROR);
+    assert_eq!(f.next_pdu().err(), Some(e.clone()), "sticky");
+    assert_eq!(f.split_data(1).err(), Some(e));
+    assert_eq!(f.current_header(), &w[..24]);
+}

@@ -144,6 +144,10 @@ impl IntoClientSocket for tokio::net::UnixStream {
 
 impl IntoClientSocket for tokio::io::DuplexStream {}
 
+/// Most bytes of written replies' read buffers one connection keeps for
+/// its next reads.
+const SPARE_BYTES_MAX: usize = 4 << 20;
+
 /// Replies waiting to be written, each with the in-flight charge (payload
 /// bytes) it releases once written.
 #[derive(Debug, Default)]
@@ -151,9 +155,29 @@ pub(crate) struct ReplyQueue {
     q: VecDeque<(Reply, u64)>,
     /// Bytes of the front reply already written.
     off: usize,
+    /// Read buffers of written replies, for the next reads to fill (no
+    /// allocation and no zeroing per read); at most [`SPARE_BYTES_MAX`].
+    spare: Vec<Vec<u8>>,
+    spare_bytes: usize,
 }
 
 impl ReplyQueue {
+    /// A buffer of `len` bytes for a read to fill: a written reply's, or
+    /// a new one.
+    pub(crate) fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        self.spare_bytes -= b.capacity();
+        b.resize(len, 0);
+        b
+    }
+
+    fn recycle(&mut self, b: Vec<u8>) {
+        if b.capacity() > 0 && self.spare_bytes + b.capacity() <= SPARE_BYTES_MAX {
+            self.spare_bytes += b.capacity();
+            self.spare.push(b);
+        }
+    }
+
     pub(crate) fn push(&mut self, r: Reply, charge: u64) {
         // Every reply has a header: an empty one would never be written.
         debug_assert!(r.len() > 0, "empty NBD reply");
@@ -210,7 +234,9 @@ impl ReplyQueue {
                     n -= left;
                     released += charge;
                     self.off = 0;
-                    self.q.pop_front();
+                    if let Some((r, _)) = self.q.pop_front() {
+                        self.recycle(r.data);
+                    }
                 }
             }
         }
@@ -467,10 +493,11 @@ impl<T: TaskPath> State<T> {
         let cookie = req.header.cookie;
         let submitted = match validate_in(&req.header, e, self.c.session) {
             Ok(Command::Read { offset, length }) if fits(offset, length) => {
-                let r = self.c.dq.submit_read(
+                let buf = self.replies.take_buffer(length as usize);
+                let r = self.c.dq.submit_read_into(
                     &self.c.rw,
                     offset / bs,
-                    length as usize,
+                    buf,
                     IoFlags::default(),
                     slot as u64,
                 );
