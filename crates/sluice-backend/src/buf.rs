@@ -39,6 +39,15 @@ impl AlignedBuf {
         Self::alloc(len_bytes, true)
     }
 
+    /// A buffer of `len_bytes` whose contents are unspecified (zeros, or
+    /// the bytes of an earlier use of the same pooled allocation): no
+    /// zeroing. Only for data written whole before anything reads it,
+    /// such as a transfer received in full, or a read by a backend whose
+    /// `fills_reads` is true. Never hand such a buffer out partly filled.
+    pub fn for_overwrite(len_bytes: usize) -> Self {
+        Self::alloc(len_bytes, false)
+    }
+
     /// Allocates a buffer holding a copy of `data`.
     pub fn from_slice(data: &[u8]) -> Self {
         let mut buf = Self::alloc(data.len(), false);

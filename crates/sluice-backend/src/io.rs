@@ -87,6 +87,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     }
     /// `"ram"`, `"file"`, `"block"` or `"emulated-ssd"`.
     fn kind(&self) -> &'static str;
+    /// Whether a successful read writes every byte of its buffer (holes
+    /// as zeros), so that the target may hand it a buffer that was not
+    /// zeroed first ([`crate::AlignedBuf::for_overwrite`]). False unless
+    /// a backend guarantees it: a partly filled buffer would carry an
+    /// earlier transfer's bytes, perhaps another tenant's.
+    fn fills_reads(&self) -> bool {
+        false
+    }
     /// Per-worker-thread submission/completion queue.
     fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError>;
 }

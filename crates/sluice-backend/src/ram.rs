@@ -217,6 +217,11 @@ impl Backend for RamBackend {
         "ram"
     }
 
+    /// Yes: every span is copied, or zero-filled where nothing was written.
+    fn fills_reads(&self) -> bool {
+        true
+    }
+
     fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
         Ok(Box::new(RamQueue {
             geometry: self.geometry(),

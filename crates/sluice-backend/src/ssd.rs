@@ -255,6 +255,11 @@ impl Backend for EmulatedSsd {
         "emulated-ssd"
     }
 
+    /// Yes: the RAM store beneath copies or zero-fills every span.
+    fn fills_reads(&self) -> bool {
+        true
+    }
+
     fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
         Ok(Box::new(SsdQueue {
             geometry: self.geometry(),

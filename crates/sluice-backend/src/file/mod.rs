@@ -255,6 +255,12 @@ impl Backend for FileBackend {
         }
     }
 
+    /// Yes: `read_exact_at` and the io_uring engine (which resubmits short
+    /// reads) fill the buffer or fail.
+    fn fills_reads(&self) -> bool {
+        true
+    }
+
     fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
         let engine: Box<dyn FileEngine> = match self.engine {
             EngineKind::IoUring => Box::new(UringEngine::new(Arc::clone(&self.file))?),

@@ -155,7 +155,11 @@ impl QueueConnection {
                     op: IoOp::Read,
                     offset_bytes,
                     len_bytes,
-                    buf: Some(AlignedBuf::new(usize_from(len_bytes))),
+                    buf: Some(if ns.backend.fills_reads() {
+                        AlignedBuf::for_overwrite(usize_from(len_bytes))
+                    } else {
+                        AlignedBuf::new(usize_from(len_bytes))
+                    }),
                 };
                 self.exec.push(ns, req);
             }

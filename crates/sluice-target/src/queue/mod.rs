@@ -90,7 +90,17 @@ pub struct QueueStats {
     pub(crate) commands: u64,
     pub(crate) r2ts: u64,
     pub(crate) h2c_pdus: u64,
+    /// H2CData bytes the socket wrote straight into command buffers.
+    pub(crate) rx_direct_bytes: u64,
     pub(crate) c2h_pdus: u64,
+}
+
+impl QueueStats {
+    /// H2CData bytes the socket wrote straight into command buffers (the
+    /// rest of large PDUs, past the framer).
+    pub fn rx_direct_bytes(&self) -> u64 {
+        self.rx_direct_bytes
+    }
 }
 
 /// One queue pair (one TCP connection) on the target.
@@ -119,6 +129,9 @@ pub struct QueueConnection {
     /// The send path and the SQ head.
     out: Responder,
     stats: QueueStats,
+    /// An H2CData PDU whose data is being read straight into its
+    /// command's buffer (see [`Self::recv_bufs`]).
+    direct_rx: Option<data::DirectRx>,
 }
 
 impl QueueConnection {
@@ -153,21 +166,47 @@ impl QueueConnection {
             exec: Execution::default(),
             out: Responder::new(),
             stats: QueueStats::default(),
+            direct_rx: None,
         }
     }
 
     // ---------------------------------------------------------------- I/O layer API
 
-    /// Space to read socket bytes into.
-    pub fn recv_buf(&mut self) -> &mut [u8] {
-        self.framer
+    /// Space to read socket bytes into, in order (one `readv`). The first
+    /// is empty unless a large H2CData PDU is under way: then it is the
+    /// rest of that PDU's data in its command's own buffer, so the bulk of
+    /// a large write is copied once (by the kernel). The second is the
+    /// framer's (at most one read chunk, and a small tail after in-place
+    /// data).
+    pub fn recv_bufs(&mut self) -> (&mut [u8], &mut [u8]) {
+        let framer = self
+            .framer
             .as_mut()
-            .expect("framer present outside process_input")
-            .read_buf()
+            .expect("framer present outside process_input");
+        if let Some(d) = self.direct_rx.as_ref().filter(|d| d.left > 0) {
+            if let Some(buf) = self.cmds.get_mut(d.slot).and_then(|c| c.buf.as_mut()) {
+                let tail = framer.read_buf();
+                let n = tail.len().min(data::DIRECT_RX_TAIL_BYTES);
+                return (&mut buf[d.at..d.at + d.left], &mut tail[..n]);
+            }
+        }
+        let chunk = framer.read_chunk();
+        let b = framer.read_buf();
+        let n = b.len().min(chunk);
+        (&mut [], &mut b[..n])
     }
 
-    /// Processes `n` bytes just read into [`Self::recv_buf`].
+    /// Processes `n` bytes just read into [`Self::recv_bufs`] (the first
+    /// buffer fills before the second).
     pub fn handle_received(&mut self, n: usize, now: Instant) {
+        let mut n = n;
+        if let Some(d) = self.direct_rx.as_mut() {
+            let k = n.min(d.left);
+            d.at += k;
+            d.left -= k;
+            n -= k;
+            self.stats.rx_direct_bytes += k as u64;
+        }
         self.framer
             .as_mut()
             .expect("framer present outside process_input")
@@ -175,13 +214,29 @@ impl QueueConnection {
         self.process_input(now);
     }
 
-    /// Feeds bytes by copy (in-memory peers and tests).
-    pub fn feed(&mut self, bytes: &[u8], now: Instant) {
-        self.framer
-            .as_mut()
-            .expect("framer present outside process_input")
-            .feed(bytes);
-        self.process_input(now);
+    /// Feeds bytes by copy (in-memory peers and tests), through
+    /// [`Self::recv_bufs`] as a socket would.
+    pub fn feed(&mut self, mut bytes: &[u8], now: Instant) {
+        while !bytes.is_empty() {
+            if !self.wants_input() {
+                return;
+            }
+            let (a, b) = self.recv_bufs();
+            let k = a.len().min(bytes.len());
+            a[..k].copy_from_slice(&bytes[..k]);
+            let m = b.len().min(bytes.len() - k);
+            b[..m].copy_from_slice(&bytes[k..k + m]);
+            self.handle_received(k + m, now);
+            bytes = &bytes[k + m..];
+        }
+    }
+
+    /// Whether received bytes are still processed (not closed or draining).
+    fn wants_input(&self) -> bool {
+        matches!(
+            self.state,
+            ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Ready
+        ) && !self.draining
     }
 
     /// Whether the I/O layer should read more from the socket now.
@@ -400,16 +455,23 @@ impl QueueConnection {
     /// Routes each whole PDU to its stage.
     fn process_with(&mut self, framer: &mut Framer, now: Instant) {
         loop {
-            if !matches!(
-                self.state,
-                ConnState::AwaitIcReq | ConnState::AwaitConnect | ConnState::Ready
-            ) || self.draining
-            {
+            if !self.wants_input() {
                 return;
+            }
+            if self.direct_rx.is_some() {
+                if !self.finish_direct_rx(framer, now) {
+                    return;
+                }
+                continue;
             }
             let pdu = match framer.next_pdu() {
                 Ok(Some(p)) => p,
-                Ok(None) => return,
+                Ok(None) => {
+                    if self.state == ConnState::Ready && self.split_direct_rx(framer) {
+                        continue;
+                    }
+                    return;
+                }
                 Err(e) => {
                     let quote = framer.current_header().to_vec();
                     self.fatal(&e, &quote);

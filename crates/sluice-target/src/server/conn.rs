@@ -65,8 +65,14 @@ fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
         if !e.conn.wants_read() {
             return total > 0;
         }
-        let buf = e.conn.recv_buf();
-        match e.stream.read(buf) {
+        let (a, b) = e.conn.recv_bufs();
+        let r = if a.is_empty() {
+            e.stream.read(b)
+        } else {
+            e.stream
+                .read_vectored(&mut [io::IoSliceMut::new(a), io::IoSliceMut::new(b)])
+        };
+        match r {
             Ok(0) => {
                 e.read_ready = false;
                 e.conn.handle_peer_closed("peer closed the connection");
