@@ -282,6 +282,12 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
         dhchap_ctrl_secret: r.dhchap.1.clone(),
         ..ConnectOptions::default()
     };
+    // A target that restarts must not fail the exported device's I/O: a
+    // command that meets the lost connection is retried once after the
+    // reconnect, as the Linux host requeues its requests (a write's data
+    // is then copied before submission; rewriting the same blocks with
+    // the same data is safe).
+    opts.reconnect.retry_io = true;
     if let Some(h) = r.hostnqn {
         opts.hostnqn = h.to_string();
     }

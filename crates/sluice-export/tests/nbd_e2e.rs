@@ -45,9 +45,37 @@ struct Served {
 
 fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
     let target = common::ram_target(SUBNQN, SIZE_BYTES);
-    let addr = target.local_addr();
     let dir = std::env::temp_dir().join(format!("sluice-nbd-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let e = export(&dir, target.local_addr(), io_queues, direct_queues);
+    Served {
+        target,
+        dir,
+        sock: e.sock,
+        rt: e.rt,
+        ctrl: e.ctrl,
+        account: e.account,
+        _guard: e.guard,
+    }
+}
+
+/// An NBD server (export "disk", on `dir`/nbd.sock) of namespace 1 of the
+/// target at `addr`, through a controller with `io_queues` +
+/// `direct_queues` I/O queues.
+struct Exported {
+    sock: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+    ctrl: Controller,
+    account: std::sync::Arc<ExportAccount>,
+    guard: UnixSocketPath,
+}
+
+fn export(
+    dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+    io_queues: u16,
+    direct_queues: u16,
+) -> Exported {
+    std::fs::create_dir_all(dir).unwrap();
     let sock = dir.join("nbd.sock");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -55,12 +83,15 @@ fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
         .build()
         .unwrap();
     let account = ExportAccount::new("disk", "test", None, std::time::Instant::now(), None);
-    let (ctrl, _guard) = rt.block_on(async {
-        let opts = ConnectOptions {
+    let (ctrl, guard) = rt.block_on(async {
+        let mut opts = ConnectOptions {
             io_queues,
             direct_queues,
             ..ConnectOptions::default()
         };
+        // As `sluice nbd` connects: a command that meets a lost connection
+        // is retried once after the reconnect.
+        opts.reconnect.retry_io = true;
         let ctrl = Controller::connect(addr, SUBNQN, opts).await.unwrap();
         let server = NbdServer::with_exports(vec![ExportEntry {
             dev: ByteDevice::new(ctrl.namespace(1).unwrap()),
@@ -76,15 +107,106 @@ fn serve(tag: &str, io_queues: u16, direct_queues: u16) -> Served {
         tokio::spawn(server.serve_unix(l));
         (ctrl, guard)
     });
-    Served {
-        target,
-        dir,
+    Exported {
         sock,
         rt,
         ctrl,
         account,
-        _guard,
+        guard,
     }
+}
+
+/// A target serving `img` as namespace 1 on `listen` (None: it did not
+/// start, e.g. the address is still taken).
+fn file_target(
+    img: &std::path::Path,
+    listen: std::net::SocketAddr,
+) -> Option<sluice_target::TargetHandle> {
+    use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
+    let cfg = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(listen)
+                .with_discovery_listen(None)
+                .with_workers(1),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::file(1, img)),
+        )
+        .validated()
+        .unwrap();
+    sluice_target::Target::start(&cfg).ok()
+}
+
+/// The target goes away under a connection served run-to-completion and
+/// comes back on the same address and file. The connection's queue is
+/// dead: its requests go to the task path, whose controller reconnects,
+/// and read the data acknowledged before; writes and flushes carry on.
+#[test]
+fn direct_queue_failure_falls_back_to_tasks_and_loses_nothing() {
+    let dir = std::env::temp_dir().join(format!("sluice-nbd-fallback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("ns.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(SIZE_BYTES)
+        .unwrap();
+    let t1 = file_target(&img, "127.0.0.1:0".parse().unwrap()).expect("target starts");
+    let addr = t1.local_addr();
+    let e = export(&dir, addr, 1, 1);
+    let mut c = Client::connect(&e.sock, "disk");
+    let before = pattern(3, 65536);
+    assert_eq!(
+        c.call(CMD_WRITE, CMD_FLAG_FUA, 1 << 20, 65536, &before).0,
+        0
+    );
+    assert!(c.call(CMD_READ, 0, 1 << 20, 65536, &[]) == (0, before.clone()));
+    let k0 = e.account.counters();
+    assert_eq!(k0.direct_connections, 1);
+    assert_eq!(k0.handed_off_requests, 0, "{k0:?}");
+
+    t1.shutdown();
+    // The same address again (the listener sets SO_REUSEADDR).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let t2 = loop {
+        if let Some(t) = file_target(&img, addr) {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "{addr} stays taken");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Acknowledged before the failure, read after it.
+    let read = |c: &mut Client, at: u64| {
+        let (errno, d) = c.call(CMD_READ, 0, at, 65536, &[]);
+        assert_eq!(errno, 0, "read at {at} after the target came back");
+        d
+    };
+    assert!(
+        read(&mut c, 1 << 20) == before,
+        "data acknowledged before the failure differs"
+    );
+    let after = pattern(9, 65536);
+    assert_eq!(c.call(CMD_WRITE, 0, 2 << 20, 65536, &after).0, 0);
+    assert_eq!(c.call(CMD_FLUSH, 0, 0, 0, &[]).0, 0);
+    assert!(
+        read(&mut c, 2 << 20) == after,
+        "a write after the failure reads back wrong"
+    );
+    assert!(read(&mut c, 1 << 20) == before);
+    let k1 = e.account.counters();
+    assert!(
+        k1.handed_off_requests >= 5,
+        "requests after the failure must go to tasks: {k1:?}"
+    );
+    // At most the first request after the failure met the dead queue.
+    assert!(k1.direct_requests <= k0.direct_requests + 1, "{k1:?}");
+    drop(c);
+    e.rt.block_on(e.ctrl.disconnect(Duration::from_secs(2)));
+    drop(e);
+    t2.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
