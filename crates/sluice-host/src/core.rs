@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::digest::crc32c;
-use sluice_proto::framer::{Framer, RxPdu};
+use sluice_proto::framer::{copy_into_two, Framer, RxPdu};
 use sluice_proto::pdu::{
     encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
     DIGEST_LEN,
@@ -465,12 +465,9 @@ impl QueuePairCore {
                 return;
             }
             let (a, b) = self.read_bufs();
-            let k = a.len().min(data.len());
-            a[..k].copy_from_slice(&data[..k]);
-            let m = b.len().min(data.len() - k);
-            b[..m].copy_from_slice(&data[k..k + m]);
-            self.handle_read(now, k + m);
-            data = &data[k + m..];
+            let n = copy_into_two(data, a, b);
+            self.handle_read(now, n);
+            data = &data[n..];
         }
     }
 

@@ -55,6 +55,17 @@ pub struct SplitPdu<'a> {
     pub ddgst: bool,
 }
 
+/// Copies the head of `src` into `first`, then into `second`, as one
+/// `readv` into the two fills them; returns the bytes copied. For feeding
+/// a receiver's two buffers (in place, then the framer's) from memory.
+pub fn copy_into_two(src: &[u8], first: &mut [u8], second: &mut [u8]) -> usize {
+    let k = first.len().min(src.len());
+    first[..k].copy_from_slice(&src[..k]);
+    let m = second.len().min(src.len() - k);
+    second[..m].copy_from_slice(&src[k..k + m]);
+    k + m
+}
+
 /// The receive side of one NVMe/TCP connection.
 #[derive(Debug)]
 pub struct Framer {

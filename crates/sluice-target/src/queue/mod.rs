@@ -46,7 +46,7 @@ use complete::Responder;
 use execute::Execution;
 use handshake::Session;
 use sluice_backend::{IoCompletion, IoRequest};
-use sluice_proto::framer::Framer;
+use sluice_proto::framer::{copy_into_two, Framer};
 use sluice_proto::pdu::{self, DecodeError, PduHeader, TermReq};
 use sluice_proto::send::SendStats;
 use std::net::SocketAddr;
@@ -222,12 +222,9 @@ impl QueueConnection {
                 return;
             }
             let (a, b) = self.recv_bufs();
-            let k = a.len().min(bytes.len());
-            a[..k].copy_from_slice(&bytes[..k]);
-            let m = b.len().min(bytes.len() - k);
-            b[..m].copy_from_slice(&bytes[k..k + m]);
-            self.handle_received(k + m, now);
-            bytes = &bytes[k + m..];
+            let n = copy_into_two(bytes, a, b);
+            self.handle_received(n, now);
+            bytes = &bytes[n..];
         }
     }
 
