@@ -11,13 +11,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_admin::BearerToken;
 use sluice_host::ConnectOptions;
-use sluice_meta::catalog::{CatalogError, VolumeSpec};
+use sluice_meta::catalog::{CatalogError, Deleting, VolumeSpec};
 use sluice_meta::check::check_catalog;
 use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
+use sluice_proto::fence::GRANULE_SHIFT;
 use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, VolumeId};
 use tonic::{Request, Response, Status};
 
@@ -209,8 +210,13 @@ async fn run<S: MetaStore>(
         .map_err(|e| ServeError::Metadata(e.to_string()))?;
     let describe = store.describe();
     let catalog = Catalog::new(store, cfg.weights);
+    let drives = DrivePool::new(ConnectOptions {
+        reconnect: sluice_host::ReconnectPolicy::default(),
+        ..cfg.probe.clone()
+    });
+    let drain = cfg.rebuild.drain_timeout;
     let resumed = catalog
-        .resume_deletes()
+        .resume_deletes_with(|d| fence_deleted(&drives, d, drain))
         .await
         .map_err(|e| ServeError::Metadata(e.to_string()))?;
     for name in resumed {
@@ -221,10 +227,6 @@ async fn run<S: MetaStore>(
         extents = summary.extents, revision = summary.revision, "control plane serving"
     );
     let catalog = Arc::new(catalog);
-    let drives = DrivePool::new(ConnectOptions {
-        reconnect: sluice_host::ReconnectPolicy::default(),
-        ..cfg.probe.clone()
-    });
     let view = ViewHub::with_auction(cfg.view, cfg.auction, cfg.auction_on, cfg.slo.clone())
         .map_err(|e| ServeError::Config(e.to_string()))?;
     view.refresh_drives(&catalog).await;
@@ -280,6 +282,7 @@ async fn run<S: MetaStore>(
     };
     let service = ControlService {
         catalog,
+        drain,
         probe: cfg.probe.clone(),
         describe,
         leadership,
@@ -349,6 +352,8 @@ fn tokio_stream_listener(
 /// The service over one catalog.
 struct ControlService<S> {
     catalog: Arc<Catalog<S>>,
+    /// Longest wait for writes in flight to a fenced slot to end.
+    drain: Duration,
     probe: ConnectOptions,
     describe: String,
     leadership: Arc<Leadership>,
@@ -391,6 +396,55 @@ async fn zero_extent(
         .map_err(|e| format!("zeroing slot {} of drive {}: {e}", r.slot, r.drive))?;
     }
     Ok(())
+}
+
+/// Fences every slot of a volume being deleted at an epoch above its
+/// chains' and waits for the writes in flight there to end, before the
+/// slots are freed: a client that still has the volume open then gets
+/// Stale Chain Epoch, refetches, and learns the volume is gone, instead of
+/// writing into a slot another volume may get next. A drive that cannot
+/// be reached or cannot fence (not a Sluice target) is passed over with a
+/// warning: a delete is never refused for it.
+async fn fence_deleted(drives: &DrivePool, d: Deleting, drain: Duration) {
+    let volume = &d.volume.name;
+    let mut fenced = Vec::new();
+    for (drive, r) in &d.replicas {
+        let ns = match drives.namespace(&pb::Drive::from(drive), None).await {
+            Ok(ns) => ns,
+            Err(e) => {
+                tracing::warn!(%volume, drive = %drive.id, error = %e, "cannot fence a deleted volume's slot: drive unreachable");
+                continue;
+            }
+        };
+        let granule = (drive.slot_lba(r.slot) * u64::from(ns.block_size_bytes())) >> GRANULE_SHIFT;
+        match ns.fence(granule, 1, d.fence_epoch, true).await {
+            Ok(_) => fenced.push((drive.id, r.slot, ns, granule)),
+            Err(e) => {
+                tracing::warn!(%volume, drive = %drive.id, slot = r.slot, error = %e, "cannot fence a deleted volume's slot")
+            }
+        }
+    }
+    let deadline = Instant::now() + drain;
+    for (drive, slot, ns, granule) in fenced {
+        let mut pause = Duration::from_micros(200);
+        loop {
+            match ns.fence(granule, 1, d.fence_epoch, false).await {
+                Ok(a) if a.writes_in_flight == 0 => break,
+                Ok(a) if Instant::now() > deadline => {
+                    tracing::warn!(%volume, %drive, slot, in_flight = a.writes_in_flight, "writes to a deleted volume's slot still in flight; freeing it anyway");
+                    break;
+                }
+                Ok(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(%volume, %drive, slot, error = %e, "draining a deleted volume's slot");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 type Answer<T> = Result<Response<T>, Status>;
@@ -654,7 +708,11 @@ impl<S: MetaStore> Control for ControlService<S> {
     ) -> Answer<pb::DeleteVolumeResponse> {
         self.leadership.check()?;
         let name = req.into_inner().name;
-        self.catalog.delete_volume(&name).await.map_err(st)?;
+        let (drives, drain) = (&self.drives, self.drain);
+        self.catalog
+            .delete_volume_with(&name, |d| fence_deleted(drives, d, drain))
+            .await
+            .map_err(st)?;
         tracing::info!(volume = %name, "volume deleted");
         ok(pb::DeleteVolumeResponse {})
     }

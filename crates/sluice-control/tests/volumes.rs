@@ -812,6 +812,51 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
     t.shutdown();
 }
 
+/// A client that still has a deleted volume open cannot write into the
+/// volume's old slots: the delete fenced them above its chains' epochs
+/// before freeing them, so its writes are refused (Stale Chain Epoch,
+/// then the refetch finds no volume) and the volume that gets the slots
+/// next keeps its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_volumes_open_client_cannot_write_into_its_old_slots() {
+    let t = Drives::start();
+    let (_dir, mut cp, c) = redb_control().await;
+    // One drive only, so the second volume gets the first one's slots.
+    c.add_drive(&t.addr(), NQN, 1).await.unwrap();
+    let mk = |name: &str| pb::CreateVolumeRequest {
+        name: name.into(),
+        size_bytes: 8 * MIB,
+        ..Default::default()
+    };
+    c.create_volume(mk("old")).await.unwrap();
+    let pool = DrivePool::new(host_opts());
+    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
+    old.write(0, &pattern(41, 8 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    c.delete_volume("old").await.unwrap();
+    c.create_volume(mk("new")).await.unwrap();
+    let new = Volume::open(c.clone(), pool.clone(), "new").await.unwrap();
+    new.write(0, &pattern(42, 8 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    for e in 0..4u64 {
+        let r = old
+            .write(e * 512, &pattern(43, 4096), IoFlags::default())
+            .await;
+        assert!(
+            r.is_err(),
+            "a write through the deleted volume into extent {e} succeeded"
+        );
+    }
+    let all = new.read(0, 8 << 20, IoFlags::default()).await.unwrap();
+    assert!(
+        all == pattern(42, 8 << 20),
+        "the new volume's data was overwritten"
+    );
+    cp.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_extent_never_shows_another_volumes_old_data() {
     let t = Drives::start();

@@ -121,6 +121,18 @@ impl VolumeSpec {
     }
 }
 
+/// A volume marked `Deleting`, as the step that fences its slots before
+/// they are freed sees it ([`Catalog::delete_volume_with`]).
+#[derive(Debug, Clone)]
+pub struct Deleting {
+    pub volume: VolumeRecord,
+    /// Every replica (chain and rebuilding) the volume owns, with its drive.
+    pub replicas: Vec<(DriveRecord, Replica)>,
+    /// Above every chain epoch of the volume, and below every epoch a
+    /// later owner of its slots gets: the epoch to fence its granules at.
+    pub fence_epoch: u64,
+}
+
 /// An allocated extent with its volume and the drives of its chain.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Allocation {
@@ -1015,6 +1027,19 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Deletes a volume and frees its extents.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CatalogError> {
+        self.delete_volume_with(name, |_| async {}).await
+    }
+
+    /// Deletes a volume: marks it `Deleting` (one transaction), hands
+    /// `fence` what it owns, then frees its extents. The control plane
+    /// fences the volume's slots there, so that a client that still has
+    /// the volume open cannot write into a slot after it is freed (and
+    /// perhaps given to another volume).
+    pub async fn delete_volume_with<F, Fut>(&self, name: &str, fence: F) -> Result<(), CatalogError>
+    where
+        F: Fn(Deleting) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         self.forget();
         let mut marked = false;
         for _ in 0..CONFLICT_RETRIES_MAX {
@@ -1035,19 +1060,70 @@ impl<S: MetaStore> Catalog<S> {
         if !marked {
             return Err(CatalogError::Contended("delete_volume.mark"));
         }
+        if let Some(d) = self.deleting(name).await? {
+            fence(d).await;
+        }
         self.finish_delete(name).await
     }
 
     /// Finishes every delete a crash interrupted; returns the names.
     pub async fn resume_deletes(&self) -> Result<Vec<String>, CatalogError> {
+        self.resume_deletes_with(|_| async {}).await
+    }
+
+    /// [`Self::resume_deletes`], fencing as [`Self::delete_volume_with`]
+    /// does before the slots are freed.
+    pub async fn resume_deletes_with<F, Fut>(&self, fence: F) -> Result<Vec<String>, CatalogError>
+    where
+        F: Fn(Deleting) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let mut done = Vec::new();
         for v in self.volumes().await? {
             if v.state == VolumeState::Deleting {
+                if let Some(d) = self.deleting(&v.name).await? {
+                    fence(d).await;
+                }
                 self.finish_delete(&v.name).await?;
                 done.push(v.name);
             }
         }
         Ok(done)
+    }
+
+    /// What a volume marked `Deleting` still owns (None: it is gone).
+    async fn deleting(&self, name: &str) -> Result<Option<Deleting>, CatalogError> {
+        let (volume, vrev) = match self.volume_rev(name).await {
+            Ok(x) => x,
+            Err(CatalogError::UnknownVolume(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let extents: Vec<(ExtentRecord, u64)> = self.list(&keys::extents_of(volume.id)).await?;
+        let drives: HashMap<DriveId, DriveRecord> = self
+            .list::<DriveRecord>(keys::DRIVES)
+            .await?
+            .into_iter()
+            .map(|(d, _)| (d.id, d))
+            .collect();
+        let mut replicas = Vec::new();
+        for (e, _) in &extents {
+            for r in e.owned() {
+                let d = drives
+                    .get(&r.drive)
+                    .ok_or(CatalogError::UnknownDrive(r.drive))?;
+                replicas.push((d.clone(), *r));
+            }
+        }
+        Ok(Some(Deleting {
+            volume,
+            replicas,
+            // The mark (or a later batch of the delete) wrote the volume
+            // record at `vrev`: every chain epoch of the volume came from
+            // an earlier transaction, so is at most `vrev`; a later owner
+            // of a slot gets an epoch above the revision that freed it,
+            // which is above `vrev` + 1.
+            fence_epoch: vrev + 1,
+        }))
     }
 
     async fn finish_delete(&self, name: &str) -> Result<(), CatalogError> {
