@@ -122,6 +122,69 @@ impl RebuildProgress {
     }
 }
 
+/// The rebuilder's and the remapper's progress as Prometheus metrics,
+/// read at scrape time (`sluice control --admin-listen`, `/metrics`).
+#[derive(Debug)]
+pub struct RebuildCollector(pub Arc<RebuildProgress>);
+
+impl prometheus_client::collector::Collector for RebuildCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::registry::Unit;
+        use sluice_admin::metrics::{counter, gauge};
+        let p = self.0.snapshot();
+        let e = &mut enc;
+        gauge(
+            e,
+            "sluice_rebuild_rate",
+            "Configured average copy rate of rebuilds.",
+            Some(&Unit::Other("bytes_per_second".into())),
+            p.rate_bytes_per_sec,
+        )?;
+        gauge(
+            e,
+            "sluice_rebuild_degraded_extents",
+            "Extents whose chain is short of the volume's replicas (at the last scan).",
+            None,
+            p.degraded_extents,
+        )?;
+        gauge(
+            e,
+            "sluice_rebuild_in_progress",
+            "1 while an extent is being copied.",
+            None,
+            u64::from(!p.current.is_empty()),
+        )?;
+        counter(
+            e,
+            "sluice_rebuild_extents_rebuilt",
+            "Extents rebuilt since this process started.",
+            None,
+            p.extents_rebuilt,
+        )?;
+        counter(
+            e,
+            "sluice_rebuild_copied",
+            "Bytes copied by rebuilds and remaps since this process started.",
+            Some(&Unit::Bytes),
+            p.bytes_copied,
+        )?;
+        counter(
+            e,
+            "sluice_rebuild_extents_aborted",
+            "Rebuilds given up (and retried at a later scan).",
+            None,
+            p.extents_aborted,
+        )?;
+        counter(
+            e,
+            "sluice_remap_extents_remapped",
+            "Extents moved off congested drives since this process started.",
+            None,
+            p.extents_remapped,
+        )
+    }
+}
+
 /// A failed rebuild, and the drive to blame when there is one.
 #[derive(Debug)]
 struct Failure {
@@ -561,5 +624,42 @@ impl<S: MetaStore> Rebuilder<S> {
                 .map_err(|e| fail(old.drive, format!("fencing the retiring replica: {e}")))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_served_as_prometheus_metrics() {
+        let p = Arc::new(RebuildProgress::default());
+        {
+            let mut g = p.lock();
+            g.rate_bytes_per_sec = 64 << 20;
+            g.degraded_extents = 3;
+            g.extents_rebuilt = 7;
+            g.bytes_copied = 7 * EXTENT_BYTES;
+            g.extents_aborted = 1;
+            g.current = "v/2".into();
+            g.extents_remapped = 2;
+        }
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register_collector(Box::new(RebuildCollector(p)));
+        let text = sluice_admin::metrics::encode(&reg).expect("encodes");
+        for line in [
+            "sluice_rebuild_rate_bytes_per_second 67108864",
+            "sluice_rebuild_degraded_extents 3",
+            "sluice_rebuild_in_progress 1",
+            "sluice_rebuild_extents_rebuilt_total 7",
+            "sluice_rebuild_copied_bytes_total 14680064",
+            "sluice_rebuild_extents_aborted_total 1",
+            "sluice_remap_extents_remapped_total 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing in\n{text}"
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ use crate::error::status_of;
 use crate::leader::Leadership;
 use crate::pb;
 use crate::pb::control_server::{Control, ControlServer};
-use crate::rebuild::{RebuildConfig, RebuildProgress, Rebuilder};
+use crate::rebuild::{RebuildCollector, RebuildConfig, RebuildProgress, Rebuilder};
 use crate::view::{SloClasses, ViewCollector, ViewHub};
 use crate::view_pb;
 use crate::volume::DrivePool;
@@ -278,7 +278,7 @@ async fn run<S: MetaStore>(
     }
     let _admin = match cfg.admin.clone() {
         None => None,
-        Some(admin) => Some(start_admin(admin, view.clone())?),
+        Some(admin) => Some(start_admin(admin, view.clone(), progress.clone())?),
     };
     let service = ControlService {
         catalog,
@@ -319,13 +319,16 @@ async fn run<S: MetaStore>(
     served
 }
 
-/// Serves the view's metrics (`/metrics`) and JSON (`/v1/view`).
+/// Serves the view's and the rebuilder's metrics (`/metrics`) and the
+/// view's JSON (`/v1/view`).
 fn start_admin(
     cfg: sluice_admin::AdminConfig,
     view: Arc<ViewHub>,
+    rebuilds: Arc<RebuildProgress>,
 ) -> Result<sluice_admin::AdminServer, ServeError> {
     let mut reg = prometheus_client::registry::Registry::default();
     reg.register_collector(Box::new(ViewCollector(view.clone())));
+    reg.register_collector(Box::new(RebuildCollector(rebuilds)));
     let app = sluice_admin::compose(
         &cfg,
         [

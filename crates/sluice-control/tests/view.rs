@@ -250,6 +250,19 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
         "{}",
         m.body
     );
+    // The rebuilder's progress is served beside the view.
+    for family in [
+        "sluice_rebuild_degraded_extents ",
+        "sluice_rebuild_extents_rebuilt_total ",
+        "sluice_rebuild_copied_bytes_total ",
+        "sluice_remap_extents_remapped_total ",
+    ] {
+        assert!(
+            m.body.lines().any(|l| l.starts_with(family)),
+            "{family}missing:\n{}",
+            m.body
+        );
+    }
     let j = sluice_admin::client::request(&admin.to_string(), "GET", "/v1/view", "", None).unwrap();
     assert_eq!(j.status, 200);
     assert!(j.body.contains("client-a"), "{}", j.body);
