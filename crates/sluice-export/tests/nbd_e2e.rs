@@ -202,6 +202,16 @@ fn direct_queue_failure_falls_back_to_tasks_and_loses_nothing() {
     );
     // At most the first request after the failure met the dead queue.
     assert!(k1.direct_requests <= k0.direct_requests + 1, "{k1:?}");
+    // A new connection gets a direct queue of the new association.
+    let mut c2 = Client::connect(&e.sock, "disk");
+    let third = pattern(11, 65536);
+    assert_eq!(c2.call(CMD_WRITE, 0, 3 << 20, 65536, &third).0, 0);
+    assert!(c2.call(CMD_READ, 0, 3 << 20, 65536, &[]) == (0, third));
+    assert!(c2.call(CMD_READ, 0, 1 << 20, 65536, &[]).1 == before);
+    let k2 = e.account.counters();
+    assert_eq!(k2.direct_connections, 2, "{k2:?}");
+    assert!(k2.direct_requests >= k1.direct_requests + 3, "{k2:?}");
+    drop(c2);
     drop(c);
     e.rt.block_on(e.ctrl.disconnect(Duration::from_secs(2)));
     drop(e);
