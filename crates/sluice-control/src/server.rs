@@ -6,6 +6,7 @@
 //! learn its size, block size and NGUID. After that the service only touches
 //! metadata: it is never on an I/O's path.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -410,37 +411,55 @@ async fn zero_extent(
 /// warning: a delete is never refused for it.
 async fn fence_deleted(drives: &DrivePool, d: Deleting, drain: Duration) {
     let volume = &d.volume.name;
-    let mut fenced = Vec::new();
+    // Per drive: one connection, and one warning for a drive that is
+    // unreachable or refuses fences (not one per slot, and no reconnect
+    // attempt per slot of a dead drive).
+    let mut by_drive: BTreeMap<DriveId, (&sluice_volume::DriveRecord, Vec<u64>)> = BTreeMap::new();
     for (drive, r) in &d.replicas {
-        let ns = match drives.namespace(&pb::Drive::from(drive), None).await {
+        by_drive
+            .entry(drive.id)
+            .or_insert((drive, Vec::new()))
+            .1
+            .push(r.slot);
+    }
+    let mut draining = Vec::new();
+    for (drive, slots) in by_drive.values() {
+        let ns = match drives.namespace(&pb::Drive::from(*drive), None).await {
             Ok(ns) => ns,
             Err(e) => {
-                tracing::warn!(%volume, drive = %drive.id, error = %e, "cannot fence a deleted volume's slot: drive unreachable");
+                tracing::warn!(%volume, drive = %drive.id, slots = slots.len(), error = %e,
+                    "drive unreachable: a deleted volume's slots there are freed unfenced");
                 continue;
             }
         };
-        let granule = (drive.slot_lba(r.slot) * u64::from(ns.block_size_bytes())) >> GRANULE_SHIFT;
-        match ns.fence(granule, 1, d.fence_epoch, true).await {
-            Ok(_) => fenced.push((drive.id, r.slot, ns, granule)),
-            Err(e) => {
-                tracing::warn!(%volume, drive = %drive.id, slot = r.slot, error = %e, "cannot fence a deleted volume's slot")
+        let bs = u64::from(ns.block_size_bytes());
+        for (n, &slot) in slots.iter().enumerate() {
+            let granule = (drive.slot_lba(slot) * bs) >> GRANULE_SHIFT;
+            match ns.fence(granule, 1, d.fence_epoch, true).await {
+                Ok(a) if a.writes_in_flight == 0 => {}
+                Ok(_) => draining.push((drive.id, slot, ns.clone(), granule)),
+                Err(e) => {
+                    tracing::warn!(%volume, drive = %drive.id, slots = slots.len() - n, error = %e,
+                        "drive refused the Fence: a deleted volume's slots there are freed unfenced");
+                    break;
+                }
             }
         }
     }
     let deadline = Instant::now() + drain;
-    for (drive, slot, ns, granule) in fenced {
+    for (drive, slot, ns, granule) in draining {
         let mut pause = Duration::from_micros(200);
         loop {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
             match ns.fence(granule, 1, d.fence_epoch, false).await {
                 Ok(a) if a.writes_in_flight == 0 => break,
                 Ok(a) if Instant::now() > deadline => {
-                    tracing::warn!(%volume, %drive, slot, in_flight = a.writes_in_flight, "writes to a deleted volume's slot still in flight; freeing it anyway");
+                    tracing::warn!(%volume, %drive, slot, in_flight = a.writes_in_flight,
+                        "writes to a deleted volume's slot still in flight; freeing it anyway");
                     break;
                 }
-                Ok(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(%volume, %drive, slot, error = %e, "draining a deleted volume's slot");
                     break;

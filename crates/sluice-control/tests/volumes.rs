@@ -857,6 +857,44 @@ async fn a_deleted_volumes_open_client_cannot_write_into_its_old_slots() {
     cp.stop().await;
 }
 
+/// A delete is never refused for a drive that cannot be fenced: with one
+/// of two targets gone, the replicated volume's delete fences what it can,
+/// passes over the dead drives (one connection attempt each, not one per
+/// slot), and frees every slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_with_a_drive_down_frees_every_slot() {
+    let a = Drives::start();
+    let mut b = Drives::start();
+    let (_dir, mut cp, c) = redb_control().await;
+    add_all(&c, &[&a, &b]).await;
+    create(&c, "v", 16 * MIB, 2).await;
+    let pool = DrivePool::new(host_opts());
+    let v = Volume::open(c.clone(), pool.clone(), "v").await.unwrap();
+    v.write(0, &pattern(51, 16 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    drop(v);
+    let used: u64 = c
+        .list_drives()
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.slots_used)
+        .sum();
+    assert_eq!(used, 16, "8 extents x 2 replicas");
+    b.stop();
+    let t0 = std::time::Instant::now();
+    c.delete_volume("v").await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "the delete took {:?}",
+        t0.elapsed()
+    );
+    let drives = c.list_drives().await.unwrap();
+    assert!(drives.iter().all(|d| d.slots_used == 0), "{drives:?}");
+    cp.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_extent_never_shows_another_volumes_old_data() {
     let t = Drives::start();
