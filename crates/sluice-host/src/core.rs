@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::digest::crc32c;
-use sluice_proto::framer::{copy_into_two, Framer, RxPdu};
+use sluice_proto::framer::{copy_into_two, Framer, InPlace, RxPdu};
 use sluice_proto::pdu::{
     encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
-    DIGEST_LEN,
+    DIGEST_LEN, SHORT_HLEN,
 };
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::Status;
@@ -43,8 +43,6 @@ const DIRECT_RX_REST_MIN_BYTES: usize = 16 * 1024;
 /// a response, the next PDU's header). More would let the head of a
 /// following large PDU in, to be copied out again.
 const DIRECT_RX_TAIL_BYTES: usize = 8 * 1024;
-/// Header length of a C2HData PDU.
-const DATA_HLEN: usize = 24;
 
 /// Static parameters of one queue pair.
 #[derive(Debug, Clone)]
@@ -175,11 +173,9 @@ struct State {
 struct DirectRx {
     header: DataHeader,
     /// Its raw header, for quoting in a TermReq.
-    raw_header: [u8; DATA_HLEN],
-    /// Where the next byte goes in the command's read buffer.
-    at: usize,
-    /// Data bytes still to come.
-    left: usize,
+    raw_header: [u8; SHORT_HLEN],
+    /// The rest of its data, in the command's read buffer.
+    rest: InPlace,
     /// A data digest follows the data.
     ddgst: bool,
 }
@@ -425,11 +421,11 @@ impl QueuePairCore {
             direct_rx,
             ..
         } = self;
-        if let Some(d) = direct_rx.as_ref().filter(|d| d.left > 0) {
+        if let Some(d) = direct_rx.as_ref().filter(|d| d.rest.left > 0) {
             if let Some(dest) = st.read_buf_of(d.header.cccid) {
                 let tail = framer.read_buf();
                 let n = tail.len().min(DIRECT_RX_TAIL_BYTES);
-                return (&mut dest[d.at..d.at + d.left], &mut tail[..n]);
+                return (&mut dest[d.rest.range()], &mut tail[..n]);
             }
         }
         // One read chunk at most: a read that took in the whole of a large
@@ -446,15 +442,9 @@ impl QueuePairCore {
         if self.st.phase == Phase::Closed {
             return;
         }
-        let mut n = n;
-        if let Some(d) = self.direct_rx.as_mut() {
-            let k = n.min(d.left);
-            d.at += k;
-            d.left -= k;
-            n -= k;
-            self.rx_direct_bytes += k as u64;
-        }
-        self.framer.advance(n);
+        let past = self.direct_rx.as_mut().map_or(n, |d| d.rest.take(n));
+        self.rx_direct_bytes += (n - past) as u64;
+        self.framer.advance(past);
         self.process(now);
     }
 
@@ -627,9 +617,7 @@ impl QueuePairCore {
                 return false;
             }
         };
-        let mut raw_header = [0u8; DATA_HLEN];
-        let n = sp.raw_header.len().min(DATA_HLEN);
-        raw_header[..n].copy_from_slice(&sp.raw_header[..n]);
+        let raw_header = sp.header_quote();
         let PduHeader::C2HData(header) = sp.header else {
             // The framer splits data PDUs only, and receives no H2CData here.
             let e = DecodeError::Sequence("data PDU of the wrong direction".into());
@@ -645,8 +633,10 @@ impl QueuePairCore {
             }
         }
         self.direct_rx = Some(DirectRx {
-            at: header.offset as usize + head.len(),
-            left: sp.data_rest,
+            rest: InPlace {
+                at: header.offset as usize + head.len(),
+                left: sp.data_rest,
+            },
             ddgst: sp.ddgst,
             header,
             raw_header,
@@ -660,7 +650,7 @@ impl QueuePairCore {
         let Some(d) = self.direct_rx.as_ref() else {
             return true;
         };
-        if d.left > 0 {
+        if d.rest.left > 0 {
             return false;
         }
         let digest_ok = if d.ddgst {

@@ -22,7 +22,7 @@
 use crate::digest::crc32c;
 use crate::pdu::{
     decode_specific, pdu_type, validate_common_header, CommonHeader, DecodeError, Direction,
-    PduHeader, PduLayout, RxParams, CH_LEN, DIGEST_LEN, HLEN_MAX,
+    PduHeader, PduLayout, RxParams, CH_LEN, DIGEST_LEN, HLEN_MAX, SHORT_HLEN,
 };
 use crate::wire::u32_at;
 
@@ -53,6 +53,43 @@ pub struct SplitPdu<'a> {
     /// A 4-byte data digest follows the data; the caller takes it with
     /// [`Framer::take_bytes`] once the data is in.
     pub ddgst: bool,
+}
+
+impl SplitPdu<'_> {
+    /// The header, kept for quoting in a TermReq after the framer moved
+    /// on (data PDUs' headers are [`SHORT_HLEN`] bytes).
+    pub fn header_quote(&self) -> [u8; SHORT_HLEN] {
+        let mut q = [0u8; SHORT_HLEN];
+        let n = self.raw_header.len().min(SHORT_HLEN);
+        q[..n].copy_from_slice(&self.raw_header[..n]);
+        q
+    }
+}
+
+/// The rest of a split PDU's data on its way into its destination buffer
+/// (the first of the two buffers a receiver offers one `readv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InPlace {
+    /// Where the next byte goes in the destination.
+    pub at: usize,
+    /// Bytes still to come.
+    pub left: usize,
+}
+
+impl InPlace {
+    /// The part of the destination the next read fills.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.at..self.at + self.left
+    }
+
+    /// Accounts `n` bytes just read, this buffer first; returns how many
+    /// of them went past it (into the framer's buffer).
+    pub fn take(&mut self, n: usize) -> usize {
+        let k = n.min(self.left);
+        self.at += k;
+        self.left -= k;
+        n - k
+    }
 }
 
 /// Copies the head of `src` into `first`, then into `second`, as one

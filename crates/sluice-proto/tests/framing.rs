@@ -680,3 +680,16 @@ fn split_data_checks_the_header_digest_and_poisons() {
     assert_eq!(f.split_data(1).err(), Some(e));
     assert_eq!(f.current_header(), &w[..24]);
 }
+
+/// A read that fills the in-place buffer and spills into the framer's.
+#[test]
+fn in_place_takes_its_bytes_first() {
+    use sluice_proto::framer::InPlace;
+    let mut p = InPlace { at: 100, left: 50 };
+    assert_eq!(p.range(), 100..150);
+    assert_eq!(p.take(20), 0);
+    assert_eq!(p, InPlace { at: 120, left: 30 });
+    assert_eq!(p.take(40), 10, "10 bytes went past it");
+    assert_eq!(p, InPlace { at: 150, left: 0 });
+    assert_eq!(p.take(7), 7);
+}

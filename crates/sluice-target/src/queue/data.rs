@@ -9,7 +9,7 @@ use super::QueueConnection;
 use crate::tolerated::Tolerated;
 use sluice_backend::AlignedBuf;
 use sluice_proto::digest::crc32c;
-use sluice_proto::framer::Framer;
+use sluice_proto::framer::{Framer, InPlace};
 use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t, DIGEST_LEN};
 use sluice_proto::send::PduClass;
 use sluice_proto::Status;
@@ -140,9 +140,7 @@ impl QueueConnection {
                 return false;
             }
         };
-        let mut raw_header = [0u8; DATA_HLEN];
-        let n = sp.raw_header.len().min(DATA_HLEN);
-        raw_header[..n].copy_from_slice(&sp.raw_header[..n]);
+        let raw_header = sp.header_quote();
         let PduHeader::H2CData(header) = sp.header else {
             // The framer splits data PDUs only, and yields no C2HData here.
             let e = DecodeError::Sequence("data PDU of the wrong direction".into());
@@ -163,8 +161,10 @@ impl QueueConnection {
         }
         self.direct_rx = Some(DirectRx {
             slot,
-            at: at + head.len(),
-            left: sp.data_rest,
+            rest: InPlace {
+                at: at + head.len(),
+                left: sp.data_rest,
+            },
             ddgst: sp.ddgst,
             header,
         });
@@ -177,7 +177,7 @@ impl QueueConnection {
         let Some(d) = self.direct_rx.as_ref() else {
             return true;
         };
-        if d.left > 0 {
+        if d.rest.left > 0 {
             return false;
         }
         let (slot, from, len) = (d.slot, d.header.offset as usize, d.header.len as usize);
@@ -211,8 +211,6 @@ const DIRECT_RX_REST_MIN_BYTES: usize = 16 * 1024;
 /// While data goes straight into a command's buffer, the same read gives
 /// the framer at most this much (the digest, the next PDUs' headers).
 pub(super) const DIRECT_RX_TAIL_BYTES: usize = 8 * 1024;
-/// Header length of an H2CData PDU.
-const DATA_HLEN: usize = 24;
 
 /// An H2CData PDU whose data is being read straight into its command's
 /// buffer, past the framer.
@@ -220,10 +218,8 @@ const DATA_HLEN: usize = 24;
 pub(super) struct DirectRx {
     pub(super) slot: u16,
     header: DataHeader,
-    /// Where the next byte goes in the command's buffer.
-    pub(super) at: usize,
-    /// Data bytes still to come.
-    pub(super) left: usize,
+    /// The rest of its data, in the command's buffer.
+    pub(super) rest: InPlace,
     /// A data digest follows the data.
     ddgst: bool,
 }

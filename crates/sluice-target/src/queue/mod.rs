@@ -183,11 +183,11 @@ impl QueueConnection {
             .framer
             .as_mut()
             .expect("framer present outside process_input");
-        if let Some(d) = self.direct_rx.as_ref().filter(|d| d.left > 0) {
+        if let Some(d) = self.direct_rx.as_ref().filter(|d| d.rest.left > 0) {
             if let Some(buf) = self.cmds.get_mut(d.slot).and_then(|c| c.buf.as_mut()) {
                 let tail = framer.read_buf();
                 let n = tail.len().min(data::DIRECT_RX_TAIL_BYTES);
-                return (&mut buf[d.at..d.at + d.left], &mut tail[..n]);
+                return (&mut buf[d.rest.range()], &mut tail[..n]);
             }
         }
         let chunk = framer.read_chunk();
@@ -199,18 +199,12 @@ impl QueueConnection {
     /// Processes `n` bytes just read into [`Self::recv_bufs`] (the first
     /// buffer fills before the second).
     pub fn handle_received(&mut self, n: usize, now: Instant) {
-        let mut n = n;
-        if let Some(d) = self.direct_rx.as_mut() {
-            let k = n.min(d.left);
-            d.at += k;
-            d.left -= k;
-            n -= k;
-            self.stats.rx_direct_bytes += k as u64;
-        }
+        let past = self.direct_rx.as_mut().map_or(n, |d| d.rest.take(n));
+        self.stats.rx_direct_bytes += (n - past) as u64;
         self.framer
             .as_mut()
             .expect("framer present outside process_input")
-            .advance(n);
+            .advance(past);
         self.process_input(now);
     }
 
