@@ -241,6 +241,10 @@ def main():
         die("needs two CPUs (target on 0, host on 1)")
     if int(Path("/proc/sys/vm/nr_hugepages").read_text()) < 1024:
         Path("/proc/sys/vm/nr_hugepages").write_text("1024")
+    # DPDK finds hugepages only through a mounted hugetlbfs.
+    if subprocess.run(["mountpoint", "-q", "/dev/hugepages"]).returncode != 0:
+        Path("/dev/hugepages").mkdir(exist_ok=True)
+        subprocess.run(["mount", "-t", "hugetlbfs", "nodev", "/dev/hugepages"], check=True)
     subprocess.run(["cargo", "build", "-q", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
