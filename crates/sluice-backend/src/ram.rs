@@ -523,7 +523,12 @@ mod tests {
                     op: IoOp::Write { fua: false },
                     offset_bytes: off,
                     len_bytes: 8192.min(size - off),
-                    buf: Some(AlignedBuf::from_slice(&vec![fill; usize_from(8192.min(size - off))])),
+                    buf: Some(AlignedBuf::from_slice(&vec![
+                        fill;
+                        usize_from(
+                            8192.min(size - off)
+                        )
+                    ])),
                 },
             );
             assert!(c.result.is_ok(), "{:?}", c.result);
@@ -540,7 +545,10 @@ mod tests {
             },
         );
         let buf = c.buf.expect("buf back");
-        assert!(buf.iter().all(|&b| b == 0x11), "data across the chunk boundary");
+        assert!(
+            buf.iter().all(|&b| b == 0x11),
+            "data across the chunk boundary"
+        );
         let c = run(
             q.as_mut(),
             IoRequest {

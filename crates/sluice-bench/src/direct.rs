@@ -180,7 +180,7 @@ impl JobRun {
                 }
             }
             // Poll: how long to wait when this turn completes nothing.
-            let wait = match polling {
+            let wait = match polling.while_outstanding(q.outstanding() > 0) {
                 PollingPolicy::BusyPoll => None,
                 _ if submitted => None,
                 PollingPolicy::Adaptive { spin_us }

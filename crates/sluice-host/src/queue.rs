@@ -10,7 +10,8 @@
 //! * `BusyPoll`: the thread never sleeps; it spins over non-blocking reads,
 //!   writes and the submission queue (one core per queue at 100 %).
 //! * `Adaptive { spin_us }`: spins while there was progress in the last
-//!   `spin_us` microseconds, then sleeps like `Interrupt`.
+//!   `spin_us` microseconds (20 times that while commands are outstanding:
+//!   `PollingPolicy::while_outstanding`), then sleeps like `Interrupt`.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
@@ -463,7 +464,7 @@ impl Driver {
                 .min(IDLE_WAIT_MAX);
             let timeout = sleeper
                 .timeout(
-                    self.polling,
+                    self.polling.while_outstanding(self.core.in_flight() > 0),
                     now,
                     now.duration_since(last_progress),
                     precise,

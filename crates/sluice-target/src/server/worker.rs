@@ -17,7 +17,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
 use sluice_runtime::clock::thread_cpu;
-use sluice_runtime::Sleeper;
+use sluice_runtime::{IdleGaps, Sleeper};
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
@@ -113,6 +113,9 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let polling = self.reg.settings.polling;
         let mut last_work = Instant::now();
+        // Start of the current idle spell, and how long idle spells last.
+        let mut idle_since: Option<Instant> = None;
+        let mut gaps = IdleGaps::default();
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
         let mut next_publish = started + crate::metrics::SEND_PUBLISH_INTERVAL;
@@ -124,9 +127,12 @@ impl Worker {
                 next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
             }
             let deadline = self.next_deadline(now);
-            let timeout =
-                self.sleeper
-                    .timeout(polling, now, now.duration_since(last_work), deadline);
+            let timeout = self.sleeper.timeout(
+                gaps.policy(polling),
+                now,
+                now.duration_since(last_work),
+                deadline,
+            );
             let timeout = if drain_deadline.is_some() {
                 Some(
                     timeout
@@ -177,6 +183,11 @@ impl Worker {
             work |= self.drive(now);
             if work {
                 last_work = now;
+                if let Some(t) = idle_since.take() {
+                    gaps.record(now.duration_since(t));
+                }
+            } else if idle_since.is_none() {
+                idle_since = Some(now);
             }
             if let Some(d) = drain_deadline {
                 let live = self.conns.iter().flatten().count();
