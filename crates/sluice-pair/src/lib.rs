@@ -796,7 +796,7 @@ impl Pair {
             if l.target.poll_timeout().is_some_and(|t| t <= now) {
                 l.target.handle_timeout(now);
             }
-            let mut due = l.target.due().to_vec();
+            let mut due = l.target.due_copy();
             if !due.is_empty() {
                 progress = true;
                 l.target.consume(due.len(), now);

@@ -23,6 +23,8 @@
 //!   volumes (the Fence admin command, the epoch a write carries).
 //! * [`send`]: per-queue send schedulers (immediate, unified, isolated
 //!   freights), shared by the target and the host.
+//! * [`outbuf`]: the schedulers' byte buffers, where bulk data can be an
+//!   attachment sent from its own buffer (vectored) instead of a copy.
 
 pub mod coalesce;
 pub mod command;
@@ -33,6 +35,7 @@ pub mod fence;
 pub mod framer;
 pub mod identify;
 pub mod log;
+pub mod outbuf;
 pub mod pdu;
 pub mod send;
 pub mod status;

@@ -16,6 +16,8 @@
 
 use crate::coalesce::Hint;
 use crate::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, FireReason};
+use crate::outbuf::{Attachment, OutBuf};
+use std::io::IoSlice;
 use std::time::{Duration, Instant};
 
 /// What kind of PDU is being sent, for schedulers that treat them apart.
@@ -136,10 +138,36 @@ pub trait SendScheduler: Send + std::fmt::Debug {
     fn commit_cmd(&mut self, class: PduClass, _cid: u16, now: Instant) {
         self.commit(class, now)
     }
+    /// Adds `data` to the PDU being encoded in `buffer(class)`, after the
+    /// bytes appended so far: it is sent from its own buffer by a vectored
+    /// write, never copied into the send buffer. The default copies it.
+    fn attach(&mut self, class: PduClass, data: Attachment) {
+        self.buffer(class).extend_from_slice(data.as_slice());
+    }
     /// A command started, with its completion hint (coalescing).
     fn command_started(&mut self, _cid: u16, _hint: Hint) {}
-    /// Bytes due for the socket, oldest first.
+    /// The first contiguous run of bytes due for the socket (all of them
+    /// unless PDUs carry attachments); empty only when nothing is due.
     fn due(&self) -> &[u8];
+    /// The bytes due for the socket as runs, oldest first, into `out`;
+    /// returns how many runs it filled (fewer than all when `out` is full).
+    fn due_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        match out.first_mut() {
+            Some(o) if !self.due().is_empty() => {
+                *o = IoSlice::new(self.due());
+                1
+            }
+            _ => 0,
+        }
+    }
+    /// How many bytes are due, all runs together.
+    fn due_len(&self) -> usize {
+        self.due().len()
+    }
+    /// A copy of every due byte (for a TermReq or a scheduler swap).
+    fn due_copy(&self) -> Vec<u8> {
+        self.due().to_vec()
+    }
     /// Reports that the first `n` due bytes were written.
     fn consume(&mut self, n: usize);
     /// Moves PDUs whose trigger fired into the due bytes.
@@ -154,9 +182,8 @@ pub trait SendScheduler: Send + std::fmt::Debug {
 /// Writes every PDU as soon as it exists.
 #[derive(Debug, Default)]
 pub struct Immediate {
-    out: Vec<u8>,
-    /// Written prefix of `out`.
-    start: usize,
+    out: OutBuf,
+    /// End of the committed bytes of `out` (inline position).
     committed: usize,
     stats: SendStats,
 }
@@ -169,44 +196,52 @@ impl Immediate {
 
 impl SendScheduler for Immediate {
     fn buffer(&mut self, _class: PduClass) -> &mut Vec<u8> {
-        &mut self.out
+        self.out.inline()
+    }
+
+    fn attach(&mut self, _class: PduClass, data: Attachment) {
+        self.stats.bytes += data.len() as u64;
+        self.out.attach(data);
     }
 
     fn commit(&mut self, class: PduClass, _now: Instant) {
-        debug_assert!(self.out.len() >= self.committed);
+        debug_assert!(self.out.inline_end() >= self.committed);
         self.stats.pdus += 1;
         if class == PduClass::Response {
             self.stats.notifications += 1;
         }
-        self.stats.bytes += (self.out.len() - self.committed) as u64;
+        self.stats.bytes += (self.out.inline_end() - self.committed) as u64;
         self.stats.flushes += 1;
         self.stats.flush_pdus += 1;
         self.stats.reasons[FlushReason::Immediate as usize] += 1;
-        self.committed = self.out.len();
+        self.committed = self.out.inline_end();
     }
 
     fn due(&self) -> &[u8] {
-        &self.out[self.start..self.committed]
+        self.out.first_upto(self.committed)
+    }
+
+    fn due_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        self.out.slices_upto(self.committed, out)
+    }
+
+    fn due_len(&self) -> usize {
+        self.out.len_upto(self.committed)
+    }
+
+    fn due_copy(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.out.copy_upto(self.committed, &mut v);
+        v
     }
 
     fn consume(&mut self, n: usize) {
-        assert!(
-            self.start + n <= self.committed,
-            "consumed more than was due"
-        );
-        self.start += n;
+        let before = self.out.inline_end();
+        self.out.consume(n, self.committed);
+        // Consuming may drop the written prefix: keep `committed` in step.
+        self.committed -= before - self.out.inline_end();
         if n > 0 {
             self.stats.sends += 1;
-        }
-        if self.start == self.committed {
-            // Keep any uncommitted tail (none in practice) and reuse the allocation.
-            self.out.drain(..self.start);
-            self.committed -= self.start;
-            self.start = 0;
-        } else if self.start > 1 << 20 {
-            self.out.drain(..self.start);
-            self.committed -= self.start;
-            self.start = 0;
         }
     }
 
@@ -217,7 +252,7 @@ impl SendScheduler for Immediate {
     }
 
     fn backlog_bytes(&self) -> usize {
-        self.committed - self.start
+        self.out.len_upto(self.committed)
     }
 
     fn stats(&self) -> SendStats {
@@ -409,7 +444,7 @@ const DATA: usize = 1;
 #[derive(Debug)]
 struct Freight {
     p: FreightParams,
-    buf: Vec<u8>,
+    buf: OutBuf,
     /// Commit time of each PDU in `buf`.
     times: Vec<Instant>,
     /// Weighted PDU count.
@@ -422,7 +457,7 @@ impl Freight {
     fn new(p: FreightParams) -> Self {
         Freight {
             p,
-            buf: Vec::new(),
+            buf: OutBuf::default(),
             times: Vec::new(),
             weight: 0,
             cids: Vec::new(),
@@ -448,10 +483,14 @@ pub struct Freighted {
     isolated: bool,
     /// Encoding space for PDUs whose freight is decided at commit.
     staging: Vec<u8>,
-    /// Length of each freight's buffer when `buffer` handed it out.
+    /// Inline length of each freight's buffer when the PDU being encoded
+    /// there started (the first `buffer` call since the last commit).
     marks: [usize; 2],
-    due: Vec<u8>,
-    start: usize,
+    /// Whether a PDU is being encoded in each freight (`buffer` was called
+    /// and `commit` was not yet): later `buffer` calls for the same PDU,
+    /// around an `attach`, keep its mark.
+    open: [bool; 2],
+    due: OutBuf,
     stats: SendStats,
 }
 
@@ -467,8 +506,8 @@ impl Freighted {
             isolated: false,
             staging: Vec::new(),
             marks: [0; 2],
-            due: Vec::new(),
-            start: 0,
+            open: [false; 2],
+            due: OutBuf::default(),
             stats: SendStats::default(),
         }
     }
@@ -480,8 +519,8 @@ impl Freighted {
             isolated: true,
             staging: Vec::new(),
             marks: [0; 2],
-            due: Vec::new(),
-            start: 0,
+            open: [false; 2],
+            due: OutBuf::default(),
             stats: SendStats::default(),
         }
     }
@@ -500,18 +539,8 @@ impl Freighted {
         if npdus == 0 {
             return;
         }
-        if self.start == self.due.len() {
-            self.due.clear();
-            self.start = 0;
-        }
         let f = &mut self.freights[i];
-        if self.due.is_empty() && upto == f.buf.len() {
-            std::mem::swap(&mut self.due, &mut f.buf);
-            f.buf.clear();
-        } else {
-            self.due.extend_from_slice(&f.buf[..upto]);
-            f.buf.drain(..upto);
-        }
+        f.buf.move_prefix_into(&mut self.due, upto);
         let mut waited = 0u64;
         for t in f.times.drain(..npdus) {
             let w = now.saturating_duration_since(t).as_nanos();
@@ -533,11 +562,12 @@ impl Freighted {
 
     fn flush(&mut self, i: usize, why: FlushReason, now: Instant) {
         let n = self.freights[i].times.len();
-        let len = self.freights[i].buf.len();
+        let len = self.freights[i].buf.inline_end();
         self.flush_part(i, len, n, why, now);
     }
 
-    /// Adds the PDU at `freights[i].buf[mark..]` and applies the triggers.
+    /// Adds the PDU at inline position `mark..` of freight `i` (with its
+    /// attachments) and applies the triggers; sizes count attached bytes.
     fn add(&mut self, i: usize, mark: usize, class: PduClass, cid: Option<u16>, now: Instant) {
         let size = self.freights[i].p.size_bytes as usize;
         let held = self.freights[i].times.len();
@@ -594,11 +624,7 @@ impl Freighted {
                 for i in 0..self.freights.len() {
                     self.flush(i, FlushReason::Control, now);
                 }
-                if self.start == self.due.len() {
-                    self.due.clear();
-                    self.start = 0;
-                }
-                self.due.extend_from_slice(&self.staging);
+                self.due.inline().extend_from_slice(&self.staging);
                 self.staging.clear();
                 self.stats.flushes += 1;
                 self.stats.flush_pdus += 1;
@@ -606,19 +632,20 @@ impl Freighted {
             }
             PduClass::Response => {
                 let i = self.freight_for(class, cid);
-                let mark = self.freights[i].buf.len();
+                let mark = self.freights[i].buf.inline_end();
                 self.stats.bytes += self.staging.len() as u64;
                 let f = &mut self.freights[i];
-                f.buf.extend_from_slice(&self.staging);
+                f.buf.inline().extend_from_slice(&self.staging);
                 self.staging.clear();
                 self.add(i, mark, class, cid, now);
             }
             PduClass::R2t | PduClass::Data | PduClass::Command => {
                 let i = self.freight_for(class, cid);
                 let mark = self.marks[i];
-                self.stats.bytes += (self.freights[i].buf.len() - mark) as u64;
+                self.stats.bytes += (self.freights[i].buf.inline_end() - mark) as u64;
+                self.open[i] = false;
                 self.add(i, mark, class, cid, now);
-                self.marks[i] = self.freights[i].buf.len();
+                self.marks[i] = self.freights[i].buf.inline_end();
             }
         }
     }
@@ -630,8 +657,28 @@ impl SendScheduler for Freighted {
             PduClass::Control | PduClass::Response => &mut self.staging,
             PduClass::R2t | PduClass::Data | PduClass::Command => {
                 let i = self.freight_for(class, None);
-                self.marks[i] = self.freights[i].buf.len();
-                &mut self.freights[i].buf
+                if !self.open[i] {
+                    self.marks[i] = self.freights[i].buf.inline_end();
+                    self.open[i] = true;
+                }
+                self.freights[i].buf.inline()
+            }
+        }
+    }
+
+    fn attach(&mut self, class: PduClass, data: Attachment) {
+        match class {
+            PduClass::Control | PduClass::Response => {
+                self.staging.extend_from_slice(data.as_slice());
+            }
+            PduClass::R2t | PduClass::Data | PduClass::Command => {
+                let i = self.freight_for(class, None);
+                if !self.open[i] {
+                    self.marks[i] = self.freights[i].buf.inline_end();
+                    self.open[i] = true;
+                }
+                self.stats.bytes += data.len() as u64;
+                self.freights[i].buf.attach(data);
             }
         }
     }
@@ -645,24 +692,27 @@ impl SendScheduler for Freighted {
     }
 
     fn due(&self) -> &[u8] {
-        &self.due[self.start..]
+        self.due.first_upto(self.due.inline_end())
+    }
+
+    fn due_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        self.due.slices_upto(self.due.inline_end(), out)
+    }
+
+    fn due_len(&self) -> usize {
+        self.due.len()
+    }
+
+    fn due_copy(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.due.copy_upto(self.due.inline_end(), &mut v);
+        v
     }
 
     fn consume(&mut self, n: usize) {
-        assert!(
-            self.start + n <= self.due.len(),
-            "consumed more than was due"
-        );
-        self.start += n;
+        self.due.consume(n, self.due.inline_end());
         if n > 0 {
             self.stats.sends += 1;
-        }
-        if self.start == self.due.len() {
-            self.due.clear();
-            self.start = 0;
-        } else if self.start > 1 << 20 {
-            self.due.drain(..self.start);
-            self.start = 0;
         }
     }
 
@@ -682,7 +732,7 @@ impl SendScheduler for Freighted {
     }
 
     fn backlog_bytes(&self) -> usize {
-        self.due.len() - self.start + self.freights.iter().map(|f| f.buf.len()).sum::<usize>()
+        self.due.len() + self.freights.iter().map(|f| f.buf.len()).sum::<usize>()
     }
 
     fn stats(&self) -> SendStats {
@@ -789,8 +839,28 @@ impl SendScheduler for Coalesced {
         self.inner.command_started(cid, hint);
     }
 
+    fn attach(&mut self, class: PduClass, data: Attachment) {
+        if class == PduClass::Response {
+            self.staging.extend_from_slice(data.as_slice());
+        } else {
+            self.inner.attach(class, data);
+        }
+    }
+
     fn due(&self) -> &[u8] {
         self.inner.due()
+    }
+
+    fn due_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        self.inner.due_vectored(out)
+    }
+
+    fn due_len(&self) -> usize {
+        self.inner.due_len()
+    }
+
+    fn due_copy(&self) -> Vec<u8> {
+        self.inner.due_copy()
     }
 
     fn consume(&mut self, n: usize) {
@@ -893,11 +963,48 @@ mod tests {
         s.commit_cmd(class, cid, now);
     }
 
-    /// Drains the due bytes into (cid, class, seq) records.
-    fn drain(s: &mut dyn SendScheduler, out: &mut Vec<(u16, u8, u32)>, pending: &mut Vec<u8>) {
-        let n = s.due().len();
-        pending.extend_from_slice(s.due());
-        s.consume(n);
+    /// Like `put`, with the body (every byte `seq as u8`) in up to three
+    /// parts: `att` 0 all inline; 1 an inline head, then an attachment;
+    /// 2 head, attachment and a 4-byte inline tail (like a data digest).
+    #[allow(clippy::too_many_arguments)]
+    fn put_attached(
+        s: &mut dyn SendScheduler,
+        class: PduClass,
+        cid: u16,
+        seq: u32,
+        len: usize,
+        att: u8,
+        now: Instant,
+    ) {
+        let len = len.max(11 + 8);
+        let body = len - 11;
+        let fill = seq as u8;
+        let b = s.buffer(class);
+        b.extend_from_slice(&(len as u32).to_le_bytes());
+        b.extend_from_slice(&cid.to_le_bytes());
+        b.push(class as u8);
+        b.extend_from_slice(&seq.to_le_bytes());
+        if att == 0 {
+            b.resize(b.len() + body, fill);
+        } else {
+            let head = body / 3;
+            let tail = if att == 2 { 4 } else { 0 };
+            b.resize(b.len() + head, fill);
+            // A shared buffer of which the PDU carries only a middle range.
+            let mut shared = vec![0x55u8; body + 7];
+            shared[3..3 + body - head - tail].fill(fill);
+            let shared: crate::outbuf::SharedBytes = std::sync::Arc::new(shared);
+            let a = Attachment::new(shared, 3..3 + body - head - tail).expect("range");
+            s.attach(class, a);
+            let b = s.buffer(class);
+            b.resize(b.len() + tail, fill);
+        }
+        s.commit_cmd(class, cid, now);
+    }
+
+    /// Parses whole test PDUs off `pending` into (cid, class, seq) records,
+    /// checking each body.
+    fn parse(out: &mut Vec<(u16, u8, u32)>, pending: &mut Vec<u8>) {
         while pending.len() >= 11 {
             let len = u32::from_le_bytes(pending[0..4].try_into().unwrap()) as usize;
             if pending.len() < len {
@@ -905,9 +1012,29 @@ mod tests {
             }
             let cid = u16::from_le_bytes([pending[4], pending[5]]);
             let seq = u32::from_le_bytes(pending[7..11].try_into().unwrap());
+            let body = &pending[11..len];
+            assert!(
+                body.iter().all(|&b| b == seq as u8 || b == 0xaa),
+                "PDU {seq}: body bytes out of place"
+            );
             out.push((cid, pending[6], seq));
             pending.drain(..len);
         }
+    }
+
+    /// Drains the due bytes into (cid, class, seq) records.
+    fn drain(s: &mut dyn SendScheduler, out: &mut Vec<(u16, u8, u32)>, pending: &mut Vec<u8>) {
+        while s.due_len() > 0 {
+            let mut runs = [IoSlice::new(&[]); 8];
+            let k = s.due_vectored(&mut runs);
+            let mut n = 0;
+            for r in &runs[..k] {
+                pending.extend_from_slice(r);
+                n += r.len();
+            }
+            s.consume(n);
+        }
+        parse(out, pending);
     }
 
     fn fp(size: u32, degree: u32, timer_us: u64) -> FreightParams {
@@ -1154,8 +1281,15 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Read { len: usize, pdus: u8, hint: u8 },
-        Write { hint: u8 },
+        Read {
+            len: usize,
+            pdus: u8,
+            hint: u8,
+            att: u8,
+        },
+        Write {
+            hint: u8,
+        },
         Complete(usize),
         Advance(u16),
         Consume(u16),
@@ -1164,10 +1298,11 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (24usize..5000, 1u8..4, 0u8..3).prop_map(|(len, pdus, hint)| Op::Read {
+            (24usize..5000, 1u8..4, 0u8..3, 0u8..3).prop_map(|(len, pdus, hint, att)| Op::Read {
                 len,
                 pdus,
-                hint
+                hint,
+                att
             }),
             (0u8..3).prop_map(|hint| Op::Write { hint }),
             (0usize..64).prop_map(Op::Complete),
@@ -1225,7 +1360,9 @@ mod tests {
         /// Random interleavings of commands, completions, time and partial
         /// writes: no PDU is lost or duplicated, PDUs of one command keep
         /// their order, a held PDU always has a deadline, and after the
-        /// longest bound every PDU is due.
+        /// longest bound every PDU is due. Data PDUs carry attachments
+        /// (sent from their own buffers) or not; writes take the due runs
+        /// a few at a time, in pieces.
         #[test]
         fn no_pdu_lost_duplicated_or_reordered(cfg in sched(), ops in prop::collection::vec(op(), 1..200)) {
             let t0 = Instant::now();
@@ -1235,14 +1372,14 @@ mod tests {
             let mut sent: Vec<(u16, u8, u32)> = Vec::new();
             let mut seq = 0u32;
             let mut next_cid = 0u16;
-            // Commands in flight: (cid, is_read, remaining data pdus, len)
-            let mut inflight: Vec<(u16, bool, u8, usize)> = Vec::new();
+            // Commands in flight: (cid, is_read, remaining data pdus, len, att)
+            let mut inflight: Vec<(u16, bool, u8, usize, u8)> = Vec::new();
             for o in ops {
                 match o {
-                    Op::Read { len, pdus, hint } => {
+                    Op::Read { len, pdus, hint, att } => {
                         next_cid = next_cid.wrapping_add(1);
                         s.command_started(next_cid, [Hint::Normal, Hint::Urgent, Hint::Barrier][hint as usize]);
-                        inflight.push((next_cid, true, pdus, len));
+                        inflight.push((next_cid, true, pdus, len, att));
                     }
                     Op::Write { hint } => {
                         next_cid = next_cid.wrapping_add(1);
@@ -1250,12 +1387,12 @@ mod tests {
                         put(&mut *s, PduClass::R2t, next_cid, seq, 24, now);
                         sent.push((next_cid, PduClass::R2t as u8, seq));
                         seq += 1;
-                        inflight.push((next_cid, false, 0, 0));
+                        inflight.push((next_cid, false, 0, 0, 0));
                     }
                     Op::Complete(i) if !inflight.is_empty() => {
-                        let (cid, _, pdus, len) = inflight.remove(i % inflight.len());
+                        let (cid, _, pdus, len, att) = inflight.remove(i % inflight.len());
                         for _ in 0..pdus {
-                            put(&mut *s, PduClass::Data, cid, seq, len, now);
+                            put_attached(&mut *s, PduClass::Data, cid, seq, len, att, now);
                             sent.push((cid, PduClass::Data as u8, seq));
                             seq += 1;
                         }
@@ -1269,9 +1406,20 @@ mod tests {
                         s.poll(now);
                     }
                     Op::Consume(n) => {
-                        let n = (n as usize).min(s.due().len());
-                        pend.extend_from_slice(&s.due()[..n]);
-                        s.consume(n);
+                        // What a writev of three runs that took `n` bytes does.
+                        let mut runs = [IoSlice::new(&[]); 3];
+                        let k = s.due_vectored(&mut runs);
+                        let mut left = n as usize;
+                        let mut took = 0;
+                        for r in &runs[..k] {
+                            let m = left.min(r.len());
+                            pend.extend_from_slice(&r[..m]);
+                            left -= m;
+                            took += m;
+                        }
+                        prop_assert_eq!(k == 0, s.due().is_empty());
+                        s.consume(took);
+                        parse(&mut out, &mut pend);
                     }
                     Op::Control => {
                         put(&mut *s, PduClass::Control, 0, seq, 24, now);
@@ -1279,7 +1427,10 @@ mod tests {
                         seq += 1;
                     }
                 }
-                if s.backlog_bytes() > s.due().len() {
+                prop_assert_eq!(s.due_copy().len(), s.due_len());
+                prop_assert!(s.due_copy().starts_with(s.due()));
+                prop_assert!(s.backlog_bytes() >= s.due_len());
+                if s.backlog_bytes() > s.due_len() {
                     let d = s.next_deadline();
                     prop_assert!(d.is_some(), "held bytes without a deadline");
                     prop_assert!(d.unwrap() <= now + Duration::from_micros(400));
@@ -1290,7 +1441,7 @@ mod tests {
             s.poll(now);
             now += Duration::from_micros(400);
             s.poll(now);
-            prop_assert_eq!(s.backlog_bytes(), s.due().len());
+            prop_assert_eq!(s.backlog_bytes(), s.due_len());
             drain(&mut *s, &mut out, &mut pend);
             prop_assert!(pend.is_empty());
             let mut a = out.clone();

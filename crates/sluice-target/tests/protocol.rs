@@ -246,6 +246,24 @@ fn reg_large_h2c(mode: &str) -> std::sync::Arc<sluice_target::registry::Registry
     registry(&c)
 }
 
+/// A target whose H2CData and C2HData PDUs may both carry 128 KiB.
+fn reg_large_pdus(mode: &str) -> std::sync::Arc<sluice_target::registry::Registry> {
+    let c = Config::default()
+        .with_target(
+            target_settings(send_config(mode))
+                .with_max_h2c_data_bytes(128 * 1024)
+                .with_max_c2h_data_bytes(128 * 1024),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(default_ns()),
+        )
+        .validated()
+        .expect("test config is valid");
+    registry(&c)
+}
+
 /// Sends a write of `data` at LBA 0 by R2T and returns the wire of its
 /// H2CData PDUs (`pdu` bytes each) for the caller to deliver.
 fn start_r2t_write(p: &mut Pair, data: &[u8], pdu: usize) -> (u16, Vec<u8>) {
@@ -308,6 +326,45 @@ fn large_h2c_data_is_received_into_the_command_buffer() {
             let (st, back) = p.read(0, 512);
             assert_eq!(st, Status::SUCCESS);
             assert!(back == data, "hdgst {hdgst} ddgst {ddgst} chunk {chunk}");
+            assert!(!p.conn.is_closed());
+        }
+    }
+}
+
+/// Large reads go out from their own buffers (attached to their C2HData
+/// PDUs, written with `writev`), in every send mode, with and without
+/// digests and with a C2HData size that splits them: the data read is the
+/// data written, and small reads are still copied.
+#[test]
+fn large_read_data_is_sent_from_its_own_buffer() {
+    for mode in SEND_MODES {
+        for (hdgst, ddgst) in [(false, false), (true, true)] {
+            let r = reg_large_pdus(mode);
+            let (_a, cntlid) = admin_pair(&r);
+            let mut p = io_pair(&r, cntlid, hdgst, ddgst);
+            let data = pattern(256 * 1024, 7);
+            let (cid, wire) = start_r2t_write(&mut p, &data, 128 * 1024);
+            p.send_raw(&wire);
+            assert_eq!(p.collect_response(cid).0.status(), Status::SUCCESS);
+            let (st, small) = p.read(0, 8);
+            assert_eq!(st, Status::SUCCESS);
+            assert!(small == data[..4096], "{mode}: small read");
+            assert_eq!(
+                p.conn.stats().c2h_attached_bytes(),
+                0,
+                "{mode}: 4 KiB copied"
+            );
+            let (st, back) = p.read(0, 512);
+            assert_eq!(st, Status::SUCCESS);
+            assert!(
+                back == data,
+                "{mode} hdgst {hdgst} ddgst {ddgst}: data read back"
+            );
+            assert_eq!(
+                p.conn.stats().c2h_attached_bytes(),
+                256 * 1024,
+                "{mode}: the large read was attached"
+            );
             assert!(!p.conn.is_closed());
         }
     }
@@ -768,7 +825,7 @@ proptest! {
         let mut p = Pair::new(reg_in(mode));
         p.icreq(false, false);
         p.conn.feed(&bytes, p.now);
-        let due = p.conn.due().to_vec();
+        let due = p.conn.due_copy();
         p.conn.consume(due.len(), p.now);
         if let Some((fes, _)) = p.term {
             prop_assert!((1..=6).contains(&fes));

@@ -10,10 +10,17 @@ use super::commands::CmdKind;
 use super::QueueConnection;
 use crate::tag::BackendTag;
 use sluice_backend::{BackendError, IoCompletion};
+use sluice_proto::outbuf::{Attachment, SharedBytes};
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::{Cqe, Status};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// C2HData pieces at least this long are sent from the read's own buffer
+/// (an attachment, written with `writev`) instead of being copied into the
+/// send buffer; shorter ones are cheaper to copy than to carry apart.
+pub(crate) const C2H_ATTACH_BYTES_MIN: usize = 16 * 1024;
 
 /// The send side of the queue.
 #[derive(Debug)]
@@ -56,7 +63,7 @@ impl Responder {
     /// Swaps the send scheduler (at Connect, once the subsystem is known);
     /// bytes the old one still holds go first.
     pub(super) fn replace_scheduler(&mut self, mut new: Box<dyn SendScheduler>, now: Instant) {
-        let old = self.tx.due().to_vec();
+        let old = self.tx.due_copy();
         if !old.is_empty() {
             new.buffer(PduClass::Control).extend_from_slice(&old);
             new.commit(PduClass::Control, now);
@@ -70,7 +77,7 @@ impl Responder {
     /// error) are dropped: the specification lets nothing follow a
     /// TermReq.
     pub(super) fn terminate(&mut self, term: &PduHeader, data: &[u8]) {
-        let mut due = self.tx.due().to_vec();
+        let mut due = self.tx.due_copy();
         encode_pdu(term, data, &self.txp, &mut due);
         let mut stats = self.tx.stats();
         stats.pdus += 1;
@@ -208,9 +215,17 @@ impl QueueConnection {
                     if let Some(c) = ctrl {
                         c.host_counters.record_read(len);
                     }
-                    let buf = c.buf;
-                    let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
-                    self.send_c2h_data_and_complete(slot, cid, data, now);
+                    match c.buf {
+                        // Large reads go out from their own buffer.
+                        Some(buf) if buf.len() >= C2H_ATTACH_BYTES_MIN => {
+                            let shared: SharedBytes = Arc::new(buf);
+                            self.send_c2h_data_shared(slot, cid, &shared, now);
+                        }
+                        buf => {
+                            let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                            self.send_c2h_data_and_complete(slot, cid, data, now);
+                        }
+                    }
                     return;
                 }
                 ns.counters.record_error();
@@ -272,6 +287,12 @@ impl QueueConnection {
         self.send_c2h_data_then(slot, cid, data, 0, 0, now);
     }
 
+    /// `send_c2h_data_and_complete` for data in a shared buffer: pieces of
+    /// at least [`C2H_ATTACH_BYTES_MIN`] are attached, not copied.
+    fn send_c2h_data_shared(&mut self, slot: u16, cid: u16, shared: &SharedBytes, now: Instant) {
+        self.send_c2h_pdus(slot, cid, (**shared).as_ref(), Some(shared), 0, 0, now);
+    }
+
     /// Sends `data` as C2HData PDUs, then completes the command; with SQ flow
     /// control disabled and nothing else to report, the last PDU carries the
     /// SUCCESS flag instead of a CapsuleResp.
@@ -280,6 +301,22 @@ impl QueueConnection {
         slot: u16,
         cid: u16,
         data: &[u8],
+        result: u32,
+        dw1: u32,
+        now: Instant,
+    ) {
+        self.send_c2h_pdus(slot, cid, data, None, result, dw1, now);
+    }
+
+    /// The C2HData PDUs of `data` (which is `shared`'s bytes when given),
+    /// then the completion.
+    #[allow(clippy::too_many_arguments)]
+    fn send_c2h_pdus(
+        &mut self,
+        slot: u16,
+        cid: u16,
+        data: &[u8],
+        shared: Option<&SharedBytes>,
         result: u32,
         dw1: u32,
         now: Instant,
@@ -305,9 +342,22 @@ impl QueueConnection {
             let piece = &data[off..off + n];
             let buf = self.out.tx.buffer(PduClass::Data);
             let dd = encode_prefix(&h, n, &self.out.txp, buf);
-            buf.extend_from_slice(piece);
+            let attachment = shared
+                .filter(|_| n >= C2H_ATTACH_BYTES_MIN)
+                .and_then(|s| Attachment::new(s.clone(), off..off + n));
+            match attachment {
+                Some(a) => {
+                    self.stats.c2h_attached_bytes += n as u64;
+                    self.out.tx.attach(PduClass::Data, a);
+                }
+                None => buf.extend_from_slice(piece),
+            }
             if dd > 0 {
-                buf.extend_from_slice(&sluice_proto::digest::crc32c(piece).to_le_bytes());
+                let digest = sluice_proto::digest::crc32c(piece).to_le_bytes();
+                self.out
+                    .tx
+                    .buffer(PduClass::Data)
+                    .extend_from_slice(&digest);
             }
             self.out.tx.commit_cmd(PduClass::Data, cid, now);
             self.stats.c2h_pdus += 1;

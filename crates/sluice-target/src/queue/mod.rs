@@ -93,6 +93,9 @@ pub struct QueueStats {
     /// H2CData bytes the socket wrote straight into command buffers.
     pub(crate) rx_direct_bytes: u64,
     pub(crate) c2h_pdus: u64,
+    /// C2HData bytes handed to the send path by reference (sent from the
+    /// read's own buffer, not copied into the send buffer).
+    pub(crate) c2h_attached_bytes: u64,
 }
 
 impl QueueStats {
@@ -100,6 +103,12 @@ impl QueueStats {
     /// rest of large PDUs, past the framer).
     pub fn rx_direct_bytes(&self) -> u64 {
         self.rx_direct_bytes
+    }
+
+    /// C2HData bytes sent from the reads' own buffers (vectored), not
+    /// copied into the send buffer.
+    pub fn c2h_attached_bytes(&self) -> u64 {
+        self.c2h_attached_bytes
     }
 }
 
@@ -255,9 +264,23 @@ impl QueueConnection {
         self.backend_completion(c, now);
     }
 
-    /// Bytes due for the socket.
+    /// The first run of bytes due for the socket; empty only when nothing
+    /// is due. Large reads' data are runs of their own (see
+    /// [`QueueConnection::due_vectored`]).
     pub fn due(&self) -> &[u8] {
         self.out.tx.due()
+    }
+
+    /// A copy of every byte due for the socket, all runs together (for
+    /// in-memory drivers and tests; the server writes the runs as they are).
+    pub fn due_copy(&self) -> Vec<u8> {
+        self.out.tx.due_copy()
+    }
+
+    /// The runs of bytes due for the socket, in order, into `out` (for one
+    /// `writev`); returns how many it filled.
+    pub fn due_vectored<'a>(&'a self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+        self.out.tx.due_vectored(out)
     }
 
     /// Reports `n` due bytes written to the socket.
@@ -420,7 +443,7 @@ impl QueueConnection {
             self.close_reason = Some(why.to_string());
         }
         self.state = ConnState::Closed;
-        let n = self.out.tx.due().len();
+        let n = self.out.tx.due_len();
         self.out.tx.consume(n);
     }
 

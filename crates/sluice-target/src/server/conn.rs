@@ -100,14 +100,24 @@ fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
     }
 }
 
+/// Runs of due bytes handed to one `writev` (headers and small PDUs are
+/// one run per freight flush; each large read's data is a run of its own).
+const WRITE_RUNS_MAX: usize = 64;
+
 pub(super) fn write_conn(e: &mut ConnEntry, now: Instant) -> bool {
     let mut wrote = false;
     loop {
-        let due = e.conn.due();
-        if due.is_empty() {
+        let mut runs = [io::IoSlice::new(&[]); WRITE_RUNS_MAX];
+        let n = e.conn.due_vectored(&mut runs);
+        if n == 0 {
             return wrote;
         }
-        match e.stream.write(due) {
+        let res = if n == 1 {
+            e.stream.write(&runs[0])
+        } else {
+            e.stream.write_vectored(&runs[..n])
+        };
+        match res {
             Ok(0) => {
                 e.conn.handle_peer_closed("socket accepted no bytes");
                 return true;

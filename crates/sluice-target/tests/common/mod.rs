@@ -175,7 +175,7 @@ impl Pair {
                 progress = true;
                 self.conn.handle_backend_completion(c, self.now);
             }
-            let due = self.conn.due().to_vec();
+            let due = self.conn.due_copy();
             if !due.is_empty() {
                 progress = true;
                 self.conn.consume(due.len(), self.now);
