@@ -10,8 +10,10 @@ For each polling mode (target and host in the same mode) and workload
 QD 8), runs `sluice bench --floor --json` on the bench core against `sluice
 target` on the target core (RAM namespace), with the floor's echo server on
 the target's core too (`--floor-server-cpu`), reads the target's CPU time
-from /proc before and after, and writes a markdown table. Needs a release
-build (it makes one).
+from /proc before and after, and writes a markdown table between the
+`<!-- bench-target: begin/end -->` markers of --out (the rest of the file,
+the commentary included, is left alone). Needs a release build (it makes
+one).
 
 The floor (crates/sluice-bench/src/floor.rs) is what the wire carries for the
 workload: QD 1 against the busy-polled ping-pong round trip, small blocks at
@@ -35,6 +37,8 @@ WORKLOADS = [
     ("read", "128k", 8), ("write", "128k", 8),
 ]
 BENCH_CPU, TARGET_CPU = "0", "1"
+BEGIN = "<!-- bench-target: begin -->"
+END = "<!-- bench-target: end -->"
 HOST_POLLING = {"busy-poll": "busy", "adaptive": "adaptive", "interrupt": "interrupt"}
 
 
@@ -143,8 +147,7 @@ def main():
     with open("/proc/loadavg") as f:
         load_after = f.read().split()[0]
     lines = [
-        "# Benchmarks: Sluice host against Sluice target",
-        "",
+        BEGIN,
         f"Command: `scripts/bench-target.py --runtime {a.runtime} --modes {a.modes}` "
         f"({time.strftime('%Y-%m-%d')}, 1-minute load average {load_before} before, {load_after} after).",
         "",
@@ -182,29 +185,15 @@ def main():
                      f"{r['p50']:.1f} | {r['p99']:.1f} | {ratio_cells(r)} | "
                      + (f"{spdk_cell(r, spdk)} | " if spdk else "")
                      + f"{r['iops_per_cpu_s']:.0f} | {old_ratio_cell(r)} |")
-    lines += ["", "The earlier goals of the data path were set against the old floor: QD 32 4 KiB reads ≥ 0.80 of the echo loop;",
-              "QD 1 latency ≤ 1.3x its round trip; 128 KiB reads ≥ 0.85 of (blocking) bulk TCP. They are",
-              "yet to be restated against the floor above.", "",
-              "## Reading the numbers", "",
-              "- **Busy-poll with one core per side loses.** `sluice bench` is a tokio program: the tasks",
-              "  that submit I/O and the per-queue thread that owns the socket share the one core the",
-              "  bench is pinned to. A queue thread that never sleeps takes that core from the tasks, so",
-              "  submissions stall (see the millisecond p99s). The target alone busy-polls fine; busy-poll",
-              "  needs a core per polling thread, which this 2-core machine cannot give both sides.",
-              "- **QD 1 latency is host-bound.** The floor is one spinning thread per side doing write/read",
-              "  on a socket.",
-              "  A Sluice I/O crosses from the application task to the queue thread and back (two thread",
-              "  hand-offs on the same core) on the host, and goes through framing, the backend queue",
-              "  and the send scheduler on the target. The ~25 µs above the raw round trip is mostly the",
-              "  host's hand-offs: the target's share can be seen from the Linux kernel host, which",
-              "  has none of them (not measurable here: the kernel peers run under TCG emulation).",
-              "- **Large transfers copy.** A 128 KiB read is copied RAM -> buffer -> send buffer on the",
-              "  target and socket buffer -> framer -> result on the host; the bulk floor copies once per",
-              "  side. Writes additionally wait for an R2T round trip above the 8 KiB in-capsule size.",
-              "  Vectored sends straight from the read buffer and receiving into the caller's buffer",
-              "  are the next steps.", ""]
+    lines.append(END)
+    with open(a.out) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        sys.exit(f"bench-target: {a.out} has no {BEGIN} ... {END} block to replace")
+    head, rest = doc.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
     with open(a.out, "w") as f:
-        f.write("\n".join(lines))
+        f.write(head + "\n".join(lines) + tail)
     print(f"wrote {a.out}")
 
 
