@@ -7,7 +7,8 @@
 SPDK_DIR is an SPDK tree built by scripts/build-spdk.sh (build/bin/nvmf_tgt,
 build/bin/spdk_nvme_perf, scripts/rpc.py). Each pair runs with the target
 pinned to CPU 0 and the host to CPU 1, on loopback, a 4 KiB-block RAM/malloc
-namespace of 512 MiB, no digests, written whole once after each target
+namespace of 512 MiB (Sluice's with `huge_pages = true`, as SPDK's malloc
+bdev sits on hugepages), no digests, written whole once after each target
 starts (Sluice's RAM backend is sparse: unwritten ranges read as zeros
 without touching memory, and a first write faults its chunk in). The pairs:
 
@@ -139,6 +140,7 @@ nsid = 1
 backend = "ram"
 size = "512MiB"
 block_size = 4096
+huge_pages = true
 """)
         self.log = open(Path(work) / "sluice-target.log", "w")
         self.p = subprocess.Popen(

@@ -6,7 +6,7 @@
 //!
 //! | type | `kind()` | completion | notes |
 //! |------|----------|------------|-------|
-//! | [`RamBackend`] | `"ram"` | next poll | sparse 2 MiB chunks (huge-page eligible), each behind its own lock |
+//! | [`RamBackend`] | `"ram"` | next poll | sparse 2 MiB chunks (huge pages on request), each behind its own lock |
 //! | [`FileBackend`] | `"file"` / `"block"` | io_uring CQ (eventfd) or next poll (sync engine) | `O_DIRECT` with buffered fallback |
 //! | [`EmulatedSsd`] | `"emulated-ssd"` | when `now` reaches the modelled time | RAM data + [`ServiceModel`] |
 //!

@@ -228,7 +228,7 @@ impl EmulatedSsd {
         check_ram_geometry(size_bytes, block_size_bytes)?;
         let service = ServiceModel::new(model)?;
         Ok(Self {
-            store: Arc::new(RamStore::new(size_bytes)),
+            store: Arc::new(RamStore::new(size_bytes, false)),
             block_size_bytes,
             size_bytes,
             service: Arc::new(Mutex::new(service)),

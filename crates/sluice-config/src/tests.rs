@@ -471,6 +471,35 @@ fn word_errors_list_the_choices() {
     assert!(e.reason.contains("`wfq` is not one of none"), "{e}");
 }
 
+#[test]
+fn huge_pages_is_for_ram_only_and_off_by_default() {
+    let ns = |backend: &str, extra: &str| {
+        format!(
+            r#"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.sluice:a"
+            {HOSTS}
+            [[subsystem.namespace]]
+            nsid = 1
+            backend = "{backend}"
+            size = "64MiB"
+            {extra}
+            "#
+        )
+    };
+    let c = Config::from_toml(&ns("ram", "huge_pages = true")).unwrap();
+    assert!(c.subsystems[0].namespaces[0].huge_pages);
+    let c = Config::from_toml(&ns("ram", "")).unwrap();
+    assert!(!c.subsystems[0].namespaces[0].huge_pages, "off by default");
+    let e = must_fail(
+        &ns("emulated-ssd", "huge_pages = true"),
+        "subsystem[0].namespace[0].huge_pages",
+    );
+    assert!(e.reason.contains("only for backend `ram`"), "{e}");
+    let e = must_fail(&ns("ram", "huge_pages = \"yes\""), "(file)");
+    assert!(e.reason.contains("expected a boolean"), "{e}");
+}
+
 mod round_trip {
     use super::*;
     use proptest::prelude::*;
@@ -488,7 +517,7 @@ mod round_trip {
                 let bs = if big { 4096 } else { 512 };
                 let size = blocks * u64::from(bs);
                 let ns = match kind {
-                    0 => NamespaceConfig::ram(nsid, size),
+                    0 => NamespaceConfig::ram(nsid, size).with_huge_pages(direct),
                     1 => {
                         let mut m = SsdConfig::default().with_parallelism(4);
                         m.read_iops_max = iops.map(|v| (v >> 1).max(1));

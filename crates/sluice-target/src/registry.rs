@@ -185,7 +185,9 @@ fn open_backend(
     };
     let size = nc.size_bytes.unwrap_or(0);
     Ok(match &nc.backend {
-        BackendConfig::Ram => Arc::new(RamBackend::new(size, nc.block_size_bytes).map_err(wrap)?),
+        BackendConfig::Ram => Arc::new(
+            RamBackend::with_huge_pages(size, nc.block_size_bytes, nc.huge_pages).map_err(wrap)?,
+        ),
         BackendConfig::EmulatedSsd(m) => {
             Arc::new(EmulatedSsd::new(size, nc.block_size_bytes, ssd_model(m)).map_err(wrap)?)
         }

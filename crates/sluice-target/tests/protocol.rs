@@ -234,25 +234,21 @@ fn h2c_data_outside_r2t_is_fatal_fes_4() {
 
 /// A target whose H2CData PDUs may carry 128 KiB.
 fn reg_large_h2c(mode: &str) -> std::sync::Arc<sluice_target::registry::Registry> {
-    let c = Config::default()
-        .with_target(target_settings(send_config(mode)).with_max_h2c_data_bytes(128 * 1024))
-        .with_subsystem(
-            SubsystemConfig::new(SUBNQN)
-                .with_host(HOSTNQN)
-                .with_namespace(default_ns()),
-        )
-        .validated()
-        .expect("test config is valid");
-    registry(&c)
+    reg_large(mode, target_settings(send_config(mode)).max_c2h_data_bytes)
 }
 
 /// A target whose H2CData and C2HData PDUs may both carry 128 KiB.
 fn reg_large_pdus(mode: &str) -> std::sync::Arc<sluice_target::registry::Registry> {
+    reg_large(mode, 128 * 1024)
+}
+
+/// 128 KiB H2CData PDUs, and C2HData PDUs of `c2h_bytes`.
+fn reg_large(mode: &str, c2h_bytes: u32) -> std::sync::Arc<sluice_target::registry::Registry> {
     let c = Config::default()
         .with_target(
             target_settings(send_config(mode))
                 .with_max_h2c_data_bytes(128 * 1024)
-                .with_max_c2h_data_bytes(128 * 1024),
+                .with_max_c2h_data_bytes(c2h_bytes),
         )
         .with_subsystem(
             SubsystemConfig::new(SUBNQN)
