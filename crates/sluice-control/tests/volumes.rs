@@ -812,6 +812,38 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
     t.shutdown();
 }
 
+/// A control plane with one drive only (so a second volume gets the first
+/// one's slots) and the 8 MiB volume "old" on it, open and written whole
+/// with `pattern(seed, ..)`.
+struct OldOnOneDrive {
+    _drives: Drives,
+    _dir: tempfile::TempDir,
+    cp: ControlPlane,
+    c: ControlClient,
+    pool: Arc<DrivePool>,
+    old: Volume,
+}
+
+async fn old_on_one_drive(seed: u64) -> OldOnOneDrive {
+    let drives = Drives::start();
+    let (dir, cp, c) = redb_control().await;
+    c.add_drive(&drives.addr(), NQN, 1).await.unwrap();
+    create(&c, "old", 8 * MIB, 1).await;
+    let pool = DrivePool::new(host_opts());
+    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
+    old.write(0, &pattern(seed, 8 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    OldOnOneDrive {
+        _drives: drives,
+        _dir: dir,
+        cp,
+        c,
+        pool,
+        old,
+    }
+}
+
 /// A client that still has a deleted volume open cannot write into the
 /// volume's old slots: the delete fenced them above its chains' epochs
 /// before freeing them, so its writes are refused (Stale Chain Epoch,
@@ -819,23 +851,17 @@ async fn a_volume_reaches_its_drives_under_its_tenants_host_nqn() {
 /// next keeps its data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_volumes_open_client_cannot_write_into_its_old_slots() {
-    let t = Drives::start();
-    let (_dir, mut cp, c) = redb_control().await;
-    // One drive only, so the second volume gets the first one's slots.
-    c.add_drive(&t.addr(), NQN, 1).await.unwrap();
-    let mk = |name: &str| pb::CreateVolumeRequest {
-        name: name.into(),
-        size_bytes: 8 * MIB,
-        ..Default::default()
-    };
-    c.create_volume(mk("old")).await.unwrap();
-    let pool = DrivePool::new(host_opts());
-    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
-    old.write(0, &pattern(41, 8 << 20), IoFlags::default())
-        .await
-        .unwrap();
+    // `_drives` and `_dir` are bindings, so they live to the end.
+    let OldOnOneDrive {
+        _drives,
+        _dir,
+        mut cp,
+        c,
+        pool,
+        old,
+    } = old_on_one_drive(41).await;
     c.delete_volume("old").await.unwrap();
-    c.create_volume(mk("new")).await.unwrap();
+    create(&c, "new", 8 * MIB, 1).await;
     let new = Volume::open(c.clone(), pool.clone(), "new").await.unwrap();
     new.write(0, &pattern(42, 8 << 20), IoFlags::default())
         .await
@@ -897,26 +923,20 @@ async fn a_delete_with_a_drive_down_frees_every_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_extent_never_shows_another_volumes_old_data() {
-    let t = Drives::start();
-    let (_dir, mut cp, c) = redb_control().await;
-    // One drive only, so the second volume reuses the first one's slots.
-    c.add_drive(&t.addr(), NQN, 1).await.unwrap();
-    let mk = |name: &str| pb::CreateVolumeRequest {
-        name: name.into(),
-        size_bytes: 8 * MIB,
-        ..Default::default()
-    };
-    c.create_volume(mk("old")).await.unwrap();
-    let pool = DrivePool::new(host_opts());
-    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
-    old.write(0, &pattern(31, 8 << 20), IoFlags::default())
-        .await
-        .unwrap();
+    // `_drives` and `_dir` are bindings, so they live to the end.
+    let OldOnOneDrive {
+        _drives,
+        _dir,
+        mut cp,
+        c,
+        pool,
+        old,
+    } = old_on_one_drive(31).await;
     drop(old);
     c.delete_volume("old").await.unwrap();
     // The new volume's first write touches one block of each extent; the
     // rest of every extent must read as zeros, not as "old".
-    c.create_volume(mk("new")).await.unwrap();
+    create(&c, "new", 8 * MIB, 1).await;
     let new = Volume::open(c.clone(), pool.clone(), "new").await.unwrap();
     for e in 0..4u64 {
         new.write(e * 512 + 100, &pattern(32, 4096), IoFlags::default())
