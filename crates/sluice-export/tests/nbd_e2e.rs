@@ -122,22 +122,8 @@ fn file_target(
     img: &std::path::Path,
     listen: std::net::SocketAddr,
 ) -> Option<sluice_target::TargetHandle> {
-    use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
-    let cfg = Config::default()
-        .with_target(
-            TargetSettings::default()
-                .with_listen(listen)
-                .with_discovery_listen(None)
-                .with_workers(1),
-        )
-        .with_subsystem(
-            SubsystemConfig::new(SUBNQN)
-                .allow_any_host()
-                .with_namespace(NamespaceConfig::file(1, img)),
-        )
-        .validated()
-        .unwrap();
-    sluice_target::Target::start(&cfg).ok()
+    let ns = sluice_config::NamespaceConfig::file(1, img);
+    sluice_target::Target::start(&common::one_namespace_config(SUBNQN, listen, ns)).ok()
 }
 
 /// The target goes away under a connection served run-to-completion and

@@ -10,23 +10,35 @@ use std::time::Duration;
 /// A one-worker target on loopback exporting `size_bytes` of RAM as
 /// namespace 1 of `subnqn`, open to any host.
 pub fn ram_target(subnqn: &str, size_bytes: u64) -> sluice_target::TargetHandle {
-    use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
-    let cfg = Config::default()
+    let ns = sluice_config::NamespaceConfig::ram(1, size_bytes);
+    let cfg = one_namespace_config(subnqn, "127.0.0.1:0".parse().unwrap(), ns);
+    sluice_target::Target::start(&cfg).unwrap()
+}
+
+/// A one-worker target's configuration on `listen`: `ns` in `subnqn`, open
+/// to any host, no discovery listener.
+pub fn one_namespace_config(
+    subnqn: &str,
+    listen: std::net::SocketAddr,
+    ns: sluice_config::NamespaceConfig,
+) -> sluice_config::Config {
+    use sluice_config::{Config, SubsystemConfig, TargetSettings};
+    Config::default()
         .with_target(
             TargetSettings::default()
-                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_listen(listen)
                 .with_discovery_listen(None)
                 .with_workers(1),
         )
         .with_subsystem(
             SubsystemConfig::new(subnqn)
                 .allow_any_host()
-                .with_namespace(NamespaceConfig::ram(1, size_bytes)),
+                .with_namespace(ns),
         )
         .validated()
-        .unwrap();
-    sluice_target::Target::start(&cfg).unwrap()
+        .unwrap()
 }
+
 pub struct Client {
     pub s: UnixStream,
     pub size: u64,
