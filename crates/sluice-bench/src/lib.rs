@@ -143,8 +143,8 @@ pub struct BenchArgs {
     pub(crate) data_digest: bool,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US]. With the direct
     /// engine it is the job thread's loop: busy never waits, adaptive
-    /// spins SPIN_US after the last progress then waits in epoll,
-    /// interrupt waits in epoll.
+    /// spins SPIN_US after the last progress (20 x SPIN_US while I/Os are
+    /// outstanding) then waits in epoll, interrupt waits in epoll.
     #[arg(long, default_value = "interrupt")]
     pub polling: PollingPolicy,
     /// I/O engine: direct (run to completion on the job's own thread) or
