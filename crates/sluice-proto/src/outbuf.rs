@@ -125,17 +125,15 @@ impl OutBuf {
             .enumerate()
             .take_while(move |(_, (p, _))| *p <= end);
         let mut pending: Option<&[u8]> = None;
-        let mut done = false;
         std::iter::from_fn(move || {
             if let Some(x) = pending.take() {
                 return Some(x);
             }
-            if done {
-                return None;
-            }
             let Some((i, (p, a))) = atts.next() else {
-                done = true;
-                return (pos < end).then(|| &self.bytes[pos..end]);
+                // The inline tail, once.
+                let tail = (pos < end).then(|| &self.bytes[pos..end]);
+                pos = end;
+                return tail;
             };
             let off = if i == 0 { self.front_off } else { 0 };
             let att = &a.as_slice()[off..];
@@ -162,7 +160,8 @@ impl OutBuf {
 
     /// Consumes the first `n` unconsumed bytes (at most `len_upto(end)`).
     pub(crate) fn consume(&mut self, mut n: usize, end: usize) {
-        assert!(n <= self.len_upto(end), "consumed more than was due");
+        assert!(n <= self.len(), "consumed more than was held");
+        debug_assert!(n <= self.len_upto(end), "consumed more than was due");
         while n > 0 {
             match self.atts.front() {
                 Some((p, a)) if *p == self.start => {

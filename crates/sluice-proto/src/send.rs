@@ -599,6 +599,15 @@ impl Freighted {
         }
     }
 
+    /// Marks where the PDU being encoded in freight `i` starts, unless one
+    /// is already open there (a `buffer` call after an `attach`).
+    fn open_pdu(&mut self, i: usize) {
+        if !self.open[i] {
+            self.marks[i] = self.freights[i].buf.inline_end();
+            self.open[i] = true;
+        }
+    }
+
     fn freight_for(&self, class: PduClass, cid: Option<u16>) -> usize {
         if !self.isolated {
             return LAT;
@@ -657,10 +666,7 @@ impl SendScheduler for Freighted {
             PduClass::Control | PduClass::Response => &mut self.staging,
             PduClass::R2t | PduClass::Data | PduClass::Command => {
                 let i = self.freight_for(class, None);
-                if !self.open[i] {
-                    self.marks[i] = self.freights[i].buf.inline_end();
-                    self.open[i] = true;
-                }
+                self.open_pdu(i);
                 self.freights[i].buf.inline()
             }
         }
@@ -673,10 +679,7 @@ impl SendScheduler for Freighted {
             }
             PduClass::R2t | PduClass::Data | PduClass::Command => {
                 let i = self.freight_for(class, None);
-                if !self.open[i] {
-                    self.marks[i] = self.freights[i].buf.inline_end();
-                    self.open[i] = true;
-                }
+                self.open_pdu(i);
                 self.stats.bytes += data.len() as u64;
                 self.freights[i].buf.attach(data);
             }

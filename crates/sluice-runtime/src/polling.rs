@@ -242,9 +242,6 @@ mod tests {
         assert_eq!(a.while_outstanding(false), a);
         assert_eq!(a.while_outstanding(true).wait(us(999)), Wait::Spin);
         assert_eq!(a.while_outstanding(true).wait(us(1000)), Wait::Sleep);
-        let long = PollingPolicy::Adaptive {
-            spin_us: ADAPTIVE_SPIN_US_MAX,
-        };
         // Idle spells: a steady load's short gaps stretch the spin to 200 µs;
         // long gaps (a light load) and tiny ones (one batch) do not.
         let mut g = IdleGaps::default();
@@ -273,6 +270,9 @@ mod tests {
             PollingPolicy::Adaptive { spin_us: 200 },
             "back to steady"
         );
+        let long = PollingPolicy::Adaptive {
+            spin_us: ADAPTIVE_SPIN_US_MAX,
+        };
         assert_eq!(long.while_outstanding(true), long);
         for p in [PollingPolicy::BusyPoll, PollingPolicy::Interrupt] {
             assert_eq!(p.while_outstanding(true), p);

@@ -215,11 +215,14 @@ impl QueueConnection {
                     if let Some(c) = ctrl {
                         c.host_counters.record_read(len);
                     }
+                    let pdu_max = self.reg.settings.max_c2h_data_bytes as usize;
                     match c.buf {
-                        // Large reads go out from their own buffer.
-                        Some(buf) if buf.len() >= C2H_ATTACH_BYTES_MIN => {
+                        // Large reads go out from their own buffer, when
+                        // their C2HData pieces are large enough to attach.
+                        Some(buf) if buf.len().min(pdu_max) >= C2H_ATTACH_BYTES_MIN => {
                             let shared: SharedBytes = Arc::new(buf);
-                            self.send_c2h_data_shared(slot, cid, &shared, now);
+                            let data = (*shared).as_ref();
+                            self.send_c2h_pdus(slot, cid, data, Some(&shared), 0, 0, now);
                         }
                         buf => {
                             let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
@@ -287,12 +290,6 @@ impl QueueConnection {
         self.send_c2h_data_then(slot, cid, data, 0, 0, now);
     }
 
-    /// `send_c2h_data_and_complete` for data in a shared buffer: pieces of
-    /// at least [`C2H_ATTACH_BYTES_MIN`] are attached, not copied.
-    fn send_c2h_data_shared(&mut self, slot: u16, cid: u16, shared: &SharedBytes, now: Instant) {
-        self.send_c2h_pdus(slot, cid, (**shared).as_ref(), Some(shared), 0, 0, now);
-    }
-
     /// Sends `data` as C2HData PDUs, then completes the command; with SQ flow
     /// control disabled and nothing else to report, the last PDU carries the
     /// SUCCESS flag instead of a CapsuleResp.
@@ -308,8 +305,9 @@ impl QueueConnection {
         self.send_c2h_pdus(slot, cid, data, None, result, dw1, now);
     }
 
-    /// The C2HData PDUs of `data` (which is `shared`'s bytes when given),
-    /// then the completion.
+    /// The C2HData PDUs of `data` (which is `shared`'s bytes when given:
+    /// pieces of at least [`C2H_ATTACH_BYTES_MIN`] are then attached, not
+    /// copied), then the completion.
     #[allow(clippy::too_many_arguments)]
     fn send_c2h_pdus(
         &mut self,
