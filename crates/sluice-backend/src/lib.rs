@@ -6,7 +6,7 @@
 //!
 //! | type | `kind()` | completion | notes |
 //! |------|----------|------------|-------|
-//! | [`RamBackend`] | `"ram"` | next poll | sparse 2 MiB chunks (huge pages on request), each behind its own lock |
+//! | [`RamBackend`] | `"ram"` | next poll | sparse 128 KiB chunks (2 MiB huge pages on request), each behind its own lock |
 //! | [`FileBackend`] | `"file"` / `"block"` | io_uring CQ (eventfd) or next poll (sync engine) | `O_DIRECT` with buffered fallback |
 //! | [`EmulatedSsd`] | `"emulated-ssd"` | when `now` reaches the modelled time | RAM data + [`ServiceModel`] |
 //!
@@ -78,7 +78,7 @@ pub use io::{
     valid_block_size, validate_request, Backend, BackendQueue, Geometry, IoCompletion, IoOp,
     IoRequest, TRANSFER_BYTES_MAX,
 };
-pub use ram::{RamBackend, RamQueue, RAM_CHUNK_BYTES, RAM_SIZE_BYTES_MAX};
+pub use ram::{RamBackend, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES, RAM_SIZE_BYTES_MAX};
 pub use ssd::{
     EmulatedSsd, ServiceModel, ServiceOp, SsdModel, SsdQueue, BASE_LATENCY_US_MAX, PARALLELISM_MAX,
     SSD_QUEUE_DEPTH_MAX,

@@ -22,16 +22,18 @@ use std::time::Instant;
 use crate::io::{fail, valid_block_size, validate_request};
 use crate::{Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest};
 
-/// Bytes per lazily allocated chunk: one x86-64 huge page.
-pub const RAM_CHUNK_BYTES: usize = 2 << 20;
-/// Chunks per lazily allocated group of chunk locks (1 GiB per group).
-const GROUP_CHUNKS: usize = 512;
+/// Bytes per lazily allocated chunk.
+pub const RAM_CHUNK_BYTES: usize = 128 << 10;
+/// Bytes per chunk of a store on huge pages: one x86-64 huge page.
+pub const RAM_HUGE_CHUNK_BYTES: usize = 2 << 20;
+/// Chunks per lazily allocated group of chunk locks.
+const GROUP_CHUNKS: usize = 4096;
 /// Largest RAM backend accepted.
 pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
 type Chunk = RwLock<Option<ChunkMem>>;
 
-/// The memory of one chunk: a zeroed, [`RAM_CHUNK_BYTES`]-aligned anonymous
+/// The memory of one chunk: a zeroed, [`RAM_HUGE_CHUNK_BYTES`]-aligned anonymous
 /// mapping (huge-page eligible), or heap memory for a short last chunk or
 /// when the mapping fails.
 enum ChunkMem {
@@ -48,8 +50,8 @@ unsafe impl Sync for ChunkMem {}
 impl ChunkMem {
     /// A zeroed chunk of `len` bytes (huge-page backed if `huge_pages`).
     fn new(len: usize, huge_pages: bool) -> Self {
-        if len == RAM_CHUNK_BYTES {
-            if let Some(p) = map_aligned_chunk(huge_pages) {
+        if huge_pages && len == RAM_HUGE_CHUNK_BYTES {
+            if let Some(p) = map_aligned_chunk() {
                 return ChunkMem::Mapped(p);
             }
         }
@@ -61,10 +63,10 @@ impl std::ops::Deref for ChunkMem {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            // SAFETY: the mapping is RAM_CHUNK_BYTES long, readable and
+            // SAFETY: the mapping is RAM_HUGE_CHUNK_BYTES long, readable and
             // writable, and lives as long as `self`.
             ChunkMem::Mapped(p) => unsafe {
-                std::slice::from_raw_parts(p.as_ptr(), RAM_CHUNK_BYTES)
+                std::slice::from_raw_parts(p.as_ptr(), RAM_HUGE_CHUNK_BYTES)
             },
             ChunkMem::Heap(b) => b,
         }
@@ -76,7 +78,7 @@ impl std::ops::DerefMut for ChunkMem {
         match self {
             // SAFETY: as in `deref`; `&mut self` makes the access exclusive.
             ChunkMem::Mapped(p) => unsafe {
-                std::slice::from_raw_parts_mut(p.as_ptr(), RAM_CHUNK_BYTES)
+                std::slice::from_raw_parts_mut(p.as_ptr(), RAM_HUGE_CHUNK_BYTES)
             },
             ChunkMem::Heap(b) => b,
         }
@@ -86,9 +88,9 @@ impl std::ops::DerefMut for ChunkMem {
 impl Drop for ChunkMem {
     fn drop(&mut self) {
         if let ChunkMem::Mapped(p) = self {
-            // SAFETY: `p` is the start of a RAM_CHUNK_BYTES mapping made by
+            // SAFETY: `p` is the start of a RAM_HUGE_CHUNK_BYTES mapping made by
             // `map_aligned_chunk` and owned by this value alone.
-            let rc = unsafe { libc::munmap(p.as_ptr().cast(), RAM_CHUNK_BYTES) };
+            let rc = unsafe { libc::munmap(p.as_ptr().cast(), RAM_HUGE_CHUNK_BYTES) };
             debug_assert_eq!(rc, 0, "munmap of a RAM chunk failed");
         }
     }
@@ -137,11 +139,11 @@ fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     dst.copy_from_slice(src);
 }
 
-/// Maps `RAM_CHUNK_BYTES` of zeroed anonymous memory aligned to its own size,
-/// asking for huge pages or refusing them (`huge_pages`); `None` if the
-/// kernel refuses the mapping.
-fn map_aligned_chunk(huge_pages: bool) -> Option<std::ptr::NonNull<u8>> {
-    let len = RAM_CHUNK_BYTES;
+/// Maps `RAM_HUGE_CHUNK_BYTES` of zeroed anonymous memory aligned to its
+/// own size and asks for a huge page; `None` if the kernel refuses the
+/// mapping.
+fn map_aligned_chunk() -> Option<std::ptr::NonNull<u8>> {
+    let len = RAM_HUGE_CHUNK_BYTES;
     // Over-map by one chunk, then trim to an aligned window.
     // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
     let raw = unsafe {
@@ -170,15 +172,8 @@ fn map_aligned_chunk(huge_pages: bool) -> Option<std::ptr::NonNull<u8>> {
         if tail > 0 {
             libc::munmap((start + len) as *mut libc::c_void, tail);
         }
-        // Advice only: without THP the chunk simply uses small pages. Off,
-        // it refuses huge pages even where THP is `always`, so that a
-        // first write never waits for a huge page (see `RamBackend`).
-        let advice = if huge_pages {
-            libc::MADV_HUGEPAGE
-        } else {
-            libc::MADV_NOHUGEPAGE
-        };
-        libc::madvise(start as *mut libc::c_void, len, advice);
+        // Advice only: without THP the chunk simply uses small pages.
+        libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
     }
     std::ptr::NonNull::new(start as *mut u8)
 }
@@ -199,18 +194,26 @@ pub(crate) struct RamStore {
     size_bytes: u64,
     /// Chunks on huge pages (see [`RamBackend::with_huge_pages`]).
     huge_pages: bool,
+    /// [`RAM_HUGE_CHUNK_BYTES`] on huge pages, else [`RAM_CHUNK_BYTES`].
+    chunk_bytes: usize,
     groups: Box<[OnceLock<Box<[Chunk]>>]>,
 }
 
 impl RamStore {
     pub(crate) fn new(size_bytes: u64, huge_pages: bool) -> Self {
         assert!(size_bytes <= RAM_SIZE_BYTES_MAX);
-        let chunk_count = size_bytes.div_ceil(RAM_CHUNK_BYTES as u64);
+        let chunk_bytes = if huge_pages {
+            RAM_HUGE_CHUNK_BYTES
+        } else {
+            RAM_CHUNK_BYTES
+        };
+        let chunk_count = size_bytes.div_ceil(chunk_bytes as u64);
         let group_count = chunk_count.div_ceil(GROUP_CHUNKS as u64);
         let groups = (0..group_count).map(|_| OnceLock::new()).collect();
         Self {
             size_bytes,
             huge_pages,
+            chunk_bytes,
             groups,
         }
     }
@@ -227,11 +230,11 @@ impl RamStore {
         chunks.get(slot)
     }
 
-    /// Length of chunk `index`: [`RAM_CHUNK_BYTES`], or less for the last
-    /// chunk of a device whose size is not a multiple of it.
+    /// Length of chunk `index`: the chunk size, or less for the last chunk
+    /// of a device whose size is not a multiple of it.
     fn chunk_len(&self, index: u64) -> usize {
-        let start = index * RAM_CHUNK_BYTES as u64;
-        usize_from((self.size_bytes - start).min(RAM_CHUNK_BYTES as u64))
+        let chunk = self.chunk_bytes as u64;
+        usize_from((self.size_bytes - index * chunk).min(chunk))
     }
 
     /// Calls `f(chunk_index, offset_in_chunk, range_in_buffer)` for each chunk
@@ -245,7 +248,7 @@ impl RamStore {
         assert!(offset_bytes
             .checked_add(len_bytes)
             .is_some_and(|end| end <= self.size_bytes));
-        let chunk = RAM_CHUNK_BYTES as u64;
+        let chunk = self.chunk_bytes as u64;
         let mut done = 0u64;
         while done < len_bytes {
             let pos = offset_bytes + done;
@@ -604,11 +607,12 @@ mod tests {
 
     #[test]
     fn a_short_last_chunk_is_written_read_and_freed_whole() {
-        // 3 MiB: one full (mapped) chunk and a 1 MiB last chunk.
+        // On huge pages, 3 MiB: one full (mapped) 2 MiB chunk and a 1 MiB
+        // last chunk (heap).
         let size = 3u64 << 20;
-        let ram = RamBackend::new(size, 4096).expect("ram");
+        let ram = RamBackend::with_huge_pages(size, 4096, true).expect("ram");
         let mut q = ram.open_queue().expect("queue");
-        let chunk = RAM_CHUNK_BYTES as u64;
+        let chunk = RAM_HUGE_CHUNK_BYTES as u64;
         // A write across the boundary fills the end of chunk 0 and the
         // start of chunk 1; one at the very end fills the last block.
         for (tag, off, fill) in [(1, chunk - 4096, 0x11u8), (2, size - 4096, 0x22)] {
