@@ -385,8 +385,7 @@ impl RamBackend {
     /// write into each chunk waits for the kernel to find (and perhaps
     /// compact memory for) a zeroed 2 MiB page: on a fresh namespace,
     /// stalls of 5-16 ms on the worker thread, which every connection of
-    /// that worker feels. Off, chunks refuse huge pages and a first write
-    /// faults in 4 KiB pages as it goes.
+    /// that worker feels. Off, the store uses 128 KiB heap chunks.
     pub fn with_huge_pages(
         size_bytes: u64,
         block_size_bytes: u32,
