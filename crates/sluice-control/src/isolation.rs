@@ -266,15 +266,19 @@ impl ClientIsolation {
 
     /// How loaded `drive` looks from here, for choosing a replica to read
     /// (lower is better): a congested drive first of all, then the view's
-    /// queueing delay, then this client's own mean latency to it. 0 when
-    /// nothing is known.
+    /// queueing delay, then this client's own mean *read* latency to it in
+    /// the window. Writes do not count: a replica that took one large
+    /// write would otherwise look slower than another's small reads and
+    /// never be read from. A drive this client has not read from lately
+    /// scores only the view's part, so it gets tried. 0 when nothing is
+    /// known.
     pub fn drive_load(&self, drive: u64) -> f64 {
         let a = lock(&self.agent);
         let held = a.query(&Entity::Drive(drive));
         let congested = held.is_some_and(|v| v.congested);
         let delay = held.map_or(0.0, |v| v.stats.queue_delay_us_mean);
         let own = a
-            .local_stats(drive, self.now_us())
+            .local_read_stats(drive, self.now_us())
             .map_or(0.0, |s| s.latency_us_mean);
         (if congested { 1e9 } else { 0.0 }) + delay + own
     }
@@ -674,5 +678,24 @@ mod tests {
         )
         .await
         .expect("no slot leaked");
+    }
+
+    #[test]
+    fn replicas_are_compared_by_their_reads_and_an_unread_one_gets_tried() {
+        let g = one_at_a_time();
+        // Drive 1 took one large, slow write; drive 2 answers small reads
+        // in 3 ms. Nothing is known of drive 1's reads: it is tried first.
+        g.record(1, true, 1 << 20, Duration::from_millis(10));
+        g.record(2, false, 4096, Duration::from_millis(3));
+        assert!(g.drive_load(1) < g.drive_load(2));
+        assert_eq!(g.drive_load(1), 0.0);
+        // Once drive 1 has read fast, it stays ahead; if it reads slower
+        // than drive 2, drive 2 is ahead again.
+        g.record(1, false, 4096, Duration::from_micros(80));
+        assert!(g.drive_load(1) < g.drive_load(2));
+        for _ in 0..10 {
+            g.record(1, false, 4096, Duration::from_millis(9));
+        }
+        assert!(g.drive_load(1) > g.drive_load(2));
     }
 }

@@ -120,8 +120,14 @@ async fn create_on(c: &ControlClient, name: &str, addr: &str) {
     .unwrap();
 }
 
-/// `qd` (at most 16) writers of 64 KiB each, until `stop`.
-fn writers(v: &Arc<Volume>, qd: u64, stop: Instant) -> Vec<tokio::task::JoinHandle<()>> {
+/// `qd` (at most 16) writers of 64 KiB each, until `stop`, each pausing
+/// `gap` after every write.
+fn writers(
+    v: &Arc<Volume>,
+    qd: u64,
+    gap: Duration,
+    stop: Instant,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..qd)
         .map(|w| {
             let v = v.clone();
@@ -133,6 +139,9 @@ fn writers(v: &Arc<Volume>, qd: u64, stop: Instant) -> Vec<tokio::task::JoinHand
                     let lba = w * 256 + (i % 16) * 16;
                     v.write(lba, &data, IoFlags::default()).await.unwrap();
                     i += 1;
+                    if !gap.is_zero() {
+                        tokio::time::sleep(gap).await;
+                    }
                 }
             })
         })
@@ -144,7 +153,14 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
     let slow = target(SLOW_NQN, true);
     let fast = target(FAST_NQN, false);
     let dir = tempfile::tempdir().unwrap();
-    let (addr, admin, _stop) = control(dir.path()).await;
+    // The slow drive's writes queue for about 20 ms. A threshold of 5 ms
+    // (the default is 1 ms, for real drives) keeps the fast drive's
+    // scheduling delays on a loaded 2-core machine running debug builds
+    // from reading as congestion.
+    let (addr, admin, _stop) = control_with(dir.path(), |cfg| {
+        cfg.view.queue_delay_us_congested = 5_000.0;
+    })
+    .await;
     let c = ControlClient::new(&addr, None).unwrap();
     let slow_addr = slow.local_addr().to_string();
     let fast_addr = fast.local_addr().to_string();
@@ -179,9 +195,14 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
             .unwrap();
     }
     let stop = Instant::now() + Duration::from_secs(4);
-    let mut tasks = writers(&a_slow, 8, stop);
-    tasks.extend(writers(&a_fast, 2, stop));
-    tasks.extend(writers(&b_fast, 2, stop));
+    // The slow drive gets more writes than it can take; the fast one a
+    // steady load well inside what it (and this machine's CPU) can take.
+    // Writing to it flat out would make the CPU its bottleneck: on a
+    // loaded 2-core machine its writes then queue for milliseconds, and
+    // the view rightly calls it congested too.
+    let mut tasks = writers(&a_slow, 8, Duration::ZERO, stop);
+    tasks.extend(writers(&a_fast, 2, Duration::from_millis(2), stop));
+    tasks.extend(writers(&b_fast, 2, Duration::from_millis(2), stop));
 
     // The controller's analysis: the slow drive is congested, a's sessions
     // are victims (to the drive, and through a's NetPipe), b's is not.
@@ -353,14 +374,14 @@ async fn bad_view_messages_get_invalid_argument_naming_the_field() {
 
 /// Reads of an extent no write is changing go to the replica whose path
 /// looks least loaded; here the client's own latencies show a drive that
-/// answers reads in 3 ms beside one that answers in microseconds.
+/// answers reads in 20 ms beside one that answers in microseconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_replicated_reads_go_to_the_least_loaded_replica() {
     let slow = {
         let ns = NamespaceConfig::emulated_ssd(
             1,
             64 << 20,
-            SsdConfig::default().with_base_read_latency_us(3000),
+            SsdConfig::default().with_base_read_latency_us(20_000),
         );
         let c = Config::default()
             .with_target(

@@ -1044,6 +1044,9 @@ pub struct ViewAgent {
     pending: VecDeque<IoSample>,
     dropped: u64,
     local: HashMap<u64, Window>,
+    /// The same, reads only: what choosing a replica to read compares. A
+    /// large write's latency says nothing about how fast a drive reads.
+    local_reads: HashMap<u64, Window>,
     held: HashMap<Entity, EntityView>,
     counters: HashMap<Entity, u64>,
     stale: BTreeSet<Entity>,
@@ -1063,6 +1066,7 @@ impl ViewAgent {
             pending: VecDeque::new(),
             dropped: 0,
             local: HashMap::new(),
+            local_reads: HashMap::new(),
             held: HashMap::new(),
             counters: HashMap::new(),
             stale: BTreeSet::new(),
@@ -1078,16 +1082,17 @@ impl ViewAgent {
     /// Records one completed I/O.
     pub fn record(&mut self, s: IoSample) {
         let span = self.cfg.window_us;
+        let (bytes, latency) = (u64::from(s.bytes), u64::from(s.latency_us));
         self.local
             .entry(s.drive)
             .or_insert_with(|| Window::new(span))
-            .record(
-                s.at_us,
-                u64::from(s.bytes),
-                u64::from(s.latency_us),
-                0,
-                s.write,
-            );
+            .record(s.at_us, bytes, latency, 0, s.write);
+        if !s.write {
+            self.local_reads
+                .entry(s.drive)
+                .or_insert_with(|| Window::new(span))
+                .record(s.at_us, bytes, latency, 0, false);
+        }
         if self.pending.len() >= self.cfg.pending_max {
             self.pending.pop_front();
             self.dropped += 1;
@@ -1219,6 +1224,11 @@ impl ViewAgent {
     /// This client's own window of its I/O to `drive`.
     pub fn local_stats(&self, drive: u64, now_us: u64) -> Option<WindowStats> {
         self.local.get(&drive).map(|w| w.stats(now_us))
+    }
+
+    /// This client's own window of its reads from `drive`.
+    pub fn local_read_stats(&self, drive: u64, now_us: u64) -> Option<WindowStats> {
+        self.local_reads.get(&drive).map(|w| w.stats(now_us))
     }
 
     /// Samples waiting to be sent.
