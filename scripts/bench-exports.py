@@ -91,6 +91,15 @@ def ensure_tools():
         subprocess.run(["apt-get", "install", "-y", "-qq", *need], check=True, env=env, stdout=subprocess.DEVNULL)
     if not os.path.exists("/dev/fuse"):
         raise SystemExit("bench-exports: /dev/fuse is missing (the FUSE row needs it)")
+    # The io_uring FUSE row: the kernel offers FUSE-over-io_uring only with
+    # this switch on (root may turn it on; without it that row measures
+    # the session's /dev/fuse fallback, and says so in sluice fuse's log).
+    param = "/sys/module/fuse/parameters/enable_uring"
+    try:
+        with open(param, "w") as f:
+            f.write("Y")
+    except OSError as e:
+        print(f"bench-exports: cannot turn on FUSE-over-io_uring ({param}: {e})", flush=True)
 
 
 def fio(args, runtime):
@@ -178,16 +187,17 @@ def run_nbd(port, runtime, work, extra=(), tcp=False):
     return run_served(s, ["--ioengine=nbd", f"--uri={uri}"], runtime)
 
 
-def run_fuse(port, runtime, work):
-    mnt = os.path.join(work, "fuse")
+def run_fuse(port, runtime, work, transport="fuser"):
+    mnt = os.path.join(work, f"fuse-{transport}")
     os.makedirs(mnt, exist_ok=True)
     f = os.path.join(mnt, "disk.img")
     s = Server([SLUICE, "fuse", "--target", f"127.0.0.1:{port}", "--nqn", NQN, mnt, "--file-name", "disk.img",
-                "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
+                "--transport", transport, "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
     try:
         return run_served(s, ["--ioengine=libaio", "--direct=1", f"--filename={f}"], runtime)
     finally:
-        subprocess.run(["fusermount", "-u", mnt], stderr=subprocess.DEVNULL)
+        if subprocess.run(["fusermount", "-u", mnt], stderr=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
 
 
 def run_nbdkit(runtime, work):
@@ -229,6 +239,8 @@ def main():
          lambda: run_nbd(port, a.runtime, work, ["--direct-queues", "0"])),
         ("fio (nbd engine) → nbdkit memory plugin (Unix socket), no network hop, for scale",
          lambda: run_nbdkit(a.runtime, work)),
+        ("fio (libaio, O_DIRECT) → `sluice fuse --transport uring` (FUSE over io_uring) file → target",
+         lambda: run_fuse(port, a.runtime, work, "uring")),
     ]
     results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}
     try:
@@ -267,7 +279,8 @@ def main():
         lines.append(f"| {name} | {cell(s, 0)} | {cell(s, 2, fmt='{:.1f}')} | "
                      f"{cell(l, 1, 2**20 / 1e9, '{:.2f}')} | {cell(l, 2, fmt='{:.1f}')} |")
     med = {name: {w: statistics.median(r[0] for r in results[name][w]) for w in WORKLOADS} for name, _ in paths}
-    bench, nbd, fuse, nbd_tcp, nbdkit = (paths[0][0], paths[1][0], paths[2][0], paths[3][0], paths[5][0])
+    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring = (paths[0][0], paths[1][0], paths[2][0], paths[3][0],
+                                                     paths[5][0], paths[6][0])
 
     def ratio(x, y, w):
         return f"{med[x][w] / med[y][w]:.2f}"
@@ -279,7 +292,9 @@ def main():
         f"goal >= 0.5. The yardstick: nbdkit's memory plugin, which serves from RAM with no network hop, "
         f"reaches {ratio(nbdkit, bench, small)} and {ratio(nbdkit, bench, large)} of `sluice bench` (at 4 KiB, the "
         f"ceiling of fio's nbd engine sharing its core with the server); NBD reaches {ratio(nbd, nbdkit, small)} "
-        f"and {ratio(nbd, nbdkit, large)} of nbdkit.",
+        f"and {ratio(nbd, nbdkit, large)} of nbdkit. FUSE over io_uring / FUSE over /dev/fuse (fuser) = "
+        f"{ratio(fuse_uring, fuse, small)} and {ratio(fuse_uring, fuse, large)}; FUSE over io_uring / NBD = "
+        f"{ratio(fuse_uring, nbd, small)} and {ratio(fuse_uring, nbd, large)}.",
         END,
     ]
     table = "\n".join(lines) + "\n"

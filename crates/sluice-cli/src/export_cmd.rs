@@ -170,8 +170,39 @@ pub struct FuseArgs {
     /// throttling: while throttled, reads and writes wait before dispatch.
     #[arg(long, value_name = "FRACTION", value_parser = sluice_export::account::parse_cpu_share, allow_negative_numbers = true)]
     pub cpu_share: Option<f64>,
+    /// How requests travel between the kernel and the export. `fuser`: the
+    /// fuser session over /dev/fuse, mounted through fusermount3 (works
+    /// without root). `uring`: a session of our own over the kernel's
+    /// FUSE-over-io_uring (Linux 6.14+ with
+    /// /sys/module/fuse/parameters/enable_uring = Y; falls back to
+    /// /dev/fuse with a warning when the kernel does not offer it); needs
+    /// root, as it mounts with mount(2).
+    #[arg(long, value_enum, default_value_t = FuseTransport::Fuser)]
+    pub transport: FuseTransport,
     #[command(flatten)]
     pub account: AccountArgs,
+}
+
+/// `sluice fuse --transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FuseTransport {
+    Fuser,
+    Uring,
+}
+
+/// A mounted FUSE session of either kind; dropping it unmounts.
+enum FuseSession {
+    Fuser(sluice_export::fuse::BackgroundSession),
+    Own(sluice_export::fuse::uring::OwnSession),
+}
+
+impl FuseSession {
+    fn is_finished(&self) -> bool {
+        match self {
+            FuseSession::Fuser(s) => s.guard.is_finished(),
+            FuseSession::Own(s) => s.is_finished(),
+        }
+    }
 }
 
 /// The runtime's worker threads, at most. The NVMe/TCP work runs on the
@@ -488,31 +519,51 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
         None => None,
     };
     let export = acct.add_export(&a.file_name, &hostnqn, a.cpu_share, tids);
-    let fs = SluiceFs::new(
-        ByteDevice::new(ns),
-        rt.handle().clone(),
-        FuseConfig {
-            file_name: a.file_name.clone(),
-            read_only: a.remote.read_only,
-            hostnqn,
-        },
-    )
-    .with_accounting(FuseAccounting {
+    let cfg = FuseConfig {
+        file_name: a.file_name.clone(),
+        read_only: a.remote.read_only,
+        hostnqn,
+    };
+    let accounting = FuseAccounting {
         accountant: acct.clone(),
         export,
-    });
-    let session = match sluice_export::fuse::mount(fs, &a.mountpoint) {
+    };
+    let dev = ByteDevice::new(ns);
+    let mounted = match a.transport {
+        FuseTransport::Fuser => {
+            let fs = SluiceFs::new(dev, rt.handle().clone(), cfg).with_accounting(accounting);
+            sluice_export::fuse::mount(fs, &a.mountpoint)
+                .map(FuseSession::Fuser)
+                .with_context(|| {
+                    format!(
+                        "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
+                        a.mountpoint.display()
+                    )
+                })
+        }
+        FuseTransport::Uring => sluice_export::fuse::uring::mount(
+            dev,
+            rt.handle().clone(),
+            &cfg,
+            Some(accounting),
+            &a.mountpoint,
+            true,
+        )
+        .map(FuseSession::Own)
+        .with_context(|| {
+            format!(
+                "mounting FUSE over io_uring on {} (needs /dev/fuse and root)",
+                a.mountpoint.display()
+            )
+        }),
+    };
+    let session = match mounted {
         Ok(s) => s,
         Err(e) => {
             if let Some(c) = &ctrl {
                 rt.block_on(c.disconnect(Duration::from_secs(5)));
             }
-            return Err(e).with_context(|| {
-                format!(
-                    "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
-                    a.mountpoint.display()
-                )
-            });
+            return Err(e);
         }
     };
     info!(
@@ -540,7 +591,7 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
                         }
                         m = &mut metrics => return m,
                         _ = tick.tick() => {
-                            if session.guard.is_finished() {
+                            if session.is_finished() {
                                 info!("filesystem unmounted externally");
                                 break;
                             }

@@ -112,6 +112,8 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: logs redirected to files stay greppable.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let r: Result<()> = match cli.command {
         Command::Target(a) => target_cmd::run(a),

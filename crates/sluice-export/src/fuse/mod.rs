@@ -20,6 +20,12 @@
 //! taking requests from `/dev/fuse` and the kernel's queue holds the
 //! application.
 
+pub mod abi;
+pub mod ops;
+pub mod uring;
+
+pub use fuser::BackgroundSession;
+
 use crate::account::{CpuAccountant, ExportAccount};
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::EIO;
@@ -28,15 +34,14 @@ use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow,
 };
-use sluice_runtime::cast::usize_from;
+use ops::{FileRules, FILE_INO, ROOT_INO};
 use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{debug, warn};
 
-const ROOT_INO: u64 = 1;
-const FILE_INO: u64 = 2;
-const ATTR_TTL: Duration = Duration::from_secs(1);
+const ATTR_TTL: Duration = Duration::from_secs(ops::ATTR_TTL_S);
 /// Largest write the kernel is asked to send in one request.
 pub const FUSE_MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Background requests (asynchronous direct I/O among them) the kernel
@@ -66,8 +71,7 @@ pub struct SluiceFs<D> {
     rt: tokio::runtime::Handle,
     cfg: FuseConfig,
     acct: Option<FuseAccounting>,
-    uid: u32,
-    gid: u32,
+    rules: FileRules,
     started: SystemTime,
 }
 
@@ -79,16 +83,15 @@ fn neg(errno: u32) -> i32 {
 
 impl<D: BlockDevice> SluiceFs<D> {
     pub fn new(dev: Arc<ByteDevice<D>>, rt: tokio::runtime::Handle, cfg: FuseConfig) -> Self {
-        let uid = rustix::process::getuid().as_raw();
-        let gid = rustix::process::getgid().as_raw();
+        let started = SystemTime::now();
+        let rules = rules_for(&dev, &cfg, started);
         SluiceFs {
             dev,
             rt,
             cfg,
             acct: None,
-            uid,
-            gid,
-            started: SystemTime::now(),
+            rules,
+            started,
         }
     }
 
@@ -126,27 +129,28 @@ impl<D: BlockDevice> SluiceFs<D> {
     }
 
     fn attr(&self, ino: u64) -> FileAttr {
-        let (kind, perm, size, nlink) = if ino == ROOT_INO {
-            (FileType::Directory, 0o755, 0, 2)
+        let a = self.rules.attr(ino);
+        let kind = if ino == ROOT_INO {
+            FileType::Directory
         } else {
-            let perm = if self.cfg.read_only { 0o444 } else { 0o644 };
-            (FileType::RegularFile, perm, self.dev.size_bytes(), 1)
+            FileType::RegularFile
         };
         FileAttr {
             ino,
-            size,
-            blocks: size.div_ceil(512),
+            size: a.size,
+            blocks: a.blocks,
             atime: self.started,
             mtime: self.started,
             ctime: self.started,
             crtime: self.started,
             kind,
-            perm,
-            nlink,
-            uid: self.uid,
-            gid: self.gid,
+            // The permission bits only (the mode's low 12 bits fit u16).
+            perm: u16::try_from(a.mode & 0o7777).unwrap_or(0),
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
             rdev: 0,
-            blksize: self.dev.block_size_bytes().max(4096),
+            blksize: a.blksize,
             flags: 0,
         }
     }
@@ -210,29 +214,18 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         _flags: Option<u32>,
         reply: ReplyAttr,
     ) {
-        if ino != ROOT_INO && ino != FILE_INO {
-            return reply.error(libc::ENOENT);
-        }
-        if let Some(s) = size {
-            if ino != FILE_INO || s != self.dev.size_bytes() {
-                return reply.error(libc::EPERM);
-            }
-        }
         // Mode, owner and times are not stored; the attributes stay fixed.
-        reply.attr(&ATTR_TTL, &self.attr(ino));
+        match self.rules.setattr(ino, size) {
+            Ok(()) => reply.attr(&ATTR_TTL, &self.attr(ino)),
+            Err(e) => reply.error(neg(e)),
+        }
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
-        if ino != FILE_INO {
-            return reply.error(libc::EISDIR);
+        match self.rules.open(ino, flags) {
+            Ok(()) => reply.opened(0, FOPEN_DIRECT_IO),
+            Err(e) => reply.error(neg(e)),
         }
-        if self.cfg.read_only && flags & libc::O_ACCMODE != libc::O_RDONLY {
-            return reply.error(libc::EROFS);
-        }
-        if flags & libc::O_TRUNC != 0 && self.dev.size_bytes() != 0 {
-            return reply.error(libc::EPERM);
-        }
-        reply.opened(0, FOPEN_DIRECT_IO);
     }
 
     fn read(
@@ -246,23 +239,19 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        if ino != FILE_INO {
-            return reply.error(libc::EISDIR);
-        }
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(libc::EINVAL);
         };
-        let end = offset
-            .saturating_add(size as u64)
-            .min(self.dev.size_bytes());
-        if offset >= end {
-            return reply.data(&[]);
-        }
+        let len = match self.rules.read_range(ino, offset, size) {
+            Ok((_, 0)) => return reply.data(&[]),
+            Ok((_, len)) => len,
+            Err(e) => return reply.error(neg(e)),
+        };
         self.wait_unthrottled();
         let dev = self.dev.clone();
         let export = self.export();
         self.rt.spawn(async move {
-            let r = dev.read(offset, usize_from(end - offset)).await;
+            let r = dev.read(offset, len).await;
             if let Some(a) = export {
                 a.record(r.as_ref().map_or(0, |d| d.len() as u64));
             }
@@ -288,20 +277,13 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        if ino != FILE_INO {
-            return reply.error(libc::EISDIR);
-        }
-        if self.cfg.read_only {
-            return reply.error(libc::EROFS);
-        }
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(libc::EINVAL);
         };
-        let size = self.dev.size_bytes();
-        if offset >= size && !data.is_empty() {
-            return reply.error(libc::ENOSPC);
-        }
-        let n = data.len().min(usize_from(size - offset.min(size)));
+        let n = match self.rules.write_len(ino, offset, data.len()) {
+            Ok(n) => n,
+            Err(e) => return reply.error(neg(e)),
+        };
         self.wait_unthrottled();
         let buf = data[..n].to_vec();
         let fua = flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
@@ -341,39 +323,19 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        if ino != FILE_INO {
-            return reply.error(libc::EISDIR);
-        }
         let (Ok(offset), Ok(length)) = (u64::try_from(offset), u64::try_from(length)) else {
             return reply.error(libc::EINVAL);
         };
-        let size = self.dev.size_bytes();
-        let end = offset.saturating_add(length);
-        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        let zero = libc::FALLOC_FL_ZERO_RANGE;
-        if mode == 0 || mode == libc::FALLOC_FL_KEEP_SIZE {
-            // Every byte of the namespace already exists.
-            return if end <= size || mode == libc::FALLOC_FL_KEEP_SIZE {
-                reply.ok()
-            } else {
-                reply.error(libc::EFBIG)
-            };
-        }
-        if mode != punch && mode != zero && mode != zero | libc::FALLOC_FL_KEEP_SIZE {
-            return reply.error(libc::EOPNOTSUPP);
-        }
-        if self.cfg.read_only {
-            return reply.error(libc::EROFS);
-        }
-        let end = end.min(size);
-        if offset >= end {
-            return reply.ok();
-        }
+        let (offset, len) = match self.rules.fallocate(ino, offset, length, mode) {
+            Ok(Some(range)) => range,
+            Ok(None) => return reply.ok(),
+            Err(e) => return reply.error(neg(e)),
+        };
         self.wait_unthrottled();
         let dev = self.dev.clone();
         let export = self.export();
         self.rt.spawn(async move {
-            let r = dev.write_zeroes(offset, end - offset, false).await;
+            let r = dev.write_zeroes(offset, len, false).await;
             if let Some(a) = export {
                 a.record(0);
             }
@@ -395,15 +357,16 @@ impl<D: BlockDevice> Filesystem for SluiceFs<D> {
         if ino != ROOT_INO {
             return reply.error(libc::ENOTDIR);
         }
-        let entries = [
-            (ROOT_INO, FileType::Directory, "."),
-            (ROOT_INO, FileType::Directory, ".."),
-            (FILE_INO, FileType::RegularFile, self.cfg.file_name.as_str()),
-        ];
         // The offset of an entry is the index of the next one (1-based).
-        let skip = usize::try_from(offset).unwrap_or(0);
-        for (next, (ino, kind, name)) in (1i64..).zip(&entries).skip(skip) {
-            if reply.add(*ino, next, *kind, name) {
+        let offset = u64::try_from(offset).unwrap_or(0);
+        for (ino, next, _, name) in self.rules.dir_entries(offset) {
+            let kind = if ino == ROOT_INO {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            let next = i64::try_from(next).unwrap_or(i64::MAX);
+            if reply.add(ino, next, kind, OsStr::from_bytes(name)) {
                 break;
             }
         }
@@ -431,6 +394,25 @@ impl<D: BlockDevice> SluiceFs<D> {
                 }
             }
         });
+    }
+}
+
+/// The file's rules for `dev` as `cfg` exports it.
+fn rules_for<D: BlockDevice>(
+    dev: &ByteDevice<D>,
+    cfg: &FuseConfig,
+    started: SystemTime,
+) -> FileRules {
+    FileRules {
+        file_name: cfg.file_name.clone(),
+        read_only: cfg.read_only,
+        size_bytes: dev.size_bytes(),
+        block_size_bytes: dev.block_size_bytes(),
+        uid: rustix::process::getuid().as_raw(),
+        gid: rustix::process::getgid().as_raw(),
+        time_s: started
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
     }
 }
 

@@ -1,0 +1,167 @@
+//! The FUSE session of our own (`sluice fuse --transport uring`), mounted
+//! on an in-memory device: over the kernel's FUSE-over-io_uring when it
+//! offers it (the test turns the `fuse` module's `enable_uring` on when it
+//! may), and over `/dev/fuse` when asked not to use io_uring. Both serve the
+//! same file: concurrent direct I/O from several threads reads back, sizes
+//! and errors are the file's (ENOSPC past the end, EPERM on truncate), and
+//! punching a hole zeroes it.
+//!
+//! Needs root and `/dev/fuse` (it mounts with mount(2)); skipped, with a
+//! message, without them.
+#![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
+
+use sluice_export::fuse::uring::{self, Transport};
+use sluice_export::fuse::FuseConfig;
+use sluice_export::{ByteDevice, MemDevice};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+
+const BLOCK: u32 = 4096;
+const BLOCKS: u64 = 4096; // 16 MiB
+
+fn can_mount() -> bool {
+    Path::new("/dev/fuse").exists() && rustix::process::geteuid().is_root()
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(131) as usize + i * 7 + i / 4096) as u8)
+        .collect()
+}
+
+fn config() -> FuseConfig {
+    FuseConfig {
+        file_name: "disk.img".into(),
+        read_only: false,
+        hostnqn: "nqn.2026-11.io.sluice:test".into(),
+    }
+}
+
+/// Mounts, runs the checks, unmounts; returns the transport it got.
+fn mount_and_check(want_uring: bool) -> Transport {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dev = ByteDevice::new(MemDevice::new(BLOCK, BLOCKS));
+    let session = uring::mount(
+        dev,
+        rt.handle().clone(),
+        &config(),
+        None,
+        dir.path(),
+        want_uring,
+    )
+    .unwrap();
+    let transport = session.transport();
+    let path = dir.path().join("disk.img");
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.len(), u64::from(BLOCK) * BLOCKS);
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["disk.img".to_owned()]);
+
+    // Four threads of direct I/O at once, 4 KiB to 256 KiB, each in its
+    // own 4 MiB quarter; then every write reads back.
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&path)
+                    .unwrap();
+                let base = t * (4 << 20);
+                let mut written = Vec::new();
+                let mut at = 0u64;
+                for (i, len) in [4096usize, 65536, 131072, 8192, 262144, 4096]
+                    .iter()
+                    .enumerate()
+                {
+                    let data = pattern(t * 100 + i as u64, *len);
+                    f.write_all_at(&data, base + at).unwrap();
+                    written.push((base + at, data));
+                    at += *len as u64;
+                }
+                for (off, data) in written {
+                    let mut got = vec![0u8; data.len()];
+                    f.read_exact_at(&mut got, off).unwrap();
+                    assert!(got == data, "thread {t}: data at {off} reads back");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // Unaligned bytes through the page-cache-less file.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    f.write_all_at(b"sluice", 5000).unwrap();
+    let mut got = [0u8; 6];
+    f.read_exact_at(&mut got, 5000).unwrap();
+    assert_eq!(&got, b"sluice");
+    // The size is the namespace's.
+    let end = u64::from(BLOCK) * BLOCKS;
+    let e = f.write_at(b"x", end).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    let e = f.set_len(end / 2).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+    // A punched hole reads as zeroes.
+    let r = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            8192,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let mut got = vec![1u8; 8192];
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got.iter().all(|&b| b == 0));
+    f.sync_all().unwrap();
+    drop(f);
+    let (ring, dev_fuse) = session.requests();
+    eprintln!("{transport:?}: {ring} requests over the ring, {dev_fuse} over /dev/fuse");
+    match transport {
+        // A few may come before the ring is ready; the I/O goes over it.
+        Transport::IoUring { .. } => assert!(ring > 50 && ring > dev_fuse, "{ring} / {dev_fuse}"),
+        Transport::DevFuse => assert!(ring == 0 && dev_fuse > 50, "{ring} / {dev_fuse}"),
+    }
+    drop(session);
+    // Unmounted: the directory is empty again.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    transport
+}
+
+#[test]
+fn the_own_session_serves_the_file_over_io_uring_and_over_dev_fuse() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    // Turn io_uring on where the kernel has the switch (root may).
+    let _ = std::fs::write("/sys/module/fuse/parameters/enable_uring", "Y");
+    let t = mount_and_check(true);
+    if uring::kernel_offers_uring() {
+        assert!(
+            matches!(t, Transport::IoUring { queues } if queues >= 1),
+            "{t:?}"
+        );
+    } else {
+        eprintln!("this kernel offers no FUSE-over-io_uring: checked the /dev/fuse fallback only");
+        assert_eq!(t, Transport::DevFuse);
+    }
+    assert_eq!(mount_and_check(false), Transport::DevFuse);
+}
