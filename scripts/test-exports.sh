@@ -173,7 +173,7 @@ URING_PID=$!
 PIDS+=($URING_PID)
 if wait_for "[ -f '$MNT_URING/disk.img' ]"; then pass "sluice fuse --transport uring mounted"; else fail "sluice fuse --transport uring mount"; cat "$WORK/fuse-uring.log"; fi
 if [ "$(cat "$URING_PARAM" 2>/dev/null)" = Y ]; then
-    check "the session runs over io_uring" grep -q 'transport=IoUring' "$WORK/fuse-uring.log"
+    check "the session runs over io_uring, on its own NVMe/TCP queue" grep -q 'transport=IoUring.*direct_queue=true' "$WORK/fuse-uring.log"
 else
     echo "  (this kernel offers no FUSE-over-io_uring: the session serves /dev/fuse)"
 fi

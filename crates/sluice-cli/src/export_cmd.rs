@@ -509,7 +509,13 @@ fn print_counters(acct: &CpuAccountant) {
 }
 
 pub fn fuse(a: FuseArgs) -> Result<()> {
-    let remote = Remote::from_args(&a.remote)?;
+    let mut remote = Remote::from_args(&a.remote)?;
+    // The io_uring session's ring thread drives one NVMe/TCP queue itself
+    // (direct queues do not run DH-HMAC-CHAP: with a secret it takes the
+    // task path only).
+    if a.transport == FuseTransport::Uring && direct_allowed(&remote.dhchap) {
+        remote.direct_queues = 1;
+    }
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
     let _admin = a.account.start_metrics(&acct, "sluice-fuse")?;

@@ -1,10 +1,11 @@
-//! The FUSE session of our own (`sluice fuse --transport uring`), mounted
-//! on an in-memory device: over the kernel's FUSE-over-io_uring when it
-//! offers it (the test turns the `fuse` module's `enable_uring` on when it
-//! may), and over `/dev/fuse` when asked not to use io_uring. Both serve the
-//! same file: concurrent direct I/O from several threads reads back, sizes
-//! and errors are the file's (ENOSPC past the end, EPERM on truncate), and
-//! punching a hole zeroes it.
+//! The FUSE session of our own (`sluice fuse --transport uring`): over the
+//! kernel's FUSE-over-io_uring when it offers it (the test turns the `fuse`
+//! module's `enable_uring` on when it may), and over `/dev/fuse` when asked
+//! not to use io_uring; on an in-memory device, and on a Sluice target's
+//! namespace, where the ring thread runs aligned I/O on an NVMe/TCP queue
+//! of its own. Every way serves the same file: concurrent direct I/O from
+//! several threads reads back, sizes and errors are the file's (ENOSPC
+//! past the end, EPERM on truncate), and punching a hole zeroes it.
 //!
 //! Needs root and `/dev/fuse` (it mounts with mount(2)); skipped, with a
 //! message, without them.
@@ -12,7 +13,13 @@
 
 use sluice_export::fuse::uring::{self, Transport};
 use sluice_export::fuse::FuseConfig;
-use sluice_export::{ByteDevice, MemDevice};
+use sluice_export::{BlockDevice, ByteDevice, MemDevice};
+use sluice_host::{ConnectOptions, Controller};
+use std::sync::Arc;
+
+mod common;
+
+const SUBNQN: &str = "nqn.2026-11.io.sluice:fuse-uring";
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -37,15 +44,26 @@ fn config() -> FuseConfig {
     }
 }
 
-/// Mounts, runs the checks, unmounts; returns the transport it got.
-fn mount_and_check(want_uring: bool) -> Transport {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn mem_device() -> Arc<ByteDevice<MemDevice>> {
+    ByteDevice::new(MemDevice::new(BLOCK, BLOCKS))
+}
+
+/// Mounts, runs the checks, unmounts; returns the transport it got and
+/// the I/Os run on the ring's own NVMe/TCP queue.
+fn mount_and_check<D: BlockDevice>(
+    rt: &tokio::runtime::Runtime,
+    dev: Arc<ByteDevice<D>>,
+    want_uring: bool,
+) -> (Transport, u64) {
     let dir = tempfile::tempdir().unwrap();
-    let dev = ByteDevice::new(MemDevice::new(BLOCK, BLOCKS));
     let session = uring::mount(
         dev,
         rt.handle().clone(),
@@ -133,6 +151,7 @@ fn mount_and_check(want_uring: bool) -> Transport {
     f.sync_all().unwrap();
     drop(f);
     let (ring, dev_fuse) = session.requests();
+    let direct = session.direct_ios();
     eprintln!("{transport:?}: {ring} requests over the ring, {dev_fuse} over /dev/fuse");
     match transport {
         // A few may come before the ring is ready; the I/O goes over it.
@@ -142,7 +161,7 @@ fn mount_and_check(want_uring: bool) -> Transport {
     drop(session);
     // Unmounted: the directory is empty again.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    transport
+    (transport, direct)
 }
 
 #[test]
@@ -153,7 +172,9 @@ fn the_own_session_serves_the_file_over_io_uring_and_over_dev_fuse() {
     }
     // Turn io_uring on where the kernel has the switch (root may).
     let _ = std::fs::write("/sys/module/fuse/parameters/enable_uring", "Y");
-    let t = mount_and_check(true);
+    let rt = runtime();
+    let (t, direct) = mount_and_check(&rt, mem_device(), true);
+    assert_eq!(direct, 0, "a memory device has no NVMe/TCP queue");
     if uring::kernel_offers_uring() {
         assert!(
             matches!(t, Transport::IoUring { queues } if queues >= 1),
@@ -163,5 +184,31 @@ fn the_own_session_serves_the_file_over_io_uring_and_over_dev_fuse() {
         eprintln!("this kernel offers no FUSE-over-io_uring: checked the /dev/fuse fallback only");
         assert_eq!(t, Transport::DevFuse);
     }
-    assert_eq!(mount_and_check(false), Transport::DevFuse);
+    assert_eq!(
+        mount_and_check(&rt, mem_device(), false).0,
+        Transport::DevFuse
+    );
+
+    // A namespace of a Sluice target: aligned I/O runs on the ring's own
+    // queue (the controller grants it one more queue ID), the rest (the
+    // unaligned bytes, the punched hole) on the task path.
+    let target = common::ram_target(SUBNQN, u64::from(BLOCK) * BLOCKS);
+    let ctrl = rt
+        .block_on(Controller::connect(
+            target.local_addr(),
+            SUBNQN,
+            ConnectOptions {
+                io_queues: 1,
+                direct_queues: 1,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let ns = ctrl.namespace(1).unwrap();
+    let (t, direct) = mount_and_check(&rt, ByteDevice::new(ns), true);
+    if uring::kernel_offers_uring() {
+        assert!(matches!(t, Transport::IoUring { .. }), "{t:?}");
+        assert!(direct >= 40, "{direct} I/Os on the ring's own queue");
+    }
+    rt.block_on(ctrl.disconnect(std::time::Duration::from_secs(5)));
 }

@@ -47,7 +47,9 @@ use super::abi::{self, init, InHeader, InitReply, Request};
 use super::ops::{BlockIo, FileRules, Outcome};
 use super::{rules_for, FuseAccounting, FuseConfig, FUSE_BACKGROUND_MAX};
 use crate::blockio::{BlockDevice, ByteDevice};
-use crate::errno::EIO;
+use crate::errno::{from_host_error, OpKind, EIO};
+use sluice_host::core::Completion;
+use sluice_host::{DirectQueue, HostError, IoFlags, RwBuilder};
 
 /// Ring entries (requests in flight) per CPU queue. A request waits when
 /// its CPU's queue has no free entry, so this bounds one application
@@ -66,6 +68,9 @@ const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// The ring's user_data for the eventfd poll (entries use their index).
 const WAKE_TAG: u64 = u64::MAX;
+/// The ring's user_data for the polls on the direct queue's socket.
+const DIRECT_IN_TAG: u64 = u64::MAX - 1;
+const DIRECT_OUT_TAG: u64 = u64::MAX - 2;
 /// How long dropping the session waits for its threads to end.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
@@ -93,6 +98,8 @@ struct Shared<D> {
 pub struct RequestCounts {
     pub ring: AtomicU64,
     pub dev_fuse: AtomicU64,
+    /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
+    pub direct: AtomicU64,
 }
 
 impl<D> Shared<D> {
@@ -129,6 +136,11 @@ impl OwnSession {
             self.counts.ring.load(Ordering::Relaxed),
             self.counts.dev_fuse.load(Ordering::Relaxed),
         )
+    }
+
+    /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
+    pub fn direct_ios(&self) -> u64 {
+        self.counts.direct.load(Ordering::Relaxed)
     }
 
     /// Whether the session ended (unmounted from outside, or failed).
@@ -175,6 +187,18 @@ pub fn mount<D: BlockDevice>(
     mountpoint: &Path,
     want_uring: bool,
 ) -> io::Result<OwnSession> {
+    // The ring thread drives an NVMe/TCP queue of its own when the device
+    // is one namespace and its controller grants a queue ID for it.
+    let direct = match (want_uring, dev.device().namespace()) {
+        (true, Some(ns)) => match rt.block_on(ns.controller().connect_direct_queue()) {
+            Ok(q) => Some(Direct::new(q, ns.rw_builder(), ns.block_size_bytes())),
+            Err(e) => {
+                info!("the FUSE ring takes the task path for all I/O: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
     let rules = rules_for(&dev, cfg, SystemTime::now());
     let raw = rustix::fs::open(
         "/dev/fuse",
@@ -207,13 +231,15 @@ pub fn mount<D: BlockDevice>(
             .name("fuse-dev".into())
             .spawn(move || serve_dev_fuse(&s))?,
     );
+    let mut uring_direct = false;
     if uring {
         let queues = possible_cpus()?;
+        let has_direct = direct.is_some();
         let wake = Arc::new(Doorbell {
             efd: EventFd::new()?,
             rung: AtomicBool::new(false),
         });
-        let mut ring = Ring::new(shared.clone(), queues, wake)?;
+        let mut ring = Ring::new(shared.clone(), queues, wake, direct)?;
         // The ring thread registers the entries itself: the kernel
         // delivers a request into an entry in task work of the thread that
         // submitted the entry's SQE, so that must be the thread that keeps
@@ -237,8 +263,9 @@ pub fn mount<D: BlockDevice>(
             .map_err(|_| io::Error::other("the FUSE ring thread ended before registering"))?
             .map_err(|e| io::Error::new(e.kind(), format!("registering FUSE ring entries: {e}")))?;
         session.transport = Transport::IoUring { queues };
+        uring_direct = has_direct;
     }
-    info!(mountpoint = %mountpoint.display(), transport = ?session.transport, "FUSE session of our own mounted");
+    info!(mountpoint = %mountpoint.display(), transport = ?session.transport, direct_queue = uring_direct, "FUSE session of our own mounted");
     Ok(session)
 }
 
@@ -502,6 +529,57 @@ struct Ring<D> {
     wake: Arc<Doorbell>,
     /// Block I/O in flight; woken through the doorbell.
     pending: FuturesUnordered<IoFuture>,
+    /// The run-to-completion path, while it works.
+    direct: Option<Direct>,
+    /// Whether polls on the direct queue's socket are armed: for reading,
+    /// and for writing (only while it has bytes the socket did not take).
+    direct_armed: (bool, bool),
+}
+
+/// What an entry waits for on the direct queue.
+#[derive(Debug)]
+enum DirectIo {
+    /// A read (kept whole: re-run on the task path if the queue fails).
+    Read(BlockIo),
+    Write {
+        lock_id: u64,
+        len: usize,
+    },
+    Flush,
+}
+
+/// An NVMe/TCP I/O queue the ring thread drives itself (as the NBD
+/// run-to-completion path does): aligned reads and writes of one command
+/// and flushes go straight to it, with no task and no thread crossing;
+/// everything else (sub-block I/O, zeroing, a write whose blocks an RMW
+/// holds) takes the task path.
+struct Direct {
+    dq: DirectQueue,
+    rw: RwBuilder,
+    block_bytes: u64,
+    waiting: Vec<Option<DirectIo>>,
+    done: Vec<(u64, Result<Completion, HostError>)>,
+}
+
+impl Direct {
+    fn new(dq: DirectQueue, rw: RwBuilder, block_bytes: u32) -> Direct {
+        Direct {
+            dq,
+            rw,
+            block_bytes: u64::from(block_bytes.max(1)),
+            waiting: Vec::new(),
+            done: Vec::new(),
+        }
+    }
+
+    fn fits(&self, offset: u64, len: usize) -> bool {
+        let len = len as u64;
+        offset.is_multiple_of(self.block_bytes)
+            && len.is_multiple_of(self.block_bytes)
+            && len > 0
+            && len <= self.rw.max_command_bytes()
+            && self.dq.can_submit()
+    }
 }
 
 /// Wakes the ring thread when block I/O it polls can make progress (the
@@ -545,7 +623,12 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
 }
 
 impl<D: BlockDevice> Ring<D> {
-    fn new(shared: Arc<Shared<D>>, queues: usize, wake: Arc<Doorbell>) -> io::Result<Ring<D>> {
+    fn new(
+        shared: Arc<Shared<D>>,
+        queues: usize,
+        wake: Arc<Doorbell>,
+        direct: Option<Direct>,
+    ) -> io::Result<Ring<D>> {
         let total = queues * URING_QUEUE_DEPTH;
         let sq = u32::try_from((total + 8).next_power_of_two())
             .unwrap_or(4096)
@@ -586,6 +669,11 @@ impl<D: BlockDevice> Ring<D> {
             entries,
             wake,
             pending: FuturesUnordered::new(),
+            direct: direct.map(|mut d| {
+                d.waiting = (0..total).map(|_| None).collect();
+                d
+            }),
+            direct_armed: (false, false),
         })
     }
 
@@ -636,9 +724,24 @@ impl<D: BlockDevice> Ring<D> {
         let waker = std::task::Waker::from(self.wake.clone());
         let mut cqes: Vec<(u64, i32)> = Vec::new();
         loop {
-            match self.ring.submit_and_wait(1) {
+            let wait = match self.arm_direct() {
+                Ok(w) => w,
+                Err(e) => {
+                    warn!("FUSE io_uring: {e}; the ring thread ends");
+                    return;
+                }
+            };
+            let r = match wait {
+                Some(w) => {
+                    let ts = types::Timespec::from(w.max(Duration::from_micros(1)));
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    self.ring.submitter().submit_with_args(1, &args)
+                }
+                None => self.ring.submit_and_wait(1),
+            };
+            match r {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::ETIME)) => {}
                 Err(e) => {
                     warn!("FUSE io_uring: {e}; the ring thread ends");
                     return;
@@ -650,6 +753,12 @@ impl<D: BlockDevice> Ring<D> {
                 let r = if tag == WAKE_TAG {
                     self.wake.answer();
                     self.arm_wake()
+                } else if tag == DIRECT_IN_TAG {
+                    self.direct_armed.0 = false;
+                    Ok(())
+                } else if tag == DIRECT_OUT_TAG {
+                    self.direct_armed.1 = false;
+                    Ok(())
                 } else {
                     self.completed(usize::try_from(tag).unwrap_or(usize::MAX), res)
                 };
@@ -657,6 +766,10 @@ impl<D: BlockDevice> Ring<D> {
                     warn!("FUSE io_uring: {e}; the ring thread ends");
                     return;
                 }
+            }
+            if let Err(e) = self.drive_direct() {
+                warn!("FUSE io_uring: {e}; the ring thread ends");
+                return;
             }
             // Poll the I/O woken since (and any just started); commit
             // what finished.
@@ -733,13 +846,176 @@ impl<D: BlockDevice> Ring<D> {
             Outcome::Silent => self.commit(i, h.unique, Err(libc::ENOSYS as u32)),
             Outcome::Io(io) => {
                 self.shared.wait_unthrottled();
-                let s = self.shared.clone();
-                // The unique is read from the header again at commit.
-                self.pending
-                    .push(Box::pin(async move { (i, run_io(&s, io).await) }));
+                if let Err(io) = self.submit_direct(i, io) {
+                    self.run_on_task_path(i, io);
+                }
                 Ok(())
             }
         }
+    }
+
+    fn run_on_task_path(&mut self, i: usize, io: BlockIo) {
+        let s = self.shared.clone();
+        // The unique is read from the header again at commit.
+        self.pending
+            .push(Box::pin(async move { (i, run_io(&s, io).await) }));
+    }
+
+    /// Sends `io` for entry `i` on the direct queue, or gives it back.
+    fn submit_direct(&mut self, i: usize, io: BlockIo) -> Result<(), BlockIo> {
+        let Some(d) = self.direct.as_mut() else {
+            return Err(io);
+        };
+        let locks = self.shared.dev.locks();
+        let token = i as u64;
+        let waiting = match io {
+            BlockIo::Read { offset, len } if d.fits(offset, len) => {
+                let lba = offset / d.block_bytes;
+                if d.dq
+                    .submit_read(&d.rw, lba, len, IoFlags::default(), token)
+                    .is_err()
+                {
+                    return Err(io);
+                }
+                DirectIo::Read(io)
+            }
+            BlockIo::Write { offset, data, fua } if d.fits(offset, data.len()) => {
+                let (lba, len) = (offset / d.block_bytes, data.len());
+                let end = lba + len as u64 / d.block_bytes;
+                let Some(lock_id) = locks.try_lock(lba, end) else {
+                    return Err(BlockIo::Write { offset, data, fua });
+                };
+                let flags = IoFlags {
+                    fua,
+                    ..IoFlags::default()
+                };
+                if let Err(e) = d.dq.submit_write(&d.rw, lba, data, flags, token) {
+                    // The data went with the refused command: fail the
+                    // write (nothing was acknowledged).
+                    locks.release(lock_id);
+                    let errno = from_host_error(&e, OpKind::Write);
+                    let unique =
+                        InHeader::parse(&self.entries[i].header[..]).map_or(0, |h| h.unique);
+                    if let Err(e) = self.commit(i, unique, Err(errno)) {
+                        warn!("FUSE io_uring commit: {e}");
+                    }
+                    return Ok(());
+                }
+                DirectIo::Write { lock_id, len }
+            }
+            BlockIo::Flush if d.dq.can_submit() => {
+                let (sqe, payload) = d.rw.flush();
+                if d.dq.submit(sqe, payload, token).is_err() {
+                    return Err(io);
+                }
+                DirectIo::Flush
+            }
+            io => return Err(io),
+        };
+        if let Some(slot) = d.waiting.get_mut(i) {
+            *slot = Some(waiting);
+        }
+        self.shared.counts.direct.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Drives the direct queue: sends what was submitted, reads the
+    /// completions, commits their replies. A queue that fails sends its
+    /// reads and flushes to the task path (whose controller reconnects)
+    /// and fails its writes with EIO (never acknowledged: nothing written
+    /// is lost); the ring then uses the task path only.
+    fn drive_direct(&mut self) -> io::Result<()> {
+        let Some(d) = self.direct.as_mut() else {
+            return Ok(());
+        };
+        let mut done = std::mem::take(&mut d.done);
+        let r = d.dq.poll(&mut done, None);
+        let closed = d.dq.is_closed();
+        let acct = self.shared.acct.as_ref().map(|a| a.export.clone());
+        for (token, result) in done.drain(..) {
+            let i = usize::try_from(token).unwrap_or(usize::MAX);
+            let Some(w) = self
+                .direct
+                .as_mut()
+                .and_then(|d| d.waiting.get_mut(i))
+                .and_then(Option::take)
+            else {
+                warn!(token, "direct completion for no FUSE request");
+                continue;
+            };
+            let unique = InHeader::parse(&self.entries[i].header[..]).map_or(0, |h| h.unique);
+            let reply = match (w, result) {
+                (DirectIo::Read(io), Err(_)) if closed => {
+                    self.run_on_task_path(i, io);
+                    continue;
+                }
+                (DirectIo::Flush, Err(_)) if closed => {
+                    self.run_on_task_path(i, BlockIo::Flush);
+                    continue;
+                }
+                (DirectIo::Read(_), Ok(c)) => {
+                    if let Some(a) = &acct {
+                        a.record(c.data.len() as u64);
+                    }
+                    Ok(c.data)
+                }
+                (DirectIo::Read(_), Err(e)) => Err(from_host_error(&e, OpKind::Read)),
+                (DirectIo::Write { lock_id, len }, r) => {
+                    self.shared.dev.locks().release(lock_id);
+                    r.map(|_| {
+                        if let Some(a) = &acct {
+                            a.record(len as u64);
+                        }
+                        abi::write_out(u32::try_from(len).unwrap_or(u32::MAX))
+                    })
+                    .map_err(|e| from_host_error(&e, OpKind::Write))
+                }
+                (DirectIo::Flush, r) => r
+                    .map(|_| Vec::new())
+                    .map_err(|e| from_host_error(&e, OpKind::Flush)),
+            };
+            self.commit(i, unique, reply)?;
+        }
+        if let Some(d) = self.direct.as_mut() {
+            d.done = done;
+        }
+        if let Err(e) = r {
+            warn!("the FUSE ring's direct queue closed ({e}); I/O goes on through the task path");
+            self.direct = None;
+        }
+        Ok(())
+    }
+
+    /// Before the ring sleeps: a poll on the direct queue's socket while
+    /// it has commands out (or bytes to send), and how long the ring may
+    /// sleep (the queue's next timer).
+    fn arm_direct(&mut self) -> io::Result<Option<Duration>> {
+        let Some(d) = self.direct.as_ref() else {
+            return Ok(None);
+        };
+        if d.dq.outstanding() == 0 && !d.dq.wants_write() {
+            return Ok(None);
+        }
+        let wait =
+            d.dq.next_deadline()
+                .map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        let fd = types::Fd(d.dq.as_raw_fd());
+        let wants_write = d.dq.wants_write();
+        if !self.direct_armed.0 {
+            let poll = opcode::PollAdd::new(fd, libc::POLLIN as u32)
+                .build()
+                .user_data(DIRECT_IN_TAG);
+            self.push(poll.into())?;
+            self.direct_armed.0 = true;
+        }
+        if wants_write && !self.direct_armed.1 {
+            let poll = opcode::PollAdd::new(fd, libc::POLLOUT as u32)
+                .build()
+                .user_data(DIRECT_OUT_TAG);
+            self.push(poll.into())?;
+            self.direct_armed.1 = true;
+        }
+        Ok(wait)
     }
 
     /// Writes the reply into entry `i`'s buffers and commits it, which
