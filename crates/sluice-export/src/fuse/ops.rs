@@ -1,6 +1,6 @@
 //! What the FUSE file answers, apart from how requests arrive: the one
 //! file's rules (fixed size, read-only exports, which fallocate modes
-//! work) and, for the session of our own ([`super::uring`]), each decoded
+//! work) and, for the session of our own (`uring.rs`), each decoded
 //! request's outcome: a reply now, or block I/O to run first.
 //!
 //! Both sessions (fuser's and ours) use the same rules, so a file behaves
