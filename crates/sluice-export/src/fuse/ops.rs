@@ -56,7 +56,7 @@ pub enum Outcome {
     Error(u32),
     /// No reply (FORGET).
     Silent,
-    /// Run the I/O, then reply (see [`reply_after`]).
+    /// Run the I/O, then reply with its result.
     Io(BlockIo),
 }
 
