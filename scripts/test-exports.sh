@@ -60,6 +60,27 @@ fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_for() { for _ in $(seq 100); do eval "$1" && return 0; sleep 0.1; done; return 1; }
 
+# ext4 on a loop device over a FUSE file ($1), the checks labelled $2:
+# mkfs, files written with dd, checksums after a remount, fsck clean.
+ext4_on_loop() {
+    local file=$1 label=$2
+    if LOOP=$(losetup -f --show "$file" 2>>"$WORK/log"); then pass "losetup $LOOP ($label)"; else fail "losetup ($label)"; return; fi
+    MNT_EXT=$WORK/ext4
+    mkdir -p "$MNT_EXT"
+    check "mkfs.ext4 ($label)" mkfs.ext4 -q -F "$LOOP"
+    check "mount ext4 ($label)" mount "$LOOP" "$MNT_EXT"
+    check "write files with dd ($label)" bash -c "set -e; for i in 1 2 3; do dd if=/dev/urandom of=\"$MNT_EXT/f\$i\" bs=1M count=8 status=none; done; \
+        dd if=/dev/urandom of='$MNT_EXT/small' bs=777 count=3 status=none; sync; cd '$MNT_EXT'; sha256sum f1 f2 f3 small > '$WORK/sums-$label'; [ \$(wc -l < '$WORK/sums-$label') = 4 ]"
+    check "umount ext4 ($label)" umount "$MNT_EXT"
+    check "remount ext4 ($label)" mount "$LOOP" "$MNT_EXT"
+    check "checksums after remount ($label)" bash -c "cd '$MNT_EXT' && sha256sum -c --quiet '$WORK/sums-$label'"
+    check "umount ext4 again ($label)" umount "$MNT_EXT"
+    MNT_EXT=""
+    check "fsck clean ($label)" e2fsck -fn "$LOOP"
+    check "detach loop ($label)" losetup -d "$LOOP"
+    LOOP=""
+}
+
 PORT=$(free_port)
 NQN=nqn.2026-11.io.sluice:ram0
 "$SLUICE" target --listen 127.0.0.1:$PORT --discovery-listen "" --ram-size 512MiB >"$WORK/target.log" 2>&1 &
@@ -121,21 +142,7 @@ PIDS+=($FUSE_PID)
 if wait_for "[ -f '$MNT_FUSE/disk.img' ]"; then pass "sluice fuse mounted"; else fail "sluice fuse mount"; cat "$WORK/fuse.log"; fi
 check "file size is the namespace size" bash -c "[ \$(stat -c %s '$MNT_FUSE/disk.img') = 536870912 ]"
 check "nbd data visible through FUSE" bash -c "cmp -i 2097152 -n 1048576 '$WORK/in.raw' '$MNT_FUSE/disk.img'"
-LOOP=$(losetup -f --show "$MNT_FUSE/disk.img" 2>>"$WORK/log") && pass "losetup $LOOP" || fail "losetup"
-MNT_EXT=$WORK/ext4
-mkdir -p "$MNT_EXT"
-check "mkfs.ext4" mkfs.ext4 -q -F "$LOOP"
-check "mount ext4" mount "$LOOP" "$MNT_EXT"
-check "write files with dd" bash -c "set -e; for i in 1 2 3; do dd if=/dev/urandom of=\"$MNT_EXT/f\$i\" bs=1M count=8 status=none; done; \
-    dd if=/dev/urandom of='$MNT_EXT/small' bs=777 count=3 status=none; sync; cd '$MNT_EXT'; sha256sum f1 f2 f3 small > '$WORK/sums'; [ \$(wc -l < '$WORK/sums') = 4 ]"
-check "umount ext4" umount "$MNT_EXT"
-check "remount ext4" mount "$LOOP" "$MNT_EXT"
-check "checksums after remount" bash -c "cd '$MNT_EXT' && sha256sum -c --quiet '$WORK/sums'"
-check "umount ext4 again" umount "$MNT_EXT"
-MNT_EXT=""
-check "fsck clean" e2fsck -fn "$LOOP"
-check "detach loop" losetup -d "$LOOP"
-LOOP=""
+ext4_on_loop "$MNT_FUSE/disk.img" fuser
 check "SIGTERM unmounts FUSE" bash -c "kill -TERM $FUSE_PID; for i in \$(seq 100); do mountpoint -q '$MNT_FUSE' || exit 0; sleep 0.1; done; exit 1"
 
 # FUSE with a CPU cap (i-NVMe throttle): data still correct, the export is
@@ -182,19 +189,7 @@ check "fio randrw 4k-256k crc32c verify, 2 jobs at iodepth 32, over io_uring" \
         --bsrange=4k-256k --iodepth=32 --numjobs=2 --size=32m --offset=320m --offset_increment=32m \
         --verify=crc32c --do_verify=1 --verify_fatal=1 --group_reporting --output="$WORK/fio-uring.txt"
 if [ -f "$WORK/fio-uring.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-uring.txt" | sed 's/^/    /'; fi
-LOOP=$(losetup -f --show "$MNT_URING/disk.img" 2>>"$WORK/log") && pass "losetup $LOOP (io_uring file)" || fail "losetup (io_uring file)"
-MNT_EXT=$WORK/ext4
-check "mkfs.ext4 over io_uring" mkfs.ext4 -q -F "$LOOP"
-check "mount ext4 over io_uring" mount "$LOOP" "$MNT_EXT"
-check "write and checksum files" bash -c "set -e; for i in 1 2; do dd if=/dev/urandom of=\"$MNT_EXT/u\$i\" bs=1M count=8 status=none; done; \
-    sync; cd '$MNT_EXT'; sha256sum u1 u2 > '$WORK/usums'"
-check "umount and remount ext4" bash -c "umount '$MNT_EXT' && mount '$LOOP' '$MNT_EXT'"
-check "checksums after remount (io_uring)" bash -c "cd '$MNT_EXT' && sha256sum -c --quiet '$WORK/usums'"
-check "umount ext4 (io_uring)" umount "$MNT_EXT"
-MNT_EXT=""
-check "fsck clean (io_uring)" e2fsck -fn "$LOOP"
-check "detach loop (io_uring)" losetup -d "$LOOP"
-LOOP=""
+ext4_on_loop "$MNT_URING/disk.img" io_uring
 check "SIGTERM unmounts the io_uring FUSE session" bash -c "kill -TERM $URING_PID; for i in \$(seq 100); do mountpoint -q '$MNT_URING' || exit 0; sleep 0.1; done; exit 1"
 
 echo "$PASS passed, $FAIL failed"
