@@ -423,6 +423,33 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
         vec![(0, 6 << 20, true, false), (6 << 20, 10 << 20, false, true)],
         "{map}"
     );
+    // A plain read across data and the unallocated rest: qemu's NBD client
+    // gets the rest as hole chunks (no zeros on the wire) and must see
+    // the data, then zeros.
+    let io = Command::new("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "read -P 0 6M 10M",
+            "-c",
+            "read -v 6291440 32",
+            &url,
+        ])
+        .output()
+        .expect("qemu-io (qemu-utils) runs");
+    let io_out = String::from_utf8_lossy(&io.stdout);
+    assert!(
+        io.status.success()
+            && io_out.contains("read 10485760/10485760 bytes")
+            && !io_out.contains("Pattern verification failed"),
+        "qemu-io: {io_out} {}",
+        String::from_utf8_lossy(&io.stderr)
+    );
+    // The last 16 bytes of data, then 16 zeros.
+    let tail = &data[(6 << 20) - 16..];
+    let hex: String = tail.iter().map(|b| format!("{b:02x} ")).collect();
+    assert!(io_out.contains(hex.trim()), "{io_out}");
     // Three extents were allocated, on both targets.
     let inspect = ok(&[&["volume", "inspect", "nbdvol", "--extents"], &c[..]].concat());
     assert_eq!(inspect.matches("  extent ").count(), 3, "{inspect}");

@@ -47,6 +47,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn namespace(&self) -> Option<&Namespace> {
         None
     }
+    /// Whether [`Self::allocation`] can report holes (ranges that read as
+    /// zeros and hold nothing). When it cannot, readers skip asking.
+    fn reports_holes(&self) -> bool {
+        false
+    }
     /// Which of `blocks` blocks from `lba` hold data: runs of (blocks,
     /// allocated) that tile the range in order. Only a device that knows
     /// a range reads as zeros and holds nothing (an elastic volume's
@@ -125,6 +130,9 @@ impl BlockDevice for RemoteDevice {
             RemoteDevice::Namespace(n) => Some(n),
             RemoteDevice::Volume(_) => None,
         }
+    }
+    fn reports_holes(&self) -> bool {
+        matches!(self, RemoteDevice::Volume(_))
     }
     fn block_size_bytes(&self) -> u32 {
         match self {
@@ -473,6 +481,12 @@ impl<D: BlockDevice> ByteDevice<D> {
 
     fn dev_err(op: OpKind) -> impl FnOnce(HostError) -> ExportError {
         move |source| ExportError::Device { op, source }
+    }
+
+    /// Whether [`Self::allocation`] can report holes (see
+    /// [`BlockDevice::reports_holes`]).
+    pub fn reports_holes(&self) -> bool {
+        self.dev.reports_holes()
     }
 
     /// Which bytes of `len` at `offset` hold data: runs of (bytes,

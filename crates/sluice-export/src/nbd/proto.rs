@@ -79,6 +79,7 @@ pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
 pub const STRUCTURED_REPLY_HEADER_BYTES: usize = 20;
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
+pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
@@ -888,6 +889,35 @@ pub fn encode_read_chunk_header(cookie: u64, offset: u64, len: usize) -> Vec<u8>
         8 + len,
     );
     out.extend_from_slice(&offset.to_be_bytes());
+    out
+}
+
+/// A read of a range with holes, in non-final chunks: each hole an
+/// NBD_REPLY_TYPE_OFFSET_HOLE chunk (no data on the wire), each data run an
+/// NBD_REPLY_TYPE_OFFSET_DATA chunk; then a final NBD_REPLY_TYPE_NONE
+/// chunk. `runs` are (offset, Ok(data) | Err(hole length)) in order and
+/// tile the request.
+pub fn encode_sparse_read(cookie: u64, runs: &[(u64, Result<&[u8], u32>)]) -> Vec<u8> {
+    let bytes: usize = runs
+        .iter()
+        .map(|(_, r)| STRUCTURED_REPLY_HEADER_BYTES + 8 + r.as_ref().map_or(4, |d| d.len()))
+        .sum();
+    let mut out = Vec::with_capacity(bytes + STRUCTURED_REPLY_HEADER_BYTES);
+    for (offset, r) in runs {
+        match r {
+            Ok(data) => {
+                structured_header(&mut out, cookie, 0, REPLY_TYPE_OFFSET_DATA, 8 + data.len());
+                out.extend_from_slice(&offset.to_be_bytes());
+                out.extend_from_slice(data);
+            }
+            Err(len) => {
+                structured_header(&mut out, cookie, 0, REPLY_TYPE_OFFSET_HOLE, 12);
+                out.extend_from_slice(&offset.to_be_bytes());
+                out.extend_from_slice(&len.to_be_bytes());
+            }
+        }
+    }
+    structured_header(&mut out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
     out
 }
 

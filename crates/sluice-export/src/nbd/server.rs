@@ -9,8 +9,8 @@
 use super::direct::{DirectConn, DirectEnd, IntoClientSocket, TaskPath};
 use super::proto::{
     encode_block_status, encode_error_chunk, encode_read_chunk_header, encode_simple_reply,
-    validate_in, Command, ExportInfo, HandshakeStatus, Incoming, RequestDecoder, ServerHandshake,
-    Session, TransmissionError, STATE_HOLE, STATE_ZERO,
+    encode_sparse_read, validate_in, Command, ExportInfo, HandshakeStatus, Incoming,
+    RequestDecoder, ServerHandshake, Session, TransmissionError, STATE_HOLE, STATE_ZERO,
 };
 use super::reply::Reply;
 pub use super::reply::{IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
@@ -506,6 +506,19 @@ impl<D: BlockDevice> NbdServer<D> {
     /// allows. Returns the reply and the bytes of read data in it.
     async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Reply, usize) {
         let cookie = req.header.cookie;
+        if let Ok(Command::Read { offset, length }) = validate_in(&req.header, &e.export, session) {
+            // Reads: holes (of a device that has them) go as hole chunks.
+            if session.structured && e.dev.reports_holes() {
+                if let Some(r) = read_with_holes(e, cookie, offset, length).await {
+                    return r;
+                }
+            }
+        }
+        self.execute_plain(e, req, session).await
+    }
+
+    async fn execute_plain(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Reply, usize) {
+        let cookie = req.header.cookie;
         let structured = session.structured;
         let cmd = match validate_in(&req.header, &e.export, session) {
             Ok(c) => c,
@@ -643,6 +656,54 @@ impl Drop for UnixSocketPath {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// A structured read of a range with holes: the allocated runs read and
+/// sent as data chunks, the holes as hole chunks (no zeros on the wire).
+/// `None` when the range has no hole or its allocation is unknown (the
+/// plain read answers, errors included). Returns the reply and the bytes
+/// of data in it.
+async fn read_with_holes<D: BlockDevice>(
+    e: &Entry<D>,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) -> Option<(Reply, usize)> {
+    let runs = e.dev.allocation(offset, u64::from(length)).await.ok()?;
+    if runs.iter().all(|&(_, allocated)| allocated) {
+        return None;
+    }
+    let mut parts: Vec<(u64, Result<Vec<u8>, u32>)> = Vec::with_capacity(runs.len());
+    let mut at = offset;
+    for (n, allocated) in runs {
+        if allocated {
+            // n <= length, a u32.
+            match e
+                .dev
+                .read(at, usize::try_from(n).unwrap_or(usize::MAX))
+                .await
+            {
+                Ok(d) => parts.push((at, Ok(d))),
+                Err(err) => {
+                    warn!(cookie, errno = err.errno(), "request failed: {err}");
+                    let chunk = encode_error_chunk(cookie, err.errno(), &err.to_string());
+                    return Some((chunk.into(), 0));
+                }
+            }
+        } else {
+            parts.push((at, Err(u32::try_from(n).unwrap_or(u32::MAX))));
+        }
+        at += n;
+    }
+    let data_bytes = parts
+        .iter()
+        .map(|(_, r)| r.as_ref().map_or(0, Vec::len))
+        .sum();
+    let refs: Vec<(u64, Result<&[u8], u32>)> = parts
+        .iter()
+        .map(|(o, r)| (*o, r.as_ref().map(Vec::as_slice).map_err(|&n| n)))
+        .collect();
+    Some((encode_sparse_read(cookie, &refs).into(), data_bytes))
 }
 
 #[cfg(test)]

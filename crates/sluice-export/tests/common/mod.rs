@@ -47,6 +47,16 @@ pub struct Client {
 
 impl Client {
     pub fn connect(path: &std::path::Path, name: &str) -> Client {
+        Client::connect_with(path, name, false)
+    }
+
+    /// Connects asking for structured replies first (then read replies
+    /// come as chunks: [`Client::chunks`]).
+    pub fn connect_structured(path: &std::path::Path, name: &str) -> Client {
+        Client::connect_with(path, name, true)
+    }
+
+    fn connect_with(path: &std::path::Path, name: &str, structured: bool) -> Client {
         let mut s = UnixStream::connect(path).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut g = [0u8; 18];
@@ -55,6 +65,15 @@ impl Client {
         assert_eq!(&g[8..16], b"IHAVEOPT");
         s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
             .unwrap();
+        if structured {
+            let mut o = IHAVEOPT.to_be_bytes().to_vec();
+            o.extend_from_slice(&OPT_STRUCTURED_REPLY.to_be_bytes());
+            o.extend_from_slice(&0u32.to_be_bytes());
+            s.write_all(&o).unwrap();
+            let mut h = [0u8; 20];
+            s.read_exact(&mut h).unwrap();
+            assert_eq!(u32::from_be_bytes(h[12..16].try_into().unwrap()), REP_ACK);
+        }
         // NBD_OPT_GO asking for the block size.
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
         d.extend_from_slice(name.as_bytes());
@@ -121,6 +140,29 @@ impl Client {
             self.s.read_exact(&mut data).unwrap();
         }
         (cookie, errno, data)
+    }
+
+    /// Reads the structured chunks of one reply, up to the final one: (type,
+    /// flags, cookie, payload).
+    pub fn chunks(&mut self) -> Vec<(u16, u16, u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        loop {
+            let mut h = [0u8; STRUCTURED_REPLY_HEADER_BYTES];
+            self.s.read_exact(&mut h).unwrap();
+            assert_eq!(
+                u32::from_be_bytes(h[0..4].try_into().unwrap()),
+                STRUCTURED_REPLY_MAGIC
+            );
+            let flags = u16::from_be_bytes([h[4], h[5]]);
+            let kind = u16::from_be_bytes([h[6], h[7]]);
+            let cookie = u64::from_be_bytes(h[8..16].try_into().unwrap());
+            let mut payload = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+            self.s.read_exact(&mut payload).unwrap();
+            out.push((kind, flags, cookie, payload));
+            if flags & REPLY_FLAG_DONE != 0 {
+                return out;
+            }
+        }
     }
 
     pub fn call(
