@@ -52,6 +52,47 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Aborts the mount's FUSE connection if the checks have not finished in
+/// a minute, so that a session that stopped serving fails the test
+/// instead of leaving it blocked in the kernel for good.
+struct Watchdog {
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Watchdog {
+    fn arm(mountpoint: &Path) -> Watchdog {
+        use std::os::unix::fs::MetadataExt;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The connection's number is the minor of the mount's device.
+        let minor = libc::minor(std::fs::metadata(mountpoint).unwrap().dev());
+        let d = done.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while std::time::Instant::now() < deadline {
+                if d.load(std::sync::atomic::Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let ctl = Path::new("/sys/fs/fuse/connections");
+            if !ctl.join(minor.to_string()).exists() {
+                let _ = std::process::Command::new("mount")
+                    .args(["-t", "fusectl", "none", "/sys/fs/fuse/connections"])
+                    .status();
+            }
+            eprintln!("the FUSE session stopped serving: aborting connection {minor}");
+            let _ = std::fs::write(ctl.join(minor.to_string()).join("abort"), "1");
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 fn mem_device() -> Arc<ByteDevice<MemDevice>> {
     ByteDevice::new(MemDevice::new(BLOCK, BLOCKS))
 }
@@ -74,6 +115,7 @@ fn mount_and_check<D: BlockDevice>(
     )
     .unwrap();
     let transport = session.transport();
+    let _watchdog = Watchdog::arm(dir.path());
     let path = dir.path().join("disk.img");
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.len(), u64::from(BLOCK) * BLOCKS);
