@@ -23,8 +23,7 @@ use device::Device;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use sluice_host::{
-    ConnectOptions, Controller, DirectQueue, HostError, HostQueueStats, IoFlags, PollingPolicy,
-    RwBuilder,
+    ConnectOptions, Controller, DirectQueue, HostQueueStats, IoFlags, PollingPolicy, RwBuilder,
 };
 use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};
 use sluice_proto::send::{SchedulerKind, SendConfig};
@@ -666,9 +665,6 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 let addr = resolve(&args.target)?;
                 let why_async = match args.engine {
                     Engine::Async => None,
-                    Engine::Direct if opts.dhchap_secret.is_some() => {
-                        Some("direct queues do not do DH-HMAC-CHAP yet".to_string())
-                    }
                     Engine::Direct if coalescing.mode != CoalesceMode::Off => {
                         Some("--coalescing batches the async engine's wake-ups".to_string())
                     }
@@ -933,7 +929,6 @@ async fn connect_direct(
     while fallback.is_none() && queues.len() < usize::from(n) {
         match c.connect_direct_queue().await {
             Ok(q) => queues.push(q),
-            Err(e @ HostError::DirectAuthUnsupported { .. }) => fallback = Some(e.to_string()),
             Err(e) => {
                 drop(queues);
                 c.disconnect(Duration::from_secs(1)).await;

@@ -387,7 +387,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 nsid: s.nsid,
                 hostnqn: (!s.hostnqn.is_empty()).then_some(s.hostnqn.as_str()),
                 io_queues: a.remote.io_queues,
-                direct_queues: if direct_allowed(&dhchap) { a.direct_queues } else { 0 },
+                direct_queues: a.direct_queues,
                 cgroup: s.cgroup.as_ref(),
                 dhchap: dhchap.clone(),
             };
@@ -477,11 +477,6 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
     })
 }
 
-/// Direct queues do not run DH-HMAC-CHAP: with a secret, none are asked for.
-fn direct_allowed(d: &sluice_bench::DhchapSecrets) -> bool {
-    d.0.is_none()
-}
-
 /// Per-export counters, printed on exit.
 fn print_counters(acct: &CpuAccountant) {
     eprintln!(
@@ -510,10 +505,8 @@ fn print_counters(acct: &CpuAccountant) {
 
 pub fn fuse(a: FuseArgs) -> Result<()> {
     let mut remote = Remote::from_args(&a.remote)?;
-    // The io_uring session's ring thread drives one NVMe/TCP queue itself
-    // (direct queues do not run DH-HMAC-CHAP: with a secret it takes the
-    // task path only).
-    if a.transport == FuseTransport::Uring && direct_allowed(&remote.dhchap) {
+    // The io_uring session's ring thread drives one NVMe/TCP queue itself.
+    if a.transport == FuseTransport::Uring {
         remote.direct_queues = 1;
     }
     let acct = CpuAccountant::new();

@@ -322,9 +322,85 @@ async fn fabrics_connect(
     let (sqe, payload) = connect_command(qid, sqsize, kato, cntlid, subnqn, opts);
     let (cntlid, atr) = connect_outcome(qid, subnqn, q.execute(sqe, payload).await)?;
     if atr {
-        authenticate(q, qid, subnqn, opts).await?;
+        authenticate(&mut Threaded(q), qid, subnqn, opts).await?;
     }
     Ok(cntlid)
+}
+
+/// A queue that runs setup commands (the DH-HMAC-CHAP exchange after a
+/// Connect) one at a time: a threaded queue, or a direct queue its opener
+/// drives (blocking, on a blocking-pool thread).
+trait SetupQueue {
+    fn run(
+        &mut self,
+        sqe: Sqe,
+        payload: Payload,
+    ) -> impl std::future::Future<Output = Result<Completion>> + Send;
+}
+
+struct Threaded<'a>(&'a QueueHandle);
+
+impl SetupQueue for Threaded<'_> {
+    fn run(
+        &mut self,
+        sqe: Sqe,
+        payload: Payload,
+    ) -> impl std::future::Future<Output = Result<Completion>> + Send {
+        self.0.execute(sqe, payload)
+    }
+}
+
+impl SetupQueue for DirectQueue {
+    /// Ready at once: the command ran to completion before it returns.
+    fn run(
+        &mut self,
+        sqe: Sqe,
+        payload: Payload,
+    ) -> impl std::future::Future<Output = Result<Completion>> + Send {
+        std::future::ready(self.execute_blocking(sqe, payload).and_then(|r| r))
+    }
+}
+
+/// Authenticates a direct queue whose Connect asked for it, on the
+/// calling (blocking-pool) thread: [`authenticate`] over
+/// [`SetupQueue::run`], whose futures are ready when made, so one poll
+/// finishes it.
+fn authenticate_direct(
+    q: &mut DirectQueue,
+    qid: u16,
+    subnqn: &str,
+    opts: &ConnectOptions,
+) -> Result<()> {
+    let mut f = std::pin::pin!(authenticate(q, qid, subnqn, opts));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::future::Future::poll(f.as_mut(), &mut cx) {
+        std::task::Poll::Ready(r) => r,
+        // Every await is on a ready future: unreachable, but not a panic.
+        std::task::Poll::Pending => Err(HostError::Authentication(format!(
+            "queue {qid}: the DH-HMAC-CHAP exchange did not finish in one pass"
+        ))),
+    }
+}
+
+fn auth_send(msg: Vec<u8>) -> (Sqe, Payload) {
+    use sluice_proto::fabrics::AuthCommand;
+    let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
+    (
+        AuthCommand { send: true, len }.to_sqe(0),
+        Payload::Write(msg),
+    )
+}
+
+fn auth_receive() -> (Sqe, Payload) {
+    use sluice_proto::fabrics::AuthCommand;
+    (
+        AuthCommand {
+            send: false,
+            len: AUTH_RECEIVE_BYTES,
+        }
+        .to_sqe(0),
+        Payload::Read(AUTH_RECEIVE_BYTES),
+    )
 }
 
 /// AUTH_Receive allocation length: the largest message, as the Linux host
@@ -334,13 +410,12 @@ const AUTH_RECEIVE_BYTES: u32 = sluice_auth::message::MESSAGE_BYTES_MAX as u32;
 
 /// One DH-HMAC-CHAP transaction on queue `qid` (`sluice_auth::HostAuth`
 /// does the protocol; this sends and receives its messages).
-async fn authenticate(
-    q: &QueueHandle,
+async fn authenticate<Q: SetupQueue>(
+    q: &mut Q,
     qid: u16,
     subnqn: &str,
     opts: &ConnectOptions,
 ) -> Result<()> {
-    use sluice_proto::fabrics::AuthCommand;
     let Some(secret) = opts.dhchap_secret.clone() else {
         return Err(HostError::Authentication(format!(
             "{subnqn} requires DH-HMAC-CHAP (the Connect of queue {qid} asked for it); give a secret (--dhchap-secret)"
@@ -355,28 +430,23 @@ async fn authenticate(
         },
         qid,
     );
-    let send = |msg: Vec<u8>| {
-        let len = u32::try_from(msg.len()).unwrap_or(u32::MAX);
-        q.execute(
-            AuthCommand { send: true, len }.to_sqe(0),
-            Payload::Write(msg),
-        )
-    };
-    let receive = || {
-        q.execute(
-            AuthCommand {
-                send: false,
-                len: AUTH_RECEIVE_BYTES,
-            }
-            .to_sqe(0),
-            Payload::Read(AUTH_RECEIVE_BYTES),
-        )
-    };
+    macro_rules! send {
+        ($msg:expr) => {{
+            let (sqe, payload) = auth_send($msg);
+            q.run(sqe, payload)
+        }};
+    }
+    macro_rules! receive {
+        () => {{
+            let (sqe, payload) = auth_receive();
+            q.run(sqe, payload)
+        }};
+    }
     let failed = |e: sluice_auth::HostAuthError| {
         HostError::Authentication(format!("queue {qid} to {subnqn}: {e}"))
     };
-    nvme(admin::FABRICS, send(h.negotiate()).await)?;
-    let challenge = nvme(admin::FABRICS, receive().await)?.data;
+    nvme(admin::FABRICS, send!(h.negotiate()).await)?;
+    let challenge = nvme(admin::FABRICS, receive!().await)?.data;
     let mut random_ok = true;
     let reply = h.handle_challenge(
         &challenge,
@@ -392,7 +462,7 @@ async fn authenticate(
         Ok(r) => r,
         Err(e) => {
             if let Some(x) = e.failure2_explanation() {
-                let _ = send(h.failure2(x)).await;
+                let _ = send!(h.failure2(x)).await;
             }
             return Err(failed(e));
         }
@@ -409,16 +479,18 @@ async fn authenticate(
         e => e,
     }
     };
-    nvme(admin::FABRICS, send(reply).await).map_err(refused)?;
-    let success1 = nvme(admin::FABRICS, receive().await).map_err(refused)?.data;
+    nvme(admin::FABRICS, send!(reply).await).map_err(refused)?;
+    let success1 = nvme(admin::FABRICS, receive!().await)
+        .map_err(refused)?
+        .data;
     match h.handle_success1(&success1) {
         Ok(Some(success2)) => {
-            nvme(admin::FABRICS, send(success2).await)?;
+            nvme(admin::FABRICS, send!(success2).await)?;
         }
         Ok(None) => {}
         Err(e) => {
             if let Some(x) = e.failure2_explanation() {
-                let _ = send(h.failure2(x)).await;
+                let _ = send!(h.failure2(x)).await;
             }
             return Err(failed(e));
         }
@@ -809,10 +881,10 @@ impl Controller {
     /// `cgroup` do not apply (the owner's loop decides). Its timed-out
     /// commands are aborted through this controller's admin queue.
     ///
-    /// A controller that asks the queue to authenticate (ATR) gets
-    /// [`HostError::DirectAuthUnsupported`]: the direct path does not run
-    /// DH-HMAC-CHAP yet. The queue belongs to the current association: a
-    /// reconnect does not carry it over.
+    /// A controller that asks the queue to authenticate (ATR) gets the
+    /// same DH-HMAC-CHAP exchange as a threaded queue, run on the queue
+    /// before it is handed out. The queue belongs to the current
+    /// association: a reconnect does not carry it over.
     pub async fn connect_direct_queue(&self) -> Result<DirectQueue> {
         let a = self.assoc();
         let limit = a.io_queues_granted;
@@ -837,13 +909,17 @@ impl Controller {
             connect: connect_command(qid, depth - 1, Duration::ZERO, a.cntlid, &subnqn, opts),
             timeouts: Some(a.timeouts.clone()),
         };
-        let (q, r) = tokio::task::spawn_blocking(move || DirectQueue::open(p))
-            .await
-            .map_err(|e| HostError::Transport(format!("direct queue connect task: {e}")))??;
-        let (_, atr) = connect_outcome(qid, &subnqn, r)?;
-        if atr {
-            return Err(HostError::DirectAuthUnsupported { qid });
-        }
+        let opts = opts.clone();
+        let q = tokio::task::spawn_blocking(move || {
+            let (mut q, r) = DirectQueue::open(p)?;
+            let (_, atr) = connect_outcome(qid, &subnqn, r)?;
+            if atr {
+                authenticate_direct(&mut q, qid, &subnqn, &opts)?;
+            }
+            Ok::<_, HostError>(q)
+        })
+        .await
+        .map_err(|e| HostError::Transport(format!("direct queue connect task: {e}")))??;
         tracing::debug!(qid, cntlid = a.cntlid, "direct queue connected");
         Ok(q)
     }

@@ -139,18 +139,32 @@ impl DirectQueue {
             q.poll(&mut done, Some(CONNECT_WAIT))?;
         }
         let (sqe, payload) = p.connect;
-        q.submit(sqe, payload, CONNECT_TOKEN)?;
-        // The Connect is bounded by the command timeout too.
+        let r = q.execute_blocking(sqe, payload)?;
+        Ok((q, r))
+    }
+
+    /// Runs one command to completion, blocking (the Connect, and the
+    /// DH-HMAC-CHAP exchange after it, while nothing else is in flight).
+    /// Bounded by the command timeout. The outer `Err` is the queue's
+    /// failure; the inner result is the command's.
+    pub(crate) fn execute_blocking(
+        &mut self,
+        sqe: Sqe,
+        payload: Payload,
+    ) -> Result<Result<Completion>> {
+        debug_assert_eq!(self.outstanding, 0, "setup commands run alone");
+        let mut done = Vec::new();
+        self.submit(sqe, payload, CONNECT_TOKEN)?;
         let r = loop {
-            q.poll(&mut done, Some(CONNECT_WAIT))?;
+            self.poll(&mut done, Some(CONNECT_WAIT))?;
             if let Some(i) = done.iter().position(|(t, _)| *t == CONNECT_TOKEN) {
                 break done.swap_remove(i).1;
             }
         };
         // Count I/O only.
-        q.stats = HostQueueStats::default();
-        q.waits = 0;
-        Ok((q, r))
+        self.stats = HostQueueStats::default();
+        self.waits = 0;
+        Ok(r)
     }
 
     /// Queue ID.

@@ -52,11 +52,6 @@ pub enum HostError {
     /// A direct queue ([`crate::DirectQueue`]) has no free command slot.
     #[error("queue {qid} full ({depth} commands outstanding)")]
     QueueFull { qid: u16, depth: u16 },
-    /// The controller asked a direct queue to authenticate (ATR in its
-    /// Connect response); the direct path does not run DH-HMAC-CHAP yet.
-    /// The caller should use the threaded queues ([`crate::Namespace`]).
-    #[error("queue {qid}: the controller requires DH-HMAC-CHAP, which the direct queue path does not do yet; use the threaded queues")]
-    DirectAuthUnsupported { qid: u16 },
 }
 
 impl HostError {

@@ -66,6 +66,54 @@ async fn every_queue_authenticates_and_io_flows() {
     }
 }
 
+/// A run-to-completion queue authenticates like a threaded one when its
+/// Connect asks (one-way and bidirectional), and carries I/O after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_queue_authenticates_and_io_flows_on_it() {
+    let t = target();
+    for ctrl in [None, Some(secret(2))] {
+        let o = ConnectOptions {
+            direct_queues: 1,
+            ..opts(Some(secret(1)), ctrl)
+        };
+        let c = Controller::connect(t.addr(), &t.subnqn, o)
+            .await
+            .expect("connect with the right secret");
+        let ns = c.namespace(1).unwrap();
+        let rw = ns.rw_builder();
+        let mut q = c
+            .connect_direct_queue()
+            .await
+            .expect("the direct queue authenticates");
+        let data: Vec<u8> = (0..8192u32)
+            .map(|i| u8::try_from(i % 241).unwrap())
+            .collect();
+        let d2 = data.clone();
+        let got = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            q.submit_write(&rw, 32, d2, IoFlags::default(), 1).unwrap();
+            while out.is_empty() {
+                q.poll(&mut out, Some(Duration::from_millis(10))).unwrap();
+            }
+            assert!(out.remove(0).1.is_ok(), "the write completes");
+            q.submit_read(&rw, 32, 8192, IoFlags::default(), 2).unwrap();
+            while out.is_empty() {
+                q.poll(&mut out, Some(Duration::from_millis(10))).unwrap();
+            }
+            out.remove(0).1.unwrap().data
+        })
+        .await
+        .unwrap();
+        assert_eq!(got, data);
+        // What the direct queue wrote, the threaded queues read.
+        assert_eq!(
+            ns.read(32, data.len(), IoFlags::default()).await.unwrap(),
+            data
+        );
+        c.disconnect(Duration::from_secs(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_missing_or_unproven_secrets_are_authentication_errors() {
     let t = target();

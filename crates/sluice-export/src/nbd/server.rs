@@ -189,10 +189,7 @@ impl<D: BlockDevice> NbdServer<D> {
         match d.ns.controller().connect_direct_queue().await {
             Ok(q) => Some(q),
             Err(e) => {
-                let lasting = matches!(
-                    e,
-                    HostError::InvalidArgument(_) | HostError::DirectAuthUnsupported { .. }
-                );
+                let lasting = matches!(e, HostError::InvalidArgument(_));
                 if lasting {
                     d.exhausted.store(true, Ordering::Relaxed);
                 }
