@@ -134,10 +134,10 @@ dhchap_against_nvmet() {
     "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --hostnqn $AUTH_HOST --dhchap-secret "$key" \
         --dhchap-ctrl-secret "$ctrl" --rw randrw --bs 4k-64k --qd 4 --queues 2 --ios 400 --verify --span 64m \
         --json > "$LOGDIR/dhchap-bench.json" 2> "$LOGDIR/dhchap-bench.err" || rc=$?
-    if [[ $rc -ne 0 ]] || ! python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; assert t["ios"]==400 and t["errors"]==0 and t["verify_errors"]==0, t' "$LOGDIR/dhchap-bench.json"; then
+    if [[ $rc -ne 0 ]] || ! python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["total"]; assert t["ios"]==400 and t["errors"]==0 and t["verify_errors"]==0 and t["engine"]=="direct", t' "$LOGDIR/dhchap-bench.json"; then
         echo "bench with the right secrets failed (rc $rc):"; tail -5 "$LOGDIR/dhchap-bench.err"; stop_target || true; return 1
     fi
-    echo "bench with the right secrets: 400 verified I/Os"
+    echo "bench with the right secrets: 400 verified I/Os on authenticated direct queues"
     if "$SLUICE" bench --target "127.0.0.1:$HPORT" --nqn $SUBNQN --hostnqn $AUTH_HOST --dhchap-secret "$wrong" \
         --rw randread --ios 10 --json > /dev/null 2> "$LOGDIR/dhchap-wrong.err"; then
         echo "a wrong secret was accepted"; stop_target || true; return 1
