@@ -116,16 +116,6 @@ fn export(
     }
 }
 
-/// A target serving `img` as namespace 1 on `listen` (None: it did not
-/// start, e.g. the address is still taken).
-fn file_target(
-    img: &std::path::Path,
-    listen: std::net::SocketAddr,
-) -> Option<sluice_target::TargetHandle> {
-    let ns = sluice_config::NamespaceConfig::file(1, img);
-    sluice_target::Target::start(&common::one_namespace_config(SUBNQN, listen, ns)).ok()
-}
-
 /// The target goes away under a connection served run-to-completion and
 /// comes back on the same address and file. The connection's queue is
 /// dead: its requests go to the task path, whose controller reconnects,
@@ -139,7 +129,8 @@ fn direct_queue_failure_falls_back_to_tasks_and_loses_nothing() {
         .unwrap()
         .set_len(SIZE_BYTES)
         .unwrap();
-    let t1 = file_target(&img, "127.0.0.1:0".parse().unwrap()).expect("target starts");
+    let t1 =
+        common::file_target(SUBNQN, &img, "127.0.0.1:0".parse().unwrap()).expect("target starts");
     let addr = t1.local_addr();
     let e = export(&dir, addr, 1, 1);
     let mut c = Client::connect(&e.sock, "disk");
@@ -157,7 +148,7 @@ fn direct_queue_failure_falls_back_to_tasks_and_loses_nothing() {
     // The same address again (the listener sets SO_REUSEADDR).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let t2 = loop {
-        if let Some(t) = file_target(&img, addr) {
+        if let Some(t) = common::file_target(SUBNQN, &img, addr) {
             break t;
         }
         assert!(std::time::Instant::now() < deadline, "{addr} stays taken");

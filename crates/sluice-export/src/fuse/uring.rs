@@ -49,7 +49,7 @@ use super::{rules_for, FuseAccounting, FuseConfig, FUSE_BACKGROUND_MAX};
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::{from_host_error, OpKind, EIO};
 use sluice_host::core::Completion;
-use sluice_host::{DirectQueue, HostError, IoFlags, RwBuilder};
+use sluice_host::{DirectQueue, HostError, IoFlags, Namespace, RwBuilder};
 
 /// Ring entries (requests in flight) per CPU queue. A request waits when
 /// its CPU's queue has no free entry, so this bounds one application
@@ -68,9 +68,13 @@ const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// The ring's user_data for the eventfd poll (entries use their index).
 const WAKE_TAG: u64 = u64::MAX;
-/// The ring's user_data for the polls on the direct queue's socket.
-const DIRECT_IN_TAG: u64 = u64::MAX - 1;
-const DIRECT_OUT_TAG: u64 = u64::MAX - 2;
+/// The ring's user_data for the polls on the direct queue's socket: this
+/// bit, the queue's generation shifted by one, and 1 for the write poll.
+/// A poll left on a failed queue's socket completes with an old
+/// generation and is ignored.
+const DIRECT_TAG: u64 = 1 << 62;
+/// Longest wait between attempts to get a new direct queue.
+const DIRECT_RETRY_MAX: Duration = Duration::from_secs(2);
 /// How long dropping the session waits for its threads to end.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
@@ -100,6 +104,8 @@ pub struct RequestCounts {
     pub dev_fuse: AtomicU64,
     /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
     pub direct: AtomicU64,
+    /// Direct queues that replaced a failed one.
+    pub direct_replaced: AtomicU64,
 }
 
 impl<D> Shared<D> {
@@ -141,6 +147,11 @@ impl OwnSession {
     /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
     pub fn direct_ios(&self) -> u64 {
         self.counts.direct.load(Ordering::Relaxed)
+    }
+
+    /// Direct queues the ring got to replace a failed one.
+    pub fn direct_queues_replaced(&self) -> u64 {
+        self.counts.direct_replaced.load(Ordering::Relaxed)
     }
 
     /// Whether the session ended (unmounted from outside, or failed).
@@ -239,7 +250,8 @@ pub fn mount<D: BlockDevice>(
             efd: EventFd::new()?,
             rung: AtomicBool::new(false),
         });
-        let mut ring = Ring::new(shared.clone(), queues, wake, direct)?;
+        let ns = shared.dev.device().namespace().cloned();
+        let mut ring = Ring::new(shared.clone(), queues, wake, direct, ns)?;
         // The ring thread registers the entries itself: the kernel
         // delivers a request into an entry in task work of the thread that
         // submitted the entry's SQE, so that must be the thread that keeps
@@ -534,6 +546,13 @@ struct Ring<D> {
     /// Whether polls on the direct queue's socket are armed: for reading,
     /// and for writing (only while it has bytes the socket did not take).
     direct_armed: (bool, bool),
+    /// Which direct queue this is (its polls' tags carry it).
+    direct_gen: u64,
+    /// The namespace the direct queue belongs to: after a failure, a task
+    /// asks its controller for a new queue (once it has reconnected) and
+    /// sends it here.
+    ns: Option<Namespace>,
+    replacement: Option<mpsc::Receiver<Direct>>,
 }
 
 /// What an entry waits for on the direct queue.
@@ -628,6 +647,7 @@ impl<D: BlockDevice> Ring<D> {
         queues: usize,
         wake: Arc<Doorbell>,
         direct: Option<Direct>,
+        ns: Option<Namespace>,
     ) -> io::Result<Ring<D>> {
         let total = queues * URING_QUEUE_DEPTH;
         let sq = u32::try_from((total + 8).next_power_of_two())
@@ -674,6 +694,9 @@ impl<D: BlockDevice> Ring<D> {
                 d
             }),
             direct_armed: (false, false),
+            direct_gen: 0,
+            ns,
+            replacement: None,
         })
     }
 
@@ -753,11 +776,14 @@ impl<D: BlockDevice> Ring<D> {
                 let r = if tag == WAKE_TAG {
                     self.wake.answer();
                     self.arm_wake()
-                } else if tag == DIRECT_IN_TAG {
-                    self.direct_armed.0 = false;
-                    Ok(())
-                } else if tag == DIRECT_OUT_TAG {
-                    self.direct_armed.1 = false;
+                } else if tag & DIRECT_TAG != 0 {
+                    if (tag & !DIRECT_TAG) >> 1 == self.direct_gen {
+                        if tag & 1 == 0 {
+                            self.direct_armed.0 = false;
+                        } else {
+                            self.direct_armed.1 = false;
+                        }
+                    }
                     Ok(())
                 } else {
                     self.completed(usize::try_from(tag).unwrap_or(usize::MAX), res)
@@ -767,6 +793,7 @@ impl<D: BlockDevice> Ring<D> {
                     return;
                 }
             }
+            self.take_replacement();
             if let Err(e) = self.drive_direct() {
                 warn!("FUSE io_uring: {e}; the ring thread ends");
                 return;
@@ -980,10 +1007,71 @@ impl<D: BlockDevice> Ring<D> {
             d.done = done;
         }
         if let Err(e) = r {
-            warn!("the FUSE ring's direct queue closed ({e}); I/O goes on through the task path");
+            warn!("the FUSE ring's direct queue closed ({e}); I/O goes through the task path until a new one connects");
             self.direct = None;
+            self.direct_gen += 1;
+            self.direct_armed = (false, false);
+            self.ask_for_replacement();
         }
         Ok(())
+    }
+
+    /// Starts a task that gets a new direct queue from the namespace's
+    /// controller, retrying with a growing pause (a target that restarted
+    /// answers once the controller has reconnected), until it has one or
+    /// the ring is gone.
+    fn ask_for_replacement(&mut self) {
+        let Some(ns) = self.ns.clone() else {
+            return;
+        };
+        let (tx, rx) = mpsc::channel();
+        self.replacement = Some(rx);
+        let wake = Arc::downgrade(&self.wake);
+        self.shared.rt.spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                if wake.strong_count() == 0 {
+                    return;
+                }
+                match ns.controller().connect_direct_queue().await {
+                    Ok(q) => {
+                        let d = Direct::new(q, ns.rw_builder(), ns.block_size_bytes());
+                        if tx.send(d).is_ok() {
+                            if let Some(w) = wake.upgrade() {
+                                w.ring();
+                            }
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        debug!("no new direct queue for the FUSE ring yet: {e}");
+                        pause = (pause * 2).min(DIRECT_RETRY_MAX);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Installs a new direct queue the replacement task sent.
+    fn take_replacement(&mut self) {
+        let Some(rx) = &self.replacement else {
+            return;
+        };
+        match rx.try_recv() {
+            Ok(mut d) => {
+                d.waiting = (0..self.entries.len()).map(|_| None).collect();
+                info!(qid = d.dq.qid(), "the FUSE ring has a direct queue again");
+                self.direct = Some(d);
+                self.replacement = None;
+                self.shared
+                    .counts
+                    .direct_replaced
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => self.replacement = None,
+        }
     }
 
     /// Before the ring sleeps: a poll on the direct queue's socket while
@@ -1004,14 +1092,14 @@ impl<D: BlockDevice> Ring<D> {
         if !self.direct_armed.0 {
             let poll = opcode::PollAdd::new(fd, libc::POLLIN as u32)
                 .build()
-                .user_data(DIRECT_IN_TAG);
+                .user_data(DIRECT_TAG | self.direct_gen << 1);
             self.push(poll.into())?;
             self.direct_armed.0 = true;
         }
         if wants_write && !self.direct_armed.1 {
             let poll = opcode::PollAdd::new(fd, libc::POLLOUT as u32)
                 .build()
-                .user_data(DIRECT_OUT_TAG);
+                .user_data(DIRECT_TAG | self.direct_gen << 1 | 1);
             self.push(poll.into())?;
             self.direct_armed.1 = true;
         }

@@ -15,6 +15,17 @@ pub fn ram_target(subnqn: &str, size_bytes: u64) -> sluice_target::TargetHandle 
     sluice_target::Target::start(&cfg).unwrap()
 }
 
+/// A one-worker target on `listen` exporting the file `img` as namespace
+/// 1 of `subnqn`; `None` while the address is still taken (a restart).
+pub fn file_target(
+    subnqn: &str,
+    img: &std::path::Path,
+    listen: std::net::SocketAddr,
+) -> Option<sluice_target::TargetHandle> {
+    let ns = sluice_config::NamespaceConfig::file(1, img);
+    sluice_target::Target::start(&one_namespace_config(subnqn, listen, ns)).ok()
+}
+
 /// A one-worker target's configuration on `listen`: `ns` in `subnqn`, open
 /// to any host, no discovery listener.
 pub fn one_namespace_config(
