@@ -78,6 +78,7 @@ pub struct ExportAccount {
     pub(crate) task_connections: AtomicU64,
     pub(crate) direct_requests: AtomicU64,
     pub(crate) handed_off_requests: AtomicU64,
+    pub(crate) direct_queues_replaced: AtomicU64,
 }
 
 impl std::fmt::Debug for ExportAccount {
@@ -108,6 +109,8 @@ pub struct ExportCounters {
     pub task_connections: u64,
     pub direct_requests: u64,
     pub handed_off_requests: u64,
+    /// Direct queues that replaced a failed one under a live connection.
+    pub direct_queues_replaced: u64,
 }
 
 impl ExportAccount {
@@ -137,6 +140,7 @@ impl ExportAccount {
             task_connections: AtomicU64::new(0),
             direct_requests: AtomicU64::new(0),
             handed_off_requests: AtomicU64::new(0),
+            direct_queues_replaced: AtomicU64::new(0),
         })
     }
 
@@ -181,6 +185,12 @@ impl ExportAccount {
             &self.handed_off_requests
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A run-to-completion connection got a new direct queue after its
+    /// queue failed.
+    pub fn record_queue_replaced(&self) {
+        self.direct_queues_replaced.fetch_add(1, Ordering::Relaxed);
     }
 
     /// One request done for this export (`bytes` of payload).
@@ -242,6 +252,7 @@ impl ExportAccount {
             task_connections: l(&self.task_connections),
             direct_requests: l(&self.direct_requests),
             handed_off_requests: l(&self.handed_off_requests),
+            direct_queues_replaced: l(&self.direct_queues_replaced),
         }
     }
 }
@@ -502,7 +513,7 @@ impl Collector for ExportCollector {
         let ex: Vec<ExportCounters> = self.0.exports().iter().map(|e| e.counters()).collect();
         let e = &mut enc;
         type F = fn(&ExportCounters) -> f64;
-        let families: [(&str, &str, Option<Unit>, F); 10] = [
+        let families: [(&str, &str, Option<Unit>, F); 11] = [
             (
                 "sluice_export_ios",
                 "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
@@ -562,6 +573,12 @@ impl Collector for ExportCollector {
                 "requests of run-to-completion connections handed to tasks (unaligned, trim, zeroes, block status, refusals, retries)",
                 None,
                 |c| c.handed_off_requests as f64,
+            ),
+            (
+                "sluice_export_nbd_direct_queues_replaced",
+                "direct queues that replaced a failed one under a live connection",
+                None,
+                |c| c.direct_queues_replaced as f64,
             ),
         ];
         for (name, help, unit, f) in families {

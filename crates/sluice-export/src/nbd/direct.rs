@@ -23,7 +23,8 @@
 //! If the direct queue fails (the target went away), the reads and flushes
 //! it held are re-issued on the task path, whose controller reconnects;
 //! writes it held fail with `EIO` (never acknowledged, so nothing written is
-//! lost), and the rest of the connection uses the task path.
+//! lost), and the connection uses the task path until a task gets it a new
+//! direct queue (once the controller has reconnected).
 
 use super::proto::{
     encode_error_chunk, encode_read_chunk_header, encode_simple_reply, validate_in, Command,
@@ -66,7 +67,16 @@ pub(crate) trait TaskPath: Send + Sync + 'static {
     fn account(&self, idx: usize) -> Option<Arc<ExportAccount>>;
     fn export_info(&self, idx: usize) -> &ExportInfo;
     fn locks(&self, idx: usize) -> &RangeLock;
+    /// A new direct queue for a connection whose queue failed, once the
+    /// controller can give one (`None`: not now).
+    fn replacement_queue(
+        self: Arc<Self>,
+        idx: usize,
+    ) -> impl std::future::Future<Output = Option<DirectQueue>> + Send + 'static;
 }
+
+/// Longest pause between attempts to replace a failed direct queue.
+const REPLACE_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// An NBD client's socket, in non-blocking mode.
 #[derive(Debug)]
@@ -334,6 +344,10 @@ struct State<T: TaskPath> {
     client_ok: bool,
     /// The direct queue still works.
     dq_ok: bool,
+    /// After a failure: where the task looking for a new queue sends it.
+    new_dq: Option<mpsc::Receiver<DirectQueue>>,
+    /// Direct queues that replaced a failed one.
+    replaced: u64,
     done: Vec<(u64, Result<Completion, HostError>)>,
     error: Option<std::io::Error>,
     account: Option<Arc<ExportAccount>>,
@@ -379,6 +393,8 @@ impl<T: TaskPath> DirectConn<T> {
             reading: true,
             client_ok: true,
             dq_ok: true,
+            new_dq: None,
+            replaced: 0,
             done: Vec::new(),
             error: None,
         };
@@ -406,6 +422,7 @@ impl<T: TaskPath> State<T> {
             if throttled.is_none() {
                 progress |= self.dispatch();
             }
+            progress |= self.take_new_queue();
             progress |= self.drive_queue();
             progress |= self.take_slow_replies();
             progress |= self.write_replies();
@@ -606,13 +623,74 @@ impl<T: TaskPath> State<T> {
         self.done = done;
         if let Err(e) = r {
             warn!(
-                "direct queue {} closed ({e}); the connection goes on through the task path",
+                "direct queue {} closed ({e}); the connection goes on through the task path until a new one connects",
                 self.c.dq.qid()
             );
             self.dq_ok = false;
+            self.ask_for_new_queue();
             return true;
         }
         any
+    }
+
+    /// Starts a task that asks the server for a new direct queue, pausing
+    /// 50 ms to 2 s (doubling) between attempts (a target that restarted
+    /// gives one once the controller has reconnected), until it has one
+    /// or the connection is gone.
+    fn ask_for_new_queue(&mut self) {
+        let (tx, rx) = mpsc::channel();
+        self.new_dq = Some(rx);
+        let server = self.c.server.clone();
+        let idx = self.c.idx;
+        let wake = Arc::downgrade(&self.wake);
+        self.c.rt.spawn(async move {
+            let mut pause = Duration::from_millis(50);
+            loop {
+                tokio::time::sleep(pause).await;
+                if wake.strong_count() == 0 {
+                    return;
+                }
+                if let Some(q) = server.clone().replacement_queue(idx).await {
+                    if tx.send(q).is_ok() {
+                        if let Some(w) = wake.upgrade() {
+                            w.wake();
+                        }
+                    }
+                    return;
+                }
+                pause = (pause * 2).min(REPLACE_PAUSE_MAX);
+            }
+        });
+    }
+
+    /// Takes up a new direct queue the task found. The failed queue has
+    /// reported every command it held, so no slot refers to it.
+    fn take_new_queue(&mut self) -> bool {
+        if self.dq_ok {
+            return false;
+        }
+        let Some(rx) = &self.new_dq else {
+            return false;
+        };
+        match rx.try_recv() {
+            Ok(q) => {
+                debug_assert!(self.slots.iter().all(Option::is_none));
+                tracing::info!(qid = q.qid(), "the connection has a direct queue again");
+                self.c.dq = q;
+                self.dq_ok = true;
+                self.new_dq = None;
+                self.replaced += 1;
+                if let Some(a) = &self.account {
+                    a.record_queue_replaced();
+                }
+                true
+            }
+            Err(mpsc::TryRecvError::Empty) => false,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.new_dq = None;
+                false
+            }
+        }
     }
 
     fn complete(&mut self, token: u64, result: Result<Completion, HostError>) {

@@ -629,6 +629,19 @@ impl<D: BlockDevice> TaskPath for NbdServer<D> {
     fn locks(&self, idx: usize) -> &RangeLock {
         self.entries[idx].dev.locks()
     }
+    async fn replacement_queue(self: Arc<Self>, idx: usize) -> Option<DirectQueue> {
+        // Straight to the controller: the pool's idle queues belong to the
+        // association that failed, and "no queue ID left" now says nothing
+        // about the association the controller reconnects to.
+        let d = self.entries[idx].direct.as_ref()?;
+        match d.ns.controller().connect_direct_queue().await {
+            Ok(q) => Some(q),
+            Err(e) => {
+                debug!("no new direct queue yet: {e}");
+                None
+            }
+        }
+    }
 }
 
 /// A Unix socket listener that removes its path when dropped.
