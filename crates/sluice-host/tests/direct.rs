@@ -2,8 +2,9 @@
 //! target over loopback: data written at QD 32 in every transfer shape
 //! (in-capsule, R2T, H2CData split at MAXH2CDATA, C2HData split) reads back
 //! intact, NVMe statuses reach the caller, QIDs count against the granted
-//! queues, and a target that goes away mid-run fails every outstanding
-//! command instead of hanging.
+//! queues, a target that goes away mid-run fails every outstanding
+//! command instead of hanging, and a timed-out command holds its CID until
+//! the target answers it, while the queue goes on.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(
     clippy::cast_possible_truncation,
@@ -300,4 +301,125 @@ async fn target_shutdown_fails_every_outstanding_command() {
         .await
         .expect("join task")
         .expect("target shutdown");
+}
+
+/// A command that times out on a direct queue fails with `Timeout` at its
+/// deadline, but its CID stays held until the target answers it (late, or
+/// aborted through the admin queue): meanwhile the other commands run on
+/// the remaining CIDs, and once the answer came every CID is usable again
+/// and the queue is still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_command_holds_its_cid_until_answered_and_the_queue_goes_on() {
+    // Namespace 2 reads in 1.5 s; the host gives commands 1 s. (Unanswered
+    // at twice the timeout, a queue would close: 1.5 s is inside that.)
+    let t = RealTarget::start_sub(
+        &[],
+        |s| s,
+        |s| {
+            s.with_namespace(NamespaceConfig::emulated_ssd(
+                2,
+                1 << 20,
+                SsdConfig::default().with_base_read_latency_us(1_500_000),
+            ))
+        },
+    );
+    let depth = 4u16;
+    let o = ConnectOptions {
+        queue_depth: depth,
+        command_timeout: Duration::from_secs(1),
+        ..opts()
+    };
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
+        .await
+        .expect("connect");
+    let slow = c.namespace(2).expect("ns 2").rw_builder();
+    let fast = c.namespace(1).expect("ns 1").rw_builder();
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let handle = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        q.submit_read(&slow, 0, 4096, IoFlags::default(), 1)
+            .expect("submit the slow read");
+        drain(&mut q, &mut out, 1, Some(Duration::from_millis(20)));
+        let waited = t0.elapsed();
+        assert!(
+            matches!(&out[0], (1, Err(HostError::Timeout { .. }))),
+            "{out:?}"
+        );
+        assert!(
+            waited >= Duration::from_millis(900) && waited < Duration::from_millis(1400),
+            "timed out after {waited:?}"
+        );
+        assert!(!q.is_closed());
+        // Fill every free CID with writes: the held one is not among them.
+        out.clear();
+        let data = pattern(4096, 5);
+        let mut free_while_held = 0u64;
+        while q
+            .submit_write(
+                &fast,
+                free_while_held * 8,
+                data.clone(),
+                IoFlags::default(),
+                10 + free_while_held,
+            )
+            .is_ok()
+        {
+            free_while_held += 1;
+        }
+        assert!(free_while_held >= 1, "other commands still run");
+        drain(
+            &mut q,
+            &mut out,
+            free_while_held as usize,
+            Some(Duration::from_millis(20)),
+        );
+        assert!(out.iter().all(|(_, r)| r.is_ok()), "{out:?}");
+        // The late answer (or the abort's) frees it, and is not reported
+        // a second time.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut free_after = 0u64;
+        out.clear();
+        while Instant::now() < deadline {
+            q.poll(&mut out, Some(Duration::from_millis(20)))
+                .expect("poll");
+            // Probe: how many reads go in now?
+            let mut n = 0u64;
+            while q
+                .submit_read(&fast, n * 8, 4096, IoFlags::default(), 100 + n)
+                .is_ok()
+            {
+                n += 1;
+            }
+            let want = out.len() + n as usize;
+            drain(&mut q, &mut out, want, Some(Duration::from_millis(20)));
+            free_after = n;
+            if n > free_while_held {
+                break;
+            }
+        }
+        assert_eq!(
+            free_after,
+            free_while_held + 1,
+            "the timed-out command's CID came back"
+        );
+        assert!(
+            out.iter().all(|(tok, r)| *tok >= 100 && r.is_ok()),
+            "{out:?}"
+        );
+        for (tok, r) in &out {
+            if *tok - 100 < free_while_held {
+                assert!(r.as_ref().unwrap().data == data, "token {tok}");
+            }
+        }
+        assert!(!q.is_closed(), "a late answer does not close the queue");
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        q
+    });
+    let q = tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .expect("join task")
+        .expect("direct thread");
+    drop(q);
+    c.disconnect(Duration::from_secs(1)).await;
 }
