@@ -7,6 +7,8 @@
 //! * [`nbd`]: an NBD server: the sans-IO protocol ([`nbd::proto`]) and a tokio
 //!   I/O layer over Unix and TCP sockets ([`nbd::server`]).
 //! * [`fuse`]: the namespace as one regular file in a FUSE filesystem.
+//! * `replace`: after a direct queue failed, a task that gets a new one
+//!   once the controller has reconnected (NBD connections, the FUSE ring).
 //! * [`account`]: per-export (tenant) CPU accounting and i-NVMe throttling
 //!   of a shared exporter, Prometheus text of its counters.
 //!
@@ -17,6 +19,7 @@ mod blockio;
 pub mod errno;
 pub mod fuse;
 pub mod nbd;
+mod replace;
 
 pub use blockio::{BlockDevice, ByteDevice, ExportError, MemDevice, RemoteDevice};
 

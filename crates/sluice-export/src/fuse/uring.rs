@@ -73,8 +73,7 @@ const WAKE_TAG: u64 = u64::MAX;
 /// A poll left on a failed queue's socket completes with an old
 /// generation and is ignored.
 const DIRECT_TAG: u64 = 1 << 62;
-/// Longest wait between attempts to get a new direct queue.
-const DIRECT_RETRY_MAX: Duration = Duration::from_secs(2);
+
 /// How long dropping the session waits for its threads to end.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
@@ -1017,40 +1016,29 @@ impl<D: BlockDevice> Ring<D> {
     }
 
     /// Starts a task that gets a new direct queue from the namespace's
-    /// controller, retrying with a growing pause (a target that restarted
-    /// answers once the controller has reconnected), until it has one or
-    /// the ring is gone.
+    /// controller until it has one or the ring is gone
+    /// (`crate::replace`).
     fn ask_for_replacement(&mut self) {
         let Some(ns) = self.ns.clone() else {
             return;
         };
-        let (tx, rx) = mpsc::channel();
-        self.replacement = Some(rx);
-        let wake = Arc::downgrade(&self.wake);
-        self.shared.rt.spawn(async move {
-            let mut pause = Duration::from_millis(50);
-            loop {
-                tokio::time::sleep(pause).await;
-                if wake.strong_count() == 0 {
-                    return;
-                }
-                match ns.controller().connect_direct_queue().await {
-                    Ok(q) => {
-                        let d = Direct::new(q, ns.rw_builder(), ns.block_size_bytes());
-                        if tx.send(d).is_ok() {
-                            if let Some(w) = wake.upgrade() {
-                                w.ring();
-                            }
+        self.replacement = Some(crate::replace::spawn(
+            &self.shared.rt,
+            Arc::downgrade(&self.wake),
+            Doorbell::ring,
+            move || {
+                let ns = ns.clone();
+                async move {
+                    match ns.controller().connect_direct_queue().await {
+                        Ok(q) => Some(Direct::new(q, ns.rw_builder(), ns.block_size_bytes())),
+                        Err(e) => {
+                            debug!("no new direct queue for the FUSE ring yet: {e}");
+                            None
                         }
-                        return;
-                    }
-                    Err(e) => {
-                        debug!("no new direct queue for the FUSE ring yet: {e}");
-                        pause = (pause * 2).min(DIRECT_RETRY_MAX);
                     }
                 }
-            }
-        });
+            },
+        ));
     }
 
     /// Installs a new direct queue the replacement task sent.

@@ -75,9 +75,6 @@ pub(crate) trait TaskPath: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Option<DirectQueue>> + Send + 'static;
 }
 
-/// Longest pause between attempts to replace a failed direct queue.
-const REPLACE_PAUSE_MAX: Duration = Duration::from_secs(2);
-
 /// An NBD client's socket, in non-blocking mode.
 #[derive(Debug)]
 pub enum ClientSocket {
@@ -633,34 +630,17 @@ impl<T: TaskPath> State<T> {
         any
     }
 
-    /// Starts a task that asks the server for a new direct queue, pausing
-    /// 50 ms to 2 s (doubling) between attempts (a target that restarted
-    /// gives one once the controller has reconnected), until it has one
-    /// or the connection is gone.
+    /// Starts a task that asks the server for a new direct queue until it
+    /// has one or the connection is gone (`crate::replace`).
     fn ask_for_new_queue(&mut self) {
-        let (tx, rx) = mpsc::channel();
-        self.new_dq = Some(rx);
         let server = self.c.server.clone();
         let idx = self.c.idx;
-        let wake = Arc::downgrade(&self.wake);
-        self.c.rt.spawn(async move {
-            let mut pause = Duration::from_millis(50);
-            loop {
-                tokio::time::sleep(pause).await;
-                if wake.strong_count() == 0 {
-                    return;
-                }
-                if let Some(q) = server.clone().replacement_queue(idx).await {
-                    if tx.send(q).is_ok() {
-                        if let Some(w) = wake.upgrade() {
-                            w.wake();
-                        }
-                    }
-                    return;
-                }
-                pause = (pause * 2).min(REPLACE_PAUSE_MAX);
-            }
-        });
+        self.new_dq = Some(crate::replace::spawn(
+            &self.c.rt,
+            Arc::downgrade(&self.wake),
+            Wake::wake,
+            move || server.clone().replacement_queue(idx),
+        ));
     }
 
     /// Takes up a new direct queue the task found. The failed queue has
