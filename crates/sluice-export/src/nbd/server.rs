@@ -502,11 +502,14 @@ impl<D: BlockDevice> NbdServer<D> {
     /// error); everything else gets a simple reply, which the protocol
     /// allows. Returns the reply and the bytes of read data in it.
     async fn execute_on(&self, e: &Entry<D>, req: Incoming, session: Session) -> (Reply, usize) {
-        let cookie = req.header.cookie;
-        if let Ok(Command::Read { offset, length }) = validate_in(&req.header, &e.export, session) {
-            // Reads: holes (of a device that has them) go as hole chunks.
-            if session.structured && e.dev.reports_holes() {
-                if let Some(r) = read_with_holes(e, cookie, offset, length).await {
+        // Reads of a device with holes, over structured replies: the holes
+        // go as hole chunks. (Asked first: every other request is
+        // validated once, in `execute_plain`.)
+        if session.structured && e.dev.reports_holes() {
+            if let Ok(Command::Read { offset, length }) =
+                validate_in(&req.header, &e.export, session)
+            {
+                if let Some(r) = read_with_holes(e, req.header.cookie, offset, length).await {
                     return r;
                 }
             }
