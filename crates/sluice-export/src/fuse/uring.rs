@@ -188,7 +188,9 @@ impl Drop for OwnSession {
 }
 
 /// Mounts `dev` as one file at `mountpoint` with a session of our own,
-/// over io_uring when `want_uring` and the kernel offers it.
+/// over io_uring when `want_uring` and the kernel offers it. Called from
+/// outside the runtime `rt` (it blocks on `rt` to open the ring's direct
+/// queue).
 pub fn mount<D: BlockDevice>(
     dev: Arc<ByteDevice<D>>,
     rt: tokio::runtime::Handle,
@@ -537,6 +539,8 @@ struct Ring<D> {
     shared: Arc<Shared<D>>,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     entries: Vec<Entry>,
+    /// Entries not ended (the thread ends with the last).
+    live_entries: usize,
     wake: Arc<Doorbell>,
     /// Block I/O in flight; woken through the doorbell.
     pending: FuturesUnordered<IoFuture>,
@@ -685,6 +689,7 @@ impl<D: BlockDevice> Ring<D> {
         Ok(Ring {
             shared,
             ring,
+            live_entries: entries.len(),
             entries,
             wake,
             pending: FuturesUnordered::new(),
@@ -807,7 +812,7 @@ impl<D: BlockDevice> Ring<D> {
                     return;
                 }
             }
-            if self.entries.iter().all(|e| !e.live) {
+            if self.live_entries == 0 {
                 debug!("every FUSE ring entry ended; the ring thread ends");
                 return;
             }
@@ -830,7 +835,9 @@ impl<D: BlockDevice> Ring<D> {
                 libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {}
                 e => warn!(entry = i, "FUSE ring entry failed: errno {e}"),
             }
-            self.entries[i].live = false;
+            if std::mem::replace(&mut self.entries[i].live, false) {
+                self.live_entries -= 1;
+            }
             return Ok(());
         }
         let e = &self.entries[i];
@@ -957,7 +964,11 @@ impl<D: BlockDevice> Ring<D> {
         let mut done = std::mem::take(&mut d.done);
         let r = d.dq.poll(&mut done, None);
         let closed = d.dq.is_closed();
-        let acct = self.shared.acct.as_ref().map(|a| a.export.clone());
+        let acct = if done.is_empty() {
+            None
+        } else {
+            self.shared.acct.as_ref().map(|a| a.export.clone())
+        };
         for (token, result) in done.drain(..) {
             let i = usize::try_from(token).unwrap_or(usize::MAX);
             let Some(w) = self
