@@ -354,3 +354,30 @@ fn the_ring_gets_a_new_queue_after_the_target_restarts() {
     drop(session);
     rt.block_on(ctrl.disconnect(std::time::Duration::from_secs(5)));
 }
+
+/// A mountpoint that does not exist: a clear error naming it, no panic,
+/// nothing left mounted.
+#[test]
+fn a_missing_mountpoint_is_an_error_naming_it() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir");
+    let e = uring::mount(
+        mem_device(),
+        rt.handle().clone(),
+        &config(),
+        None,
+        &missing,
+        true,
+    )
+    .expect_err("mounting on a missing directory");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("no-such-dir") && msg.contains("mount(2)"),
+        "{msg}"
+    );
+}

@@ -1,5 +1,8 @@
-//! The namespace as one regular file in a FUSE filesystem (`fuser`, mounted
-//! through `fusermount3`).
+//! The namespace as one regular file in a FUSE filesystem, served by one
+//! of two sessions: fuser's (this file; mounted through `fusermount3`),
+//! or our own over the kernel's FUSE-over-io_uring ([`uring`]; root). Both
+//! answer with the same rules ([`ops`]); [`abi`] is the kernel ABI our
+//! session decodes and encodes.
 //!
 //! Inode 1 is the root directory, inode 2 the file. Files are opened with
 //! `FOPEN_DIRECT_IO` (no page cache: every read/write reaches the
