@@ -66,19 +66,22 @@ apt_update_once() {
 # qemu-img (the NBD exports of volumes).
 PKGS=(qemu-system-x86 qemu-utils busybox-static cpio kmod nvme-cli fio xz-utils zstd)
 [[ $WANT_TSHARK == 1 ]] && PKGS+=(tshark)
-MISSING=()
-for p in "${PKGS[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || MISSING+=("$p")
-done
-if [[ ${#MISSING[@]} -gt 0 ]]; then
+# Twice: an install can remove a package that was there before it (the
+# qemu-utils backport above), so what is missing is looked at again.
+for round in 1 2; do
+    MISSING=()
+    for p in "${PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || MISSING+=("$p")
+    done
+    [[ ${#MISSING[@]} -eq 0 ]] && break
     apt_update_once
     if [[ " ${MISSING[*]} " == *" tshark "* ]]; then
         echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
     fi
-    log "apt-get install ${MISSING[*]}"
+    log "apt-get install ${MISSING[*]} (round $round)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${MISSING[@]}" \
         >/dev/null || die "apt-get install ${MISSING[*]} failed"
-fi
+done
 for c in qemu-system-x86_64 qemu-img busybox cpio depmod modprobe nvme fio xz zstd dpkg-deb ldd gzip sha256sum; do
     command -v "$c" >/dev/null || die "required command '$c' not found after install"
 done

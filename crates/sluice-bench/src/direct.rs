@@ -14,6 +14,8 @@
 //! nothing: `busy` polls again at once, `adaptive:US` spins while there was
 //! progress in the last US µs and then waits in epoll, `interrupt` waits in
 //! epoll (at most 1 ms, or until the next rate-limited I/O is due).
+//! With `batch=1` the slots go out together as one batch whose last I/O
+//! carries the Barrier hint, and the next batch waits for all of them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -108,6 +110,17 @@ impl JobRun {
         let mut last_progress = Instant::now();
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
+            // batch=1: the next batch starts once the whole last one has
+            // completed, and its last I/O carries the Barrier hint.
+            let batch_open = !self.spec.batch
+                || !slots
+                    .iter()
+                    .any(|s| matches!(s.state, State::InFlight { .. }));
+            let barrier_slot = if self.spec.batch {
+                slots.iter().rposition(|s| !matches!(s.state, State::Done))
+            } else {
+                None
+            };
             // Submit: every slot that needs a ticket or whose ticket is due.
             let mut next_due: Option<Instant> = None;
             let mut submitted = false;
@@ -119,6 +132,7 @@ impl JobRun {
                         s.state = State::Done;
                         continue;
                     }
+                    _ if !batch_open => continue,
                     State::Ready => {
                         let ticket = self.issued.fetch_add(1, Ordering::AcqRel);
                         if self.ios_limit.is_some_and(|n| ticket >= n) {
@@ -146,6 +160,14 @@ impl JobRun {
                 }
                 let io = self.next_io(&mut s.rng, s.region_start, region);
                 let len = usize_from(io.blocks * bs);
+                let flags = if barrier_slot == Some(i) {
+                    IoFlags {
+                        barrier: true,
+                        ..flags
+                    }
+                } else {
+                    flags
+                };
                 let cmd = if io.read {
                     let mut buf = std::mem::take(&mut s.buf);
                     buf.resize(len, 0);

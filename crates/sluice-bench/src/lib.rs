@@ -170,19 +170,25 @@ pub struct BenchArgs {
     #[arg(long)]
     pub(crate) progress: bool,
     /// Host completion coalescing of task wake-ups: off, static, adaptive,
-    /// calibrated (docs/isolation.md).
+    /// calibrated, calibrated-fixed (docs/isolation.md).
     #[arg(long, default_value = "off")]
     pub coalescing: CoalesceMode,
     /// Coalescing threshold (completions per wake-up batch).
     #[arg(long, default_value_t = 16)]
     pub(crate) coalescing_threshold: u32,
-    /// Static coalescing: aggregation time in microseconds.
+    /// Static coalescing: aggregation time in microseconds (and the fixed Δ
+    /// of calibrated-fixed).
     #[arg(long, default_value_t = 20)]
     pub(crate) coalescing_timeout_us: u64,
     /// Mark every I/O urgent (the host API's urgent flag; `--job ...,urgent=1`
     /// per job).
     #[arg(long)]
     pub(crate) urgent: bool,
+    /// Submit QD I/Os at a time as one batch whose last I/O carries the
+    /// Barrier hint (CDW13 bit 8) and wait for the whole batch before the
+    /// next (`--job ...,batch=1` per job; direct engine only).
+    #[arg(long)]
+    pub batch: bool,
     /// Host send scheduler of the I/O queues: immediate, unified, isolated
     /// (paper defaults; docs/isolation.md).
     #[arg(long, default_value = "immediate")]
@@ -272,6 +278,7 @@ impl BenchArgs {
             coalescing_threshold: 16,
             coalescing_timeout_us: 20,
             urgent: false,
+            batch: false,
             send_scheduler: SchedulerKind::Immediate,
         }
     }
@@ -702,6 +709,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 }
             }
         };
+        if j.batch && p.direct.is_none() {
+            bail!(
+                "job {}: batch=1 needs the direct engine (this job runs on the async engine: see the notice above)",
+                j.name
+            );
+        }
         prepared.push((j.clone(), p));
     }
     let span_blocks = match &args.span {

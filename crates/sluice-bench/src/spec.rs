@@ -165,6 +165,11 @@ pub struct JobSpec {
     pub(crate) rate_iops: Option<u64>,
     /// Mark every I/O urgent (host API flag, CDW13 hint).
     pub(crate) urgent: bool,
+    /// Submit the job's `qd` I/Os as one batch whose last I/O carries the
+    /// Barrier hint, and start the next batch only when the whole batch has
+    /// completed (an application that submits a batch and waits for all of
+    /// it). Direct engine only.
+    pub(crate) batch: bool,
     /// cgroup the job's queue threads join (`--cgroup`, `cgroup=PATH`).
     pub(crate) cgroup: Option<std::path::PathBuf>,
 }
@@ -181,6 +186,7 @@ pub fn jobs_from_args(a: &BenchArgs) -> anyhow::Result<Vec<JobSpec>> {
         queues: a.queues,
         rate_iops: a.rate_iops,
         urgent: a.urgent,
+        batch: a.batch,
         cgroup: a.cgroup.clone(),
     };
     let mut jobs = Vec::new();
@@ -248,17 +254,21 @@ pub fn parse_job(s: &str, base: &JobSpec) -> anyhow::Result<JobSpec> {
                         .with_context(|| format!("--job {name}: rate-iops"))?,
                 )
             }
-            "urgent" => {
-                j.urgent = match v {
-                    "1" | "true" | "yes" => true,
-                    "0" | "false" | "no" => false,
-                    o => bail!("--job {name}: urgent=`{o}` is not 0 or 1"),
-                }
-            }
+            "urgent" => j.urgent = flag(name, "urgent", v)?,
+            "batch" => j.batch = flag(name, "batch", v)?,
             other => bail!("--job {name}: unknown key `{other}`"),
         }
     }
     Ok(j)
+}
+
+/// A job's boolean key: 1/true/yes or 0/false/no.
+fn flag(job: &str, key: &str, v: &str) -> anyhow::Result<bool> {
+    match v {
+        "1" | "true" | "yes" => Ok(true),
+        "0" | "false" | "no" => Ok(false),
+        o => bail!("--job {job}: {key}=`{o}` is not 0 or 1"),
+    }
 }
 
 #[cfg(test)]
@@ -303,6 +313,7 @@ mod tests {
             queues: 1,
             rate_iops: None,
             urgent: false,
+            batch: false,
             cgroup: None,
         };
         let j = parse_job(
@@ -323,6 +334,10 @@ mod tests {
             Some(std::path::Path::new("/sys/fs/cgroup/cpu/gold"))
         );
         assert!(parse_job("t2,cgroup=", &base).is_err());
+        let j = parse_job("t3,batch=1,urgent=0", &base).expect("job");
+        assert!(j.batch && !j.urgent);
+        let e = parse_job("t3,batch=maybe", &base).expect_err("bad flag");
+        assert!(e.to_string().contains("batch=`maybe`"), "{e}");
         assert!(parse_job("t1,foo=1", &base).is_err());
         assert!(parse_job("qd=1", &base).is_err());
     }

@@ -290,3 +290,59 @@ fn periods(cg: &std::path::Path) -> (u64, u64) {
     };
     (get("nr_periods "), get("nr_throttled "))
 }
+
+/// `batch=1`: each batch's last I/O carries the Barrier hint, and the next
+/// batch waits for the whole last one: against a target coalescing in
+/// calibrated mode (threshold above the batch, so only barriers and timers
+/// fire), every batch ends in exactly one barrier fire.
+#[test]
+fn batches_end_in_one_barrier_each() {
+    use sluice_proto::coalesce::CoalesceMode;
+    use sluice_proto::send::{FlushReason, SendConfig};
+    let mut send = SendConfig::default();
+    send.coalescing.mode = CoalesceMode::Calibrated;
+    send.coalescing.threshold = 64;
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().expect("address"))
+                .with_discovery_listen(None)
+                .with_workers(1)
+                .with_polling(PollingPolicy::Interrupt)
+                .with_send(send),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512)),
+        )
+        .validated()
+        .expect("config");
+    let t = Target::start(&c).expect("target");
+    let mut a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
+    a.ios = Some(800);
+    a.qd = 8;
+    a.batch = true;
+    a.rw = RwMode::RandRw;
+    a.span = Some("1m".into());
+    a.verify = true;
+    let r = run(a.clone()).expect("bench");
+    assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+    assert_eq!(r.total.verify_errors, 0);
+    assert_eq!(r.total.ios, 800);
+    assert_eq!(r.jobs[0].engine, "direct");
+    // The async engine has no batches: a clear error, not a silent run.
+    a.engine = Engine::Async;
+    let e = run(a).expect_err("batch on the async engine");
+    assert!(
+        format!("{e:#}").contains("batch=1 needs the direct engine"),
+        "{e:#}"
+    );
+    let rep = t.shutdown();
+    assert_eq!(
+        rep.send.reason(FlushReason::Barrier),
+        100,
+        "one barrier fire per batch of 8: {:?}",
+        rep.send
+    );
+}

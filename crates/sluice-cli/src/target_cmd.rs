@@ -48,7 +48,7 @@ pub struct TargetArgs {
     #[arg(long)]
     pub send_scheduler: Option<String>,
     /// Completion coalescing of responses: off | static | adaptive |
-    /// calibrated (overrides `coalescing.mode` everywhere; other coalescing
+    /// calibrated | calibrated-fixed (overrides `coalescing.mode` everywhere; other coalescing
     /// keys keep their configured values).
     #[arg(long)]
     pub coalescing: Option<String>,

@@ -27,6 +27,7 @@ use mio::{Events, Interest, Poll, Token};
 use sluice_proto::coalesce::CoalesceMode;
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig};
+use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::mpsc;
 
 use crate::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
@@ -35,6 +36,8 @@ use crate::queue::{HostQueueStats, TimedOutCommand};
 use crate::rw::{IoFlags, RwBuilder};
 
 const SOCKET: Token = Token(0);
+/// The token of the queue's timerfd (sub-millisecond sleeps).
+const TIMER: Token = Token(1);
 /// Most reads per pass before the pass returns (the next poll continues).
 const READS_PER_PASS_MAX: usize = 64;
 /// Granularity of command timeout checks.
@@ -70,6 +73,9 @@ pub struct DirectQueue {
     stream: mio::net::TcpStream,
     poll: Poll,
     events: Events,
+    /// Sleeps to sub-millisecond deadlines (a freight timer of 50 µs):
+    /// epoll alone rounds every timeout up to a whole millisecond.
+    sleeper: Sleeper,
     /// Bytes taken from the core and not yet written, from `out_pos`.
     out: Vec<u8>,
     out_pos: usize,
@@ -110,6 +116,10 @@ impl DirectQueue {
         poll.registry()
             .register(&mut stream, SOCKET, Interest::READABLE | Interest::WRITABLE)
             .map_err(|e| transport("epoll register", e))?;
+        let (sleeper, timer_err) = Sleeper::new(poll.registry(), TIMER);
+        if let Some(e) = timer_err {
+            tracing::warn!(error = %e, "no timerfd for the direct queue: its sub-millisecond timers are met by polling");
+        }
         let now = Instant::now();
         let mut sc = p.send;
         sc.coalescing.mode = CoalesceMode::Off;
@@ -122,6 +132,7 @@ impl DirectQueue {
             stream,
             poll,
             events: Events::with_capacity(4),
+            sleeper,
             out: Vec::new(),
             out_pos: 0,
             next_timer: now,
@@ -314,7 +325,9 @@ impl DirectQueue {
     /// The clock is read once per pass. If the pass completed nothing and
     /// `wait` is `Some`, blocks in epoll on the socket for at most `wait`
     /// (less when a command deadline or a send-scheduler timer comes
-    /// sooner) and makes one more pass. `None` never blocks (busy poll).
+    /// sooner; a timerfd makes sub-millisecond waits exact, and waits under
+    /// 100 µs (`SPIN_BELOW`) do not block) and makes one
+    /// more pass. `None` never blocks (busy poll).
     ///
     /// Returns how many completions were appended. When the connection is
     /// lost every outstanding command completes with the error; after that
@@ -329,17 +342,29 @@ impl DirectQueue {
         let drained = self.pass(now, out);
         if out.len() == before && drained && !self.core.is_closed() {
             if let Some(w) = wait {
-                let deadline = [self.core.poll_timeout(), self.core.send_deadline()]
-                    .into_iter()
-                    .flatten()
-                    .min();
-                let t = deadline.map_or(w, |d| w.min(d.saturating_duration_since(now)));
-                if !t.is_zero() {
+                let deadline = [
+                    self.core.poll_timeout(),
+                    self.core.send_deadline(),
+                    Some(now + w),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
+                // Below SPIN_BELOW no sleep (one more pass; the caller
+                // polls again); else the timerfd, armed for the deadline,
+                // wakes epoll on time.
+                let t =
+                    self.sleeper
+                        .timeout(PollingPolicy::Interrupt, now, Duration::ZERO, deadline);
+                if t != Some(Duration::ZERO) {
                     self.waits += 1;
-                    if let Err(e) = self.poll.poll(&mut self.events, Some(t)) {
+                    if let Err(e) = self.poll.poll(&mut self.events, t) {
                         if e.kind() != ErrorKind::Interrupted {
                             self.core.close(&format!("epoll wait: {e}"));
                         }
+                    }
+                    for ev in &self.events {
+                        self.sleeper.handle_event(ev.token());
                     }
                 }
                 let now = Instant::now();

@@ -423,3 +423,52 @@ async fn a_timed_out_command_holds_its_cid_until_answered_and_the_queue_goes_on(
     drop(q);
     c.disconnect(Duration::from_secs(1)).await;
 }
+
+/// A PDU held by the host's send freight leaves at the freight's timer
+/// even when the owner sleeps: epoll alone rounds every sleep up to a
+/// whole millisecond, so a 100 µs timer fired ~1.1 ms late and every QD 1
+/// I/O of a batching (`unified`) queue took over 1 ms. The median of 200
+/// QD 1 reads must stay well under that millisecond (a loose bound: the
+/// timer plus a loopback round trip is ~0.2 ms here, in a debug build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_pdu_leaves_at_its_freight_timer_while_the_owner_sleeps() {
+    use sluice_proto::send::{SchedulerKind, SendConfig};
+    let t = RealTarget::start();
+    let mut send = SendConfig {
+        scheduler: SchedulerKind::Unified,
+        ..SendConfig::default()
+    };
+    // One command never fills the container: only its timer sends it.
+    send.unified.degree = 16;
+    send.unified.timer = Duration::from_micros(100);
+    let o = ConnectOptions { send, ..opts() };
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
+        .await
+        .expect("connect");
+    let rw = c.namespace(1).expect("ns").rw_builder();
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let lat = std::thread::spawn(move || {
+        let mut lat = Vec::new();
+        let mut out = Vec::new();
+        for i in 0..200u64 {
+            let (sqe, p) = rw.read(i % 64, 4096, IoFlags::default()).unwrap();
+            let t0 = Instant::now();
+            q.submit(sqe, p, i).expect("submit");
+            // Sleep-only waits (as an idle owner in interrupt mode).
+            drain(&mut q, &mut out, 1, Some(Duration::from_millis(50)));
+            lat.push(t0.elapsed());
+            let (_, r) = out.pop().expect("completion");
+            r.expect("read");
+        }
+        lat
+    })
+    .join()
+    .expect("thread");
+    let mut sorted = lat.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    assert!(
+        median < Duration::from_micros(700),
+        "median QD 1 latency {median:?} with a 100 µs freight timer: the owner overslept the timer"
+    );
+}

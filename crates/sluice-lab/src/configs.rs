@@ -3,7 +3,8 @@
 //! The experiments' targets are built here with `sluice_config`'s builders
 //! and validated (`Config::validated`, the checks a file goes through): one
 //! function per experiment's target ([`fairness_target`], [`weights_target`],
-//! [`limits_target`], [`noisy_target`], [`cpu_target`], [`datapath_target`])
+//! [`limits_target`], [`noisy_target`], [`cpu_target`],
+//! [`fast_datapath_target`])
 //! and the pieces they share (SSD models, namespaces, tenants). The
 //! experiment modules pick them by name and print their labels in their
 //! tables. The tests check every one against the TOML it was written as
@@ -378,10 +379,15 @@ pub fn nprio() -> SendConfig {
 }
 
 /// A one-worker target on an ephemeral loopback port with send path
-/// `send` and namespace `backend` in [`DATAPATH_SUBNQN`] (any host).
-pub fn datapath_target(send: SendConfig, backend: NamespaceConfig) -> Result<Config> {
+/// `send` and namespace `backend` in [`DATAPATH_SUBNQN`] (any host),
+/// polling adaptively (default spin): the target of the fast path that
+/// `sluice bench`'s direct engine drives (docs/benchmarks.md).
+pub fn fast_datapath_target(send: SendConfig, backend: NamespaceConfig) -> Result<Config> {
+    let polling = PollingPolicy::Adaptive {
+        spin_us: sluice_runtime::polling::ADAPTIVE_SPIN_US_DEFAULT,
+    };
     let c = Config::default()
-        .with_target(experiment_settings(1).with_send(send))
+        .with_target(experiment_settings(1).with_send(send).with_polling(polling))
         .with_subsystem(
             SubsystemConfig::new(DATAPATH_SUBNQN)
                 .allow_any_host()

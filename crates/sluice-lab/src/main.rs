@@ -7,7 +7,8 @@
 //! * tenants and CPU (docs/tenants.md): `fairness`, `noisy`, `cpu`,
 //!   `ksplit`, and `all` for the four in turn;
 //! * isolated data path (docs/isolation.md): `pinof-fig5`, `pinof-fig6`,
-//!   `coalescing`, and `isolation` for the three in turn.
+//!   `coalescing`, and `isolation` for the three in turn, on the fast path
+//!   with repeats (`--runtime 10 --repeats 5` by default).
 //!
 //! Modules: one per experiment under `tenant/` and `datapath/` (each group's
 //! harness in its `mod.rs`, the CPU experiments' victims and hog in
@@ -62,16 +63,17 @@ enum Experiment {
     /// PINoF Fig. 5: 4 KiB random I/O at QD 8, varying write ratio, per send
     /// scheduler: pinof-fig5.md, pinof-fig5-{ram,ssd}-{latency,p99,bandwidth}.svg.
     #[command(name = "pinof-fig5")]
-    PinofFig5(RunArgs),
+    PinofFig5(DatapathArgs),
     /// PINoF Fig. 6: random writes at QD 8, 4 KiB to 128 KiB, priorities vs
     /// Nprio: pinof-fig6.md, pinof-fig6-{ram,ssd}-{iops,latency}.svg.
     #[command(name = "pinof-fig6")]
-    PinofFig6(RunArgs),
-    /// Latency-aware coalescing Figs. 6-8 (host wake-up coalescing):
+    PinofFig6(DatapathArgs),
+    /// Latency-aware coalescing Figs. 6-8 (the target's response coalescing
+    /// on the fast path; QD 1, QD 32, bursty and Barrier workloads):
     /// coalescing.md, coalescing-{iops,latency,notifications}.svg.
-    Coalescing(RunArgs),
+    Coalescing(DatapathArgs),
     /// pinof-fig5, pinof-fig6 and coalescing in turn.
-    Isolation(RunArgs),
+    Isolation(DatapathArgs),
     /// Elastic volumes: extent map cost, extent faults with redb and etcd,
     /// Flint Fig. 7c (bandwidth over N drives) and Fig. 8 (replica write
     /// latency): volumes.md, volumes-fig7c.svg.
@@ -113,6 +115,73 @@ pub(crate) struct RepeatArgs {
     /// Repeats of every point (median and range reported).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeats: u32,
+}
+
+/// Flags of the data path experiments (PINoF, coalescing).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DatapathArgs {
+    /// Directory for tables and plots.
+    #[arg(long, default_value = "docs/experiments")]
+    pub out: PathBuf,
+    /// Seconds per point.
+    #[arg(long, default_value_t = 10.0, value_parser = seconds, allow_negative_numbers = true)]
+    pub runtime: f64,
+    /// Repeats of every point (median and range reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeats: u32,
+    /// Namespaces to run on (PINoF figures): ram, ssd (the emulated SSD),
+    /// or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "ram,ssd")]
+    pub backends: Vec<Backend>,
+}
+
+/// A data path experiment's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Backend {
+    Ram,
+    Ssd,
+}
+
+impl DatapathArgs {
+    /// The command line that reproduces this run of `experiment`.
+    pub(crate) fn command(&self, experiment: &str) -> String {
+        let b: Vec<&str> = self
+            .backends
+            .iter()
+            .map(|b| match b {
+                Backend::Ram => "ram",
+                Backend::Ssd => "ssd",
+            })
+            .collect();
+        format!(
+            "sluice-lab {experiment} --runtime {} --repeats {} --backends {}",
+            self.runtime,
+            self.repeats,
+            b.join(",")
+        )
+    }
+
+    /// The chosen namespaces with their table names, each once, in the
+    /// order given.
+    pub(crate) fn backends(
+        &self,
+        ram: sluice_config::NamespaceConfig,
+        ssd: sluice_config::NamespaceConfig,
+    ) -> Vec<(&'static str, sluice_config::NamespaceConfig)> {
+        let mut out = Vec::new();
+        let mut seen = Vec::new();
+        for b in &self.backends {
+            if seen.contains(b) {
+                continue;
+            }
+            seen.push(*b);
+            out.push(match b {
+                Backend::Ram => ("RAM", ram.clone()),
+                Backend::Ssd => ("emulated SSD", ssd.clone()),
+            });
+        }
+        out
+    }
 }
 
 /// A positive, finite number of seconds.
@@ -189,9 +258,9 @@ fn run(e: Experiment) -> anyhow::Result<()> {
             tenant::cpu::run(&c)?;
             tenant::ksplit::run(&c)
         }
-        Experiment::PinofFig5(a) => datapath::pinof_fig5::run(&a.out, a.runtime),
-        Experiment::PinofFig6(a) => datapath::pinof_fig6::run(&a.out, a.runtime),
-        Experiment::Coalescing(a) => datapath::coalescing::run(&a.out, a.runtime),
+        Experiment::PinofFig5(a) => datapath::pinof_fig5::run(&a),
+        Experiment::PinofFig6(a) => datapath::pinof_fig6::run(&a),
+        Experiment::Coalescing(a) => datapath::coalescing::run(&a),
         Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
         Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
         Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
@@ -204,9 +273,9 @@ fn run(e: Experiment) -> anyhow::Result<()> {
             flint::run_congestion(&a.out, a.runtime, a.repeats, flint::Avoid::Remap)
         }
         Experiment::Isolation(a) => {
-            datapath::pinof_fig5::run(&a.out, a.runtime)?;
-            datapath::pinof_fig6::run(&a.out, a.runtime)?;
-            datapath::coalescing::run(&a.out, a.runtime)
+            datapath::pinof_fig5::run(&a)?;
+            datapath::pinof_fig6::run(&a)?;
+            datapath::coalescing::run(&a)
         }
     }
 }

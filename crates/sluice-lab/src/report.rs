@@ -48,13 +48,39 @@ pub fn per(n: u64, d: u64) -> f64 {
     }
 }
 
-/// `x / base` to three decimals, `n/a` when `base` is 0.
-pub fn ratio(x: f64, base: f64) -> String {
-    if base == 0.0 {
-        "n/a".into()
-    } else {
-        format!("{:.3}", x / base)
+/// `median (min-max)` of `xs` with `decimals` decimals; `-` when empty.
+pub fn spread(xs: &[f64], decimals: usize) -> String {
+    if xs.is_empty() {
+        return "-".into();
     }
+    let (lo, hi) = range(xs);
+    if xs.len() == 1 {
+        return format!("{:.*}", decimals, xs[0]);
+    }
+    format!(
+        "{:.*} ({:.*}-{:.*})",
+        decimals,
+        median(xs),
+        decimals,
+        lo,
+        decimals,
+        hi
+    )
+}
+
+/// Per-repeat ratios `xs[i] / base[i]` (repeats where `base` is 0 are
+/// left out), as [`spread`] with three decimals.
+pub fn ratio_spread(xs: &[f64], base: &[f64]) -> String {
+    let r: Vec<f64> = xs
+        .iter()
+        .zip(base)
+        .filter(|(_, b)| **b != 0.0)
+        .map(|(x, b)| x / b)
+        .collect();
+    if r.is_empty() {
+        return "n/a".into();
+    }
+    spread(&r, 3)
 }
 
 #[cfg(test)]
@@ -71,7 +97,13 @@ mod tests {
         assert!((jain(&[1.0, 0.0]) - 0.5).abs() < 1e-12);
         assert_eq!(jain(&[0.0, 0.0]), 0.0);
         assert_eq!(per(3, 0), 0.0);
-        assert_eq!(ratio(1.0, 0.0), "n/a");
-        assert_eq!(ratio(1.0, 4.0), "0.250");
+        assert_eq!(spread(&[3.0, 1.0, 2.0], 1), "2.0 (1.0-3.0)");
+        assert_eq!(spread(&[7.0], 0), "7");
+        assert_eq!(spread(&[], 0), "-");
+        assert_eq!(
+            ratio_spread(&[2.0, 3.0, 4.0], &[1.0, 0.0, 2.0]),
+            "2.000 (2.000-2.000)"
+        );
+        assert_eq!(ratio_spread(&[1.0], &[0.0]), "n/a");
     }
 }

@@ -20,6 +20,9 @@
 //! * `Calibrated`: `Adaptive` plus per-I/O hints: an urgent completion is
 //!   delivered at once (alone when `urgent_out_of_order`, else with every held
 //!   one); a barrier fires once it and every earlier command have completed.
+//! * `CalibratedFixed`: `Calibrated` with a fixed Δ (`timeout`, re-armed at
+//!   every arrival) instead of the correction formula: the paper's "cint"
+//!   without its correction factor, kept for the Fig. 8 comparison.
 //!
 //! Nothing is held longer than `hold_max` after the first held completion,
 //! whatever the arrival pattern (a stream of urgent completions re-arms the
@@ -66,6 +69,7 @@ pub enum CoalesceMode {
     Static,
     Adaptive,
     Calibrated,
+    CalibratedFixed,
 }
 
 impl std::str::FromStr for CoalesceMode {
@@ -76,8 +80,9 @@ impl std::str::FromStr for CoalesceMode {
             "static" => Ok(CoalesceMode::Static),
             "adaptive" => Ok(CoalesceMode::Adaptive),
             "calibrated" => Ok(CoalesceMode::Calibrated),
+            "calibrated-fixed" => Ok(CoalesceMode::CalibratedFixed),
             o => Err(format!(
-                "`{o}` is not one of off, static, adaptive, calibrated"
+                "`{o}` is not one of off, static, adaptive, calibrated, calibrated-fixed"
             )),
         }
     }
@@ -90,7 +95,16 @@ impl CoalesceMode {
             CoalesceMode::Static => "static",
             CoalesceMode::Adaptive => "adaptive",
             CoalesceMode::Calibrated => "calibrated",
+            CoalesceMode::CalibratedFixed => "calibrated-fixed",
         }
+    }
+
+    /// Whether per-I/O hints (urgent, barrier) are honoured.
+    pub fn uses_hints(self) -> bool {
+        matches!(
+            self,
+            CoalesceMode::Calibrated | CoalesceMode::CalibratedFixed
+        )
     }
 }
 
@@ -100,7 +114,8 @@ pub struct CoalesceConfig {
     pub mode: CoalesceMode,
     /// Held completions that fire at once (`thr`).
     pub threshold: u32,
-    /// `Static`: aggregation time from the first held completion.
+    /// `Static`: aggregation time from the first held completion;
+    /// `CalibratedFixed`: the fixed Δ, re-armed at every arrival.
     pub timeout: Duration,
     /// `Adaptive`/`Calibrated`: correction factor `a` (paper: 0.1).
     pub correction: f64,
@@ -130,7 +145,11 @@ impl CoalesceConfig {
         if self.threshold == 0 {
             return Err(("threshold", "must be at least 1".into()));
         }
-        if self.mode == CoalesceMode::Static && self.timeout.is_zero() {
+        if matches!(
+            self.mode,
+            CoalesceMode::Static | CoalesceMode::CalibratedFixed
+        ) && self.timeout.is_zero()
+        {
             return Err((
                 "timeout_us",
                 "must be greater than 0 (use mode = \"off\" to deliver at once)".into(),
@@ -244,7 +263,7 @@ impl Coalescer {
     pub fn submitted(&mut self, key: u64, hint: Hint) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let hint = if self.cfg.mode == CoalesceMode::Calibrated {
+        let hint = if self.cfg.mode.uses_hints() {
             hint
         } else {
             Hint::Normal
@@ -252,7 +271,7 @@ impl Coalescer {
         if let Some((old, _)) = self.inflight.insert(key, (seq, hint)) {
             self.outstanding.remove(&old);
         }
-        if self.cfg.mode == CoalesceMode::Calibrated {
+        if self.cfg.mode.uses_hints() {
             self.outstanding.insert(seq);
         }
     }
@@ -283,9 +302,15 @@ impl Coalescer {
                 }
                 Decision::Hold
             }
-            CoalesceMode::Adaptive | CoalesceMode::Calibrated => {
-                // Algorithm 1: re-arm with the count before this arrival.
-                self.timeout = Some(now + self.cfg.delta(self.coalesced));
+            CoalesceMode::Adaptive | CoalesceMode::Calibrated | CoalesceMode::CalibratedFixed => {
+                // Algorithm 1: re-arm with the count before this arrival
+                // (or the fixed Δ).
+                let delta = if self.cfg.mode == CoalesceMode::CalibratedFixed {
+                    self.cfg.timeout
+                } else {
+                    self.cfg.delta(self.coalesced)
+                };
+                self.timeout = Some(now + delta);
                 match hint {
                     Hint::Urgent if self.cfg.urgent_out_of_order => {
                         self.stats.notifications += 1;
@@ -510,6 +535,38 @@ mod tests {
         // A barrier with nothing earlier outstanding fires at once.
         c.submitted(5, Hint::Barrier);
         assert_eq!(c.completed(5, t0), Decision::FlushAll(FireReason::Barrier));
+    }
+
+    #[test]
+    fn calibrated_fixed_rearms_a_constant_delta_and_keeps_hints() {
+        let t0 = Instant::now();
+        let k = cfg(CoalesceMode::CalibratedFixed);
+        let mut c = Coalescer::new(k);
+        assert_eq!(c.completed(1, t0), Decision::Hold);
+        assert_eq!(c.next_deadline(), Some(t0 + 20 * US));
+        let t1 = t0 + 7 * US;
+        assert_eq!(c.completed(2, t1), Decision::Hold);
+        assert_eq!(
+            c.next_deadline(),
+            Some(t1 + 20 * US),
+            "re-armed to the same Δ, not shrunk by the count"
+        );
+        assert_eq!(c.poll(t1 + 19 * US), None);
+        assert_eq!(c.poll(t1 + 20 * US), Some(FireReason::Timeout));
+        // Hints are honoured as in calibrated mode.
+        c.submitted(3, Hint::Normal);
+        c.submitted(4, Hint::Barrier);
+        assert_eq!(c.completed(4, t1), Decision::Hold, "3 still in flight");
+        assert_eq!(c.completed(3, t1), Decision::FlushAll(FireReason::Barrier));
+        c.submitted(5, Hint::Urgent);
+        assert_eq!(c.completed(5, t1), Decision::Deliver);
+        assert_eq!(
+            "calibrated-fixed".parse(),
+            Ok(CoalesceMode::CalibratedFixed)
+        );
+        let mut z = k;
+        z.timeout = Duration::ZERO;
+        assert_eq!(z.validate().unwrap_err().0, "timeout_us");
     }
 
     #[test]

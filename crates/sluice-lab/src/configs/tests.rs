@@ -168,7 +168,7 @@ fn old_datapath_target(
 [target]
 listen = "127.0.0.1:0"
 discovery_listen = ""
-polling = "interrupt"
+polling = "adaptive"
 workers = 1
 shutdown_drain_ms = 2000
 send_scheduler = "{scheduler}"
@@ -302,7 +302,7 @@ fn datapath_targets_are_unchanged() {
     ] {
         for (b, old_b) in &backends {
             assert_eq!(
-                datapath_target(send(kind), b.clone()).unwrap(),
+                fast_datapath_target(send(kind), b.clone()).unwrap(),
                 old_datapath_target(word, "", CoalesceMode::Off, old_b),
                 "{word} {old_b}"
             );
@@ -310,7 +310,7 @@ fn datapath_targets_are_unchanged() {
     }
     for (b, old_b) in &backends {
         assert_eq!(
-            datapath_target(nprio(), b.clone()).unwrap(),
+            fast_datapath_target(nprio(), b.clone()).unwrap(),
             old_datapath_target("isolated", OLD_NPRIO, CoalesceMode::Off, old_b),
             "Nprio {old_b}"
         );

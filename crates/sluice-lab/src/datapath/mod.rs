@@ -1,12 +1,15 @@
 //! The isolated data path experiments of docs/isolation.md: PINoF Figs. 5
-//! and 6 and latency-aware coalescing.
+//! and 6 and latency-aware coalescing, on the fast path (`sluice bench`'s
+//! direct engine against a target polling adaptively).
 //!
 //! Each point starts a target in this process with its worker pinned to CPU
 //! 0, runs `sluice-bench` with its threads pinned to CPU 1 (the affinity of
 //! the calling thread is inherited by the threads it starts, which is what
 //! `taskset` does for a process), stops the target and keeps both sides'
-//! counters. The settings being compared run back to back at each x value,
-//! so every ratio comes from one run. Nothing is tuned to the papers' claims.
+//! counters. At each x value the settings being compared run back to back,
+//! and that is repeated `--repeats` times ([`repeated`]): cells are medians
+//! with their range, and ratios are taken per repeat (one run each) before
+//! their median. Nothing is tuned to the papers' claims.
 
 pub mod coalescing;
 pub mod pinof_fig5;
@@ -15,11 +18,12 @@ pub mod pinof_fig6;
 use crate::affinity::{cpus, get_mask, pin, set_mask};
 use crate::configs::{self, DATAPATH_SUBNQN};
 use crate::report::per;
+use crate::report::spread;
 use anyhow::Result;
 use sluice_bench::{BenchArgs, BenchReport};
 use sluice_config::NamespaceConfig;
+use sluice_proto::send::SendConfig;
 use sluice_proto::send::SendStats;
-use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_target::Target;
 use std::fmt::Write as _;
 
@@ -29,22 +33,6 @@ pub(crate) fn loadavg() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// One target setting: the target's send path (scheduler, freights,
-/// response coalescing).
-#[derive(Debug, Clone)]
-pub(super) struct TargetSetup {
-    pub(super) send: SendConfig,
-}
-
-impl TargetSetup {
-    /// Scheduler `s`, everything else at its default (no coalescing).
-    pub(super) fn sched(s: SchedulerKind) -> Self {
-        TargetSetup {
-            send: configs::send(s),
-        }
-    }
-}
-
 /// Result of one point: the bench report and the target's send totals.
 pub(super) struct Point {
     pub(super) bench: BenchReport,
@@ -52,8 +40,7 @@ pub(super) struct Point {
     pub(super) target_ios: u64,
 }
 
-pub(super) fn point(ts: &TargetSetup, backend: &NamespaceConfig, b: &BenchArgs) -> Result<Point> {
-    let c = configs::datapath_target(ts.send, backend.clone())?;
+fn run_point(c: sluice_config::Config, b: &BenchArgs) -> Result<Point> {
     let pinned = cpus() >= 2;
     let saved = get_mask()?;
     if pinned {
@@ -83,6 +70,105 @@ pub(super) fn point(ts: &TargetSetup, backend: &NamespaceConfig, b: &BenchArgs) 
     })
 }
 
+/// One setting compared at an x value: its label, the target's send path
+/// and the bench's arguments.
+pub(super) struct Setting {
+    pub(super) label: String,
+    pub(super) send: SendConfig,
+    pub(super) bench: BenchArgs,
+}
+
+/// A point's figures, one per column of the experiment's table.
+pub(super) type Figures = Vec<f64>;
+
+/// Runs the settings back to back on the fast path, `repeats` times;
+/// returns `[setting][repeat]` figures as `figures` takes them from each
+/// point. `what` prefixes the progress lines on stderr.
+pub(super) fn repeated(
+    settings: &[Setting],
+    backend: &NamespaceConfig,
+    repeats: u32,
+    what: &str,
+    figures: impl Fn(&Point) -> Figures,
+) -> anyhow::Result<Vec<Vec<Figures>>> {
+    let mut out: Vec<Vec<Figures>> = settings.iter().map(|_| Vec::new()).collect();
+    for rep in 0..repeats {
+        for (i, st) in settings.iter().enumerate() {
+            let p = fast_point(st.send, backend, &st.bench)?;
+            let t = &p.bench.total;
+            if t.errors > 0 {
+                anyhow::bail!(
+                    "{what} {}: {} I/O errors, e.g. {:?}",
+                    st.label,
+                    t.errors,
+                    t.error_samples
+                );
+            }
+            eprintln!(
+                "{what} {} (repeat {}/{repeats}): {:.0} IOPS, mean {:.1} µs, p99 {:.1} µs",
+                st.label,
+                rep + 1,
+                t.iops,
+                t.latency_us_mean,
+                t.latency_us_p99
+            );
+            out[i].push(figures(&p));
+        }
+    }
+    Ok(out)
+}
+
+/// Column `k` of every repeat.
+pub(super) fn col(reps: &[Figures], k: usize) -> Vec<f64> {
+    reps.iter()
+        .map(|f| f.get(k).copied().unwrap_or(f64::NAN))
+        .collect()
+}
+
+/// The median of column `k`.
+pub(super) fn med(reps: &[Figures], k: usize) -> f64 {
+    crate::report::median(&col(reps, k))
+}
+
+/// Column `k` as `median (min-max)`.
+pub(super) fn cell(reps: &[Figures], k: usize, decimals: usize) -> String {
+    spread(&col(reps, k), decimals)
+}
+
+/// The figures every fast-path table starts with: IOPS, MiB/s, mean µs,
+/// p99 µs, and IOPS per CPU-second of target and host together (both run
+/// in this process).
+pub(super) fn common_figures(p: &Point) -> Figures {
+    let t = &p.bench.total;
+    let cpu = p.bench.cpu_user_s + p.bench.cpu_sys_s;
+    let ios_per_cpu_s = if cpu > 0.0 { t.ios as f64 / cpu } else { 0.0 };
+    vec![
+        t.iops,
+        t.bandwidth_mib_s,
+        t.latency_us_mean,
+        t.latency_us_p99,
+        ios_per_cpu_s,
+    ]
+}
+
+/// Columns of [`common_figures`].
+pub(super) const IOPS: usize = 0;
+pub(super) const MIB_S: usize = 1;
+pub(super) const MEAN_US: usize = 2;
+pub(super) const P99_US: usize = 3;
+pub(super) const IOS_PER_CPU_S: usize = 4;
+
+/// One point on the fast path: a target with send path `send` polling
+/// adaptively, `sluice bench` with its default (direct) engine.
+pub(super) fn fast_point(
+    send: SendConfig,
+    backend: &NamespaceConfig,
+    b: &BenchArgs,
+) -> Result<Point> {
+    let c = configs::fast_datapath_target(send, backend.clone())?;
+    run_point(c, b)
+}
+
 pub(super) fn bench_args(runtime: f64) -> BenchArgs {
     let mut a = BenchArgs::new("", DATAPATH_SUBNQN);
     a.runtime = Some(runtime);
@@ -94,12 +180,19 @@ pub(super) fn pdus_per_flush(s: &SendStats) -> f64 {
     per(s.flush_pdus, s.flushes)
 }
 
-pub(super) fn header(md: &mut String, title: &str, cmd: &str, runtime: f64, load0: &str) {
+pub(super) fn header(
+    md: &mut String,
+    title: &str,
+    cmd: &str,
+    runtime: f64,
+    repeats: u32,
+    load0: &str,
+) {
     let _ = writeln!(md, "# {title}\n");
     let _ = writeln!(md, "Command: `{cmd}`\n");
     let _ = writeln!(
         md,
-        "Release build; {runtime} s per point; target worker pinned to CPU 0, bench threads to CPU 1 ({} CPUs online); loopback TCP; load average (1/5/15 min) before: {load0}.\n",
+        "Release build; {runtime} s per point, {repeats} repeats (cells: median (min-max); ratios taken per repeat, then their median (min-max)); the fast path: `sluice bench`'s direct engine (run to completion, adaptive polling) against a target polling adaptively; target worker pinned to CPU 0, bench thread to CPU 1 ({} CPUs online); loopback TCP; load average (1/5/15 min) before: {load0}.\n",
         cpus()
     );
 }

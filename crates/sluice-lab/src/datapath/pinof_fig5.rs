@@ -1,148 +1,193 @@
 //! `sluice-lab pinof-fig5`: PINoF Fig. 5, 4 KiB random I/O at QD 8 with a
-//! varying write ratio, under each send scheduler (RAM and emulated SSD).
+//! varying write ratio, on the fast path: i10-style batching on both sides
+//! (the paper's baseline) against the isolated scheduler on the target and
+//! on both sides, with no batching (`immediate`) for scale.
 
-use super::{bench_args, header, loadavg, pdus_per_flush, point, TargetSetup};
-use crate::configs::{ram, ssd};
+use super::{
+    bench_args, cell, col, common_figures, header, loadavg, med, pdus_per_flush, repeated, Figures,
+    Point, Setting, IOPS, IOS_PER_CPU_S, MEAN_US, MIB_S, P99_US,
+};
+use crate::configs::{self, ram, ssd};
 use crate::plot;
-use crate::report::{per, ratio as r, write};
+use crate::report::{per, ratio_spread, write};
+use crate::DatapathArgs;
 use anyhow::Result;
 use sluice_proto::send::SchedulerKind;
 use std::fmt::Write as _;
-use std::path::Path;
 
-pub fn run(out: &Path, runtime: f64) -> Result<()> {
+/// Settings: (label, target scheduler, host scheduler).
+const SETTINGS: [(&str, SchedulerKind, SchedulerKind); 4] = [
+    (
+        "immediate",
+        SchedulerKind::Immediate,
+        SchedulerKind::Immediate,
+    ),
+    (
+        "i10 (both sides)",
+        SchedulerKind::Unified,
+        SchedulerKind::Unified,
+    ),
+    (
+        "isolated",
+        SchedulerKind::Isolated,
+        SchedulerKind::Immediate,
+    ),
+    (
+        "isolated (both sides)",
+        SchedulerKind::Isolated,
+        SchedulerKind::Isolated,
+    ),
+];
+const IMMEDIATE: usize = 0;
+const I10: usize = 1;
+const ISOLATED: usize = 2;
+const ISOLATED_BOTH: usize = 3;
+
+/// Columns after the common ones.
+const TARGET_PDUS_PER_FLUSH: usize = 5;
+const TARGET_SENDS_PER_IO: usize = 6;
+const HOST_SENDS_PER_IO: usize = 7;
+const HOST_READS_PER_IO: usize = 8;
+
+fn figures(p: &Point) -> Figures {
+    let mut f = common_figures(p);
+    let t = &p.bench.total;
+    f.push(pdus_per_flush(&p.send));
+    f.push(per(p.send.sends, p.target_ios));
+    f.push(t.host.send_syscalls_per_io);
+    f.push(t.host.read_syscalls_per_io);
+    f
+}
+
+pub fn run(a: &DatapathArgs) -> Result<()> {
     let load0 = loadavg();
-    // The last setting runs the isolated scheduler on both sides (host:
-    // `sluice bench --send-scheduler isolated`); the others only on the target.
-    let scheds = ["immediate", "unified", "isolated", "isolated+host"];
     let writes = [0u8, 25, 50, 75, 100];
     let mut md = String::new();
     header(
         &mut md,
         "PINoF Fig. 5: 4 KiB random I/O, QD 8, varying write ratio",
-        &format!("sluice-lab pinof-fig5 --runtime {runtime}"),
-        runtime,
+        &a.command("pinof-fig5"),
+        a.runtime,
+        a.repeats,
         &load0,
     );
-    for (bname, backend) in [("RAM", ram()), ("emulated SSD", ssd())] {
-        // [sched][write idx] -> (mean, p99, MiB/s)
-        let mut res = vec![vec![(0.0, 0.0, 0.0); writes.len()]; scheds.len()];
+    let _ = writeln!(
+        md,
+        "Settings (target / host send scheduler): `immediate` (no batching) on both sides; **i10 (both sides)**: `unified`, one container per queue (64 KiB, 16 PDUs, 50 µs), the i10-style baseline of the paper; `isolated` (PINoF: latency and data freights, R2T > response > data) on the target only, and on both sides. No response coalescing.\n"
+    );
+    for (bname, backend) in a.backends(ram(), ssd()) {
+        // [write idx][setting][repeat]
+        let mut res: Vec<Vec<Vec<Figures>>> = Vec::new();
         let _ = writeln!(md, "## {bname}\n");
         let _ = writeln!(
             md,
-            "| writes | scheduler | IOPS | MiB/s | mean µs | p99 µs | target PDUs/flush | target sends/I/O | host sends/I/O | load |"
+            "| writes | setting | IOPS | MiB/s | mean µs | p99 µs | I/Os per CPU-s | target PDUs/flush | target sends/I/O | host sends/I/O | host reads/I/O |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-        for (wi, w) in writes.iter().enumerate() {
-            for (si, s) in scheds.iter().enumerate() {
-                let mut a = bench_args(runtime);
-                a.rw = sluice_bench::RwMode::RandRw;
-                a.rwmixread = 100 - w;
-                a.qd = 8;
-                let ts = if *s == "isolated+host" {
-                    a.send_scheduler = SchedulerKind::Isolated;
-                    TargetSetup::sched(SchedulerKind::Isolated)
-                } else {
-                    TargetSetup::sched(s.parse().map_err(anyhow::Error::msg)?)
-                };
-                let p = point(&ts, &backend, &a)?;
-                let t = &p.bench.total;
-                res[si][wi] = (t.latency_us_mean, t.latency_us_p99, t.bandwidth_mib_s);
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for w in writes {
+            let settings: Vec<Setting> = SETTINGS
+                .iter()
+                .map(|(label, target, host)| {
+                    let mut b = bench_args(a.runtime);
+                    b.rw = sluice_bench::RwMode::RandRw;
+                    b.rwmixread = 100 - w;
+                    b.qd = 8;
+                    b.send_scheduler = *host;
+                    Setting {
+                        label: (*label).to_string(),
+                        send: configs::send(*target),
+                        bench: b,
+                    }
+                })
+                .collect();
+            let r = repeated(
+                &settings,
+                &backend,
+                a.repeats,
+                &format!("fig5 {bname} writes {w}%"),
+                figures,
+            )?;
+            for (st, reps) in settings.iter().zip(&r) {
                 let _ = writeln!(
                     md,
-                    "| {w}% | {s} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.3} | {:.3} | {} |",
-                    t.iops,
-                    t.bandwidth_mib_s,
-                    t.latency_us_mean,
-                    t.latency_us_p99,
-                    pdus_per_flush(&p.send),
-                    per(p.send.sends, p.target_ios),
-                    t.host.send_syscalls_per_io,
-                    loadavg()
-                );
-                eprintln!(
-                    "fig5 {bname} writes {w}% {s}: {:.0} IOPS mean {:.1} us p99 {:.1} us",
-                    t.iops, t.latency_us_mean, t.latency_us_p99
+                    "| {w}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    st.label,
+                    cell(reps, IOPS, 0),
+                    cell(reps, MIB_S, 1),
+                    cell(reps, MEAN_US, 1),
+                    cell(reps, P99_US, 1),
+                    cell(reps, IOS_PER_CPU_S, 0),
+                    cell(reps, TARGET_PDUS_PER_FLUSH, 2),
+                    cell(reps, TARGET_SENDS_PER_IO, 3),
+                    cell(reps, HOST_SENDS_PER_IO, 3),
+                    cell(reps, HOST_READS_PER_IO, 3),
                 );
             }
+            res.push(r);
         }
         let _ = writeln!(
             md,
-            "\nRatios (same run): isolated / unified and isolated / immediate.\n"
+            "\nRatios per repeat (median (min-max)) against the i10-style baseline, and isolated against no batching.\n"
         );
         let _ = writeln!(
             md,
-            "| writes | mean lat iso/uni | p99 iso/uni | BW iso/uni | mean lat iso/imm | BW iso/imm | mean lat iso+host/uni | BW iso+host/uni |"
+            "| writes | mean lat iso/i10 | p99 iso/i10 | IOPS iso/i10 | mean lat iso-both/i10 | p99 iso-both/i10 | IOPS iso-both/i10 | mean lat iso/imm | IOPS iso/imm |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-        for (wi, w) in writes.iter().enumerate() {
-            let (im, ip, ib) = res[2][wi];
-            let (um, up, ub) = res[1][wi];
-            let (mm, _, mb) = res[0][wi];
-            let (hm, _, hb) = res[3][wi];
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+        for (w, r) in writes.iter().zip(&res) {
+            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
             let _ = writeln!(
                 md,
-                "| {w}% | {} | {} | {} | {} | {} | {} | {} |",
-                r(im, um),
-                r(ip, up),
-                r(ib, ub),
-                r(im, mm),
-                r(ib, mb),
-                r(hm, um),
-                r(hb, ub)
+                "| {w}% | {} | {} | {} | {} | {} | {} | {} | {} |",
+                rs(ISOLATED, I10, MEAN_US),
+                rs(ISOLATED, I10, P99_US),
+                rs(ISOLATED, I10, IOPS),
+                rs(ISOLATED_BOTH, I10, MEAN_US),
+                rs(ISOLATED_BOTH, I10, P99_US),
+                rs(ISOLATED_BOTH, I10, IOPS),
+                rs(ISOLATED, IMMEDIATE, MEAN_US),
+                rs(ISOLATED, IMMEDIATE, IOPS),
             );
         }
         let _ = writeln!(md);
         let xs: Vec<String> = writes.iter().map(|w| format!("{w}%")).collect();
         let tag = if bname == "RAM" { "ram" } else { "ssd" };
-        let series = |f: &dyn Fn(&(f64, f64, f64)) -> f64| -> Vec<(String, Vec<f64>)> {
-            scheds
+        let series = |k: usize| -> Vec<(String, Vec<f64>)> {
+            SETTINGS
                 .iter()
                 .enumerate()
-                .map(|(si, s)| (s.to_string(), res[si].iter().map(f).collect()))
+                .map(|(si, (label, _, _))| {
+                    (
+                        (*label).to_string(),
+                        res.iter().map(|r| med(&r[si], k)).collect(),
+                    )
+                })
                 .collect()
         };
-        write(
-            out,
-            &format!("pinof-fig5-{tag}-latency.svg"),
-            &plot::lines(
-                &format!("PINoF Fig. 5 ({bname}): mean latency, 4 KiB QD 8"),
-                "write ratio",
+        for (file, title, ylabel, k, bars) in [
+            (
+                "latency",
+                "mean latency",
                 "mean latency (µs)",
-                &xs,
-                &series(&|x| x.0),
-                None,
-            )?,
-        )?;
-        write(
-            out,
-            &format!("pinof-fig5-{tag}-p99.svg"),
-            &plot::lines(
-                &format!("PINoF Fig. 5 ({bname}): p99 latency, 4 KiB QD 8"),
-                "write ratio",
-                "p99 latency (µs)",
-                &xs,
-                &series(&|x| x.1),
-                None,
-            )?,
-        )?;
-        write(
-            out,
-            &format!("pinof-fig5-{tag}-bandwidth.svg"),
-            &plot::bars(
-                &format!("PINoF Fig. 5 ({bname}): bandwidth, 4 KiB QD 8"),
-                "write ratio",
-                "MiB/s",
-                &xs,
-                &series(&|x| x.2),
-                None,
-            )?,
-        )?;
+                MEAN_US,
+                false,
+            ),
+            ("p99", "p99 latency", "p99 latency (µs)", P99_US, false),
+            ("bandwidth", "bandwidth", "MiB/s", MIB_S, true),
+        ] {
+            let title = format!("PINoF Fig. 5 ({bname}): {title}, 4 KiB QD 8 (medians)");
+            let svg = if bars {
+                plot::bars(&title, "write ratio", ylabel, &xs, &series(k), None)?
+            } else {
+                plot::lines(&title, "write ratio", ylabel, &xs, &series(k), None)?
+            };
+            write(&a.out, &format!("pinof-fig5-{tag}-{file}.svg"), &svg)?;
+        }
         let _ = writeln!(
             md,
             "Plots: `pinof-fig5-{tag}-latency.svg`, `pinof-fig5-{tag}-p99.svg`, `pinof-fig5-{tag}-bandwidth.svg`.\n"
         );
     }
     let _ = writeln!(md, "Load average after: {}.", loadavg());
-    write(out, "pinof-fig5.md", &md)
+    write(&a.out, "pinof-fig5.md", &md)
 }

@@ -1,123 +1,171 @@
 //! `sluice-lab pinof-fig6`: PINoF Fig. 6, random writes at QD 8 from 4 KiB
-//! to 128 KiB, isolated scheduler with and without priorities.
+//! to 128 KiB on the fast path: the isolated scheduler with and without
+//! priorities (Nprio), and i10-style batching on both sides.
 
-use super::{bench_args, header, loadavg, pdus_per_flush, point, TargetSetup};
+use super::{
+    bench_args, cell, col, common_figures, header, loadavg, med, pdus_per_flush, repeated, Figures,
+    Point, Setting, IOPS, IOS_PER_CPU_S, MEAN_US, MIB_S, P99_US,
+};
 use crate::configs::{self, nprio, ram, ssd};
 use crate::plot;
-use crate::report::{ratio as r, write};
+use crate::report::{per, ratio_spread, write};
+use crate::DatapathArgs;
 use anyhow::Result;
-use sluice_proto::send::SchedulerKind;
+use sluice_proto::send::{FlushReason, SchedulerKind};
 use std::fmt::Write as _;
-use std::path::Path;
 
-pub fn run(out: &Path, runtime: f64) -> Result<()> {
+const PRIO: usize = 0;
+const NPRIO: usize = 1;
+const I10: usize = 2;
+const LABELS: [&str; 3] = [
+    "isolated (priorities)",
+    "isolated Nprio",
+    "i10 (both sides)",
+];
+
+/// Columns after the common ones.
+const TARGET_PDUS_PER_FLUSH: usize = 5;
+const PRIORITY_FLUSHES_PER_IO: usize = 6;
+const HOST_SENDS_PER_IO: usize = 7;
+
+fn figures(p: &Point) -> Figures {
+    let mut f = common_figures(p);
+    f.push(pdus_per_flush(&p.send));
+    f.push(per(p.send.reason(FlushReason::Priority), p.target_ios));
+    f.push(p.bench.total.host.send_syscalls_per_io);
+    f
+}
+
+pub fn run(a: &DatapathArgs) -> Result<()> {
     let load0 = loadavg();
     let sizes = [4u64, 8, 16, 32, 64, 128];
-    let setups = [
-        (
-            "isolated (priorities)",
-            configs::send(SchedulerKind::Isolated),
-        ),
-        ("isolated Nprio", nprio()),
-    ];
     let mut md = String::new();
     header(
         &mut md,
         "PINoF Fig. 6: random writes, QD 8, 4 KiB to 128 KiB (in-capsule limit 8 KiB)",
-        &format!("sluice-lab pinof-fig6 --runtime {runtime}"),
-        runtime,
+        &a.command("pinof-fig6"),
+        a.runtime,
+        a.repeats,
         &load0,
     );
     let _ = writeln!(
         md,
-        "Nprio = `weight_r2t = weight_response = weight_data = 1`, latency freight 64 KiB / 16 (data freight is 64 KiB / 16 already).\n"
+        "Nprio = `weight_r2t = weight_response = weight_data = 1`, latency freight 64 KiB / 16 (data freight is 64 KiB / 16 already). The two isolated settings run on the target (host `immediate`); i10 = `unified` on both sides. Writes above 8 KiB go by R2T.\n"
     );
-    for (bname, backend) in [("RAM", ram()), ("emulated SSD", ssd())] {
-        let mut res = vec![vec![(0.0, 0.0); sizes.len()]; setups.len()];
+    for (bname, backend) in a.backends(ram(), ssd()) {
+        let mut res: Vec<Vec<Vec<Figures>>> = Vec::new();
         let _ = writeln!(md, "## {bname}\n");
         let _ = writeln!(
             md,
-            "| block | setting | IOPS | MiB/s | mean µs | p99 µs | target PDUs/flush | flushes by priority | R2T-bearing? | load |"
+            "| block | setting | IOPS | MiB/s | mean µs | p99 µs | I/Os per CPU-s | target PDUs/flush | priority flushes/I/O | host sends/I/O |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
-        for (bi, kib) in sizes.iter().enumerate() {
-            for (si, (sname, send)) in setups.iter().enumerate() {
-                let mut a = bench_args(runtime);
-                a.rw = sluice_bench::RwMode::RandWrite;
-                a.qd = 8;
-                a.bs = format!("{kib}k").parse().map_err(anyhow::Error::msg)?;
-                let ts = TargetSetup { send: *send };
-                let p = point(&ts, &backend, &a)?;
-                let t = &p.bench.total;
-                res[si][bi] = (t.iops, t.latency_us_mean);
+        for kib in sizes {
+            let sends = [
+                (
+                    configs::send(SchedulerKind::Isolated),
+                    SchedulerKind::Immediate,
+                ),
+                (nprio(), SchedulerKind::Immediate),
+                (
+                    configs::send(SchedulerKind::Unified),
+                    SchedulerKind::Unified,
+                ),
+            ];
+            let mut settings = Vec::new();
+            for (label, (send, host)) in LABELS.iter().zip(sends) {
+                let mut b = bench_args(a.runtime);
+                b.rw = sluice_bench::RwMode::RandWrite;
+                b.qd = 8;
+                b.bs = format!("{kib}k").parse().map_err(anyhow::Error::msg)?;
+                b.send_scheduler = host;
+                settings.push(Setting {
+                    label: (*label).to_string(),
+                    send,
+                    bench: b,
+                });
+            }
+            let r = repeated(
+                &settings,
+                &backend,
+                a.repeats,
+                &format!("fig6 {bname} {kib}k"),
+                figures,
+            )?;
+            for (st, reps) in settings.iter().zip(&r) {
                 let _ = writeln!(
                     md,
-                    "| {kib} KiB | {sname} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {} | {} | {} |",
-                    t.iops,
-                    t.bandwidth_mib_s,
-                    t.latency_us_mean,
-                    t.latency_us_p99,
-                    pdus_per_flush(&p.send),
-                    p.send.reason(sluice_proto::send::FlushReason::Priority),
-                    if *kib > 8 { "yes" } else { "no" },
-                    loadavg()
-                );
-                eprintln!(
-                    "fig6 {bname} {kib}k {sname}: {:.0} IOPS mean {:.1} us",
-                    t.iops, t.latency_us_mean
+                    "| {kib} KiB | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    st.label,
+                    cell(reps, IOPS, 0),
+                    cell(reps, MIB_S, 1),
+                    cell(reps, MEAN_US, 1),
+                    cell(reps, P99_US, 1),
+                    cell(reps, IOS_PER_CPU_S, 0),
+                    cell(reps, TARGET_PDUS_PER_FLUSH, 2),
+                    cell(reps, PRIORITY_FLUSHES_PER_IO, 3),
+                    cell(reps, HOST_SENDS_PER_IO, 3),
                 );
             }
+            res.push(r);
         }
-        let _ = writeln!(md, "\nRatios (same run): priorities / Nprio.\n");
-        let _ = writeln!(md, "| block | IOPS prio/Nprio | mean lat prio/Nprio |");
-        let _ = writeln!(md, "|---|---|---|");
-        for (bi, kib) in sizes.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "\nRatios per repeat (median (min-max)): priorities against Nprio and against i10.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| block | IOPS prio/Nprio | mean lat prio/Nprio | IOPS prio/i10 | mean lat prio/i10 | p99 prio/i10 |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for (kib, r) in sizes.iter().zip(&res) {
+            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
             let _ = writeln!(
                 md,
-                "| {kib} KiB | {} | {} |",
-                r(res[0][bi].0, res[1][bi].0),
-                r(res[0][bi].1, res[1][bi].1)
+                "| {kib} KiB | {} | {} | {} | {} | {} |",
+                rs(PRIO, NPRIO, IOPS),
+                rs(PRIO, NPRIO, MEAN_US),
+                rs(PRIO, I10, IOPS),
+                rs(PRIO, I10, MEAN_US),
+                rs(PRIO, I10, P99_US),
             );
         }
         let _ = writeln!(md);
         let xs: Vec<String> = sizes.iter().map(|k| format!("{k}K")).collect();
         let tag = if bname == "RAM" { "ram" } else { "ssd" };
         let series = |k: usize| -> Vec<(String, Vec<f64>)> {
-            setups
+            LABELS
                 .iter()
                 .enumerate()
-                .map(|(si, (n, _))| {
+                .map(|(si, label)| {
                     (
-                        n.to_string(),
-                        res[si]
-                            .iter()
-                            .map(|x| if k == 0 { x.0 } else { x.1 })
-                            .collect(),
+                        (*label).to_string(),
+                        res.iter().map(|r| med(&r[si], k)).collect(),
                     )
                 })
                 .collect()
         };
         write(
-            out,
+            &a.out,
             &format!("pinof-fig6-{tag}-iops.svg"),
             &plot::bars(
-                &format!("PINoF Fig. 6 ({bname}): IOPS, random writes QD 8"),
+                &format!("PINoF Fig. 6 ({bname}): IOPS, random writes QD 8 (medians)"),
                 "block size",
                 "IOPS",
                 &xs,
-                &series(0),
+                &series(IOPS),
                 None,
             )?,
         )?;
         write(
-            out,
+            &a.out,
             &format!("pinof-fig6-{tag}-latency.svg"),
             &plot::lines(
-                &format!("PINoF Fig. 6 ({bname}): mean latency, random writes QD 8"),
+                &format!("PINoF Fig. 6 ({bname}): mean latency, random writes QD 8 (medians)"),
                 "block size",
                 "mean latency (µs)",
                 &xs,
-                &series(1),
+                &series(MEAN_US),
                 None,
             )?,
         )?;
@@ -127,5 +175,5 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
         );
     }
     let _ = writeln!(md, "Load average after: {}.", loadavg());
-    write(out, "pinof-fig6.md", &md)
+    write(&a.out, "pinof-fig6.md", &md)
 }
