@@ -32,25 +32,33 @@ impl Drop for RealTarget {
 }
 
 fn target() -> (RealTarget, BenchArgs) {
-    let c = Config::default()
-        .with_target(
-            TargetSettings::default()
-                .with_listen("127.0.0.1:0".parse().expect("address"))
-                .with_discovery_listen(None)
-                .with_workers(1)
-                .with_polling(PollingPolicy::Interrupt)
-                .with_shutdown_drain_ms(1000),
-        )
+    let c = target_config(base_settings().with_shutdown_drain_ms(1000));
+    let t = Target::start(&c).expect("target");
+    let a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
+    (RealTarget(Some(t)), a)
+}
+
+/// One worker in interrupt mode on an ephemeral loopback port.
+fn base_settings() -> TargetSettings {
+    TargetSettings::default()
+        .with_listen("127.0.0.1:0".parse().expect("address"))
+        .with_discovery_listen(None)
+        .with_workers(1)
+        .with_polling(PollingPolicy::Interrupt)
+}
+
+/// The test subsystem (one RAM namespace of 32 MiB, any host) on a target
+/// with `settings`.
+fn target_config(settings: TargetSettings) -> Config {
+    Config::default()
+        .with_target(settings)
         .with_subsystem(
             SubsystemConfig::new(SUBNQN)
                 .allow_any_host()
                 .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512)),
         )
         .validated()
-        .expect("config");
-    let t = Target::start(&c).expect("target");
-    let a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
-    (RealTarget(Some(t)), a)
+        .expect("config")
 }
 
 fn check_consistent(r: &BenchReport) {
@@ -302,22 +310,7 @@ fn batches_end_in_one_barrier_each() {
     let mut send = SendConfig::default();
     send.coalescing.mode = CoalesceMode::Calibrated;
     send.coalescing.threshold = 64;
-    let c = Config::default()
-        .with_target(
-            TargetSettings::default()
-                .with_listen("127.0.0.1:0".parse().expect("address"))
-                .with_discovery_listen(None)
-                .with_workers(1)
-                .with_polling(PollingPolicy::Interrupt)
-                .with_send(send),
-        )
-        .with_subsystem(
-            SubsystemConfig::new(SUBNQN)
-                .allow_any_host()
-                .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512)),
-        )
-        .validated()
-        .expect("config");
+    let c = target_config(base_settings().with_send(send));
     let t = Target::start(&c).expect("target");
     let mut a = BenchArgs::new(t.local_addr().to_string(), SUBNQN.to_string());
     a.ios = Some(800);

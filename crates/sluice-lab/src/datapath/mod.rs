@@ -135,6 +135,19 @@ pub(super) fn cell(reps: &[Figures], k: usize, decimals: usize) -> String {
     spread(&col(reps, k), decimals)
 }
 
+/// The common cells of a PINoF row, in [`common_figures`]' order:
+/// `IOPS | MiB/s | mean µs | p99 µs | I/Os per CPU-s`.
+pub(super) fn common_cells(reps: &[Figures]) -> String {
+    format!(
+        "{} | {} | {} | {} | {}",
+        cell(reps, IOPS, 0),
+        cell(reps, MIB_S, 1),
+        cell(reps, MEAN_US, 1),
+        cell(reps, P99_US, 1),
+        cell(reps, IOS_PER_CPU_S, 0)
+    )
+}
+
 /// The figures every fast-path table starts with: IOPS, MiB/s, mean µs,
 /// p99 µs, and IOPS per CPU-second of target and host together (both run
 /// in this process).

@@ -4,8 +4,8 @@
 //! on both sides, with no batching (`immediate`) for scale.
 
 use super::{
-    bench_args, cell, col, common_figures, header, loadavg, med, pdus_per_flush, repeated, Figures,
-    Point, Setting, IOPS, IOS_PER_CPU_S, MEAN_US, MIB_S, P99_US,
+    bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
+    repeated, Figures, Point, Setting, IOPS, MEAN_US, MIB_S, P99_US,
 };
 use crate::configs::{self, ram, ssd};
 use crate::plot;
@@ -110,13 +110,9 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
             for (st, reps) in settings.iter().zip(&r) {
                 let _ = writeln!(
                     md,
-                    "| {w}% | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {w}% | {} | {} | {} | {} | {} | {} |",
                     st.label,
-                    cell(reps, IOPS, 0),
-                    cell(reps, MIB_S, 1),
-                    cell(reps, MEAN_US, 1),
-                    cell(reps, P99_US, 1),
-                    cell(reps, IOS_PER_CPU_S, 0),
+                    common_cells(reps),
                     cell(reps, TARGET_PDUS_PER_FLUSH, 2),
                     cell(reps, TARGET_SENDS_PER_IO, 3),
                     cell(reps, HOST_SENDS_PER_IO, 3),

@@ -3,8 +3,8 @@
 //! priorities (Nprio), and i10-style batching on both sides.
 
 use super::{
-    bench_args, cell, col, common_figures, header, loadavg, med, pdus_per_flush, repeated, Figures,
-    Point, Setting, IOPS, IOS_PER_CPU_S, MEAN_US, MIB_S, P99_US,
+    bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
+    repeated, Figures, Point, Setting, IOPS, MEAN_US, P99_US,
 };
 use crate::configs::{self, nprio, ram, ssd};
 use crate::plot;
@@ -95,13 +95,9 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
             for (st, reps) in settings.iter().zip(&r) {
                 let _ = writeln!(
                     md,
-                    "| {kib} KiB | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {kib} KiB | {} | {} | {} | {} | {} |",
                     st.label,
-                    cell(reps, IOPS, 0),
-                    cell(reps, MIB_S, 1),
-                    cell(reps, MEAN_US, 1),
-                    cell(reps, P99_US, 1),
-                    cell(reps, IOS_PER_CPU_S, 0),
+                    common_cells(reps),
                     cell(reps, TARGET_PDUS_PER_FLUSH, 2),
                     cell(reps, PRIORITY_FLUSHES_PER_IO, 3),
                     cell(reps, HOST_SENDS_PER_IO, 3),
