@@ -129,8 +129,8 @@ pub(crate) struct DatapathArgs {
     /// Repeats of every point (median and range reported).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub repeats: u32,
-    /// Namespaces to run on (PINoF figures): ram, ssd (the emulated SSD),
-    /// or both.
+    /// Namespaces to run on (the PINoF figures; coalescing runs on RAM):
+    /// ram, ssd (the emulated SSD), or both.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "ram,ssd")]
     pub backends: Vec<Backend>,
 }
@@ -143,21 +143,26 @@ pub(crate) enum Backend {
 }
 
 impl DatapathArgs {
-    /// The command line that reproduces this run of `experiment`.
+    /// The command line that reproduces this run of `experiment` (one
+    /// that runs on RAM only: no `--backends`).
     pub(crate) fn command(&self, experiment: &str) -> String {
-        let b: Vec<&str> = self
+        format!(
+            "sluice-lab {experiment} --runtime {} --repeats {}",
+            self.runtime, self.repeats
+        )
+    }
+
+    /// [`Self::command`] for an experiment that runs on `--backends`.
+    pub(crate) fn command_on_backends(&self, experiment: &str) -> String {
+        let names: Vec<String> = self
             .backends
             .iter()
-            .map(|b| match b {
-                Backend::Ram => "ram",
-                Backend::Ssd => "ssd",
-            })
+            .filter_map(|b| clap::ValueEnum::to_possible_value(b).map(|v| v.get_name().to_string()))
             .collect();
         format!(
-            "sluice-lab {experiment} --runtime {} --repeats {} --backends {}",
-            self.runtime,
-            self.repeats,
-            b.join(",")
+            "{} --backends {}",
+            self.command(experiment),
+            names.join(",")
         )
     }
 
@@ -302,5 +307,42 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn datapath_runs_name_their_command_line() {
+        let cli = Cli::try_parse_from([
+            "sluice-lab",
+            "pinof-fig5",
+            "--runtime",
+            "2",
+            "--backends",
+            "ssd,ram,ssd",
+        ])
+        .expect("parse");
+        let Experiment::PinofFig5(a) = cli.experiment else {
+            panic!("pinof-fig5 parsed as something else");
+        };
+        assert_eq!(a.repeats, 5);
+        assert_eq!(
+            a.command_on_backends("pinof-fig5"),
+            "sluice-lab pinof-fig5 --runtime 2 --repeats 5 --backends ssd,ram,ssd"
+        );
+        assert_eq!(
+            a.command("coalescing"),
+            "sluice-lab coalescing --runtime 2 --repeats 5"
+        );
+        let names: Vec<&str> = a
+            .backends(configs::ram(), configs::ssd())
+            .iter()
+            .map(|b| b.0)
+            .collect();
+        assert_eq!(
+            names,
+            ["emulated SSD", "RAM"],
+            "each once, in the order given"
+        );
+        assert!(Cli::try_parse_from(["sluice-lab", "pinof-fig6", "--backends", "nvme"]).is_err());
+        assert!(Cli::try_parse_from(["sluice-lab", "coalescing", "--repeats", "0"]).is_err());
     }
 }

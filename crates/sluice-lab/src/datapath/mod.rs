@@ -40,7 +40,10 @@ pub(super) struct Point {
     pub(super) target_ios: u64,
 }
 
-fn run_point(c: sluice_config::Config, b: &BenchArgs) -> Result<Point> {
+/// One point on the fast path: a target with send path `send` polling
+/// adaptively, `sluice bench` with its default (direct) engine.
+fn fast_point(send: SendConfig, backend: &NamespaceConfig, b: &BenchArgs) -> Result<Point> {
+    let c = configs::fast_datapath_target(send, backend.clone())?;
     let pinned = cpus() >= 2;
     let saved = get_mask()?;
     if pinned {
@@ -170,17 +173,6 @@ pub(super) const MIB_S: usize = 1;
 pub(super) const MEAN_US: usize = 2;
 pub(super) const P99_US: usize = 3;
 pub(super) const IOS_PER_CPU_S: usize = 4;
-
-/// One point on the fast path: a target with send path `send` polling
-/// adaptively, `sluice bench` with its default (direct) engine.
-pub(super) fn fast_point(
-    send: SendConfig,
-    backend: &NamespaceConfig,
-    b: &BenchArgs,
-) -> Result<Point> {
-    let c = configs::fast_datapath_target(send, backend.clone())?;
-    run_point(c, b)
-}
 
 pub(super) fn bench_args(runtime: f64) -> BenchArgs {
     let mut a = BenchArgs::new("", DATAPATH_SUBNQN);

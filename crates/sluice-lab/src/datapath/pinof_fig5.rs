@@ -66,7 +66,7 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
     header(
         &mut md,
         "PINoF Fig. 5: 4 KiB random I/O, QD 8, varying write ratio",
-        &a.command("pinof-fig5"),
+        &a.command_on_backends("pinof-fig5"),
         a.runtime,
         a.repeats,
         &load0,

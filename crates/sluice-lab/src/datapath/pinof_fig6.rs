@@ -43,7 +43,7 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
     header(
         &mut md,
         "PINoF Fig. 6: random writes, QD 8, 4 KiB to 128 KiB (in-capsule limit 8 KiB)",
-        &a.command("pinof-fig6"),
+        &a.command_on_backends("pinof-fig6"),
         a.runtime,
         a.repeats,
         &load0,
