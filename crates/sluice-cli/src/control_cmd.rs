@@ -61,6 +61,11 @@ pub struct ControlArgs {
     /// the rate spaces their starts).
     #[arg(long, default_value_t = 4)]
     rebuild_parallel: usize,
+    /// Clean (zeroed) slots the leader keeps ready per drive in service, so
+    /// that an extent fault is one metadata transaction; 0: faults zero
+    /// their slots inline.
+    #[arg(long, default_value_t = sluice_control::ZeroerConfig::default().clean_slots_per_drive)]
+    clean_slots_per_drive: usize,
     /// Serve the shadow view's Prometheus metrics (/metrics) and JSON
     /// (/v1/view) here, with --token-file's token.
     #[arg(long)]
@@ -123,6 +128,10 @@ pub fn control(a: ControlArgs) -> Result<()> {
     cfg.rebuild
         .check()
         .map_err(|e| anyhow::anyhow!("--rebuild-rate/--rebuild-parallel: {e}"))?;
+    cfg.zeroer.clean_slots_per_drive = a.clean_slots_per_drive;
+    cfg.zeroer
+        .check()
+        .map_err(|e| anyhow::anyhow!("--clean-slots-per-drive: {e}"))?;
     sluice_control::auth::check_listen(a.listen, cfg.token.as_ref())
         .map_err(|e| anyhow::anyhow!(e))?;
     cfg.view.epoch_us = a.view_epoch_ms.saturating_mul(1000);
@@ -210,6 +219,12 @@ pub enum DriveCmd {
         id: u32,
         #[arg(long)]
         down: bool,
+        /// Also release the drive's quarantined slots without a fence: a
+        /// deleted volume's slots on a drive that cannot fence (Linux
+        /// nvmet, SPDK) wait for this. Only when no client still has a
+        /// deleted volume open, and no deposed control plane runs.
+        #[arg(long)]
+        release_quarantined: bool,
         #[command(flatten)]
         at: ControlAddr,
     },
@@ -327,7 +342,7 @@ fn size(s: &str) -> Result<u64> {
 
 fn print_drive(d: &pb::Drive) {
     println!(
-        "{:>4}  {:<4}  {:<21}  {}  nsid {}  {} B blocks  {}/{} extents used{}",
+        "{:>4}  {:<4}  {:<21}  {}  nsid {}  {} B blocks  {}/{} extents used  {} clean{}{}",
         format!("d{}", d.id),
         if d.up { "up" } else { "down" },
         d.addr,
@@ -336,6 +351,12 @@ fn print_drive(d: &pb::Drive) {
         d.block_size_bytes,
         d.slots_used,
         d.slots_total,
+        d.slots_clean,
+        if d.slots_quarantined > 0 {
+            format!("  {} quarantined", d.slots_quarantined)
+        } else {
+            String::new()
+        },
         d.nguid
             .as_ref()
             .map(|g| format!("  nguid {g}"))
@@ -423,10 +444,19 @@ pub fn drive(cmd: DriveCmd) -> Result<()> {
                     print_drive(&d);
                 }
             }
-            DriveCmd::Set { id, down, at } => {
+            DriveCmd::Set {
+                id,
+                down,
+                release_quarantined,
+                at,
+            } => {
                 let d = at
                     .client()?
-                    .set_drive_state(id, !down)
+                    .set_drive(pb::SetDriveStateRequest {
+                        id,
+                        up: !down,
+                        release_quarantined,
+                    })
                     .await
                     .context("changing the drive's state")?;
                 print_drive(&d);

@@ -152,10 +152,19 @@ impl ControlClient {
     }
 
     pub async fn set_drive_state(&self, id: u32, up: bool) -> Result<pb::Drive, VolumeError> {
-        self.call(
-            |mut s| async move { s.set_drive_state(pb::SetDriveStateRequest { id, up }).await },
-        )
+        self.set_drive(pb::SetDriveStateRequest {
+            id,
+            up,
+            release_quarantined: false,
+        })
         .await
+    }
+
+    /// Sets a drive's state and, when asked, releases its quarantined
+    /// slots without a fence.
+    pub async fn set_drive(&self, req: pb::SetDriveStateRequest) -> Result<pb::Drive, VolumeError> {
+        self.call(|mut s| async move { s.set_drive_state(req).await })
+            .await
     }
 
     pub async fn create_volume(

@@ -24,6 +24,9 @@
 //! * [`view_pb`]: the view's types to and from their gRPC messages.
 //! * [`view_wire`]: the view's fast channel (`--view-listen`): `ViewSync`
 //!   over a plain TCP stream, about a round trip instead of gRPC's hops.
+//! * [`zeroer`]: the leader's slot zeroer: clean slots ready before the
+//!   faults that take them, stale zeroing claims fenced and taken over,
+//!   quarantined slots released once fenced.
 //! * [`isolation`]: the client side of Flint's isolation: the view agent's
 //!   task and the eIO gate every volume's I/O passes (Flint §4.5).
 
@@ -42,8 +45,10 @@ pub mod view;
 pub mod view_pb;
 pub mod view_wire;
 pub mod volume;
+pub mod zeroer;
 
 pub use client::ControlClient;
 pub use error::VolumeError;
 pub use server::{serve, ControlConfig, Metadata};
 pub use volume::{DrivePool, Volume};
+pub use zeroer::ZeroerConfig;

@@ -26,6 +26,8 @@ impl From<&DriveRecord> for Drive {
             slots_total: d.slots_total,
             slots_used: d.slots_used(),
             nguid: d.nguid.clone(),
+            slots_clean: d.slots_clean() as u64,
+            slots_quarantined: d.quarantined.len() as u64,
         }
     }
 }

@@ -12,14 +12,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_admin::BearerToken;
 use sluice_host::ConnectOptions;
-use sluice_meta::catalog::{CatalogError, Deleting, VolumeSpec};
+use sluice_meta::catalog::{CatalogError, Deleting, FenceJob, Fenced, VolumeSpec};
 use sluice_meta::check::check_catalog;
 use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
-use sluice_proto::fence::GRANULE_SHIFT;
 use sluice_volume::{DriveId, DriveSpec, DriveState, PlacementWeights, VolumeId};
 use tonic::{Request, Response, Status};
 
@@ -32,6 +31,7 @@ use crate::rebuild::{RebuildCollector, RebuildConfig, RebuildProgress, Rebuilder
 use crate::view::{SloClasses, ViewCollector, ViewHub};
 use crate::view_pb;
 use crate::volume::DrivePool;
+use crate::zeroer::{Zeroer, ZeroerConfig};
 use sluice_flint::{AuctionConfig, ViewControllerConfig};
 
 /// Where the metadata lives.
@@ -93,6 +93,8 @@ pub struct ControlConfig {
     pub advertise: Option<String>,
     /// The background rebuild of lost replicas.
     pub rebuild: RebuildConfig,
+    /// Zeroing slots ahead of extent faults.
+    pub zeroer: ZeroerConfig,
     /// Moving extents off drives the view reports congested (off unless
     /// asked for).
     pub remap: crate::remap::RemapConfig,
@@ -130,6 +132,7 @@ impl ControlConfig {
             probe,
             advertise: None,
             rebuild: RebuildConfig::default(),
+            zeroer: ZeroerConfig::default(),
             remap: crate::remap::RemapConfig::default(),
             view: ViewControllerConfig::default(),
             admin: None,
@@ -167,6 +170,7 @@ pub async fn serve(
     }
     cfg.weights.check().map_err(ServeError::Config)?;
     cfg.rebuild.check().map_err(ServeError::Config)?;
+    cfg.zeroer.check().map_err(ServeError::Config)?;
     cfg.remap.check().map_err(ServeError::Config)?;
     cfg.view
         .check()
@@ -253,6 +257,16 @@ async fn run<S: MetaStore>(
     );
     // A drive may have failed while no control plane ran.
     wake.notify_one();
+    let zeroer = tokio::spawn(
+        Zeroer {
+            catalog: catalog.clone(),
+            drives: drives.clone(),
+            leadership: leadership.clone(),
+            cfg: cfg.zeroer,
+            drain,
+        }
+        .run(),
+    );
     let epochs = tokio::spawn(view.clone().run_epochs(catalog.clone()));
     let auction = tokio::spawn(view.clone().run_auction(catalog.clone()));
     let (view_addr, view_channel) = match cfg.view_listen {
@@ -312,6 +326,7 @@ async fn run<S: MetaStore>(
         .await
         .map_err(|e| ServeError::Transport(e.to_string()));
     rebuilder.abort();
+    zeroer.abort();
     epochs.abort();
     auction.abort();
     if let Some(t) = view_channel {
@@ -372,48 +387,18 @@ struct ControlService<S> {
     view_addr: String,
 }
 
-/// Zeroes every replica of a new extent before it is committed (see
-/// `Catalog::allocate_with`): Write Zeroes, no data on the wire.
-async fn zero_extent(
-    drives: &DrivePool,
-    new: &sluice_meta::catalog::Allocation,
-) -> Result<(), String> {
-    for r in &new.extent.chain {
-        let d = new
-            .drives
-            .iter()
-            .find(|d| d.id == r.drive)
-            .ok_or_else(|| format!("drive {} unknown", r.drive))?;
-        let ns = drives
-            .namespace(&pb::Drive::from(d), None)
-            .await
-            .map_err(|e| e.to_string())?;
-        let bs = u64::from(ns.block_size_bytes());
-        // At the new extent's epoch: above any fence a previous owner of
-        // the slot raised.
-        ns.write_zeroes_at_epoch(
-            d.slot_lba(r.slot),
-            sluice_volume::EXTENT_BYTES / bs,
-            new.extent.epoch,
-        )
-        .await
-        .map_err(|e| format!("zeroing slot {} of drive {}: {e}", r.slot, r.drive))?;
-    }
-    Ok(())
-}
-
 /// Fences every slot of a volume being deleted at an epoch above its
 /// chains' and waits for the writes in flight there to end, before the
 /// slots are freed: a client that still has the volume open then gets
 /// Stale Chain Epoch, refetches, and learns the volume is gone, instead of
-/// writing into a slot another volume may get next. A drive that cannot
-/// be reached or cannot fence (not a Sluice target) is passed over with a
-/// warning: a delete is never refused for it.
-async fn fence_deleted(drives: &DrivePool, d: Deleting, drain: Duration) {
+/// writing into a slot another volume may get next. Returns the drives it
+/// could not fence (unreachable, writes not drained, or not Sluice
+/// targets): the delete goes on, and their slots are quarantined until the
+/// zeroer's fence succeeds or the operator releases them.
+async fn fence_deleted(drives: &DrivePool, d: Deleting, drain: Duration) -> Vec<DriveId> {
     let volume = &d.volume.name;
     // Per drive: one connection, and one warning for a drive that is
-    // unreachable or refuses fences (not one per slot, and no reconnect
-    // attempt per slot of a dead drive).
+    // unreachable or refuses fences (not one per slot).
     let mut by_drive: BTreeMap<DriveId, (&sluice_volume::DriveRecord, Vec<u64>)> = BTreeMap::new();
     for (drive, r) in &d.replicas {
         by_drive
@@ -422,51 +407,29 @@ async fn fence_deleted(drives: &DrivePool, d: Deleting, drain: Duration) {
             .1
             .push(r.slot);
     }
-    let mut draining = Vec::new();
-    for (drive, slots) in by_drive.values() {
-        let ns = match drives.namespace(&pb::Drive::from(*drive), None).await {
-            Ok(ns) => ns,
-            Err(e) => {
-                tracing::warn!(%volume, drive = %drive.id, slots = slots.len(), error = %e,
-                    "drive unreachable: a deleted volume's slots there are freed unfenced");
-                continue;
-            }
+    let mut unfenced = Vec::new();
+    for (id, (drive, slots)) in by_drive {
+        let job = FenceJob {
+            drive: drive.clone(),
+            slots,
+            epoch: d.fence_epoch,
         };
-        let bs = u64::from(ns.block_size_bytes());
-        for (n, &slot) in slots.iter().enumerate() {
-            let granule = (drive.slot_lba(slot) * bs) >> GRANULE_SHIFT;
-            match ns.fence(granule, 1, d.fence_epoch, true).await {
-                Ok(a) if a.writes_in_flight == 0 => {}
-                Ok(_) => draining.push((drive.id, slot, ns.clone(), granule)),
-                Err(e) => {
-                    tracing::warn!(%volume, drive = %drive.id, slots = slots.len() - n, error = %e,
-                        "drive refused the Fence: a deleted volume's slots there are freed unfenced");
-                    break;
-                }
+        let n = job.slots.len();
+        match crate::zeroer::fence_slots(drives, job, drain).await {
+            Fenced::Yes => {}
+            Fenced::Unsupported => {
+                tracing::warn!(%volume, drive = %id, slots = n,
+                    "drive cannot fence (not a Sluice target): a deleted volume's slots there are quarantined until the operator releases them (sluice drive set {id} --release-quarantined)");
+                unfenced.push(id);
+            }
+            Fenced::NotNow(e) => {
+                tracing::warn!(%volume, drive = %id, slots = n, error = %e,
+                    "a deleted volume's slots are quarantined until a fence succeeds");
+                unfenced.push(id);
             }
         }
     }
-    let deadline = Instant::now() + drain;
-    for (drive, slot, ns, granule) in draining {
-        let mut pause = Duration::from_micros(200);
-        loop {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
-            match ns.fence(granule, 1, d.fence_epoch, false).await {
-                Ok(a) if a.writes_in_flight == 0 => break,
-                Ok(a) if Instant::now() > deadline => {
-                    tracing::warn!(%volume, %drive, slot, in_flight = a.writes_in_flight,
-                        "writes to a deleted volume's slot still in flight; freeing it anyway");
-                    break;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(%volume, %drive, slot, error = %e, "draining a deleted volume's slot");
-                    break;
-                }
-            }
-        }
-    }
+    unfenced
 }
 
 type Answer<T> = Result<Response<T>, Status>;
@@ -646,12 +609,25 @@ impl<S: MetaStore> Control for ControlService<S> {
         } else {
             DriveState::Down
         };
-        let d = self
+        let mut d = self
             .catalog
             .set_drive_state(DriveId(r.id), state)
             .await
             .map_err(st)?;
         tracing::info!(drive = %d.id, ?state, "drive state changed");
+        if r.release_quarantined {
+            let n = self.catalog.release_quarantine(d.id).await.map_err(st)?;
+            tracing::warn!(drive = %d.id, slots = n,
+                "quarantined slots released by the operator, unfenced: no client may still hold a deleted volume there");
+            d = self
+                .catalog
+                .drives()
+                .await
+                .map_err(st)?
+                .into_iter()
+                .find(|x| x.id == d.id)
+                .ok_or_else(|| st(CatalogError::UnknownDrive(d.id)))?;
+        }
         ok(pb::Drive::from(&d))
     }
 
@@ -748,10 +724,9 @@ impl<S: MetaStore> Control for ControlService<S> {
         let drives = self.drives.clone();
         let a = self
             .catalog
-            .allocate_with(&r.name, VolumeId(r.volume_id), r.index, move |new| {
+            .allocate_with(&r.name, VolumeId(r.volume_id), r.index, move |job| {
                 let drives = drives.clone();
-                let new = new.clone();
-                async move { zero_extent(&drives, &new).await }
+                async move { crate::zeroer::zero_slots(&drives, job).await }
             })
             .await
             .map_err(st)?;

@@ -123,8 +123,17 @@ impl DrivePool {
         let key = (drive.addr.clone(), drive.nqn.clone(), hostnqn.clone());
         let ctrl = {
             let mut conns = self.conns.lock().await;
-            match conns.get(&key) {
-                Some(c) => c.clone(),
+            match conns.get(&key).cloned() {
+                // A target that went away and came back: the admin queue
+                // (fences) does not reconnect by itself, I/O queues do.
+                // Not under the pool's lock: other drives carry on.
+                Some(c) => {
+                    drop(conns);
+                    c.reconnect_if_stale()
+                        .await
+                        .map_err(|source| VolumeError::Drive { drive: id, source })?;
+                    c
+                }
                 None => {
                     let addr: SocketAddr = tokio::net::lookup_host(drive.addr.as_str())
                         .await

@@ -824,9 +824,11 @@ struct OldOnOneDrive {
     old: Volume,
 }
 
+/// With the zeroer off, so that the next volume's faults find only the
+/// deleted volume's dirty slots and zero them inline.
 async fn old_on_one_drive(seed: u64) -> OldOnOneDrive {
     let drives = Drives::start();
-    let (dir, cp, c) = redb_control().await;
+    let (dir, cp, c) = redb_control_zeroing(0).await;
     c.add_drive(&drives.addr(), NQN, 1).await.unwrap();
     create(&c, "old", 8 * MIB, 1).await;
     let pool = DrivePool::new(host_opts());
@@ -886,12 +888,16 @@ async fn a_deleted_volumes_open_client_cannot_write_into_its_old_slots() {
 /// A delete is never refused for a drive that cannot be fenced: with one
 /// of two targets gone, the replicated volume's delete fences what it can,
 /// passes over the dead drives (one connection attempt each, not one per
-/// slot), and frees every slot.
+/// slot), frees the slots it fenced and quarantines the others: a client
+/// that still held the volume could write there. When the target comes
+/// back, the zeroer fences the quarantined slots and releases them; the
+/// operator can release them without a fence too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delete_with_a_drive_down_frees_every_slot() {
+async fn a_delete_with_a_drive_down_quarantines_its_slots_until_a_fence_holds() {
     let a = Drives::start();
-    let mut b = Drives::start();
-    let (_dir, mut cp, c) = redb_control().await;
+    let mut b = Drives::start_at("127.0.0.1:0", Some(7));
+    let b_addr = b.addr();
+    let (_dir, mut cp, c) = redb_control_zeroing(4).await;
     add_all(&c, &[&a, &b]).await;
     create(&c, "v", 16 * MIB, 2).await;
     let pool = DrivePool::new(host_opts());
@@ -917,7 +923,88 @@ async fn a_delete_with_a_drive_down_frees_every_slot() {
         t0.elapsed()
     );
     let drives = c.list_drives().await.unwrap();
-    assert!(drives.iter().all(|d| d.slots_used == 0), "{drives:?}");
+    let on_b: Vec<&pb::Drive> = drives.iter().filter(|d| d.addr == b_addr).collect();
+    assert!(
+        drives
+            .iter()
+            .filter(|d| d.addr != b_addr)
+            .all(|d| d.slots_used == 0),
+        "{drives:#?}"
+    );
+    let quarantined: u64 = on_b.iter().map(|d| d.slots_quarantined).sum();
+    assert_eq!(
+        quarantined, 8,
+        "one replica of each extent on the dead target: {drives:#?}"
+    );
+    assert!(on_b.iter().all(|d| d.slots_used == d.slots_quarantined));
+    // The operator releases one drive's quarantine without a fence.
+    let first = on_b.iter().find(|d| d.slots_quarantined > 0).unwrap();
+    let released = c
+        .set_drive(pb::SetDriveStateRequest {
+            id: first.id,
+            up: true,
+            release_quarantined: true,
+        })
+        .await
+        .unwrap();
+    assert_eq!((released.slots_quarantined, released.slots_used), (0, 0));
+    // The target comes back: the zeroer fences the rest and releases them.
+    let _b = Drives::start_at(&b_addr, Some(7));
+    wait_for_drives(&c, "quarantine released once fenced", |ds| {
+        ds.iter()
+            .all(|d| d.slots_used == 0 && d.slots_quarantined == 0)
+    })
+    .await;
+    cp.stop().await;
+}
+
+/// The zeroer really zeroes: a deleted volume's slots, given back dirty,
+/// are zeroed ahead and declared clean, and a new volume's faults, which
+/// then take clean slots without zeroing, read zeros, not the old data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_take_slots_the_zeroer_cleaned_ahead() {
+    let drives = Drives::start();
+    let (_dir, mut cp, c) = redb_control_zeroing(16).await;
+    c.add_drive(&drives.addr(), NQN, 1).await.unwrap();
+    wait_for_drives(&c, "the zeroer cleans the new drive", |ds| {
+        ds.iter().all(|d| d.slots_clean == 16)
+    })
+    .await;
+    create(&c, "old", 8 * MIB, 1).await;
+    let pool = DrivePool::new(host_opts());
+    let old = Volume::open(c.clone(), pool.clone(), "old").await.unwrap();
+    old.write(0, &pattern(61, 8 << 20), IoFlags::default())
+        .await
+        .unwrap();
+    drop(old);
+    c.delete_volume("old").await.unwrap();
+    wait_for_drives(&c, "the zeroer re-cleans the freed slots", |ds| {
+        ds.iter().all(|d| d.slots_clean == 16 && d.slots_used == 0)
+    })
+    .await;
+    create(&c, "new", 32 * MIB, 1).await;
+    let new = Volume::open(c.clone(), pool.clone(), "new").await.unwrap();
+    for e in 0..16u64 {
+        new.write(e * 512 + 7, &pattern(62, 4096), IoFlags::default())
+            .await
+            .unwrap();
+    }
+    let all = new.read(0, 32 << 20, IoFlags::default()).await.unwrap();
+    for e in 0..16usize {
+        let base = e * (2 << 20);
+        let written = base + 7 * 4096;
+        assert!(
+            all[base..written].iter().all(|&b| b == 0),
+            "extent {e} shows old data"
+        );
+        assert_eq!(all[written..written + 4096], pattern(62, 4096)[..]);
+        assert!(
+            all[written + 4096..base + (2 << 20)]
+                .iter()
+                .all(|&b| b == 0),
+            "extent {e} shows old data"
+        );
+    }
     cp.stop().await;
 }
 

@@ -14,7 +14,8 @@
 //! the same transaction that deletes the extent keys, then the volume goes.
 //! [`Catalog::resume_deletes`] finishes what a crash interrupted.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use sluice_volume::placement::{self, DriveCandidate, PlacementError, PlacementWeights};
@@ -87,7 +88,7 @@ pub enum CatalogError {
     Prepare(String),
     #[error("metadata is inconsistent: {0}")]
     Inconsistent(String),
-    #[error("gave up after {CONFLICT_RETRIES_MAX} conflicting attempts at {0}")]
+    #[error("gave up after repeated conflicting attempts at {0}")]
     Contended(&'static str),
 }
 
@@ -133,6 +134,68 @@ pub struct Deleting {
     pub fence_epoch: u64,
 }
 
+/// Slots of one drive to zero, at an epoch above any fence on them (the
+/// revision of the transaction that claimed them): what the control plane
+/// does with NVMe Write Zeroes.
+#[derive(Debug, Clone)]
+pub struct ZeroJob {
+    pub drive: DriveRecord,
+    pub slots: Vec<u64>,
+    pub epoch: u64,
+}
+
+/// Slots of one drive to fence at `epoch` (refusing writes carrying a lower
+/// epoch) and drain (waiting for the writes in flight there to end).
+#[derive(Debug, Clone)]
+pub struct FenceJob {
+    pub drive: DriveRecord,
+    pub slots: Vec<u64>,
+    pub epoch: u64,
+}
+
+/// How a [`FenceJob`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fenced {
+    /// Every slot fenced and drained.
+    Yes,
+    /// The drive answered that it cannot fence (not a Sluice target).
+    Unsupported,
+    /// Not now: unreachable, or writes still in flight. Try again later.
+    NotNow(String),
+}
+
+/// Slots claimed, zeroed and declared clean per transaction of
+/// [`Catalog::zero_ahead`].
+pub const ZERO_BATCH_MAX: usize = 64;
+
+/// Plans of one allocation that may find no clean slot on a chosen drive
+/// (and zero some there) before it gives up. Each round leaves clean slots
+/// on the drives it zeroed, but the next plan may choose other drives (the
+/// placement terms move as slots are claimed), so this bounds the rounds,
+/// not the drives.
+const ZERO_ROUNDS_MAX: u32 = 64;
+
+/// Longest pause between two of those rounds, when a round found every
+/// free slot of a chosen drive already being zeroed (about 3 s in all).
+const ZERO_WAIT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A planned allocation (one per attempt, on the stack for a moment: not
+/// worth a box).
+#[allow(clippy::large_enum_variant)]
+enum Plan {
+    Ready(Txn, Allocation),
+    /// These chosen drives have no clean slot.
+    NeedsZeroing(Vec<DriveId>),
+}
+
+/// One attempt at an allocation.
+#[allow(clippy::large_enum_variant)]
+enum Attempt {
+    Done(Allocation),
+    /// These chosen drives have no clean slot.
+    NeedsZeroing(Vec<DriveId>),
+}
+
 /// An allocated extent with its volume and the drives of its chain.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Allocation {
@@ -160,14 +223,18 @@ pub struct Catalog<S> {
     /// The volumes and drives the last allocations committed (the fast path
     /// of [`Catalog::allocate`]).
     alloc_cache: Mutex<Option<AllocCache>>,
-    /// Held by every operation that takes a slot, from its plan to its
-    /// commit. An allocation zeroes its slots *before* committing them, so
-    /// two plans made from one view would choose the same slot, and the
-    /// loser's late zeroing could land after the winner's client wrote
-    /// there: acknowledged data erased. One taker at a time means every
-    /// plan sees the previous commit. Only the leader takes slots, so one
-    /// process-wide lock covers the pool (see docs/volumes.md).
+    /// Held by every operation that changes a drive's slots, from its plan
+    /// to its commit (never across I/O to a drive). Correctness does not
+    /// rest on it (each transaction compares the drive records it read),
+    /// but without it this process's allocations and its zeroer would
+    /// conflict with each other on the same drive records and retry.
     slot_takers: tokio::sync::Mutex<()>,
+    /// This process's name on its zeroing claims (random per process).
+    claimant: u64,
+    /// Slots this process is zeroing right now: a claim in the metadata
+    /// that is not here is stale (its claimant died, was deposed, or its
+    /// zeroing failed) and must be fenced before it is zeroed again.
+    zeroing_now: Mutex<HashSet<(DriveId, u64)>>,
 }
 
 /// Volumes remembered by the allocation fast path, at most.
@@ -206,7 +273,16 @@ impl<S: MetaStore> Catalog<S> {
             crash_hook: None,
             alloc_cache: Mutex::new(None),
             slot_takers: tokio::sync::Mutex::new(()),
+            claimant: std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish(),
+            zeroing_now: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// This process's name on its zeroing claims.
+    pub fn claimant(&self) -> u64 {
+        self.claimant
     }
 
     /// Calls `hook` at every [`CrashPoint`] (crash tests).
@@ -353,6 +429,9 @@ impl<S: MetaStore> Catalog<S> {
                 slots_total,
                 next_slot: 0,
                 free: vec![],
+                clean: vec![],
+                zeroing: vec![],
+                quarantined: vec![],
                 nguid: nguid.clone(),
             };
             record.check().map_err(invalid("drive"))?;
@@ -582,7 +661,8 @@ impl<S: MetaStore> Catalog<S> {
             .await?
             .iter()
             .filter(|d| d.state == DriveState::Up)
-            .map(|d| d.slots_total)
+            // Quarantined slots are not there to be reserved until released.
+            .map(|d| d.slots_total - d.quarantined.len() as u64)
             .sum();
         let reserved = self
             .get::<Reserved>(keys::RESERVED)
@@ -784,7 +864,8 @@ impl<S: MetaStore> Catalog<S> {
 
     /// [`Catalog::allocate_extent`], also returning the volume and the
     /// chain's drives as the transaction saw them (what a client needs,
-    /// without reading them again).
+    /// without reading them again). Slots are "zeroed" by doing nothing:
+    /// for callers that keep no data on the drives (tests, tools).
     pub async fn allocate(
         &self,
         name: &str,
@@ -795,24 +876,86 @@ impl<S: MetaStore> Catalog<S> {
             .await
     }
 
-    /// [`Catalog::allocate`], calling `prepare` with a new extent's chain
-    /// before the transaction that allocates it. The control plane zeroes
-    /// the chosen slots there: a slot may hold a deleted volume's data (or
-    /// whatever the namespace held before it joined the pool), and once the
-    /// extent is committed any client may read it. Zeroing before the
-    /// commit means no reader ever sees old data, and no writer's data is
-    /// ever zeroed; a zeroed slot whose commit then conflicts stays free.
-    pub async fn allocate_with<F, Fut>(
+    /// [`Catalog::allocate`], calling `zero` when a chosen drive has no
+    /// clean slot. A new extent only ever gets clean slots: a slot may hold
+    /// a deleted volume's data (or whatever the namespace held before it
+    /// joined the pool), and once the extent is committed any client may
+    /// read it. Slots are made clean in three steps, each safe to crash
+    /// in: a transaction claims them, `zero` zeroes them at the claim's
+    /// revision, a transaction declares them clean. Usually the control
+    /// plane's zeroer has done that ahead of time ([`Catalog::zero_ahead`])
+    /// and the fault is one transaction.
+    pub async fn allocate_with<Z, Fut>(
         &self,
         name: &str,
         id: VolumeId,
         index: u64,
-        prepare: F,
+        zero: Z,
     ) -> Result<Allocation, CatalogError>
     where
-        F: Fn(&Allocation) -> Fut,
+        Z: Fn(ZeroJob) -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
+        // Slots this fault claimed and zeroed itself, not yet committed.
+        let mut mine: Vec<(DriveId, u64)> = Vec::new();
+        let mut pause = std::time::Duration::from_millis(1);
+        let mut result = Err(CatalogError::Contended("allocate_extent: clean slots"));
+        'rounds: for _ in 0..ZERO_ROUNDS_MAX {
+            match self.try_allocate(name, id, index, &mine).await {
+                Ok(Attempt::Done(a)) => {
+                    mine.retain(|m| !a.extent.chain.iter().any(|r| (r.drive, r.slot) == *m));
+                    result = Ok(a);
+                    break;
+                }
+                Ok(Attempt::NeedsZeroing(ids)) => {
+                    let mut made = 0;
+                    for d in ids {
+                        match self.claim_and_zero(d, 1, &zero).await {
+                            Ok(slots) => {
+                                made += slots.len();
+                                mine.extend(slots.into_iter().map(|s| (d, s)));
+                            }
+                            Err(e) => {
+                                result = Err(e);
+                                break 'rounds;
+                            }
+                        }
+                    }
+                    if made == 0 {
+                        // Every free slot there is being zeroed by the
+                        // zeroer (or another fault): wait for it.
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(ZERO_WAIT_PAUSE_MAX);
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        // Zeroed slots the extent did not take (it chose other drives, or
+        // failed) are clean for the next fault.
+        let mut left: BTreeMap<DriveId, Vec<u64>> = BTreeMap::new();
+        for (d, s) in &mine {
+            left.entry(*d).or_default().push(*s);
+        }
+        for (d, slots) in left {
+            if let Err(e) = self.finish_zeroing(d, &slots).await {
+                tracing::warn!(drive = %d, error = %e, "zeroed slots left claimed; the zeroer takes them over");
+            }
+            self.now_zeroing(d, &slots, false);
+        }
+        result
+    }
+
+    async fn try_allocate(
+        &self,
+        name: &str,
+        id: VolumeId,
+        index: u64,
+        mine: &[(DriveId, u64)],
+    ) -> Result<Attempt, CatalogError> {
         let _one_taker = self.slot_takers.lock().await;
         // Fast path: the volume and drives as this catalog last wrote them.
         // The transaction compares their revisions and the extent's
@@ -832,14 +975,15 @@ impl<S: MetaStore> Catalog<S> {
         };
         if let Some(((v, vrev), drives, ids_rev)) = cached {
             if v.id == id && v.state == VolumeState::Ready && index < v.extents() {
-                if let Ok((txn, alloc)) = self.plan_allocation(name, index, v, vrev, &drives) {
+                if let Ok(Plan::Ready(txn, alloc)) =
+                    self.plan_allocation(name, index, v, vrev, &drives, mine)
+                {
                     // A drive added since (by any control plane) bumps
                     // pool/ids: the conflict sends this to the fresh path.
                     let txn = guard(txn, keys::IDS, ids_rev);
-                    prepare(&alloc).await.map_err(CatalogError::Prepare)?;
                     if let Some(rev) = self.commit("allocate_extent", txn).await? {
                         self.remember(name, &alloc, rev, drives, ids_rev, false);
-                        return Ok(alloc);
+                        return Ok(Attempt::Done(alloc));
                     }
                 }
             }
@@ -876,20 +1020,365 @@ impl<S: MetaStore> Catalog<S> {
                     .map(|(d, _)| d)
                     .filter(|d| extent.chain.iter().any(|r| r.drive == d.id))
                     .collect();
-                return Ok(Allocation {
+                return Ok(Attempt::Done(Allocation {
                     extent,
                     volume: v,
                     drives,
-                });
+                }));
             }
-            let (txn, alloc) = self.plan_allocation(name, index, v, vrev, &drives)?;
-            prepare(&alloc).await.map_err(CatalogError::Prepare)?;
+            let (txn, alloc) = match self.plan_allocation(name, index, v, vrev, &drives, mine)? {
+                Plan::Ready(txn, alloc) => (txn, alloc),
+                Plan::NeedsZeroing(ids) => return Ok(Attempt::NeedsZeroing(ids)),
+            };
             if let Some(rev) = self.commit("allocate_extent", txn).await? {
                 self.remember(name, &alloc, rev, drives, ids_rev, true);
-                return Ok(alloc);
+                return Ok(Attempt::Done(alloc));
             }
         }
         Err(CatalogError::Contended("allocate_extent"))
+    }
+
+    // ----------------------------------------------------- zeroing and fences
+
+    /// Makes up to `n` dirty slots of drive `id` clean: claims a batch of
+    /// at most [`ZERO_BATCH_MAX`] (one transaction at revision R), zeroes
+    /// it at epoch R with `zero`, then declares it clean in the transaction
+    /// that claims the next batch: one transaction per batch. Returns how
+    /// many became clean. Each transaction holds the slot lock; the
+    /// zeroing does not.
+    pub async fn zero_ahead<Z, Fut>(
+        &self,
+        id: DriveId,
+        n: usize,
+        zero: &Z,
+    ) -> Result<usize, CatalogError>
+    where
+        Z: Fn(ZeroJob) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let mut zeroed: Vec<u64> = Vec::new();
+        let mut remaining = n;
+        let mut made = 0;
+        loop {
+            let mut step = None;
+            for _ in 0..CONFLICT_RETRIES_MAX {
+                let _one_taker = self.slot_takers.lock().await;
+                let (mut d, drev) = self.drive_rev(id).await?;
+                let done = d.finish_zeroing(&zeroed, self.claimant);
+                let claimed = d.claim_for_zeroing(remaining.min(ZERO_BATCH_MAX), self.claimant);
+                if done.is_empty() && claimed.is_empty() {
+                    step = Some((d, done, claimed, 0));
+                    break;
+                }
+                if let Some(rev) = self.put_drive("zero_ahead", &d, drev).await? {
+                    self.now_zeroing(id, &claimed, true);
+                    step = Some((d, done, claimed, rev));
+                    break;
+                }
+            }
+            let Some((drive, done, claimed, epoch)) = step else {
+                self.now_zeroing(id, &zeroed, false);
+                return Err(CatalogError::Contended("zero_ahead"));
+            };
+            made += done.len();
+            self.now_zeroing(id, &zeroed, false);
+            if claimed.is_empty() {
+                return Ok(made);
+            }
+            remaining -= claimed.len();
+            if let Err(e) = zero(ZeroJob {
+                drive,
+                slots: claimed.clone(),
+                epoch,
+            })
+            .await
+            {
+                // Left claimed: stale now, so fenced before it is zeroed
+                // again (a Write Zeroes that failed may still land).
+                self.now_zeroing(id, &claimed, false);
+                return Err(CatalogError::Prepare(e));
+            }
+            zeroed = claimed;
+        }
+    }
+
+    /// Claims up to `n` dirty slots of drive `id` for this process (one
+    /// transaction at revision R) and zeroes them at epoch R. Returns them,
+    /// still claimed and marked as being zeroed here: the caller declares
+    /// them clean, or commits them to an extent, then unmarks them.
+    async fn claim_and_zero<Z, Fut>(
+        &self,
+        id: DriveId,
+        n: usize,
+        zero: &Z,
+    ) -> Result<Vec<u64>, CatalogError>
+    where
+        Z: Fn(ZeroJob) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let mut claimed = None;
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let _one_taker = self.slot_takers.lock().await;
+            let (mut d, drev) = self.drive_rev(id).await?;
+            let slots = d.claim_for_zeroing(n, self.claimant);
+            if slots.is_empty() {
+                return Ok(slots);
+            }
+            if let Some(rev) = self.put_drive("zero_ahead.claim", &d, drev).await? {
+                self.now_zeroing(id, &slots, true);
+                claimed = Some((d, slots, rev));
+                break;
+            }
+        }
+        let Some((drive, slots, epoch)) = claimed else {
+            return Err(CatalogError::Contended("zero_ahead.claim"));
+        };
+        match zero(ZeroJob {
+            drive,
+            slots: slots.clone(),
+            epoch,
+        })
+        .await
+        {
+            Ok(()) => Ok(slots),
+            Err(e) => {
+                // Left claimed: stale now, so fenced before it is zeroed
+                // again (a Write Zeroes that failed may still land).
+                self.now_zeroing(id, &slots, false);
+                Err(CatalogError::Prepare(e))
+            }
+        }
+    }
+
+    /// Declares clean those of `slots` this process still claims.
+    async fn finish_zeroing(&self, id: DriveId, slots: &[u64]) -> Result<usize, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let _one_taker = self.slot_takers.lock().await;
+            let (mut d, drev) = self.drive_rev(id).await?;
+            let done = d.finish_zeroing(slots, self.claimant);
+            if done.is_empty() {
+                return Ok(0);
+            }
+            if self
+                .put_drive("zero_ahead.finish", &d, drev)
+                .await?
+                .is_some()
+            {
+                return Ok(done.len());
+            }
+        }
+        Err(CatalogError::Contended("zero_ahead.finish"))
+    }
+
+    /// Zeroing claims on drive `id` that no zeroing of this process holds:
+    /// their claimant died, was deposed, or failed to zero.
+    pub async fn stale_claims(&self, id: DriveId) -> Result<Vec<u64>, CatalogError> {
+        let (d, _) = self.drive_rev(id).await?;
+        let now = self
+            .zeroing_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(d.zeroing
+            .iter()
+            .map(|c| c.slot)
+            .filter(|s| !now.contains(&(id, *s)))
+            .collect())
+    }
+
+    /// Takes over the stale claims `slots` of drive `id` and makes them
+    /// clean safely: claims them for this process (a transaction, whose
+    /// revision R is above every epoch their old claimant zeroed at),
+    /// `fence`s them at R, so that the old claimant's Write Zeroes still
+    /// on its way is refused and those in flight have ended, then zeroes
+    /// at R and declares them clean. A drive that cannot fence gets the
+    /// slots quarantined instead (nothing can exclude the late zeroing); a
+    /// drive not reachable now keeps them claimed for a later try.
+    pub async fn recover_claims<F, FFut, Z, ZFut>(
+        &self,
+        id: DriveId,
+        slots: &[u64],
+        fence: &F,
+        zero: &Z,
+    ) -> Result<Fenced, CatalogError>
+    where
+        F: Fn(FenceJob) -> FFut,
+        FFut: std::future::Future<Output = Fenced>,
+        Z: Fn(ZeroJob) -> ZFut,
+        ZFut: std::future::Future<Output = Result<(), String>>,
+    {
+        let mut taken = None;
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let _one_taker = self.slot_takers.lock().await;
+            let (mut d, drev) = self.drive_rev(id).await?;
+            let mine = {
+                let now = self
+                    .zeroing_now
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                slots
+                    .iter()
+                    .copied()
+                    .filter(|s| !now.contains(&(id, *s)))
+                    .collect::<Vec<u64>>()
+            };
+            let mine = d.reclaim(&mine, self.claimant);
+            if mine.is_empty() {
+                return Ok(Fenced::Yes);
+            }
+            if let Some(rev) = self.put_drive("recover_claims.take", &d, drev).await? {
+                self.now_zeroing(id, &mine, true);
+                taken = Some((d, mine, rev));
+                break;
+            }
+        }
+        let Some((drive, mine, epoch)) = taken else {
+            return Err(CatalogError::Contended("recover_claims.take"));
+        };
+        let outcome = fence(FenceJob {
+            drive: drive.clone(),
+            slots: mine.clone(),
+            epoch,
+        })
+        .await;
+        let done = match &outcome {
+            Fenced::Yes => match zero(ZeroJob {
+                drive,
+                slots: mine.clone(),
+                epoch,
+            })
+            .await
+            {
+                Ok(()) => self.finish_zeroing(id, &mine).await.map(|_| Fenced::Yes),
+                Err(e) => Ok(Fenced::NotNow(e)),
+            },
+            Fenced::Unsupported => self
+                .change_drive("recover_claims.quarantine", id, |d| {
+                    !d.quarantine_claims(&mine).is_empty()
+                })
+                .await
+                .map(|_| Fenced::Unsupported),
+            Fenced::NotNow(_) => Ok(outcome.clone()),
+        };
+        self.now_zeroing(id, &mine, false);
+        done
+    }
+
+    /// Fences drive `id`'s quarantined slots at the drive record's revision
+    /// (above every epoch their deleted owner wrote at, below every epoch
+    /// a later owner gets) and releases them into `free` when the fence
+    /// holds. Returns the outcome and the number released.
+    pub async fn release_fenced_quarantine<F, FFut>(
+        &self,
+        id: DriveId,
+        fence: &F,
+    ) -> Result<(Fenced, usize), CatalogError>
+    where
+        F: Fn(FenceJob) -> FFut,
+        FFut: std::future::Future<Output = Fenced>,
+    {
+        let (d, drev) = self.drive_rev(id).await?;
+        if d.quarantined.is_empty() {
+            return Ok((Fenced::Yes, 0));
+        }
+        let slots = d.quarantined.clone();
+        let outcome = fence(FenceJob {
+            drive: d,
+            slots: slots.clone(),
+            epoch: drev,
+        })
+        .await;
+        if outcome != Fenced::Yes {
+            return Ok((outcome, 0));
+        }
+        let mut released = 0;
+        self.change_drive("release_quarantine", id, |d| {
+            released = d.release_quarantined(&slots).len();
+            released > 0
+        })
+        .await?;
+        Ok((Fenced::Yes, released))
+    }
+
+    /// Releases every quarantined slot of drive `id` without a fence: the
+    /// operator states that no client still holds a deleted volume there
+    /// and no deposed control plane is zeroing (drives that cannot fence).
+    pub async fn release_quarantine(&self, id: DriveId) -> Result<usize, CatalogError> {
+        let mut released = 0;
+        self.change_drive("release_quarantine", id, |d| {
+            let all = d.quarantined.clone();
+            released = d.release_quarantined(&all).len();
+            released > 0
+        })
+        .await?;
+        Ok(released)
+    }
+
+    /// Applies `change` to drive `id`'s record and commits it when it
+    /// returns true, retrying on conflicts.
+    async fn change_drive(
+        &self,
+        op: &'static str,
+        id: DriveId,
+        mut change: impl FnMut(&mut DriveRecord) -> bool,
+    ) -> Result<Option<u64>, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let _one_taker = self.slot_takers.lock().await;
+            let (mut d, drev) = self.drive_rev(id).await?;
+            if !change(&mut d) {
+                return Ok(None);
+            }
+            if let Some(rev) = self.put_drive(op, &d, drev).await? {
+                return Ok(Some(rev));
+            }
+        }
+        Err(CatalogError::Contended(op))
+    }
+
+    async fn drive_rev(&self, id: DriveId) -> Result<(DriveRecord, u64), CatalogError> {
+        self.get::<DriveRecord>(&keys::drive(id))
+            .await?
+            .ok_or(CatalogError::UnknownDrive(id))
+    }
+
+    /// Commits drive `d` read at `drev`; on success the allocation fast
+    /// path's copy follows (callers hold the slot lock).
+    async fn put_drive(
+        &self,
+        op: &'static str,
+        d: &DriveRecord,
+        drev: u64,
+    ) -> Result<Option<u64>, CatalogError> {
+        let txn = Txn::default()
+            .unchanged(keys::drive(d.id), drev)
+            .put(keys::drive(d.id), keys::encode(d));
+        let rev = self.commit(op, txn).await?;
+        if let Some(rev) = rev {
+            let mut c = self
+                .alloc_cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(c) = c.as_mut() {
+                for (cd, r) in c.drives.iter_mut().filter(|(cd, _)| cd.id == d.id) {
+                    *cd = d.clone();
+                    *r = rev;
+                }
+            }
+        }
+        Ok(rev)
+    }
+
+    fn now_zeroing(&self, id: DriveId, slots: &[u64], on: bool) {
+        let mut now = self
+            .zeroing_now
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for s in slots {
+            if on {
+                now.insert((id, *s));
+            } else {
+                now.remove(&(id, *s));
+            }
+        }
     }
 
     /// The drives that may take an extent of `v`, with their placement
@@ -933,7 +1422,8 @@ impl<S: MetaStore> Catalog<S> {
         mut v: VolumeRecord,
         vrev: u64,
         drives: &[(DriveRecord, u64)],
-    ) -> Result<(Txn, Allocation), CatalogError> {
+        mine: &[(DriveId, u64)],
+    ) -> Result<Plan, CatalogError> {
         let ekey = keys::extent(v.id, index);
         let candidates = self.candidates(&v, drives);
         let allocated: u64 = v.extents_per_drive.values().sum();
@@ -952,6 +1442,7 @@ impl<S: MetaStore> Catalog<S> {
         // Above every revision read, so above any fence a slot's previous
         // owner raised (freeing the slot rewrote its drive's record later).
         let mut epoch = vrev;
+        let mut needs = Vec::new();
         for id in &chosen {
             let (d, drev) = drives
                 .iter()
@@ -959,9 +1450,16 @@ impl<S: MetaStore> Catalog<S> {
                 .ok_or(CatalogError::UnknownDrive(*id))?;
             epoch = epoch.max(*drev);
             let mut d = d.clone();
-            let slot = d
-                .take_slot()
-                .ok_or_else(|| CatalogError::Inconsistent(format!("{} has no free slot", d.id)))?;
+            // A slot this fault zeroed under its own claim, else a clean one.
+            let did = d.id;
+            let zeroed = mine
+                .iter()
+                .filter(|(m, _)| *m == did)
+                .find_map(|(_, s)| d.take_claimed(*s, self.claimant).then_some(*s));
+            let Some(slot) = zeroed.or_else(|| d.take_clean_slot()) else {
+                needs.push(d.id);
+                continue;
+            };
             chain.push(Replica { drive: d.id, slot });
             *v.extents_per_drive.entry(d.id).or_default() += 1;
             txn = txn
@@ -969,6 +1467,11 @@ impl<S: MetaStore> Catalog<S> {
                 .put(keys::drive(d.id), keys::encode(&d));
             used.push(d);
         }
+        if !needs.is_empty() {
+            return Ok(Plan::NeedsZeroing(needs));
+        }
+        // Above the revision that declared each slot clean, so above the
+        // epoch it was zeroed at.
         let extent = ExtentRecord {
             volume: v.id,
             index,
@@ -980,7 +1483,7 @@ impl<S: MetaStore> Catalog<S> {
         txn = txn
             .put(ekey, keys::encode(&extent))
             .put(keys::volume(name), keys::encode(&v));
-        Ok((
+        Ok(Plan::Ready(
             txn,
             Allocation {
                 extent,
@@ -1025,20 +1528,25 @@ impl<S: MetaStore> Catalog<S> {
             .insert(name.to_owned(), (alloc.volume.clone(), rev));
     }
 
-    /// Deletes a volume and frees its extents.
+    /// Deletes a volume and frees its extents (no client can hold it: the
+    /// slots are freed without fences).
     pub async fn delete_volume(&self, name: &str) -> Result<(), CatalogError> {
-        self.delete_volume_with(name, |_| async {}).await
+        self.delete_volume_with(name, |_| async { Vec::new() })
+            .await
     }
 
     /// Deletes a volume: marks it `Deleting` (one transaction), hands
     /// `fence` what it owns, then frees its extents. The control plane
     /// fences the volume's slots there, so that a client that still has
     /// the volume open cannot write into a slot after it is freed (and
-    /// perhaps given to another volume).
+    /// perhaps given to another volume). `fence` returns the drives it
+    /// could not fence (unreachable, or not Sluice targets): their slots
+    /// go to quarantine instead of `free`, until a later fence or the
+    /// operator releases them.
     pub async fn delete_volume_with<F, Fut>(&self, name: &str, fence: F) -> Result<(), CatalogError>
     where
         F: Fn(Deleting) -> Fut,
-        Fut: std::future::Future<Output = ()>,
+        Fut: std::future::Future<Output = Vec<DriveId>>,
     {
         self.forget();
         let mut marked = false;
@@ -1060,15 +1568,16 @@ impl<S: MetaStore> Catalog<S> {
         if !marked {
             return Err(CatalogError::Contended("delete_volume.mark"));
         }
-        if let Some(d) = self.deleting(name).await? {
-            fence(d).await;
-        }
-        self.finish_delete(name).await
+        let unfenced = match self.deleting(name).await? {
+            Some(d) => fence(d).await,
+            None => Vec::new(),
+        };
+        self.finish_delete(name, &unfenced).await
     }
 
     /// Finishes every delete a crash interrupted; returns the names.
     pub async fn resume_deletes(&self) -> Result<Vec<String>, CatalogError> {
-        self.resume_deletes_with(|_| async {}).await
+        self.resume_deletes_with(|_| async { Vec::new() }).await
     }
 
     /// [`Self::resume_deletes`], fencing as [`Self::delete_volume_with`]
@@ -1076,15 +1585,16 @@ impl<S: MetaStore> Catalog<S> {
     pub async fn resume_deletes_with<F, Fut>(&self, fence: F) -> Result<Vec<String>, CatalogError>
     where
         F: Fn(Deleting) -> Fut,
-        Fut: std::future::Future<Output = ()>,
+        Fut: std::future::Future<Output = Vec<DriveId>>,
     {
         let mut done = Vec::new();
         for v in self.volumes().await? {
             if v.state == VolumeState::Deleting {
-                if let Some(d) = self.deleting(&v.name).await? {
-                    fence(d).await;
-                }
-                self.finish_delete(&v.name).await?;
+                let unfenced = match self.deleting(&v.name).await? {
+                    Some(d) => fence(d).await,
+                    None => Vec::new(),
+                };
+                self.finish_delete(&v.name, &unfenced).await?;
                 done.push(v.name);
             }
         }
@@ -1126,7 +1636,7 @@ impl<S: MetaStore> Catalog<S> {
         }))
     }
 
-    async fn finish_delete(&self, name: &str) -> Result<(), CatalogError> {
+    async fn finish_delete(&self, name: &str, unfenced: &[DriveId]) -> Result<(), CatalogError> {
         let mut conflicts = 0;
         loop {
             if conflicts >= CONFLICT_RETRIES_MAX {
@@ -1194,7 +1704,12 @@ impl<S: MetaStore> Catalog<S> {
                             touched.entry(r.drive).or_insert_with(|| d.clone())
                         }
                     };
-                    if !d.give_slot(r.slot) {
+                    let given = if unfenced.contains(&r.drive) {
+                        d.quarantine_slot(r.slot)
+                    } else {
+                        d.give_slot(r.slot)
+                    };
+                    if !given {
                         return Err(CatalogError::Inconsistent(format!(
                             "{} slot {} of {} is already free",
                             keys::extent(v.id, e.index),

@@ -1,9 +1,11 @@
 //! Whole-catalog invariants: the metadata's fsck.
 //!
 //! * every record decodes and passes its own check (else: the key);
-//! * every replica's slot is below its drive's `next_slot`, not free, and
-//!   owned by no other replica (nothing owned twice);
-//! * every drive's handed-out slots are owned or free (nothing leaked);
+//! * every replica's slot is below its drive's `next_slot`, in none of its
+//!   free/clean/zeroing/quarantined lists, and owned by no other replica
+//!   (nothing owned twice);
+//! * every drive's handed-out slots are owned or in one list (nothing
+//!   leaked);
 //! * every extent belongs to an existing volume;
 //! * each volume's `extents_per_drive` matches its extents;
 //! * `pool/reserved` is the sum of the volumes' reservations;
@@ -122,8 +124,11 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
                             "{k}: slot {} of {} was never handed out",
                             r.slot, r.drive
                         ));
-                    } else if d.free.binary_search(&r.slot).is_ok() {
-                        problems.push(format!("{k}: slot {} of {} is also free", r.slot, r.drive));
+                    } else if let Some(list) = d.list_of(r.slot) {
+                        problems.push(format!(
+                            "{k}: slot {} of {} is also {list}",
+                            r.slot, r.drive
+                        ));
                     }
                 }
             }
@@ -137,12 +142,12 @@ pub async fn check_catalog<S: MetaStore>(store: &S) -> Result<Summary, CheckErro
     }
     for d in drives.values() {
         let owned = owner.keys().filter(|(id, _)| *id == d.id).count() as u64;
-        if owned + d.free.len() as u64 != d.next_slot {
+        if owned + d.slots_unowned() != d.next_slot {
             problems.push(format!(
-                "{}: {} slots handed out but {owned} owned and {} free (leaked)",
+                "{}: {} slots handed out but {owned} owned and {} free, clean, zeroing or quarantined (leaked)",
                 keys::drive(d.id),
                 d.next_slot,
-                d.free.len()
+                d.slots_unowned()
             ));
         }
         if d.id.0 >= ids.next_drive {

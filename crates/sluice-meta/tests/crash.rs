@@ -1,6 +1,6 @@
 //! Crash tests: a child process runs a catalog workload (drives, create,
 //! allocate, grow, delete, a failed drive leaving every chain, rebuilds and
-//! remaps) and dies, by
+//! remaps, zeroing claims taken over) and dies, by
 //! `abort()` at an injected point (before or after a commit) or by SIGKILL at
 //! a random moment; the parent then checks that the metadata holds either
 //! the old or the new state of every change: no slot leaked or owned twice,
@@ -16,7 +16,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use sluice_meta::catalog::{CatalogError, CrashPoint, VolumeSpec};
+use sluice_meta::catalog::{CatalogError, CrashPoint, FenceJob, Fenced, VolumeSpec, ZeroJob};
 use sluice_meta::check::check_catalog;
 use sluice_meta::testing::EtcdServer;
 use sluice_meta::{Catalog, EtcdStore, MetaStore, RedbStore};
@@ -45,6 +45,21 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
         }
     }
     c.resume_deletes().await.unwrap();
+    // Zeroing claims a crashed run left are stale: take them over (fenced
+    // and zeroed, both no-ops here) as the control plane's zeroer does.
+    for d in c.drives().await.unwrap() {
+        let stale = c.stale_claims(d.id).await.unwrap();
+        let fenced = c
+            .recover_claims(
+                d.id,
+                &stale,
+                &|_: FenceJob| async { Fenced::Yes },
+                &|_: ZeroJob| async { Ok(()) },
+            )
+            .await
+            .unwrap();
+        assert_eq!(fenced, Fenced::Yes);
+    }
     for round in 0..rounds {
         let name = format!("v{}", round % 3);
         let v = match c

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use sluice_meta::catalog::{CatalogError, VolumeSpec};
+use sluice_meta::catalog::{CatalogError, FenceJob, Fenced, VolumeSpec, ZeroJob};
 use sluice_meta::check::check_catalog;
 use sluice_meta::testing::EtcdServer;
 use sluice_meta::{Catalog, Committed, EtcdStore, MetaStore, RedbStore, StoreError, Txn};
@@ -382,11 +382,12 @@ fn etcd_racing_allocators_agree() {
 
 // ------------------------------------- zeroing never erases a committed slot
 
-/// Allocations zero their slots before they commit them. Concurrent
-/// allocations (a volume client's parallel writers fault distinct extents at
-/// once) must never zero a slot that another allocation has committed: its
-/// client may already have written there. Each `prepare` here waits a
-/// different time, then looks at what is committed.
+/// Extent faults take only clean slots, zeroed under a claim before. Here
+/// parallel faults (a volume client's writers faulting distinct extents)
+/// race a second zeroer refilling the same drives: no Write Zeroes may land
+/// on a slot some extent owns, since its client may already have written
+/// there. Each zeroing waits a different time, then looks at what is
+/// committed.
 async fn zeroing_spares_committed_slots<S: MetaStore>(s: S) {
     let c = Arc::new(Catalog::new(s, PlacementWeights::default()));
     for i in 0..3 {
@@ -399,30 +400,44 @@ async fn zeroing_spares_committed_slots<S: MetaStore>(s: S) {
         .await
         .unwrap();
     let erased = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let zeroer = |who: u64, c: Arc<Catalog<S>>, erased: Arc<std::sync::Mutex<Vec<String>>>| {
+        move |job: ZeroJob| {
+            let (cat, erased) = (c.clone(), erased.clone());
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(1 + 3 * (who % 4))).await;
+                // The moment the zeroes would land.
+                let layout = cat.layout("z").await.map_err(|e| e.to_string())?;
+                for e in &layout.extents {
+                    for r in e
+                        .chain
+                        .iter()
+                        .filter(|r| r.drive == job.drive.id && job.slots.contains(&r.slot))
+                    {
+                        erased.lock().unwrap().push(format!(
+                            "zeroer {who} zeroed slot {} of {}, committed to extent {}",
+                            r.slot, r.drive, e.index
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    };
     let mut tasks = Vec::new();
     for i in 0..8u64 {
         let (c, erased) = (c.clone(), erased.clone());
+        let z = zeroer(i, c.clone(), erased);
         tasks.push(tokio::spawn(async move {
-            let cat = c.clone();
-            c.allocate_with("z", v.id, i, move |new| {
-                let (cat, erased, new) = (cat.clone(), erased.clone(), new.clone());
-                async move {
-                    tokio::time::sleep(std::time::Duration::from_millis(1 + 3 * (i % 4))).await;
-                    // The moment the zeroes would land.
-                    let layout = cat.layout("z").await.map_err(|e| e.to_string())?;
-                    for e in layout.extents.iter().filter(|e| e.index != i) {
-                        for r in e.chain.iter().filter(|r| new.extent.chain.contains(r)) {
-                            erased.lock().unwrap().push(format!(
-                                "extent {i} zeroed slot {} of {}, committed to extent {}",
-                                r.slot, r.drive, e.index
-                            ));
-                        }
-                    }
-                    Ok(())
-                }
-            })
-            .await
-            .unwrap()
+            c.allocate_with("z", v.id, i, z).await.unwrap();
+        }));
+    }
+    {
+        let (c, erased) = (c.clone(), erased.clone());
+        tasks.push(tokio::spawn(async move {
+            let z = zeroer(9, c.clone(), erased);
+            for round in 0..6u32 {
+                c.zero_ahead(DriveId(round % 3), 2, &z).await.unwrap();
+            }
         }));
     }
     for t in tasks {
@@ -446,6 +461,191 @@ fn etcd_zeroing_spares_committed_slots() {
         return;
     };
     rt().block_on(async { zeroing_spares_committed_slots(etcd(&server, "/t9/").await).await });
+}
+
+// ------------------------------------------ stale claims and quarantine
+
+/// A zeroing claim whose claimant is gone (here: its zeroing failed, as
+/// when a leader is deposed mid-zeroing) is taken over by another process,
+/// fenced above the old claim's epoch, zeroed at that epoch and declared
+/// clean; on a drive that cannot fence it is quarantined instead. A deleted
+/// volume's slots on a drive the delete could not fence are quarantined,
+/// and released by a later fence or by the operator. The fsck holds after
+/// every step.
+async fn stale_claims_and_quarantine<S: MetaStore + Clone>(s: S) {
+    let old = Catalog::new(s.clone(), PlacementWeights::default());
+    let new = Catalog::new(s, PlacementWeights::default());
+    assert_ne!(old.claimant(), new.claimant());
+    let d0 = old
+        .add_drive(spec(0, 0), 512, 8 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
+    let d1 = old
+        .add_drive(spec(1, 1), 512, 8 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
+    let old_epoch = Arc::new(std::sync::Mutex::new(0));
+    let failing = {
+        let old_epoch = old_epoch.clone();
+        move |job: ZeroJob| {
+            *old_epoch.lock().unwrap() = job.epoch;
+            async { Err("the old leader stalled".to_owned()) }
+        }
+    };
+    for d in [d0.id, d1.id] {
+        let e = old.zero_ahead(d, 2, &failing).await.unwrap_err();
+        assert!(e.to_string().contains("stalled"), "{e}");
+    }
+    check_catalog(new.store()).await.unwrap();
+    let old_epoch = *old_epoch.lock().unwrap();
+    let stale = new.stale_claims(d0.id).await.unwrap();
+    assert_eq!(stale, vec![0, 1]);
+
+    // A drive that fences: fenced above the old zeroing, zeroed at the fence.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let fence = {
+        let seen = seen.clone();
+        move |job: FenceJob| {
+            seen.lock()
+                .unwrap()
+                .push(("fence", job.slots.clone(), job.epoch));
+            async { Fenced::Yes }
+        }
+    };
+    let zero = {
+        let seen = seen.clone();
+        move |job: ZeroJob| {
+            seen.lock()
+                .unwrap()
+                .push(("zero", job.slots.clone(), job.epoch));
+            async { Ok(()) }
+        }
+    };
+    assert_eq!(
+        new.recover_claims(d0.id, &stale, &fence, &zero)
+            .await
+            .unwrap(),
+        Fenced::Yes
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!((seen[0].0, &seen[0].1), ("fence", &vec![0, 1]));
+    assert_eq!((seen[1].0, &seen[1].1), ("zero", &vec![0, 1]));
+    assert!(
+        seen[0].2 > old_epoch,
+        "fence {} not above the old zeroing {old_epoch}",
+        seen[0].2
+    );
+    assert_eq!(seen[0].2, seen[1].2);
+    let d = new
+        .drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == d0.id)
+        .unwrap();
+    assert_eq!((d.clean.clone(), d.zeroing.len()), (vec![0, 1], 0));
+    check_catalog(new.store()).await.unwrap();
+
+    // A drive that cannot fence: quarantined; then not reachable at all.
+    let stale = new.stale_claims(d1.id).await.unwrap();
+    let cannot = |_: FenceJob| async { Fenced::Unsupported };
+    let never = |_: ZeroJob| async { panic!("zeroed without a fence") };
+    assert_eq!(
+        new.recover_claims(d1.id, &stale, &cannot, &never)
+            .await
+            .unwrap(),
+        Fenced::Unsupported
+    );
+    let d = new
+        .drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == d1.id)
+        .unwrap();
+    assert_eq!((d.quarantined.clone(), d.zeroing.len()), (vec![0, 1], 0));
+    assert_eq!(d.slots_free(), 6, "quarantined slots are not free");
+    check_catalog(new.store()).await.unwrap();
+    assert_eq!(new.release_quarantine(d1.id).await.unwrap(), 2);
+
+    // A delete that could not fence d1 quarantines the volume's slots there.
+    let v = new
+        .create_volume(VolumeSpec::new("q", 2 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    for i in 0..2 {
+        new.allocate_with("q", v.id, i, &zero).await.unwrap();
+    }
+    new.delete_volume_with("q", |_| async move { vec![d1.id] })
+        .await
+        .unwrap();
+    check_catalog(new.store()).await.unwrap();
+    let d = new
+        .drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == d1.id)
+        .unwrap();
+    assert_eq!(d.quarantined.len(), 2, "{d:?}");
+    let d = new
+        .drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == d0.id)
+        .unwrap();
+    assert!(d.quarantined.is_empty(), "{d:?}");
+    let unreachable = |_: FenceJob| async { Fenced::NotNow("unreachable".into()) };
+    assert_eq!(
+        new.release_fenced_quarantine(d1.id, &unreachable)
+            .await
+            .unwrap(),
+        (Fenced::NotNow("unreachable".into()), 0)
+    );
+    let fenced_at = Arc::new(std::sync::Mutex::new(0));
+    let fence = {
+        let fenced_at = fenced_at.clone();
+        move |job: FenceJob| {
+            *fenced_at.lock().unwrap() = job.epoch;
+            async { Fenced::Yes }
+        }
+    };
+    assert_eq!(
+        new.release_fenced_quarantine(d1.id, &fence).await.unwrap(),
+        (Fenced::Yes, 2)
+    );
+    // Every later owner of those slots writes above the fence.
+    let fenced_at = *fenced_at.lock().unwrap();
+    let v = new
+        .create_volume(VolumeSpec::new("r", 8 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    for i in 0..8 {
+        let a = new.allocate_with("r", v.id, i, &zero).await.unwrap();
+        assert!(
+            a.extent.epoch > fenced_at,
+            "epoch {} at or below the fence {fenced_at}",
+            a.extent.epoch
+        );
+    }
+    let s = check_catalog(new.store()).await.unwrap();
+    assert_eq!(s.slots_used, 16);
+}
+
+#[test]
+fn redb_stale_claims_are_fenced_and_unfenced_slots_quarantined() {
+    let (_d, s) = redb();
+    rt().block_on(stale_claims_and_quarantine(s));
+}
+
+#[test]
+fn etcd_stale_claims_are_fenced_and_unfenced_slots_quarantined() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_stale_claims") else {
+        return;
+    };
+    rt().block_on(async { stale_claims_and_quarantine(etcd(&server, "/t12/").await).await });
 }
 
 // ------------------------------------------------------------- corrupt keys
@@ -475,6 +675,16 @@ enum Op {
     Resize(u8, u64),
     Delete(u8),
     DriveDown(u32),
+    /// The zeroer makes up to n slots of a drive clean.
+    ZeroAhead(u32, u8),
+    /// Another control plane claims slots of a drive and dies zeroing.
+    StaleClaims(u32, u8),
+    /// Stale claims taken over on a drive that fences (or cannot).
+    Recover(u32, bool),
+    /// A delete that cannot fence one drive: its slots there quarantined.
+    DeleteUnfenced(u8, u32),
+    /// The quarantine of a drive released (by a fence, or the operator).
+    Release(u32, bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -485,6 +695,11 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..4, 0u64..16).prop_map(|(n, e)| Op::Resize(n, e)),
         (0u8..4).prop_map(Op::Delete),
         (0u32..6).prop_map(Op::DriveDown),
+        (0u32..6, 1u8..5).prop_map(|(i, n)| Op::ZeroAhead(i, n)),
+        (0u32..6, 1u8..4).prop_map(|(i, n)| Op::StaleClaims(i, n)),
+        (0u32..6, any::<bool>()).prop_map(|(i, f)| Op::Recover(i, f)),
+        (0u8..4, 0u32..6).prop_map(|(n, i)| Op::DeleteUnfenced(n, i)),
+        (0u32..6, any::<bool>()).prop_map(|(i, f)| Op::Release(i, f)),
     ]
 }
 
@@ -518,8 +733,24 @@ impl Model {
     }
 }
 
-async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// Quarantined slots on drives in service (not available to reserve).
+async fn quarantined_up<S: MetaStore>(c: &Catalog<S>) -> u64 {
+    c.drives()
+        .await
+        .map(|ds| {
+            ds.iter()
+                .filter(|d| d.state == DriveState::Up)
+                .map(|d| d.quarantined.len() as u64)
+                .sum::<u64>()
+        })
+        .unwrap_or(0)
+}
+
+async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let other = Catalog::new(s.clone(), PlacementWeights::default());
     let c = Catalog::new(s, PlacementWeights::default());
+    let noop = |_: ZeroJob| async { Ok::<(), String>(()) };
+
     let mut m = Model::default();
     let mut ids: BTreeMap<u8, sluice_volume::VolumeId> = BTreeMap::new();
     let name = |n: u8| format!("vol{n}");
@@ -540,7 +771,9 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
                     .create_volume(VolumeSpec::new(name(n), e * EXTENT_BYTES).with_replicas(r))
                     .await;
                 let up = m.drives.values().filter(|(u, _, _)| *u).count();
-                let fits = m.reserved() + e * u64::from(r) <= m.capacity() && up >= usize::from(r);
+                let held = quarantined_up(&c).await;
+                let fits =
+                    m.reserved() + e * u64::from(r) + held <= m.capacity() && up >= usize::from(r);
                 match res {
                     Ok(v) => {
                         prop_assert!(!m.volumes.contains_key(&n) && fits);
@@ -601,6 +834,79 @@ async fn run_model<S: MetaStore>(s: S, ops: Vec<Op>) -> Result<(), TestCaseError
             Op::Delete(n) => {
                 let res = c.delete_volume(&name(n)).await;
                 prop_assert_eq!(res.is_ok(), m.volumes.remove(&n).is_some());
+            }
+            Op::ZeroAhead(i, n) => {
+                if let Some((_, _, id)) = m.drives.get(&i) {
+                    c.zero_ahead(*id, usize::from(n), &noop)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+            Op::StaleClaims(i, n) => {
+                if let Some((_, _, id)) = m.drives.get(&i) {
+                    let fail = |_: ZeroJob| async { Err::<(), String>("died".into()) };
+                    match other.zero_ahead(*id, usize::from(n), &fail).await {
+                        Ok(0) | Err(CatalogError::Prepare(_)) => {}
+                        r => prop_assert!(false, "stale claim {:?}", r),
+                    }
+                }
+            }
+            Op::Recover(i, fences) => {
+                if let Some((_, _, id)) = m.drives.get(&i) {
+                    let stale = c
+                        .stale_claims(*id)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let fence = move |_: FenceJob| async move {
+                        if fences {
+                            Fenced::Yes
+                        } else {
+                            Fenced::Unsupported
+                        }
+                    };
+                    c.recover_claims(*id, &stale, &fence, &noop)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let d = c
+                        .drives()
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?
+                        .into_iter()
+                        .find(|d| d.id == *id)
+                        .ok_or_else(|| TestCaseError::fail("drive gone"))?;
+                    prop_assert!(d.zeroing.is_empty(), "claims left: {:?}", d.zeroing);
+                }
+            }
+            Op::DeleteUnfenced(n, i) => {
+                let unfenced: Vec<DriveId> = m.drives.get(&i).map(|d| d.2).into_iter().collect();
+                let res = c
+                    .delete_volume_with(&name(n), |_| {
+                        let unfenced = unfenced.clone();
+                        async move { unfenced }
+                    })
+                    .await;
+                prop_assert_eq!(res.is_ok(), m.volumes.remove(&n).is_some());
+            }
+            Op::Release(i, fences) => {
+                if let Some((_, _, id)) = m.drives.get(&i) {
+                    if fences {
+                        c.release_fenced_quarantine(*id, &|_: FenceJob| async { Fenced::Yes })
+                            .await
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    } else {
+                        c.release_quarantine(*id)
+                            .await
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    }
+                    let d = c
+                        .drives()
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?
+                        .into_iter()
+                        .find(|d| d.id == *id)
+                        .ok_or_else(|| TestCaseError::fail("drive gone"))?;
+                    prop_assert!(d.quarantined.is_empty());
+                }
             }
             Op::DriveDown(i) => match m.drives.get_mut(&i) {
                 Some(d) => {

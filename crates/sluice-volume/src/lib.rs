@@ -24,5 +24,5 @@ pub use map::{ExtentFault, MappedExtent, Piece, PieceTarget, VolumeMap};
 pub use placement::{DriveCandidate, PlacementError, PlacementWeights};
 pub use record::{
     Chain, DriveId, DriveRecord, DriveSpec, DriveState, ExtentRecord, Replica, TenantRecord,
-    VolumeId, VolumeRecord, VolumeState, EXTENT_BYTES,
+    VolumeId, VolumeRecord, VolumeState, ZeroClaim, EXTENT_BYTES,
 };

@@ -91,11 +91,32 @@ pub enum DriveState {
     Down,
 }
 
+/// A free slot that a control plane is zeroing ahead of the extent faults
+/// that will take it. `claimant` is a random number per control-plane
+/// process: only the claimant declares the slot clean, and a process that
+/// finds another's claim fences the slot before zeroing it again, so the
+/// other's late Write Zeroes cannot land on a later owner's data
+/// (docs/volumes.md, "Zeroing ahead of the faults").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZeroClaim {
+    pub slot: u64,
+    pub claimant: u64,
+}
+
 /// One drive of the pool and its slot allocator.
 ///
-/// Slots `0..next_slot` have been handed out at some time; those in `free`
-/// were given back. A slot is owned by exactly one extent replica or is free
-/// (the stores check this across records; see `sluice-meta`).
+/// Slots `0..next_slot` have been handed out at some time. Each is owned by
+/// exactly one extent replica, or sits in exactly one of four lists (the
+/// stores check this across records; see `sluice-meta`):
+/// * `free`: given back, contents unknown (dirty);
+/// * `zeroing`: claimed by a control plane that is zeroing it;
+/// * `clean`: known to read as zeros, ready for an extent fault;
+/// * `quarantined`: a deleted volume's slot that could not be fenced (its
+///   drive was unreachable, or cannot fence): a client still holding the
+///   volume might write there, so it is not handed out until a fence
+///   succeeds or the operator releases it.
+///
+/// Slots at `next_slot` and above were never handed out (dirty too).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DriveRecord {
     pub id: DriveId,
@@ -109,6 +130,15 @@ pub struct DriveRecord {
     pub next_slot: u64,
     /// Slots handed out and given back, lowest first.
     pub free: Vec<u64>,
+    /// Free slots known to hold zeros, lowest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clean: Vec<u64>,
+    /// Free slots being zeroed, by slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zeroing: Vec<ZeroClaim>,
+    /// Slots held back until a fence protects them, lowest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<u64>,
     /// The namespace's NGUID when it reported one: a drive that comes back
     /// with another NGUID is a different drive, and is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,21 +146,45 @@ pub struct DriveRecord {
 }
 
 impl DriveRecord {
-    /// Slots owned by extents.
+    /// Slots owned by extents or held in quarantine (not available).
     pub fn slots_used(&self) -> u64 {
-        self.next_slot - self.free.len() as u64
+        self.next_slot - (self.free.len() + self.clean.len() + self.zeroing.len()) as u64
     }
 
-    /// Slots that can still be handed out.
+    /// Slots that can still be handed out (including those being zeroed).
     pub fn slots_free(&self) -> u64 {
         self.slots_total - self.slots_used()
     }
 
-    /// Takes a free slot: the lowest given-back one, else the next new one.
+    /// Free slots ready for an extent fault without zeroing.
+    pub fn slots_clean(&self) -> usize {
+        self.clean.len()
+    }
+
+    /// Slots a zeroing claim could take: dirty free ones and new ones.
+    pub fn slots_dirty(&self) -> u64 {
+        self.free.len() as u64 + (self.slots_total - self.next_slot)
+    }
+
+    /// Takes a slot whose contents do not matter (a rebuild or a move
+    /// overwrites all of it): the lowest given-back one, else the next new
+    /// one, else a clean one.
     pub fn take_slot(&mut self) -> Option<u64> {
         if !self.free.is_empty() {
             return Some(self.free.remove(0));
         }
+        if let Some(s) = self.take_new_slot() {
+            return Some(s);
+        }
+        self.take_clean_slot()
+    }
+
+    /// Takes the lowest clean slot.
+    pub fn take_clean_slot(&mut self) -> Option<u64> {
+        (!self.clean.is_empty()).then(|| self.clean.remove(0))
+    }
+
+    fn take_new_slot(&mut self) -> Option<u64> {
         if self.next_slot < self.slots_total {
             self.next_slot += 1;
             return Some(self.next_slot - 1);
@@ -138,20 +192,146 @@ impl DriveRecord {
         None
     }
 
-    /// Gives a slot back. Returns false (and changes nothing) when the slot
-    /// was never handed out or is already free: a double free is a bug the
-    /// caller must report.
+    /// Whether `slot` was handed out and sits in none of the lists.
+    fn is_owned(&self, slot: u64) -> bool {
+        slot < self.next_slot && self.list_of(slot).is_none()
+    }
+
+    /// The list `slot` sits in (free, clean, zeroing, quarantined), if any.
+    pub fn list_of(&self, slot: u64) -> Option<&'static str> {
+        if self.free.binary_search(&slot).is_ok() {
+            Some("free")
+        } else if self.clean.binary_search(&slot).is_ok() {
+            Some("clean")
+        } else if self.claim(slot).is_some() {
+            Some("zeroing")
+        } else if self.quarantined.binary_search(&slot).is_ok() {
+            Some("quarantined")
+        } else {
+            None
+        }
+    }
+
+    /// Handed-out slots that no extent owns (in one of the lists).
+    pub fn slots_unowned(&self) -> u64 {
+        (self.free.len() + self.clean.len() + self.zeroing.len() + self.quarantined.len()) as u64
+    }
+
+    fn claim(&self, slot: u64) -> Option<usize> {
+        self.zeroing.binary_search_by_key(&slot, |c| c.slot).ok()
+    }
+
+    /// Gives a slot back (dirty). Returns false (and changes nothing) when
+    /// the slot was never handed out or is not owned: a double free is a
+    /// bug the caller must report.
     pub fn give_slot(&mut self, slot: u64) -> bool {
-        if slot >= self.next_slot {
+        if !self.is_owned(slot) {
             return false;
         }
-        match self.free.binary_search(&slot) {
-            Ok(_) => false,
-            Err(pos) => {
-                self.free.insert(pos, slot);
-                true
+        insert_sorted(&mut self.free, slot);
+        true
+    }
+
+    /// Gives a slot back into quarantine (see the type's doc). False as
+    /// for [`DriveRecord::give_slot`].
+    pub fn quarantine_slot(&mut self, slot: u64) -> bool {
+        if !self.is_owned(slot) {
+            return false;
+        }
+        insert_sorted(&mut self.quarantined, slot);
+        true
+    }
+
+    /// Releases quarantined slots into `free`; returns those released.
+    pub fn release_quarantined(&mut self, slots: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &s in slots {
+            if let Ok(i) = self.quarantined.binary_search(&s) {
+                self.quarantined.remove(i);
+                insert_sorted(&mut self.free, s);
+                out.push(s);
             }
         }
+        out
+    }
+
+    /// Claims up to `n` dirty slots (given-back ones first, then new ones)
+    /// for zeroing by `claimant`; returns them.
+    pub fn claim_for_zeroing(&mut self, n: usize, claimant: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let slot = if self.free.is_empty() {
+                match self.take_new_slot() {
+                    Some(s) => s,
+                    None => break,
+                }
+            } else {
+                self.free.remove(0)
+            };
+            let at = self.zeroing.partition_point(|c| c.slot < slot);
+            self.zeroing.insert(at, ZeroClaim { slot, claimant });
+            out.push(slot);
+        }
+        out
+    }
+
+    /// Makes `claimant` the claimant of those of `slots` being zeroed (a
+    /// take-over of another's claim); returns them.
+    pub fn reclaim(&mut self, slots: &[u64], claimant: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &s in slots {
+            if let Some(i) = self.claim(s) {
+                self.zeroing[i].claimant = claimant;
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// Takes `slot` for an extent straight from `claimant`'s claim (the
+    /// claimant zeroed it); false when `claimant` does not claim it.
+    pub fn take_claimed(&mut self, slot: u64, claimant: u64) -> bool {
+        match self
+            .claim(slot)
+            .filter(|&i| self.zeroing[i].claimant == claimant)
+        {
+            Some(i) => {
+                self.zeroing.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Declares clean those of `slots` that `claimant` still claims;
+    /// returns them.
+    pub fn finish_zeroing(&mut self, slots: &[u64], claimant: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &s in slots {
+            if let Some(i) = self
+                .claim(s)
+                .filter(|&i| self.zeroing[i].claimant == claimant)
+            {
+                self.zeroing.remove(i);
+                insert_sorted(&mut self.clean, s);
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// Moves claims on `slots` (any claimant) into quarantine: the drive
+    /// cannot fence, so another's late zeroing cannot be excluded.
+    pub fn quarantine_claims(&mut self, slots: &[u64]) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &s in slots {
+            if let Some(i) = self.claim(s) {
+                self.zeroing.remove(i);
+                insert_sorted(&mut self.quarantined, s);
+                out.push(s);
+            }
+        }
+        out
     }
 
     /// Fraction of the drive's slots in use, 0..=1.
@@ -168,7 +348,7 @@ impl DriveRecord {
         if self.next_slot == 0 {
             return 0.0;
         }
-        self.free.len() as f64 / self.next_slot as f64
+        (self.free.len() + self.clean.len()) as f64 / self.next_slot as f64
     }
 
     /// The drive LBA where `slot` begins.
@@ -193,11 +373,30 @@ impl DriveRecord {
                 self.next_slot, self.slots_total
             ));
         }
-        if !self.free.windows(2).all(|w| w[0] < w[1]) {
-            return Err("free slots not strictly ascending".into());
+        let claimed: Vec<u64> = self.zeroing.iter().map(|c| c.slot).collect();
+        let mut all = Vec::with_capacity(
+            self.free.len() + self.clean.len() + claimed.len() + self.quarantined.len(),
+        );
+        for (list, name) in [
+            (&self.free, "free"),
+            (&self.clean, "clean"),
+            (&claimed, "zeroing"),
+            (&self.quarantined, "quarantined"),
+        ] {
+            if !list.windows(2).all(|w| w[0] < w[1]) {
+                return Err(format!("{name} slots not strictly ascending"));
+            }
+            if list.last().is_some_and(|&s| s >= self.next_slot) {
+                return Err(format!("a {name} slot at or beyond next_slot"));
+            }
+            all.extend_from_slice(list);
         }
-        if self.free.last().is_some_and(|&s| s >= self.next_slot) {
-            return Err("a free slot at or beyond next_slot".into());
+        all.sort_unstable();
+        if let Some(w) = all.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!(
+                "slot {} is in two of free/clean/zeroing/quarantined",
+                w[0]
+            ));
         }
         check_name("spec.addr", &self.spec.addr)?;
         check_name("spec.nqn", &self.spec.nqn)?;
@@ -468,6 +667,12 @@ pub fn check_replicas(replicas: u8) -> Result<(), String> {
     Ok(())
 }
 
+fn insert_sorted(list: &mut Vec<u64>, v: u64) {
+    if let Err(at) = list.binary_search(&v) {
+        list.insert(at, v);
+    }
+}
+
 fn check_name(field: &str, s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > NAME_BYTES_MAX || s.chars().any(char::is_control) {
         return Err(format!(
@@ -495,6 +700,9 @@ mod tests {
             slots_total: slots,
             next_slot: 0,
             free: vec![],
+            clean: vec![],
+            zeroing: vec![],
+            quarantined: vec![],
             nguid: None,
         }
     }
@@ -550,25 +758,117 @@ mod tests {
         assert!(d.check().unwrap_err().contains("slots_total"));
     }
 
+    #[test]
+    fn zeroing_claims_become_clean_only_for_their_claimant() {
+        let mut d = drive(6);
+        assert_eq!(d.take_slot(), Some(0));
+        assert!(d.give_slot(0));
+        // Given-back slots first, then new ones.
+        assert_eq!(d.claim_for_zeroing(3, 7), vec![0, 1, 2]);
+        assert_eq!(d.slots_free(), 6, "slots being zeroed are still free");
+        assert_eq!(d.take_clean_slot(), None);
+        assert_eq!(
+            d.finish_zeroing(&[0, 1], 8),
+            Vec::<u64>::new(),
+            "not 8's claim"
+        );
+        assert_eq!(d.reclaim(&[1, 5], 8), vec![1]);
+        assert_eq!(d.finish_zeroing(&[0, 1], 7), vec![0], "7 lost slot 1 to 8");
+        assert_eq!(d.finish_zeroing(&[1], 8), vec![1]);
+        assert_eq!(d.quarantine_claims(&[2]), vec![2]);
+        d.check().unwrap();
+        assert_eq!(d.take_clean_slot(), Some(0));
+        assert!(!d.give_slot(1), "a clean slot is not owned");
+        assert!(!d.give_slot(2), "a quarantined slot is not owned");
+        assert_eq!(d.slots_used(), 2, "slot 0 owned, slot 2 quarantined");
+        assert!(d.give_slot(0));
+        assert_eq!(d.release_quarantined(&[2, 3]), vec![2]);
+        assert_eq!(d.slots_used(), 0);
+        d.check().unwrap();
+    }
+
+    #[test]
+    fn a_slot_in_two_lists_is_named() {
+        let mut d = drive(4);
+        d.next_slot = 3;
+        d.free = vec![1];
+        d.clean = vec![1];
+        assert!(d.check().unwrap_err().contains("slot 1 is in two"));
+        d.clean = vec![];
+        d.zeroing = vec![
+            ZeroClaim {
+                slot: 2,
+                claimant: 1,
+            },
+            ZeroClaim {
+                slot: 0,
+                claimant: 1,
+            },
+        ];
+        assert!(d
+            .check()
+            .unwrap_err()
+            .contains("zeroing slots not strictly ascending"));
+        d.zeroing = vec![];
+        d.quarantined = vec![3];
+        assert!(d
+            .check()
+            .unwrap_err()
+            .contains("quarantined slot at or beyond"));
+    }
+
     proptest! {
-        /// Any sequence of takes and gives keeps every slot either owned or
-        /// free, never both, and never hands out an owned slot.
+        /// Any sequence of takes, gives, claims, zeroings, quarantines and
+        /// releases keeps every slot owned or in exactly one list, never
+        /// hands out an owned slot, and hands out a clean slot only after
+        /// its claimant finished zeroing it.
         #[test]
-        fn slot_allocator_never_double_allocates(ops in proptest::collection::vec(any::<(bool, u8)>(), 0..200)) {
+        fn slot_allocator_never_double_allocates(ops in proptest::collection::vec(any::<(u8, u8)>(), 0..300)) {
             let mut d = drive(16);
             let mut owned = std::collections::BTreeSet::new();
-            for (take, pick) in ops {
-                if take {
-                    match d.take_slot() {
+            let mut zeroed = std::collections::BTreeSet::new();
+            for (op, pick) in ops {
+                let nth = |set: &std::collections::BTreeSet<u64>| {
+                    set.iter().nth(usize::from(pick) % set.len().max(1)).copied()
+                };
+                match op % 8 {
+                    0 | 1 => match d.take_slot() {
                         Some(s) => prop_assert!(owned.insert(s), "slot {} handed out twice", s),
-                        None => prop_assert_eq!(owned.len() as u64, d.slots_total),
+                        None => prop_assert!(d.free.is_empty() && d.clean.is_empty() && d.next_slot == d.slots_total),
+                    },
+                    2 => if let Some(s) = d.take_clean_slot() {
+                        prop_assert!(zeroed.contains(&s), "slot {} clean but never zeroed", s);
+                        prop_assert!(owned.insert(s), "slot {} handed out twice", s);
+                    },
+                    3 => if let Some(s) = nth(&owned) {
+                        prop_assert!(d.give_slot(s));
+                        owned.remove(&s);
+                    },
+                    4 => if let Some(s) = nth(&owned) {
+                        prop_assert!(d.quarantine_slot(s));
+                        owned.remove(&s);
+                    },
+                    5 => { d.claim_for_zeroing(usize::from(pick % 4), u64::from(pick % 2)); }
+                    6 => {
+                        let claimed: Vec<u64> = d.zeroing.iter().map(|c| c.slot).collect();
+                        for s in d.finish_zeroing(&claimed, u64::from(pick % 2)) {
+                            zeroed.insert(s);
+                        }
                     }
-                } else if let Some(&s) = owned.iter().nth(usize::from(pick) % owned.len().max(1)) {
-                    prop_assert!(d.give_slot(s));
-                    owned.remove(&s);
+                    _ => {
+                        let q = d.quarantined.clone();
+                        d.release_quarantined(&q);
+                        let claimed: Vec<u64> = d.zeroing.iter().map(|c| c.slot).collect();
+                        d.quarantine_claims(&claimed[..claimed.len().min(1)]);
+                    }
                 }
-                prop_assert_eq!(d.slots_used(), owned.len() as u64);
-                prop_assert!(d.check().is_ok());
+                // A slot leaving `clean` by any way but a take is dirty again.
+                zeroed.retain(|s| d.clean.contains(s) || owned.contains(s));
+                prop_assert_eq!(d.slots_used(), (owned.len() + d.quarantined.len()) as u64);
+                for s in &owned {
+                    prop_assert!(d.is_owned(*s), "owned slot {} is also in a list", s);
+                }
+                prop_assert!(d.check().is_ok(), "{:?}", d.check());
             }
         }
     }

@@ -21,12 +21,29 @@ pub struct Drives {
 
 impl Drives {
     pub fn start() -> Drives {
+        Drives::start_at("127.0.0.1:0", None)
+    }
+
+    /// A target on `addr`, its namespaces' NGUIDs derived from `ids` when
+    /// given (a stopped target's address and ids bring it back as the same
+    /// drives, with empty namespaces).
+    pub fn start_at(addr: &str, ids: Option<u8>) -> Drives {
+        let ns = |nsid: u32, bs: u32| {
+            let mut n = NamespaceConfig::ram(nsid, 32 << 20).with_block_size(bs);
+            if let Some(seed) = ids {
+                let mut u = [0x5au8; 16];
+                u[0] = seed;
+                u[1] = nsid as u8;
+                n.uuid = Some(u);
+            }
+            n
+        };
         let sub = SubsystemConfig::new(NQN)
-            .with_namespace(NamespaceConfig::ram(1, 32 << 20).with_block_size(512))
-            .with_namespace(NamespaceConfig::ram(2, 32 << 20).with_block_size(4096))
+            .with_namespace(ns(1, 512))
+            .with_namespace(ns(2, 4096))
             .allow_any_host();
         let settings = TargetSettings::default()
-            .with_listen("127.0.0.1:0".parse().unwrap())
+            .with_listen(addr.parse().unwrap())
             .with_discovery_listen(None)
             .with_workers(1)
             .with_polling(PollingPolicy::Interrupt)
@@ -67,12 +84,16 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(metadata: Metadata, token: Option<BearerToken>, port: u16) -> ControlPlane {
+        let mut cfg = ControlConfig::new(metadata);
+        cfg.token = token;
+        ControlPlane::start_with(cfg, port).await
+    }
+
+    pub async fn start_with(cfg: ControlConfig, port: u16) -> ControlPlane {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let mut cfg = ControlConfig::new(metadata);
-        cfg.token = token;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(sluice_control::serve(cfg, listener, async move {
             let _ = rx.await;
@@ -104,6 +125,36 @@ pub async fn redb_control() -> (tempfile::TempDir, ControlPlane, ControlClient) 
     let cp = ControlPlane::start(Metadata::Redb(dir.path().join("m.redb")), None, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     (dir, cp, c)
+}
+
+/// A control plane on a fresh redb file whose zeroer keeps
+/// `clean_slots_per_drive` (0: none; faults zero inline), and a client.
+pub async fn redb_control_zeroing(
+    clean_slots_per_drive: usize,
+) -> (tempfile::TempDir, ControlPlane, ControlClient) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ControlConfig::new(Metadata::Redb(dir.path().join("m.redb")));
+    cfg.zeroer.clean_slots_per_drive = clean_slots_per_drive;
+    cfg.zeroer.interval = std::time::Duration::from_millis(50);
+    let cp = ControlPlane::start_with(cfg, 0).await;
+    let c = ControlClient::new(&cp.addr, None).unwrap();
+    (dir, cp, c)
+}
+
+/// Waits (at most 20 s) until `done` holds for the pool's drives.
+pub async fn wait_for_drives(c: &ControlClient, what: &str, done: impl Fn(&[pb::Drive]) -> bool) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let drives = c.list_drives().await.unwrap();
+        if done(&drives) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{what}: still {drives:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Creates volume `name` (4 KiB blocks, no tenant).
