@@ -52,15 +52,21 @@ pub struct ControlArgs {
     /// control planes on one etcd elect one leader); default: --listen.
     #[arg(long)]
     advertise: Option<String>,
-    /// Average rate at which lost replicas are rebuilt (bytes per second,
-    /// e.g. 32MiB, the default: the foreground keeps 0.99 of its bandwidth
-    /// at 32 MiB/s and 0.77 at 64 MiB/s in docs/experiments/volumes-rebuild.md).
+    /// Average rate at which lost replicas are rebuilt at most (bytes per
+    /// second, e.g. 32MiB, the default; see --rebuild-rate-fixed and
+    /// docs/experiments/volumes-rebuild.md).
     #[arg(long, default_value = "32MiB")]
     rebuild_rate: String,
     /// Extents rebuilt at once (each fenced, drained and copied on its own;
     /// the rate spaces their starts).
     #[arg(long, default_value_t = 4)]
     rebuild_parallel: usize,
+    /// Rebuild at --rebuild-rate always. By default that rate is a
+    /// ceiling: it halves (once per view epoch, down to a sixteenth) while
+    /// the shadow view reports a surviving replica's drive busy for the
+    /// foreground, and climbs back when it is not.
+    #[arg(long)]
+    rebuild_rate_fixed: bool,
     /// Clean (zeroed) slots the leader keeps ready per drive in service, so
     /// that an extent fault is one metadata transaction; 0: faults zero
     /// their slots inline.
@@ -125,6 +131,7 @@ pub fn control(a: ControlArgs) -> Result<()> {
     cfg.rebuild.rate_bytes_per_sec = sluice_config::parse_size(&a.rebuild_rate)
         .map_err(|e| anyhow::anyhow!("--rebuild-rate {:?}: {e}", a.rebuild_rate))?;
     cfg.rebuild.parallel = a.rebuild_parallel;
+    cfg.rebuild.adaptive = !a.rebuild_rate_fixed;
     cfg.rebuild
         .check()
         .map_err(|e| anyhow::anyhow!("--rebuild-rate/--rebuild-parallel: {e}"))?;

@@ -63,6 +63,10 @@ pub struct RebuildConfig {
     /// Extents rebuilt at once (each its own fence, drain and copy); the
     /// rate limit spaces their starts.
     pub parallel: usize,
+    /// Whether the rate yields to the foreground: `rate_bytes_per_sec` is
+    /// then a ceiling, and the rate halves while the shadow view reports a
+    /// busy survivor (see [`Pacer`]). Off: the configured rate, always.
+    pub adaptive: bool,
 }
 
 impl Default for RebuildConfig {
@@ -72,6 +76,7 @@ impl Default for RebuildConfig {
             scan_interval: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(10),
             parallel: 4,
+            adaptive: true,
         }
     }
 }
@@ -106,6 +111,72 @@ impl RebuildConfig {
     }
 }
 
+/// A busy degree (0..=1, from the shadow view: the foreground's queueing
+/// delay over the congestion threshold) at which a rebuild yields.
+pub const BUSY_YIELD: f64 = 0.8;
+
+/// The adaptive rebuild rate: additive increase, multiplicative decrease,
+/// one step per view epoch at most (the view's busy degrees change once an
+/// epoch; acting on every extent start would repeat one reading).
+///
+/// The signal is the busiest of a degraded extent's surviving replicas as
+/// the view reports it, which the volume clients' agents (the foreground)
+/// and the targets' agents feed. The rebuild's own copies come from the
+/// control plane's connections, which report to no agent, so the rebuild
+/// does not throttle itself on its own traffic, only on what the
+/// foreground sees. Without agents every degree is 0: the configured rate.
+#[derive(Debug, Clone)]
+pub struct Pacer {
+    rate: u64,
+    max: u64,
+    min: u64,
+    step: Duration,
+    last_step: Option<Instant>,
+}
+
+impl Pacer {
+    /// A pacer starting at, and never above, `max_bytes_per_sec`; never
+    /// below a sixteenth of it (the rebuild always progresses). `step` is
+    /// the shortest time between two changes (the view's epoch).
+    pub fn new(max_bytes_per_sec: u64, step: Duration) -> Pacer {
+        let max = max_bytes_per_sec.max(1);
+        Pacer {
+            rate: max,
+            max,
+            min: (max / 16).max(RATE_BYTES_PER_SEC_MIN).min(max),
+            step,
+            last_step: None,
+        }
+    }
+
+    /// Takes the busiest survivor's degree at `now`; returns the rate.
+    pub fn observe(&mut self, now: Instant, busiest: f64) -> u64 {
+        if self
+            .last_step
+            .is_some_and(|t| now.saturating_duration_since(t) < self.step)
+        {
+            return self.rate;
+        }
+        self.last_step = Some(now);
+        self.rate = if busiest >= BUSY_YIELD {
+            (self.rate / 2).max(self.min)
+        } else {
+            self.rate.saturating_add(self.max / 8).min(self.max)
+        };
+        self.rate
+    }
+
+    /// Bytes per second now.
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// The spacing of extent starts at the current rate.
+    pub fn per_extent(&self) -> Duration {
+        Duration::from_secs_f64(EXTENT_BYTES as f64 / self.rate as f64)
+    }
+}
+
 /// What the rebuilder has done (the `Status` call's `rebuilds`).
 #[derive(Debug, Default)]
 pub struct RebuildProgress {
@@ -136,7 +207,7 @@ impl prometheus_client::collector::Collector for RebuildCollector {
         gauge(
             e,
             "sluice_rebuild_rate",
-            "Configured average copy rate of rebuilds.",
+            "Average copy rate of rebuilds now (the configured rate, or below it while the foreground is busy).",
             Some(&Unit::Other("bytes_per_second".into())),
             p.rate_bytes_per_sec,
         )?;
@@ -212,6 +283,8 @@ pub(crate) struct Rebuilder<S> {
     /// extents off (`remap.rs`), and how.
     pub(crate) view: Arc<ViewHub>,
     pub(crate) remap: RemapConfig,
+    /// The adaptive rate (when `cfg.adaptive`).
+    pub(crate) pacer: Mutex<Pacer>,
 }
 
 impl<S: MetaStore> Rebuilder<S> {
@@ -376,8 +449,6 @@ impl<S: MetaStore> Rebuilder<S> {
             .degraded_volumes()
             .await
             .map_err(|e| e.to_string())?;
-        let per_extent =
-            Duration::from_secs_f64(EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64);
         for v in volumes {
             let extents = self
                 .catalog
@@ -392,6 +463,7 @@ impl<S: MetaStore> Rebuilder<S> {
                         if !self.leadership.is_leader() {
                             return;
                         }
+                        let per_extent = self.pace(&e);
                         // Starts are spaced by the rate; copies overlap.
                         let start = {
                             let mut next =
@@ -424,6 +496,35 @@ impl<S: MetaStore> Rebuilder<S> {
                 .await;
         }
         Ok(())
+    }
+
+    /// The spacing before the next extent's copy: the configured rate, or
+    /// the pacer's after it has looked at the extent's survivors.
+    fn pace(&self, e: &sluice_volume::ExtentRecord) -> Duration {
+        if !self.cfg.adaptive {
+            return Duration::from_secs_f64(
+                EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64,
+            );
+        }
+        let busy: std::collections::HashMap<u64, f64> =
+            self.view.with(|c| c.busy_degrees().collect());
+        let busiest = e
+            .chain
+            .iter()
+            .filter_map(|r| busy.get(&u64::from(r.drive.0)).copied())
+            .fold(0.0, f64::max);
+        let mut p = self.pacer.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = p.rate();
+        let rate = p.observe(Instant::now(), busiest);
+        if rate != before {
+            tracing::debug!(
+                rate_bytes_per_sec = rate,
+                busiest,
+                "rebuild rate adapted to the foreground"
+            );
+            self.progress.lock().rate_bytes_per_sec = rate;
+        }
+        p.per_extent()
     }
 
     /// Rebuilds one extent; `Ok(false)` when it needed nothing.
@@ -630,6 +731,28 @@ impl<S: MetaStore> Rebuilder<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pacer_halves_on_a_busy_survivor_and_climbs_back_once_per_epoch() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = Pacer::new(64 << 20, ms(100));
+        let max = 64u64 << 20;
+        assert_eq!(p.observe(t0, 0.9), max / 2);
+        // Within the epoch: the same reading is not acted on twice.
+        assert_eq!(p.observe(t0 + ms(50), 0.9), max / 2);
+        assert_eq!(p.observe(t0 + ms(100), 1.0), max / 4);
+        for i in 2..10 {
+            p.observe(t0 + ms(100 * i), 1.0);
+        }
+        assert_eq!(p.rate(), max / 16, "never below a sixteenth");
+        // Idle foreground: +1/8 of the ceiling per epoch, up to it.
+        for i in 10..30 {
+            p.observe(t0 + ms(100 * i), 0.1);
+        }
+        assert_eq!(p.rate(), max);
+        assert_eq!(p.per_extent(), Duration::from_secs_f64(1.0 / 32.0));
+    }
 
     #[test]
     fn progress_is_served_as_prometheus_metrics() {

@@ -252,6 +252,10 @@ async fn run<S: MetaStore>(
             wake: wake.clone(),
             view: view.clone(),
             remap: cfg.remap,
+            pacer: std::sync::Mutex::new(crate::rebuild::Pacer::new(
+                cfg.rebuild.rate_bytes_per_sec,
+                Duration::from_micros(view.with(|c| c.config().epoch_us)),
+            )),
         }
         .run(),
     );

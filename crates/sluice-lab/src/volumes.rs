@@ -624,12 +624,20 @@ pub fn run_rebuild(out: &Path, runtime: f64) -> Result<()> {
         REBUILD_DRIVE_BYTES / MIB,
         sluice_control::rebuild::RebuildConfig::default().parallel
     ));
-    md.push_str("| rebuild rate MiB/s | achieved MiB/s | extents rebuilt | foreground before MiB/s | during MiB/s | during ÷ before | p99 µs before | p99 µs during | degraded left when the run ended |\n|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("*Fixed*: the configured rate always (`--rebuild-rate-fixed`). *Adaptive* (the default): the configured rate is a ceiling; the rate halves, once per view epoch (100 ms) and down to a sixteenth, while the shadow view reports a surviving replica's drive busy for the foreground (busy degree ≥ 0.8: the foreground's queueing delay near the 1 ms congestion threshold), and climbs back by an eighth per epoch when none is.\n\n");
+    md.push_str("| rebuild rate MiB/s | rate | achieved MiB/s | extents rebuilt | foreground before MiB/s | during MiB/s | during ÷ before | p99 µs before | p99 µs during | degraded left when the run ended |\n|---|---|---|---|---|---|---|---|---|---|\n");
     let mut result = Ok(());
-    for rate_mib in [32u64, 64] {
-        match rebuild_under_load(&dir, lab_ssd(), runtime, rate_mib * MIB) {
+    for (rate_mib, adaptive) in [
+        (32u64, false),
+        (64, false),
+        (32, true),
+        (64, true),
+        (128, true),
+    ] {
+        match rebuild_under_load(&dir, lab_ssd(), runtime, rate_mib * MIB, adaptive) {
             Ok(r) => md.push_str(&format!(
-                "| {rate_mib} | {:.1} | {} | {:.1} | {:.1} | **{:.2}** | {:.0} | {:.0} | {} |\n",
+                "| {rate_mib} | {} | {:.1} | {} | {:.1} | {:.1} | **{:.2}** | {:.0} | {:.0} | {} |\n",
+                if adaptive { "adaptive" } else { "fixed" },
                 r.achieved_mib_s,
                 r.rebuilt,
                 r.before.bandwidth_mib_s,
@@ -662,12 +670,21 @@ struct RebuildRun {
     left_at_end: u64,
 }
 
-fn rebuild_under_load(dir: &Path, ssd: SsdConfig, runtime: f64, rate: u64) -> Result<RebuildRun> {
+fn rebuild_under_load(
+    dir: &Path,
+    ssd: SsdConfig,
+    runtime: f64,
+    rate: u64,
+    adaptive: bool,
+) -> Result<RebuildRun> {
     let ts: Vec<TargetHandle> = (0..3)
         .map(|_| drive_target(2, REBUILD_DRIVE_BYTES, Some(ssd)))
         .collect::<Result<_>>()?;
-    let mut cfg = ControlConfig::new(Metadata::Redb(dir.join(format!("rebuild-{rate}.redb"))));
+    let mut cfg = ControlConfig::new(Metadata::Redb(
+        dir.join(format!("rebuild-{rate}-{adaptive}.redb")),
+    ));
     cfg.rebuild.rate_bytes_per_sec = rate;
+    cfg.rebuild.adaptive = adaptive;
     cfg.rebuild.scan_interval = std::time::Duration::from_millis(200);
     let cp = Control::start_with(cfg)?;
     cp.add_drives(&ts.iter().collect::<Vec<_>>(), 2)?;
