@@ -990,22 +990,25 @@ async fn faults_take_slots_the_zeroer_cleaned_ahead() {
             .unwrap();
     }
     let all = new.read(0, 32 << 20, IoFlags::default()).await.unwrap();
-    for e in 0..16usize {
-        let base = e * (2 << 20);
-        let written = base + 7 * 4096;
+    assert_zeros_but_one_block(&all, 7, &pattern(62, 4096));
+    cp.stop().await;
+}
+
+/// Every 2 MiB extent in `all` holds `block` at 4 KiB block `at` and zeros
+/// elsewhere (no data of a volume that had the slots before).
+fn assert_zeros_but_one_block(all: &[u8], at: usize, block: &[u8]) {
+    for (e, extent) in all.chunks(2 << 20).enumerate() {
+        let written = at * 4096;
         assert!(
-            all[base..written].iter().all(|&b| b == 0),
-            "extent {e} shows old data"
+            extent[..written].iter().all(|&b| b == 0),
+            "extent {e} shows old data before the write"
         );
-        assert_eq!(all[written..written + 4096], pattern(62, 4096)[..]);
+        assert_eq!(&extent[written..written + block.len()], block, "extent {e}");
         assert!(
-            all[written + 4096..base + (2 << 20)]
-                .iter()
-                .all(|&b| b == 0),
-            "extent {e} shows old data"
+            extent[written + block.len()..].iter().all(|&b| b == 0),
+            "extent {e} shows old data after the write"
         );
     }
-    cp.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1031,20 +1034,6 @@ async fn a_new_extent_never_shows_another_volumes_old_data() {
             .unwrap();
     }
     let all = new.read(0, 8 << 20, IoFlags::default()).await.unwrap();
-    for e in 0..4usize {
-        let base = e * (2 << 20);
-        let written = base + 100 * 4096;
-        assert!(
-            all[base..written].iter().all(|&b| b == 0),
-            "extent {e} shows old data before the write"
-        );
-        assert_eq!(all[written..written + 4096], pattern(32, 4096)[..]);
-        assert!(
-            all[written + 4096..base + (2 << 20)]
-                .iter()
-                .all(|&b| b == 0),
-            "extent {e} shows old data after"
-        );
-    }
+    assert_zeros_but_one_block(&all, 100, &pattern(32, 4096));
     cp.stop().await;
 }

@@ -1116,22 +1116,12 @@ impl<S: MetaStore> Catalog<S> {
         Z: Fn(ZeroJob) -> Fut,
         Fut: std::future::Future<Output = Result<(), String>>,
     {
-        let mut claimed = None;
-        for _ in 0..CONFLICT_RETRIES_MAX {
-            let _one_taker = self.slot_takers.lock().await;
-            let (mut d, drev) = self.drive_rev(id).await?;
-            let slots = d.claim_for_zeroing(n, self.claimant);
-            if slots.is_empty() {
-                return Ok(slots);
-            }
-            if let Some(rev) = self.put_drive("zero_ahead.claim", &d, drev).await? {
-                self.now_zeroing(id, &slots, true);
-                claimed = Some((d, slots, rev));
-                break;
-            }
-        }
-        let Some((drive, slots, epoch)) = claimed else {
-            return Err(CatalogError::Contended("zero_ahead.claim"));
+        let claimant = self.claimant;
+        let Some((drive, slots, epoch)) = self
+            .claim_slots("zero_ahead.claim", id, |d| d.claim_for_zeroing(n, claimant))
+            .await?
+        else {
+            return Ok(Vec::new());
         };
         match zero(ZeroJob {
             drive,
@@ -1206,33 +1196,22 @@ impl<S: MetaStore> Catalog<S> {
         Z: Fn(ZeroJob) -> ZFut,
         ZFut: std::future::Future<Output = Result<(), String>>,
     {
-        let mut taken = None;
-        for _ in 0..CONFLICT_RETRIES_MAX {
-            let _one_taker = self.slot_takers.lock().await;
-            let (mut d, drev) = self.drive_rev(id).await?;
-            let mine = {
-                let now = self
-                    .zeroing_now
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                slots
-                    .iter()
-                    .copied()
-                    .filter(|s| !now.contains(&(id, *s)))
-                    .collect::<Vec<u64>>()
-            };
-            let mine = d.reclaim(&mine, self.claimant);
-            if mine.is_empty() {
-                return Ok(Fenced::Yes);
-            }
-            if let Some(rev) = self.put_drive("recover_claims.take", &d, drev).await? {
-                self.now_zeroing(id, &mine, true);
-                taken = Some((d, mine, rev));
-                break;
-            }
-        }
-        let Some((drive, mine, epoch)) = taken else {
-            return Err(CatalogError::Contended("recover_claims.take"));
+        let (claimant, now) = (self.claimant, &self.zeroing_now);
+        let Some((drive, mine, epoch)) = self
+            .claim_slots("recover_claims.take", id, |d| {
+                let stale: Vec<u64> = {
+                    let now = now.lock().unwrap_or_else(PoisonError::into_inner);
+                    slots
+                        .iter()
+                        .copied()
+                        .filter(|s| !now.contains(&(id, *s)))
+                        .collect()
+                };
+                d.reclaim(&stale, claimant)
+            })
+            .await?
+        else {
+            return Ok(Fenced::Yes);
         };
         let outcome = fence(FenceJob {
             drive: drive.clone(),
@@ -1329,6 +1308,31 @@ impl<S: MetaStore> Catalog<S> {
             }
             if let Some(rev) = self.put_drive(op, &d, drev).await? {
                 return Ok(Some(rev));
+            }
+        }
+        Err(CatalogError::Contended(op))
+    }
+
+    /// Claims for this process the slots `claim` picks on drive `id` (one
+    /// transaction, retried on conflicts) and marks them as being zeroed
+    /// here. Returns the drive as written, the slots and the revision (the
+    /// epoch to zeroe at), or None when `claim` picked nothing.
+    async fn claim_slots(
+        &self,
+        op: &'static str,
+        id: DriveId,
+        claim: impl Fn(&mut DriveRecord) -> Vec<u64>,
+    ) -> Result<Option<(DriveRecord, Vec<u64>, u64)>, CatalogError> {
+        for _ in 0..CONFLICT_RETRIES_MAX {
+            let _one_taker = self.slot_takers.lock().await;
+            let (mut d, drev) = self.drive_rev(id).await?;
+            let slots = claim(&mut d);
+            if slots.is_empty() {
+                return Ok(None);
+            }
+            if let Some(rev) = self.put_drive(op, &d, drev).await? {
+                self.now_zeroing(id, &slots, true);
+                return Ok(Some((d, slots, rev)));
             }
         }
         Err(CatalogError::Contended(op))
