@@ -31,7 +31,7 @@ use crate::rebuild::{RebuildCollector, RebuildConfig, RebuildProgress, Rebuilder
 use crate::view::{SloClasses, ViewCollector, ViewHub};
 use crate::view_pb;
 use crate::volume::DrivePool;
-use crate::zeroer::{Zeroer, ZeroerConfig};
+use crate::zeroer::{Zeroer, ZeroerCollector, ZeroerConfig, ZeroerProgress};
 use sluice_flint::{AuctionConfig, ViewControllerConfig};
 
 /// Where the metadata lives.
@@ -261,6 +261,7 @@ async fn run<S: MetaStore>(
     );
     // A drive may have failed while no control plane ran.
     wake.notify_one();
+    let zeroed = Arc::new(ZeroerProgress::default());
     let zeroer = tokio::spawn(
         Zeroer {
             catalog: catalog.clone(),
@@ -268,6 +269,7 @@ async fn run<S: MetaStore>(
             leadership: leadership.clone(),
             cfg: cfg.zeroer,
             drain,
+            progress: zeroed.clone(),
         }
         .run(),
     );
@@ -297,7 +299,7 @@ async fn run<S: MetaStore>(
     }
     let _admin = match cfg.admin.clone() {
         None => None,
-        Some(admin) => Some(start_admin(admin, view.clone(), progress.clone())?),
+        Some(admin) => Some(start_admin(admin, view.clone(), progress.clone(), zeroed)?),
     };
     let service = ControlService {
         catalog,
@@ -339,16 +341,18 @@ async fn run<S: MetaStore>(
     served
 }
 
-/// Serves the view's and the rebuilder's metrics (`/metrics`) and the
+/// Serves the view's, the rebuilder's and the zeroer's metrics (`/metrics`) and the
 /// view's JSON (`/v1/view`).
 fn start_admin(
     cfg: sluice_admin::AdminConfig,
     view: Arc<ViewHub>,
     rebuilds: Arc<RebuildProgress>,
+    zeroed: Arc<ZeroerProgress>,
 ) -> Result<sluice_admin::AdminServer, ServeError> {
     let mut reg = prometheus_client::registry::Registry::default();
     reg.register_collector(Box::new(ViewCollector(view.clone())));
     reg.register_collector(Box::new(RebuildCollector(rebuilds)));
+    reg.register_collector(Box::new(ZeroerCollector(zeroed)));
     let app = sluice_admin::compose(
         &cfg,
         [

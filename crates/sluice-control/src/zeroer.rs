@@ -13,6 +13,7 @@
 //! "Zeroing ahead of the faults".
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -142,6 +143,66 @@ pub(crate) async fn fence_slots(drives: &DrivePool, job: FenceJob, drain: Durati
     Fenced::Yes
 }
 
+/// What the zeroer has done, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ZeroerProgress {
+    slots_zeroed: AtomicU64,
+    claims_taken_over: AtomicU64,
+    quarantine_released: AtomicU64,
+    /// Over the drives in service, at the zeroer's last look.
+    slots_clean: AtomicU64,
+    /// Over every drive, at the zeroer's last look.
+    slots_quarantined: AtomicU64,
+}
+
+/// The zeroer's progress as Prometheus metrics, read at scrape time.
+#[derive(Debug)]
+pub struct ZeroerCollector(pub Arc<ZeroerProgress>);
+
+impl prometheus_client::collector::Collector for ZeroerCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use sluice_admin::metrics::{counter, gauge};
+        let p = &self.0;
+        let e = &mut enc;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        gauge(
+            e,
+            "sluice_zeroer_slots_clean",
+            "Slots zeroed ahead and ready for extent faults, on drives in service.",
+            None,
+            get(&p.slots_clean),
+        )?;
+        gauge(
+            e,
+            "sluice_zeroer_slots_quarantined",
+            "Deleted volumes' slots held back until a fence protects them (or the operator releases them).",
+            None,
+            get(&p.slots_quarantined),
+        )?;
+        counter(
+            e,
+            "sluice_zeroer_slots_zeroed",
+            "Slots the zeroer zeroed ahead of faults since this process started.",
+            None,
+            get(&p.slots_zeroed),
+        )?;
+        counter(
+            e,
+            "sluice_zeroer_claims_taken_over",
+            "Stale zeroing claims fenced and zeroed again since this process started.",
+            None,
+            get(&p.claims_taken_over),
+        )?;
+        counter(
+            e,
+            "sluice_zeroer_quarantine_released",
+            "Quarantined slots released after a fence since this process started.",
+            None,
+            get(&p.quarantine_released),
+        )
+    }
+}
+
 /// The leader's zeroer task.
 pub(crate) struct Zeroer<S> {
     pub(crate) catalog: Arc<Catalog<S>>,
@@ -149,6 +210,7 @@ pub(crate) struct Zeroer<S> {
     pub(crate) leadership: Arc<Leadership>,
     pub(crate) cfg: ZeroerConfig,
     pub(crate) drain: Duration,
+    pub(crate) progress: Arc<ZeroerProgress>,
 }
 
 impl<S: MetaStore> Zeroer<S> {
@@ -209,7 +271,21 @@ impl<S: MetaStore> Zeroer<S> {
                 }
             }
         };
-        for d in self.catalog.drives().await? {
+        let drives = self.catalog.drives().await?;
+        let add = |a: &AtomicU64, n: usize| a.fetch_add(n as u64, Ordering::Relaxed);
+        self.progress.slots_clean.store(
+            drives
+                .iter()
+                .filter(|d| d.state == DriveState::Up)
+                .map(|d| d.slots_clean() as u64)
+                .sum(),
+            Ordering::Relaxed,
+        );
+        self.progress.slots_quarantined.store(
+            drives.iter().map(|d| d.quarantined.len() as u64).sum(),
+            Ordering::Relaxed,
+        );
+        for d in drives {
             // 1. Claims another process (or a failed zeroing) left.
             let stale = self.catalog.stale_claims(d.id).await?;
             if !stale.is_empty() {
@@ -220,6 +296,7 @@ impl<S: MetaStore> Zeroer<S> {
                     .await?
                 {
                     Fenced::Yes => {
+                        add(&self.progress.claims_taken_over, stale.len());
                         tracing::info!(drive = %d.id, slots = stale.len(), "took over stale zeroing claims: fenced, zeroed, clean");
                         note(d.id, what, Ok(()));
                     }
@@ -235,6 +312,7 @@ impl<S: MetaStore> Zeroer<S> {
                 let what = "quarantined slots wait for a fence";
                 match self.catalog.release_fenced_quarantine(d.id, &fence).await? {
                     (Fenced::Yes, n) => {
+                        add(&self.progress.quarantine_released, n);
                         if n > 0 {
                             tracing::info!(drive = %d.id, slots = n, "quarantined slots fenced and released");
                         }
@@ -265,11 +343,44 @@ impl<S: MetaStore> Zeroer<S> {
             }
             let what = "zeroing slots ahead of faults failed";
             match self.catalog.zero_ahead(d.id, want - clean, &zero).await {
-                Ok(_) => note(d.id, what, Ok(())),
+                Ok(n) => {
+                    add(&self.progress.slots_zeroed, n);
+                    note(d.id, what, Ok(()));
+                }
                 Err(sluice_meta::catalog::CatalogError::Prepare(e)) => note(d.id, what, Err(e)),
                 Err(e) => return Err(e),
             }
         }
         Ok(draining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_is_served_as_prometheus_metrics() {
+        let p = Arc::new(ZeroerProgress::default());
+        p.slots_clean.store(128, Ordering::Relaxed);
+        p.slots_quarantined.store(8, Ordering::Relaxed);
+        p.slots_zeroed.store(300, Ordering::Relaxed);
+        p.claims_taken_over.store(2, Ordering::Relaxed);
+        p.quarantine_released.store(5, Ordering::Relaxed);
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register_collector(Box::new(ZeroerCollector(p)));
+        let text = sluice_admin::metrics::encode(&reg).expect("encodes");
+        for line in [
+            "sluice_zeroer_slots_clean 128",
+            "sluice_zeroer_slots_quarantined 8",
+            "sluice_zeroer_slots_zeroed_total 300",
+            "sluice_zeroer_claims_taken_over_total 2",
+            "sluice_zeroer_quarantine_released_total 5",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing in\n{text}"
+            );
+        }
     }
 }
