@@ -262,6 +262,7 @@ async fn run<S: MetaStore>(
     // A drive may have failed while no control plane ran.
     wake.notify_one();
     let zeroed = Arc::new(ZeroerProgress::default());
+    let wake_zeroer = Arc::new(tokio::sync::Notify::new());
     let zeroer = tokio::spawn(
         Zeroer {
             catalog: catalog.clone(),
@@ -270,6 +271,7 @@ async fn run<S: MetaStore>(
             cfg: cfg.zeroer,
             drain,
             progress: zeroed.clone(),
+            wake: wake_zeroer.clone(),
         }
         .run(),
     );
@@ -310,6 +312,7 @@ async fn run<S: MetaStore>(
         drives,
         rebuilds: progress,
         wake_rebuilder: wake,
+        wake_zeroer,
         view,
         view_addr,
     };
@@ -389,6 +392,8 @@ struct ControlService<S> {
     rebuilds: Arc<RebuildProgress>,
     /// Starts a rebuild scan now (a drive failed).
     wake_rebuilder: Arc<tokio::sync::Notify>,
+    /// Starts a zeroer pass now (a drive was added).
+    wake_zeroer: Arc<tokio::sync::Notify>,
     /// The shadow view.
     view: Arc<ViewHub>,
     /// The view's fast channel, when served.
@@ -592,6 +597,8 @@ impl<S: MetaStore> Control for ControlService<S> {
             .await
             .map_err(st)?;
         tracing::info!(drive = %d.id, spec = %d.spec, slots = d.slots_total, "drive added");
+        // Clean slots on the new drive before its first faults.
+        self.wake_zeroer.notify_one();
         if let Err(e) = self.view.add_drive(&d) {
             tracing::warn!(drive = %d.id, error = %e, "view: drive not tracked");
         }

@@ -211,6 +211,8 @@ pub(crate) struct Zeroer<S> {
     pub(crate) cfg: ZeroerConfig,
     pub(crate) drain: Duration,
     pub(crate) progress: Arc<ZeroerProgress>,
+    /// Starts a pass now (a drive was added).
+    pub(crate) wake: Arc<tokio::sync::Notify>,
 }
 
 impl<S: MetaStore> Zeroer<S> {
@@ -227,7 +229,10 @@ impl<S: MetaStore> Zeroer<S> {
             if short {
                 tokio::time::sleep(self.cfg.interval / DRAINING_SPEEDUP).await;
             } else {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = self.wake.notified() => {}
+                }
             }
             short = false;
             if !self.leadership.is_leader() {

@@ -397,7 +397,7 @@ fn allocation_latency(
     cp.create("faults", faults * EXTENT_BYTES, 1)?;
     let c = cp.client()?;
     let lat = cp.rt.block_on(async {
-        if let FaultSlots::WithinReserve { .. } = slots {
+        if slots != FaultSlots::Inline {
             let t0 = Instant::now();
             while !c.list_drives().await?.iter().all(|d| d.slots_clean >= want) {
                 anyhow::ensure!(
@@ -446,7 +446,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
 
     // 2. Metadata.
     md.push_str("## Extent faults through the control plane\n\n");
-    md.push_str("Sequential `AllocateExtent` calls over gRPC on loopback to an in-process `sluice control`, each a new extent, 1000 per row over 2 RAM drives of 4 GiB on one target. A fault that finds clean slots (zeroed ahead by the leader's zeroer) is one metadata transaction; one that finds none claims a slot (a transaction), zeroes it and commits the extent (a second). Rows: *within the reserve*: the zeroer keeps 1024 clean slots per drive and has filled them first, so the 500 faults per drive never bring it below half, where it refills; *sustained*: the default reserve of 64 per drive, faults back to back (the zeroer refills beside them, on the same 2 cores); *inline*: no zeroer.\n\n");
+    md.push_str("Sequential `AllocateExtent` calls over gRPC on loopback to an in-process `sluice control`, each a new extent, 1000 per row over 2 RAM drives of 4 GiB on one target. A fault that finds clean slots (zeroed ahead by the leader's zeroer) is one metadata transaction; one that finds none claims a slot (a transaction), zeroes it and commits the extent (a second). Rows: *within the reserve*: the zeroer keeps 1024 clean slots per drive and has filled them first, so the 500 faults per drive never bring it below half, where it refills; *sustained*: the default reserve of 64 per drive, filled first, then faults back to back, 500 per drive (the zeroer refills beside them, on the same 2 cores); *inline*: no zeroer.\n\n");
     md.push_str(
         "| store | slots | allocations/s | p50 µs | p99 µs | max µs |\n|---|---|---|---|---|---|\n",
     );

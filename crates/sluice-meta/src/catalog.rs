@@ -908,6 +908,8 @@ impl<S: MetaStore> Catalog<S> {
                     break;
                 }
                 Ok(Attempt::NeedsZeroing(ids)) => {
+                    tracing::debug!(volume = name, extent = index, drives = ?ids,
+                        "extent fault found no clean slot; zeroing one inline");
                     let mut made = 0;
                     for d in ids {
                         match self.claim_and_zero(d, 1, &zero).await {
