@@ -292,7 +292,7 @@ impl<S: MetaStore> Zeroer<S> {
         );
         for d in drives {
             // 1. Claims another process (or a failed zeroing) left.
-            let stale = self.catalog.stale_claims(d.id).await?;
+            let stale = self.catalog.stale_claims(&d);
             if !stale.is_empty() {
                 let what = "stale zeroing claims wait for a fence";
                 match self

@@ -1142,39 +1142,30 @@ impl<S: MetaStore> Catalog<S> {
         }
     }
 
-    /// Declares clean those of `slots` this process still claims.
+    /// Declares clean those of `slots` this process still claims; returns
+    /// how many.
     async fn finish_zeroing(&self, id: DriveId, slots: &[u64]) -> Result<usize, CatalogError> {
-        for _ in 0..CONFLICT_RETRIES_MAX {
-            let _one_taker = self.slot_takers.lock().await;
-            let (mut d, drev) = self.drive_rev(id).await?;
-            let done = d.finish_zeroing(slots, self.claimant);
-            if done.is_empty() {
-                return Ok(0);
-            }
-            if self
-                .put_drive("zero_ahead.finish", &d, drev)
-                .await?
-                .is_some()
-            {
-                return Ok(done.len());
-            }
-        }
-        Err(CatalogError::Contended("zero_ahead.finish"))
+        let mut done = 0;
+        self.change_drive("zero_ahead.finish", id, |d| {
+            done = d.finish_zeroing(slots, self.claimant).len();
+            done > 0
+        })
+        .await?;
+        Ok(done)
     }
 
-    /// Zeroing claims on drive `id` that no zeroing of this process holds:
+    /// Zeroing claims on drive `d` that no zeroing of this process holds:
     /// their claimant died, was deposed, or failed to zero.
-    pub async fn stale_claims(&self, id: DriveId) -> Result<Vec<u64>, CatalogError> {
-        let (d, _) = self.drive_rev(id).await?;
+    pub fn stale_claims(&self, d: &DriveRecord) -> Vec<u64> {
         let now = self
             .zeroing_now
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        Ok(d.zeroing
+        d.zeroing
             .iter()
             .map(|c| c.slot)
-            .filter(|s| !now.contains(&(id, *s)))
-            .collect())
+            .filter(|s| !now.contains(&(d.id, *s)))
+            .collect()
     }
 
     /// Takes over the stale claims `slots` of drive `id` and makes them

@@ -465,6 +465,16 @@ fn etcd_zeroing_spares_committed_slots() {
 
 // ------------------------------------------ stale claims and quarantine
 
+/// Drive `id` as the catalog holds it now.
+async fn drive<S: MetaStore>(c: &Catalog<S>, id: DriveId) -> sluice_volume::DriveRecord {
+    c.drives()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|d| d.id == id)
+        .unwrap()
+}
+
 /// A zeroing claim whose claimant is gone (here: its zeroing failed, as
 /// when a leader is deposed mid-zeroing) is taken over by another process,
 /// fenced above the old claim's epoch, zeroed at that epoch and declared
@@ -498,7 +508,7 @@ async fn stale_claims_and_quarantine<S: MetaStore + Clone>(s: S) {
     }
     check_catalog(new.store()).await.unwrap();
     let old_epoch = *old_epoch.lock().unwrap();
-    let stale = new.stale_claims(d0.id).await.unwrap();
+    let stale = new.stale_claims(&drive(&new, d0.id).await);
     assert_eq!(stale, vec![0, 1]);
 
     // A drive that fences: fenced above the old zeroing, zeroed at the fence.
@@ -537,18 +547,12 @@ async fn stale_claims_and_quarantine<S: MetaStore + Clone>(s: S) {
         seen[0].2
     );
     assert_eq!(seen[0].2, seen[1].2);
-    let d = new
-        .drives()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|d| d.id == d0.id)
-        .unwrap();
+    let d = drive(&new, d0.id).await;
     assert_eq!((d.clean.clone(), d.zeroing.len()), (vec![0, 1], 0));
     check_catalog(new.store()).await.unwrap();
 
     // A drive that cannot fence: quarantined; then not reachable at all.
-    let stale = new.stale_claims(d1.id).await.unwrap();
+    let stale = new.stale_claims(&drive(&new, d1.id).await);
     let cannot = |_: FenceJob| async { Fenced::Unsupported };
     let never = |_: ZeroJob| async { panic!("zeroed without a fence") };
     assert_eq!(
@@ -557,13 +561,7 @@ async fn stale_claims_and_quarantine<S: MetaStore + Clone>(s: S) {
             .unwrap(),
         Fenced::Unsupported
     );
-    let d = new
-        .drives()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|d| d.id == d1.id)
-        .unwrap();
+    let d = drive(&new, d1.id).await;
     assert_eq!((d.quarantined.clone(), d.zeroing.len()), (vec![0, 1], 0));
     assert_eq!(d.slots_free(), 6, "quarantined slots are not free");
     check_catalog(new.store()).await.unwrap();
@@ -581,21 +579,9 @@ async fn stale_claims_and_quarantine<S: MetaStore + Clone>(s: S) {
         .await
         .unwrap();
     check_catalog(new.store()).await.unwrap();
-    let d = new
-        .drives()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|d| d.id == d1.id)
-        .unwrap();
+    let d = drive(&new, d1.id).await;
     assert_eq!(d.quarantined.len(), 2, "{d:?}");
-    let d = new
-        .drives()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|d| d.id == d0.id)
-        .unwrap();
+    let d = drive(&new, d0.id).await;
     assert!(d.quarantined.is_empty(), "{d:?}");
     let unreachable = |_: FenceJob| async { Fenced::NotNow("unreachable".into()) };
     assert_eq!(
@@ -853,10 +839,7 @@ async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestC
             }
             Op::Recover(i, fences) => {
                 if let Some((_, _, id)) = m.drives.get(&i) {
-                    let stale = c
-                        .stale_claims(*id)
-                        .await
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let stale = c.stale_claims(&drive(&c, *id).await);
                     let fence = move |_: FenceJob| async move {
                         if fences {
                             Fenced::Yes
@@ -867,13 +850,7 @@ async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestC
                     c.recover_claims(*id, &stale, &fence, &noop)
                         .await
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                    let d = c
-                        .drives()
-                        .await
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?
-                        .into_iter()
-                        .find(|d| d.id == *id)
-                        .ok_or_else(|| TestCaseError::fail("drive gone"))?;
+                    let d = drive(&c, *id).await;
                     prop_assert!(d.zeroing.is_empty(), "claims left: {:?}", d.zeroing);
                 }
             }
@@ -898,13 +875,7 @@ async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestC
                             .await
                             .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     }
-                    let d = c
-                        .drives()
-                        .await
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?
-                        .into_iter()
-                        .find(|d| d.id == *id)
-                        .ok_or_else(|| TestCaseError::fail("drive gone"))?;
+                    let d = drive(&c, *id).await;
                     prop_assert!(d.quarantined.is_empty());
                 }
             }
