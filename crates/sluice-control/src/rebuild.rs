@@ -650,27 +650,9 @@ impl<S: MetaStore> Rebuilder<S> {
         }
         let deadline = Instant::now() + self.cfg.drain_timeout;
         for (drive, ns, _, granule) in &fenced {
-            let mut pause = Duration::from_micros(200);
-            loop {
-                let a = ns
-                    .fence(*granule, 1, epoch, false)
-                    .await
-                    .map_err(|e| fail(*drive, format!("draining: {e}")))?;
-                if a.writes_in_flight == 0 {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(fail(
-                        *drive,
-                        format!(
-                            "{} writes still in flight after {:?}",
-                            a.writes_in_flight, self.cfg.drain_timeout
-                        ),
-                    ));
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(20));
-            }
+            crate::zeroer::drain_granule(ns, *granule, epoch, deadline)
+                .await
+                .map_err(|e| fail(*drive, e))?;
         }
         // 3. Copy from the tail (every acknowledged write is there; its
         // predecessors have them too when it cannot be read).

@@ -123,25 +123,44 @@ pub(crate) async fn fence_slots(drives: &DrivePool, job: FenceJob, drain: Durati
     }
     let deadline = Instant::now() + drain;
     for granule in draining {
-        let mut pause = Duration::from_micros(200);
-        loop {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
-            match ns.fence(granule, 1, job.epoch, false).await {
-                Ok(a) if a.writes_in_flight == 0 => break,
-                Ok(a) if Instant::now() > deadline => {
-                    return Fenced::NotNow(format!(
-                        "{} writes still in flight on drive {} after {drain:?}",
-                        a.writes_in_flight, d.id
-                    ))
-                }
-                Ok(_) => {}
-                Err(e) => return Fenced::NotNow(format!("draining on drive {}: {e}", d.id)),
-            }
+        if let Err(e) = drain_granule(&ns, granule, job.epoch, deadline).await {
+            return Fenced::NotNow(format!("drive {}: {e}", d.id));
         }
     }
     Fenced::Yes
 }
+
+/// Waits until no write admitted before the fence at `epoch` on `granule`
+/// is in flight (asking the drive with the Fence command, no raise), or
+/// fails once `deadline` has passed or the drive does not answer.
+pub(crate) async fn drain_granule(
+    ns: &sluice_host::Namespace,
+    granule: u64,
+    epoch: u64,
+    deadline: Instant,
+) -> Result<(), String> {
+    let mut pause = Duration::from_micros(200);
+    loop {
+        let a = ns
+            .fence(granule, 1, epoch, false)
+            .await
+            .map_err(|e| format!("draining: {e}"))?;
+        if a.writes_in_flight == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} writes still in flight at the drain deadline",
+                a.writes_in_flight
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(DRAIN_PAUSE_MAX);
+    }
+}
+
+/// Longest pause between two questions while a fenced granule drains.
+const DRAIN_PAUSE_MAX: Duration = Duration::from_millis(20);
 
 /// What the zeroer has done, for `/metrics`.
 #[derive(Debug, Default)]
