@@ -222,6 +222,51 @@ impl prometheus_client::collector::Collector for ZeroerCollector {
     }
 }
 
+/// How long the zeroer leaves a drive alone after one of its steps there
+/// failed.
+pub const DRIVE_RETRY: Duration = Duration::from_secs(5);
+
+/// What the zeroer keeps from one pass to the next.
+#[derive(Debug, Default)]
+pub(crate) struct PassState {
+    /// One warning per drive and kind of trouble, not one per pass.
+    warned: BTreeMap<(DriveId, &'static str), String>,
+    /// Each drive's clean slots at the last pass.
+    last_clean: BTreeMap<DriveId, usize>,
+    /// Drives left alone until then (a step failed there).
+    retry_at: BTreeMap<DriveId, Instant>,
+}
+
+impl PassState {
+    /// Records how a step on drive `id` went. A drive whose step failed
+    /// (unreachable, not draining, zeroing refused) is left alone for
+    /// [`DRIVE_RETRY`]: each refill of a dead drive would claim another
+    /// batch and rewrite its record, and a fence of an unreachable one may
+    /// wait for its connect timeout. One warning per drive and trouble.
+    fn note(&mut self, now: Instant, id: DriveId, what: &'static str, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => {
+                self.warned.remove(&(id, what));
+            }
+            Err(e) => {
+                self.retry_at.insert(id, now + DRIVE_RETRY);
+                if self.warned.get(&(id, what)) != Some(&e) {
+                    tracing::warn!(drive = %id, error = %e, "{what}; retrying in {DRIVE_RETRY:?}");
+                    self.warned.insert((id, what), e);
+                }
+            }
+        }
+    }
+
+    /// Warns once about a lasting condition of drive `id`.
+    fn warn_once(&mut self, id: DriveId, what: &'static str, why: &str) {
+        if self.warned.get(&(id, what)).map(String::as_str) != Some(why) {
+            tracing::warn!(drive = %id, "{what}: {why}");
+            self.warned.insert((id, what), why.to_owned());
+        }
+    }
+}
+
 /// The leader's zeroer task.
 pub(crate) struct Zeroer<S> {
     pub(crate) catalog: Arc<Catalog<S>>,
@@ -238,10 +283,7 @@ impl<S: MetaStore> Zeroer<S> {
     pub(crate) async fn run(self) {
         let mut tick = tokio::time::interval(self.cfg.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // One warning per drive and kind of trouble, not one per pass.
-        let mut warned: BTreeMap<(DriveId, &'static str), String> = BTreeMap::new();
-        // Each drive's clean slots at the last pass.
-        let mut last_clean: BTreeMap<DriveId, usize> = BTreeMap::new();
+        let mut state = PassState::default();
         let mut short = false;
         loop {
             // While faults drain clean slots, look again soon.
@@ -257,19 +299,20 @@ impl<S: MetaStore> Zeroer<S> {
             if !self.leadership.is_leader() {
                 continue;
             }
-            match self.pass(&mut warned, &mut last_clean).await {
+            match self.pass(&mut state, Instant::now()).await {
                 Ok(s) => short = s,
                 Err(e) => tracing::warn!(error = %e, "zeroer pass failed; retrying"),
             }
         }
     }
 
-    /// One look at every drive: stale claims, quarantine, refill. Returns
-    /// whether faults are draining some drive's clean slots.
+    /// One look at every drive not in its retry pause: stale claims,
+    /// quarantine, refill. Returns whether faults are draining some
+    /// drive's clean slots.
     pub(crate) async fn pass(
         &self,
-        warned: &mut BTreeMap<(DriveId, &'static str), String>,
-        last_clean: &mut BTreeMap<DriveId, usize>,
+        state: &mut PassState,
+        now: Instant,
     ) -> Result<bool, sluice_meta::catalog::CatalogError> {
         let mut draining = false;
         let drives = self.drives.clone();
@@ -282,18 +325,6 @@ impl<S: MetaStore> Zeroer<S> {
         let zero = move |job: ZeroJob| {
             let drives = drives.clone();
             async move { zero_slots(&drives, job).await }
-        };
-        let mut note = |id: DriveId, what: &'static str, outcome: Result<(), String>| match outcome
-        {
-            Ok(()) => {
-                warned.remove(&(id, what));
-            }
-            Err(e) => {
-                if warned.get(&(id, what)) != Some(&e) {
-                    tracing::warn!(drive = %id, error = %e, "{what}");
-                    warned.insert((id, what), e);
-                }
-            }
         };
         let drives = self.catalog.drives().await?;
         let add = |a: &AtomicU64, n: usize| a.fetch_add(n as u64, Ordering::Relaxed);
@@ -310,6 +341,10 @@ impl<S: MetaStore> Zeroer<S> {
             Ordering::Relaxed,
         );
         for d in drives {
+            if state.retry_at.get(&d.id).is_some_and(|&t| now < t) {
+                continue;
+            }
+            state.retry_at.remove(&d.id);
             // 1. Claims another process (or a failed zeroing) left.
             let stale = self.catalog.stale_claims(&d);
             if !stale.is_empty() {
@@ -322,17 +357,17 @@ impl<S: MetaStore> Zeroer<S> {
                     Fenced::Yes => {
                         add(&self.progress.claims_taken_over, stale.len());
                         tracing::info!(drive = %d.id, slots = stale.len(), "took over stale zeroing claims: fenced, zeroed, clean");
-                        note(d.id, what, Ok(()));
+                        state.note(now, d.id, what, Ok(()));
                     }
                     Fenced::Unsupported => {
                         tracing::warn!(drive = %d.id, slots = stale.len(),
                             "stale zeroing claims on a drive that cannot fence: quarantined until the operator releases them (sluice drive set --release-quarantined)");
                     }
-                    Fenced::NotNow(e) => note(d.id, what, Err(e)),
+                    Fenced::NotNow(e) => state.note(now, d.id, what, Err(e)),
                 }
             }
             // 2. A deleted volume's slots the delete could not fence.
-            if !d.quarantined.is_empty() {
+            if !d.quarantined.is_empty() && !state.retry_at.contains_key(&d.id) {
                 let what = "quarantined slots wait for a fence";
                 match self.catalog.release_fenced_quarantine(d.id, &fence).await? {
                     (Fenced::Yes, n) => {
@@ -340,14 +375,16 @@ impl<S: MetaStore> Zeroer<S> {
                         if n > 0 {
                             tracing::info!(drive = %d.id, slots = n, "quarantined slots fenced and released");
                         }
-                        note(d.id, what, Ok(()));
+                        state.note(now, d.id, what, Ok(()));
                     }
-                    (Fenced::Unsupported, _) => note(
+                    // Not transient: warned about once, and the drive
+                    // still gets its refills.
+                    (Fenced::Unsupported, _) => state.warn_once(
                         d.id,
                         what,
-                        Err("the drive cannot fence: the operator releases them (sluice drive set --release-quarantined)".into()),
+                        "the drive cannot fence: the operator releases them (sluice drive set --release-quarantined)",
                     ),
-                    (Fenced::NotNow(e), _) => note(d.id, what, Err(e)),
+                    (Fenced::NotNow(e), _) => state.note(now, d.id, what, Err(e)),
                 }
             }
             // 3. Clean slots for the faults to come: below half, or short
@@ -356,8 +393,12 @@ impl<S: MetaStore> Zeroer<S> {
             // refills in batches of half or more, not a slot per pass.
             let want = self.cfg.clean_slots_per_drive;
             let clean = d.slots_clean();
-            let last = last_clean.insert(d.id, clean);
-            if d.state != DriveState::Up || clean >= want || d.slots_dirty() == 0 {
+            let last = state.last_clean.insert(d.id, clean);
+            if d.state != DriveState::Up
+                || clean >= want
+                || d.slots_dirty() == 0
+                || state.retry_at.contains_key(&d.id)
+            {
                 continue;
             }
             let idle = last == Some(clean);
@@ -369,9 +410,11 @@ impl<S: MetaStore> Zeroer<S> {
             match self.catalog.zero_ahead(d.id, want - clean, &zero).await {
                 Ok(n) => {
                     add(&self.progress.slots_zeroed, n);
-                    note(d.id, what, Ok(()));
+                    state.note(now, d.id, what, Ok(()));
                 }
-                Err(sluice_meta::catalog::CatalogError::Prepare(e)) => note(d.id, what, Err(e)),
+                Err(sluice_meta::catalog::CatalogError::Prepare(e)) => {
+                    state.note(now, d.id, what, Err(e))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -382,6 +425,45 @@ impl<S: MetaStore> Zeroer<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_zeroer_settings_are_refused_naming_the_setting() {
+        assert!(ZeroerConfig::default().check().is_ok());
+        let e = ZeroerConfig {
+            clean_slots_per_drive: CLEAN_SLOTS_PER_DRIVE_MAX + 1,
+            ..ZeroerConfig::default()
+        }
+        .check()
+        .unwrap_err();
+        assert!(e.contains("clean slots per drive"), "{e}");
+        let e = ZeroerConfig {
+            interval: Duration::ZERO,
+            ..ZeroerConfig::default()
+        }
+        .check()
+        .unwrap_err();
+        assert!(e.contains("interval"), "{e}");
+        // Off is allowed: faults then zero inline.
+        assert!(ZeroerConfig {
+            clean_slots_per_drive: 0,
+            ..ZeroerConfig::default()
+        }
+        .check()
+        .is_ok());
+    }
+
+    #[test]
+    fn a_failed_step_leaves_its_drive_alone_for_a_while_and_a_lasting_one_does_not() {
+        let mut st = PassState::default();
+        let t0 = Instant::now();
+        st.note(t0, DriveId(3), "zeroing", Err("unreachable".into()));
+        assert_eq!(st.retry_at.get(&DriveId(3)), Some(&(t0 + DRIVE_RETRY)));
+        st.note(t0, DriveId(3), "zeroing", Ok(()));
+        assert!(!st.warned.contains_key(&(DriveId(3), "zeroing")));
+        st.warn_once(DriveId(4), "quarantine", "cannot fence");
+        assert!(!st.retry_at.contains_key(&DriveId(4)), "not a pause");
+        assert!(st.warned.contains_key(&(DriveId(4), "quarantine")));
+    }
 
     #[test]
     fn progress_is_served_as_prometheus_metrics() {
