@@ -506,13 +506,12 @@ impl<S: MetaStore> Rebuilder<S> {
                 EXTENT_BYTES as f64 / self.cfg.rate_bytes_per_sec as f64,
             );
         }
-        let busy: std::collections::HashMap<u64, f64> =
-            self.view.with(|c| c.busy_degrees().collect());
-        let busiest = e
-            .chain
-            .iter()
-            .filter_map(|r| busy.get(&u64::from(r.drive.0)).copied())
-            .fold(0.0, f64::max);
+        let busiest = self.view.with(|c| {
+            c.busy_degrees()
+                .filter(|(d, _)| e.chain.iter().any(|r| u64::from(r.drive.0) == *d))
+                .map(|(_, b)| b)
+                .fold(0.0, f64::max)
+        });
         let mut p = self.pacer.lock().unwrap_or_else(PoisonError::into_inner);
         let before = p.rate();
         let rate = p.observe(Instant::now(), busiest);
