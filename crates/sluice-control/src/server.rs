@@ -313,6 +313,7 @@ async fn run<S: MetaStore>(
         rebuilds: progress,
         wake_rebuilder: wake,
         wake_zeroer,
+        refill_below: cfg.zeroer.clean_slots_per_drive / 2,
         view,
         view_addr,
     };
@@ -392,8 +393,11 @@ struct ControlService<S> {
     rebuilds: Arc<RebuildProgress>,
     /// Starts a rebuild scan now (a drive failed).
     wake_rebuilder: Arc<tokio::sync::Notify>,
-    /// Starts a zeroer pass now (a drive was added).
+    /// Starts a zeroer pass now (a drive was added, or a fault took a
+    /// drive's clean slots below `refill_below`).
     wake_zeroer: Arc<tokio::sync::Notify>,
+    /// Clean slots per drive below which the zeroer refills.
+    refill_below: usize,
     /// The shadow view.
     view: Arc<ViewHub>,
     /// The view's fast channel, when served.
@@ -745,6 +749,15 @@ impl<S: MetaStore> Control for ControlService<S> {
             })
             .await
             .map_err(st)?;
+        // The zeroer refills as soon as a fault takes a drive below half its
+        // reserve, not at its next look: a burst of faults drains a
+        // reserve of 64 in tens of milliseconds.
+        if a.drives
+            .iter()
+            .any(|d| d.state == DriveState::Up && d.slots_clean() < self.refill_below)
+        {
+            self.wake_zeroer.notify_one();
+        }
         ok(pb::ExtentAllocation {
             extent: Some(pb::Extent::from(&a.extent)),
             volume: Some(pb::Volume::from(&a.volume)),

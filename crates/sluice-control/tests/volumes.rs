@@ -994,6 +994,49 @@ async fn faults_take_slots_the_zeroer_cleaned_ahead() {
     cp.stop().await;
 }
 
+/// A fault that takes a drive below half its reserve wakes the zeroer,
+/// which refills at once rather than at its next look (an hour away here);
+/// faults that leave half or more do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_below_half_the_reserve_wakes_the_zeroer() {
+    let drives = Drives::start();
+    let (_dir, mut cp, c) =
+        redb_control_zeroing_every(8, std::time::Duration::from_secs(3600)).await;
+    // Adding a drive wakes the zeroer too.
+    c.add_drive(&drives.addr(), NQN, 1).await.unwrap();
+    wait_for_drives(&c, "the zeroer cleans the new drive", |ds| {
+        ds.iter().all(|d| d.slots_clean == 8)
+    })
+    .await;
+    create(&c, "v", 10 * MIB, 1).await;
+    let pool = DrivePool::new(host_opts());
+    let v = Volume::open(c.clone(), pool.clone(), "v").await.unwrap();
+    let fault = |e: u64| {
+        let v = &v;
+        async move {
+            v.write(e * 512, &pattern(70 + e, 4096), IoFlags::default())
+                .await
+                .unwrap();
+        }
+    };
+    for e in 0..4 {
+        fault(e).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let ds = c.list_drives().await.unwrap();
+    assert_eq!(ds[0].slots_clean, 4, "half the reserve left: no refill yet");
+    fault(4).await;
+    wait_for_drives(&c, "the fault below half wakes the zeroer", |ds| {
+        ds.iter().all(|d| d.slots_clean == 8 && d.slots_used == 5)
+    })
+    .await;
+    for e in 0..5u64 {
+        let got = v.read(e * 512, 4096, IoFlags::default()).await.unwrap();
+        assert_eq!(got, pattern(70 + e, 4096), "extent {e}");
+    }
+    cp.stop().await;
+}
+
 /// Every 2 MiB extent in `all` holds `block` at 4 KiB block `at` and zeros
 /// elsewhere (no data of a volume that had the slots before).
 fn assert_zeros_but_one_block(all: &[u8], at: usize, block: &[u8]) {

@@ -179,6 +179,42 @@ const ZERO_ROUNDS_MAX: u32 = 64;
 /// free slot of a chosen drive already being zeroed (about 3 s in all).
 const ZERO_WAIT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// How recently an extent fault must have committed for the zeroer to
+/// hand its next step to the faults rather than commit it alone.
+const RIDE_RECENT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long a zeroer step waits for a fault to carry it before it commits
+/// alone.
+const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// A zeroer step waiting to ride on the next extent fault's transaction:
+/// declare a zeroed batch of one drive clean and claim the next. On a
+/// store with one writer (redb), a step committed alone would make a fault
+/// that arrives meanwhile wait a whole commit; riding, it costs the fault
+/// one more drive record in a commit it makes anyway.
+struct Ride {
+    finished: Vec<u64>,
+    claim: usize,
+    done: tokio::sync::oneshot::Sender<Rode>,
+}
+
+/// A [`Ride`] a fault took, with what it does to its drive.
+struct Boarded {
+    drive: DriveId,
+    ride: Ride,
+    finished: Vec<u64>,
+    claimed: Vec<u64>,
+}
+
+/// What the fault that carried a [`Ride`] committed for it.
+struct Rode {
+    drive: DriveRecord,
+    finished: Vec<u64>,
+    claimed: Vec<u64>,
+    /// The revision of the fault's transaction: the epoch to zero at.
+    epoch: u64,
+}
+
 /// A planned allocation (one per attempt, on the stack for a moment: not
 /// worth a box).
 #[allow(clippy::large_enum_variant)]
@@ -235,6 +271,12 @@ pub struct Catalog<S> {
     /// that is not here is stale (its claimant died, was deposed, or its
     /// zeroing failed) and must be fenced before it is zeroed again.
     zeroing_now: Mutex<HashSet<(DriveId, u64)>>,
+    /// Zeroer steps waiting for a fault's transaction, by drive.
+    rides: Mutex<HashMap<DriveId, Ride>>,
+    /// When an extent fault last committed (the zeroer rides only then).
+    fault_committed_at: Mutex<Option<tokio::time::Instant>>,
+    /// Zeroer steps carried by faults' transactions since start.
+    rides_taken: std::sync::atomic::AtomicU64,
 }
 
 /// Volumes remembered by the allocation fast path, at most.
@@ -277,7 +319,16 @@ impl<S: MetaStore> Catalog<S> {
                 .build_hasher()
                 .finish(),
             zeroing_now: Mutex::new(HashSet::new()),
+            rides: Mutex::new(HashMap::new()),
+            fault_committed_at: Mutex::new(None),
+            rides_taken: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Zeroer steps that rode on extent faults' transactions instead of
+    /// committing alone, since this catalog was opened.
+    pub fn zeroer_steps_ridden(&self) -> u64 {
+        self.rides_taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This process's name on its zeroing claims.
@@ -975,15 +1026,18 @@ impl<S: MetaStore> Catalog<S> {
                         .map(|v| (v.clone(), c.drives.clone(), c.ids_rev))
                 })
         };
-        if let Some(((v, vrev), drives, ids_rev)) = cached {
+        if let Some(((v, vrev), mut drives, ids_rev)) = cached {
             if v.id == id && v.state == VolumeState::Ready && index < v.extents() {
+                let mut riders = self.board(&mut drives);
                 if let Ok(Plan::Ready(txn, alloc)) =
                     self.plan_allocation(name, index, v, vrev, &drives, mine)
                 {
                     // A drive added since (by any control plane) bumps
                     // pool/ids: the conflict sends this to the fresh path.
                     let txn = guard(txn, keys::IDS, ids_rev);
+                    let txn = Self::carry(txn, &alloc, &drives, &riders);
                     if let Some(rev) = self.commit("allocate_extent", txn).await? {
+                        self.arrive(&mut riders, &alloc, &mut drives, rev);
                         self.remember(name, &alloc, rev, drives, ids_rev, false);
                         return Ok(Attempt::Done(alloc));
                     }
@@ -1015,7 +1069,7 @@ impl<S: MetaStore> Catalog<S> {
             }
             let existing = self.get::<ExtentRecord>(&keys::extent(v.id, index)).await?;
             let ids_rev = self.get::<Ids>(keys::IDS).await?.map_or(0, |(_, r)| r);
-            let drives: Vec<(DriveRecord, u64)> = self.list(keys::DRIVES).await?;
+            let mut drives: Vec<(DriveRecord, u64)> = self.list(keys::DRIVES).await?;
             if let Some((extent, _)) = existing {
                 let drives = drives
                     .into_iter()
@@ -1028,11 +1082,14 @@ impl<S: MetaStore> Catalog<S> {
                     drives,
                 }));
             }
+            let mut riders = self.board(&mut drives);
             let (txn, alloc) = match self.plan_allocation(name, index, v, vrev, &drives, mine)? {
                 Plan::Ready(txn, alloc) => (txn, alloc),
                 Plan::NeedsZeroing(ids) => return Ok(Attempt::NeedsZeroing(ids)),
             };
+            let txn = Self::carry(txn, &alloc, &drives, &riders);
             if let Some(rev) = self.commit("allocate_extent", txn).await? {
+                self.arrive(&mut riders, &alloc, &mut drives, rev);
                 self.remember(name, &alloc, rev, drives, ids_rev, true);
                 return Ok(Attempt::Done(alloc));
             }
@@ -1062,12 +1119,19 @@ impl<S: MetaStore> Catalog<S> {
         let mut remaining = n;
         let mut made = 0;
         loop {
-            let mut step = None;
+            let batch = remaining.min(ZERO_BATCH_MAX);
+            let mut step = self
+                .ride(id, &zeroed, batch)
+                .await
+                .map(|r| (r.drive, r.finished, r.claimed, r.epoch));
             for _ in 0..CONFLICT_RETRIES_MAX {
+                if step.is_some() {
+                    break;
+                }
                 let _one_taker = self.slot_takers.lock().await;
                 let (mut d, drev) = self.drive_rev(id).await?;
                 let done = d.finish_zeroing(&zeroed, self.claimant);
-                let claimed = d.claim_for_zeroing(remaining.min(ZERO_BATCH_MAX), self.claimant);
+                let claimed = d.claim_for_zeroing(batch, self.claimant);
                 if done.is_empty() && claimed.is_empty() {
                     step = Some((d, done, claimed, 0));
                     break;
@@ -1101,6 +1165,146 @@ impl<S: MetaStore> Catalog<S> {
                 return Err(CatalogError::Prepare(e));
             }
             zeroed = claimed;
+        }
+    }
+
+    /// Hands a zeroer step (declare `finished` clean, claim `claim` more on
+    /// drive `id`) to the next extent fault's transaction, when faults are
+    /// committing; None when none carried it within [`RIDE_WAIT`] (or it
+    /// failed), and the caller commits the step alone.
+    async fn ride(&self, id: DriveId, finished: &[u64], claim: usize) -> Option<Rode> {
+        let recent = self
+            .fault_committed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|t| t.elapsed() < RIDE_RECENT);
+        if !recent {
+            return None;
+        }
+        let (done, mut rode) = tokio::sync::oneshot::channel();
+        let ride = Ride {
+            finished: finished.to_vec(),
+            claim,
+            done,
+        };
+        self.rides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, ride);
+        match tokio::time::timeout(RIDE_WAIT, &mut rode).await {
+            Ok(r) => r.ok(),
+            Err(_) => {
+                // A fault boards rides under the slot lock and answers
+                // before it lets go: once this holds the lock, the ride is
+                // either still waiting (withdraw it) or answered.
+                let _one_taker = self.slot_takers.lock().await;
+                let withdrawn = self
+                    .rides
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id)
+                    .is_some();
+                if withdrawn {
+                    None
+                } else {
+                    rode.try_recv().ok()
+                }
+            }
+        }
+    }
+
+    /// Applies the waiting zeroer steps to `drives` (the records a fault
+    /// plans on, so that it may take a slot just declared clean). Returns
+    /// them with what each finished and claimed; the fault's transaction
+    /// carries them ([`Self::carry`]) and answers them ([`Self::arrive`]).
+    /// A ride dropped unanswered (the fault failed) falls back to its own
+    /// commit. Callers hold the slot lock.
+    fn board(&self, drives: &mut [(DriveRecord, u64)]) -> Vec<Boarded> {
+        let rides: Vec<(DriveId, Ride)> = self
+            .rides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        let mut riders = Vec::with_capacity(rides.len());
+        for (id, ride) in rides {
+            let Some((d, _)) = drives.iter_mut().find(|(d, _)| d.id == id) else {
+                continue; // Not in the pool any more: dropped, so it falls back.
+            };
+            let finished = d.finish_zeroing(&ride.finished, self.claimant);
+            let claimed = d.claim_for_zeroing(ride.claim, self.claimant);
+            riders.push(Boarded {
+                drive: id,
+                ride,
+                finished,
+                claimed,
+            });
+        }
+        riders
+    }
+
+    /// Adds to a fault's transaction the drives that carry a ride and that
+    /// the fault did not choose (those it chose it writes already, rides
+    /// included).
+    fn carry(
+        mut txn: Txn,
+        alloc: &Allocation,
+        drives: &[(DriveRecord, u64)],
+        riders: &[Boarded],
+    ) -> Txn {
+        for b in riders {
+            if b.finished.is_empty() && b.claimed.is_empty() {
+                continue;
+            }
+            if alloc.drives.iter().any(|a| a.id == b.drive) {
+                continue;
+            }
+            if let Some((d, drev)) = drives.iter().find(|(d, _)| d.id == b.drive) {
+                txn = txn
+                    .unchanged(keys::drive(d.id), *drev)
+                    .put(keys::drive(d.id), keys::encode(d));
+            }
+        }
+        txn
+    }
+
+    /// Answers the rides a fault's transaction committed at `rev`, and
+    /// brings `drives` (the fast path's next copy) up to what it wrote.
+    fn arrive(
+        &self,
+        riders: &mut Vec<Boarded>,
+        alloc: &Allocation,
+        drives: &mut [(DriveRecord, u64)],
+        rev: u64,
+    ) {
+        *self
+            .fault_committed_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(tokio::time::Instant::now());
+        for b in riders.drain(..) {
+            let written = alloc.drives.iter().find(|a| a.id == b.drive).cloned();
+            let Some((d, r)) = drives.iter_mut().find(|(d, _)| d.id == b.drive) else {
+                continue;
+            };
+            let changed = !(b.finished.is_empty() && b.claimed.is_empty());
+            if written.is_none() && changed {
+                *r = rev;
+            }
+            let drive = written.unwrap_or_else(|| d.clone());
+            self.now_zeroing(b.drive, &b.claimed, true);
+            self.rides_taken
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let rode = Rode {
+                drive,
+                finished: b.finished,
+                claimed: b.claimed,
+                epoch: rev,
+            };
+            if let Err(rode) = b.ride.done.send(rode) {
+                // The zeroer gave up waiting and is gone: its claims are
+                // stale now, and are fenced before they are zeroed again.
+                self.now_zeroing(rode.drive.id, &rode.claimed, false);
+            }
         }
     }
 

@@ -463,6 +463,111 @@ fn etcd_zeroing_spares_committed_slots() {
     rt().block_on(async { zeroing_spares_committed_slots(etcd(&server, "/t9/").await).await });
 }
 
+/// While extent faults commit back to back, the zeroer's steps (declare a
+/// zeroed batch clean, claim the next) ride on the faults' transactions
+/// instead of committing alone: every batch is still claimed by this
+/// process in the store before its zeroes go out, at an epoch no lower than
+/// the claim's revision; no zeroes land on a slot an extent owns; and the
+/// ridden steps leave the same counts as steps committed alone would.
+async fn zeroer_steps_ride_on_faults<S: MetaStore>(s: S) {
+    let c = Arc::new(Catalog::new(s, PlacementWeights::default()));
+    for i in 0..2 {
+        c.add_drive(spec(i, i), 512, 200 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
+    }
+    let extents = 120u64;
+    let v = c
+        .create_volume(VolumeSpec::new("r", extents * EXTENT_BYTES))
+        .await
+        .unwrap();
+    let inline = |_job: ZeroJob| async { Ok(()) };
+    // One fault first, so that the zeroer finds faults committing.
+    c.allocate_with("r", v.id, 0, inline).await.unwrap();
+    let problems = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let zeroer = {
+        let (c, problems, stop) = (c.clone(), problems.clone(), stop.clone());
+        tokio::spawn(async move {
+            let zero = |job: ZeroJob| {
+                let (c, problems) = (c.clone(), problems.clone());
+                async move {
+                    let drives = c.drives().await.map_err(|e| e.to_string())?;
+                    let d = drives.iter().find(|d| d.id == job.drive.id).unwrap();
+                    for slot in &job.slots {
+                        if !d
+                            .zeroing
+                            .iter()
+                            .any(|z| z.slot == *slot && z.claimant == c.claimant())
+                        {
+                            problems.lock().unwrap().push(format!(
+                                "slot {slot} of {} zeroed without a committed claim",
+                                d.id
+                            ));
+                        }
+                    }
+                    let layout = c.layout("r").await.map_err(|e| e.to_string())?;
+                    for e in &layout.extents {
+                        for r in e
+                            .chain
+                            .iter()
+                            .filter(|r| r.drive == job.drive.id && job.slots.contains(&r.slot))
+                        {
+                            problems.lock().unwrap().push(format!(
+                                "slot {} of {} zeroed while extent {} owns it",
+                                r.slot, r.drive, e.index
+                            ));
+                        }
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    Ok(())
+                }
+            };
+            let mut made = 0;
+            for round in 0..200u32 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                made += c.zero_ahead(DriveId(round % 2), 4, &zero).await.unwrap();
+            }
+            made
+        })
+    };
+    for i in 1..extents {
+        c.allocate_with("r", v.id, i, inline).await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let made = zeroer.await.unwrap();
+    let problems = problems.lock().unwrap().clone();
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(
+        c.zeroer_steps_ridden() > 0,
+        "no zeroer step rode on {extents} back-to-back faults"
+    );
+    let s = check_catalog(c.store()).await.unwrap();
+    assert_eq!(s.slots_used, extents);
+    // What was declared clean and not taken since is still clean; nothing
+    // is left claimed (every ride was answered, every batch declared).
+    let drives = c.drives().await.unwrap();
+    assert!(drives.iter().all(|d| d.zeroing.is_empty()), "{drives:#?}");
+    let clean: usize = drives.iter().map(|d| d.slots_clean()).sum();
+    assert!(clean <= made, "{clean} clean slots, {made} made clean");
+}
+
+#[test]
+fn redb_zeroer_steps_ride_on_faults() {
+    let (_d, s) = redb();
+    rt().block_on(zeroer_steps_ride_on_faults(s));
+}
+
+#[test]
+fn etcd_zeroer_steps_ride_on_faults() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_zeroer_steps_ride_on_faults") else {
+        return;
+    };
+    rt().block_on(async { zeroer_steps_ride_on_faults(etcd(&server, "/t40/").await).await });
+}
+
 // ------------------------------------------ stale claims and quarantine
 
 /// Drive `id` as the catalog holds it now.

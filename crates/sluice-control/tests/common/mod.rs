@@ -132,10 +132,19 @@ pub async fn redb_control() -> (tempfile::TempDir, ControlPlane, ControlClient) 
 pub async fn redb_control_zeroing(
     clean_slots_per_drive: usize,
 ) -> (tempfile::TempDir, ControlPlane, ControlClient) {
+    redb_control_zeroing_every(clean_slots_per_drive, std::time::Duration::from_millis(50)).await
+}
+
+/// As [`redb_control_zeroing`], the zeroer looking every `interval` unless
+/// woken.
+pub async fn redb_control_zeroing_every(
+    clean_slots_per_drive: usize,
+    interval: std::time::Duration,
+) -> (tempfile::TempDir, ControlPlane, ControlClient) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = ControlConfig::new(Metadata::Redb(dir.path().join("m.redb")));
     cfg.zeroer.clean_slots_per_drive = clean_slots_per_drive;
-    cfg.zeroer.interval = std::time::Duration::from_millis(50);
+    cfg.zeroer.interval = interval;
     let cp = ControlPlane::start_with(cfg, 0).await;
     let c = ControlClient::new(&cp.addr, None).unwrap();
     (dir, cp, c)
