@@ -14,7 +14,7 @@
 //! | Extent# | this volume's extents on the drive ÷ the volume's allocated extents + 1 (spread one volume over many drives) | α = 4 |
 //! | Capacity_used | slots used ÷ slots on the drive (balance utilisation) | β = 1 |
 //! | Busy_degree | recent busy share from telemetry (0 when none is reported) | γ = 2 |
-//! | Fragment_degree | given-back slots ÷ slots ever handed out | δ = 0.25 |
+//! | Fragment_degree | unowned slots (given back, zeroing, clean, quarantined) below the highest owned slot ÷ the slots up to it | δ = 0.25 |
 //! | Preference | 0 on a preferred drive, 1 elsewhere, 0 for all when the volume names none | η = 8 |
 //!
 //! So a user's preference dominates while a preferred drive has room; after

@@ -421,13 +421,32 @@ impl DriveRecord {
         self.slots_used() as f64 / self.slots_total as f64
     }
 
-    /// Flint's fragment degree: the share of handed-out slots that were
-    /// given back and now sit as holes below `next_slot`, 0..=1.
+    /// Flint's fragment degree, at slot level: the share of the slots up to
+    /// the highest owned one that no extent owns (given back, being
+    /// zeroed, clean, quarantined), 0..=1. Unowned slots above the highest
+    /// owned one, such as a fresh drive's zeroed reserve, are not holes.
     pub fn fragment_degree(&self) -> f64 {
-        if self.next_slot == 0 {
+        let mut unowned: Vec<u64> = self
+            .free
+            .iter()
+            .chain(&self.clean)
+            .chain(&self.quarantined)
+            .copied()
+            .chain(self.zeroing.iter().map(|z| z.slot))
+            .filter(|&s| s < self.next_slot)
+            .collect();
+        unowned.sort_unstable();
+        unowned.dedup();
+        // The owned region ends at the highest owned slot.
+        let mut end = self.next_slot;
+        while unowned.last().is_some_and(|&s| s + 1 == end) {
+            unowned.pop();
+            end -= 1;
+        }
+        if end == 0 {
             return 0.0;
         }
-        (self.free.len() + self.clean.len()) as f64 / self.next_slot as f64
+        unowned.len() as f64 / end as f64
     }
 
     /// The drive LBA where `slot` begins.
@@ -894,6 +913,54 @@ mod tests {
             .check()
             .unwrap_err()
             .contains("quarantined slot at or beyond"));
+    }
+
+    #[test]
+    fn a_zeroed_reserve_above_the_owned_slots_is_not_fragmentation() {
+        let mut d = DriveRecord {
+            id: DriveId(0),
+            spec: DriveSpec {
+                addr: "a:1".into(),
+                nqn: "n".into(),
+                nsid: 1,
+            },
+            state: DriveState::Up,
+            block_size_bytes: 4096,
+            slots_total: 100,
+            next_slot: 0,
+            free: vec![],
+            clean: vec![],
+            zeroing: vec![],
+            quarantined: vec![],
+            nguid: None,
+        };
+        assert_eq!(d.fragment_degree(), 0.0);
+        // A reserve of 8 clean slots on a fresh drive: no holes.
+        d.next_slot = 8;
+        d.clean = (0..8).collect();
+        assert_eq!(d.fragment_degree(), 0.0);
+        // 10 slots owned after the reserve (slots 8..18): still none.
+        d.next_slot = 18;
+        d.clean.clear();
+        assert_eq!(d.fragment_degree(), 0.0);
+        // Slots 2 and 3 given back, 5 being zeroed, 9 quarantined, and a
+        // reserve of 4 above: 4 holes below the highest owned slot (17).
+        d.free = vec![2, 3];
+        d.zeroing = vec![ZeroClaim {
+            slot: 5,
+            claimant: 1,
+        }];
+        d.quarantined = vec![9];
+        d.next_slot = 22;
+        d.clean = vec![18, 19, 20, 21];
+        assert!(
+            (d.fragment_degree() - 4.0 / 18.0).abs() < 1e-9,
+            "{}",
+            d.fragment_degree()
+        );
+        // Nothing owned: nothing fragmented.
+        d.free = (0..18).filter(|s| ![5, 9].contains(s)).collect();
+        assert_eq!(d.fragment_degree(), 0.0);
     }
 
     #[test]
