@@ -187,6 +187,11 @@ const RIDE_RECENT: std::time::Duration = std::time::Duration::from_millis(5);
 /// alone.
 const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// Zeroer steps one fault carries at most: each adds a drive record (a
+/// compare and a put) to its transaction, which etcd caps at 128
+/// operations.
+const RIDES_PER_FAULT_MAX: usize = 4;
+
 /// A zeroer step waiting to ride on the next extent fault's transaction:
 /// declare a zeroed batch of one drive clean and claim the next. On a
 /// store with one writer (redb), a step committed alone would make a fault
@@ -1220,12 +1225,13 @@ impl<S: MetaStore> Catalog<S> {
     /// A ride dropped unanswered (the fault failed) falls back to its own
     /// commit. Callers hold the slot lock.
     fn board(&self, drives: &mut [(DriveRecord, u64)]) -> Vec<Boarded> {
-        let rides: Vec<(DriveId, Ride)> = self
-            .rides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain()
-            .collect();
+        let rides: Vec<(DriveId, Ride)> = {
+            let mut waiting = self.rides.lock().unwrap_or_else(PoisonError::into_inner);
+            let ids: Vec<DriveId> = waiting.keys().copied().take(RIDES_PER_FAULT_MAX).collect();
+            ids.into_iter()
+                .filter_map(|id| waiting.remove(&id).map(|r| (id, r)))
+                .collect()
+        };
         let mut riders = Vec::with_capacity(rides.len());
         for (id, ride) in rides {
             let Some((d, _)) = drives.iter_mut().find(|(d, _)| d.id == id) else {
