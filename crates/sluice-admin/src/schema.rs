@@ -116,6 +116,15 @@ pub struct ExportStats {
     pub nbd_direct_requests: u64,
     #[serde(default)]
     pub nbd_handed_off_requests: u64,
+    /// A FUSE session of our own (`--transport uring`): requests over the
+    /// ring and over `/dev/fuse`, block I/Os on the ring's own queue (0
+    /// for NBD and for the fuser session).
+    #[serde(default)]
+    pub fuse_ring_requests: u64,
+    #[serde(default)]
+    pub fuse_dev_requests: u64,
+    #[serde(default)]
+    pub fuse_direct_ios: u64,
 }
 
 /// `GET /v1/exports` of an exporter.

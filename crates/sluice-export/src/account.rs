@@ -79,6 +79,23 @@ pub struct ExportAccount {
     pub(crate) direct_requests: AtomicU64,
     pub(crate) handed_off_requests: AtomicU64,
     pub(crate) direct_queues_replaced: AtomicU64,
+    /// Requests of a FUSE session of our own, by path (`--transport
+    /// uring`; `fuse::uring` counts into these).
+    pub(crate) fuse: Arc<FuseRequestCounts>,
+}
+
+/// Requests a FUSE session of our own served, by path.
+#[derive(Debug, Default)]
+pub struct FuseRequestCounts {
+    /// Over the kernel's FUSE-over-io_uring ring.
+    pub ring: AtomicU64,
+    /// Over `/dev/fuse` (before the ring is ready, forgets, interrupts, or
+    /// all of them when the kernel offers no ring).
+    pub dev_fuse: AtomicU64,
+    /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
+    pub direct: AtomicU64,
+    /// Direct queues that replaced a failed one.
+    pub direct_replaced: AtomicU64,
 }
 
 impl std::fmt::Debug for ExportAccount {
@@ -111,6 +128,12 @@ pub struct ExportCounters {
     pub handed_off_requests: u64,
     /// Direct queues that replaced a failed one under a live connection.
     pub direct_queues_replaced: u64,
+    /// A FUSE session of our own: requests over the ring and over
+    /// `/dev/fuse`, block I/Os on the ring's own queue, its queues replaced.
+    pub fuse_ring_requests: u64,
+    pub fuse_dev_requests: u64,
+    pub fuse_direct_ios: u64,
+    pub fuse_direct_queues_replaced: u64,
 }
 
 impl ExportAccount {
@@ -141,6 +164,7 @@ impl ExportAccount {
             direct_requests: AtomicU64::new(0),
             handed_off_requests: AtomicU64::new(0),
             direct_queues_replaced: AtomicU64::new(0),
+            fuse: Arc::default(),
         })
     }
 
@@ -253,6 +277,10 @@ impl ExportAccount {
             direct_requests: l(&self.direct_requests),
             handed_off_requests: l(&self.handed_off_requests),
             direct_queues_replaced: l(&self.direct_queues_replaced),
+            fuse_ring_requests: l(&self.fuse.ring),
+            fuse_dev_requests: l(&self.fuse.dev_fuse),
+            fuse_direct_ios: l(&self.fuse.direct),
+            fuse_direct_queues_replaced: l(&self.fuse.direct_replaced),
         }
     }
 }
@@ -490,6 +518,9 @@ impl CpuAccountant {
                         nbd_task_connections: c.task_connections,
                         nbd_direct_requests: c.direct_requests,
                         nbd_handed_off_requests: c.handed_off_requests,
+                        fuse_ring_requests: c.fuse_ring_requests,
+                        fuse_dev_requests: c.fuse_dev_requests,
+                        fuse_direct_ios: c.fuse_direct_ios,
                     }
                 })
                 .collect(),
@@ -513,7 +544,7 @@ impl Collector for ExportCollector {
         let ex: Vec<ExportCounters> = self.0.exports().iter().map(|e| e.counters()).collect();
         let e = &mut enc;
         type F = fn(&ExportCounters) -> f64;
-        let families: [(&str, &str, Option<Unit>, F); 11] = [
+        let families: [(&str, &str, Option<Unit>, F); 15] = [
             (
                 "sluice_export_ios",
                 "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
@@ -579,6 +610,30 @@ impl Collector for ExportCollector {
                 "direct queues that replaced a failed one under a live connection",
                 None,
                 |c| c.direct_queues_replaced as f64,
+            ),
+            (
+                "sluice_export_fuse_ring_requests",
+                "FUSE requests served over the kernel's io_uring ring (--transport uring)",
+                None,
+                |c| c.fuse_ring_requests as f64,
+            ),
+            (
+                "sluice_export_fuse_dev_requests",
+                "FUSE requests of a session of our own served over /dev/fuse (before the ring is ready, forgets, interrupts; all when the kernel offers no ring)",
+                None,
+                |c| c.fuse_dev_requests as f64,
+            ),
+            (
+                "sluice_export_fuse_direct_ios",
+                "block I/Os the FUSE ring thread ran on its own NVMe/TCP queue",
+                None,
+                |c| c.fuse_direct_ios as f64,
+            ),
+            (
+                "sluice_export_fuse_direct_queues_replaced",
+                "direct queues the FUSE ring got to replace a failed one",
+                None,
+                |c| c.fuse_direct_queues_replaced as f64,
             ),
         ];
         for (name, help, unit, f) in families {

@@ -11,8 +11,9 @@
 //! message, without them.
 #![allow(clippy::unwrap_used, clippy::cast_possible_truncation)]
 
+use sluice_export::account::CpuAccountant;
 use sluice_export::fuse::uring::{self, Transport};
-use sluice_export::fuse::FuseConfig;
+use sluice_export::fuse::{FuseAccounting, FuseConfig};
 use sluice_export::{BlockDevice, ByteDevice, MemDevice};
 use sluice_host::{ConnectOptions, Controller};
 use std::sync::Arc;
@@ -104,12 +105,28 @@ fn mount_and_check<D: BlockDevice>(
     dev: Arc<ByteDevice<D>>,
     want_uring: bool,
 ) -> (Transport, u64) {
+    mount_and_check_accounted(rt, dev, want_uring, None)
+}
+
+/// As [`mount_and_check`], the session accounted to an export of `acct`
+/// when given: its request counts must then be the export's, on
+/// `/metrics`.
+fn mount_and_check_accounted<D: BlockDevice>(
+    rt: &tokio::runtime::Runtime,
+    dev: Arc<ByteDevice<D>>,
+    want_uring: bool,
+    acct: Option<&Arc<CpuAccountant>>,
+) -> (Transport, u64) {
     let dir = tempfile::tempdir().unwrap();
+    let accounting = acct.map(|a| FuseAccounting {
+        accountant: a.clone(),
+        export: a.add_export("disk.img", "nqn.test:fuse-uring", None, None),
+    });
     let session = uring::mount(
         dev,
         rt.handle().clone(),
         &config(),
-        None,
+        accounting,
         dir.path(),
         want_uring,
     )
@@ -195,6 +212,32 @@ fn mount_and_check<D: BlockDevice>(
     let (ring, dev_fuse) = session.requests();
     let direct = session.direct_ios();
     eprintln!("{transport:?}: {ring} requests over the ring, {dev_fuse} over /dev/fuse");
+    if let Some(a) = acct {
+        // The same counters (read between two reads of the session's, as
+        // a late request may still arrive).
+        let text = a.prometheus();
+        let (ring_after, dev_after) = session.requests();
+        let direct_after = session.direct_ios();
+        let value = |family: &str| -> u64 {
+            let key = format!("{family}{{export=\"disk.img\",hostnqn=\"nqn.test:fuse-uring\"}} ");
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .unwrap_or_else(|| panic!("{key} not in\n{text}"));
+            line.trim().trim_end_matches(".0").parse::<u64>().unwrap()
+        };
+        for (family, lo, hi) in [
+            ("sluice_export_fuse_ring_requests_total", ring, ring_after),
+            ("sluice_export_fuse_dev_requests_total", dev_fuse, dev_after),
+            ("sluice_export_fuse_direct_ios_total", direct, direct_after),
+        ] {
+            let v = value(family);
+            assert!(
+                (lo..=hi).contains(&v),
+                "{family} {v}, the session counted {lo}..={hi}"
+            );
+        }
+    }
     match transport {
         // A few may come before the ring is ready; the I/O goes over it.
         Transport::IoUring { .. } => assert!(ring > 50 && ring > dev_fuse, "{ring} / {dev_fuse}"),
@@ -247,7 +290,9 @@ fn the_own_session_serves_the_file_over_io_uring_and_over_dev_fuse() {
         ))
         .unwrap();
     let ns = ctrl.namespace(1).unwrap();
-    let (t, direct) = mount_and_check(&rt, ByteDevice::new(ns), true);
+    // Accounted as `sluice fuse` accounts it: the counts are on /metrics.
+    let acct = CpuAccountant::new();
+    let (t, direct) = mount_and_check_accounted(&rt, ByteDevice::new(ns), true, Some(&acct));
     if uring::kernel_offers_uring() {
         assert!(matches!(t, Transport::IoUring { .. }), "{t:?}");
         assert!(direct >= 40, "{direct} I/Os on the ring's own queue");

@@ -31,7 +31,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::task::Poll;
@@ -96,16 +96,9 @@ struct Shared<D> {
     counts: Arc<RequestCounts>,
 }
 
-/// Requests served over each path.
-#[derive(Debug, Default)]
-pub struct RequestCounts {
-    pub ring: AtomicU64,
-    pub dev_fuse: AtomicU64,
-    /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
-    pub direct: AtomicU64,
-    /// Direct queues that replaced a failed one.
-    pub direct_replaced: AtomicU64,
-}
+/// Requests served over each path: the export's own counters when the
+/// session is accounted (so `/metrics` shows them), else the session's.
+pub use crate::account::FuseRequestCounts as RequestCounts;
 
 impl<D> Shared<D> {
     fn wait_unthrottled(&self) {
@@ -220,7 +213,9 @@ pub fn mount<D: BlockDevice>(
     .map_err(|e| io::Error::other(format!("opening /dev/fuse: {e}")))?;
     let fd = Arc::new(raw);
     mount_fd(fd.as_raw_fd(), mountpoint, cfg.read_only)?;
-    let counts = Arc::new(RequestCounts::default());
+    let counts = acct
+        .as_ref()
+        .map_or_else(Arc::default, |a| a.export.fuse.clone());
     let mut session = OwnSession {
         mountpoint: mountpoint.to_owned(),
         transport: Transport::DevFuse,
