@@ -917,23 +917,7 @@ mod tests {
 
     #[test]
     fn a_zeroed_reserve_above_the_owned_slots_is_not_fragmentation() {
-        let mut d = DriveRecord {
-            id: DriveId(0),
-            spec: DriveSpec {
-                addr: "a:1".into(),
-                nqn: "n".into(),
-                nsid: 1,
-            },
-            state: DriveState::Up,
-            block_size_bytes: 4096,
-            slots_total: 100,
-            next_slot: 0,
-            free: vec![],
-            clean: vec![],
-            zeroing: vec![],
-            quarantined: vec![],
-            nguid: None,
-        };
+        let mut d = drive(100);
         assert_eq!(d.fragment_degree(), 0.0);
         // A reserve of 8 clean slots on a fresh drive: no holes.
         d.next_slot = 8;
@@ -966,21 +950,11 @@ mod tests {
     #[test]
     fn slot_lists_are_stored_as_runs_and_read_back_whole() {
         let mut d = DriveRecord {
-            id: DriveId(1),
-            spec: DriveSpec {
-                addr: "127.0.0.1:4420".into(),
-                nqn: "nqn.test".into(),
-                nsid: 1,
-            },
-            state: DriveState::Up,
-            block_size_bytes: 4096,
-            slots_total: 4096,
             next_slot: 4096,
             free: vec![1, 2, 3, 7, 9, 10],
             clean: (100..1124).collect(),
-            zeroing: vec![],
             quarantined: vec![4000],
-            nguid: None,
+            ..drive(4096)
         };
         let json = serde_json::to_string(&d).unwrap();
         assert!(json.contains(r#""free":[[1,3],7,[9,2]]"#), "{json}");
