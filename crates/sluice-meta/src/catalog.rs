@@ -1109,7 +1109,9 @@ impl<S: MetaStore> Catalog<S> {
     /// it at epoch R with `zero`, then declares it clean in the transaction
     /// that claims the next batch: one transaction per batch. Returns how
     /// many became clean. Each transaction holds the slot lock; the
-    /// zeroing does not.
+    /// zeroing does not. While extent faults are committing, a step rides
+    /// on the next fault's transaction instead of committing alone
+    /// (`Catalog::ride`, private).
     pub async fn zero_ahead<Z, Fut>(
         &self,
         id: DriveId,
