@@ -179,13 +179,10 @@ const ZERO_ROUNDS_MAX: u32 = 64;
 /// free slot of a chosen drive already being zeroed (about 3 s in all).
 const ZERO_WAIT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How recently an extent fault must have committed for the zeroer to
-/// hand its next step to the faults rather than commit it alone.
-const RIDE_RECENT: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// How long a zeroer step waits for a fault to carry it before it commits
-/// alone.
-const RIDE_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+/// The default ride window: a zeroer step rides when an extent fault
+/// committed this recently, and waits this long for one to carry it before
+/// it commits alone ([`Catalog::with_ride_window`]).
+pub const RIDE_WINDOW: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Zeroer steps one fault carries at most: each adds a drive record (a
 /// compare and a put) to its transaction, which etcd caps at 128
@@ -282,6 +279,8 @@ pub struct Catalog<S> {
     fault_committed_at: Mutex<Option<tokio::time::Instant>>,
     /// Zeroer steps carried by faults' transactions since start.
     rides_taken: std::sync::atomic::AtomicU64,
+    /// See [`RIDE_WINDOW`].
+    ride_window: std::time::Duration,
 }
 
 /// Volumes remembered by the allocation fast path, at most.
@@ -327,7 +326,17 @@ impl<S: MetaStore> Catalog<S> {
             rides: Mutex::new(HashMap::new()),
             fault_committed_at: Mutex::new(None),
             rides_taken: std::sync::atomic::AtomicU64::new(0),
+            ride_window: RIDE_WINDOW,
         }
+    }
+
+    /// Sets the ride window (default [`RIDE_WINDOW`]): a store whose commits
+    /// take longer than 5 ms apart under a stream of faults needs a longer
+    /// one for the zeroer's steps to ride, and tests use one long enough to
+    /// make a ride certain.
+    pub fn with_ride_window(mut self, window: std::time::Duration) -> Catalog<S> {
+        self.ride_window = window;
+        self
     }
 
     /// Zeroer steps that rode on extent faults' transactions instead of
@@ -1040,8 +1049,8 @@ impl<S: MetaStore> Catalog<S> {
                     // A drive added since (by any control plane) bumps
                     // pool/ids: the conflict sends this to the fresh path.
                     let txn = guard(txn, keys::IDS, ids_rev);
-                    let txn = Self::carry(txn, &alloc, &drives, &riders);
-                    if let Some(rev) = self.commit("allocate_extent", txn).await? {
+                    let (op, txn) = Self::carry(txn, &alloc, &drives, &riders);
+                    if let Some(rev) = self.commit(op, txn).await? {
                         self.arrive(&mut riders, &alloc, &mut drives, rev);
                         self.remember(name, &alloc, rev, drives, ids_rev, false);
                         return Ok(Attempt::Done(alloc));
@@ -1092,8 +1101,8 @@ impl<S: MetaStore> Catalog<S> {
                 Plan::Ready(txn, alloc) => (txn, alloc),
                 Plan::NeedsZeroing(ids) => return Ok(Attempt::NeedsZeroing(ids)),
             };
-            let txn = Self::carry(txn, &alloc, &drives, &riders);
-            if let Some(rev) = self.commit("allocate_extent", txn).await? {
+            let (op, txn) = Self::carry(txn, &alloc, &drives, &riders);
+            if let Some(rev) = self.commit(op, txn).await? {
                 self.arrive(&mut riders, &alloc, &mut drives, rev);
                 self.remember(name, &alloc, rev, drives, ids_rev, true);
                 return Ok(Attempt::Done(alloc));
@@ -1177,14 +1186,14 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Hands a zeroer step (declare `finished` clean, claim `claim` more on
     /// drive `id`) to the next extent fault's transaction, when faults are
-    /// committing; None when none carried it within [`RIDE_WAIT`] (or it
+    /// committing; None when none carried it within the ride window (or it
     /// failed), and the caller commits the step alone.
     async fn ride(&self, id: DriveId, finished: &[u64], claim: usize) -> Option<Rode> {
         let recent = self
             .fault_committed_at
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .is_some_and(|t| t.elapsed() < RIDE_RECENT);
+            .is_some_and(|t| t.elapsed() < self.ride_window);
         if !recent {
             return None;
         }
@@ -1198,7 +1207,7 @@ impl<S: MetaStore> Catalog<S> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(id, ride);
-        match tokio::time::timeout(RIDE_WAIT, &mut rode).await {
+        match tokio::time::timeout(self.ride_window, &mut rode).await {
             Ok(r) => r.ok(),
             Err(_) => {
                 // A fault boards rides under the slot lock and answers
@@ -1253,17 +1262,20 @@ impl<S: MetaStore> Catalog<S> {
 
     /// Adds to a fault's transaction the drives that carry a ride and that
     /// the fault did not choose (those it chose it writes already, rides
-    /// included).
+    /// included). Returns the commit's name: `allocate_extent.ride` when it
+    /// carries a zeroer step (its own crash points), else `allocate_extent`.
     fn carry(
         mut txn: Txn,
         alloc: &Allocation,
         drives: &[(DriveRecord, u64)],
         riders: &[Boarded],
-    ) -> Txn {
+    ) -> (&'static str, Txn) {
+        let mut op = "allocate_extent";
         for b in riders {
             if b.finished.is_empty() && b.claimed.is_empty() {
                 continue;
             }
+            op = "allocate_extent.ride";
             if alloc.drives.iter().any(|a| a.id == b.drive) {
                 continue;
             }
@@ -1273,7 +1285,7 @@ impl<S: MetaStore> Catalog<S> {
                     .put(keys::drive(d.id), keys::encode(d));
             }
         }
-        txn
+        (op, txn)
     }
 
     /// Answers the rides a fault's transaction committed at `rev`, and

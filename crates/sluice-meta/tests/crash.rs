@@ -1,7 +1,7 @@
 //! Crash tests: a child process runs a catalog workload (drives, create,
 //! allocate, grow, delete, a failed drive leaving every chain, rebuilds and
-//! remaps, zeroing claims taken over, a delete that quarantines slots and
-//! their release) and dies, by
+//! remaps, zeroing beside faults that carry its steps, zeroing claims taken
+//! over, a delete that quarantines slots and their release) and dies, by
 //! `abort()` at an injected point (before or after a commit) or by SIGKILL at
 //! a random moment; the parent then checks that the metadata holds either
 //! the old or the new state of every change: no slot leaked or owned twice,
@@ -81,9 +81,16 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
             Err(CatalogError::DuplicateVolume(_)) => c.volume(&name).await.unwrap(),
             Err(e) => panic!("create: {e}"),
         };
-        for i in 0..v.extents() {
-            c.allocate_extent(&name, v.id, i).await.unwrap();
-        }
+        // The first fault, then the rest beside a zeroer batch: its steps
+        // ride on the faults' transactions ("allocate_extent.ride").
+        c.allocate_extent(&name, v.id, 0).await.unwrap();
+        let zero = |_: ZeroJob| async { Ok(()) };
+        let (zeroed, ()) = tokio::join!(c.zero_ahead(DriveId(0), 2, &zero), async {
+            for i in 1..v.extents() {
+                c.allocate_extent(&name, v.id, i).await.unwrap();
+            }
+        });
+        zeroed.unwrap();
         c.resize_volume(&name, v.size_bytes + EXTENT_BYTES)
             .await
             .unwrap();
@@ -158,6 +165,11 @@ async fn workload<S: MetaStore>(c: &Catalog<S>, rounds: u32) {
     }
 }
 
+/// The child's ride window: long enough that the workload's zeroer steps
+/// surely ride on its faults, short enough that a step no fault follows
+/// costs little.
+const RIDE_WINDOW: Duration = Duration::from_millis(200);
+
 #[test]
 fn crash_child() {
     let Ok(spec) = std::env::var("SLUICE_CRASH_CHILD") else {
@@ -187,14 +199,17 @@ fn crash_child() {
                 RedbStore::open(path.as_ref()).unwrap(),
                 PlacementWeights::default(),
             )
-            .with_crash_hook(hook);
+            .with_crash_hook(hook)
+            .with_ride_window(RIDE_WINDOW);
             workload(&c, 6).await;
         } else if let Some(rest) = spec.strip_prefix("etcd:") {
             let (endpoint, prefix) = rest.rsplit_once('|').unwrap();
             let store = EtcdStore::connect(&[endpoint.to_owned()], prefix)
                 .await
                 .unwrap();
-            let c = Catalog::new(store, PlacementWeights::default()).with_crash_hook(hook);
+            let c = Catalog::new(store, PlacementWeights::default())
+                .with_crash_hook(hook)
+                .with_ride_window(RIDE_WINDOW);
             workload(&c, 6).await;
         }
     });
@@ -287,12 +302,21 @@ fn redb_survives_a_crash_at_every_kind_of_point() {
 /// resumes the rebuild in progress.
 #[test]
 fn redb_survives_a_crash_at_every_rebuild_step() {
+    crash_before_and_after_each(
+        "r.redb",
+        &["begin_rebuild", "finish_rebuild", "abort_rebuild"],
+    );
+}
+
+/// For each operation of `ops` in turn, on one redb database: a child dies
+/// before (point 1) and after (point 2) the operation's first commit, and
+/// the fsck holds each time; then a run with no crash completes on top.
+fn crash_before_and_after_each(file: &str, ops: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("r.redb");
+    let path = dir.path().join(file);
     let spec = format!("redb:{}", path.display());
     let rt = rt();
-    for op in ["begin_rebuild", "finish_rebuild", "abort_rebuild"] {
-        // Point 1 is before the op's first commit, 2 after it.
+    for op in ops {
         for n in [1, 2] {
             assert_eq!(
                 run_child_at(&spec, Some(op), Some(n), None),
@@ -308,35 +332,25 @@ fn redb_survives_a_crash_at_every_rebuild_step() {
 
 /// Every step of zeroing and quarantine, before and after its commit:
 /// the zeroer's batch (claim, then declare clean with the next claim), a
-/// fault's own claim, the take-over of the claim a crash left, the delete
-/// that quarantines, and the release. The process dies there, the fsck
+/// zeroer step carried by a fault's transaction, a fault's own claim, the
+/// take-over of the claim a crash left, the delete that quarantines, and
+/// the release. The process dies there, the fsck
 /// holds, and the next run takes over what was left.
 #[test]
 fn redb_survives_a_crash_at_every_zeroing_and_quarantine_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("z.redb");
-    let spec = format!("redb:{}", path.display());
-    let rt = rt();
-    // A crash after "zero_ahead.claim" commits leaves a stale claim, so
-    // the next run passes "recover_claims.take".
-    for op in [
-        "zero_ahead",
-        "zero_ahead.claim",
-        "recover_claims.take",
-        "delete_volume.batch",
-        "release_quarantine",
-    ] {
-        for n in [1, 2] {
-            assert_eq!(
-                run_child_at(&spec, Some(op), Some(n), None),
-                (false, true),
-                "the child should have crashed at point {n} of {op}"
-            );
-            rt.block_on(verify(RedbStore::open(&path).unwrap()));
-        }
-    }
-    assert_eq!(run_child(&spec, None, None), (true, false));
-    rt.block_on(verify(RedbStore::open(&path).unwrap()));
+    // A crash after "zero_ahead.claim" or "allocate_extent.ride" commits
+    // leaves a stale claim, so the next run passes "recover_claims.take".
+    crash_before_and_after_each(
+        "z.redb",
+        &[
+            "zero_ahead",
+            "zero_ahead.claim",
+            "allocate_extent.ride",
+            "recover_claims.take",
+            "delete_volume.batch",
+            "release_quarantine",
+        ],
+    );
 }
 
 #[test]
