@@ -52,3 +52,21 @@ pub use error::VolumeError;
 pub use server::{serve, ControlConfig, Metadata};
 pub use volume::{DrivePool, Volume};
 pub use zeroer::ZeroerConfig;
+
+/// Asserts that `collector`'s metrics text has each of `lines` as a whole
+/// line (the collectors' unit tests).
+#[cfg(test)]
+pub(crate) fn assert_metric_lines(
+    collector: impl prometheus_client::collector::Collector + 'static,
+    lines: &[&str],
+) {
+    let mut reg = prometheus_client::registry::Registry::default();
+    reg.register_collector(Box::new(collector));
+    let text = sluice_admin::metrics::encode(&reg).expect("encodes");
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "{line:?} missing in\n{text}"
+        );
+    }
+}

@@ -748,22 +748,17 @@ mod tests {
             g.current = "v/2".into();
             g.extents_remapped = 2;
         }
-        let mut reg = prometheus_client::registry::Registry::default();
-        reg.register_collector(Box::new(RebuildCollector(p)));
-        let text = sluice_admin::metrics::encode(&reg).expect("encodes");
-        for line in [
-            "sluice_rebuild_rate_bytes_per_second 67108864",
-            "sluice_rebuild_degraded_extents 3",
-            "sluice_rebuild_in_progress 1",
-            "sluice_rebuild_extents_rebuilt_total 7",
-            "sluice_rebuild_copied_bytes_total 14680064",
-            "sluice_rebuild_extents_aborted_total 1",
-            "sluice_remap_extents_remapped_total 2",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "{line:?} missing in\n{text}"
-            );
-        }
+        crate::assert_metric_lines(
+            RebuildCollector(p),
+            &[
+                "sluice_rebuild_rate_bytes_per_second 67108864",
+                "sluice_rebuild_degraded_extents 3",
+                "sluice_rebuild_in_progress 1",
+                "sluice_rebuild_extents_rebuilt_total 7",
+                "sluice_rebuild_copied_bytes_total 14680064",
+                "sluice_rebuild_extents_aborted_total 1",
+                "sluice_remap_extents_remapped_total 2",
+            ],
+        );
     }
 }

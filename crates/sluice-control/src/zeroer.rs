@@ -532,20 +532,17 @@ mod tests {
         p.slots_zeroed.store(300, Ordering::Relaxed);
         p.claims_taken_over.store(2, Ordering::Relaxed);
         p.quarantine_released.store(5, Ordering::Relaxed);
-        let mut reg = prometheus_client::registry::Registry::default();
-        reg.register_collector(Box::new(ZeroerCollector(p)));
-        let text = sluice_admin::metrics::encode(&reg).expect("encodes");
-        for line in [
-            "sluice_zeroer_slots_clean 128",
-            "sluice_zeroer_slots_quarantined 8",
-            "sluice_zeroer_slots_zeroed_total 300",
-            "sluice_zeroer_claims_taken_over_total 2",
-            "sluice_zeroer_quarantine_released_total 5",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "{line:?} missing in\n{text}"
-            );
-        }
+        p.steps_ridden.store(40, Ordering::Relaxed);
+        crate::assert_metric_lines(
+            ZeroerCollector(p),
+            &[
+                "sluice_zeroer_slots_clean 128",
+                "sluice_zeroer_slots_quarantined 8",
+                "sluice_zeroer_slots_zeroed_total 300",
+                "sluice_zeroer_steps_ridden_total 40",
+                "sluice_zeroer_claims_taken_over_total 2",
+                "sluice_zeroer_quarantine_released_total 5",
+            ],
+        );
     }
 }
