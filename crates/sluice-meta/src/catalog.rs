@@ -726,8 +726,7 @@ impl<S: MetaStore> Catalog<S> {
             .await?
             .iter()
             .filter(|d| d.state == DriveState::Up)
-            // Quarantined slots are not there to be reserved until released.
-            .map(|d| d.slots_total - d.quarantined.len() as u64)
+            .map(DriveRecord::slots_reservable)
             .sum();
         let reserved = self
             .get::<Reserved>(keys::RESERVED)
@@ -768,7 +767,7 @@ impl<S: MetaStore> Catalog<S> {
                     up.len()
                 )));
             }
-            let total: u64 = up.iter().map(|d| d.slots_total).sum();
+            let total: u64 = up.iter().map(|d| d.slots_reservable()).sum();
             let (reserved, reserved_rev) = self
                 .get::<Reserved>(keys::RESERVED)
                 .await?

@@ -235,6 +235,12 @@ impl DriveRecord {
         self.slots_total - self.slots_used()
     }
 
+    /// Slots volumes may reserve: all but those held in quarantine until a
+    /// fence (or the operator) releases them.
+    pub fn slots_reservable(&self) -> u64 {
+        self.slots_total.saturating_sub(self.quarantined.len() as u64)
+    }
+
     /// Free slots ready for an extent fault without zeroing.
     pub fn slots_clean(&self) -> usize {
         self.clean.len()
