@@ -95,6 +95,9 @@ pub const QUEUE_DEPTH_MAX: u16 = 1024;
 pub const IO_QUEUES_MAX: u16 = 128;
 pub const INLINE_DATA_BYTES_MAX: u32 = 128 * 1024;
 pub const MDTS_BYTES_MAX: u32 = 8 * 1024 * 1024;
+/// The largest `target.write_zeroes_bytes_max`: 65536 blocks of 4 KiB,
+/// what one command can name anyway.
+pub const WRITE_ZEROES_BYTES_MAX: u64 = 256 * 1024 * 1024;
 /// The largest value of each connection limit (`target.connections_max`,
 /// `connections_per_source_max`, `connections_handshaking_max`).
 pub const CONNECTIONS_MAX: u32 = 1 << 20;

@@ -9,6 +9,7 @@ use crate::size::SizeValue;
 use crate::{
     bytes, err, ranged_as, ConfigError, CONNECTIONS_MAX, HANDSHAKE_TIMEOUT_MS_MAX,
     INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX, QUEUE_DEPTH_MAX, WORKERS_MAX,
+    WRITE_ZEROES_BYTES_MAX,
 };
 use serde::{Deserialize, Serialize};
 use sluice_proto::send::SendConfig;
@@ -40,6 +41,12 @@ pub struct TargetSettings {
     pub max_c2h_data_bytes: u32,
     /// Maximum data transfer size; a power of two multiple of 4 KiB.
     pub mdts_bytes: u32,
+    /// Largest Write Zeroes (WZSL in the NVM Identify Controller), a power
+    /// of two from 8 KiB (WZSL counts 2^n 4 KiB pages, and 0 means no
+    /// limit); `None`: only NLB's 65536 blocks bound it.
+    /// Longer ones are refused with Invalid Field. A cap bounds how long one
+    /// command holds a slow backend.
+    pub write_zeroes_bytes_max: Option<u64>,
     /// Largest queue depth a Connect may ask for (CAP.MQES + 1).
     pub queue_depth_max: u16,
     pub io_queues_max: u16,
@@ -106,6 +113,7 @@ impl Default for TargetSettings {
             max_h2c_data_bytes: 128 * 1024,
             max_c2h_data_bytes: 128 * 1024,
             mdts_bytes: 1024 * 1024,
+            write_zeroes_bytes_max: None,
             queue_depth_max: 128,
             io_queues_max: 8,
             kato_grace_ms: 500,
@@ -159,6 +167,10 @@ impl TargetSettings {
     }
     pub fn with_mdts_bytes(mut self, n: u32) -> Self {
         self.mdts_bytes = n;
+        self
+    }
+    pub fn with_write_zeroes_bytes_max(mut self, n: Option<u64>) -> Self {
+        self.write_zeroes_bytes_max = n;
         self
     }
     pub fn with_queue_depth_max(mut self, n: u16) -> Self {
@@ -234,6 +246,8 @@ pub struct TargetFile {
     pub(crate) max_c2h_data_bytes: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) mdts_bytes: Option<SizeValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) write_zeroes_bytes_max: Option<SizeValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) queue_depth_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -358,6 +372,16 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
         };
         t.mdts_bytes = v;
     }
+    if let Some(s) = &r.write_zeroes_bytes_max {
+        let v = bytes("target.write_zeroes_bytes_max", s)?;
+        if !((8192..=WRITE_ZEROES_BYTES_MAX).contains(&v) && v.is_power_of_two()) {
+            return Err(err(
+                "target.write_zeroes_bytes_max",
+                format!("{v} must be a power of two from 8KiB to {WRITE_ZEROES_BYTES_MAX}"),
+            ));
+        }
+        t.write_zeroes_bytes_max = Some(v);
+    }
     if let Some(v) = r.queue_depth_max {
         t.queue_depth_max = ranged_as("target.queue_depth_max", v, 32, QUEUE_DEPTH_MAX)?;
     }
@@ -434,6 +458,7 @@ impl From<TargetSettings> for TargetFile {
             max_h2c_data_bytes: size(t.max_h2c_data_bytes),
             max_c2h_data_bytes: size(t.max_c2h_data_bytes),
             mdts_bytes: size(t.mdts_bytes),
+            write_zeroes_bytes_max: t.write_zeroes_bytes_max.map(SizeValue::from),
             queue_depth_max: Some(i64::from(t.queue_depth_max)),
             io_queues_max: Some(i64::from(t.io_queues_max)),
             kato_grace_ms: Some(i64::from(t.kato_grace_ms)),

@@ -68,6 +68,18 @@ fn errors_name_the_key() {
     must_fail("[target]\nlisten = \"nowhere\"", "target.listen");
     must_fail("[target]\nmdts_bytes = \"3k\"", "target.mdts_bytes");
     must_fail("[target]\nmdts_bytes = \"-4k\"", "target.mdts_bytes");
+    must_fail(
+        "[target]\nwrite_zeroes_bytes_max = \"12k\"",
+        "target.write_zeroes_bytes_max",
+    );
+    must_fail(
+        "[target]\nwrite_zeroes_bytes_max = \"4k\"",
+        "target.write_zeroes_bytes_max",
+    );
+    must_fail(
+        "[target]\nwrite_zeroes_bytes_max = \"512M\"",
+        "target.write_zeroes_bytes_max",
+    );
     must_fail("[target]\nbogus = 1", "(file)");
     must_fail(
         "[[subsystem]]\nnqn = \"bad\"\nallow_any_host = true",
@@ -255,6 +267,7 @@ fn toml_round_trip() {
         polling = "adaptive"
         adaptive_spin_us = 7
         mdts_bytes = "256k"
+        write_zeroes_bytes_max = "64k"
         send_scheduler = "isolated"
         send = {{ latency_size = "1k", data_degree = 4 }}
         coalescing = {{ mode = "static", threshold = 4, timeout_us = 20, urgent = "flush-all" }}
@@ -286,6 +299,7 @@ fn toml_round_trip() {
         "#
     );
     let c = Config::from_toml(&text).unwrap();
+    assert_eq!(c.target.write_zeroes_bytes_max, Some(64 << 10));
     let written = c.to_toml().unwrap();
     assert_eq!(Config::from_toml(&written), Ok(c.clone()), "{written}");
     // Also through JSON (serde, not just TOML).

@@ -14,7 +14,9 @@ use sluice_proto::command::{admin, io, Sqe};
 use sluice_proto::fabrics::{
     cc, csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
 };
-use sluice_proto::identify::{cns, decode_active_ns_list, IdentifyController, IdentifyNamespace};
+use sluice_proto::identify::{
+    cns, decode_active_ns_list, oncs, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
+};
 use sluice_proto::log::GetLogPage;
 use tokio::sync::mpsc;
 
@@ -153,6 +155,66 @@ pub struct FenceAnswer {
     pub granule_shift: u32,
 }
 
+/// The limits of the commands that move no data, from Identify Controller
+/// (ONCS) and the NVM command set's Identify Controller (CNS 06h): how the
+/// host splits Write Zeroes and Dataset Management. A controller that
+/// answers CNS 06h with an error, or one below NVMe 1.2, sets no limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandLimits {
+    /// ONCS: the controller takes Write Zeroes. Without it,
+    /// [`Namespace::write_zeroes`] writes zeroed data instead.
+    pub write_zeroes: bool,
+    /// WZSL in bytes (`None`: only NLB's 65536 blocks bound a command).
+    pub write_zeroes_bytes_max: Option<u64>,
+    /// ONCS: the controller takes Dataset Management.
+    pub dataset_management: bool,
+    /// DMRL: most ranges in one Dataset Management (1..=256).
+    pub dsm_ranges_max: u16,
+    /// DMRSL: most blocks in one range (at least 1).
+    pub dsm_range_blocks_max: u32,
+    /// DMSL: most blocks in one Dataset Management (`None`: no limit).
+    pub dsm_blocks_max: Option<u64>,
+}
+
+impl CommandLimits {
+    /// The limits a controller's answers give: `nvm` is `None` when it
+    /// had no CNS 06h to offer; `page_bytes_min` is CAP.MPSMIN's page.
+    pub fn from_identify(
+        ident: &IdentifyController,
+        nvm: Option<&IdentifyControllerNvm>,
+        page_bytes_min: u64,
+    ) -> CommandLimits {
+        let nvm = nvm.copied().unwrap_or_default();
+        CommandLimits {
+            write_zeroes: ident.oncs & oncs::WRITE_ZEROES != 0,
+            write_zeroes_bytes_max: nvm.write_zeroes_bytes_max(page_bytes_min),
+            dataset_management: ident.oncs & oncs::DSM != 0,
+            dsm_ranges_max: if nvm.dmrl == 0 {
+                256
+            } else {
+                u16::from(nvm.dmrl)
+            },
+            dsm_range_blocks_max: if nvm.dmrsl == 0 { u32::MAX } else { nvm.dmrsl },
+            dsm_blocks_max: (nvm.dmsl != 0).then_some(nvm.dmsl),
+        }
+    }
+
+    /// Blocks of `block_bytes` in one Write Zeroes: at most 65536 and the
+    /// WZSL; `None` when the controller takes no Write Zeroes, or its WZSL
+    /// is below one block.
+    pub fn write_zeroes_blocks_max(&self, block_bytes: u32) -> Option<u32> {
+        if !self.write_zeroes || block_bytes == 0 {
+            return None;
+        }
+        let by_limit = self
+            .write_zeroes_bytes_max
+            .map_or(u64::MAX, |b| b / u64::from(block_bytes));
+        let n = by_limit.min(65536);
+        // n <= 65536.
+        (n > 0).then(|| u32::try_from(n).unwrap_or(65536))
+    }
+}
+
 /// A namespace as Identify reported it.
 #[derive(Debug, Clone)]
 pub struct NamespaceInfo {
@@ -174,6 +236,7 @@ struct Assoc {
     ident: IdentifyController,
     namespaces: Vec<NamespaceInfo>,
     max_transfer_bytes: u32,
+    limits: CommandLimits,
     queue_depth: u16,
     /// In-capsule limit of the I/O queues.
     in_capsule: u32,
@@ -535,6 +598,27 @@ async fn identify(q: &QueueHandle, cns_v: u8, nsid: u32) -> Result<Vec<u8>> {
     Ok(nvme(admin::IDENTIFY, q.execute(s, Payload::Read(4096)).await)?.data)
 }
 
+/// The NVM command set's Identify Controller (CNS 06h, CSI 00h), asked of
+/// controllers of NVMe 1.2 and later (where CNS is a whole byte, as the
+/// Linux host asks). An NVMe error status means "no limits" (`None`);
+/// transport errors fail.
+async fn identify_nvm(q: &QueueHandle, vs: u32) -> Result<Option<IdentifyControllerNvm>> {
+    if vs < 0x0001_0200 {
+        return Ok(None);
+    }
+    let mut s = Sqe::new(admin::IDENTIFY, 0, 0);
+    s.set_cdw(10, u32::from(cns::CS_CONTROLLER));
+    s.set_cdw(11, u32::from(sluice_proto::identify::csi::NVM) << 24);
+    match nvme(admin::IDENTIFY, q.execute(s, Payload::Read(4096)).await) {
+        Ok(c) => Ok(IdentifyControllerNvm::decode(&c.data)),
+        Err(HostError::Nvme { status, .. }) => {
+            tracing::debug!(%status, "no NVM Identify Controller: no Write Zeroes or DSM limits");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Enables the controller and waits for CSTS.RDY, bounded by CAP.TO.
 async fn enable(q: &QueueHandle, cap: u64) -> Result<()> {
     let to = Duration::from_millis(500 * Cap::decode(cap).to_500ms.max(1) as u64);
@@ -645,6 +729,8 @@ async fn establish(
         };
         let max_transfer_bytes = (opts.max_transfer_bytes.clamp(4096, TRANSFER_BYTES_MAX) as u64)
             .min(mdts_bytes) as u32;
+        let nvm = identify_nvm(&admin, s.vs).await?;
+        let limits = CommandLimits::from_identify(&s.ident, nvm.as_ref(), mpsmin_bytes);
         // Number of queues: ask (threaded plus direct ones), then use
         // min(granted, asked) threaded queues; direct queues take the QIDs
         // after them, up to what was granted.
@@ -757,6 +843,7 @@ async fn establish(
             ident: s.ident.clone(),
             namespaces,
             max_transfer_bytes,
+            limits,
             queue_depth: depth,
             in_capsule,
             io_queues_granted: granted,
@@ -865,6 +952,10 @@ impl Controller {
     }
     pub fn namespaces(&self) -> Vec<NamespaceInfo> {
         self.assoc().namespaces.clone()
+    }
+    /// How Write Zeroes and Dataset Management are split (ONCS, CNS 06h).
+    pub fn command_limits(&self) -> CommandLimits {
+        self.assoc().limits
     }
     pub fn options(&self) -> &ConnectOptions {
         &self.inner.opts
@@ -1228,7 +1319,9 @@ impl Namespace {
         Ok(())
     }
 
-    /// Write Zeroes over `blocks` blocks (split at 65536 blocks per command).
+    /// Write Zeroes over `blocks` blocks, split at the controller's limit
+    /// (WZSL, and 65536 blocks). A controller without Write Zeroes (ONCS),
+    /// or whose limit is below one block, gets zeroed data written instead.
     pub async fn write_zeroes(&self, lba: u64, blocks: u64) -> Result<()> {
         self.write_zeroes_at_epoch(lba, blocks, 0).await
     }
@@ -1238,9 +1331,16 @@ impl Namespace {
     pub async fn write_zeroes_at_epoch(&self, lba: u64, blocks: u64, epoch: u64) -> Result<()> {
         let bs = u64::from(self.info.block_size_bytes);
         self.rw_builder().check(lba, usize_from(blocks * bs))?;
+        let Some(chunk) = self
+            .ctrl
+            .command_limits()
+            .write_zeroes_blocks_max(self.info.block_size_bytes)
+        else {
+            return self.write_zeroed_data(lba, blocks, epoch).await;
+        };
         let mut at = 0;
         while at < blocks {
-            let n = piece(blocks - at, 65536);
+            let n = piece(blocks - at, chunk);
             let mut s = Sqe::rw(io::WRITE_ZEROES, 0, self.info.nsid, lba + at, n, false);
             sluice_proto::fence::set_io_epoch(&mut s, epoch);
             self.ctrl.io(s, Payload::None).await?;
@@ -1249,21 +1349,43 @@ impl Namespace {
         Ok(())
     }
 
-    /// Deallocate (Dataset Management, AD) `blocks` blocks from `lba`.
+    /// Zeroes by writing zeroed buffers, as Linux's `blkdev_issue_zeroout`
+    /// falls back to: pieces of at most [`ZEROED_DATA_BYTES_MAX`], one at
+    /// a time (each split at MDTS by [`Namespace::write`]).
+    async fn write_zeroed_data(&self, lba: u64, blocks: u64, epoch: u64) -> Result<()> {
+        let bs = u64::from(self.info.block_size_bytes.max(1));
+        let per = (ZEROED_DATA_BYTES_MAX as u64 / bs).max(1);
+        let zeros = vec![0u8; usize_from(per.min(blocks) * bs)];
+        let flags = IoFlags {
+            epoch,
+            ..IoFlags::default()
+        };
+        let mut at = 0;
+        while at < blocks {
+            let n = per.min(blocks - at);
+            self.write(lba + at, &zeros[..usize_from(n * bs)], flags)
+                .await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Deallocate (Dataset Management, AD) `blocks` blocks from `lba`, in
+    /// ranges and commands within the controller's DMRSL, DMRL and DMSL. A
+    /// controller without Dataset Management (ONCS) gets no command:
+    /// [`HostError::Incompatible`].
     pub async fn deallocate(&self, lba: u64, blocks: u64) -> Result<()> {
         self.rw_builder().check(
             lba,
             usize_from(blocks * u64::from(self.info.block_size_bytes)),
         )?;
-        // Ranges of at most 2^32-1 blocks, up to 256 per command.
-        let mut ranges = Vec::new();
-        let mut at = 0;
-        while at < blocks {
-            let n = piece(blocks - at, u32::MAX);
-            ranges.push((lba + at, n));
-            at += u64::from(n);
+        let lim = self.ctrl.command_limits();
+        if !lim.dataset_management {
+            return Err(HostError::Incompatible(
+                "the controller does not support Dataset Management (ONCS)".into(),
+            ));
         }
-        for group in ranges.chunks(256) {
+        for group in dsm_commands(lba, blocks, &lim) {
             let mut data = vec![0u8; group.len() * 16];
             for (i, (slba, nlb)) in group.iter().enumerate() {
                 data[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
@@ -1281,7 +1403,111 @@ impl Namespace {
     }
 }
 
+/// The largest zeroed buffer [`Namespace::write_zeroes`] writes at once
+/// when the controller has no Write Zeroes.
+pub const ZEROED_DATA_BYTES_MAX: usize = 8 << 20;
+
+/// Splits `blocks` from `lba` into Dataset Management commands: each a list
+/// of (SLBA, NLB) ranges of at most DMRSL blocks, at most DMRL ranges
+/// (and 256) and DMSL blocks per command. Every group is non-empty.
+pub fn dsm_commands(lba: u64, blocks: u64, lim: &CommandLimits) -> Vec<Vec<(u64, u32)>> {
+    let range_max = lim.dsm_range_blocks_max.max(1);
+    let ranges_max = usize::from(lim.dsm_ranges_max.clamp(1, 256));
+    let cmd_max = lim.dsm_blocks_max.unwrap_or(u64::MAX).max(1);
+    let mut out: Vec<Vec<(u64, u32)>> = Vec::new();
+    let mut group: Vec<(u64, u32)> = Vec::new();
+    let mut in_group = 0u64;
+    let mut at = 0;
+    while at < blocks {
+        if group.len() == ranges_max || in_group == cmd_max {
+            out.push(std::mem::take(&mut group));
+            in_group = 0;
+        }
+        let room = (cmd_max - in_group).min(blocks - at);
+        let n = piece(room, range_max);
+        group.push((lba + at, n));
+        in_group += u64::from(n);
+        at += u64::from(n);
+    }
+    if !group.is_empty() {
+        out.push(group);
+    }
+    out
+}
+
 /// The blocks of the next command: the `left` ones, at most `chunk`.
 fn piece(left: u64, chunk: u32) -> u32 {
     u32::try_from(left).map_or(chunk, |l| l.min(chunk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits(ranges: u16, range_blocks: u32, cmd_blocks: Option<u64>) -> CommandLimits {
+        CommandLimits {
+            write_zeroes: true,
+            write_zeroes_bytes_max: None,
+            dataset_management: true,
+            dsm_ranges_max: ranges,
+            dsm_range_blocks_max: range_blocks,
+            dsm_blocks_max: cmd_blocks,
+        }
+    }
+
+    #[test]
+    fn write_zeroes_blocks_follow_wzsl_and_nlb() {
+        let mut l = limits(256, u32::MAX, None);
+        assert_eq!(l.write_zeroes_blocks_max(512), Some(65536));
+        l.write_zeroes_bytes_max = Some(8192);
+        assert_eq!(l.write_zeroes_blocks_max(512), Some(16));
+        assert_eq!(l.write_zeroes_blocks_max(4096), Some(2));
+        // A limit below one block: no Write Zeroes at all.
+        assert_eq!(l.write_zeroes_blocks_max(16384), None);
+        l.write_zeroes = false;
+        assert_eq!(l.write_zeroes_blocks_max(512), None);
+        // Zeroes in CNS 06h mean no limits.
+        let id = IdentifyController {
+            oncs: oncs::WRITE_ZEROES | oncs::DSM,
+            ..Default::default()
+        };
+        let zero = IdentifyControllerNvm::default();
+        assert_eq!(
+            CommandLimits::from_identify(&id, Some(&zero), 4096),
+            limits(256, u32::MAX, None)
+        );
+        assert_eq!(
+            CommandLimits::from_identify(&id, None, 4096),
+            limits(256, u32::MAX, None)
+        );
+    }
+
+    proptest! {
+        /// The commands cover the range exactly, in order, each within
+        /// every limit, none empty.
+        #[test]
+        fn dsm_commands_cover_the_range_within_the_limits(
+            lba in 0u64..1 << 40,
+            blocks in 1u64..5000,
+            ranges in 1u16..=256,
+            range_blocks in 1u32..300,
+            cmd_blocks in proptest::option::of(1u64..2000),
+        ) {
+            let l = limits(ranges, range_blocks, cmd_blocks);
+            let cmds = dsm_commands(lba, blocks, &l);
+            let mut next = lba;
+            for c in &cmds {
+                prop_assert!(!c.is_empty() && c.len() <= usize::from(ranges));
+                let total: u64 = c.iter().map(|r| u64::from(r.1)).sum();
+                prop_assert!(total <= cmd_blocks.unwrap_or(u64::MAX));
+                for &(slba, nlb) in c {
+                    prop_assert_eq!(slba, next);
+                    prop_assert!(nlb >= 1 && nlb <= range_blocks);
+                    next += u64::from(nlb);
+                }
+            }
+            prop_assert_eq!(next, lba + blocks);
+        }
+    }
 }

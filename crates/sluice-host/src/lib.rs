@@ -20,8 +20,8 @@ mod queue;
 mod rw;
 
 pub use controller::{
-    ConnectOptions, Controller, FenceAnswer, IoFlags, Namespace, NamespaceInfo, ReconnectPolicy,
-    RwBuilder,
+    CommandLimits, ConnectOptions, Controller, FenceAnswer, IoFlags, Namespace, NamespaceInfo,
+    ReconnectPolicy, RwBuilder,
 };
 pub use direct::DirectQueue;
 pub use discovery::discover;

@@ -518,3 +518,136 @@ async fn writes_below_a_fence_are_refused_and_change_nothing() {
         .await
         .expect("still serving");
 }
+
+/// A controller's Write Zeroes and Dataset Management limits (CNS 06h:
+/// WZSL, DMRL, DMRSL, DMSL) split the host's commands; the scripted target
+/// refuses any command past them with Invalid Field, so one unsplit
+/// command fails the test. Zeroed and deallocated ranges read back zero,
+/// their neighbours keep their data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_zeroes_and_deallocate_split_at_the_controllers_limits() {
+    use sluice_proto::identify::IdentifyControllerNvm;
+    let cfg = MemTargetConfig {
+        nvm_limits: Some(IdentifyControllerNvm {
+            wzsl: 1, // 2 pages: 8 KiB, 16 blocks of 512 bytes
+            dmrl: 2,
+            dmrsl: 8,
+            dmsl: 12,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let t = MemTarget::start(cfg.clone()).expect("target");
+    let c = Controller::connect(t.addr(), &cfg.subnqn, opts())
+        .await
+        .expect("connect");
+    let lim = c.command_limits();
+    assert_eq!(lim.write_zeroes_bytes_max, Some(8192));
+    assert_eq!(lim.write_zeroes_blocks_max(512), Some(16));
+    assert_eq!(
+        (
+            lim.dsm_ranges_max,
+            lim.dsm_range_blocks_max,
+            lim.dsm_blocks_max
+        ),
+        (2, 8, Some(12))
+    );
+    let ns = c.namespace(1).expect("ns");
+    let all = pattern(256 * 512, 7);
+    ns.write(0, &all, IoFlags::default()).await.expect("write");
+
+    ns.write_zeroes(10, 100).await.expect("write zeroes");
+    // 100 blocks at 16 per command.
+    assert_eq!(
+        t.stats()
+            .write_zeroes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        7
+    );
+    let mut want = all.clone();
+    want[10 * 512..110 * 512].fill(0);
+    assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
+
+    ns.deallocate(150, 50).await.expect("deallocate");
+    // 50 blocks: ranges of at most 8, at most 12 blocks and 2 ranges per
+    // command: 4 commands of 8 + 4 blocks, then one range of 2.
+    let st = t.stats();
+    assert_eq!(
+        st.dsm_commands.load(std::sync::atomic::Ordering::Relaxed),
+        5
+    );
+    assert_eq!(st.dsm_ranges.load(std::sync::atomic::Ordering::Relaxed), 9);
+    want[150 * 512..200 * 512].fill(0);
+    assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
+    c.disconnect(Duration::from_secs(1)).await;
+}
+
+/// A controller without Write Zeroes in ONCS gets zeroed data written
+/// instead (no Write Zeroes command: the target would refuse it with
+/// Invalid Opcode); one without Dataset Management gets no Deallocate, and
+/// the caller learns why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_without_write_zeroes_or_dsm_gets_neither() {
+    let cfg = MemTargetConfig {
+        oncs: 0,
+        ..Default::default()
+    };
+    let t = MemTarget::start(cfg.clone()).expect("target");
+    let c = Controller::connect(t.addr(), &cfg.subnqn, opts())
+        .await
+        .expect("connect");
+    let lim = c.command_limits();
+    assert!(!lim.write_zeroes && !lim.dataset_management);
+    // No CNS 06h answer: no limits beyond NLB.
+    assert_eq!(lim.write_zeroes_bytes_max, None);
+    let ns = c.namespace(1).expect("ns");
+    let all = pattern(64 * 512, 9);
+    ns.write(0, &all, IoFlags::default()).await.expect("write");
+    let writes_before = t.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+    ns.write_zeroes(4, 40).await.expect("zeroes as data");
+    assert!(t.stats().writes.load(std::sync::atomic::Ordering::Relaxed) > writes_before);
+    assert_eq!(
+        t.stats()
+            .write_zeroes
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    let mut want = all.clone();
+    want[4 * 512..44 * 512].fill(0);
+    assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
+    match ns.deallocate(0, 8).await {
+        Err(HostError::Incompatible(why)) => assert!(why.contains("Dataset Management"), "{why}"),
+        r => panic!("deallocate without DSM: {r:?}"),
+    }
+    assert_eq!(
+        t.stats()
+            .dsm_commands
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
+    c.disconnect(Duration::from_secs(1)).await;
+}
+
+/// Sluice's target advertises `target.write_zeroes_bytes_max` as WZSL and
+/// refuses longer commands; the host reads it and splits, so a 1 MiB
+/// Write Zeroes succeeds and reads back zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_zeroes_within_a_sluice_targets_wzsl() {
+    let t = RealTarget::start_with(&[], |s| s.with_write_zeroes_bytes_max(Some(64 << 10)));
+    let c = Controller::connect(t.addr(), &t.subnqn.clone(), opts())
+        .await
+        .expect("connect");
+    assert_eq!(c.command_limits().write_zeroes_bytes_max, Some(64 << 10));
+    let ns = c.namespace(1).expect("ns");
+    let d = pattern(1 << 20, 3);
+    ns.write(2048, &d, IoFlags::default()).await.expect("write");
+    ns.write_zeroes(2048, 2048).await.expect("1 MiB of zeroes");
+    assert!(ns
+        .read(2048, 1 << 20, IoFlags::default())
+        .await
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    c.disconnect(Duration::from_secs(1)).await;
+}

@@ -1,6 +1,8 @@
 //! Identify data structures: Controller (CNS 01h), Namespace (CNS 00h),
 //! active namespace ID list (CNS 02h), namespace identification descriptor
-//! list (CNS 03h). Each is 4096 bytes on the wire.
+//! list (CNS 03h), and the NVM command set's own Identify Controller
+//! (CNS 06h, CSI 00h: the Write Zeroes and Dataset Management limits).
+//! Each is 4096 bytes on the wire.
 
 use crate::wire::{
     get_str, put_nul_padded, put_padded, put_u16, put_u32, put_u64, u16_at, u32_at, u64_at,
@@ -14,6 +16,14 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     pub const ACTIVE_NS_LIST: u8 = 0x02;
     pub const NS_DESCRIPTORS: u8 = 0x03;
+    /// I/O command set specific Identify Controller (CSI in CDW11 31:24).
+    pub const CS_CONTROLLER: u8 = 0x06;
+}
+
+/// Command set identifiers (CSI).
+pub mod csi {
+    /// The NVM command set.
+    pub const NVM: u8 = 0x00;
 }
 
 /// Controller types (CNTRLTYPE).
@@ -233,6 +243,67 @@ impl IdentifyNamespace {
     }
 }
 
+/// The NVM command set's Identify Controller (CNS 06h, CSI 00h): limits
+/// on commands that move no data. Zero in any field means "no limit".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IdentifyControllerNvm {
+    /// Verify Size Limit, a power of two of the minimum page size.
+    pub vsl: u8,
+    /// Write Zeroes Size Limit, a power of two of the minimum page size.
+    pub wzsl: u8,
+    /// Write Uncorrectable Size Limit, a power of two of the minimum page size.
+    pub wusl: u8,
+    /// Dataset Management Ranges Limit: most ranges in one command.
+    pub dmrl: u8,
+    /// Dataset Management Range Size Limit: most blocks in one range.
+    pub dmrsl: u32,
+    /// Dataset Management Size Limit: most blocks in one command.
+    pub dmsl: u64,
+}
+
+impl IdentifyControllerNvm {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        b[0] = self.vsl;
+        b[1] = self.wzsl;
+        b[2] = self.wusl;
+        b[3] = self.dmrl;
+        put_u32(&mut b, 4, self.dmrsl);
+        put_u64(&mut b, 8, self.dmsl);
+        b
+    }
+
+    /// Decodes the fields above; `b` must be at least 16 bytes (a controller
+    /// sends 4096).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() < 16 {
+            return None;
+        }
+        Some(IdentifyControllerNvm {
+            vsl: b[0],
+            wzsl: b[1],
+            wusl: b[2],
+            dmrl: b[3],
+            dmrsl: u32_at(b, 4),
+            dmsl: u64_at(b, 8),
+        })
+    }
+
+    /// The largest Write Zeroes in bytes, given the controller's minimum
+    /// page size (CAP.MPSMIN), or `None` without a limit. A limit past
+    /// 2^63 bytes saturates.
+    pub fn write_zeroes_bytes_max(&self, page_bytes_min: u64) -> Option<u64> {
+        if self.wzsl == 0 {
+            return None;
+        }
+        Some(
+            1u64.checked_shl(u32::from(self.wzsl))
+                .and_then(|pages| pages.checked_mul(page_bytes_min))
+                .unwrap_or(1 << 63),
+        )
+    }
+}
+
 /// Active namespace ID list: the NSIDs greater than `after`, ascending, at most 1024.
 pub fn encode_active_ns_list(nsids: &[u32], after: u32) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
@@ -307,6 +378,27 @@ mod tests {
     }
 
     #[test]
+    fn write_zeroes_limit_counts_pages_of_the_minimum_size() {
+        let c = IdentifyControllerNvm {
+            wzsl: 4,
+            ..Default::default()
+        };
+        // 2^4 pages of 4 KiB, or of 8 KiB when CAP.MPSMIN says so.
+        assert_eq!(c.write_zeroes_bytes_max(4096), Some(64 << 10));
+        assert_eq!(c.write_zeroes_bytes_max(8192), Some(128 << 10));
+        assert_eq!(
+            IdentifyControllerNvm::default().write_zeroes_bytes_max(4096),
+            None
+        );
+        let huge = IdentifyControllerNvm {
+            wzsl: 255,
+            ..Default::default()
+        };
+        assert_eq!(huge.write_zeroes_bytes_max(4096), Some(1 << 63));
+        assert_eq!(IdentifyControllerNvm::decode(&[0; 15]), None);
+    }
+
+    #[test]
     fn ns_descriptors_round_trip() {
         let d = decode_ns_descriptors(&encode_ns_descriptors(&[7; 16], &[9; 16]));
         assert_eq!(
@@ -326,6 +418,16 @@ mod tests {
             let c = IdentifyController { cntlid, mdts, maxcmd, nn, kas, ioccsz, sgls, serial, model, subnqn: sub,
                 firmware: "0.1".into(), ver: 0x10300, cntrltype: 1, sqes: 0x66, cqes: 0x44, iorcsz: 1, ..Default::default() };
             prop_assert_eq!(IdentifyController::decode(&c.encode()).unwrap(), c);
+        }
+
+        #[test]
+        fn controller_nvm_round_trip(vsl: u8, wzsl: u8, wusl: u8, dmrl: u8, dmrsl: u32, dmsl: u64) {
+            let c = IdentifyControllerNvm { vsl, wzsl, wusl, dmrl, dmrsl, dmsl };
+            prop_assert_eq!(IdentifyControllerNvm::decode(&c.encode()).unwrap(), c);
+            match c.write_zeroes_bytes_max(4096) {
+                None => prop_assert_eq!(wzsl, 0),
+                Some(b) => prop_assert!(b >= 8192 && b.is_power_of_two()),
+            }
         }
 
         #[test]

@@ -11,7 +11,9 @@ use crate::registry::Registry;
 use sluice_proto::command::{admin, Sqe};
 use sluice_proto::fabrics::VS_1_3;
 use sluice_proto::fence;
-use sluice_proto::identify::{self, cns, cntrltype, oncs, IdentifyController, IdentifyNamespace};
+use sluice_proto::identify::{
+    self, cns, cntrltype, oncs, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
+};
 use sluice_proto::log::{self, effects, lid, DiscoveryEntry, GetLogPage, SmartLog};
 use sluice_proto::Status;
 use sluice_runtime::cast::usize_from;
@@ -163,6 +165,22 @@ fn mdts_field(mdts_bytes: u32) -> u8 {
     log2
 }
 
+/// The NVM command set's Identify Controller: WZSL from
+/// `target.write_zeroes_bytes_max`, in 4 KiB pages (CAP.MPSMIN is 0).
+fn identify_controller_nvm(reg: &Registry) -> IdentifyControllerNvm {
+    let wzsl = reg.settings.write_zeroes_bytes_max.map_or(0, |b| {
+        // A power of two from 8 KiB (validated; 1 page would read as
+        // WZSL 0, no limit): 1 to 63.
+        #[allow(clippy::cast_possible_truncation)]
+        let log2 = (b / 4096).trailing_zeros() as u8;
+        log2
+    });
+    IdentifyControllerNvm {
+        wzsl,
+        ..Default::default()
+    }
+}
+
 fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController {
     let sub = &ctrl.subsystem;
     let st = &reg.settings;
@@ -274,8 +292,10 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
             None => AdminReply::status(Status::INVALID_NAMESPACE),
         },
         // I/O command set specific Identify Controller for the NVM set:
-        // all limits zero means "no limit beyond MDTS".
-        0x06 if csi == 0 => AdminReply::data(vec![0; identify::IDENTIFY_LEN]),
+        // the Write Zeroes limit when one is set; zero is "no limit".
+        cns::CS_CONTROLLER if csi == identify::csi::NVM => {
+            AdminReply::data(identify_controller_nvm(reg).encode())
+        }
         _ => AdminReply::status(Status::INVALID_FIELD),
     }
 }

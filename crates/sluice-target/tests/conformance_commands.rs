@@ -994,6 +994,32 @@ fn io_03_lba_range_past_the_namespace_is_lba_out_of_range() {
     io_still_works(&mut q);
 }
 
+/// `target.write_zeroes_bytes_max` is advertised as WZSL in the NVM
+/// command set's Identify Controller (CNS 06h), and a Write Zeroes past it
+/// is refused with Invalid Field; one at the limit succeeds.
+#[test]
+fn io_03b_write_zeroes_past_wzsl_is_invalid_field() {
+    let mut c = config_in("immediate", default_ns());
+    c.target.write_zeroes_bytes_max = Some(64 << 10);
+    let r = registry(&c);
+    let (mut a, cntlid) = admin_pair(&r);
+    let (c, d) = a.admin_cmd(admin::IDENTIFY, 0, 6, 0, 4096);
+    assert_eq!(c.status(), Status::SUCCESS);
+    let nvm = sluice_proto::identify::IdentifyControllerNvm::decode(&d).unwrap();
+    // 2^4 pages of 4 KiB.
+    assert_eq!(nvm.wzsl, 4);
+    assert_eq!(nvm.write_zeroes_bytes_max(4096), Some(64 << 10));
+    let mut q = io_pair(&r, cntlid, false, false);
+    // 512-byte blocks: 128 is the limit.
+    assert_eq!(write_zeroes(&mut q, 1, 0, 128), Status::SUCCESS);
+    assert_eq!(write_zeroes(&mut q, 1, 0, 129), Status::INVALID_FIELD);
+    io_still_works(&mut q);
+    // Without the setting: no limit advertised, a 64 KiB + 512 B one passes.
+    let (r, _a, cntlid) = admin_q();
+    let mut q = io_pair(&r, cntlid, false, false);
+    assert_eq!(write_zeroes(&mut q, 1, 0, 129), Status::SUCCESS);
+}
+
 #[test]
 fn io_04_nlb_beyond_mdts_with_a_smaller_sgl_is_sgl_length_invalid() {
     let (r, _a, cntlid) = admin_q();

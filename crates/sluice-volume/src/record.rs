@@ -238,7 +238,8 @@ impl DriveRecord {
     /// Slots volumes may reserve: all but those held in quarantine until a
     /// fence (or the operator) releases them.
     pub fn slots_reservable(&self) -> u64 {
-        self.slots_total.saturating_sub(self.quarantined.len() as u64)
+        self.slots_total
+            .saturating_sub(self.quarantined.len() as u64)
     }
 
     /// Free slots ready for an extent fault without zeroing.

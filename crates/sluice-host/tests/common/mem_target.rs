@@ -24,7 +24,8 @@ use sluice_proto::fabrics::{
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::identify::{
-    cns, cntrltype, encode_active_ns_list, IdentifyController, IdentifyNamespace,
+    cns, cntrltype, encode_active_ns_list, oncs, IdentifyController, IdentifyControllerNvm,
+    IdentifyNamespace,
 };
 use sluice_proto::log::{encode_discovery_log, DiscoveryEntry, GetLogPage};
 use sluice_proto::pdu::{encode_pdu, DataHeader, Direction, IcResp, PduHeader, R2t, TxParams};
@@ -52,6 +53,13 @@ pub struct MemTargetConfig {
     pub io_queues_max: u16,
     /// Entries served by the discovery log.
     pub discovery: Vec<DiscoveryEntry>,
+    /// ONCS in Identify Controller; Write Zeroes and Dataset Management
+    /// not in it are refused with Invalid Opcode.
+    pub oncs: u16,
+    /// The answer to CNS 06h (None: Invalid Field). Write Zeroes past its
+    /// WZSL, and Dataset Management past DMRL, DMRSL or DMSL, are refused
+    /// with Invalid Field.
+    pub nvm_limits: Option<IdentifyControllerNvm>,
 }
 
 impl Default for MemTargetConfig {
@@ -69,6 +77,8 @@ impl Default for MemTargetConfig {
             c2h_success: true,
             io_queues_max: 8,
             discovery: Vec::new(),
+            oncs: oncs::DSM | oncs::WRITE_ZEROES,
+            nvm_limits: None,
         }
     }
 }
@@ -83,6 +93,11 @@ pub struct MemTargetStats {
     pub keep_alives: AtomicU64,
     /// CDW13 of the last Read/Write.
     pub last_cdw13: AtomicU64,
+    /// Write Zeroes commands completed.
+    pub write_zeroes: AtomicU64,
+    /// Dataset Management commands completed, and their ranges.
+    pub dsm_commands: AtomicU64,
+    pub dsm_ranges: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -435,9 +450,16 @@ impl Conn {
                         },
                         ioccsz: (cfg.in_capsule_bytes + 64) / 16,
                         iorcsz: 1,
+                        oncs: if self.discovery { 0 } else { cfg.oncs },
                         ..Default::default()
                     }
                     .encode(),
+                    cns::CS_CONTROLLER if !self.discovery && sqe.cdw(11) >> 24 == 0 => {
+                        match cfg.nvm_limits {
+                            Some(l) => l.encode(),
+                            None => return self.resp(cid, Status::INVALID_FIELD, 0),
+                        }
+                    }
                     cns::NAMESPACE if sqe.nsid() == 1 => IdentifyNamespace {
                         nsze: cfg.size_blocks,
                         ncap: cfg.size_blocks,
@@ -488,6 +510,24 @@ impl Conn {
         let size_blocks = self.sh.cfg.size_blocks;
         let in_range =
             |slba: u64, nlb: u64| slba.checked_add(nlb).is_some_and(|e| e <= size_blocks);
+        let cfg = &self.sh.cfg;
+        let lim = cfg.nvm_limits.unwrap_or_default();
+        match sqe.opcode() {
+            io::WRITE_ZEROES if cfg.oncs & oncs::WRITE_ZEROES == 0 => {
+                return self.resp(cid, Status::INVALID_OPCODE, 0)
+            }
+            io::DATASET_MANAGEMENT if cfg.oncs & oncs::DSM == 0 => {
+                return self.resp(cid, Status::INVALID_OPCODE, 0)
+            }
+            io::WRITE_ZEROES
+                if lim
+                    .write_zeroes_bytes_max(4096)
+                    .is_some_and(|max| (sqe.nlb() as u64) * bs > max) =>
+            {
+                return self.resp(cid, Status::INVALID_FIELD, 0)
+            }
+            _ => {}
+        }
         match sqe.opcode() {
             io::READ | io::WRITE | io::WRITE_ZEROES => {
                 let (slba, nlb) = (sqe.slba(), sqe.nlb() as u64);
@@ -516,6 +556,8 @@ impl Conn {
                 }
                 if op == io::WRITE {
                     self.sh.stats.writes.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.sh.stats.write_zeroes.fetch_add(1, Ordering::Relaxed);
                 }
                 if let Ok(mut g) = self.sh.disk.lock() {
                     if op == io::WRITE {
@@ -532,6 +574,21 @@ impl Conn {
                 if data.len() < nr * 16 {
                     return self.resp(cid, Status::DATA_SGL_LENGTH_INVALID, 0);
                 }
+                let nlbs = data
+                    .chunks_exact(16)
+                    .take(nr)
+                    .map(|r| u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64);
+                if (lim.dmrl != 0 && nr > lim.dmrl as usize)
+                    || (lim.dmrsl != 0 && nlbs.clone().any(|n| n > lim.dmrsl as u64))
+                    || (lim.dmsl != 0 && nlbs.sum::<u64>() > lim.dmsl)
+                {
+                    return self.resp(cid, Status::INVALID_FIELD, 0);
+                }
+                self.sh.stats.dsm_commands.fetch_add(1, Ordering::Relaxed);
+                self.sh
+                    .stats
+                    .dsm_ranges
+                    .fetch_add(nr as u64, Ordering::Relaxed);
                 for r in data.chunks_exact(16).take(nr) {
                     let nlb = u32::from_le_bytes([r[4], r[5], r[6], r[7]]) as u64;
                     let mut sl = [0u8; 8];

@@ -275,6 +275,16 @@ impl QueueConnection {
                 let len_bytes = nlb << ns.lba_shift;
                 let fua = sqe.cdw(12) & rw::FUA != 0 || force_fua;
                 if sqe.opcode() == io::WRITE_ZEROES {
+                    // Past WZSL: Invalid Field in Command (as past MDTS
+                    // for a command without data).
+                    if self
+                        .reg
+                        .settings
+                        .write_zeroes_bytes_max
+                        .is_some_and(|max| len_bytes > max)
+                    {
+                        return Err(Status::INVALID_FIELD);
+                    }
                     let deallocate = sqe.cdw(12) & rw::DEAC != 0;
                     return Ok(CmdKind::NoData {
                         ops: vec![(
