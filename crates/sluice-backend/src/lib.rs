@@ -78,7 +78,10 @@ pub use io::{
     valid_block_size, validate_request, Backend, BackendQueue, Geometry, IoCompletion, IoOp,
     IoRequest, TRANSFER_BYTES_MAX,
 };
-pub use ram::{RamBackend, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES, RAM_SIZE_BYTES_MAX};
+pub use ram::{
+    ram_huge_chunks, RamBackend, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES,
+    RAM_HUGE_RESERVE_CHUNKS, RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
+};
 pub use ssd::{
     EmulatedSsd, ServiceModel, ServiceOp, SsdModel, SsdQueue, BASE_LATENCY_US_MAX, PARALLELISM_MAX,
     SSD_QUEUE_DEPTH_MAX,
