@@ -21,9 +21,13 @@ without touching memory, and a first write faults its chunk in). The pairs:
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
 QD 1 (mean latency too), 128 KiB sequential read QD 8 (bandwidth). Each cell
-is the median of --repeats runs of --runtime seconds, with the range. The
-repeats interleave the pairs (pair A, B, C, ... then again), so a slow minute
-hits every pair alike. CPU: the target's and the host's CPU-seconds over each
+is the median of --repeats runs of --runtime seconds, with the range. Within
+a repeat, each row runs on every target in turn before the next row starts
+(one target at a time; the order of the targets reverses every repeat), so
+the runs a ratio compares are at most a minute apart: this machine drifts by
+2-3x over minutes (128 KiB reads of the SPDK pair: 1.6-4.8 GiB/s in one
+run), and a target-major order put minutes of drift into every ratio.
+Ratios are taken within each repeat and reported as their median and range. CPU: the target's and the host's CPU-seconds over each
 run (from /proc), so IOPS per CPU-second covers both sides; nvmf_tgt and
 spdk_nvme_perf busy-poll a core each by design.
 
@@ -254,31 +258,36 @@ def main():
              "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
+    def run_row_on(target_kind, rep, row):
+        if target_kind == "spdk":
+            tgt = SpdkTarget(spdk, work)
+        else:
+            tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive")
+        port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
+        try:
+            precondition(spdk, port, nqn)
+            for pair in (p for p in pairs if p.endswith(">" + target_kind)):
+                t0 = cpu_s(tgt.p.pid)
+                if pair.startswith("perf"):
+                    iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
+                else:
+                    polling = "busy-poll" if pair.startswith("bench-busy") else "adaptive"
+                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine)
+                tcpu = cpu_s(tgt.p.pid) - t0
+                results[pair][row].append((iops, mib, lat, hcpu + tcpu))
+                print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
+                      f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
+        finally:
+            tgt.stop()
+
     # One target at a time: nvmf_tgt's reactor spins on CPU 0 even when
-    # idle, so a Sluice target beside it would get half the core.
+    # idle, so a Sluice target beside it would get half the core. Row-major:
+    # each row on every target (order reversed every repeat), then the next.
+    kinds = ["spdk", "sluice", "sluice-busy"]
     for rep in range(a.repeats):
-        for target_kind in ("spdk", "sluice", "sluice-busy"):
-            if target_kind == "spdk":
-                tgt = SpdkTarget(spdk, work)
-            else:
-                tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive")
-            port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
-            try:
-                precondition(spdk, port, nqn)
-                for row in rows:
-                    for pair in (p for p in pairs if p.endswith(">" + target_kind)):
-                        t0 = cpu_s(tgt.p.pid)
-                        if pair.startswith("perf"):
-                            iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
-                        else:
-                            polling = "busy-poll" if pair.startswith("bench-busy") else "adaptive"
-                            iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine)
-                        tcpu = cpu_s(tgt.p.pid) - t0
-                        results[pair][row].append((iops, mib, lat, hcpu + tcpu))
-                        print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
-                              f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
-            finally:
-                tgt.stop()
+        for row in rows:
+            for target_kind in (kinds if rep % 2 == 0 else kinds[::-1]):
+                run_row_on(target_kind, rep, row)
 
     def med(pair, row, i):
         return statistics.median(v[i] for v in results[pair][row])
@@ -286,11 +295,23 @@ def main():
     def per_cpu(pair, row):
         return statistics.median(v[0] * a.runtime / v[3] if v[3] > 0 else 0 for v in results[pair][row])
 
+    def ratio(num, den, row, i):
+        """Median and range of num/den taken within each repeat."""
+        rs = [n[i] / d[i] for n, d in zip(results[num][row], results[den][row]) if d[i] > 0]
+        if not rs:
+            return "-"
+        return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"
+
+    def cpu_ratio(num, den, row):
+        rs = [(n[0] / n[3]) / (d[0] / d[3]) for n, d in zip(results[num][row], results[den][row])
+              if n[3] > 0 and d[3] > 0 and d[0] > 0]
+        return f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})" if rs else "-"
+
     lines = []
     lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
-                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time, alternating) "
+                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat) "
                  f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}.")
     lines.append("")
     lines.append("| workload | " + " | ".join(pairs) + " |")
@@ -303,23 +324,21 @@ def main():
             cells = [cell([v[2] for v in results[p][row]], "lat") for p in pairs]
             lines.append(f"| {ROWS[row]['label']} mean latency | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Ratios of medians (the goals: each ≥ 1.0; the Sluice pair also ≥ 1.5x the SPDK pair's "
-                 "IOPS per CPU-second; QD 1 also as latency, lower is better):")
+    lines.append("Ratios taken within each repeat, median (range) (the goals: each ≥ 1.0; the Sluice pair "
+                 "also ≥ 1.5x the SPDK pair's IOPS per CPU-second; QD 1 as IOPS, so higher is better):")
     lines.append("")
     lines.append("| workload | perf>sluice / perf>spdk | bench>spdk / perf>spdk | bench-busy>spdk / bench>spdk "
                  "| bench>sluice / perf>spdk | bench-busy>sluice-busy / perf>spdk "
-                 "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) | per CPU-s, Sluice / SPDK |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         i = 1 if ROWS[row]["bs"] > 4096 else 0
-        base = med("perf>spdk", row, i)
-        r1 = med("perf>sluice", row, i) / base
-        r2 = med("bench>spdk", row, i) / base
-        r3 = med("bench-busy>spdk", row, i) / med("bench>spdk", row, i)
-        r4 = med("bench>sluice", row, i) / base
-        r5 = med("bench-busy>sluice-busy", row, i) / base
-        lines.append(f"| {ROWS[row]['label']} | {r1:.2f} | {r2:.2f} | {r3:.2f} | {r4:.2f} | {r5:.2f} | "
-                     f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} |")
+        cells = [ratio("perf>sluice", "perf>spdk", row, i), ratio("bench>spdk", "perf>spdk", row, i),
+                 ratio("bench-busy>spdk", "bench>spdk", row, i), ratio("bench>sluice", "perf>spdk", row, i),
+                 ratio("bench-busy>sluice-busy", "perf>spdk", row, i)]
+        lines.append(f"| {ROWS[row]['label']} | " + " | ".join(cells) + " | "
+                     f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} | "
+                     f"{cpu_ratio('bench>sluice', 'perf>spdk', row)} |")
     table = "\n".join(lines)
     print()
     print(table)
