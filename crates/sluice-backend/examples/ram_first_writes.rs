@@ -8,7 +8,11 @@
 //! and max in µs, and how many chunks came from the reserve (populated) and
 //! from its spares (mapped only).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
 
 use sluice_backend::{
     ram_huge_chunks, AlignedBuf, Backend, IoOp, IoRequest, RamBackend, RAM_HUGE_CHUNK_BYTES,

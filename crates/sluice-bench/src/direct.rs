@@ -12,7 +12,9 @@
 //! histogram, [`crate::JobStats`] and error samples are those of the async
 //! engine. `--polling` picks what the loop does when a turn completed
 //! nothing: `busy` polls again at once, `adaptive:US` spins while there was
-//! progress in the last US µs and then waits in epoll, `interrupt` waits in
+//! progress in the last US µs (20 times that while I/Os are outstanding,
+//! unless the thread was preempted while spinning: `SpinContention`) and
+//! then waits in epoll, `interrupt` waits in
 //! epoll (at most 1 ms, or until the next rate-limited I/O is due).
 //! With `batch=1` the slots go out together as one batch whose last I/O
 //! carries the Barrier hint, and the next batch waits for all of them.
@@ -26,6 +28,8 @@ use hdrhistogram::Histogram;
 use sluice_host::core::{Completion, Payload};
 use sluice_host::{DirectQueue, HostQueueStats, IoFlags, PollingPolicy, RwBuilder};
 use sluice_runtime::cast::{nanos, usize_from};
+use sluice_runtime::polling::thread_involuntary_switches;
+use sluice_runtime::SpinContention;
 
 use crate::{hist, mix, JobRun, JobStats, NextIo};
 
@@ -108,6 +112,7 @@ impl JobRun {
         let mut local = JobStats::default();
         let mut out: Vec<(u64, sluice_host::Result<Completion>)> = Vec::with_capacity(slots.len());
         let mut last_progress = Instant::now();
+        let mut contention = SpinContention::default();
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
             // batch=1: the next batch starts once the whole last one has
@@ -202,16 +207,19 @@ impl JobRun {
                 }
             }
             // Poll: how long to wait when this turn completes nothing.
-            let wait = match polling.while_outstanding(q.outstanding() > 0) {
+            let t = now.unwrap_or_else(Instant::now);
+            let wait = match contention.policy(polling, q.outstanding() > 0, t) {
                 PollingPolicy::BusyPoll => None,
                 _ if submitted => None,
                 PollingPolicy::Adaptive { spin_us }
-                    if last_progress.elapsed() < Duration::from_micros(u64::from(spin_us)) =>
+                    if t.saturating_duration_since(last_progress)
+                        < Duration::from_micros(u64::from(spin_us)) =>
                 {
+                    contention.spinning(t, thread_involuntary_switches);
                     None
                 }
                 PollingPolicy::Adaptive { .. } | PollingPolicy::Interrupt => {
-                    let t = now.unwrap_or_else(Instant::now);
+                    contention.slept();
                     Some(
                         next_due.map_or(WAIT_MAX, |d| WAIT_MAX.min(d.saturating_duration_since(t))),
                     )

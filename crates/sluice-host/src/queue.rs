@@ -11,7 +11,8 @@
 //!   writes and the submission queue (one core per queue at 100 %).
 //! * `Adaptive { spin_us }`: spins while there was progress in the last
 //!   `spin_us` microseconds (20 times that while commands are outstanding:
-//!   `PollingPolicy::while_outstanding`), then sleeps like `Interrupt`.
+//!   `PollingPolicy::while_outstanding`, unless the thread was preempted
+//!   while spinning: `SpinContention`), then sleeps like `Interrupt`.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Write};
@@ -26,8 +27,9 @@ use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, 
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
 use sluice_runtime::cast::usize_from;
+use sluice_runtime::polling::thread_involuntary_switches;
 use sluice_runtime::sync::lock;
-use sluice_runtime::{PollingPolicy, Sleeper};
+use sluice_runtime::{PollingPolicy, Sleeper, SpinContention};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::core::{Completion, CoreConfig, Event, Negotiated, Payload, QueuePairCore};
@@ -411,6 +413,7 @@ impl Driver {
         }
         let mut next_timer = Instant::now();
         let mut last_progress = Instant::now();
+        let mut contention = SpinContention::default();
         loop {
             let now = Instant::now();
             let mut progress = false;
@@ -464,16 +467,20 @@ impl Driver {
                 .min(IDLE_WAIT_MAX);
             let timeout = sleeper
                 .timeout(
-                    self.polling.while_outstanding(self.core.in_flight() > 0),
+                    contention.policy(self.polling, self.core.in_flight() > 0, now),
                     now,
                     now.duration_since(last_progress),
                     precise,
                 )
                 .map_or(coarse, |t| t.min(coarse));
             if timeout == Duration::ZERO {
+                if matches!(self.polling, PollingPolicy::Adaptive { .. }) {
+                    contention.spinning(now, thread_involuntary_switches);
+                }
                 std::hint::spin_loop();
                 continue;
             }
+            contention.slept();
             // Sleep until the socket, a submission or the deadline.
             self.shared.parked.store(true, Ordering::Release);
             if !self.pending_empty() || self.shared.shutdown.load(Ordering::Acquire) {

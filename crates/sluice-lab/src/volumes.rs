@@ -537,7 +537,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     // 3. Fig. 7c.
     let ssd = lab_ssd();
     md.push_str("## Flint Fig. 7c: bandwidth over N drives\n\n");
-    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over separate `sluice target` processes (N = 1, 2, 4: one drive per process; N = 8: 4 processes of 2); one volume, 1 replica, 64 MiB per drive; `sluice bench --volume --polling interrupt`; writes at QD 16, reads at QD 4 × N. The bench sleeps between completions: an `adaptive` host spins 1 ms after each while commands are outstanding, and on these 2 cores that takes the CPU the target processes need (N = 4 / 8 gave 0.76 / 0.61-0.70 with it, in one sitting with 0.89 / 0.87 without). \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
+    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over separate `sluice target` processes (N = 1, 2, 4: one drive per process; N = 8: 4 processes of 2); one volume, 1 replica, 64 MiB per drive; `sluice bench --volume --polling interrupt`; writes at QD 16, reads at QD 4 × N. The bench sleeps between completions (`SLUICE_LAB_FIG7C_POLLING` overrides it): an `adaptive` host spun 1 ms after each while commands were outstanding and took the CPU the target processes need on these 2 cores (N = 4 / 8: 0.76 / 0.61-0.70, against 0.89 / 0.87 sleeping) until its spin learned to back off when preempted (0.88-0.89 / 0.86-0.87). \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
     md.push_str("| N drives | 4K seq write MiB/s | × N·one | 128K rand read MiB/s | × N·one |\n|---|---|---|---|---|\n");
     let mut base = (0.0, 0.0);
     let mut xs = Vec::new();
@@ -561,7 +561,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
             4096,
             16,
             runtime,
-            FIG7C_POLLING,
+            fig7c_polling(),
         )?;
         // Make sure every extent exists before the read run.
         fill(&cp.addr, "evol", u64::from(n) * 64 * MIB)?;
@@ -572,7 +572,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
             128 << 10,
             4 * n,
             runtime,
-            FIG7C_POLLING,
+            fig7c_polling(),
         )?;
         if n == 1 {
             base = (w.bandwidth_mib_s, r.bandwidth_mib_s);
@@ -644,13 +644,26 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
 }
 
 /// The host's polling in Fig. 7c. Up to 4 target processes and this one
-/// share 2 cores there, and an `adaptive` host spins while its commands are
-/// outstanding (1 ms after each completion), which a stream of 128 KiB
-/// reads from drives of ~1 ms keeps it doing: measured in one sitting, N =
-/// 4 / 8 gave 0.76 / 0.61-0.70 of N × one drive with `adaptive` against
-/// 0.89 / 0.87 with `interrupt`. The bandwidth over drives is what this
-/// figure is about, so the host sleeps.
-const FIG7C_POLLING: sluice_runtime::PollingPolicy = sluice_runtime::PollingPolicy::Interrupt;
+/// share 2 cores there. An `adaptive` host spun 1 ms after each completion
+/// while its commands were outstanding, which took the targets' CPU (N = 4
+/// / 8: 0.76 / 0.61-0.70 of N × one drive, against 0.89 / 0.87 with
+/// `interrupt`), until its spin learned to back off when preempted
+/// (`SpinContention`: 0.88-0.89 / 0.86-0.87 adaptive). The figure is about
+/// bandwidth over drives, so the host sleeps. `SLUICE_LAB_FIG7C_POLLING` (a
+/// policy name, e.g. `adaptive`) overrides it, for A/B runs.
+fn fig7c_polling() -> sluice_runtime::PollingPolicy {
+    match std::env::var("SLUICE_LAB_FIG7C_POLLING") {
+        Ok(v) => sluice_runtime::PollingPolicy::parse(
+            &v,
+            sluice_runtime::polling::ADAPTIVE_SPIN_US_DEFAULT,
+        )
+        .unwrap_or_else(|e| {
+            eprintln!("SLUICE_LAB_FIG7C_POLLING: {e}; using interrupt");
+            sluice_runtime::PollingPolicy::Interrupt
+        }),
+        Err(_) => sluice_runtime::PollingPolicy::Interrupt,
+    }
+}
 
 /// The Fig. 7c drive model: 150 MB/s read, 75 MB/s write.
 fn lab_ssd() -> SsdConfig {
@@ -760,7 +773,7 @@ fn rebuild_under_load(
         a.qd = 8;
         a.runtime = Some(rt);
         // As in Fig. 7c: an adaptive host's spin takes CPU the drives need.
-        a.polling = FIG7C_POLLING;
+        a.polling = fig7c_polling();
         sluice_bench::run(a).map(|r| r.total)
     };
     let before = fg(runtime)?;

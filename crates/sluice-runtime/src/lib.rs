@@ -32,5 +32,5 @@ pub mod polling;
 pub mod sync;
 mod timer;
 
-pub use polling::{IdleGaps, PollingPolicy, Wait};
+pub use polling::{IdleGaps, PollingPolicy, SpinContention, Wait};
 pub use timer::Sleeper;
