@@ -177,6 +177,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--keys", type=int, default=200000)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"))
+    ap.add_argument("--fuse-transport", choices=("fuser", "uring"), default="fuser",
+                    help="`sluice fuse --transport` of the db volume's file")
     a = ap.parse_args()
     if a.runtime < 1 or a.repeats < 1 or a.keys < 1000:
         raise SystemExit("bench-rocksdb: --runtime >= 1, --repeats >= 1, --keys >= 1000")
@@ -225,7 +227,8 @@ def main():
              "--ios", "1024", "--json"])
         fuse_mnt = os.path.join(work, "fuse")
         os.makedirs(fuse_mnt)
-        procs.append(Proc([SLUICE, "--log", "warn", "fuse", "--volume", "db", *c, fuse_mnt],
+        procs.append(Proc([SLUICE, "--log", "warn", "fuse", "--volume", "db", "--transport", a.fuse_transport,
+                           *c, fuse_mnt],
                           os.path.join(work, "fuse.log")))
         img = os.path.join(fuse_mnt, "disk.img")
         wait_for(lambda: os.path.exists(img), "the FUSE file")
@@ -292,11 +295,15 @@ def main():
             p.stop()
         if fuse_mnt and os.path.ismount(fuse_mnt):
             subprocess.run(["fusermount3", "-u", fuse_mnt])
+        if fuse_mnt and os.path.ismount(fuse_mnt):
+            # The uring transport mounts with mount(2), not fusermount3.
+            subprocess.run(["umount", "-l", fuse_mnt])
         if os.environ.get("KEEP_WORK") != "1":
             shutil.rmtree(work, ignore_errors=True)
 
     md = ["# RocksDB on an elastic volume beside a streaming tenant", "",
-          f"`scripts/bench-rocksdb.py --runtime {a.runtime} --repeats {a.repeats} --keys {a.keys}`; "
+          f"`scripts/bench-rocksdb.py --runtime {a.runtime} --repeats {a.repeats} --keys {a.keys} "
+          f"--fuse-transport {a.fuse_transport}`; "
           f"load average before: {' '.join(load_before)}.", "",
           __doc__.split("\n\n", 2)[1].replace("\n", " ").strip(), "",
           f"db_bench: {a.keys} keys of 1000 bytes, no compression, 8 MiB block cache, direct reads and "
