@@ -2,7 +2,8 @@
 """RocksDB on an elastic volume beside a streaming tenant (issue 11, item 6;
 as PINoF Fig. 8 and Flint Fig. 11 measured their applications).
 
-    scripts/bench-rocksdb.py [--runtime 20] [--repeats 3] [--keys 300000] [--out docs/experiments]
+    scripts/bench-rocksdb.py [--runtime 20] [--repeats 3] [--keys 200000] [--out docs/experiments]
+                             [--fuse-transport fuser|uring]
 
 Two Sluice targets with two emulated SSDs each (400 MB/s and 40k IOPS
 reading, 200 MB/s and 20k IOPS writing, 4 channels) form a pool managed by
