@@ -18,6 +18,12 @@
 //! epoll (at most 1 ms, or until the next rate-limited I/O is due).
 //! With `batch=1` the slots go out together as one batch whose last I/O
 //! carries the Barrier hint, and the next batch waits for all of them.
+//!
+//! When the queue fails (the target went away) the thread asks the
+//! controller, which reconnects, for a new direct queue, pausing 50 ms and
+//! doubling up to 2 s between tries, until it gets one or the run ends; the
+//! I/Os lost with the old queue count as errors, as on the async engine,
+//! whose controller reconnects the same way.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,6 +45,18 @@ const WAIT_MAX: Duration = Duration::from_millis(1);
 
 /// What one direct thread returns.
 pub(crate) type ThreadOutcome = (Histogram<u64>, HostQueueStats);
+
+/// Pause before the first try for a new queue, doubled up to
+/// [`REPLACE_PAUSE_MAX`].
+const REPLACE_PAUSE_FIRST: Duration = Duration::from_millis(50);
+const REPLACE_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Where a direct thread gets a new queue when its own fails.
+#[derive(Clone)]
+pub(crate) struct Replacer {
+    pub(crate) ctrl: sluice_host::Controller,
+    pub(crate) rt: tokio::runtime::Handle,
+}
 
 #[derive(Debug)]
 enum State {
@@ -72,6 +90,7 @@ impl JobRun {
     /// flag, the I/O limit, or the queue closing; merges the counts into
     /// the job's and returns the latency histogram and the queue's counters
     /// over the run.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn direct_thread(
         self: Arc<Self>,
         mut q: DirectQueue,
@@ -80,12 +99,15 @@ impl JobRun {
         threads: u32,
         start: Instant,
         polling: PollingPolicy,
+        replace: &Replacer,
     ) -> anyhow::Result<ThreadOutcome> {
         if let Some(cg) = &self.spec.cgroup {
             sluice_cpu::join_cgroup(cg, false)
                 .with_context(|| format!("job {}: direct I/O thread", self.spec.name))?;
         }
-        let s0 = q.stats();
+        let mut s0 = q.stats();
+        // Counters of queues that failed and were replaced.
+        let mut queue_stats = HostQueueStats::default();
         let mut h = hist()?;
         let bs = u64::from(rw.block_size_bytes());
         let qd = self.spec.qd.max(1);
@@ -191,6 +213,7 @@ impl JobRun {
                         h.record(nanos(t0.elapsed()).max(1))
                             .context("record latency")?;
                         self.done.fetch_add(1, Ordering::Relaxed);
+                        self.forget(&mut s.gens, s.region_start, &io);
                         self.failed(&mut local, e.to_string());
                         s.state = if q.is_closed() {
                             State::Done
@@ -264,6 +287,7 @@ impl JobRun {
                     }
                     Err(e) => {
                         let fatal = e.is_fatal_for_connection();
+                        self.forget(&mut s.gens, s.region_start, &io);
                         self.failed(&mut local, e.to_string());
                         if q.is_closed() || (fatal && local.errors > 100) {
                             s.state = State::Done;
@@ -272,12 +296,59 @@ impl JobRun {
                 }
             }
             if q.is_closed() && q.outstanding() == 0 {
+                if let Some(nq) = self.replacement(replace) {
+                    queue_stats.add(&q.stats().since(&s0));
+                    q = nq;
+                    s0 = q.stats();
+                    // Slots stopped by the failure go on; those past the
+                    // I/O limit stop again at their next ticket.
+                    for s in &mut slots {
+                        s.state = State::Ready;
+                    }
+                    continue;
+                }
                 for s in &mut slots {
                     s.state = State::Done;
                 }
             }
         }
         self.merge_stats(local);
-        Ok((h, q.stats().since(&s0)))
+        queue_stats.add(&q.stats().since(&s0));
+        Ok((h, queue_stats))
+    }
+
+    /// A new direct queue after this thread's failed, tried with growing
+    /// pauses while the run goes on (`None`: the run ended first).
+    fn replacement(&self, r: &Replacer) -> Option<DirectQueue> {
+        let mut pause = REPLACE_PAUSE_FIRST;
+        loop {
+            let over = |me: &Self| {
+                me.stop.load(Ordering::Acquire)
+                    || me
+                        .ios_limit
+                        .is_some_and(|n| me.issued.load(Ordering::Acquire) >= n)
+            };
+            if over(self) {
+                return None;
+            }
+            std::thread::sleep(pause);
+            if over(self) {
+                return None;
+            }
+            let got = r.rt.block_on(async {
+                r.ctrl.reconnect_if_stale().await?;
+                r.ctrl.connect_direct_queue().await
+            });
+            match got {
+                Ok(q) => {
+                    tracing::info!(job = %self.spec.name, "direct queue replaced");
+                    return Some(q);
+                }
+                Err(e) => {
+                    tracing::debug!(job = %self.spec.name, error = %e, "no new direct queue yet");
+                    pause = (pause * 2).min(REPLACE_PAUSE_MAX);
+                }
+            }
+        }
     }
 }

@@ -746,8 +746,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             Some(d) => {
                 engines.push(Engine::Direct);
                 let polling = args.polling;
+                let replace = direct::Replacer {
+                    ctrl: d.ctrl,
+                    rt: tokio::runtime::Handle::current(),
+                };
                 handles.push(tokio::task::spawn_blocking(move || {
-                    job.run_direct(d.queues, d.rw, polling)
+                    job.run_direct(d.queues, d.rw, polling, replace)
                 }));
             }
             None => {
@@ -876,10 +880,12 @@ struct Prepared {
     direct: Option<DirectSetup>,
 }
 
-/// What the direct engine drives: a `DirectQueue` per `--queues`.
+/// What the direct engine drives: a `DirectQueue` per `--queues`, and the
+/// controller that gives a new one when a queue fails.
 struct DirectSetup {
     queues: Vec<DirectQueue>,
     rw: RwBuilder,
+    ctrl: Controller,
 }
 
 /// One line on stderr: job `j` runs on the async engine, and why.
@@ -958,9 +964,13 @@ async fn connect_direct(
         return Ok(Err(why));
     }
     Ok(Ok(Prepared {
-        ctrl: Some(c),
+        ctrl: Some(c.clone()),
         dev: Device::Namespace(ns),
-        direct: Some(DirectSetup { queues, rw }),
+        direct: Some(DirectSetup {
+            queues,
+            rw,
+            ctrl: c,
+        }),
     }))
 }
 
@@ -1133,16 +1143,18 @@ impl JobRun {
         queues: Vec<DirectQueue>,
         rw: RwBuilder,
         polling: PollingPolicy,
+        replace: direct::Replacer,
     ) -> anyhow::Result<(JobStats, Histogram<u64>, Option<HostQueueStats>)> {
         let start = Instant::now();
         let n = u32::try_from(queues.len()).context("queues")?;
         let mut threads = Vec::new();
         for (k, q) in (0u32..).zip(queues) {
             let me = self.clone();
+            let replace = replace.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("sluice-bench-d{k}"))
-                    .spawn(move || me.direct_thread(q, rw, k, n, start, polling))
+                    .spawn(move || me.direct_thread(q, rw, k, n, start, polling, &replace))
                     .context("spawn the direct I/O thread")?,
             );
         }
@@ -1232,6 +1244,7 @@ impl JobRun {
             match r {
                 Ok(data) => self.completed(&mut local, &gens, region_start, &io, data.as_deref()),
                 Err(e) => {
+                    self.forget(&mut gens, region_start, &io);
                     self.failed(&mut local, e.to_string());
                     if e.is_fatal_for_connection() && local.errors > 100 {
                         break;
@@ -1339,6 +1352,20 @@ impl JobRun {
                         .error_samples
                         .push(format!("verify: LBA {} generation {g} differs", io.lba + b));
                 }
+            }
+        }
+    }
+
+    /// After a failed write (with --verify): what its blocks hold is
+    /// unknown (the old data, the new, or nothing after a target lost
+    /// them), so they are not checked until the next successful write.
+    fn forget(&self, gens: &mut [u32], region_start: u64, io: &NextIo) {
+        if !self.verify || io.read {
+            return;
+        }
+        for b in 0..io.blocks {
+            if let Some(g) = gens.get_mut(usize_from(io.lba - region_start + b)) {
+                *g = 0;
             }
         }
     }

@@ -339,3 +339,37 @@ fn batches_end_in_one_barrier_each() {
         rep.send
     );
 }
+
+/// The direct engine survives its target's restart: the I/Os lost with
+/// the failed queue are errors, then the thread gets a new queue from the
+/// reconnected controller and the run goes on against the new target (its
+/// counters see the I/O). Fails with the replacement taken out.
+#[test]
+fn direct_engine_replaces_its_queue_after_a_target_restart() {
+    let settings = || base_settings().with_shutdown_drain_ms(200);
+    let t1 = Target::start(&target_config(settings())).expect("target");
+    let addr = t1.local_addr();
+    let mut a = BenchArgs::new(addr.to_string(), SUBNQN.to_string());
+    a.engine = Engine::Direct;
+    a.qd = 4;
+    a.rw = RwMode::Write;
+    a.bs = "4k".parse::<BlockSizes>().expect("bs");
+    a.span = Some("1m".into());
+    a.runtime = Some(6.0);
+    let bench = std::thread::spawn(move || run(a));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    t1.shutdown();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t2 = Target::start(&target_config(settings().with_listen(addr))).expect("target again");
+    let r = bench.join().expect("bench thread").expect("bench");
+    let after: u64 = t2.namespace_counters().iter().map(|c| c.ios).sum();
+    t2.shutdown();
+    assert_eq!(r.jobs[0].engine, Engine::Direct.to_string());
+    assert!(r.total.errors > 0, "the restart cost no I/O: {:?}", r.total);
+    assert!(
+        after > 1000,
+        "the bench did not go on against the new target ({after} I/Os there): {:?}",
+        r.total
+    );
+    assert!(r.total.writes > after, "{:?}", r.total);
+}
