@@ -83,7 +83,8 @@ pub enum Payload {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
     pub cqe: Cqe,
-    /// The data of a read (empty otherwise).
+    /// The data of a read; for a write, the buffer it sent, handed back so
+    /// the caller can reuse it (empty for commands without data).
     pub data: Vec<u8>,
 }
 
@@ -109,8 +110,11 @@ enum Data {
         buf: Vec<u8>,
         received: u32,
     },
-    /// In-capsule write: nothing more to send.
-    InCapsule,
+    /// In-capsule write: nothing more to send; the buffer goes back with
+    /// the completion.
+    InCapsule {
+        buf: Vec<u8>,
+    },
     /// Write waiting for R2Ts; `sent` bytes were sent so far.
     Solicited {
         buf: Vec<u8>,
@@ -303,14 +307,14 @@ impl QueuePairCore {
         sqe.set_cid(cid);
         sqe.0[1] = (sqe.0[1] & 0x3f) | SQE_FLAGS_SGL;
         let opcode = sqe.opcode();
-        let (data, in_capsule) = match payload {
+        let data = match payload {
             Payload::None => {
                 sqe.set_sgl(SglDescriptor {
                     address: 0,
                     length: 0,
                     id: sgl::TRANSPORT_DATA_BLOCK,
                 });
-                (Data::None, None)
+                Data::None
             }
             Payload::Read(_) | Payload::ReadInto(_) => {
                 sqe.set_sgl(SglDescriptor {
@@ -322,7 +326,7 @@ impl QueuePairCore {
                     Payload::ReadInto(b) => b,
                     _ => vec![0; len as usize],
                 };
-                (Data::Read { buf, received: 0 }, None)
+                Data::Read { buf, received: 0 }
             }
             Payload::Write(buf) => {
                 if len <= st.cfg.in_capsule_max_bytes {
@@ -331,24 +335,23 @@ impl QueuePairCore {
                         length: len,
                         id: sgl::DATA_BLOCK_OFFSET,
                     });
-                    (Data::InCapsule, Some(buf))
+                    Data::InCapsule { buf }
                 } else {
                     sqe.set_sgl(SglDescriptor {
                         address: 0,
                         length: len,
                         id: sgl::TRANSPORT_DATA_BLOCK,
                     });
-                    (Data::Solicited { buf, sent: 0 }, None)
+                    Data::Solicited { buf, sent: 0 }
                 }
             }
         };
-        let ic = in_capsule.as_deref().unwrap_or(&[]);
-        // Isolated path: writes carrying data are bulk, every other command
-        // capsule (reads, admin, writes solicited by R2T) is latency-bound.
-        let class = if in_capsule.is_some() {
-            PduClass::Data
-        } else {
-            PduClass::Command
+        let (ic, class): (&[u8], _) = match &data {
+            // Isolated path: writes carrying data are bulk, every other
+            // command capsule (reads, admin, writes solicited by R2T) is
+            // latency-bound.
+            Data::InCapsule { buf } => (buf, PduClass::Data),
+            _ => (&[], PduClass::Command),
         };
         encode_pdu(
             &PduHeader::CapsuleCmd(sqe),
@@ -382,6 +385,20 @@ impl QueuePairCore {
             self.st.tx.consume(v.len());
             Some(v)
         }
+    }
+
+    /// The first run of bytes due for the socket, for an I/O layer that
+    /// writes them itself and then calls [`Self::transmit_consume`] with
+    /// what the socket took: no copy out of the send scheduler
+    /// ([`Self::poll_transmit`] copies). Empty when nothing is due.
+    pub fn transmit_due(&self) -> &[u8] {
+        self.st.tx.due()
+    }
+
+    /// Marks the first `n` bytes of [`Self::transmit_due`] as written.
+    pub fn transmit_consume(&mut self, n: usize) {
+        debug_assert!(n <= self.st.tx.due().len(), "consumed more than was due");
+        self.st.tx.consume(n);
     }
 
     /// Whether anything is due or held by the send scheduler.
@@ -783,6 +800,9 @@ impl State {
                         "write completed with {sent} of {} bytes transferred",
                         buf.len()
                     )))
+                }
+                Data::Solicited { buf, .. } | Data::InCapsule { buf } => {
+                    Ok(Completion { cqe, data: buf })
                 }
                 _ => Ok(Completion {
                     cqe,

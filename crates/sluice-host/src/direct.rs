@@ -46,8 +46,6 @@ const TIMER_CHECK: Duration = Duration::from_millis(1);
 const CONNECT_WAIT: Duration = Duration::from_millis(10);
 /// The token of the Fabrics Connect (the only command in flight then).
 const CONNECT_TOKEN: u64 = u64::MAX;
-/// An idle output buffer above this size is given back.
-const OUT_KEEP_BYTES: usize = 4 << 20;
 
 /// Everything needed to open a direct queue (built by the controller).
 #[derive(Debug)]
@@ -76,9 +74,6 @@ pub struct DirectQueue {
     /// Sleeps to sub-millisecond deadlines (a freight timer of 50 µs):
     /// epoll alone rounds every timeout up to a whole millisecond.
     sleeper: Sleeper,
-    /// Bytes taken from the core and not yet written, from `out_pos`.
-    out: Vec<u8>,
-    out_pos: usize,
     /// When the core's command timers are checked next.
     next_timer: Instant,
     /// The clock of the last pass (submissions are stamped with it).
@@ -133,8 +128,6 @@ impl DirectQueue {
             poll,
             events: Events::with_capacity(4),
             sleeper,
-            out: Vec::new(),
-            out_pos: 0,
             next_timer: now,
             last_now: now,
             outstanding: 0,
@@ -230,7 +223,7 @@ impl DirectQueue {
     /// [`AsRawFd::as_raw_fd`] and their own): bytes taken from the core are
     /// waiting for room in the socket, so wait for it to be writable too.
     pub fn wants_write(&self) -> bool {
-        self.out_pos < self.out.len()
+        !self.core.transmit_due().is_empty()
     }
 
     /// For such owners too: the latest instant by which [`Self::poll`]
@@ -398,23 +391,21 @@ impl DirectQueue {
         drained || self.core.is_closed()
     }
 
+    /// Writes what the core has due straight from its send buffer (no copy
+    /// on this side) until the socket would block.
     fn write(&mut self) {
-        if let Some(b) = self.core.poll_transmit() {
-            if self.out_pos == self.out.len() {
-                self.out = b;
-                self.out_pos = 0;
-            } else {
-                self.out.extend_from_slice(&b);
+        loop {
+            let due = self.core.transmit_due();
+            if due.is_empty() {
+                break;
             }
-        }
-        while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
+            match self.stream.write(due) {
                 Ok(0) => {
                     self.core.handle_connection_lost("socket write returned 0");
                     break;
                 }
                 Ok(n) => {
-                    self.out_pos += n;
+                    self.core.transmit_consume(n);
                     self.stats.sends += 1;
                     self.stats.send_bytes += n as u64;
                 }
@@ -425,10 +416,6 @@ impl DirectQueue {
                     break;
                 }
             }
-        }
-        if self.out_pos == self.out.len() && self.out.capacity() > OUT_KEEP_BYTES {
-            self.out = Vec::new();
-            self.out_pos = 0;
         }
     }
 
