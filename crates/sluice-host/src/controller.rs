@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use sluice_proto::command::{admin, io, Sqe};
+use sluice_proto::dsm::{self, DsmCommand, DsmRange};
 use sluice_proto::fabrics::{
     cc, csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
 };
@@ -1386,18 +1387,16 @@ impl Namespace {
             ));
         }
         for group in dsm_commands(lba, blocks, &lim) {
-            let mut data = vec![0u8; group.len() * 16];
-            for (i, (slba, nlb)) in group.iter().enumerate() {
-                data[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
-                data[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
-            }
             let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0, self.info.nsid);
-            // NR, 0's based: a group has 1..=256 ranges.
-            #[allow(clippy::cast_possible_truncation)]
-            let nr = (group.len() - 1) as u32;
-            s.set_cdw(10, nr);
-            s.set_cdw(11, 1 << 2); // AD: attribute deallocate
-            self.ctrl.io(s, Payload::Write(data)).await?;
+            DsmCommand {
+                // A group has 1..=256 ranges.
+                ranges: u32::try_from(group.len()).unwrap_or(dsm::RANGES_MAX),
+                deallocate: true,
+            }
+            .write_to(&mut s);
+            self.ctrl
+                .io(s, Payload::Write(dsm::encode_ranges(&group)))
+                .await?;
         }
         Ok(())
     }
@@ -1408,14 +1407,14 @@ impl Namespace {
 pub const ZEROED_DATA_BYTES_MAX: usize = 8 << 20;
 
 /// Splits `blocks` from `lba` into Dataset Management commands: each a list
-/// of (SLBA, NLB) ranges of at most DMRSL blocks, at most DMRL ranges
-/// (and 256) and DMSL blocks per command. Every group is non-empty.
-pub fn dsm_commands(lba: u64, blocks: u64, lim: &CommandLimits) -> Vec<Vec<(u64, u32)>> {
+/// of ranges of at most DMRSL blocks, at most DMRL ranges (and 256) and
+/// DMSL blocks per command. Every group is non-empty.
+pub fn dsm_commands(lba: u64, blocks: u64, lim: &CommandLimits) -> Vec<Vec<DsmRange>> {
     let range_max = lim.dsm_range_blocks_max.max(1);
     let ranges_max = usize::from(lim.dsm_ranges_max.clamp(1, 256));
     let cmd_max = lim.dsm_blocks_max.unwrap_or(u64::MAX).max(1);
-    let mut out: Vec<Vec<(u64, u32)>> = Vec::new();
-    let mut group: Vec<(u64, u32)> = Vec::new();
+    let mut out: Vec<Vec<DsmRange>> = Vec::new();
+    let mut group: Vec<DsmRange> = Vec::new();
     let mut in_group = 0u64;
     let mut at = 0;
     while at < blocks {
@@ -1425,7 +1424,11 @@ pub fn dsm_commands(lba: u64, blocks: u64, lim: &CommandLimits) -> Vec<Vec<(u64,
         }
         let room = (cmd_max - in_group).min(blocks - at);
         let n = piece(room, range_max);
-        group.push((lba + at, n));
+        group.push(DsmRange {
+            context_attributes: 0,
+            nlb: n,
+            slba: lba + at,
+        });
         in_group += u64::from(n);
         at += u64::from(n);
     }
@@ -1499,12 +1502,12 @@ mod tests {
             let mut next = lba;
             for c in &cmds {
                 prop_assert!(!c.is_empty() && c.len() <= usize::from(ranges));
-                let total: u64 = c.iter().map(|r| u64::from(r.1)).sum();
+                let total: u64 = c.iter().map(|r| u64::from(r.nlb)).sum();
                 prop_assert!(total <= cmd_blocks.unwrap_or(u64::MAX));
-                for &(slba, nlb) in c {
-                    prop_assert_eq!(slba, next);
-                    prop_assert!(nlb >= 1 && nlb <= range_blocks);
-                    next += u64::from(nlb);
+                for r in c {
+                    prop_assert_eq!(r.slba, next);
+                    prop_assert!(r.nlb >= 1 && r.nlb <= range_blocks);
+                    next += u64::from(r.nlb);
                 }
             }
             prop_assert_eq!(next, lba + blocks);
