@@ -146,13 +146,18 @@ impl HugeReserve {
             c
         } else {
             let c = st.spares.pop()?;
+            drop(st);
             if let ChunkMem::Mapped(p) = &c {
-                st.to_advise.push(p.as_ptr() as usize);
+                // Fault the first small page before the thread may advise
+                // the chunk: a fault after the advice would take a huge
+                // page, and wait for it, on this (the worker's) thread.
+                // SAFETY: `p` starts a mapping this value owns alone.
+                unsafe { p.as_ptr().write_volatile(0) };
+                sync::lock(&self.state).to_advise.push(p.as_ptr() as usize);
             }
             HUGE_CHUNKS_FROM_SPARES.fetch_add(1, Ordering::Relaxed);
             c
         };
-        drop(st);
         self.taken.notify_one();
         Some(c)
     }
