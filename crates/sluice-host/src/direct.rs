@@ -483,9 +483,7 @@ impl AsRawFd for DirectQueue {
 impl Drop for DirectQueue {
     fn drop(&mut self) {
         // Best effort: a final TermReq the core queued, then close.
-        if let Some(b) = self.core.poll_transmit() {
-            let _ = self.stream.write(&b);
-        }
+        let _ = self.stream.write(self.core.transmit_due());
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -290,8 +290,6 @@ impl QueueHandle {
                     polling: p.polling,
                     replies: Vec::new(),
                     free_tokens: Vec::new(),
-                    out: Vec::new(),
-                    out_pos: 0,
                     ready_tx: Some(ready_tx),
                     timeouts,
                 };
@@ -391,8 +389,6 @@ struct Driver {
     polling: PollingPolicy,
     replies: Vec<Option<oneshot::Sender<Result<Completion>>>>,
     free_tokens: Vec<usize>,
-    out: Vec<u8>,
-    out_pos: usize,
     ready_tx: Option<oneshot::Sender<Result<Negotiated>>>,
     timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
 }
@@ -436,7 +432,7 @@ impl Driver {
             if self.shared.shutdown.load(Ordering::Acquire)
                 && self.core.in_flight() == 0
                 && self.pending_empty()
-                && self.out_pos == self.out.len()
+                && self.core.transmit_due().is_empty()
                 && !self.core.has_transmit()
             {
                 self.core.close("shut down by the host");
@@ -544,24 +540,22 @@ impl Driver {
         progress
     }
 
+    /// Writes what the core has due straight from its send buffer (no copy
+    /// on this side) until the socket would block.
     fn write(&mut self) -> bool {
-        if let Some(b) = self.core.poll_transmit() {
-            if self.out_pos == self.out.len() {
-                self.out = b;
-                self.out_pos = 0;
-            } else {
-                self.out.extend_from_slice(&b);
-            }
-        }
         let mut progress = false;
-        while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
+        loop {
+            let due = self.core.transmit_due();
+            if due.is_empty() {
+                break;
+            }
+            match self.stream.write(due) {
                 Ok(0) => {
                     self.core.handle_connection_lost("socket write returned 0");
                     break;
                 }
                 Ok(n) => {
-                    self.out_pos += n;
+                    self.core.transmit_consume(n);
                     progress = true;
                     bump(&self.shared.counters.sends, 1);
                     bump(&self.shared.counters.send_bytes, n as u64);
@@ -573,10 +567,6 @@ impl Driver {
                     break;
                 }
             }
-        }
-        if self.out_pos == self.out.len() && self.out.capacity() > (4 << 20) {
-            self.out = Vec::new();
-            self.out_pos = 0;
         }
         progress
     }
@@ -705,14 +695,11 @@ impl Driver {
     fn finish(&mut self) {
         self.wake_held();
         self.shared.closed.store(true, Ordering::Release);
-        if let Some(b) = self.core.poll_transmit() {
-            self.out.extend_from_slice(&b);
-        }
         let deadline = Instant::now() + Duration::from_millis(100);
-        while self.out_pos < self.out.len() && Instant::now() < deadline {
-            match self.stream.write(&self.out[self.out_pos..]) {
+        while !self.core.transmit_due().is_empty() && Instant::now() < deadline {
+            match self.stream.write(self.core.transmit_due()) {
                 Ok(0) => break,
-                Ok(n) => self.out_pos += n,
+                Ok(n) => self.core.transmit_consume(n),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1))
                 }

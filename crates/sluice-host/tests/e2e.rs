@@ -519,6 +519,11 @@ async fn writes_below_a_fence_are_refused_and_change_nothing() {
         .expect("still serving");
 }
 
+/// A scripted target's counter.
+fn n(c: &std::sync::atomic::AtomicU64) -> u64 {
+    c.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A controller's Write Zeroes and Dataset Management limits (CNS 06h:
 /// WZSL, DMRL, DMRSL, DMSL) split the host's commands; the scripted target
 /// refuses any command past them with Invalid Field, so one unsplit
@@ -558,12 +563,7 @@ async fn write_zeroes_and_deallocate_split_at_the_controllers_limits() {
 
     ns.write_zeroes(10, 100).await.expect("write zeroes");
     // 100 blocks at 16 per command.
-    assert_eq!(
-        t.stats()
-            .write_zeroes
-            .load(std::sync::atomic::Ordering::Relaxed),
-        7
-    );
+    assert_eq!(n(&t.stats().write_zeroes), 7);
     let mut want = all.clone();
     want[10 * 512..110 * 512].fill(0);
     assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
@@ -572,11 +572,8 @@ async fn write_zeroes_and_deallocate_split_at_the_controllers_limits() {
     // 50 blocks: ranges of at most 8, at most 12 blocks and 2 ranges per
     // command: 4 commands of 8 + 4 blocks, then one range of 2.
     let st = t.stats();
-    assert_eq!(
-        st.dsm_commands.load(std::sync::atomic::Ordering::Relaxed),
-        5
-    );
-    assert_eq!(st.dsm_ranges.load(std::sync::atomic::Ordering::Relaxed), 9);
+    assert_eq!(n(&st.dsm_commands), 5);
+    assert_eq!(n(&st.dsm_ranges), 9);
     want[150 * 512..200 * 512].fill(0);
     assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
     c.disconnect(Duration::from_secs(1)).await;
@@ -603,15 +600,10 @@ async fn a_controller_without_write_zeroes_or_dsm_gets_neither() {
     let ns = c.namespace(1).expect("ns");
     let all = pattern(64 * 512, 9);
     ns.write(0, &all, IoFlags::default()).await.expect("write");
-    let writes_before = t.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+    let writes_before = n(&t.stats().writes);
     ns.write_zeroes(4, 40).await.expect("zeroes as data");
-    assert!(t.stats().writes.load(std::sync::atomic::Ordering::Relaxed) > writes_before);
-    assert_eq!(
-        t.stats()
-            .write_zeroes
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert!(n(&t.stats().writes) > writes_before);
+    assert_eq!(n(&t.stats().write_zeroes), 0);
     let mut want = all.clone();
     want[4 * 512..44 * 512].fill(0);
     assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
@@ -619,12 +611,7 @@ async fn a_controller_without_write_zeroes_or_dsm_gets_neither() {
         Err(HostError::Incompatible(why)) => assert!(why.contains("Dataset Management"), "{why}"),
         r => panic!("deallocate without DSM: {r:?}"),
     }
-    assert_eq!(
-        t.stats()
-            .dsm_commands
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(n(&t.stats().dsm_commands), 0);
     assert!(ns.read(0, all.len(), IoFlags::default()).await.unwrap() == want);
     c.disconnect(Duration::from_secs(1)).await;
 }
