@@ -1408,34 +1408,36 @@ pub const ZEROED_DATA_BYTES_MAX: usize = 8 << 20;
 
 /// Splits `blocks` from `lba` into Dataset Management commands: each a list
 /// of ranges of at most DMRSL blocks, at most DMRL ranges (and 256) and
-/// DMSL blocks per command. Every group is non-empty.
-pub fn dsm_commands(lba: u64, blocks: u64, lim: &CommandLimits) -> Vec<Vec<DsmRange>> {
+/// DMSL blocks per command. Every group is non-empty. Lazy: one command's
+/// ranges at a time, so a controller with tiny limits costs commands, not
+/// memory.
+pub fn dsm_commands(
+    lba: u64,
+    blocks: u64,
+    lim: &CommandLimits,
+) -> impl Iterator<Item = Vec<DsmRange>> {
     let range_max = lim.dsm_range_blocks_max.max(1);
     let ranges_max = usize::from(lim.dsm_ranges_max.clamp(1, 256));
     let cmd_max = lim.dsm_blocks_max.unwrap_or(u64::MAX).max(1);
-    let mut out: Vec<Vec<DsmRange>> = Vec::new();
-    let mut group: Vec<DsmRange> = Vec::new();
-    let mut in_group = 0u64;
-    let mut at = 0;
-    while at < blocks {
-        if group.len() == ranges_max || in_group == cmd_max {
-            out.push(std::mem::take(&mut group));
-            in_group = 0;
+    let mut at = 0u64;
+    std::iter::from_fn(move || {
+        if at >= blocks {
+            return None;
         }
-        let room = (cmd_max - in_group).min(blocks - at);
-        let n = piece(room, range_max);
-        group.push(DsmRange {
-            context_attributes: 0,
-            nlb: n,
-            slba: lba + at,
-        });
-        in_group += u64::from(n);
-        at += u64::from(n);
-    }
-    if !group.is_empty() {
-        out.push(group);
-    }
-    out
+        let mut group = Vec::new();
+        let mut in_group = 0u64;
+        while at < blocks && group.len() < ranges_max && in_group < cmd_max {
+            let n = piece((cmd_max - in_group).min(blocks - at), range_max);
+            group.push(DsmRange {
+                context_attributes: 0,
+                nlb: n,
+                slba: lba + at,
+            });
+            in_group += u64::from(n);
+            at += u64::from(n);
+        }
+        Some(group)
+    })
 }
 
 /// The blocks of the next command: the `left` ones, at most `chunk`.
@@ -1486,6 +1488,19 @@ mod tests {
         );
     }
 
+    /// A controller's tiny limits over a huge range cost commands, one at
+    /// a time, not a list of every range up front.
+    #[test]
+    fn dsm_commands_are_made_one_at_a_time() {
+        let l = limits(2, 1, None);
+        let mut cmds = dsm_commands(7, 1 << 40, &l);
+        let first = cmds.next().expect("a command");
+        assert_eq!(first.len(), 2);
+        assert_eq!((first[0].slba, first[0].nlb), (7, 1));
+        assert_eq!((first[1].slba, first[1].nlb), (8, 1));
+        assert_eq!(cmds.next().expect("another")[0].slba, 9);
+    }
+
     proptest! {
         /// The commands cover the range exactly, in order, each within
         /// every limit, none empty.
@@ -1498,7 +1513,7 @@ mod tests {
             cmd_blocks in proptest::option::of(1u64..2000),
         ) {
             let l = limits(ranges, range_blocks, cmd_blocks);
-            let cmds = dsm_commands(lba, blocks, &l);
+            let cmds: Vec<_> = dsm_commands(lba, blocks, &l).collect();
             let mut next = lba;
             for c in &cmds {
                 prop_assert!(!c.is_empty() && c.len() <= usize::from(ranges));
