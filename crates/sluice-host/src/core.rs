@@ -16,15 +16,17 @@
 //! connection is closed; all its commands fail.
 
 use std::collections::VecDeque;
-use std::io::{IoSliceMut, Read};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::digest::crc32c;
 use sluice_proto::framer::{copy_into_two, Framer, InPlace, RxPdu};
+use sluice_proto::outbuf::{Attachment, SharedBytes};
 use sluice_proto::pdu::{
-    encode_pdu, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader, R2t, TxParams,
-    DIGEST_LEN, SHORT_HLEN,
+    encode_pdu, encode_prefix, term_req_for, DataHeader, DecodeError, Direction, IcReq, PduHeader,
+    R2t, TxParams, DIGEST_LEN, SHORT_HLEN,
 };
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::Status;
@@ -111,13 +113,15 @@ enum Data {
         received: u32,
     },
     /// In-capsule write: nothing more to send; the buffer goes back with
-    /// the completion.
+    /// the completion. Shared with the send scheduler while its bytes are
+    /// attached to the capsule and not yet written.
     InCapsule {
-        buf: Vec<u8>,
+        buf: Arc<Vec<u8>>,
     },
-    /// Write waiting for R2Ts; `sent` bytes were sent so far.
+    /// Write waiting for R2Ts; `sent` bytes were sent so far. Shared with
+    /// the send scheduler like an in-capsule write's buffer.
     Solicited {
-        buf: Vec<u8>,
+        buf: Arc<Vec<u8>>,
         sent: u32,
     },
 }
@@ -335,30 +339,44 @@ impl QueuePairCore {
                         length: len,
                         id: sgl::DATA_BLOCK_OFFSET,
                     });
-                    Data::InCapsule { buf }
+                    Data::InCapsule { buf: Arc::new(buf) }
                 } else {
                     sqe.set_sgl(SglDescriptor {
                         address: 0,
                         length: len,
                         id: sgl::TRANSPORT_DATA_BLOCK,
                     });
-                    Data::Solicited { buf, sent: 0 }
+                    Data::Solicited {
+                        buf: Arc::new(buf),
+                        sent: 0,
+                    }
                 }
             }
         };
-        let (ic, class): (&[u8], _) = match &data {
-            // Isolated path: writes carrying data are bulk, every other
-            // command capsule (reads, admin, writes solicited by R2T) is
-            // latency-bound.
-            Data::InCapsule { buf } => (buf, PduClass::Data),
-            _ => (&[], PduClass::Command),
+        // Isolated path: writes carrying data are bulk, every other command
+        // capsule (reads, admin, writes solicited by R2T) is latency-bound.
+        let class = match &data {
+            Data::InCapsule { buf } => {
+                encode_with_data(
+                    &PduHeader::CapsuleCmd(sqe),
+                    buf,
+                    0..buf.len(),
+                    &st.tx_params,
+                    st.tx.as_mut(),
+                    PduClass::Data,
+                );
+                PduClass::Data
+            }
+            _ => {
+                encode_pdu(
+                    &PduHeader::CapsuleCmd(sqe),
+                    &[],
+                    &st.tx_params,
+                    st.tx.buffer(PduClass::Command),
+                );
+                PduClass::Command
+            }
         };
-        encode_pdu(
-            &PduHeader::CapsuleCmd(sqe),
-            ic,
-            &st.tx_params,
-            st.tx.buffer(class),
-        );
         st.tx.commit_cmd(class, cid, now);
         st.slots[cid as usize] = Some(Slot {
             token,
@@ -395,9 +413,33 @@ impl QueuePairCore {
         self.st.tx.due()
     }
 
+    /// The bytes due for the socket as runs for one vectored write
+    /// (write data of at least [`WRITE_ATTACH_BYTES_MIN`] is a run of its
+    /// own, sent from the caller's buffer); returns how many runs of `out`
+    /// it filled, 0 when nothing is due. Consume with
+    /// [`Self::transmit_consume`].
+    pub fn transmit_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        self.st.tx.due_vectored(out)
+    }
+
+    /// One vectored write of the due bytes (up to [`TRANSMIT_RUNS_MAX`]
+    /// runs) to `w`, consuming what it took: `Ok(None)` when nothing was
+    /// due, `Ok(Some(n))` for `n` bytes written (0: the peer takes no more).
+    pub fn transmit_to(&mut self, w: &mut impl Write) -> std::io::Result<Option<usize>> {
+        let mut runs = [IoSlice::new(&[]); TRANSMIT_RUNS_MAX];
+        let k = self.st.tx.due_vectored(&mut runs);
+        let n = match k {
+            0 => return Ok(None),
+            1 => w.write(&runs[0])?,
+            _ => w.write_vectored(&runs[..k])?,
+        };
+        self.transmit_consume(n);
+        Ok(Some(n))
+    }
+
     /// Marks the first `n` bytes of [`Self::transmit_due`] as written.
     pub fn transmit_consume(&mut self, n: usize) {
-        debug_assert!(n <= self.st.tx.due().len(), "consumed more than was due");
+        debug_assert!(n <= self.st.tx.due_len(), "consumed more than was due");
         self.st.tx.consume(n);
     }
 
@@ -801,9 +843,10 @@ impl State {
                         buf.len()
                     )))
                 }
-                Data::Solicited { buf, .. } | Data::InCapsule { buf } => {
-                    Ok(Completion { cqe, data: buf })
-                }
+                Data::Solicited { buf, .. } | Data::InCapsule { buf } => Ok(Completion {
+                    cqe,
+                    data: take_written(buf),
+                }),
                 _ => Ok(Completion {
                     cqe,
                     data: Vec::new(),
@@ -1077,11 +1120,13 @@ impl State {
                 last: off + n == end,
                 success: false,
             };
-            encode_pdu(
+            encode_with_data(
                 &PduHeader::H2CData(h),
-                &buf[off as usize..(off + n) as usize],
+                buf,
+                off as usize..(off + n) as usize,
                 &tx_params,
-                self.tx.buffer(PduClass::Data),
+                self.tx.as_mut(),
+                PduClass::Data,
             );
             self.tx.commit_cmd(PduClass::Data, r.cccid, now);
             off += n;
@@ -1089,6 +1134,49 @@ impl State {
         *sent = end;
         Ok(())
     }
+}
+
+/// Runs of due bytes handed to one vectored write by
+/// [`QueuePairCore::transmit_to`]: a batch of 32 attached writes is 64
+/// runs (header, data).
+pub const TRANSMIT_RUNS_MAX: usize = 64;
+
+/// Write data at least this long is attached to its PDU (sent from the
+/// caller's buffer by the vectored write) instead of copied into the send
+/// buffer; shorter data is copied, cheaper than a run of its own.
+pub const WRITE_ATTACH_BYTES_MIN: usize = 4096;
+
+/// Encodes one PDU carrying `buf[range]` into the scheduler's `class`
+/// buffer: attached when long enough, copied otherwise, with its data
+/// digest (when negotiated) after it. The caller commits it.
+fn encode_with_data(
+    h: &PduHeader,
+    buf: &Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
+    p: &TxParams,
+    tx: &mut dyn SendScheduler,
+    class: PduClass,
+) {
+    let piece = &buf[range.clone()];
+    let dd = encode_prefix(h, piece.len(), p, tx.buffer(class));
+    let shared: SharedBytes = buf.clone();
+    match Attachment::new(shared, range).filter(|a| a.len() >= WRITE_ATTACH_BYTES_MIN) {
+        Some(a) => tx.attach(class, a),
+        None => tx.buffer(class).extend_from_slice(piece),
+    }
+    if dd > 0 {
+        tx.buffer(class)
+            .extend_from_slice(&crc32c(piece).to_le_bytes());
+    }
+}
+
+/// A written buffer back from the send scheduler, for the completion. The
+/// scheduler releases its attachments once written, and a completion only
+/// follows the whole write, so the buffer is normally the caller's own
+/// again; when a target completes a command early (an error before the
+/// data went out) the attachment may still be queued, and a copy goes back.
+fn take_written(buf: Arc<Vec<u8>>) -> Vec<u8> {
+    Arc::try_unwrap(buf).unwrap_or_else(|shared| shared.as_ref().clone())
 }
 
 /// The length of a read of `n` bytes, refused over `max`.

@@ -18,7 +18,7 @@
 //! async code, then move it to the thread that will drive it. Dropping it
 //! closes the socket; commands still outstanding are abandoned.
 
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
@@ -395,17 +395,13 @@ impl DirectQueue {
     /// on this side) until the socket would block.
     fn write(&mut self) {
         loop {
-            let due = self.core.transmit_due();
-            if due.is_empty() {
-                break;
-            }
-            match self.stream.write(due) {
-                Ok(0) => {
+            match self.core.transmit_to(&mut self.stream) {
+                Ok(None) => break,
+                Ok(Some(0)) => {
                     self.core.handle_connection_lost("socket write returned 0");
                     break;
                 }
-                Ok(n) => {
-                    self.core.transmit_consume(n);
+                Ok(Some(n)) => {
                     self.stats.sends += 1;
                     self.stats.send_bytes += n as u64;
                 }
@@ -483,7 +479,7 @@ impl AsRawFd for DirectQueue {
 impl Drop for DirectQueue {
     fn drop(&mut self) {
         // Best effort: a final TermReq the core queued, then close.
-        let _ = self.stream.write(self.core.transmit_due());
+        let _ = self.core.transmit_to(&mut self.stream);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

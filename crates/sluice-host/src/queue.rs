@@ -15,7 +15,7 @@
 //!   while spinning: `SpinContention`), then sleeps like `Interrupt`.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -545,17 +545,13 @@ impl Driver {
     fn write(&mut self) -> bool {
         let mut progress = false;
         loop {
-            let due = self.core.transmit_due();
-            if due.is_empty() {
-                break;
-            }
-            match self.stream.write(due) {
-                Ok(0) => {
+            match self.core.transmit_to(&mut self.stream) {
+                Ok(None) => break,
+                Ok(Some(0)) => {
                     self.core.handle_connection_lost("socket write returned 0");
                     break;
                 }
-                Ok(n) => {
-                    self.core.transmit_consume(n);
+                Ok(Some(n)) => {
                     progress = true;
                     bump(&self.shared.counters.sends, 1);
                     bump(&self.shared.counters.send_bytes, n as u64);
@@ -696,10 +692,10 @@ impl Driver {
         self.wake_held();
         self.shared.closed.store(true, Ordering::Release);
         let deadline = Instant::now() + Duration::from_millis(100);
-        while !self.core.transmit_due().is_empty() && Instant::now() < deadline {
-            match self.stream.write(self.core.transmit_due()) {
-                Ok(0) => break,
-                Ok(n) => self.core.transmit_consume(n),
+        while Instant::now() < deadline {
+            match self.core.transmit_to(&mut self.stream) {
+                Ok(None | Some(0)) => break,
+                Ok(Some(_)) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1))
                 }
