@@ -94,6 +94,25 @@ def ensure_tools():
         raise SystemExit("bench-rocksdb: /dev/fuse is missing")
 
 
+def cpu_s(pid):
+    """CPU seconds (user + system) a process has used so far; 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_cpu():
+    """(busy, total) CPU seconds of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    tck = os.sysconf("SC_CLK_TCK")
+    return (sum(v) - idle) / tck, sum(v) / tck
+
+
 def run(cmd, **kw):
     out = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if out.returncode != 0:
@@ -175,6 +194,9 @@ def median_range(xs, fmt="{:.0f}"):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runtime", type=int, default=20)
+    ap.add_argument("--conditions", default="",
+                    help="comma-separated indices into the conditions (0 solo .. 4 both; default all; "
+                         "solo always runs, for the ratios)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--keys", type=int, default=200000)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "experiments"))
@@ -183,6 +205,12 @@ def main():
     a = ap.parse_args()
     if a.runtime < 1 or a.repeats < 1 or a.keys < 1000:
         raise SystemExit("bench-rocksdb: --runtime >= 1, --repeats >= 1, --keys >= 1000")
+    try:
+        picked = sorted({0} | {int(x) for x in a.conditions.split(",") if x.strip()})
+        conds = [CONDITIONS[i] for i in picked]
+    except (ValueError, IndexError):
+        raise SystemExit(f"bench-rocksdb: --conditions takes indices 0-{len(CONDITIONS) - 1}, "
+                         f"comma-separated, not {a.conditions!r}")
     ensure_tools()
     log("building sluice (release)")
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
@@ -190,7 +218,7 @@ def main():
     work = tempfile.mkdtemp(prefix="sluice-rocksdb.")
     procs, loop, mounted, fuse_mnt = [], None, None, None
     try:
-        targets, admins = [], []
+        targets, admins, target_procs = [], [], []
         for t in range(2):
             port = free_port()
             cfg = os.path.join(work, f"t{t}.toml")
@@ -209,12 +237,14 @@ def main():
                     f.write(f'\n[[subsystem.namespace]]\nnsid = {nsid}\nbackend = "emulated-ssd"\nsize = "2GiB"\n'
                             f'block_size = 4096\nssd = {SSD}\n')
             procs.append(Proc([SLUICE, "--log", "warn", "target", "--config", cfg], os.path.join(work, f"t{t}.log")))
+            target_procs.append(procs[-1])
             targets.append(port)
             admins.append(aport)
         cport = free_port()
         control = f"127.0.0.1:{cport}"
         procs.append(Proc([SLUICE, "--log", "warn", "control", "--listen", control,
                            "--metadata", f"redb:{work}/meta.redb"], os.path.join(work, "control.log")))
+        control_proc = procs[-1]
         for p in targets + admins + [cport]:
             wait_for(listening(p), f"port {p}")
         c = ["--control", control]
@@ -231,6 +261,7 @@ def main():
         procs.append(Proc([SLUICE, "--log", "warn", "fuse", "--volume", "db", "--transport", a.fuse_transport,
                            *c, fuse_mnt],
                           os.path.join(work, "fuse.log")))
+        fuse = procs[-1]
         img = os.path.join(fuse_mnt, "disk.img")
         wait_for(lambda: os.path.exists(img), "the FUSE file")
         loop = run(["losetup", "--direct-io=on", "-f", "--show", img]).strip()
@@ -245,9 +276,10 @@ def main():
         log(f"fillrandom, {a.keys} keys")
         run(["db_bench", "--benchmarks=fillrandom", *common])
         results = {}  # (repeat, condition) -> {bench: (ops, p50, p99)}
+        cpu = {}  # (repeat, condition) -> {part: cores used while db_bench ran}
         streams = {}
         for rep in range(a.repeats):
-            for cond, auction, fq in CONDITIONS:
+            for cond, auction, fq in conds:
                 run([SLUICE, "auction", "on" if auction else "off", *c])
                 for aport in admins:
                     tenant_hosts(aport, fq)
@@ -268,12 +300,29 @@ def main():
                 # The writer of readwhilewriting is held to 1 MB/s, so that
                 # the database (and its compactions) stays the same size
                 # from run to run.
+                # CPU seconds each part spends while db_bench runs: on two
+                # cores, the parts contend for CPU as much as for drives.
+                parts = {"fuse": [fuse.p.pid], "targets": [t.p.pid for t in target_procs],
+                         "control": [control_proc.p.pid]}
+                if streamer is not None:
+                    parts["streamer"] = [streamer.pid]
+                before = {k: sum(cpu_s(p) for p in v) for k, v in parts.items()}
+                kids_before = os.times()
+                mach_before = machine_cpu()
                 out = run(["db_bench", "--benchmarks=readrandom,readwhilewriting", "--use_existing_db=1",
                            f"--duration={a.runtime}", "--threads=4",
                            "--benchmark_write_rate_limit=1048576", *common])
                 if watcher is not None:
                     watcher.kill()
                     watcher.wait()
+                kids_after = os.times()
+                mach_after = machine_cpu()
+                used = {k: sum(cpu_s(p) for p in v) - before[k] for k, v in parts.items()}
+                used["db_bench"] = ((kids_after.children_user + kids_after.children_system)
+                                    - (kids_before.children_user + kids_before.children_system))
+                wall = mach_after[1] - mach_before[1]
+                used["machine busy"] = mach_after[0] - mach_before[0]
+                cpu[(rep, cond)] = {k: v / wall * os.cpu_count() for k, v in used.items()} if wall > 0 else {}
                 r = parse_db_bench(out)
                 results[(rep, cond)] = r
                 if streamer is not None:
@@ -285,7 +334,8 @@ def main():
                         streams[(rep, cond)] = float("nan")
                 log(f"repeat {rep} {cond}: " + ", ".join(
                     f"{k} {v[0]:.0f} ops/s P99 {v[2]} us" for k, v in r.items())
-                    + (f"; streamer {streams.get((rep, cond), float('nan')):.0f} MB/s" if cond != "solo" else ""))
+                    + (f"; streamer {streams.get((rep, cond), float('nan')):.0f} MB/s" if cond != "solo" else "")
+                    + "; cores: " + ", ".join(f"{k} {v:.2f}" for k, v in cpu[(rep, cond)].items()))
         run([SLUICE, "auction", "off", *c])
     finally:
         if mounted and os.path.ismount(mounted):
@@ -312,7 +362,7 @@ def main():
           f"Medians over {a.repeats} repeats, ranges in brackets; ratios to solo per repeat.", "",
           "| benchmark | condition | ops/s | ratio to solo | P50 µs | P99 µs | P99 ÷ solo | streamer MB/s |",
           "|---|---|---|---|---|---|---|---|"]
-    conditions = [name for name, _, _ in CONDITIONS]
+    conditions = [name for name, _, _ in conds]
     for bench in ["readrandom", "readwhilewriting"]:
         for cond in conditions:
             rows = [results[(r, cond)].get(bench) for r in range(a.repeats)]
@@ -329,7 +379,17 @@ def main():
             md.append(f"| {bench} | {cond} | {median_range(ops)} | {median_range(ratio, '{:.2f}')} | "
                       f"{median_range(p50) if p50 else '-'} | {median_range(p99) if p99 else '-'} | "
                       f"{median_range(p99r, '{:.2f}') if p99r else '-'} | {median_range(st) if st else '-'} |")
-    md += ["", "Goals: beside the streamer, ops/s >= 0.8 of solo and P99 within 2x of solo."]
+    md += ["", "Goals: beside the streamer, ops/s >= 0.8 of solo and P99 within 2x of solo.", "",
+           "Cores each part used while db_bench ran (CPU seconds over wall seconds; the machine "
+           f"has {os.cpu_count()}; medians over the repeats):", "",
+           "| condition | db_bench | fuse | targets | streamer | control | machine busy |",
+           "|---|---|---|---|---|---|---|"]
+    for cond in conditions:
+        def med(part):
+            v = [cpu[(r, cond)][part] for r in range(a.repeats) if part in cpu.get((r, cond), {})]
+            return f"{statistics.median(v):.2f}" if v else "-"
+        md.append(f"| {cond} | {med('db_bench')} | {med('fuse')} | {med('targets')} | {med('streamer')} | "
+                  f"{med('control')} | {med('machine busy')} |")
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "rocksdb.md")
     with open(path, "w") as f:

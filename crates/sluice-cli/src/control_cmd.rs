@@ -656,7 +656,7 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
         a.epoch_us / 1000
     );
     out.push_str(&format!(
-        "{:<6} {:<22} {:>10} {:>10} {:>11} {:>9} {:>9} {:>6} {:>6}\n",
+        "{:<6} {:<22} {:>10} {:>10} {:>11} {:>9} {:>9} {:>6} {:>6} {:>8}\n",
         "DRIVE",
         "PORT",
         "EST MB/s",
@@ -665,11 +665,12 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
         "SLICE KiB",
         "QDELAY us",
         "WAITS",
-        "CONT"
+        "CONT",
+        "CAP MB/s"
     ));
     for d in &a.drives {
         out.push_str(&format!(
-            "{:<6} {:<22} {:>10.1} {:>10.1} {:>11.2} {:>9} {:>9.0} {:>6.2} {:>6.2}\n",
+            "{:<6} {:<22} {:>10.1} {:>10.1} {:>11.2} {:>9} {:>9.0} {:>6.2} {:>6.2} {:>8.1}\n",
             format!("d{}", d.drive),
             d.port,
             d.bytes_per_sec / 1e6,
@@ -678,7 +679,8 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
             d.slice_bytes / 1024,
             d.queue_delay_us_mean,
             d.inflation_mean,
-            d.contention_mean
+            d.contention_mean,
+            d.heavy_cap_bytes_per_sec / 1e6
         ));
     }
     out.push_str(&format!(

@@ -138,12 +138,13 @@ pub fn render_auction_brief(a: &crate::pb::AuctionStatusResponse) -> String {
             })
             .collect();
         out.push_str(&format!(
-            "auction d{} est {:.0} MB/s done {:.0} MB/s waits {:.2} contention {:.2} | {}\n",
+            "auction d{} est {:.0} MB/s done {:.0} MB/s waits {:.2} contention {:.2} cap {:.0} MB/s | {}\n",
             d.drive,
             d.bytes_per_sec / 1e6,
             d.completed_bytes_per_sec / 1e6,
             d.inflation_mean,
             d.contention_mean,
+            d.heavy_cap_bytes_per_sec / 1e6,
             sessions.join(" ")
         ));
     }
@@ -172,6 +173,7 @@ pub struct AuctionDriveStatus {
     pub inflation_mean: f64,
     pub contention_mean: f64,
     pub completed_bytes_per_sec: f64,
+    pub heavy_cap_bytes_per_sec: f64,
 }
 
 /// What matches a target's namespace to a drive.
@@ -311,6 +313,7 @@ impl ViewHub {
                     inflation_mean: d.last.inflation_mean,
                     contention_mean: d.last.contention_mean,
                     completed_bytes_per_sec: d.completed_bytes_per_sec,
+                    heavy_cap_bytes_per_sec: d.heavy_cap_bytes_per_sec,
                 })
                 .collect(),
             sessions: a.sessions(),
@@ -548,9 +551,16 @@ impl Collector for ViewCollector {
             *victims.entry(s.client.clone()).or_default() += 1;
         }
         let (on, epoch, drives_auction, sessions) = self.0.with_arbiter(|a| {
-            let d: Vec<(String, f64, u64)> = a
+            let d: Vec<(String, f64, u64, f64)> = a
                 .drives()
-                .map(|(id, d)| (id.to_string(), d.bytes_per_sec, d.granted_bytes))
+                .map(|(id, d)| {
+                    (
+                        id.to_string(),
+                        d.bytes_per_sec,
+                        d.granted_bytes,
+                        d.heavy_cap_bytes_per_sec,
+                    )
+                })
                 .collect();
             (a.is_on(), a.epoch(), d, a.sessions())
         });
@@ -569,7 +579,7 @@ impl Collector for ViewCollector {
             None,
             drives_auction
                 .iter()
-                .map(|(id, b, _)| ([("drive", Esc(id))], *b)),
+                .map(|(id, b, _, _)| ([("drive", Esc(id))], *b)),
         )?;
         gauges(
             e,
@@ -578,7 +588,16 @@ impl Collector for ViewCollector {
             None,
             drives_auction
                 .iter()
-                .map(|(id, _, g)| ([("drive", Esc(id))], *g)),
+                .map(|(id, _, g, _)| ([("drive", Esc(id))], *g)),
+        )?;
+        gauges(
+            e,
+            "sluice_auction_drive_heavy_cap_bytes_per_second",
+            "The most a session that is not held back may be granted of the drive per second (the contention rule's cap; the estimate when it does not bind).",
+            None,
+            drives_auction
+                .iter()
+                .map(|(id, _, _, f)| ([("drive", Esc(id))], *f)),
         )?;
         let mut per_volume: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
         for s in &sessions {

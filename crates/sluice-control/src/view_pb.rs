@@ -437,6 +437,7 @@ pub fn auction_to_pb(a: &crate::view::AuctionStatus) -> pb::AuctionStatusRespons
                 inflation_mean: d.inflation_mean,
                 contention_mean: d.contention_mean,
                 completed_bytes_per_sec: d.completed_bytes_per_sec,
+                heavy_cap_bytes_per_sec: d.heavy_cap_bytes_per_sec,
             })
             .collect(),
         sessions: a

@@ -49,12 +49,17 @@
 //! a heavy client's many samples cannot hide a light one's stalls) and a
 //! session leaves
 //! most of its share unspent without running out beside one that moves
-//! a quarter more bytes than it, the estimate shrinks by `back_off`: the
-//! first is held back by the second's queue, and equal slices only mean
-//! equal bandwidth once both can spend them (the heavy one need not be out
-//! of slices: shrinking makes it so). Otherwise, while sessions run
-//! out of slices, it grows by `probe_up` (a drive that cannot complete more
-//! fills its clients' queues, and they stop running out). While the
+//! a quarter more bytes than it, the first is held back by the second's
+//! queue, and equal slices only mean equal bandwidth once both can spend
+//! them: the drive's *heavy cap* (what a session that is not held back may
+//! be granted) shrinks by `back_off` (the heavy one need not be out of
+//! slices: capping makes it so). The held-back session is never capped and
+//! its share follows the estimate, which this rule leaves alone: a light,
+//! latency-bound session looks held back whatever the estimate, and
+//! shrinking the estimate shrank its share until it ran out of slices
+//! itself. Otherwise, while sessions run out of slices, the cap grows by
+//! `probe_up` while it binds, then the estimate (a drive that cannot
+//! complete more fills its clients' queues, and they stop running out). While the
 //! auction is off the estimate follows what the drive completes, so that
 //! switching it on starts from the drive's real pace. An operator's figure
 //! caps it.
@@ -310,6 +315,15 @@ struct SessionState {
     idle: bool,
 }
 
+/// A session that left much of its last grant unspent without running
+/// out of slices: held back by others' I/O in the drive (or it needed
+/// less). Never capped by the contention rule.
+fn held_back(s: &SessionState) -> bool {
+    #[allow(clippy::cast_precision_loss)]
+    let short = (s.spent_last as f64) < STARVED * s.granted_last as f64;
+    !s.hungry_last && s.granted_last > 0 && short
+}
+
 /// One drive's sessions as the estimate weighs them.
 #[derive(Clone, Copy, Debug, Default)]
 struct Appetite {
@@ -341,6 +355,11 @@ pub struct DriveAuction {
     /// What the drive completed per second, smoothed over epochs (telemetry
     /// arrives in batches, so one epoch alone is noisy).
     pub completed_bytes_per_sec: f64,
+    /// The most a session that is not held back is granted per second (at
+    /// the top weight; less in proportion below it): the contention rule's
+    /// lever. A held-back session is never capped, so shrinking this only
+    /// ever slows the sessions that hold it back. At most the estimate.
+    pub heavy_cap_bytes_per_sec: f64,
 }
 
 /// One session as the arbiter sees it (for the API and metrics).
@@ -428,6 +447,7 @@ impl Arbiter {
             last: DriveSignal::default(),
             inflated: false,
             completed_bytes_per_sec: 0.0,
+            heavy_cap_bytes_per_sec: max.unwrap_or(initial),
         });
         d.port = port.to_owned();
         d.bytes_per_sec_max = max;
@@ -639,9 +659,7 @@ impl Arbiter {
                 continue;
             }
             a.spent_max = a.spent_max.max(s.spent_last);
-            #[allow(clippy::cast_precision_loss)]
-            let short = (s.spent_last as f64) < STARVED * s.granted_last as f64;
-            if !s.hungry_last && s.granted_last > 0 && short {
+            if held_back(s) {
                 a.starved_spent = Some(
                     a.starved_spent
                         .map_or(s.spent_last, |m| m.min(s.spent_last)),
@@ -678,21 +696,40 @@ impl Arbiter {
                     d.bytes_per_sec.min(d.completed_bytes_per_sec.max(1.0)) * cfg.back_off;
             } else if contended && starved {
                 // One session moves far more than another that, with its
-                // share unspent, waits behind it in the drive: grant less,
-                // until the first runs out of slices and the queue shrinks
-                // (equal shares only mean equal bandwidth once both can
-                // spend them).
-                d.bytes_per_sec *= cfg.back_off;
+                // share unspent, waits behind it in the drive: cap the
+                // sessions that are not held back, until the first runs
+                // out of slices and the queue shrinks (equal shares only
+                // mean equal bandwidth once both can spend them). The
+                // estimate stays: shrinking it would shrink the held-back
+                // session's share too, and a light, latency-bound session
+                // (a database beside a streamer) that never spends its
+                // share looks held back whatever the estimate, so it would
+                // shrink until that session ran out of slices itself.
+                d.heavy_cap_bytes_per_sec =
+                    d.heavy_cap_bytes_per_sec.min(d.bytes_per_sec) * cfg.back_off;
             } else if hungry && granted > 0 {
-                // Sessions want more and none is held back: probe. A drive
-                // that cannot complete more fills its clients' queues, so
-                // they stop running out of slices and probing stops.
-                d.bytes_per_sec *= cfg.probe_up;
+                // Sessions want more and none is held back: probe, the cap
+                // first while it binds. A drive that cannot complete more
+                // fills its clients' queues, so they stop running out of
+                // slices and probing stops.
+                if d.heavy_cap_bytes_per_sec < d.bytes_per_sec {
+                    d.heavy_cap_bytes_per_sec *= cfg.probe_up;
+                } else {
+                    d.bytes_per_sec *= cfg.probe_up;
+                    d.heavy_cap_bytes_per_sec = d.bytes_per_sec;
+                }
             }
             d.bytes_per_sec = d.bytes_per_sec.max(cfg.drive_bytes_per_sec_min);
             if let Some(m) = d.bytes_per_sec_max {
                 d.bytes_per_sec = d.bytes_per_sec.min(m);
             }
+            if !on {
+                d.heavy_cap_bytes_per_sec = d.bytes_per_sec;
+            }
+            d.heavy_cap_bytes_per_sec = d.heavy_cap_bytes_per_sec.clamp(
+                cfg.drive_bytes_per_sec_min.min(d.bytes_per_sec),
+                d.bytes_per_sec,
+            );
         }
     }
 
@@ -758,6 +795,9 @@ impl Arbiter {
             quantum: f64,
             cost: [f64; 3],
             blocked: bool,
+            /// Most it may be granted this epoch (the heavy cap), unless
+            /// it is held back.
+            cap: Option<f64>,
         }
         let mut walk: Vec<Walk> = keys
             .into_iter()
@@ -774,12 +814,15 @@ impl Arbiter {
                 } else {
                     0.0
                 };
+                let cap = (!held_back(s))
+                    .then(|| d.heavy_cap_bytes_per_sec * epoch_s * self.weight(k.volume) / w_max);
                 Some(Walk {
                     slice: slice_bytes,
                     quantum: slice * self.weight(k.volume) / w_max,
                     port,
                     cost: self.slice_cost(slice_bytes, write_share),
                     blocked: false,
+                    cap,
                     key: k,
                 })
             })
@@ -804,7 +847,12 @@ impl Arbiter {
                 let drive = drive_left.get(&w.key.drive).copied().unwrap_or(0.0);
                 let port = self.port_left.get(&w.port).copied();
                 let client = self.client_left.get(&w.key.client).copied();
-                let room = drive >= w.cost[DRIVE]
+                #[allow(clippy::cast_precision_loss)]
+                let under_cap = w
+                    .cap
+                    .is_none_or(|c| (s.granted + w.slice) as f64 <= c.max(w.slice as f64));
+                let room = under_cap
+                    && drive >= w.cost[DRIVE]
                     && port.is_none_or(|l| l >= w.cost[IO])
                     && client.is_none_or(|l| l >= w.cost[NET]);
                 if !room {
