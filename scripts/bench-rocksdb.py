@@ -12,7 +12,8 @@ reading, 200 MB/s and 20k IOPS writing, 4 channels) form a pool managed by
 * `db` (4 GiB, tenant db): `sluice fuse --volume db` exposes it as a file, a
   loop device (direct I/O) carries ext4, and RocksDB's `db_bench` (Debian's
   rocksdb-tools) runs on it with direct reads and a small block cache, so
-  its gets reach the volume: fillrandom once, then readrandom and
+  its gets reach the volume: fillrandom once (kept as a copy that every
+  condition starts from), then readrandom and
   readwhilewriting (its writer held to 1 MB/s) for `--runtime` seconds
   each;
 * `stream` (1 GiB, tenant stream): `sluice bench --volume stream` streams
@@ -206,7 +207,8 @@ def main():
     if a.runtime < 1 or a.repeats < 1 or a.keys < 1000:
         raise SystemExit("bench-rocksdb: --runtime >= 1, --repeats >= 1, --keys >= 1000")
     try:
-        picked = sorted({0} | {int(x) for x in a.conditions.split(",") if x.strip()})
+        picked = sorted({0} | {int(x) for x in a.conditions.split(",") if x.strip()}) \
+            if a.conditions.strip() else list(range(len(CONDITIONS)))
         conds = [CONDITIONS[i] for i in picked]
     except (ValueError, IndexError):
         raise SystemExit(f"bench-rocksdb: --conditions takes indices 0-{len(CONDITIONS) - 1}, "
@@ -275,11 +277,21 @@ def main():
                   "--use_direct_io_for_flush_and_compaction=true", "--histogram=1"]
         log(f"fillrandom, {a.keys} keys")
         run(["db_bench", "--benchmarks=fillrandom", *common])
+        # Every condition starts from this database: readwhilewriting adds
+        # files and compactions, and a database that grew through the
+        # earlier conditions served gets 2x slower by the third repeat
+        # (solo 7.9k, 5.5k, 3.7k ops/s), which no ratio within a repeat
+        # could hide.
+        base = db + ".base"
+        run(["cp", "-a", db, base])
         results = {}  # (repeat, condition) -> {bench: (ops, p50, p99)}
         cpu = {}  # (repeat, condition) -> {part: cores used while db_bench ran}
         streams = {}
         for rep in range(a.repeats):
             for cond, auction, fq in conds:
+                shutil.rmtree(db)
+                run(["cp", "-a", base, db])
+                run(["sync"])
                 run([SLUICE, "auction", "on" if auction else "off", *c])
                 for aport in admins:
                     tenant_hosts(aport, fq)

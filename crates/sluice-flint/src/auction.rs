@@ -97,6 +97,12 @@ const HEAVIER: f64 = 1.25;
 /// A session that spent less than this share of its grant without running
 /// out was held back (or needed less).
 const STARVED: f64 = 0.7;
+/// Epochs in a row a session must be held back before the contention rule
+/// acts on it: between two sessions alike (4 KiB mixes), which one spent
+/// less flips from epoch to epoch, and capping on each flip cost W5 a
+/// sixth of its bandwidth; a light session beside a heavy one stays held
+/// back epoch after epoch.
+const HELD_BACK_EPOCHS_MIN: u32 = 2;
 /// Mean contention (an I/O's wait as a multiple of its own unloaded
 /// latency) beyond which the drive counts as contended: a session that
 /// leaves its share unspent is then taken to be held back by the others.
@@ -311,6 +317,8 @@ struct SessionState {
     hungry_last: bool,
     /// Granted from the reserve this epoch.
     topped_up: bool,
+    /// Epochs in a row it was held back (`held_back`).
+    held_back_epochs: u32,
     last_bid_us: u64,
     idle: bool,
 }
@@ -628,6 +636,11 @@ impl Arbiter {
             st.hungry_last = st.hungry_epoch;
             st.hungry_epoch = false;
             st.topped_up = false;
+            st.held_back_epochs = if held_back(st) {
+                st.held_back_epochs.saturating_add(1)
+            } else {
+                0
+            };
             if now_us.saturating_sub(st.last_bid_us) >= self.cfg.idle_us {
                 st.idle = true;
                 st.deficit = [0.0; 3];
@@ -659,7 +672,7 @@ impl Arbiter {
                 continue;
             }
             a.spent_max = a.spent_max.max(s.spent_last);
-            if held_back(s) {
+            if s.held_back_epochs >= HELD_BACK_EPOCHS_MIN {
                 a.starved_spent = Some(
                     a.starved_spent
                         .map_or(s.spent_last, |m| m.min(s.spent_last)),

@@ -496,6 +496,18 @@ impl Collector for TargetCollector {
             "I/O commands completed with an error, per host NQN.",
             None,
             hosts.iter().map(|(h, s)| ([("hostnqn", Esc(h))], s.errors)),
+        )?;
+        // Process-wide: RAM namespaces on huge pages take their chunks from
+        // the reserve's populated chunks, else from its mapped spares (a
+        // small-page fault), else map one inline (the reserve is not up).
+        let (reserve, spare, inline) = sluice_backend::ram_huge_chunks();
+        counters(
+            e,
+            "sluice_ram_huge_chunks",
+            "2 MiB chunks RAM namespaces on huge pages took, by where they came from (reserve: populated ahead; spare: mapped ahead, faulted on small pages; inline).",
+            None,
+            [("reserve", reserve), ("spare", spare), ("inline", inline)]
+                .map(|(from, v)| ([("from", Esc(from))], v)),
         )
     }
 }
