@@ -394,15 +394,14 @@ impl QueuePairCore {
 
     /// Bytes to write to the socket, all that the send scheduler made due,
     /// in order. Held PDUs become due at [`Self::send_deadline`].
+    /// Whole PDUs: attached write data is copied in with its headers.
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
-        let due = self.st.tx.due();
-        if due.is_empty() {
-            None
-        } else {
-            let v = due.to_vec();
-            self.st.tx.consume(v.len());
-            Some(v)
+        if self.st.tx.due_len() == 0 {
+            return None;
         }
+        let v = self.st.tx.due_copy();
+        self.st.tx.consume(v.len());
+        Some(v)
     }
 
     /// The first run of bytes due for the socket, for an I/O layer that

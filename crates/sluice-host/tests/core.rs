@@ -186,8 +186,9 @@ fn in_capsule_write() {
 }
 
 /// `transmit_due` / `transmit_consume` give the I/O layer the same bytes
-/// as `poll_transmit`, in order, across partial writes, without a copy
-/// (each call gives one run: the attached write data is a run of its own).
+/// as `poll_transmit` (which copies every due byte, whole PDUs), in order,
+/// across partial writes, without a copy (each `transmit_due` is one run:
+/// attached write data is a run of its own).
 #[test]
 fn transmit_due_is_consumed_in_pieces() {
     let submit = |host: &mut QueuePairCore, now| {
@@ -205,10 +206,11 @@ fn transmit_due_is_consumed_in_pieces() {
     let (mut b, _cb, now_b) = connect(cfg(false, false), 0, 8192);
     submit(&mut a, now);
     submit(&mut b, now_b);
-    let mut whole = Vec::new();
-    while let Some(run) = b.poll_transmit() {
-        whole.extend_from_slice(&run);
-    }
+    let whole = b.poll_transmit().expect("bytes due");
+    assert!(
+        b.poll_transmit().is_none(),
+        "poll_transmit gives every due byte"
+    );
     let mut got = Vec::new();
     while !a.transmit_due().is_empty() {
         // A socket that takes 1000 bytes at a time.
