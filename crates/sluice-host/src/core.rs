@@ -412,17 +412,10 @@ impl QueuePairCore {
         self.st.tx.due()
     }
 
-    /// The bytes due for the socket as runs for one vectored write
-    /// (write data of at least [`WRITE_ATTACH_BYTES_MIN`] is a run of its
-    /// own, sent from the caller's buffer); returns how many runs of `out`
-    /// it filled, 0 when nothing is due. Consume with
-    /// [`Self::transmit_consume`].
-    pub fn transmit_vectored<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
-        self.st.tx.due_vectored(out)
-    }
-
     /// One vectored write of the due bytes (up to [`TRANSMIT_RUNS_MAX`]
-    /// runs) to `w`, consuming what it took: `Ok(None)` when nothing was
+    /// runs; write data of at least [`WRITE_ATTACH_BYTES_MIN`] is a run of
+    /// its own, sent from the caller's buffer) to `w`, consuming what it
+    /// took: `Ok(None)` when nothing was
     /// due, `Ok(Some(n))` for `n` bytes written (0: the peer takes no more).
     pub fn transmit_to(&mut self, w: &mut impl Write) -> std::io::Result<Option<usize>> {
         let mut runs = [IoSlice::new(&[]); TRANSMIT_RUNS_MAX];
@@ -1158,8 +1151,10 @@ fn encode_with_data(
 ) {
     let piece = &buf[range.clone()];
     let dd = encode_prefix(h, piece.len(), p, tx.buffer(class));
-    let shared: SharedBytes = buf.clone();
-    match Attachment::new(shared, range).filter(|a| a.len() >= WRITE_ATTACH_BYTES_MIN) {
+    let attachment = (piece.len() >= WRITE_ATTACH_BYTES_MIN)
+        .then(|| Attachment::new(Arc::clone(buf) as SharedBytes, range))
+        .flatten();
+    match attachment {
         Some(a) => tx.attach(class, a),
         None => tx.buffer(class).extend_from_slice(piece),
     }

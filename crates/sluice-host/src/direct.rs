@@ -360,12 +360,7 @@ impl DirectQueue {
                         .timeout(PollingPolicy::Interrupt, now, Duration::ZERO, deadline);
                 if t != Some(Duration::ZERO) {
                     self.waits += 1;
-                    if let Err(e) = self.poll.poll(&mut self.events, t) {
-                        if e.kind() != ErrorKind::Interrupted {
-                            self.core.close(&format!("epoll wait: {e}"));
-                        }
-                    }
-                    self.take_events();
+                    self.wait_events(t);
                 }
                 let now = Instant::now();
                 self.pass(now, out);
@@ -386,12 +381,7 @@ impl DirectQueue {
         self.write();
         if !self.read_ready {
             // Readiness without the socket's lock (see `read_ready`).
-            if let Err(e) = self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
-                if e.kind() != ErrorKind::Interrupted {
-                    self.core.close(&format!("epoll wait: {e}"));
-                }
-            }
-            self.take_events();
+            self.wait_events(Some(Duration::ZERO));
         }
         let drained = if self.read_ready {
             let drained = self.read(now);
@@ -437,9 +427,14 @@ impl DirectQueue {
         }
     }
 
-    /// Hands the events of the last epoll call on: the timer's to the
-    /// sleeper, the socket's readability to `read_ready`.
-    fn take_events(&mut self) {
+    /// Waits in epoll for at most `timeout` and hands the events on: the
+    /// timer's to the sleeper, the socket's readability to `read_ready`.
+    fn wait_events(&mut self, timeout: Option<Duration>) {
+        if let Err(e) = self.poll.poll(&mut self.events, timeout) {
+            if e.kind() != ErrorKind::Interrupted {
+                self.core.close(&format!("epoll wait: {e}"));
+            }
+        }
         for ev in &self.events {
             if ev.token() == SOCKET {
                 if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
