@@ -57,6 +57,18 @@ impl FakeCtrl {
         encode_pdu(&h, data, &self.tx, &mut b);
         b
     }
+    /// An R2T asking for `len` bytes of command `cccid` from `offset`.
+    fn r2t(&self, cccid: u16, ttag: u16, offset: u32, len: u32) -> Vec<u8> {
+        self.pdu(
+            PduHeader::R2t(R2t {
+                cccid,
+                ttag,
+                offset,
+                len,
+            }),
+            &[],
+        )
+    }
 }
 
 fn cfg(hdgst: bool, ddgst: bool) -> CoreConfig {
@@ -297,18 +309,7 @@ fn write_data_is_sent_from_the_callers_buffer() {
         };
         drain_vectored(&mut host, &mut w);
         assert!(w.vectored_calls > 0, "attached data goes out by writev");
-        host.handle_bytes(
-            now,
-            &ctrl.pdu(
-                PduHeader::R2t(R2t {
-                    cccid: c2,
-                    ttag: 9,
-                    offset: 0,
-                    len: 20000,
-                }),
-                &[],
-            ),
-        );
+        host.handle_bytes(now, &ctrl.r2t(c2, 9, 0, 20000));
         drain_vectored(&mut host, &mut w);
         ctrl.rx.feed(&w.out);
         let mut h2c = Vec::new();
@@ -365,18 +366,7 @@ fn a_write_completed_before_its_data_was_sent_keeps_both() {
         )
         .expect("submit");
     let _capsule = ctrl.recv(&mut host);
-    host.handle_bytes(
-        now,
-        &ctrl.pdu(
-            PduHeader::R2t(R2t {
-                cccid: cid,
-                ttag: 3,
-                offset: 0,
-                len: 20000,
-            }),
-            &[],
-        ),
-    );
+    host.handle_bytes(now, &ctrl.r2t(cid, 3, 0, 20000));
     // Completed while the H2CData is still due.
     host.handle_bytes(now, &resp(&ctrl, cid, Status::SUCCESS));
     let (_, r) = completion(&mut host);
@@ -407,15 +397,7 @@ fn r2t_write(hd: bool, dd: bool, cpda: u8) {
     // Two R2Ts: 0..10000 and 10000..20000.
     let mut received = Vec::new();
     for (ttag, off, len) in [(5u16, 0u32, 10000u32), (6, 10000, 10000)] {
-        let b = ctrl.pdu(
-            PduHeader::R2t(R2t {
-                cccid: cid,
-                ttag,
-                offset: off,
-                len,
-            }),
-            &[],
-        );
+        let b = ctrl.r2t(cid, ttag, off, len);
         host.handle_bytes(now, &b);
         let got = ctrl.recv(&mut host);
         let mut expect = off;
@@ -683,15 +665,7 @@ fn r2t_beyond_length_is_out_of_range() {
         )
         .expect("submit");
     ctrl.recv(&mut host);
-    let b = ctrl.pdu(
-        PduHeader::R2t(R2t {
-            cccid: cid,
-            ttag: 1,
-            offset: 2048,
-            len: 4096,
-        }),
-        &[],
-    );
+    let b = ctrl.r2t(cid, 1, 2048, 4096);
     host.handle_bytes(now, &b);
     assert!(host.is_closed());
     assert_eq!(term_req(&mut ctrl, &mut host), Some(fes::DATA_OUT_OF_RANGE));
@@ -1040,7 +1014,7 @@ proptest! {
             PduHeader::C2HData(DataHeader { cccid: cid, ttag: 0, offset: 0, len: 512, last: true, success }),
             &pattern(512),
         );
-        b.extend(ctrl.pdu(PduHeader::R2t(R2t { cccid: 1, ttag: 0, offset: 0, len: 16384 }), &[]));
+        b.extend(ctrl.r2t(1, 0, 0, 16384 ));
         b.extend(ctrl.pdu(PduHeader::CapsuleResp(Cqe::new(cid, Status::SUCCESS)), &[]));
         for (at, v) in flips {
             let n = b.len();
