@@ -21,6 +21,7 @@ mod datapath;
 mod flint;
 mod plot;
 mod report;
+mod stall;
 mod tenant;
 mod volumes;
 
