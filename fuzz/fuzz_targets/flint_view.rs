@@ -79,6 +79,8 @@ fuzz_target!(|data: &[u8]| {
                     let Some(w) = input.word() else { break };
                     samples.push(IoSample {
                         drive: w % 6,
+                        // Few volumes, so that windows per volume fill.
+                        volume: (w & 128 != 0).then_some((w >> 40) % 12),
                         write: w & 64 != 0,
                         bytes: (w >> 8) as u32,
                         latency_us: (w >> 32) as u32,
@@ -132,7 +134,14 @@ fuzz_target!(|data: &[u8]| {
             }
             3 => {
                 let _ = view.poll_epoch(now);
-                let _ = view.snapshot_all(now);
+                let all = view.snapshot_all(now);
+                // A drive's volumes are its heaviest few, and their shares
+                // of its work add up to at most all of it.
+                for e in &all.entities {
+                    assert!(e.volumes.len() <= sluice_flint::view::VOLUMES_IN_VIEW_MAX);
+                    let sum: f64 = e.volumes.iter().map(|l| l.share).sum();
+                    assert!(sum <= 1.0 + 1e-9, "{e:?}");
+                }
                 let _ = view.query(&[Entity::Drive(1), Entity::NetPipe("c2".into())], now);
             }
             4 => {

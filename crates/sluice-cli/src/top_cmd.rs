@@ -82,6 +82,19 @@ pub fn render_view(s: &sluice_control::pb::ViewSnapshot) -> String {
             tgt_lat,
             path
         ));
+        // A drive's heaviest volumes, with their share of its bytes.
+        for l in &v.volumes {
+            let w = l.stats.unwrap_or_default();
+            out.push_str(&format!(
+                "{:<34} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>5.0}%\n",
+                format!("  volume v{}", l.volume),
+                w.bytes_per_sec / 1e6,
+                w.iops,
+                w.latency_us_mean,
+                w.queue_delay_us_mean,
+                l.share * 100.0
+            ));
+        }
     }
     let r = s.report.clone().unwrap_or_default();
     out.push_str(&format!("epoch {}: ", r.epoch));
@@ -226,6 +239,51 @@ pub fn run(a: TopArgs) -> Result<()> {
 mod tests {
     use super::*;
     use sluice_admin::schema::{Bucket, Latency};
+
+    #[test]
+    fn the_view_lists_each_drives_heaviest_volumes_under_it() {
+        use sluice_control::pb;
+        let window = |mb: f64| pb::ViewWindow {
+            bytes_per_sec: mb * 1e6,
+            iops: 100.0,
+            ..pb::ViewWindow::default()
+        };
+        let snap = pb::ViewSnapshot {
+            epoch: 3,
+            entities: vec![pb::EntityView {
+                entity: Some(pb::ViewEntity {
+                    kind: Some(pb::view_entity::Kind::Drive(2)),
+                }),
+                stats: Some(window(40.0)),
+                volumes: vec![
+                    pb::ViewVolumeLoad {
+                        volume: 5,
+                        stats: Some(window(30.0)),
+                        share: 0.75,
+                    },
+                    pb::ViewVolumeLoad {
+                        volume: 0,
+                        stats: Some(window(10.0)),
+                        share: 0.25,
+                    },
+                ],
+                ..pb::EntityView::default()
+            }],
+            report: None,
+        };
+        let out = render_view(&snap);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[1].starts_with("drive d2"), "{out}");
+        assert!(
+            lines[2].starts_with("  volume v5") && lines[2].ends_with("75%"),
+            "{out}"
+        );
+        assert!(lines[2].contains(" 30.0 "), "{out}");
+        assert!(
+            lines[3].starts_with("  volume v0") && lines[3].ends_with("25%"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn decodes_target_stats() {

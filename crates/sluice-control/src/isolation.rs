@@ -126,10 +126,19 @@ impl ClientIsolation {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Records one completed drive I/O for the view.
-    pub fn record(&self, drive: u64, write: bool, bytes: usize, latency: Duration) {
+    /// Records one completed drive I/O of `volume` (`None`: of no volume)
+    /// for the view.
+    pub fn record(
+        &self,
+        volume: Option<u64>,
+        drive: u64,
+        write: bool,
+        bytes: usize,
+        latency: Duration,
+    ) {
         let s = IoSample {
             drive,
+            volume,
             write,
             bytes: u32::try_from(bytes).unwrap_or(u32::MAX),
             latency_us: u32::try_from(latency.as_micros()).unwrap_or(u32::MAX),
@@ -685,16 +694,16 @@ mod tests {
         let g = one_at_a_time();
         // Drive 1 took one large, slow write; drive 2 answers small reads
         // in 3 ms. Nothing is known of drive 1's reads: it is tried first.
-        g.record(1, true, 1 << 20, Duration::from_millis(10));
-        g.record(2, false, 4096, Duration::from_millis(3));
+        g.record(None, 1, true, 1 << 20, Duration::from_millis(10));
+        g.record(None, 2, false, 4096, Duration::from_millis(3));
         assert!(g.drive_load(1) < g.drive_load(2));
         assert_eq!(g.drive_load(1), 0.0);
         // Once drive 1 has read fast, it stays ahead; if it reads slower
         // than drive 2, drive 2 is ahead again.
-        g.record(1, false, 4096, Duration::from_micros(80));
+        g.record(None, 1, false, 4096, Duration::from_micros(80));
         assert!(g.drive_load(1) < g.drive_load(2));
         for _ in 0..10 {
-            g.record(1, false, 4096, Duration::from_millis(9));
+            g.record(None, 1, false, 4096, Duration::from_millis(9));
         }
         assert!(g.drive_load(1) > g.drive_load(2));
     }

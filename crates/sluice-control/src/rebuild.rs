@@ -367,6 +367,7 @@ impl<S: MetaStore> Rebuilder<S> {
                 if prefers_drive {
                     continue;
                 }
+                let load_share = self.view.volume_share(d, v.id.0);
                 let layout = match self.catalog.layout(&v.name).await {
                     Ok(l) => l,
                     Err(sluice_meta::CatalogError::UnknownVolume(_)) => continue,
@@ -384,6 +385,7 @@ impl<S: MetaStore> Rebuilder<S> {
                             index: e.index,
                             prefers_drive,
                             volume_extents_on_drive: on_drive,
+                            load_share,
                         }),
                 );
             }

@@ -8,12 +8,14 @@
 //! * a drive qualifies once the view has reported it congested for
 //!   [`RemapConfig::congested_for`] without a break (one calm epoch resets
 //!   it), so a burst moves nothing;
-//! * on such a drive, extents of volumes that *prefer* it stay (a tenant
-//!   that asked for the drive is usually the one loading it, and moving
-//!   its extents would carry the load elsewhere); the others are moved,
-//!   volumes with the fewest extents there first (a small footprint on a
-//!   hot drive is the likely victim; a volume spread wide is the likely
-//!   load);
+//! * on such a drive, extents of the volumes that load it stay: those that
+//!   moved at least [`AGGRESSOR_SHARE`] of its bytes in the shadow view's
+//!   window, and those that *prefer* it (a tenant that asked for the drive
+//!   is usually the one loading it). Moving their extents would carry the
+//!   load elsewhere; Flint moves the victims. The others are moved, the
+//!   volumes with the least share of the drive's work first, then those
+//!   with the fewest extents there (a small footprint on a hot drive is the
+//!   likely victim; a volume spread wide is the likely load);
 //! * at most [`RemapConfig::extents_per_scan`] extents per scan, each moved
 //!   at most once per [`RemapConfig::cooldown`], so nothing ping-pongs
 //!   between drives that take turns being hot.
@@ -77,8 +79,12 @@ impl RemapConfig {
     }
 }
 
+/// A volume that moved at least this share of a congested drive's bytes
+/// in the view's window loads it: its extents stay there.
+pub const AGGRESSOR_SHARE: f64 = 0.5;
+
 /// An extent that may move off a congested drive.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
     pub volume: String,
     pub index: u64,
@@ -86,6 +92,9 @@ pub struct Candidate {
     pub prefers_drive: bool,
     /// The volume's extents on the congested drive.
     pub volume_extents_on_drive: u64,
+    /// The volume's share of the drive's work in the view's window (0..=1;
+    /// `None` when the view has nothing on the drive).
+    pub load_share: Option<f64>,
 }
 
 /// The remap policy's state.
@@ -131,14 +140,20 @@ impl RemapPlanner {
         let cooldown = self.cfg.cooldown;
         self.moved
             .retain(|_, t| now.saturating_duration_since(*t) < cooldown);
-        candidates
-            .retain(|c| !c.prefers_drive && !self.moved.contains_key(&(c.volume.clone(), c.index)));
+        candidates.retain(|c| {
+            !c.prefers_drive
+                && c.load_share.is_none_or(|s| s < AGGRESSOR_SHARE)
+                && !self.moved.contains_key(&(c.volume.clone(), c.index))
+        });
+        let share = |c: &Candidate| c.load_share.unwrap_or(0.0);
         candidates.sort_by(|a, b| {
-            (a.volume_extents_on_drive, &a.volume, a.index).cmp(&(
-                b.volume_extents_on_drive,
-                &b.volume,
-                b.index,
-            ))
+            share(a).total_cmp(&share(b)).then_with(|| {
+                (a.volume_extents_on_drive, &a.volume, a.index).cmp(&(
+                    b.volume_extents_on_drive,
+                    &b.volume,
+                    b.index,
+                ))
+            })
         });
         candidates.truncate(limit);
         if self.moved.len() + candidates.len() > MOVES_REMEMBERED_MAX {
@@ -172,7 +187,43 @@ mod tests {
             index,
             prefers_drive: prefers,
             volume_extents_on_drive: on_drive,
+            load_share: None,
         }
+    }
+
+    fn loading(share: f64, mut c: Candidate) -> Candidate {
+        c.load_share = Some(share);
+        c
+    }
+
+    #[test]
+    fn the_volumes_that_load_the_drive_stay_and_the_lightest_go_first() {
+        let t0 = Instant::now();
+        let mut p = RemapPlanner::new(RemapConfig::default());
+        let all = vec![
+            // The stream that congests the drive, not marked as preferring
+            // it, and with few extents there.
+            loading(0.9, cand("stream", 0, false, 1)),
+            // Exactly the threshold loads it too.
+            loading(AGGRESSOR_SHARE, cand("half", 0, false, 1)),
+            loading(0.3, cand("busy", 1, false, 1)),
+            loading(0.01, cand("victim", 5, false, 30)),
+            // A volume the view has not seen on the drive.
+            cand("quiet", 2, false, 3),
+        ];
+        let picked: Vec<(String, u64)> = p
+            .pick(t0, all, 10)
+            .into_iter()
+            .map(|c| (c.volume, c.index))
+            .collect();
+        assert_eq!(
+            picked,
+            vec![
+                ("quiet".to_owned(), 2),
+                ("victim".to_owned(), 5),
+                ("busy".to_owned(), 1)
+            ]
+        );
     }
 
     #[test]

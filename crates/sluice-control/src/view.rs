@@ -272,6 +272,13 @@ impl ViewHub {
         f(&mut lock(&self.controller))
     }
 
+    /// `volume`'s share of `drive`'s work in the view's window (0..=1), or
+    /// `None` when the view has nothing on the drive.
+    pub fn volume_share(&self, drive: u64, volume: u64) -> Option<f64> {
+        let now = self.now_us();
+        self.with(|c| c.volume_share(drive, volume, now))
+    }
+
     /// Runs `f` on the arbiter.
     pub fn with_arbiter<T>(&self, f: impl FnOnce(&mut Arbiter) -> T) -> T {
         f(&mut lock(&self.arbiter))
@@ -545,6 +552,39 @@ impl Collector for ViewCollector {
             drives
                 .iter()
                 .map(|(n, v)| ([("drive", Esc(n))], v.headroom_bytes_per_sec)),
+        )?;
+        // Who loads each drive: its heaviest volumes (a bounded number per
+        // drive, so the label set stays small).
+        let loads: Vec<(&String, String, &sluice_flint::view::VolumeLoad)> = drives
+            .iter()
+            .flat_map(|(n, v)| v.volumes.iter().map(move |l| (n, l.volume.to_string(), l)))
+            .collect();
+        gauges(
+            e,
+            "sluice_view_drive_volume_bytes_per_second",
+            "A volume's I/O to the drive over the view's window, from every client (the drive's heaviest volumes).",
+            None,
+            loads
+                .iter()
+                .map(|(d, v, l)| ([("drive", Esc(d)), ("volume", Esc(v))], l.stats.bytes_per_sec)),
+        )?;
+        gauges(
+            e,
+            "sluice_view_drive_volume_iops",
+            "A volume's I/Os per second to the drive over the view's window.",
+            None,
+            loads
+                .iter()
+                .map(|(d, v, l)| ([("drive", Esc(d)), ("volume", Esc(v))], l.stats.iops)),
+        )?;
+        gauges(
+            e,
+            "sluice_view_drive_volume_share",
+            "A volume's share (0..1) of the drive's bytes over the view's window.",
+            None,
+            loads
+                .iter()
+                .map(|(d, v, l)| ([("drive", Esc(d)), ("volume", Esc(v))], l.share)),
         )?;
         let mut victims: BTreeMap<String, u64> = BTreeMap::new();
         for (s, _) in &snap.report.victims {

@@ -5,7 +5,8 @@
 use sluice_flint::auction::{Bid, Grant, Grants, SessionBid, BID_SESSIONS_MAX};
 use sluice_flint::bottleneck::{BottleneckReport, Bound, Session};
 use sluice_flint::view::{
-    Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, ViewSnapshot,
+    Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, ViewSnapshot, VolumeLoad,
+    VOLUMES_IN_VIEW_MAX,
 };
 use sluice_flint::{Entity, WindowStats};
 
@@ -61,6 +62,7 @@ pub fn batch_to_pb(b: &SampleBatch, bids: &[SessionBid]) -> pb::ViewBatch {
                 bytes: s.bytes,
                 latency_us: s.latency_us,
                 at_us: s.at_us,
+                volume: s.volume,
             })
             .collect(),
     }
@@ -110,6 +112,7 @@ fn samples_from_pb(b: pb::ViewBatch) -> Result<SampleBatch, BadView> {
                 bytes: s.bytes,
                 latency_us: s.latency_us,
                 at_us: s.at_us,
+                volume: s.volume,
             })
             .collect(),
     })
@@ -284,10 +287,25 @@ pub fn entity_view_to_pb(v: &EntityView) -> pb::EntityView {
         congested: v.congested,
         target: v.target.as_ref().map(window_to_pb),
         path_delay_us: v.path_delay_us,
+        volumes: v
+            .volumes
+            .iter()
+            .map(|l| pb::ViewVolumeLoad {
+                volume: l.volume,
+                stats: Some(window_to_pb(&l.stats)),
+                share: l.share,
+            })
+            .collect(),
     }
 }
 
 pub fn entity_view_from_pb(v: &pb::EntityView) -> Result<EntityView, BadView> {
+    if v.volumes.len() > VOLUMES_IN_VIEW_MAX {
+        return Err(BadView(format!(
+            "entities.volumes: {} volumes for one drive; at most {VOLUMES_IN_VIEW_MAX}",
+            v.volumes.len()
+        )));
+    }
     Ok(EntityView {
         entity: entity_from_pb(v.entity.as_ref(), "entities.entity")?,
         counter: v.counter,
@@ -299,6 +317,19 @@ pub fn entity_view_from_pb(v: &pb::EntityView) -> Result<EntityView, BadView> {
         congested: v.congested,
         target: v.target.as_ref().map(window_from_pb),
         path_delay_us: v.path_delay_us,
+        volumes: v
+            .volumes
+            .iter()
+            .map(|l| VolumeLoad {
+                volume: l.volume,
+                stats: l.stats.as_ref().map(window_from_pb).unwrap_or_default(),
+                share: if l.share.is_finite() {
+                    l.share.clamp(0.0, 1.0)
+                } else {
+                    0.0
+                },
+            })
+            .collect(),
     })
 }
 
@@ -488,6 +519,22 @@ mod tests {
                     ..WindowStats::default()
                 }),
                 path_delay_us: Some(1200.0),
+                volumes: vec![
+                    VolumeLoad {
+                        volume: 0,
+                        stats: WindowStats {
+                            ios: 4,
+                            bytes: 16384,
+                            ..WindowStats::default()
+                        },
+                        share: 0.8,
+                    },
+                    VolumeLoad {
+                        volume: 12,
+                        stats: WindowStats::default(),
+                        share: 0.2,
+                    },
+                ],
             }],
             report: BottleneckReport {
                 epoch: 4,
@@ -504,6 +551,34 @@ mod tests {
             },
         };
         assert_eq!(snapshot_from_pb(&snapshot_to_pb(&snap)), Ok(snap));
+    }
+
+    #[test]
+    fn a_drive_listing_too_many_volumes_or_a_wild_share_is_refused_or_clamped() {
+        let load = |share: f64| pb::ViewVolumeLoad {
+            volume: 1,
+            stats: None,
+            share,
+        };
+        let mut v = entity_view_to_pb(&EntityView {
+            entity: Entity::Drive(1),
+            counter: 0,
+            stats: WindowStats::default(),
+            ewma: None,
+            capacity_bytes_per_sec: 0.0,
+            headroom_bytes_per_sec: 0.0,
+            busy_degree: 0.0,
+            congested: false,
+            target: None,
+            path_delay_us: None,
+            volumes: Vec::new(),
+        });
+        v.volumes = vec![load(f64::NAN), load(7.0), load(-1.0)];
+        let back = entity_view_from_pb(&v).expect("three volumes");
+        let shares: Vec<f64> = back.volumes.iter().map(|l| l.share).collect();
+        assert_eq!(shares, vec![0.0, 1.0, 0.0]);
+        v.volumes = (0..=VOLUMES_IN_VIEW_MAX).map(|_| load(0.1)).collect();
+        assert!(entity_view_from_pb(&v).is_err_and(|e| e.0.contains("entities.volumes")));
     }
 
     #[test]

@@ -444,6 +444,7 @@ impl Volume {
         let r = io.await;
         if r.is_ok() {
             iso.record(
+                Some(volume),
                 u64::from(drive.0),
                 kind == IoKind::Write,
                 bytes,

@@ -244,6 +244,42 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
         })
         .collect();
     assert!(netpipes.contains(&"client-a".to_owned()) && netpipes.contains(&"client-b".to_owned()));
+    // Each drive names the volumes that load it, from every client: the
+    // slow one only a-slow, the fast one a-fast and b-fast.
+    let id = |name: &'static str| {
+        let c = c.clone();
+        async move {
+            c.open_volume(name)
+                .await
+                .unwrap()
+                .volume
+                .map(|v| v.id)
+                .unwrap()
+        }
+    };
+    let (a_slow_id, a_fast_id, b_fast_id) =
+        (id("a-slow").await, id("a-fast").await, id("b-fast").await);
+    let volumes_of = |d: u32| -> Vec<(u64, f64)> {
+        snap.entities
+            .iter()
+            .find(|e| {
+                matches!(e.entity.as_ref().and_then(|e| e.kind.clone()),
+                    Some(pb::view_entity::Kind::Drive(x)) if x == u64::from(d))
+            })
+            .map(|e| e.volumes.iter().map(|l| (l.volume, l.share)).collect())
+            .unwrap_or_default()
+    };
+    let slow_volumes = volumes_of(d_slow);
+    assert_eq!(slow_volumes.len(), 1, "{slow_volumes:?}");
+    assert_eq!(slow_volumes[0].0, a_slow_id);
+    assert!(slow_volumes[0].1 > 0.99, "{slow_volumes:?}");
+    let mut fast_ids: Vec<u64> = volumes_of(d_fast).iter().map(|(v, _)| *v).collect();
+    fast_ids.sort_unstable();
+    let mut want = vec![a_fast_id, b_fast_id];
+    want.sort_unstable();
+    assert_eq!(fast_ids, want);
+    let share_sum: f64 = volumes_of(d_fast).iter().map(|(_, s)| s).sum();
+    assert!((share_sum - 1.0).abs() < 1e-6, "{:?}", volumes_of(d_fast));
 
     // The agents learn it without asking: a is a victim on both drives,
     // answered from its local copy.
@@ -271,6 +307,9 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
         "{}",
         m.body
     );
+    let share =
+        format!("sluice_view_drive_volume_share{{drive=\"{d_slow}\",volume=\"{a_slow_id}\"}} ");
+    assert!(m.body.contains(&share), "{}", m.body);
     // The rebuilder's progress is served beside the view.
     for family in [
         "sluice_rebuild_degraded_extents ",

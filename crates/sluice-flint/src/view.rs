@@ -52,6 +52,11 @@ pub const SIZE_CLASSES: usize = 16;
 const BASELINES: usize = 2 * SIZE_CLASSES;
 /// Longest client name.
 pub const CLIENT_NAME_BYTES_MAX: usize = 256;
+/// Volumes whose share of one drive the controller tracks, at most (the
+/// rest still count in the drive's own window).
+pub const VOLUMES_PER_DRIVE_MAX: usize = 256;
+/// Volumes a drive's view lists, at most: the heaviest.
+pub const VOLUMES_IN_VIEW_MAX: usize = 8;
 
 /// One entity of the view.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -78,6 +83,10 @@ impl std::fmt::Display for Entity {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoSample {
     pub drive: u64,
+    /// The volume the I/O was for (`None`: no volume's, e.g. a rebuild's
+    /// copy).
+    #[serde(default)]
+    pub volume: Option<u64>,
     pub write: bool,
     pub bytes: u32,
     /// Submission to completion, at the drive (not the time it waited in
@@ -128,6 +137,21 @@ pub struct EntityView {
     /// Drives whose target reports: the clients' mean latency above the
     /// target's (time in the port and the network).
     pub path_delay_us: Option<f64>,
+    /// Drives only: the volumes that loaded it in the window, heaviest
+    /// first (at most [`VOLUMES_IN_VIEW_MAX`]).
+    #[serde(default)]
+    pub volumes: Vec<VolumeLoad>,
+}
+
+/// One volume's part of a drive's load in the window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VolumeLoad {
+    pub volume: u64,
+    /// The volume's I/O to this drive, from every client.
+    pub stats: WindowStats,
+    /// Its share of the drive's work in the window (0..=1): of the bytes
+    /// when the drive moved any, else of the I/Os.
+    pub share: f64,
 }
 
 /// Part of the view, with the latest report: what PUSH and PULL carry.
@@ -307,6 +331,46 @@ struct DriveState {
     target: Option<TargetSide>,
     /// The clients' latency above the target's: the port and network.
     path_delay_us: Option<f64>,
+    /// Each volume's own I/O to the drive (who loads it).
+    volumes: BTreeMap<u64, Window>,
+}
+
+/// `part`'s share of `all`: of the bytes when `all` moved any, else of the
+/// I/Os.
+fn share_of(part: &WindowStats, all: &WindowStats) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let share = if all.bytes > 0 {
+        part.bytes as f64 / all.bytes as f64
+    } else if all.ios > 0 {
+        part.ios as f64 / all.ios as f64
+    } else {
+        0.0
+    };
+    share.clamp(0.0, 1.0)
+}
+
+impl DriveState {
+    /// Every tracked volume's load, heaviest (by bytes, then I/Os) first.
+    fn volume_loads(&self, now_us: u64) -> Vec<VolumeLoad> {
+        let all = self.c.window.stats(now_us);
+        let mut v: Vec<VolumeLoad> = self
+            .volumes
+            .iter()
+            .map(|(id, w)| {
+                let stats = w.stats(now_us);
+                VolumeLoad {
+                    volume: *id,
+                    share: share_of(&stats, &all),
+                    stats,
+                }
+            })
+            .filter(|l| l.stats.ios > 0)
+            .collect();
+        v.sort_by(|a, b| {
+            (b.stats.bytes, b.stats.ios, a.volume).cmp(&(a.stats.bytes, a.stats.ios, b.volume))
+        });
+        v
+    }
 }
 
 /// A drive as its target sees it: every I/O that reached it, from any
@@ -399,6 +463,7 @@ impl ViewController {
                     since_take: SinceTake::default(),
                     target: None,
                     path_delay_us: None,
+                    volumes: BTreeMap::new(),
                 },
             );
         }
@@ -475,6 +540,18 @@ impl ViewController {
             d.class_seen_us[class] = d.class_seen_us[class].max(at);
             let bytes = u64::from(s.bytes);
             if d.c.window.record(at, bytes, latency, excess, s.write) {
+                if let Some(volume) = s.volume {
+                    let tracked = d.volumes.len();
+                    if let Some(w) = match d.volumes.get_mut(&volume) {
+                        Some(w) => Some(w),
+                        None if tracked < VOLUMES_PER_DRIVE_MAX => {
+                            Some(d.volumes.entry(volume).or_insert_with(|| Window::new(span)))
+                        }
+                        None => None,
+                    } {
+                        w.record(at, bytes, latency, excess, s.write);
+                    }
+                }
                 d.c.counter += 1;
                 let t = &mut d.since_take;
                 t.ios += 1;
@@ -653,6 +730,7 @@ impl ViewController {
             if d.congested {
                 congested.insert(*id);
             }
+            d.volumes.retain(|_, w| !w.is_idle(now_us));
             // Unloaded latencies drift up slowly (1/1024 per epoch), so a
             // drive that became slower for good is relearnt in minutes.
             for b in d.baseline_us.iter_mut().filter(|b| **b != u64::MAX) {
@@ -743,6 +821,7 @@ impl ViewController {
             congested: false,
             target: None,
             path_delay_us: None,
+            volumes: Vec::new(),
         };
         match e {
             Entity::NetPipe(c) => self.clients.get(c).map(|c| EntityView {
@@ -760,9 +839,29 @@ impl ViewController {
                 congested: d.congested,
                 target: d.target.as_ref().map(|t| t.window.stats(now_us)),
                 path_delay_us: d.path_delay_us,
+                volumes: {
+                    let mut v = d.volume_loads(now_us);
+                    v.truncate(VOLUMES_IN_VIEW_MAX);
+                    v
+                },
                 ..plain(&d.c)
             }),
         }
+    }
+
+    /// `volume`'s share of `drive`'s work in the window (0..=1), or `None`
+    /// when the drive is unknown or did no work.
+    pub fn volume_share(&self, drive: u64, volume: u64, now_us: u64) -> Option<f64> {
+        let d = self.drives.get(&drive)?;
+        let all = d.c.window.stats(now_us);
+        if all.ios == 0 {
+            return None;
+        }
+        let share = d
+            .volumes
+            .get(&volume)
+            .map_or(0.0, |w| share_of(&w.stats(now_us), &all));
+        Some(share)
     }
 
     /// PULL: the named entities (those the view does not know are left
@@ -1245,6 +1344,7 @@ mod tests {
     fn sample(drive: u64, bytes: u32, latency_us: u32, at_us: u64) -> IoSample {
         IoSample {
             drive,
+            volume: None,
             write: false,
             bytes,
             latency_us,
@@ -1266,6 +1366,88 @@ mod tests {
             sent_at_us,
             samples,
         }
+    }
+
+    fn of_volume(volume: u64, mut s: IoSample) -> IoSample {
+        s.volume = Some(volume);
+        s
+    }
+
+    #[test]
+    fn a_drive_view_names_the_volumes_that_load_it_heaviest_first() {
+        let mut c = controller();
+        let mut samples = Vec::new();
+        for i in 0..30 {
+            // Volume 7 moves 128 KiB at a time, volume 9 4 KiB; samples of
+            // no volume (a rebuild's copies) count for the drive only.
+            samples.push(of_volume(7, sample(1, 128 << 10, 500, 1_000 + i)));
+            samples.push(of_volume(9, sample(1, 4096, 100, 1_000 + i)));
+            samples.push(sample(1, 4096, 100, 1_000 + i));
+        }
+        samples.push(of_volume(9, sample(2, 4096, 100, 1_000)));
+        c.handle_batch(2_000, &batch("a", 2_000, samples))
+            .expect("batch");
+        let v = c.entity_view(&Entity::Drive(1), 2_000).expect("drive 1");
+        let ids: Vec<u64> = v.volumes.iter().map(|l| l.volume).collect();
+        assert_eq!(ids, vec![7, 9], "{v:?}");
+        let total = f64::from(30 * ((128 << 10) + 4096 + 4096));
+        assert!((v.volumes[0].share - f64::from(30 * (128 << 10)) / total).abs() < 1e-9);
+        assert!((v.volumes[1].share - f64::from(30 * 4096) / total).abs() < 1e-9);
+        assert_eq!(v.volumes[0].stats.ios, 30);
+        let d2 = c.entity_view(&Entity::Drive(2), 2_000).expect("drive 2");
+        assert_eq!(d2.volumes.len(), 1);
+        assert!((d2.volumes[0].share - 1.0).abs() < 1e-9, "{d2:?}");
+        assert_eq!(c.volume_share(1, 9, 2_000), Some(v.volumes[1].share));
+        assert_eq!(
+            c.volume_share(1, 42, 2_000),
+            Some(0.0),
+            "a volume never seen"
+        );
+        assert_eq!(
+            c.volume_share(3, 7, 2_000),
+            None,
+            "a drive that did nothing"
+        );
+        // Other entities list no volumes.
+        let n = c
+            .entity_view(&Entity::NetPipe("a".into()), 2_000)
+            .expect("netpipe");
+        assert!(n.volumes.is_empty());
+    }
+
+    #[test]
+    fn a_drive_tracks_a_bounded_number_of_volumes_and_forgets_idle_ones() {
+        let mut c = controller();
+        let n = u64::try_from(VOLUMES_PER_DRIVE_MAX).expect("fits") + 10;
+        let samples: Vec<IoSample> = (1..=n)
+            .map(|v| of_volume(v - 1, sample(1, 4096, 100, 1_000)))
+            .collect();
+        for chunk in samples.chunks(BATCH_SAMPLES_MAX) {
+            c.handle_batch(2_000, &batch("a", 2_000, chunk.to_vec()))
+                .expect("batch");
+        }
+        let v = c.entity_view(&Entity::Drive(1), 2_000).expect("drive 1");
+        assert_eq!(v.stats.ios, n, "every sample counts for the drive");
+        assert_eq!(v.volumes.len(), VOLUMES_IN_VIEW_MAX);
+        assert_eq!(
+            c.volume_share(1, n - 1, 2_000),
+            Some(0.0),
+            "a volume past the limit is not tracked"
+        );
+        // A window later nobody has done I/O: the epoch forgets them all,
+        // and a new volume is tracked again.
+        let later = 2_000 + 3 * ViewControllerConfig::default().window_us;
+        c.poll_epoch(later).expect("epoch due");
+        c.handle_batch(
+            later,
+            &batch(
+                "a",
+                later,
+                vec![of_volume(n - 1, sample(1, 4096, 100, later))],
+            ),
+        )
+        .expect("batch");
+        assert_eq!(c.volume_share(1, n - 1, later), Some(1.0));
     }
 
     #[test]

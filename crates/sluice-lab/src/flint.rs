@@ -343,6 +343,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
             .build()?;
         let sample = |i: u64| IoSample {
             drive: 0,
+            volume: Some(1),
             write: i.is_multiple_of(3),
             bytes: 4096,
             latency_us: 100,
@@ -388,7 +389,7 @@ pub fn run_view(out: &Path, repeats: u32) -> Result<()> {
         // record(): the agent's per-I/O cost.
         let t = Instant::now();
         for i in 0..u64::from(n_query) {
-            iso.record(0, i % 3 == 0, 4096, Duration::from_micros(100));
+            iso.record(Some(1), 0, i % 3 == 0, 4096, Duration::from_micros(100));
             if i % 512 == 511 {
                 std::hint::black_box(iso.poll_batch());
             }
