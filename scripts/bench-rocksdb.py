@@ -28,7 +28,8 @@ brackets; ratios are to the solo run of the same repeat. Goals: beside
 the streamer, >= 0.8 of solo ops/s and P99 within 2x of solo.
 
 Installs what it needs (rocksdb-tools, fuse3, e2fsprogs) with apt-get
-(root), builds `sluice` in release mode, writes rocksdb.md under --out.
+(root), builds `sluice` in release mode, writes rocksdb.md under --out
+(rocksdb-uring.md with --fuse-transport uring).
 Needs root for losetup and mount.
 """
 import argparse, json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
@@ -403,7 +404,9 @@ def main():
         md.append(f"| {cond} | {med('db_bench')} | {med('fuse')} | {med('targets')} | {med('streamer')} | "
                   f"{med('control')} | {med('machine busy')} |")
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "rocksdb.md")
+    # One table per FUSE transport: the default's in rocksdb.md.
+    name = "rocksdb.md" if a.fuse_transport == "fuser" else f"rocksdb-{a.fuse_transport}.md"
+    path = os.path.join(a.out, name)
     with open(path, "w") as f:
         f.write("\n".join(md) + "\n")
     log("wrote", path)

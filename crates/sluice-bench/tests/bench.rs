@@ -358,6 +358,7 @@ fn direct_engine_replaces_its_queue_after_a_target_restart() {
     a.runtime = Some(6.0);
     let bench = std::thread::spawn(move || run(a));
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    let before: u64 = t1.namespace_counters().iter().map(|c| c.ios).sum();
     t1.shutdown();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let t2 = Target::start(&target_config(settings().with_listen(addr))).expect("target again");
@@ -365,7 +366,12 @@ fn direct_engine_replaces_its_queue_after_a_target_restart() {
     let after: u64 = t2.namespace_counters().iter().map(|c| c.ios).sum();
     t2.shutdown();
     assert_eq!(r.jobs[0].engine, Engine::Direct.to_string());
-    assert!(r.total.errors > 0, "the restart cost no I/O: {:?}", r.total);
+    // I/O reached both targets, so the bench's queue to the first, closed by
+    // its shutdown, was replaced by one to the second. (Whether the restart
+    // also failed some I/O depends on timing: the first target drains what
+    // it holds before it closes, and a bench with nothing in flight at that
+    // moment loses nothing.)
+    assert!(before > 1000, "the bench hardly ran before the restart ({before} I/Os)");
     assert!(
         after > 1000,
         "the bench did not go on against the new target ({after} I/Os there): {:?}",
