@@ -371,7 +371,10 @@ fn direct_engine_replaces_its_queue_after_a_target_restart() {
     // also failed some I/O depends on timing: the first target drains what
     // it holds before it closes, and a bench with nothing in flight at that
     // moment loses nothing.)
-    assert!(before > 1000, "the bench hardly ran before the restart ({before} I/Os)");
+    assert!(
+        before > 1000,
+        "the bench hardly ran before the restart ({before} I/Os)"
+    );
     assert!(
         after > 1000,
         "the bench did not go on against the new target ({after} I/Os there): {:?}",
