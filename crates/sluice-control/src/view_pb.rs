@@ -560,19 +560,10 @@ mod tests {
             stats: None,
             share,
         };
-        let mut v = entity_view_to_pb(&EntityView {
-            entity: Entity::Drive(1),
-            counter: 0,
-            stats: WindowStats::default(),
-            ewma: None,
-            capacity_bytes_per_sec: 0.0,
-            headroom_bytes_per_sec: 0.0,
-            busy_degree: 0.0,
-            congested: false,
-            target: None,
-            path_delay_us: None,
-            volumes: Vec::new(),
-        });
+        let mut v = pb::EntityView {
+            entity: Some(entity_to_pb(&Entity::Drive(1))),
+            ..pb::EntityView::default()
+        };
         v.volumes = vec![load(f64::NAN), load(7.0), load(-1.0)];
         let back = entity_view_from_pb(&v).expect("three volumes");
         let shares: Vec<f64> = back.volumes.iter().map(|l| l.share).collect();
