@@ -41,8 +41,9 @@ fn kind_name(e: Option<&sluice_control::pb::ViewEntity>) -> String {
     }
 }
 
-/// Renders one view snapshot as a table.
-pub fn render_view(s: &sluice_control::pb::ViewSnapshot) -> String {
+/// Renders one view snapshot as a table; `names` maps volume ids to names
+/// (an id missing from it is shown as `v<id>`).
+pub fn render_view(s: &sluice_control::pb::ViewSnapshot, names: &BTreeMap<u64, String>) -> String {
     let mut out = format!(
         "{:<34} {:>10} {:>9} {:>10} {:>10} {:>6} {:>5} {:>11} {:>11} {:>9}\n",
         "ENTITY",
@@ -85,9 +86,13 @@ pub fn render_view(s: &sluice_control::pb::ViewSnapshot) -> String {
         // A drive's heaviest volumes, with their share of its bytes.
         for l in &v.volumes {
             let w = l.stats.unwrap_or_default();
+            let name = names.get(&l.volume).map_or_else(
+                || format!("v{}", l.volume),
+                |n| format!("{n} (v{})", l.volume),
+            );
             out.push_str(&format!(
                 "{:<34} {:>10.1} {:>9.0} {:>10.0} {:>10.0} {:>5.0}%\n",
-                format!("  volume v{}", l.volume),
+                format!("  volume {name}"),
                 w.bytes_per_sec / 1e6,
                 w.iops,
                 w.latency_us_mean,
@@ -140,7 +145,13 @@ fn run_view(a: &TopArgs, control: &str) -> Result<()> {
                 all: true,
             }))
             .with_context(|| format!("querying the view of the control plane at {control}"))?;
-        println!("{}", render_view(&snap));
+        // Names for the volumes the drives list; without them (an older
+        // control plane, a failed call) the ids alone are shown.
+        let names: BTreeMap<u64, String> = rt
+            .block_on(client.list_volumes())
+            .map(|vs| vs.into_iter().map(|v| (v.id, v.name)).collect())
+            .unwrap_or_default();
+        println!("{}", render_view(&snap, &names));
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
             return Ok(());
@@ -271,16 +282,18 @@ mod tests {
             }],
             report: None,
         };
-        let out = render_view(&snap);
+        let names = BTreeMap::from([(5, "db".to_owned())]);
+        let out = render_view(&snap, &names);
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[1].starts_with("drive d2"), "{out}");
         assert!(
-            lines[2].starts_with("  volume v5") && lines[2].ends_with("75%"),
+            lines[2].starts_with("  volume db (v5)") && lines[2].ends_with("75%"),
             "{out}"
         );
         assert!(lines[2].contains(" 30.0 "), "{out}");
+        // A volume the listing did not name shows its id.
         assert!(
-            lines[3].starts_with("  volume v0") && lines[3].ends_with("25%"),
+            lines[3].starts_with("  volume v0 ") && lines[3].ends_with("25%"),
             "{out}"
         );
     }
