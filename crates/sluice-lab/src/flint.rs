@@ -239,7 +239,15 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         let (lo, hi) = report::range(&xs);
         (report::median(&xs), lo, hi)
     };
-    let cell = |(m, lo, hi): (f64, f64, f64)| format!("{m:.0} ({lo:.0}-{hi:.0})");
+    // A figure the run could not take (the stall detector without
+    // real-time priority) is a dash, not NaN.
+    let cell = |(m, lo, hi): (f64, f64, f64)| {
+        if m.is_nan() {
+            "-".to_owned()
+        } else {
+            format!("{m:.0} ({lo:.0}-{hi:.0})")
+        }
+    };
     let mut md = String::new();
     md.push_str(
         "# eIO scheduler: a latency-sensitive volume beside a 128 KiB streamer (Flint Fig. 10)\n\n",
@@ -283,7 +291,12 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         let gain = |f: fn(&Run) -> f64| {
             let xs: Vec<f64> = runs.iter().map(|row| f(&row[0]) / f(&row[k])).collect();
             let (lo, hi) = report::range(&xs);
-            format!("{:.1}x ({lo:.1}-{hi:.1})", report::median(&xs))
+            let m = report::median(&xs);
+            if m.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{m:.1}x ({lo:.1}-{hi:.1})")
+            }
         };
         md.push_str(&format!(
             "| on, {} KiB in flight | {} | {} | {} | {} |\n",
