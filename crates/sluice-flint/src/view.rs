@@ -540,17 +540,14 @@ impl ViewController {
             d.class_seen_us[class] = d.class_seen_us[class].max(at);
             let bytes = u64::from(s.bytes);
             if d.c.window.record(at, bytes, latency, excess, s.write) {
-                if let Some(volume) = s.volume {
-                    let tracked = d.volumes.len();
-                    if let Some(w) = match d.volumes.get_mut(&volume) {
-                        Some(w) => Some(w),
-                        None if tracked < VOLUMES_PER_DRIVE_MAX => {
-                            Some(d.volumes.entry(volume).or_insert_with(|| Window::new(span)))
-                        }
-                        None => None,
-                    } {
-                        w.record(at, bytes, latency, excess, s.write);
-                    }
+                // A volume past the limit counts for the drive only.
+                if let Some(volume) = s.volume.filter(|v| {
+                    d.volumes.len() < VOLUMES_PER_DRIVE_MAX || d.volumes.contains_key(v)
+                }) {
+                    d.volumes
+                        .entry(volume)
+                        .or_insert_with(|| Window::new(span))
+                        .record(at, bytes, latency, excess, s.write);
                 }
                 d.c.counter += 1;
                 let t = &mut d.since_take;
