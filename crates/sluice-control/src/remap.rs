@@ -208,7 +208,8 @@ mod tests {
             loading(AGGRESSOR_SHARE, cand("half", 0, false, 1)),
             loading(0.3, cand("busy", 1, false, 1)),
             loading(0.01, cand("victim", 5, false, 30)),
-            // A volume the view has not seen on the drive.
+            // No share known (the view has no samples of the drive):
+            // ranked as no load.
             cand("quiet", 2, false, 3),
         ];
         let picked: Vec<(String, u64)> = p
