@@ -369,7 +369,7 @@ def main():
           f"`scripts/bench-rocksdb.py --runtime {a.runtime} --repeats {a.repeats} --keys {a.keys} "
           f"--fuse-transport {a.fuse_transport}`; "
           f"load average before: {' '.join(load_before)}.", "",
-          __doc__.split("\n\n", 2)[1].replace("\n", " ").strip(), "",
+          " ".join(__doc__.split("\n\n", 2)[1].split()), "",
           f"db_bench: {a.keys} keys of 1000 bytes, no compression, 8 MiB block cache, direct reads and "
           f"direct flush/compaction, 4 threads; readrandom and readwhilewriting {a.runtime} s each. "
           f"Medians over {a.repeats} repeats, ranges in brackets; ratios to solo per repeat.", "",

@@ -341,7 +341,7 @@ impl ViewHub {
             }
             let now = self.now_us();
             let signals = self.with(|c| c.take_drive_signals(now));
-            self.with_arbiter(|a| a.poll_epoch(now, |d| signals.get(&d).copied()));
+            self.with_arbiter(|a| a.poll_epoch(now, |d| signals.get(&d).cloned()));
         }
     }
 

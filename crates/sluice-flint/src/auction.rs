@@ -34,35 +34,36 @@
 //! drive can do: granted beyond that, the I/O queues in the drive and the
 //! drive's own order decides who gets served (with 4 KiB and 128 KiB
 //! readers on one SSD, the large reader takes most of it). So each drive's
-//! estimate follows its **queueing**, as a congestion window follows
-//! loss: the epoch's mean latency above the unloaded latency of each I/O's
-//! size (from the shadow view), in units of the longest unloaded latency
-//! among the sizes seen, that is, roughly how many of the slowest I/Os
-//! the average one waited behind. Neither a fixed delay target nor each
-//! I/O's own inflation would do: one 128 KiB read on a slow drive takes
-//! longer than a fast drive's whole queue, and a 4 KiB read behind a
-//! single 128 KiB transfer is inflated tenfold without any queue. When
-//! the measure passes `inflation_target`, the estimate drops to `back_off`
-//! times what the drive completed. While the drive is *contended* (some
-//! client's I/O waits, on average, as long again as its own unloaded
-//! latency: held up by other I/O; the view measures it per client, so that
-//! a heavy client's many samples cannot hide a light one's stalls) and a
-//! session leaves
-//! most of its share unspent without running out beside one that moves
-//! a quarter more bytes than it, the first is held back by the second's
-//! queue, and equal slices only mean equal bandwidth once both can spend
-//! them: the drive's *heavy cap* (what a session that is not held back may
-//! be granted) shrinks by `back_off` (the heavy one need not be out of
-//! slices: capping makes it so). The held-back session is never capped and
-//! its share follows the estimate, which this rule leaves alone: a light,
+//! estimate follows its **queueing**, as a congestion window follows loss:
+//! the epoch's mean latency above the unloaded latency of each I/O's size
+//! (from the shadow view), in units of the longest unloaded latency among
+//! the sizes seen, that is, roughly how many of the slowest I/Os the
+//! average one waited behind. Neither a fixed delay target nor each I/O's
+//! own inflation would do: one 128 KiB read on a slow drive takes longer
+//! than a fast drive's whole queue, and a 4 KiB read behind a single 128
+//! KiB transfer is inflated tenfold without any queue. When the measure
+//! passes `inflation_target`, the estimate drops to `back_off` times what
+//! the drive completed. When a session leaves most of its share unspent
+//! without running out while its own I/O is *contended* (waits, on average,
+//! as long again as its unloaded latency: held up by other I/O; the view
+//! measures it per session, so that a heavy session's many samples cannot
+//! hide a light one's stalls), beside one that moves a quarter more bytes
+//! than it, the first is held back by the second's queue, and equal slices
+//! only mean equal bandwidth once both can spend them. (A session whose own
+//! I/O does not wait here is not held back here, whatever it leaves
+//! unspent: its client may be waiting for slices of other drives.) Then the
+//! drive's *heavy cap* (what a session that is not held back may be
+//! granted) shrinks by `back_off` (the heavy one need not be out of slices:
+//! capping makes it so). The held-back session is never capped and its
+//! share follows the estimate, which this rule leaves alone: a light,
 //! latency-bound session looks held back whatever the estimate, and
 //! shrinking the estimate shrank its share until it ran out of slices
 //! itself. Otherwise, while sessions run out of slices, the cap grows by
 //! `probe_up` while it binds, then the estimate (a drive that cannot
-//! complete more fills its clients' queues, and they stop running out). While the
-//! auction is off the estimate follows what the drive completes, so that
-//! switching it on starts from the drive's real pace. An operator's figure
-//! caps it.
+//! complete more fills its clients' queues, and they stop running out).
+//! While the auction is off the estimate follows what the drive completes,
+//! so that switching it on starts from the drive's real pace. An operator's
+//! figure caps it.
 //!
 //! **Shares.** Every active session keeps its whole weighted share of each
 //! epoch, hungry or not (Flint: "a large volume cannot take more than its
@@ -104,8 +105,8 @@ const STARVED: f64 = 0.7;
 /// back epoch after epoch.
 const HELD_BACK_EPOCHS_MIN: u32 = 2;
 /// Mean contention (an I/O's wait as a multiple of its own unloaded
-/// latency) beyond which the drive counts as contended: a session that
-/// leaves its share unspent is then taken to be held back by the others.
+/// latency) beyond which a session's I/O counts as contended: if it also
+/// leaves its share unspent, it is taken to be held back by the others.
 const CONTENDED: f64 = 1.0;
 /// An epoch may run this fraction of a period early (1/8).
 const EPOCH_SLACK: u64 = 8;
@@ -264,7 +265,7 @@ pub struct Grants {
 }
 
 /// What the view saw of a drive over the last epoch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DriveSignal {
     /// I/Os completed.
     pub ios: u64,
@@ -275,9 +276,36 @@ pub struct DriveSignal {
     /// seen: about how many of the slowest I/Os the average one waited for.
     pub inflation_mean: f64,
     /// Each I/O's excess as a multiple of its own unloaded latency (capped
-    /// at 10), averaged per client, the worst-off client's: how much its
+    /// at 10), averaged per session, the worst-off session's: how much its
     /// I/O is held up by other I/O.
     pub contention_mean: f64,
+    /// That mean for each session with enough samples to count. The
+    /// contention rule takes a session that leaves its share unspent to
+    /// be held back by the others only when its own I/O waited: a client
+    /// whose queue depth is tied up waiting for slices of *other* drives
+    /// also leaves its share here unspent, and capping the sessions that
+    /// do move here would cap the victim.
+    pub contention_by_session: Vec<SessionContention>,
+}
+
+/// One session's contention on a drive over the last epoch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionContention {
+    pub client: String,
+    /// `None`: I/O that is no volume's.
+    pub volume: Option<u64>,
+    pub contention_mean: f64,
+}
+
+impl DriveSignal {
+    /// The contention of `client`'s I/O for `volume` (0 when it had too few
+    /// samples to count).
+    pub fn session_contention(&self, client: &str, volume: u64) -> f64 {
+        self.contention_by_session
+            .iter()
+            .find(|c| c.volume == Some(volume) && c.client == client)
+            .map_or(0.0, |c| c.contention_mean)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -663,6 +691,11 @@ impl Arbiter {
         // least a starved session spent (an active session that left much
         // of its grant unspent without running out); the most any active
         // session spent.
+        let signals: BTreeMap<u64, DriveSignal> = self
+            .drives
+            .keys()
+            .map(|id| (*id, signal(*id).unwrap_or_default()))
+            .collect();
         let mut appetite: BTreeMap<u64, Appetite> = BTreeMap::new();
         for (k, s) in &self.sessions {
             let a = appetite.entry(k.drive).or_default();
@@ -672,7 +705,11 @@ impl Arbiter {
                 continue;
             }
             a.spent_max = a.spent_max.max(s.spent_last);
-            if s.held_back_epochs >= HELD_BACK_EPOCHS_MIN {
+            // Held back by others' I/O in this drive: its own I/O waited.
+            let waited = signals
+                .get(&k.drive)
+                .is_some_and(|sig| sig.session_contention(&k.client, k.volume) >= CONTENDED);
+            if s.held_back_epochs >= HELD_BACK_EPOCHS_MIN && waited {
                 a.starved_spent = Some(
                     a.starved_spent
                         .map_or(s.spent_last, |m| m.min(s.spent_last)),
@@ -682,18 +719,17 @@ impl Arbiter {
         let cfg = self.cfg;
         let on = self.on;
         for (id, d) in &mut self.drives {
-            let sig = signal(*id).unwrap_or_default();
-            d.last = sig;
+            let sig = signals.get(id).cloned().unwrap_or_default();
             let a = appetite.get(id).copied().unwrap_or_default();
             let (hungry, granted) = (a.hungry, a.granted);
-            // Held back by another: a starved session beside one that
-            // moves a quarter more than it (a lone session, or sessions
-            // alike, never count as held back by each other).
+            // Held back by another: a starved session whose I/O waits in
+            // the drive (contended) beside one that moves a quarter more
+            // than it (a lone session, or sessions alike, never count as
+            // held back by each other).
             #[allow(clippy::cast_precision_loss)]
             let starved = a
                 .starved_spent
                 .is_some_and(|least| a.spent_max as f64 > least as f64 * HEAVIER);
-            let contended = sig.contention_mean >= CONTENDED;
             #[allow(clippy::cast_precision_loss)]
             let completed = sig.bytes as f64 / epoch_s;
             d.completed_bytes_per_sec += COMPLETED_EWMA * (completed - d.completed_bytes_per_sec);
@@ -707,7 +743,7 @@ impl Arbiter {
             } else if d.inflated {
                 d.bytes_per_sec =
                     d.bytes_per_sec.min(d.completed_bytes_per_sec.max(1.0)) * cfg.back_off;
-            } else if contended && starved {
+            } else if starved {
                 // One session moves far more than another that, with its
                 // share unspent, waits behind it in the drive: cap the
                 // sessions that are not held back, until the first runs
@@ -743,6 +779,7 @@ impl Arbiter {
                 cfg.drive_bytes_per_sec_min.min(d.bytes_per_sec),
                 d.bytes_per_sec,
             );
+            d.last = sig;
         }
     }
 

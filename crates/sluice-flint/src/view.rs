@@ -294,14 +294,20 @@ struct SinceTake {
     bytes: u64,
     /// Latency above the unloaded latency of each sample's size, summed.
     excess_us: u64,
-    /// Per client: its samples, and their excess as a multiple of each
-    /// sample's own unloaded latency (at most [`CONTENTION_MAX`]), summed.
-    /// Kept apart so that one heavy client's many samples cannot hide
-    /// another's stalls.
-    contention: BTreeMap<String, (u64, f64)>,
+    /// Per session (client and volume): its samples, and their excess as a
+    /// multiple of each sample's own unloaded latency (at most
+    /// [`CONTENTION_MAX`]), summed. Kept apart so that one heavy session's
+    /// many samples cannot hide another's stalls. At most
+    /// [`SESSIONS_PER_DRIVE_MAX`] clients, and volumes per client (the rest
+    /// count for the drive only).
+    contention: BTreeMap<String, BTreeMap<Option<u64>, (u64, f64)>>,
 }
 
-/// A client needs this many samples in an epoch for its contention to
+/// Clients, and volumes per client, whose contention a drive keeps per
+/// epoch, at most.
+const SESSIONS_PER_DRIVE_MAX: usize = 1024;
+
+/// A session needs this many samples in an epoch for its contention to
 /// count (a stray sample is noise).
 const CONTENTION_SAMPLES_MIN: u64 = 4;
 
@@ -554,10 +560,19 @@ impl ViewController {
                 t.ios += 1;
                 t.bytes = t.bytes.saturating_add(bytes);
                 t.excess_us = t.excess_us.saturating_add(excess);
-                match t.contention.get_mut(&batch.client) {
-                    Some(c) => *c = (c.0 + 1, c.1 + contention),
-                    None => {
-                        t.contention.insert(batch.client.clone(), (1, contention));
+                if !t.contention.contains_key(&batch.client)
+                    && t.contention.len() < SESSIONS_PER_DRIVE_MAX
+                {
+                    t.contention.insert(batch.client.clone(), BTreeMap::new());
+                }
+                if let Some(volumes) = t.contention.get_mut(&batch.client) {
+                    let room = volumes.len() < SESSIONS_PER_DRIVE_MAX;
+                    match volumes.get_mut(&s.volume) {
+                        Some(c) => *c = (c.0 + 1, c.1 + contention),
+                        None if room => {
+                            volumes.insert(s.volume, (1, contention));
+                        }
+                        None => {}
                     }
                 }
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
@@ -950,18 +965,34 @@ impl ViewController {
                     t.excess_us as f64 / t.ios as f64
                 };
                 #[allow(clippy::cast_precision_loss)]
+                let by_session: Vec<crate::auction::SessionContention> = t
+                    .contention
+                    .into_iter()
+                    .flat_map(|(client, volumes)| {
+                        volumes
+                            .into_iter()
+                            .filter(|(_, (n, _))| *n >= CONTENTION_SAMPLES_MIN)
+                            .map(
+                                move |(volume, (n, sum))| crate::auction::SessionContention {
+                                    client: client.clone(),
+                                    volume,
+                                    contention_mean: sum / n as f64,
+                                },
+                            )
+                    })
+                    .collect();
+                #[allow(clippy::cast_precision_loss)]
                 let signal = crate::auction::DriveSignal {
                     ios: t.ios,
                     bytes: t.bytes,
                     queue_delay_us_mean: delay,
                     inflation_mean: delay / base_us_max.max(1) as f64,
-                    // The worst-off client's mean.
-                    contention_mean: t
-                        .contention
-                        .values()
-                        .filter(|(n, _)| *n >= CONTENTION_SAMPLES_MIN)
-                        .map(|(n, sum)| sum / *n as f64)
+                    // The worst-off session's mean.
+                    contention_mean: by_session
+                        .iter()
+                        .map(|c| c.contention_mean)
                         .fold(0.0, f64::max),
+                    contention_by_session: by_session,
                 };
                 (*id, signal)
             })
@@ -1596,6 +1627,40 @@ mod tests {
             d1.inflation_mean > 1.5,
             "in units of the 4 KiB read now: {d1:?}"
         );
+    }
+
+    #[test]
+    fn the_auctions_signal_measures_contention_per_session() {
+        let mut c = controller();
+        let at = |drive, volume, latency_us, at_us| IoSample {
+            volume,
+            ..sample(drive, 4096, latency_us, at_us)
+        };
+        // The unloaded 4 KiB read takes 100 us.
+        c.handle_batch(10, &batch("a", 10, vec![at(1, Some(7), 100, 0)]))
+            .expect("batch");
+        c.take_drive_signals(10);
+        // Client a's volume 7 waits 300 us more than that on every read, its
+        // volume 8 does not wait; client b waits but sends too few samples
+        // to count; a sample of no volume is a session of its own.
+        let mut samples: Vec<IoSample> = (0..8).map(|i| at(1, Some(7), 400, 20 + i)).collect();
+        samples.extend((0..8).map(|i| at(1, Some(8), 100, 20 + i)));
+        samples.extend((0..4).map(|i| at(1, None, 200, 20 + i)));
+        c.handle_batch(40, &batch("a", 40, samples)).expect("batch");
+        let few: Vec<IoSample> = (0..2).map(|i| at(1, Some(7), 5000, 20 + i)).collect();
+        c.handle_batch(40, &batch("b", 40, few)).expect("batch");
+        let s = c.take_drive_signals(40);
+        let d1 = s.get(&1).expect("drive 1");
+        assert!((d1.session_contention("a", 7) - 3.0).abs() < 1e-9, "{d1:?}");
+        assert!(d1.session_contention("a", 8).abs() < 1e-9, "{d1:?}");
+        assert!(d1.session_contention("b", 7).abs() < 1e-9, "{d1:?}");
+        assert_eq!(d1.contention_by_session.len(), 3, "{d1:?}");
+        assert!(d1
+            .contention_by_session
+            .iter()
+            .any(|c| c.volume.is_none() && (c.contention_mean - 1.0).abs() < 1e-9));
+        // The drive's figure is the worst-off session's.
+        assert!((d1.contention_mean - 3.0).abs() < 1e-9, "{d1:?}");
     }
 
     #[test]
