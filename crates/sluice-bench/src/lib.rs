@@ -31,6 +31,14 @@ use sluice_runtime::cast::{nanos, usize_from};
 use sluice_runtime::sync::lock;
 
 pub use floor::FloorReport;
+
+/// The wire floor's batched loop, for experiments that put other servers
+/// behind the same client (`sluice-lab sockets`).
+pub mod wire {
+    pub use crate::floor::{
+        batched_client, Answerer, BatchedRun, Polling, REPLY_HEADER_BYTES, REQUEST_BYTES,
+    };
+}
 pub use spec::{BlockSizes, JobSpec, RwMode};
 
 /// Most jobs in one run.

@@ -83,6 +83,9 @@ enum Experiment {
     /// (goal: the foreground keeps >= 80 % of its bandwidth):
     /// volumes-rebuild.md.
     VolumeRebuild(RunArgs),
+    /// Socket engines at the wire (issue 12): epoll, blocking, busy polling
+    /// and io_uring serving the floor's batched loop: socket-engines.md.
+    Sockets(RepeatArgs),
     /// Flint Fig. 10: a 4 KiB victim volume beside a 128 KiB streamer on one
     /// drive, eIO scheduler off and on: eio-fig10.md.
     Eio(RepeatArgs),
@@ -270,6 +273,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
         Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
         Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
+        Experiment::Sockets(a) => datapath::sockets::run(&a.out, a.runtime, a.repeats),
         Experiment::View(a) => flint::run_view(&a.out, a.repeats),
         Experiment::Auction(a) => flint::run_auction(&a.out, a.runtime, a.repeats),
         Experiment::Congestion(a) => {

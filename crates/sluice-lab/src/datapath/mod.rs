@@ -14,6 +14,7 @@
 pub mod coalescing;
 pub mod pinof_fig5;
 pub mod pinof_fig6;
+pub mod sockets;
 
 use crate::affinity::{cpus, get_mask, pin, set_mask};
 use crate::configs::{self, DATAPATH_SUBNQN};
