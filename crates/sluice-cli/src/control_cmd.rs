@@ -684,22 +684,25 @@ pub fn render_auction(a: &pb::AuctionStatusResponse) -> String {
         ));
     }
     out.push_str(&format!(
-        "{:<28} {:>7} {:>6} {:>7} {:>12} {:>12} {}\n",
-        "CLIENT", "VOLUME", "DRIVE", "WEIGHT", "GRANTED MB", "SPENT MB", "STATE"
+        "{:<28} {:>7} {:>6} {:>7} {:>12} {:>12} {:>6} {}\n",
+        "CLIENT", "VOLUME", "DRIVE", "WEIGHT", "GRANTED MB", "SPENT MB", "CONT", "STATE"
     ));
     for s in &a.sessions {
         out.push_str(&format!(
-            "{:<28} {:>7} {:>6} {:>7} {:>12.2} {:>12.2} {}\n",
+            "{:<28} {:>7} {:>6} {:>7} {:>12.2} {:>12.2} {:>6.2} {}\n",
             s.client,
             format!("v{}", s.volume),
             format!("d{}", s.drive),
             s.weight,
             s.granted_bytes as f64 / 1e6,
             s.spent_last_bytes as f64 / 1e6,
+            s.contention_mean,
             if s.idle {
                 "idle"
             } else if s.hungry {
                 "hungry"
+            } else if s.held_back {
+                "held back"
             } else {
                 "active"
             }
@@ -730,4 +733,52 @@ pub fn auction(cmd: AuctionCmd) -> Result<()> {
         print!("{}", render_auction(&a));
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each session shows its own I/O's contention and whether the rule
+    /// takes it to be held back: what an operator needs to see who the
+    /// heavy cap binds, and why.
+    #[test]
+    fn the_auction_table_shows_each_sessions_contention_and_who_is_held_back() {
+        let session = |client: &str, hungry, held_back, contention_mean| pb::AuctionSession {
+            client: client.into(),
+            volume: 1,
+            drive: 3,
+            weight: 1.0,
+            granted_bytes: 2_000_000,
+            spent_last_bytes: 500_000,
+            hungry,
+            idle: false,
+            contention_mean,
+            held_back,
+        };
+        let a = pb::AuctionStatusResponse {
+            on: true,
+            epoch: 7,
+            epoch_us: 50_000,
+            drives: vec![pb::AuctionDrive {
+                drive: 3,
+                port: "127.0.0.1:4420".into(),
+                ..Default::default()
+            }],
+            sessions: vec![
+                session("db", false, true, 2.5),
+                session("stream", true, false, 0.25),
+            ],
+        };
+        let t = render_auction(&a);
+        let row = |c: &str| {
+            t.lines()
+                .find(|l| l.starts_with(c))
+                .unwrap_or_else(|| panic!("no row for {c} in\n{t}"))
+                .to_owned()
+        };
+        assert!(t.lines().any(|l| l.contains("CONT") && l.contains("STATE")));
+        assert!(row("db ").ends_with("2.50 held back"), "{t}");
+        assert!(row("stream").ends_with("0.25 hungry"), "{t}");
+    }
 }

@@ -129,11 +129,18 @@ pub fn render_auction_brief(a: &crate::pb::AuctionStatusResponse) -> String {
             .filter(|s| s.drive == d.drive)
             .map(|s| {
                 format!(
-                    "{}:{:.1}/{:.1}{}",
+                    "{}:{:.1}/{:.1}{}c{:.1}",
                     s.client,
                     s.granted_bytes as f64 / 1e6,
                     s.spent_last_bytes as f64 / 1e6,
-                    if s.hungry { "h" } else { "" }
+                    if s.hungry {
+                        "h"
+                    } else if s.held_back {
+                        "b"
+                    } else {
+                        ""
+                    },
+                    s.contention_mean
                 )
             })
             .collect();

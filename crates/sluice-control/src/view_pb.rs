@@ -483,6 +483,8 @@ pub fn auction_to_pb(a: &crate::view::AuctionStatus) -> pb::AuctionStatusRespons
                 spent_last_bytes: s.spent_last_bytes,
                 hungry: s.hungry,
                 idle: s.idle,
+                contention_mean: s.contention_mean,
+                held_back: s.held_back,
             })
             .collect(),
     }

@@ -409,6 +409,13 @@ pub struct SessionView {
     pub spent_last_bytes: u64,
     pub hungry: bool,
     pub idle: bool,
+    /// Its own I/O's contention on the drive last epoch (see
+    /// [`DriveSignal::contention_by_session`]).
+    pub contention_mean: f64,
+    /// Held back by the others' I/O as the contention rule sees it: it
+    /// left its share unspent without running out for two epochs or more
+    /// while its own I/O waited. Such a session is never capped.
+    pub held_back: bool,
 }
 
 /// The arbiter (Algorithm 4).
@@ -960,15 +967,25 @@ impl Arbiter {
     pub fn sessions(&self) -> Vec<SessionView> {
         self.sessions
             .iter()
-            .map(|(k, s)| SessionView {
-                client: k.client.clone(),
-                volume: k.volume,
-                drive: k.drive,
-                weight: self.weight(k.volume),
-                granted_bytes: s.granted,
-                spent_last_bytes: s.spent_last,
-                hungry: s.hungry_last,
-                idle: s.idle,
+            .map(|(k, s)| {
+                let contention_mean = self
+                    .drives
+                    .get(&k.drive)
+                    .map_or(0.0, |d| d.last.session_contention(&k.client, k.volume));
+                SessionView {
+                    client: k.client.clone(),
+                    volume: k.volume,
+                    drive: k.drive,
+                    weight: self.weight(k.volume),
+                    granted_bytes: s.granted,
+                    spent_last_bytes: s.spent_last,
+                    hungry: s.hungry_last,
+                    idle: s.idle,
+                    contention_mean,
+                    held_back: !s.idle
+                        && s.held_back_epochs >= HELD_BACK_EPOCHS_MIN
+                        && contention_mean >= CONTENDED,
+                }
             })
             .collect()
     }

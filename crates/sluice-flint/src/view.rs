@@ -297,14 +297,14 @@ struct SinceTake {
     /// Per session (client and volume): its samples, and their excess as a
     /// multiple of each sample's own unloaded latency (at most
     /// [`CONTENTION_MAX`]), summed. Kept apart so that one heavy session's
-    /// many samples cannot hide another's stalls. At most
-    /// [`SESSIONS_PER_DRIVE_MAX`] clients, and volumes per client (the rest
-    /// count for the drive only).
+    /// many samples cannot hide another's stalls.
     contention: BTreeMap<String, BTreeMap<Option<u64>, (u64, f64)>>,
+    /// Sessions in `contention`: at most [`SESSIONS_PER_DRIVE_MAX`].
+    sessions: usize,
 }
 
-/// Clients, and volumes per client, whose contention a drive keeps per
-/// epoch, at most.
+/// Sessions (client and volume) whose contention a drive keeps per epoch,
+/// at most.
 const SESSIONS_PER_DRIVE_MAX: usize = 1024;
 
 /// A session needs this many samples in an epoch for its contention to
@@ -560,20 +560,23 @@ impl ViewController {
                 t.ios += 1;
                 t.bytes = t.bytes.saturating_add(bytes);
                 t.excess_us = t.excess_us.saturating_add(excess);
-                if !t.contention.contains_key(&batch.client)
-                    && t.contention.len() < SESSIONS_PER_DRIVE_MAX
-                {
-                    t.contention.insert(batch.client.clone(), BTreeMap::new());
-                }
+                // A session past the limit counts for the drive only.
+                let room = t.sessions < SESSIONS_PER_DRIVE_MAX;
                 if let Some(volumes) = t.contention.get_mut(&batch.client) {
-                    let room = volumes.len() < SESSIONS_PER_DRIVE_MAX;
                     match volumes.get_mut(&s.volume) {
                         Some(c) => *c = (c.0 + 1, c.1 + contention),
                         None if room => {
                             volumes.insert(s.volume, (1, contention));
+                            t.sessions += 1;
                         }
                         None => {}
                     }
+                } else if room {
+                    t.contention.insert(
+                        batch.client.clone(),
+                        BTreeMap::from([(s.volume, (1, contention))]),
+                    );
+                    t.sessions += 1;
                 }
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
                 let port = d.port.clone();
@@ -1661,6 +1664,21 @@ mod tests {
             .any(|c| c.volume.is_none() && (c.contention_mean - 1.0).abs() < 1e-9));
         // The drive's figure is the worst-off session's.
         assert!((d1.contention_mean - 3.0).abs() < 1e-9, "{d1:?}");
+        // A drive keeps a bounded number of sessions an epoch; the rest
+        // count for the drive only.
+        let n = u64::try_from(SESSIONS_PER_DRIVE_MAX).expect("fits") + 10;
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+            let samples: Vec<IoSample> = chunk
+                .iter()
+                .flat_map(|v| (0..4).map(move |i| at(1, Some(*v), 400, 100 + i)))
+                .collect();
+            c.handle_batch(200, &batch("a", 200, samples))
+                .expect("batch");
+        }
+        let s = c.take_drive_signals(200);
+        let d1 = s.get(&1).expect("drive 1");
+        assert_eq!(d1.ios, 4 * n);
+        assert_eq!(d1.contention_by_session.len(), SESSIONS_PER_DRIVE_MAX);
     }
 
     #[test]

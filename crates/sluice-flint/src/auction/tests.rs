@@ -319,6 +319,20 @@ fn a_session_idle_here_for_its_own_reasons_gets_no_one_capped() {
         held_back_epoch(&mut a, i * 10_000, &mut spent, false);
         assert!((cap_of(&a) - estimate(&a, 1)).abs() < 1.0, "epoch {i}");
     }
+    // The status says why: b's own I/O did not wait, so it is not held
+    // back; a's did.
+    let view = |a: &Arbiter, c: &str| {
+        a.sessions()
+            .into_iter()
+            .find(|s| s.client == c)
+            .expect("session")
+    };
+    let b = view(&a, "b");
+    assert!(
+        !b.held_back && (b.contention_mean - 0.2).abs() < 1e-9,
+        "{b:?}"
+    );
+    assert!((view(&a, "a").contention_mean - 2.0).abs() < 1e-9);
     assert!(
         estimate(&a, 1) > before * 1.3,
         "{before} -> {}",
@@ -349,6 +363,12 @@ fn a_contended_drive_caps_the_session_a_starved_one_waits_behind() {
     epoch(&mut a, 10_000);
     let after = estimate(&a, 1);
     assert!((after - before).abs() < 1.0, "{before} -> {after}");
+    let held: Vec<(String, bool)> = a
+        .sessions()
+        .into_iter()
+        .map(|s| (s.client, s.held_back))
+        .collect();
+    assert_eq!(held, [("a".into(), false), ("b".into(), true)]);
     let cap = cap_of(&a);
     assert!((cap - before * 0.9).abs() < 1.0, "{before} -> cap {cap}");
     // Contended, b keeps its whole share although it did not run out, and
