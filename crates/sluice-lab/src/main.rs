@@ -83,8 +83,9 @@ enum Experiment {
     /// (goal: the foreground keeps >= 80 % of its bandwidth):
     /// volumes-rebuild.md.
     VolumeRebuild(RunArgs),
-    /// Socket engines at the wire (issue 12): epoll, blocking, busy polling
-    /// and io_uring serving the floor's batched loop: socket-engines.md.
+    /// Socket engines at the wire: epoll, blocking, busy polling and
+    /// io_uring (waiting, spinning, zero-copy sends, multishot receive)
+    /// serving the floor's batched loop: socket-engines.md.
     Sockets(RepeatArgs),
     /// Flint Fig. 10: a 4 KiB victim volume beside a 128 KiB streamer on one
     /// drive, eIO scheduler off and on: eio-fig10.md.

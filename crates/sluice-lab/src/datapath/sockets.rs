@@ -44,6 +44,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
 use sluice_bench::wire::{batched_client, Answerer, Polling, REPLY_HEADER_BYTES, REQUEST_BYTES};
+use sluice_runtime::clock::current_thread_cpu_ns;
 
 use super::loadavg;
 use crate::affinity::{cpus, get_mask, pin, set_mask};
@@ -104,19 +105,6 @@ pub struct ServerStats {
     pub cpu_ns: u64,
 }
 
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 /// Answers the batched loop on `s` with `engine` until the client closes
 /// and every reply owed is written.
 pub fn serve(
@@ -125,25 +113,25 @@ pub fn serve(
     request_bytes: usize,
     reply_bytes: usize,
 ) -> std::io::Result<ServerStats> {
-    let cpu0 = thread_cpu_ns();
+    let cpu0 = current_thread_cpu_ns();
     let mut a = Answerer::new(request_bytes, reply_bytes);
     let syscalls = match engine {
         Engine::Blocking | Engine::Epoll | Engine::Busy => {
             serve_sockets(s, engine, &mut a, reply_bytes)?
         }
-        Engine::Uring | Engine::UringBusy | Engine::UringZc => serve_uring(
-            s,
-            engine == Engine::UringBusy,
-            engine == Engine::UringZc,
-            &mut a,
-            reply_bytes,
-        )?,
-        Engine::UringMultishot => serve_uring_multishot(s, &mut a, reply_bytes)?,
+        Engine::Uring | Engine::UringBusy | Engine::UringZc | Engine::UringMultishot => {
+            let mode = UringMode {
+                busy: engine == Engine::UringBusy,
+                zero_copy: engine == Engine::UringZc,
+                multishot: engine == Engine::UringMultishot,
+            };
+            serve_uring(s, mode, &mut a, reply_bytes)?
+        }
     };
     Ok(ServerStats {
         requests_answered: a.answered(),
         syscalls,
-        cpu_ns: thread_cpu_ns().saturating_sub(cpu0),
+        cpu_ns: current_thread_cpu_ns().saturating_sub(cpu0),
     })
 }
 
@@ -252,10 +240,21 @@ fn serve_sockets(
     result.map(|()| calls)
 }
 
+/// What an io_uring engine does beyond one `recv` and one `send` per
+/// round, waiting in `io_uring_enter`.
+#[derive(Clone, Copy, Debug)]
+struct UringMode {
+    /// Enter without waiting, and spin.
+    busy: bool,
+    /// `SEND_ZC` from a registered buffer.
+    zero_copy: bool,
+    /// One multishot `recv` into [`ProvidedBuffers`].
+    multishot: bool,
+}
+
 fn serve_uring(
     s: &mut TcpStream,
-    busy: bool,
-    zero_copy: bool,
+    mode: UringMode,
     a: &mut Answerer,
     reply_bytes: usize,
 ) -> std::io::Result<u64> {
@@ -264,15 +263,23 @@ fn serve_uring(
     // it: no operation can still point into them.
     let mut rbuf = vec![0u8; SERVER_READ_BYTES];
     let mut wbuf = reply_buffer(reply_bytes);
+    let mut provided = if mode.multishot {
+        Some(ProvidedBuffers::new()?)
+    } else {
+        None
+    };
     let mut ring = IoUring::new(8)?;
     let fd = types::Fd(s.as_raw_fd());
-    if zero_copy {
+    if mode.zero_copy {
         let iov = libc::iovec {
             iov_base: wbuf.as_mut_ptr().cast(),
             iov_len: wbuf.len(),
         };
         // SAFETY: `wbuf` outlives the ring and is never reallocated.
         unsafe { ring.submitter().register_buffers(&[iov]) }?;
+    }
+    if let Some(p) = &provided {
+        p.register(&ring)?;
     }
     let rlen = u32::try_from(rbuf.len()).unwrap_or(u32::MAX);
     let (mut recv_armed, mut sending, mut eof) = (false, false, false);
@@ -283,28 +290,30 @@ fn serve_uring(
         {
             let mut sq = ring.submission();
             if !eof && !recv_armed {
-                let e = opcode::Recv::new(fd, rbuf.as_mut_ptr(), rlen)
-                    .build()
-                    .user_data(RECV);
-                // SAFETY: `rbuf` outlives the ring (the loop only ends at
-                // end of stream, once the recv completed).
-                unsafe { sq.push(&e) }.map_err(|_| std::io::Error::other("sq full"))?;
+                let e = if mode.multishot {
+                    opcode::RecvMulti::new(fd, PROVIDED_GROUP).build()
+                } else {
+                    opcode::Recv::new(fd, rbuf.as_mut_ptr(), rlen).build()
+                };
+                // SAFETY: `rbuf` and the provided buffers outlive the ring
+                // (the loop only ends at end of stream, once the recv
+                // completed).
+                unsafe { sq.push(&e.user_data(RECV)) }
+                    .map_err(|_| std::io::Error::other("sq full"))?;
                 recv_armed = true;
             }
             if !sending && a.owed() > 0 {
                 let n = u32::try_from(a.owed().min(wbuf.len())).unwrap_or(u32::MAX);
-                let e = if zero_copy {
+                let e = if mode.zero_copy {
                     opcode::SendZc::new(fd, wbuf.as_ptr(), n)
                         .buf_index(Some(0))
                         .build()
-                        .user_data(SEND)
                 } else {
-                    opcode::Send::new(fd, wbuf.as_ptr(), n)
-                        .build()
-                        .user_data(SEND)
+                    opcode::Send::new(fd, wbuf.as_ptr(), n).build()
                 };
                 // SAFETY: `wbuf` outlives the send (the loop waits for it).
-                unsafe { sq.push(&e) }.map_err(|_| std::io::Error::other("sq full"))?;
+                unsafe { sq.push(&e.user_data(SEND)) }
+                    .map_err(|_| std::io::Error::other("sq full"))?;
                 sending = true;
             }
         }
@@ -312,19 +321,29 @@ fn serve_uring(
             return Ok(calls);
         }
         calls += 1;
-        match ring.submit_and_wait(usize::from(!busy)) {
+        match ring.submit_and_wait(usize::from(!mode.busy)) {
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
         for cqe in ring.completion() {
-            let r = cqe.result();
-            if r < 0 && r != -libc::EINTR && r != -libc::EAGAIN {
+            let (r, flags) = (cqe.result(), cqe.flags());
+            // ENOBUFS: the multishot recv ran out of provided buffers and
+            // ended; it is armed again below.
+            if r < 0 && r != -libc::EINTR && r != -libc::EAGAIN && r != -libc::ENOBUFS {
                 return Err(std::io::Error::from_raw_os_error(-r));
             }
             match cqe.user_data() {
                 RECV => {
-                    recv_armed = false;
+                    // A multishot recv stays armed while the kernel says so.
+                    if !(mode.multishot && io_uring::cqueue::more(flags)) {
+                        recv_armed = false;
+                    }
+                    if let (Some(p), Some(bid)) =
+                        (provided.as_mut(), io_uring::cqueue::buffer_select(flags))
+                    {
+                        p.give_back(bid);
+                    }
                     match r {
                         0 => eof = true,
                         n if n > 0 => {
@@ -333,12 +352,12 @@ fn serve_uring(
                         _ => {}
                     }
                 }
-                SEND if io_uring::cqueue::notif(cqe.flags()) => {
+                SEND if io_uring::cqueue::notif(flags) => {
                     notifs = notifs.saturating_sub(1);
                 }
                 SEND => {
                     sending = false;
-                    if io_uring::cqueue::more(cqe.flags()) {
+                    if io_uring::cqueue::more(flags) {
                         notifs += 1;
                     }
                     if r > 0 {
@@ -348,16 +367,17 @@ fn serve_uring(
                 _ => {}
             }
         }
-        if busy {
+        if mode.busy {
             std::hint::spin_loop();
         }
     }
 }
 
 /// Provided buffers of the multishot engine: count (a power of two) and
-/// size of each.
+/// size of each, and their group id.
 const PROVIDED_BUFFERS: u16 = 16;
 const PROVIDED_BUFFER_BYTES: usize = 64 * 1024;
+const PROVIDED_GROUP: u16 = 0;
 
 /// A page-aligned anonymous mapping (the buffer ring must be page-aligned).
 struct Mapping {
@@ -392,108 +412,63 @@ impl Drop for Mapping {
     }
 }
 
-/// `uring` with one multishot `recv` into a ring of provided buffers.
-fn serve_uring_multishot(
-    s: &mut TcpStream,
-    a: &mut Answerer,
-    reply_bytes: usize,
-) -> std::io::Result<u64> {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    s.set_nonblocking(false)?;
-    let n = usize::from(PROVIDED_BUFFERS);
-    // Declared before the ring, so dropped after it.
-    let ring_mem = Mapping::new(4096)?;
-    let mut bufs = vec![0u8; n * PROVIDED_BUFFER_BYTES];
-    let wbuf = reply_buffer(reply_bytes);
-    let entries = ring_mem.ptr.cast::<types::BufRingEntry>();
-    let base = bufs.as_mut_ptr() as u64;
-    let len = u32::try_from(PROVIDED_BUFFER_BYTES).unwrap_or(u32::MAX);
-    // SAFETY: the mapping holds 4096 bytes, room for 256 16-byte entries,
-    // and the tail field of entry 0 is part of it.
-    let tail = unsafe { AtomicU16::from_ptr(types::BufRingEntry::tail(entries).cast_mut()) };
-    let mut tail_value = 0u16;
-    let provide = |bid: u16, tail_value: &mut u16| {
-        let slot = usize::from(*tail_value & (PROVIDED_BUFFERS - 1));
-        // SAFETY: `slot` < PROVIDED_BUFFERS entries, inside the mapping;
-        // the kernel reads entries only up to the tail, published below.
-        let e = unsafe { &mut *entries.add(slot) };
-        e.set_addr(base + u64::from(bid) * PROVIDED_BUFFER_BYTES as u64);
-        e.set_len(len);
-        e.set_bid(bid);
-        *tail_value = tail_value.wrapping_add(1);
-        tail.store(*tail_value, Ordering::Release);
-    };
-    for bid in 0..PROVIDED_BUFFERS {
-        provide(bid, &mut tail_value);
+/// A ring of provided buffers (`io_uring_register_buf_ring`): the kernel
+/// picks one for each completion of a multishot `recv`, which names it;
+/// the owner gives it back once read.
+struct ProvidedBuffers {
+    /// The ring of entries (one page: room for 256).
+    ring: Mapping,
+    bufs: Vec<u8>,
+    /// Entries published so far (the ring's tail).
+    tail: u16,
+}
+
+impl ProvidedBuffers {
+    fn new() -> std::io::Result<ProvidedBuffers> {
+        let mut p = ProvidedBuffers {
+            ring: Mapping::new(4096)?,
+            bufs: vec![0u8; usize::from(PROVIDED_BUFFERS) * PROVIDED_BUFFER_BYTES],
+            tail: 0,
+        };
+        for bid in 0..PROVIDED_BUFFERS {
+            p.give_back(bid);
+        }
+        Ok(p)
     }
-    let mut ring = IoUring::new(8)?;
-    // SAFETY: the mapping and the buffers outlive the ring.
-    unsafe {
-        ring.submitter()
-            .register_buf_ring_with_flags(ring_mem.ptr as u64, PROVIDED_BUFFERS, 0, 0)
-    }?;
-    let fd = types::Fd(s.as_raw_fd());
-    let (mut recv_armed, mut sending, mut eof) = (false, false, false);
-    let mut calls = 0u64;
-    loop {
-        {
-            let mut sq = ring.submission();
-            if !eof && !recv_armed {
-                let e = opcode::RecvMulti::new(fd, 0).build().user_data(RECV);
-                // SAFETY: the buffers it fills are the provided ones.
-                unsafe { sq.push(&e) }.map_err(|_| std::io::Error::other("sq full"))?;
-                recv_armed = true;
-            }
-            if !sending && a.owed() > 0 {
-                let n = u32::try_from(a.owed().min(wbuf.len())).unwrap_or(u32::MAX);
-                let e = opcode::Send::new(fd, wbuf.as_ptr(), n)
-                    .build()
-                    .user_data(SEND);
-                // SAFETY: `wbuf` outlives the ring.
-                unsafe { sq.push(&e) }.map_err(|_| std::io::Error::other("sq full"))?;
-                sending = true;
-            }
+
+    /// Registers the ring with `ring`, which must not outlive `self`.
+    fn register(&self, ring: &IoUring) -> std::io::Result<()> {
+        // SAFETY: the mapping is page-aligned and holds the entries; the
+        // caller drops the ring first.
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                self.ring.ptr as u64,
+                PROVIDED_BUFFERS,
+                PROVIDED_GROUP,
+                0,
+            )
         }
-        if eof && !sending && a.owed() == 0 {
-            return Ok(calls);
-        }
-        calls += 1;
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-        for cqe in ring.completion() {
-            let r = cqe.result();
-            match cqe.user_data() {
-                RECV => {
-                    if !io_uring::cqueue::more(cqe.flags()) {
-                        recv_armed = false; // ended: armed again unless at end
-                    }
-                    if let Some(bid) = io_uring::cqueue::buffer_select(cqe.flags()) {
-                        if r > 0 {
-                            a.read(usize::try_from(r).unwrap_or(0));
-                        }
-                        provide(bid, &mut tail_value);
-                    }
-                    if r == 0 {
-                        eof = true;
-                    } else if r < 0 && r != -libc::ENOBUFS && r != -libc::EINTR {
-                        return Err(std::io::Error::from_raw_os_error(-r));
-                    }
-                }
-                SEND => {
-                    if r < 0 && r != -libc::EINTR && r != -libc::EAGAIN {
-                        return Err(std::io::Error::from_raw_os_error(-r));
-                    }
-                    sending = false;
-                    if r > 0 {
-                        a.wrote(usize::try_from(r).unwrap_or(0));
-                    }
-                }
-                _ => {}
-            }
-        }
+    }
+
+    /// Publishes buffer `bid` for the kernel to fill again.
+    fn give_back(&mut self, bid: u16) {
+        use std::sync::atomic::{AtomicU16, Ordering};
+        let entries = self.ring.ptr.cast::<types::BufRingEntry>();
+        let slot = usize::from(self.tail & (PROVIDED_BUFFERS - 1));
+        let addr = self.bufs.as_mut_ptr() as u64
+            + u64::from(bid % PROVIDED_BUFFERS) * PROVIDED_BUFFER_BYTES as u64;
+        // SAFETY: `slot` < PROVIDED_BUFFERS entries, inside the mapping;
+        // the kernel reads entries only up to the tail, published after.
+        let e = unsafe { &mut *entries.add(slot) };
+        e.set_addr(addr);
+        e.set_len(u32::try_from(PROVIDED_BUFFER_BYTES).unwrap_or(u32::MAX));
+        e.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field of entry 0 lies inside the mapping, which
+        // outlives this reference; the kernel reads it, so it is written
+        // with release order after the entry.
+        let tail = unsafe { AtomicU16::from_ptr(types::BufRingEntry::tail(entries).cast_mut()) };
+        tail.store(self.tail, Ordering::Release);
     }
 }
 
