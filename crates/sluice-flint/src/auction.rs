@@ -279,22 +279,14 @@ pub struct DriveSignal {
     /// at 10), averaged per session, the worst-off session's: how much its
     /// I/O is held up by other I/O.
     pub contention_mean: f64,
-    /// That mean for each session with enough samples to count. The
-    /// contention rule takes a session that leaves its share unspent to
-    /// be held back by the others only when its own I/O waited: a client
-    /// whose queue depth is tied up waiting for slices of *other* drives
-    /// also leaves its share here unspent, and capping the sessions that
-    /// do move here would cap the victim.
-    pub contention_by_session: Vec<SessionContention>,
-}
-
-/// One session's contention on a drive over the last epoch.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SessionContention {
-    pub client: String,
-    /// `None`: I/O that is no volume's.
-    pub volume: Option<u64>,
-    pub contention_mean: f64,
+    /// That mean for each session (client, then volume) with enough
+    /// samples to count; I/O that is no volume's counts in
+    /// `contention_mean` only. The contention rule takes a session that
+    /// leaves its share unspent to be held back by the others only when its
+    /// own I/O waited: a client whose queue depth is tied up waiting for
+    /// slices of *other* drives also leaves its share here unspent, and
+    /// capping the sessions that do move here would cap the victim.
+    pub contention_by_session: BTreeMap<String, BTreeMap<u64, f64>>,
 }
 
 impl DriveSignal {
@@ -302,9 +294,10 @@ impl DriveSignal {
     /// samples to count).
     pub fn session_contention(&self, client: &str, volume: u64) -> f64 {
         self.contention_by_session
-            .iter()
-            .find(|c| c.volume == Some(volume) && c.client == client)
-            .map_or(0.0, |c| c.contention_mean)
+            .get(client)
+            .and_then(|v| v.get(&volume))
+            .copied()
+            .unwrap_or(0.0)
     }
 }
 
@@ -358,6 +351,13 @@ fn held_back(s: &SessionState) -> bool {
     #[allow(clippy::cast_precision_loss)]
     let short = (s.spent_last as f64) < STARVED * s.granted_last as f64;
     !s.hungry_last && s.granted_last > 0 && short
+}
+
+/// Held back by the others' I/O, as the contention rule takes it: it left
+/// its share unspent without running out for [`HELD_BACK_EPOCHS_MIN`]
+/// epochs while its own I/O waited (`contention`, its mean on the drive).
+fn held_back_by_others(s: &SessionState, contention: f64) -> bool {
+    !s.idle && s.held_back_epochs >= HELD_BACK_EPOCHS_MIN && contention >= CONTENDED
 }
 
 /// One drive's sessions as the estimate weighs them.
@@ -712,11 +712,10 @@ impl Arbiter {
                 continue;
             }
             a.spent_max = a.spent_max.max(s.spent_last);
-            // Held back by others' I/O in this drive: its own I/O waited.
-            let waited = signals
+            let contention = signals
                 .get(&k.drive)
-                .is_some_and(|sig| sig.session_contention(&k.client, k.volume) >= CONTENDED);
-            if s.held_back_epochs >= HELD_BACK_EPOCHS_MIN && waited {
+                .map_or(0.0, |sig| sig.session_contention(&k.client, k.volume));
+            if held_back_by_others(s, contention) {
                 a.starved_spent = Some(
                     a.starved_spent
                         .map_or(s.spent_last, |m| m.min(s.spent_last)),
@@ -982,9 +981,7 @@ impl Arbiter {
                     hungry: s.hungry_last,
                     idle: s.idle,
                     contention_mean,
-                    held_back: !s.idle
-                        && s.held_back_epochs >= HELD_BACK_EPOCHS_MIN
-                        && contention_mean >= CONTENDED,
+                    held_back: held_back_by_others(s, contention_mean),
                 }
             })
             .collect()

@@ -967,34 +967,35 @@ impl ViewController {
                 } else {
                     t.excess_us as f64 / t.ios as f64
                 };
-                #[allow(clippy::cast_precision_loss)]
-                let by_session: Vec<crate::auction::SessionContention> = t
-                    .contention
-                    .into_iter()
-                    .flat_map(|(client, volumes)| {
-                        volumes
-                            .into_iter()
-                            .filter(|(_, (n, _))| *n >= CONTENTION_SAMPLES_MIN)
-                            .map(
-                                move |(volume, (n, sum))| crate::auction::SessionContention {
-                                    client: client.clone(),
-                                    volume,
-                                    contention_mean: sum / n as f64,
-                                },
-                            )
-                    })
-                    .collect();
+                // Each session's mean, where it has samples enough; the
+                // drive's figure is the worst-off one's, sessions of no
+                // volume included.
+                let mut worst = 0.0f64;
+                let mut by_session: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+                for (client, volumes) in t.contention {
+                    let mut means = BTreeMap::new();
+                    for (volume, (n, sum)) in volumes {
+                        if n < CONTENTION_SAMPLES_MIN {
+                            continue;
+                        }
+                        #[allow(clippy::cast_precision_loss)]
+                        let mean = sum / n as f64;
+                        worst = worst.max(mean);
+                        if let Some(v) = volume {
+                            means.insert(v, mean);
+                        }
+                    }
+                    if !means.is_empty() {
+                        by_session.insert(client, means);
+                    }
+                }
                 #[allow(clippy::cast_precision_loss)]
                 let signal = crate::auction::DriveSignal {
                     ios: t.ios,
                     bytes: t.bytes,
                     queue_delay_us_mean: delay,
                     inflation_mean: delay / base_us_max.max(1) as f64,
-                    // The worst-off session's mean.
-                    contention_mean: by_session
-                        .iter()
-                        .map(|c| c.contention_mean)
-                        .fold(0.0, f64::max),
+                    contention_mean: worst,
                     contention_by_session: by_session,
                 };
                 (*id, signal)
@@ -1645,10 +1646,11 @@ mod tests {
         c.take_drive_signals(10);
         // Client a's volume 7 waits 300 us more than that on every read, its
         // volume 8 does not wait; client b waits but sends too few samples
-        // to count; a sample of no volume is a session of its own.
+        // to count; samples of no volume are a session of their own, which
+        // counts for the drive's figure only.
         let mut samples: Vec<IoSample> = (0..8).map(|i| at(1, Some(7), 400, 20 + i)).collect();
         samples.extend((0..8).map(|i| at(1, Some(8), 100, 20 + i)));
-        samples.extend((0..4).map(|i| at(1, None, 200, 20 + i)));
+        samples.extend((0..4).map(|i| at(1, None, 700, 20 + i)));
         c.handle_batch(40, &batch("a", 40, samples)).expect("batch");
         let few: Vec<IoSample> = (0..2).map(|i| at(1, Some(7), 5000, 20 + i)).collect();
         c.handle_batch(40, &batch("b", 40, few)).expect("batch");
@@ -1657,13 +1659,15 @@ mod tests {
         assert!((d1.session_contention("a", 7) - 3.0).abs() < 1e-9, "{d1:?}");
         assert!(d1.session_contention("a", 8).abs() < 1e-9, "{d1:?}");
         assert!(d1.session_contention("b", 7).abs() < 1e-9, "{d1:?}");
-        assert_eq!(d1.contention_by_session.len(), 3, "{d1:?}");
-        assert!(d1
+        let listed: Vec<(&str, Vec<u64>)> = d1
             .contention_by_session
             .iter()
-            .any(|c| c.volume.is_none() && (c.contention_mean - 1.0).abs() < 1e-9));
-        // The drive's figure is the worst-off session's.
-        assert!((d1.contention_mean - 3.0).abs() < 1e-9, "{d1:?}");
+            .map(|(c, v)| (c.as_str(), v.keys().copied().collect()))
+            .collect();
+        assert_eq!(listed, [("a", vec![7, 8])], "{d1:?}");
+        // The drive's figure is the worst-off session's: here the one of
+        // no volume.
+        assert!((d1.contention_mean - 6.0).abs() < 1e-9, "{d1:?}");
         // A drive keeps a bounded number of sessions an epoch; the rest
         // count for the drive only.
         let n = u64::try_from(SESSIONS_PER_DRIVE_MAX).expect("fits") + 10;
@@ -1678,7 +1682,8 @@ mod tests {
         let s = c.take_drive_signals(200);
         let d1 = s.get(&1).expect("drive 1");
         assert_eq!(d1.ios, 4 * n);
-        assert_eq!(d1.contention_by_session.len(), SESSIONS_PER_DRIVE_MAX);
+        let listed: usize = d1.contention_by_session.values().map(BTreeMap::len).sum();
+        assert_eq!(listed, SESSIONS_PER_DRIVE_MAX);
     }
 
     #[test]

@@ -189,6 +189,17 @@ fn an_idle_session_gets_nothing_and_a_newcomer_is_topped_up_mid_epoch() {
     assert_eq!(g.grants[0].bytes, slice);
 }
 
+/// A signal's per-session contention: (client, volume, mean).
+fn sessions(list: &[(&str, u64, f64)]) -> BTreeMap<String, BTreeMap<u64, f64>> {
+    let mut m: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    for (client, volume, mean) in list {
+        m.entry((*client).to_owned())
+            .or_default()
+            .insert(*volume, *mean);
+    }
+    m
+}
+
 fn estimate(a: &Arbiter, drive: u64) -> f64 {
     a.drives()
         .find(|(id, _)| *id == drive)
@@ -214,11 +225,7 @@ fn epoch_of(a: &mut Arbiter, t: u64, spent: &mut u64, done: u64, inflation: f64,
             queue_delay_us_mean: 100.0,
             inflation_mean: inflation,
             contention_mean: inflation,
-            contention_by_session: vec![SessionContention {
-                client: "a".into(),
-                volume: Some(10),
-                contention_mean: inflation,
-            }],
+            contention_by_session: sessions(&[("a", 10, inflation)]),
         })
     });
 }
@@ -274,11 +281,6 @@ fn held_back_epoch(a: &mut Arbiter, t: u64, spent: &mut (u64, u64), b_waits: boo
         .expect("bid");
     a.handle_bid(t + 5_000, &bid("b", 20, 1, spent.1, false))
         .expect("bid");
-    let session = |client: &str, volume, contention_mean| SessionContention {
-        client: client.into(),
-        volume: Some(volume),
-        contention_mean,
-    };
     a.poll_epoch(t + 10_000, |_| {
         Some(DriveSignal {
             ios: 100,
@@ -286,10 +288,10 @@ fn held_back_epoch(a: &mut Arbiter, t: u64, spent: &mut (u64, u64), b_waits: boo
             queue_delay_us_mean: 500.0,
             inflation_mean: 1.0,
             contention_mean: 2.0,
-            contention_by_session: vec![
-                session("a", 10, if b_waits { 0.5 } else { 2.0 }),
-                session("b", 20, if b_waits { 2.0 } else { 0.2 }),
-            ],
+            contention_by_session: sessions(&[
+                ("a", 10, if b_waits { 0.5 } else { 2.0 }),
+                ("b", 20, if b_waits { 2.0 } else { 0.2 }),
+            ]),
         })
     });
 }
@@ -851,10 +853,9 @@ fn run_loop(l: &Loop) -> LoopResult {
                     .fold(0.0, f64::max),
                 contention_by_session: (0..2)
                     .filter(|&s| contention[s].0 > 0)
-                    .map(|s| SessionContention {
-                        client: names[s].into(),
-                        volume: Some(s as u64),
-                        contention_mean: contention[s].1 / contention[s].0 as f64,
+                    .map(|s| {
+                        let mean = contention[s].1 / contention[s].0 as f64;
+                        (names[s].to_owned(), BTreeMap::from([(s as u64, mean)]))
                     })
                     .collect(),
             })
