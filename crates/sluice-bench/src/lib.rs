@@ -201,6 +201,10 @@ pub struct BenchArgs {
     /// (paper defaults; docs/isolation.md).
     #[arg(long, default_value = "immediate")]
     pub send_scheduler: SchedulerKind,
+    /// With `unified` or `isolated`: containers also flush when the queue
+    /// has nothing more to send this turn (`send.flush_when_idle`).
+    #[arg(long)]
+    pub send_flush_when_idle: bool,
 }
 
 /// `--dhchap-secret` and `--dhchap-ctrl-secret`, shared by `sluice bench`,
@@ -288,6 +292,7 @@ impl BenchArgs {
             urgent: false,
             batch: false,
             send_scheduler: SchedulerKind::Immediate,
+            send_flush_when_idle: false,
         }
     }
 }
@@ -656,6 +661,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             coalescing,
             send: SendConfig {
                 scheduler: args.send_scheduler,
+                flush_when_idle: args.send_flush_when_idle,
                 ..SendConfig::default()
             },
             cgroup: j.cgroup.clone(),

@@ -37,6 +37,8 @@ pub struct RawSend {
     pub(crate) weight_response: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) weight_data: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) flush_when_idle: Option<bool>,
 }
 
 /// `coalescing.urgent`.
@@ -146,6 +148,9 @@ pub fn resolve(
         if let Some(v) = r.weight_data {
             c.weights.data = int(prefix, "send", "weight_data", v)?;
         }
+        if let Some(v) = r.flush_when_idle {
+            c.flush_when_idle = v;
+        }
     }
     if let Some(r) = co {
         if let Some(m) = &r.mode {
@@ -199,6 +204,7 @@ pub fn to_raw(c: &SendConfig) -> (String, RawSend, RawCoalescing) {
         weight_r2t: Some(i64::from(c.weights.r2t)),
         weight_response: Some(i64::from(c.weights.response)),
         weight_data: Some(i64::from(c.weights.data)),
+        flush_when_idle: Some(c.flush_when_idle),
     };
     let k = &c.coalescing;
     let co = RawCoalescing {

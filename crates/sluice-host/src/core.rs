@@ -445,6 +445,13 @@ impl QueuePairCore {
         self.st.tx.poll(now);
     }
 
+    /// The caller has handed in its batch (or the I/O layer has read all
+    /// there was): a send path that flushes when idle
+    /// (`SendConfig::flush_when_idle`) makes what it holds due.
+    pub fn handle_idle(&mut self, now: Instant) {
+        self.st.tx.idle(now);
+    }
+
     /// When [`Self::poll_send`] must next run (a freight holds PDUs).
     pub fn send_deadline(&self) -> Option<Instant> {
         self.st.tx.next_deadline()

@@ -377,6 +377,8 @@ impl DirectQueue {
     /// (or the queue closed), i.e. whether blocking is safe.
     fn pass(&mut self, now: Instant, out: &mut Vec<(u64, Result<Completion>)>) -> bool {
         self.last_now = now;
+        // The caller submitted its batch before polling.
+        self.core.handle_idle(now);
         self.core.poll_send(now);
         self.write();
         if !self.read_ready {
@@ -396,6 +398,9 @@ impl DirectQueue {
         }
         // What the received PDUs made due (H2CData for R2Ts, a TermReq).
         if self.core.has_transmit() {
+            if drained {
+                self.core.handle_idle(now);
+            }
             self.core.poll_send(now);
             self.write();
         }

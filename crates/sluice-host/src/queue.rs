@@ -416,6 +416,9 @@ impl Driver {
             if self.core.is_ready() {
                 progress |= self.take_submissions(now);
             }
+            // Each turn takes every submission waiting (or fills the
+            // queue): the end of a batch.
+            self.core.handle_idle(now);
             self.core.poll_send(now);
             progress |= self.write();
             progress |= self.read(now);

@@ -744,6 +744,8 @@ impl Pair {
             if l.host.poll_timeout().is_some_and(|t| t <= now) {
                 l.host.handle_timeout(now);
             }
+            // The callers' submissions of this round are in: the batch ends.
+            l.host.handle_idle(now);
             while let Some(mut bytes) = self.links[i].host.poll_transmit() {
                 progress = true;
                 self.tap(i, Dir::H2C, &mut bytes);
@@ -796,6 +798,8 @@ impl Pair {
             if l.target.poll_timeout().is_some_and(|t| t <= now) {
                 l.target.handle_timeout(now);
             }
+            // Every byte the host sent is fed: the worker's turn ends.
+            l.target.handle_idle(now);
             let mut due = l.target.due_copy();
             if !due.is_empty() {
                 progress = true;

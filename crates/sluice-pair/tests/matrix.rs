@@ -203,21 +203,27 @@ fn block_size_4096_and_large_transfers() {
 fn arb_params() -> impl Strategy<Value = Params> {
     (
         (any::<bool>(), any::<bool>(), 0u32..=32, any::<bool>()),
-        (0usize..3, 0usize..4, 0usize..3),
+        (0usize..3, 0usize..4, 0usize..3, any::<bool>()),
         (2u16..=64, 1u32..=32, 1u32..=32),
     )
         .prop_map(
-            |((hd, dd, ic, success), (ts, co, hs), (depth, h2c_k, c2h_k))| Params {
-                hdr_digest: hd,
-                data_digest: dd,
-                in_capsule_bytes: ic * 512,
-                c2h_success: success,
-                target_send: send_config(SCHEDULERS[ts], COALESCING[co]),
-                host_send: send_config(SCHEDULERS[hs], Coalescing::Off),
-                depth,
-                max_h2c_data_bytes: h2c_k * 4096,
-                max_c2h_data_bytes: c2h_k * 4096,
-                ..Params::default()
+            |((hd, dd, ic, success), (ts, co, hs, idle), (depth, h2c_k, c2h_k))| {
+                let mut target_send = send_config(SCHEDULERS[ts], COALESCING[co]);
+                let mut host_send = send_config(SCHEDULERS[hs], Coalescing::Off);
+                target_send.flush_when_idle = idle;
+                host_send.flush_when_idle = idle;
+                Params {
+                    hdr_digest: hd,
+                    data_digest: dd,
+                    in_capsule_bytes: ic * 512,
+                    c2h_success: success,
+                    target_send,
+                    host_send,
+                    depth,
+                    max_h2c_data_bytes: h2c_k * 4096,
+                    max_c2h_data_bytes: c2h_k * 4096,
+                    ..Params::default()
+                }
             },
         )
 }
@@ -312,4 +318,63 @@ fn runs_are_deterministic() {
         "freights held PDUs in virtual time"
     );
     assert_eq!(a, b);
+}
+
+/// With `flush_when_idle`, a container holds nothing past the end of a
+/// turn: QD 1 writes (in-capsule, the host's data freight) and reads (the
+/// latency freights, then C2HData) through `unified` and `isolated` on
+/// both sides complete without the virtual clock moving, every flush is an
+/// `idle` one or a trigger's, none a timer's; without it every round trip
+/// waits out the freights' timers.
+#[test]
+fn containers_flushing_when_idle_hold_nothing_past_a_turn() {
+    for sched in [SchedulerKind::Unified, SchedulerKind::Isolated] {
+        for idle in [false, true] {
+            let mut send = send_config(sched, Coalescing::Off);
+            send.flush_when_idle = idle;
+            let p = Params {
+                in_capsule_bytes: 4096,
+                target_send: send,
+                host_send: send,
+                depth: 4,
+                ..Params::default()
+            };
+            let what = format!("{sched:?}, flush_when_idle = {idle}");
+            let mut pair = Pair::new(p);
+            let t0 = pair.elapsed();
+            let stats0 = (
+                pair.link(IO).host.send_stats(),
+                pair.link(IO).target.send_stats(),
+            );
+            for i in 0..4u64 {
+                let d = pattern(4096, i);
+                pair.write(i * 16, &d).unwrap();
+                assert_eq!(pair.read(i * 16, 4096).unwrap(), d, "{what}");
+            }
+            let waited = pair.elapsed() - t0;
+            let host = pair.link(IO).host.send_stats();
+            let target = pair.link(IO).target.send_stats();
+            let timers = host.reason(FlushReason::Timer) - stats0.0.reason(FlushReason::Timer)
+                + target.reason(FlushReason::Timer)
+                - stats0.1.reason(FlushReason::Timer);
+            let idles = host.reason(FlushReason::Idle) - stats0.0.reason(FlushReason::Idle)
+                + target.reason(FlushReason::Idle)
+                - stats0.1.reason(FlushReason::Idle);
+            if idle {
+                assert_eq!(waited, std::time::Duration::ZERO, "{what}");
+                assert_eq!(timers, 0, "{what}");
+                // Host: the write capsule and the read command; target: the
+                // write's response, the read's data and response.
+                assert!(idles >= 8 * 2, "{what}: {idles} idle flushes");
+            } else {
+                // Every one of the 8 round trips waits out at least one
+                // 25 µs timer on each side.
+                assert!(
+                    waited >= std::time::Duration::from_micros(8 * 2 * 25),
+                    "{what}: waited {waited:?}"
+                );
+                assert_eq!(idles, 0, "{what}");
+            }
+        }
+    }
 }

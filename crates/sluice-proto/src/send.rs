@@ -61,9 +61,12 @@ pub enum FlushReason {
     Barrier = 8,
     /// Completion coalescing: adaptive/static timeout or the hold bound.
     CoalesceTimer = 9,
+    /// The queue went idle (nothing more to hand in for now) and the
+    /// scheduler flushes when idle ([`SendConfig::flush_when_idle`]).
+    Idle = 10,
 }
 
-pub const FLUSH_REASONS: usize = 10;
+pub const FLUSH_REASONS: usize = 11;
 pub const FLUSH_REASON_NAMES: [&str; FLUSH_REASONS] = [
     "immediate",
     "size",
@@ -75,6 +78,7 @@ pub const FLUSH_REASON_NAMES: [&str; FLUSH_REASONS] = [
     "urgent",
     "barrier",
     "coalesce-timer",
+    "idle",
 ];
 
 /// Counters every scheduler keeps.
@@ -172,6 +176,12 @@ pub trait SendScheduler: Send + std::fmt::Debug {
     fn consume(&mut self, n: usize);
     /// Moves PDUs whose trigger fired into the due bytes.
     fn poll(&mut self, now: Instant);
+    /// The queue has nothing more to hand in for now: the target's worker
+    /// has read all the input it will read this turn, the host's caller
+    /// has submitted its batch. A scheduler that flushes when idle moves
+    /// what its containers hold into the due bytes (the way Linux's
+    /// nvme-tcp sends at the last request of a batch); others ignore it.
+    fn idle(&mut self, _now: Instant) {}
     /// When `poll` must next run even without new PDUs.
     fn next_deadline(&self) -> Option<Instant>;
     /// Bytes committed but not yet written (back-pressure input).
@@ -324,6 +334,12 @@ pub struct SendConfig {
     pub data: FreightParams,
     /// `isolated`: degree weights (PINoF: R2T 3, response 2, data 1).
     pub weights: Weights,
+    /// `unified` and `isolated`: a container also flushes when its queue
+    /// goes idle ([`SendScheduler::idle`]), so batching only groups what
+    /// one turn produces and never holds a PDU for its timer when nothing
+    /// else is coming. Off: containers wait for their triggers (the
+    /// papers' i10 and PINoF).
+    pub flush_when_idle: bool,
     /// Completion coalescing of CapsuleResps on I/O queues.
     pub coalescing: CoalesceConfig,
 }
@@ -352,6 +368,7 @@ impl Default for SendConfig {
                 response: 2,
                 data: 1,
             },
+            flush_when_idle: false,
             coalescing: CoalesceConfig::default(),
         }
     }
@@ -421,10 +438,13 @@ impl SendConfig {
     pub fn build(&self, io_queue: bool) -> Box<dyn SendScheduler> {
         let inner: Box<dyn SendScheduler> = match self.scheduler {
             SchedulerKind::Immediate => Box::new(Immediate::new()),
-            SchedulerKind::Unified => Box::new(Freighted::unified(self.unified)),
-            SchedulerKind::Isolated => {
-                Box::new(Freighted::isolated(self.latency, self.data, self.weights))
+            SchedulerKind::Unified => {
+                Box::new(Freighted::unified(self.unified).flushing_when_idle(self.flush_when_idle))
             }
+            SchedulerKind::Isolated => Box::new(
+                Freighted::isolated(self.latency, self.data, self.weights)
+                    .flushing_when_idle(self.flush_when_idle),
+            ),
         };
         if io_queue && self.coalescing.mode != CoalesceMode::Off {
             Box::new(Coalesced::new(inner, self.coalescing))
@@ -476,11 +496,14 @@ impl Freight {
 /// PDUs keep their order within a freight; a CapsuleResp whose command still
 /// has C2HData in the data freight joins that freight behind its data, so no
 /// command's PDUs are ever reordered. Control PDUs flush everything first.
+/// With `flush_when_idle`, [`SendScheduler::idle`] flushes every freight,
+/// latency first.
 #[derive(Debug)]
 pub struct Freighted {
     freights: Vec<Freight>,
     weights: Weights,
     isolated: bool,
+    flush_when_idle: bool,
     /// Encoding space for PDUs whose freight is decided at commit.
     staging: Vec<u8>,
     /// Inline length of each freight's buffer when the PDU being encoded
@@ -504,6 +527,7 @@ impl Freighted {
                 data: 1,
             },
             isolated: false,
+            flush_when_idle: false,
             staging: Vec::new(),
             marks: [0; 2],
             open: [false; 2],
@@ -517,12 +541,19 @@ impl Freighted {
             freights: vec![Freight::new(latency), Freight::new(data)],
             weights,
             isolated: true,
+            flush_when_idle: false,
             staging: Vec::new(),
             marks: [0; 2],
             open: [false; 2],
             due: OutBuf::default(),
             stats: SendStats::default(),
         }
+    }
+
+    /// Also flushes every freight when the queue goes idle.
+    pub fn flushing_when_idle(mut self, on: bool) -> Self {
+        self.flush_when_idle = on;
+        self
     }
 
     fn weight(&self, class: PduClass) -> u32 {
@@ -730,6 +761,19 @@ impl SendScheduler for Freighted {
         }
     }
 
+    fn idle(&mut self, now: Instant) {
+        debug_assert!(
+            !self.open.iter().any(|o| *o),
+            "idle while a PDU is being encoded"
+        );
+        if self.flush_when_idle {
+            // Priority order, as for timers: the latency freight first.
+            for i in 0..self.freights.len() {
+                self.flush(i, FlushReason::Idle, now);
+            }
+        }
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         self.freights.iter().filter_map(|f| f.deadline()).min()
     }
@@ -875,6 +919,12 @@ impl SendScheduler for Coalesced {
             self.release_all(now);
         }
         self.inner.poll(now);
+    }
+
+    fn idle(&mut self, now: Instant) {
+        // Held responses wait for the coalescer's own triggers; what the
+        // inner scheduler holds may go.
+        self.inner.idle(now);
     }
 
     fn next_deadline(&self) -> Option<Instant> {
@@ -1084,6 +1134,61 @@ mod tests {
         put(&mut s, PduClass::Data, 1, 0, 4096, t0);
         assert_eq!(s.due().len(), 4096);
         assert_eq!(s.stats().reason(FlushReason::Size), 1);
+    }
+
+    #[test]
+    fn idle_flushes_held_freights_only_when_asked_latency_first() {
+        let t0 = Instant::now();
+        let iso = || {
+            Freighted::isolated(
+                fp(512, 8, 25),
+                fp(65536, 16, 75),
+                Weights {
+                    r2t: 3,
+                    response: 2,
+                    data: 1,
+                },
+            )
+        };
+        // Off (the papers' containers): idle changes nothing.
+        let mut s = iso();
+        put(&mut s, PduClass::Data, 2, 0, 4120, t0);
+        put(&mut s, PduClass::Response, 1, 1, 24, t0);
+        s.idle(t0 + US);
+        assert!(s.due().is_empty());
+        assert_eq!(s.next_deadline(), Some(t0 + 25 * US));
+        // On: both freights leave at once, the latency freight's first,
+        // each as one flush with its reason.
+        let mut s = iso().flushing_when_idle(true);
+        put(&mut s, PduClass::Data, 2, 0, 4120, t0);
+        put(&mut s, PduClass::Response, 1, 1, 24, t0);
+        put(&mut s, PduClass::R2t, 3, 2, 24, t0);
+        s.idle(t0 + 2 * US);
+        assert_eq!(s.next_deadline(), None);
+        assert_eq!(s.backlog_bytes(), s.due_len());
+        let (mut out, mut pend) = (Vec::new(), Vec::new());
+        drain(&mut s, &mut out, &mut pend);
+        let seqs: Vec<u32> = out.iter().map(|r| r.2).collect();
+        assert_eq!(seqs, vec![1, 2, 0], "latency freight ahead of the data");
+        let st = s.stats();
+        assert_eq!(st.reason(FlushReason::Idle), 2);
+        assert_eq!(st.flushes, 2);
+        assert_eq!(st.wait_ns_latency, 2 * 2000, "two PDUs waited 2 µs");
+        // Empty freights make no flush.
+        s.idle(t0 + 3 * US);
+        assert_eq!(s.stats().flushes, 2);
+        // Through the configuration, unified too.
+        let c = SendConfig {
+            scheduler: SchedulerKind::Unified,
+            flush_when_idle: true,
+            ..SendConfig::default()
+        };
+        let mut s = c.build(true);
+        put(&mut *s, PduClass::Response, 1, 0, 24, t0);
+        assert!(s.due().is_empty());
+        s.idle(t0);
+        assert_eq!(s.due().len(), 24);
+        assert_eq!(s.stats().reason(FlushReason::Idle), 1);
     }
 
     #[test]
@@ -1297,6 +1402,7 @@ mod tests {
         Advance(u16),
         Consume(u16),
         Control,
+        Idle,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1312,6 +1418,7 @@ mod tests {
             (0u16..120).prop_map(Op::Advance),
             (0u16..9000).prop_map(Op::Consume),
             Just(Op::Control),
+            Just(Op::Idle),
         ]
     }
 
@@ -1324,8 +1431,9 @@ mod tests {
             1u32..4,
             0u8..4,
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(k, size, degree, timer, w, co, ooo)| {
+            .prop_map(|(k, size, degree, timer, w, co, ooo, idle)| {
                 let p = fp(size, degree, timer);
                 SendConfig {
                     scheduler: [
@@ -1341,6 +1449,7 @@ mod tests {
                         response: w,
                         data: 1,
                     },
+                    flush_when_idle: idle,
                     coalescing: CoalesceConfig {
                         mode: [
                             CoalesceMode::Off,
@@ -1428,6 +1537,17 @@ mod tests {
                         put(&mut *s, PduClass::Control, 0, seq, 24, now);
                         sent.push((0, PduClass::Control as u8, seq));
                         seq += 1;
+                    }
+                    Op::Idle => {
+                        let before = s.stats();
+                        s.idle(now);
+                        if cfg.flush_when_idle && cfg.coalescing.mode == CoalesceMode::Off {
+                            // Nothing stays held once the queue is idle.
+                            prop_assert_eq!(s.backlog_bytes(), s.due_len());
+                        }
+                        if !cfg.flush_when_idle {
+                            prop_assert_eq!(s.stats(), before, "idle moved PDUs while off");
+                        }
                     }
                 }
                 prop_assert_eq!(s.due_copy().len(), s.due_len());

@@ -1,7 +1,9 @@
 //! `sluice-lab pinof-fig5`: PINoF Fig. 5, 4 KiB random I/O at QD 8 with a
 //! varying write ratio, on the fast path: i10-style batching on both sides
 //! (the paper's baseline) against the isolated scheduler on the target and
-//! on both sides, with no batching (`immediate`) for scale.
+//! on both sides, with no batching (`immediate`) for scale; then both
+//! batching settings again with containers that also flush when the queue
+//! goes idle (`send.flush_when_idle`), which this stack needs (docs/isolation.md).
 
 use super::{
     bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
@@ -15,33 +17,51 @@ use anyhow::Result;
 use sluice_proto::send::SchedulerKind;
 use std::fmt::Write as _;
 
-/// Settings: (label, target scheduler, host scheduler).
-const SETTINGS: [(&str, SchedulerKind, SchedulerKind); 4] = [
+/// Settings: (label, target scheduler, host scheduler, flush when idle).
+const SETTINGS: [(&str, SchedulerKind, SchedulerKind, bool); 6] = [
     (
         "immediate",
         SchedulerKind::Immediate,
         SchedulerKind::Immediate,
+        false,
     ),
     (
         "i10 (both sides)",
         SchedulerKind::Unified,
         SchedulerKind::Unified,
+        false,
     ),
     (
         "isolated",
         SchedulerKind::Isolated,
         SchedulerKind::Immediate,
+        false,
     ),
     (
         "isolated (both sides)",
         SchedulerKind::Isolated,
         SchedulerKind::Isolated,
+        false,
+    ),
+    (
+        "i10, idle flush (both sides)",
+        SchedulerKind::Unified,
+        SchedulerKind::Unified,
+        true,
+    ),
+    (
+        "isolated, idle flush (both sides)",
+        SchedulerKind::Isolated,
+        SchedulerKind::Isolated,
+        true,
     ),
 ];
 const IMMEDIATE: usize = 0;
 const I10: usize = 1;
 const ISOLATED: usize = 2;
 const ISOLATED_BOTH: usize = 3;
+const I10_IDLE: usize = 4;
+const ISOLATED_IDLE: usize = 5;
 
 /// Columns after the common ones.
 const TARGET_PDUS_PER_FLUSH: usize = 5;
@@ -73,7 +93,7 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "Settings (target / host send scheduler): `immediate` (no batching) on both sides; **i10 (both sides)**: `unified`, one container per queue (64 KiB, 16 PDUs, 50 µs), the i10-style baseline of the paper; `isolated` (PINoF: latency and data freights, R2T > response > data) on the target only, and on both sides. No response coalescing.\n"
+        "Settings (target / host send scheduler): `immediate` (no batching) on both sides; **i10 (both sides)**: `unified`, one container per queue (64 KiB, 16 PDUs, 50 µs), the i10-style baseline of the paper; `isolated` (PINoF: latency and data freights, R2T > response > data) on the target only, and on both sides; i10 and isolated on both sides again with containers that also flush when their queue goes idle (`idle flush`: the target's worker has read all its input this turn, the host has submitted its batch). No response coalescing.\n"
     );
     for (bname, backend) in a.backends(ram(), ssd()) {
         // [write idx][setting][repeat]
@@ -87,15 +107,18 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
         for w in writes {
             let settings: Vec<Setting> = SETTINGS
                 .iter()
-                .map(|(label, target, host)| {
+                .map(|(label, target, host, idle)| {
                     let mut b = bench_args(a.runtime);
                     b.rw = sluice_bench::RwMode::RandRw;
                     b.rwmixread = 100 - w;
                     b.qd = 8;
                     b.send_scheduler = *host;
+                    b.send_flush_when_idle = *idle;
+                    let mut send = configs::send(*target);
+                    send.flush_when_idle = *idle;
                     Setting {
                         label: (*label).to_string(),
-                        send: configs::send(*target),
+                        send,
                         bench: b,
                     }
                 })
@@ -145,6 +168,29 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
                 rs(ISOLATED, IMMEDIATE, IOPS),
             );
         }
+        let _ = writeln!(
+            md,
+            "\nWith containers that also flush when their queue goes idle (`send.flush_when_idle`, both sides): the isolated path against i10 as the paper runs it, against i10 flushing when idle too (what separation itself buys), and against no batching.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| writes | mean lat iso-idle/i10 | p99 iso-idle/i10 | IOPS iso-idle/i10 | mean lat iso-idle/i10-idle | p99 iso-idle/i10-idle | mean lat iso-idle/imm | IOPS iso-idle/imm |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        for (w, r) in writes.iter().zip(&res) {
+            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
+            let _ = writeln!(
+                md,
+                "| {w}% | {} | {} | {} | {} | {} | {} | {} |",
+                rs(ISOLATED_IDLE, I10, MEAN_US),
+                rs(ISOLATED_IDLE, I10, P99_US),
+                rs(ISOLATED_IDLE, I10, IOPS),
+                rs(ISOLATED_IDLE, I10_IDLE, MEAN_US),
+                rs(ISOLATED_IDLE, I10_IDLE, P99_US),
+                rs(ISOLATED_IDLE, IMMEDIATE, MEAN_US),
+                rs(ISOLATED_IDLE, IMMEDIATE, IOPS),
+            );
+        }
         let _ = writeln!(md);
         let xs: Vec<String> = writes.iter().map(|w| format!("{w}%")).collect();
         let tag = if bname == "RAM" { "ram" } else { "ssd" };
@@ -152,7 +198,7 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
             SETTINGS
                 .iter()
                 .enumerate()
-                .map(|(si, (label, _, _))| {
+                .map(|(si, (label, _, _, _))| {
                     (
                         (*label).to_string(),
                         res.iter().map(|r| med(&r[si], k)).collect(),

@@ -290,6 +290,14 @@ impl QueueConnection {
         self.maybe_finish_close();
     }
 
+    /// The I/O layer reads no more of this queue's input this turn (all
+    /// of it is read, or reading waits on back-pressure or a throttle): a
+    /// send path that flushes when idle (`send.flush_when_idle`) makes
+    /// what its containers hold due.
+    pub fn handle_idle(&mut self, now: Instant) {
+        self.out.tx.idle(now);
+    }
+
     /// When the send path must next be polled (a held PDU's deadline).
     pub fn send_deadline(&self) -> Option<Instant> {
         self.out.tx.next_deadline()

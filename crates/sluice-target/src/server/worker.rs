@@ -478,6 +478,10 @@ impl Worker {
             if e.read_ready && e.conn.wants_read() && !throttled {
                 work |= read_conn(e, now);
             }
+            if !(e.read_ready && e.conn.wants_read() && !throttled) {
+                // No more input this turn: the end of the batch.
+                e.conn.handle_idle(now);
+            }
             if !e.write_blocked && !e.conn.due().is_empty() {
                 work |= write_conn(e, now);
             }
