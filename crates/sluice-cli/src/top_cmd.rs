@@ -100,6 +100,13 @@ pub fn render_view(s: &sluice_control::pb::ViewSnapshot, names: &BTreeMap<u64, S
                 l.share * 100.0
             ));
         }
+        // Samples past the drive's limits: someone is missing above.
+        if v.untracked_volume_samples > 0 || v.untracked_session_samples > 0 {
+            out.push_str(&format!(
+                "  untracked samples: {} past the volume limit, {} past the session limit\n",
+                v.untracked_volume_samples, v.untracked_session_samples
+            ));
+        }
     }
     let r = s.report.clone().unwrap_or_default();
     out.push_str(&format!("epoch {}: ", r.epoch));
@@ -278,6 +285,7 @@ mod tests {
                         share: 0.25,
                     },
                 ],
+                untracked_volume_samples: 12,
                 ..pb::EntityView::default()
             }],
             report: None,
@@ -294,6 +302,11 @@ mod tests {
         // A volume the listing did not name shows its id.
         assert!(
             lines[3].starts_with("  volume v0 ") && lines[3].ends_with("25%"),
+            "{out}"
+        );
+        // Samples past the drive's limits are said under it.
+        assert_eq!(
+            lines[4], "  untracked samples: 12 past the volume limit, 0 past the session limit",
             "{out}"
         );
     }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
-use sluice_admin::metrics::{gauge, gauges, Esc};
+use sluice_admin::metrics::{counters, gauge, gauges, Esc};
 use sluice_flint::auction::{Bid, Grants};
 use sluice_flint::view::{Ack, Notification, SampleBatch, ViewError, ViewSnapshot};
 use sluice_flint::{Arbiter, AuctionConfig, Entity, ViewController, ViewControllerConfig};
@@ -559,6 +559,18 @@ impl Collector for ViewCollector {
             drives
                 .iter()
                 .map(|(n, v)| ([("drive", Esc(n))], v.headroom_bytes_per_sec)),
+        )?;
+        counters(
+            e,
+            "sluice_view_drive_untracked_samples",
+            "Samples counted for the drive but not for their volume (past 256 volumes) or session (past 1024 sessions an epoch): nonzero means the per-volume view and the auction's contention miss someone.",
+            None,
+            drives.iter().flat_map(|(n, v)| {
+                [
+                    ([("drive", Esc(n)), ("limit", Esc("volumes"))], v.untracked.volume_samples),
+                    ([("drive", Esc(n)), ("limit", Esc("sessions"))], v.untracked.session_samples),
+                ]
+            }),
         )?;
         // Who loads each drive: its heaviest volumes (a bounded number per
         // drive, so the label set stays small).

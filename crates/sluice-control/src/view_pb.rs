@@ -5,8 +5,8 @@
 use sluice_flint::auction::{Bid, Grant, Grants, SessionBid, BID_SESSIONS_MAX};
 use sluice_flint::bottleneck::{BottleneckReport, Bound, Session};
 use sluice_flint::view::{
-    Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, ViewSnapshot, VolumeLoad,
-    VOLUMES_IN_VIEW_MAX,
+    Ack, EntityView, IoSample, Notification, SampleBatch, Subscription, Untracked, ViewSnapshot,
+    VolumeLoad, VOLUMES_IN_VIEW_MAX,
 };
 use sluice_flint::{Entity, WindowStats};
 
@@ -296,6 +296,8 @@ pub fn entity_view_to_pb(v: &EntityView) -> pb::EntityView {
                 share: l.share,
             })
             .collect(),
+        untracked_volume_samples: v.untracked.volume_samples,
+        untracked_session_samples: v.untracked.session_samples,
     }
 }
 
@@ -330,6 +332,10 @@ pub fn entity_view_from_pb(v: &pb::EntityView) -> Result<EntityView, BadView> {
                 },
             })
             .collect(),
+        untracked: Untracked {
+            volume_samples: v.untracked_volume_samples,
+            session_samples: v.untracked_session_samples,
+        },
     })
 }
 
@@ -537,6 +543,10 @@ mod tests {
                         share: 0.2,
                     },
                 ],
+                untracked: Untracked {
+                    volume_samples: 3,
+                    session_samples: 41,
+                },
             }],
             report: BottleneckReport {
                 epoch: 4,

@@ -310,6 +310,11 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
     let share =
         format!("sluice_view_drive_volume_share{{drive=\"{d_slow}\",volume=\"{a_slow_id}\"}} ");
     assert!(m.body.contains(&share), "{}", m.body);
+    // Two volumes on the drive: nothing past the limits.
+    let untracked = format!(
+        "sluice_view_drive_untracked_samples_total{{drive=\"{d_slow}\",limit=\"volumes\"}} 0"
+    );
+    assert!(m.body.contains(&untracked), "{}", m.body);
     // The rebuilder's progress is served beside the view.
     for family in [
         "sluice_rebuild_degraded_extents ",

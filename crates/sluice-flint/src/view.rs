@@ -141,6 +141,10 @@ pub struct EntityView {
     /// first (at most [`VOLUMES_IN_VIEW_MAX`]).
     #[serde(default)]
     pub volumes: Vec<VolumeLoad>,
+    /// Drives only: samples past the per-drive limits since the drive was
+    /// added (counted for the drive, not for their volume or session).
+    #[serde(default)]
+    pub untracked: Untracked,
 }
 
 /// One volume's part of a drive's load in the window.
@@ -339,6 +343,21 @@ struct DriveState {
     path_delay_us: Option<f64>,
     /// Each volume's own I/O to the drive (who loads it).
     volumes: BTreeMap<u64, Window>,
+    /// Samples past the limits, counted for the drive only.
+    untracked: Untracked,
+}
+
+/// A drive's samples that counted for the drive but not for their volume
+/// or session, because the drive already tracked as many as it may: what
+/// tells an operator that the per-volume view and the auction's
+/// per-session contention are missing someone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Untracked {
+    /// Samples of a volume beyond [`VOLUMES_PER_DRIVE_MAX`] in the window.
+    pub volume_samples: u64,
+    /// Samples of a session (client and volume) beyond the sessions whose
+    /// contention a drive keeps per epoch (1024).
+    pub session_samples: u64,
 }
 
 /// `part`'s share of `all`: of the bytes when `all` moved any, else of the
@@ -470,6 +489,7 @@ impl ViewController {
                     target: None,
                     path_delay_us: None,
                     volumes: BTreeMap::new(),
+                    untracked: Untracked::default(),
                 },
             );
         }
@@ -547,13 +567,15 @@ impl ViewController {
             let bytes = u64::from(s.bytes);
             if d.c.window.record(at, bytes, latency, excess, s.write) {
                 // A volume past the limit counts for the drive only.
-                if let Some(volume) = s.volume.filter(|v| {
-                    d.volumes.len() < VOLUMES_PER_DRIVE_MAX || d.volumes.contains_key(v)
-                }) {
-                    d.volumes
-                        .entry(volume)
-                        .or_insert_with(|| Window::new(span))
-                        .record(at, bytes, latency, excess, s.write);
+                if let Some(volume) = s.volume {
+                    if d.volumes.len() < VOLUMES_PER_DRIVE_MAX || d.volumes.contains_key(&volume) {
+                        d.volumes
+                            .entry(volume)
+                            .or_insert_with(|| Window::new(span))
+                            .record(at, bytes, latency, excess, s.write);
+                    } else {
+                        d.untracked.volume_samples += 1;
+                    }
                 }
                 d.c.counter += 1;
                 let t = &mut d.since_take;
@@ -569,7 +591,7 @@ impl ViewController {
                             volumes.insert(s.volume, (1, contention));
                             t.sessions += 1;
                         }
-                        None => {}
+                        None => d.untracked.session_samples += 1,
                     }
                 } else if room {
                     t.contention.insert(
@@ -577,6 +599,8 @@ impl ViewController {
                         BTreeMap::from([(s.volume, (1, contention))]),
                     );
                     t.sessions += 1;
+                } else {
+                    d.untracked.session_samples += 1;
                 }
                 *applied.entry(Entity::Drive(s.drive)).or_default() += 1;
                 let port = d.port.clone();
@@ -837,6 +861,7 @@ impl ViewController {
             target: None,
             path_delay_us: None,
             volumes: Vec::new(),
+            untracked: Untracked::default(),
         };
         match e {
             Entity::NetPipe(c) => self.clients.get(c).map(|c| EntityView {
@@ -859,6 +884,7 @@ impl ViewController {
                     v.truncate(VOLUMES_IN_VIEW_MAX);
                     v
                 },
+                untracked: d.untracked,
                 ..plain(&d.c)
             }),
         }
@@ -1462,6 +1488,10 @@ mod tests {
         assert_eq!(v.stats.ios, n, "every sample counts for the drive");
         assert_eq!(v.volumes.len(), VOLUMES_IN_VIEW_MAX);
         assert_eq!(
+            v.untracked.volume_samples, 10,
+            "the samples of the 10 volumes past the limit are counted"
+        );
+        assert_eq!(
             c.volume_share(1, n - 1, 2_000),
             Some(0.0),
             "a volume past the limit is not tracked"
@@ -1684,6 +1714,12 @@ mod tests {
         assert_eq!(d1.ios, 4 * n);
         let listed: usize = d1.contention_by_session.values().map(BTreeMap::len).sum();
         assert_eq!(listed, SESSIONS_PER_DRIVE_MAX);
+        let v = c.entity_view(&Entity::Drive(1), 200).expect("drive 1");
+        assert_eq!(
+            v.untracked.session_samples,
+            4 * 10,
+            "the 10 sessions past the limit, 4 samples each, are counted"
+        );
     }
 
     #[test]
