@@ -3,7 +3,8 @@
 //! three connections to one registry, each driven through ICReq, Connect,
 //! Property Set, admin and I/O capsules, H2CData answering (or mangling) the
 //! R2Ts it got, raw bytes, split feeds, stalled backends and jumps of the
-//! virtual clock.
+//! virtual clock. One subsystem's queues send at once, the other's through
+//! PINoF's freights flushing when idle.
 //!
 //! Each step is an opcode byte and its fields (missing bytes read as zero).
 //! Checked after every step:
@@ -27,6 +28,7 @@ use sluice_proto::fabrics::{
     cc, fctype, prop, AuthCommand, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
 };
 use sluice_proto::framer::Framer;
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::pdu::{
     encode_pdu, DataHeader, Direction, IcReq, PduHeader, R2t, TermReq, TxParams,
 };
@@ -178,7 +180,9 @@ impl Conn {
                 "backend in flight {}",
                 self.q.backend_in_flight()
             );
-            let due = self.q.due().to_vec();
+            // The fuzzed host's bytes are all fed: the turn's input is done.
+            self.q.handle_idle(*now);
+            let due = self.q.due_copy();
             if !due.is_empty() {
                 progress = true;
                 self.q.consume(due.len(), *now);
@@ -258,7 +262,17 @@ fn registry() -> Arc<Registry> {
     let settings = TargetSettings::default()
         .with_inline_data_bytes(8192)
         .with_max_h2c_data_bytes(4096)
-        .with_max_c2h_data_bytes(4096);
+        .with_max_c2h_data_bytes(4096)
+        // The open subsystem's queues batch in PINoF's freights, flushing
+        // when idle; the other's send at once.
+        .with_subsystem_send(
+            OPEN_SUBNQN,
+            SendConfig {
+                scheduler: SchedulerKind::Isolated,
+                flush_when_idle: true,
+                ..SendConfig::default()
+            },
+        );
     let cfg = Config::default()
         .with_target(settings)
         .with_subsystem(

@@ -202,8 +202,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "immediate")]
     pub send_scheduler: SchedulerKind,
     /// With `unified` or `isolated`: containers also flush when the queue
-    /// has nothing more to send this turn (`send.flush_when_idle`).
-    #[arg(long)]
+    /// has nothing more to send this turn (`send.flush_when_idle`); false
+    /// holds them for their triggers, as the papers do.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub send_flush_when_idle: bool,
 }
 
@@ -292,7 +293,7 @@ impl BenchArgs {
             urgent: false,
             batch: false,
             send_scheduler: SchedulerKind::Immediate,
-            send_flush_when_idle: false,
+            send_flush_when_idle: true,
         }
     }
 }

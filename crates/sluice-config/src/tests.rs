@@ -269,7 +269,7 @@ fn toml_round_trip() {
         mdts_bytes = "256k"
         write_zeroes_bytes_max = "64k"
         send_scheduler = "isolated"
-        send = {{ latency_size = "1k", data_degree = 4, flush_when_idle = true }}
+        send = {{ latency_size = "1k", data_degree = 4, flush_when_idle = false }}
         coalescing = {{ mode = "static", threshold = 4, timeout_us = 20, urgent = "flush-all" }}
         [[subsystem]]
         nqn = "nqn.2026-11.io.sluice:a"
@@ -300,8 +300,8 @@ fn toml_round_trip() {
     );
     let c = Config::from_toml(&text).unwrap();
     assert_eq!(c.target.write_zeroes_bytes_max, Some(64 << 10));
-    assert!(c.target.send.flush_when_idle);
-    assert!(!Config::default().target.send.flush_when_idle);
+    assert!(!c.target.send.flush_when_idle);
+    assert!(Config::default().target.send.flush_when_idle);
     let written = c.to_toml().unwrap();
     assert_eq!(Config::from_toml(&written), Ok(c.clone()), "{written}");
     // Also through JSON (serde, not just TOML).

@@ -436,6 +436,7 @@ async fn a_held_pdu_leaves_at_its_freight_timer_while_the_owner_sleeps() {
     let t = RealTarget::start();
     let mut send = SendConfig {
         scheduler: SchedulerKind::Unified,
+        flush_when_idle: false,
         ..SendConfig::default()
     };
     // One command never fills the container: only its timer sends it.

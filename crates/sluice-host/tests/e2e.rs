@@ -283,13 +283,11 @@ async fn reconnects_and_retries_after_connection_loss() {
     c.disconnect(Duration::from_secs(1)).await;
 }
 
-/// The full round trip with every completion coalescing mode on the host's
-/// wake-up path (held completions are released by threshold, timer, urgent
-/// or barrier; nothing is lost), plus concurrent hinted I/O.
 /// The host's send schedulers (`sluice_proto::send`): the full round trip (in-capsule,
 /// R2T-split and MDTS-split writes, reads, admin) plus concurrent mixed I/O
 /// in every mode, paper defaults and with millisecond timers that only the
-/// timer trigger can flush (a lone held PDU must still leave).
+/// timer trigger can flush (a lone held PDU must still leave), those also
+/// flushing when idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_every_send_mode() {
     use sluice_proto::send::{FreightParams, SchedulerKind, SendConfig};
@@ -310,13 +308,16 @@ async fn round_trip_every_send_mode() {
         });
     }
     for k in [SchedulerKind::Unified, SchedulerKind::Isolated] {
-        modes.push(SendConfig {
-            scheduler: k,
-            unified: slow,
-            latency: slow,
-            data: slow,
-            ..SendConfig::default()
-        });
+        for flush_when_idle in [false, true] {
+            modes.push(SendConfig {
+                scheduler: k,
+                unified: slow,
+                latency: slow,
+                data: slow,
+                flush_when_idle,
+                ..SendConfig::default()
+            });
+        }
     }
     for send in modes {
         let o = ConnectOptions { send, ..opts() };
@@ -370,6 +371,9 @@ async fn round_trip_every_send_mode() {
     assert!(e.to_string().contains("data_size"), "{e}");
 }
 
+/// The full round trip with every completion coalescing mode on the host's
+/// wake-up path (held completions are released by threshold, timer, urgent
+/// or barrier; nothing is lost), plus concurrent hinted I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_every_coalescing_mode() {
     use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode};

@@ -362,6 +362,8 @@ pub fn ssd() -> NamespaceConfig {
 pub fn send(scheduler: SchedulerKind) -> SendConfig {
     SendConfig {
         scheduler,
+        // The papers' containers: they flush on their triggers only.
+        flush_when_idle: false,
         ..SendConfig::default()
     }
 }

@@ -163,13 +163,18 @@ fn every_parameter_combination_reads_back() {
                             // Depth, MAXH2CDATA and C2HData size cycle with
                             // the case number, so every value meets every
                             // scheduler and every in-capsule size.
+                            // Containers flush when idle in every other case.
+                            let mut target_send = send_config(ts, co);
+                            let mut host_send = send_config(hs, Coalescing::Off);
+                            target_send.flush_when_idle = cases % 2 == 0;
+                            host_send.flush_when_idle = cases % 2 == 0;
                             let p = Params {
                                 hdr_digest: digests & 1 != 0,
                                 data_digest: digests & 2 != 0,
                                 in_capsule_bytes: in_capsule,
                                 c2h_success,
-                                target_send: send_config(ts, co),
-                                host_send: send_config(hs, Coalescing::Off),
+                                target_send,
+                                host_send,
                                 depth: [2, 5, 32][cases % 3],
                                 max_h2c_data_bytes: [4096, 8192, 131072][(cases / 3) % 3],
                                 max_c2h_data_bytes: [4096, 65536][(cases / 9) % 2],
@@ -282,12 +287,18 @@ proptest! {
 /// scheduling.
 #[test]
 fn runs_are_deterministic() {
+    // Containers that hold PDUs for their timers (not flushing when idle),
+    // so that virtual time moves.
+    let mut target_send = send_config(SchedulerKind::Isolated, Coalescing::Adaptive);
+    let mut host_send = send_config(SchedulerKind::Unified, Coalescing::Off);
+    target_send.flush_when_idle = false;
+    host_send.flush_when_idle = false;
     let p = Params {
         hdr_digest: true,
         data_digest: true,
         in_capsule_bytes: 4096,
-        target_send: send_config(SchedulerKind::Isolated, Coalescing::Adaptive),
-        host_send: send_config(SchedulerKind::Unified, Coalescing::Off),
+        target_send,
+        host_send,
         depth: 8,
         max_h2c_data_bytes: 8192,
         ..Params::default()

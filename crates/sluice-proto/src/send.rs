@@ -337,8 +337,9 @@ pub struct SendConfig {
     /// `unified` and `isolated`: a container also flushes when its queue
     /// goes idle ([`SendScheduler::idle`]), so batching only groups what
     /// one turn produces and never holds a PDU for its timer when nothing
-    /// else is coming. Off: containers wait for their triggers (the
-    /// papers' i10 and PINoF).
+    /// else is coming (on by default: docs/isolation.md measures why).
+    /// Off: containers wait for their triggers, as the papers' i10 and
+    /// PINoF define them.
     pub flush_when_idle: bool,
     /// Completion coalescing of CapsuleResps on I/O queues.
     pub coalescing: CoalesceConfig,
@@ -368,7 +369,7 @@ impl Default for SendConfig {
                 response: 2,
                 data: 1,
             },
-            flush_when_idle: false,
+            flush_when_idle: true,
             coalescing: CoalesceConfig::default(),
         }
     }

@@ -173,6 +173,8 @@ workers = 1
 shutdown_drain_ms = 2000
 send_scheduler = "{scheduler}"
 [target.send]
+# Containers did not flush when idle before the key existed.
+flush_when_idle = false
 {send}
 [target.coalescing]
 mode = "{}"
