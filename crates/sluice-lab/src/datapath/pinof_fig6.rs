@@ -1,6 +1,8 @@
 //! `sluice-lab pinof-fig6`: PINoF Fig. 6, random writes at QD 8 from 4 KiB
 //! to 128 KiB on the fast path: the isolated scheduler with and without
-//! priorities (Nprio), and i10-style batching on both sides.
+//! priorities (Nprio), and i10-style batching on both sides, with the
+//! papers' containers; then both isolated settings again with freights that
+//! flush when their queue goes idle (`send.flush_when_idle`, the default).
 
 use super::{
     bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
@@ -17,10 +19,14 @@ use std::fmt::Write as _;
 const PRIO: usize = 0;
 const NPRIO: usize = 1;
 const I10: usize = 2;
-const LABELS: [&str; 3] = [
+const PRIO_IDLE: usize = 3;
+const NPRIO_IDLE: usize = 4;
+const LABELS: [&str; 5] = [
     "isolated (priorities)",
     "isolated Nprio",
     "i10 (both sides)",
+    "isolated (priorities), idle flush",
+    "isolated Nprio, idle flush",
 ];
 
 /// Columns after the common ones.
@@ -50,7 +56,7 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "Nprio = `weight_r2t = weight_response = weight_data = 1`, latency freight 64 KiB / 16 (data freight is 64 KiB / 16 already). The two isolated settings run on the target (host `immediate`); i10 = `unified` on both sides. Writes above 8 KiB go by R2T.\n"
+        "Nprio = `weight_r2t = weight_response = weight_data = 1`, latency freight 64 KiB / 16 (data freight is 64 KiB / 16 already). The isolated settings run on the target (host `immediate`); i10 = `unified` on both sides. The first three hold PDUs for their triggers (the papers' containers); the two `idle flush` settings also flush when the queue goes idle (`send.flush_when_idle`, the default). Writes above 8 KiB go by R2T.\n"
     );
     for (bname, backend) in a.backends(ram(), ssd()) {
         let mut res: Vec<Vec<Vec<Figures>>> = Vec::new();
@@ -61,6 +67,10 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
         for kib in sizes {
+            let idle = |mut s: sluice_proto::send::SendConfig| {
+                s.flush_when_idle = true;
+                s
+            };
             let sends = [
                 (
                     configs::send(SchedulerKind::Isolated),
@@ -71,6 +81,11 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
                     configs::send(SchedulerKind::Unified),
                     SchedulerKind::Unified,
                 ),
+                (
+                    idle(configs::send(SchedulerKind::Isolated)),
+                    SchedulerKind::Immediate,
+                ),
+                (idle(nprio()), SchedulerKind::Immediate),
             ];
             let mut settings = Vec::new();
             for (label, (send, host)) in LABELS.iter().zip(sends) {
@@ -79,6 +94,8 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
                 b.qd = 8;
                 b.bs = format!("{kib}k").parse().map_err(anyhow::Error::msg)?;
                 b.send_scheduler = host;
+                // The host's i10 container keeps the papers' triggers.
+                b.send_flush_when_idle = false;
                 settings.push(Setting {
                     label: (*label).to_string(),
                     send,
@@ -124,6 +141,28 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
                 rs(PRIO, I10, IOPS),
                 rs(PRIO, I10, MEAN_US),
                 rs(PRIO, I10, P99_US),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nWith freights that also flush when the queue goes idle (the default): priorities against Nprio then, and each against its papers' container.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| block | IOPS prio-idle/Nprio-idle | mean lat prio-idle/Nprio-idle | IOPS prio-idle/prio | mean lat prio-idle/prio | p99 prio-idle/prio | IOPS Nprio-idle/Nprio |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        for (kib, r) in sizes.iter().zip(&res) {
+            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
+            let _ = writeln!(
+                md,
+                "| {kib} KiB | {} | {} | {} | {} | {} | {} |",
+                rs(PRIO_IDLE, NPRIO_IDLE, IOPS),
+                rs(PRIO_IDLE, NPRIO_IDLE, MEAN_US),
+                rs(PRIO_IDLE, PRIO, IOPS),
+                rs(PRIO_IDLE, PRIO, MEAN_US),
+                rs(PRIO_IDLE, PRIO, P99_US),
+                rs(NPRIO_IDLE, NPRIO, IOPS),
             );
         }
         let _ = writeln!(md);
