@@ -1099,6 +1099,20 @@ mod tests {
         }
     }
 
+    /// The isolated scheduler with PINoF's freights and weights (the
+    /// defaults of `SendConfig`), holding PDUs for their triggers.
+    fn pinof() -> Freighted {
+        Freighted::isolated(
+            fp(512, 8, 25),
+            fp(65536, 16, 75),
+            Weights {
+                r2t: 3,
+                response: 2,
+                data: 1,
+            },
+        )
+    }
+
     #[test]
     fn unified_degree_fires_exactly_at_the_degree() {
         let t0 = Instant::now();
@@ -1140,19 +1154,8 @@ mod tests {
     #[test]
     fn idle_flushes_held_freights_only_when_asked_latency_first() {
         let t0 = Instant::now();
-        let iso = || {
-            Freighted::isolated(
-                fp(512, 8, 25),
-                fp(65536, 16, 75),
-                Weights {
-                    r2t: 3,
-                    response: 2,
-                    data: 1,
-                },
-            )
-        };
         // Off (the papers' containers): idle changes nothing.
-        let mut s = iso();
+        let mut s = pinof();
         put(&mut s, PduClass::Data, 2, 0, 4120, t0);
         put(&mut s, PduClass::Response, 1, 1, 24, t0);
         s.idle(t0 + US);
@@ -1160,7 +1163,7 @@ mod tests {
         assert_eq!(s.next_deadline(), Some(t0 + 25 * US));
         // On: both freights leave at once, the latency freight's first,
         // each as one flush with its reason.
-        let mut s = iso().flushing_when_idle(true);
+        let mut s = pinof().flushing_when_idle(true);
         put(&mut s, PduClass::Data, 2, 0, 4120, t0);
         put(&mut s, PduClass::Response, 1, 1, 24, t0);
         put(&mut s, PduClass::R2t, 3, 2, 24, t0);
@@ -1195,15 +1198,7 @@ mod tests {
     #[test]
     fn timer_fires_exactly_at_the_deadline() {
         let t0 = Instant::now();
-        let mut s = Freighted::isolated(
-            fp(512, 8, 25),
-            fp(65536, 16, 75),
-            Weights {
-                r2t: 3,
-                response: 2,
-                data: 1,
-            },
-        );
+        let mut s = pinof();
         put(&mut s, PduClass::Response, 1, 0, 24, t0);
         put(&mut s, PduClass::Data, 2, 1, 4120, t0 + US);
         assert_eq!(s.next_deadline(), Some(t0 + 25 * US));
@@ -1223,12 +1218,7 @@ mod tests {
     #[test]
     fn weights_make_r2t_and_responses_flush_first() {
         let t0 = Instant::now();
-        let w = Weights {
-            r2t: 3,
-            response: 2,
-            data: 1,
-        };
-        let mut s = Freighted::isolated(fp(512, 8, 25), fp(65536, 16, 75), w);
+        let mut s = pinof();
         put(&mut s, PduClass::R2t, 1, 0, 24, t0);
         put(&mut s, PduClass::R2t, 2, 1, 24, t0);
         assert!(s.due().is_empty());
@@ -1263,12 +1253,7 @@ mod tests {
     #[test]
     fn priorities_reorder_freights_but_never_a_command() {
         let t0 = Instant::now();
-        let w = Weights {
-            r2t: 3,
-            response: 2,
-            data: 1,
-        };
-        let mut s = Freighted::isolated(fp(512, 8, 25), fp(65536, 16, 75), w);
+        let mut s = pinof();
         let (mut out, mut pend) = (Vec::new(), Vec::new());
         // Read 1: data then its response; the response joins the data freight.
         put(&mut s, PduClass::Data, 1, 0, 4120, t0);
@@ -1297,15 +1282,7 @@ mod tests {
     #[test]
     fn control_flushes_everything_before_it() {
         let t0 = Instant::now();
-        let mut s = Freighted::isolated(
-            fp(512, 8, 25),
-            fp(65536, 16, 75),
-            Weights {
-                r2t: 3,
-                response: 2,
-                data: 1,
-            },
-        );
+        let mut s = pinof();
         let (mut out, mut pend) = (Vec::new(), Vec::new());
         put(&mut s, PduClass::Data, 1, 0, 100, t0);
         put(&mut s, PduClass::Response, 2, 1, 24, t0);

@@ -139,6 +139,38 @@ pub(super) fn cell(reps: &[Figures], k: usize, decimals: usize) -> String {
     spread(&col(reps, k), decimals)
 }
 
+/// One column of a ratio table: its heading, then (setting, baseline,
+/// figure): the setting's figure over the baseline's, per repeat.
+pub(super) type RatioColumn<'a> = (&'a str, usize, usize, usize);
+
+/// A table of per-repeat ratios (median (min-max)) into `md`: one row per
+/// point (`rows[i]` names `res[i]`, which is `[setting][repeat]`), one
+/// column per [`RatioColumn`], under a first column headed `first`.
+pub(super) fn ratio_table(
+    md: &mut String,
+    first: &str,
+    rows: &[String],
+    res: &[Vec<Vec<Figures>>],
+    columns: &[RatioColumn],
+) {
+    let _ = write!(md, "| {first} |");
+    for (heading, ..) in columns {
+        let _ = write!(md, " {heading} |");
+    }
+    let _ = writeln!(md, "\n|---|{}", "---|".repeat(columns.len()));
+    for (row, r) in rows.iter().zip(res) {
+        let _ = write!(md, "| {row} |");
+        for &(_, s, b, k) in columns {
+            let _ = write!(
+                md,
+                " {} |",
+                crate::report::ratio_spread(&col(&r[s], k), &col(&r[b], k))
+            );
+        }
+        let _ = writeln!(md);
+    }
+}
+
 /// The common cells of a PINoF row, in [`common_figures`]' order:
 /// `IOPS | MiB/s | mean µs | p99 µs | I/Os per CPU-s`.
 pub(super) fn common_cells(reps: &[Figures]) -> String {

@@ -6,12 +6,12 @@
 //! goes idle (`send.flush_when_idle`), which this stack needs (docs/isolation.md).
 
 use super::{
-    bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
-    repeated, Figures, Point, Setting, IOPS, MEAN_US, MIB_S, P99_US,
+    bench_args, cell, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
+    ratio_table, repeated, Figures, Point, Setting, IOPS, MEAN_US, MIB_S, P99_US,
 };
 use crate::configs::{self, ram, ssd};
 use crate::plot;
-use crate::report::{per, ratio_spread, write};
+use crate::report::{per, write};
 use crate::DatapathArgs;
 use anyhow::Result;
 use sluice_proto::send::SchedulerKind;
@@ -148,49 +148,47 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
             md,
             "\nRatios per repeat (median (min-max)) against the i10-style baseline, and isolated against no batching.\n"
         );
-        let _ = writeln!(
-            md,
-            "| writes | mean lat iso/i10 | p99 iso/i10 | IOPS iso/i10 | mean lat iso-both/i10 | p99 iso-both/i10 | IOPS iso-both/i10 | mean lat iso/imm | IOPS iso/imm |"
+        let rows: Vec<String> = writes.iter().map(|w| format!("{w}%")).collect();
+        ratio_table(
+            &mut md,
+            "writes",
+            &rows,
+            &res,
+            &[
+                ("mean lat iso/i10", ISOLATED, I10, MEAN_US),
+                ("p99 iso/i10", ISOLATED, I10, P99_US),
+                ("IOPS iso/i10", ISOLATED, I10, IOPS),
+                ("mean lat iso-both/i10", ISOLATED_BOTH, I10, MEAN_US),
+                ("p99 iso-both/i10", ISOLATED_BOTH, I10, P99_US),
+                ("IOPS iso-both/i10", ISOLATED_BOTH, I10, IOPS),
+                ("mean lat iso/imm", ISOLATED, IMMEDIATE, MEAN_US),
+                ("IOPS iso/imm", ISOLATED, IMMEDIATE, IOPS),
+            ],
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-        for (w, r) in writes.iter().zip(&res) {
-            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
-            let _ = writeln!(
-                md,
-                "| {w}% | {} | {} | {} | {} | {} | {} | {} | {} |",
-                rs(ISOLATED, I10, MEAN_US),
-                rs(ISOLATED, I10, P99_US),
-                rs(ISOLATED, I10, IOPS),
-                rs(ISOLATED_BOTH, I10, MEAN_US),
-                rs(ISOLATED_BOTH, I10, P99_US),
-                rs(ISOLATED_BOTH, I10, IOPS),
-                rs(ISOLATED, IMMEDIATE, MEAN_US),
-                rs(ISOLATED, IMMEDIATE, IOPS),
-            );
-        }
         let _ = writeln!(
             md,
             "\nWith containers that also flush when their queue goes idle (`send.flush_when_idle`, both sides): the isolated path against i10 as the paper runs it, against i10 flushing when idle too (what separation itself buys), and against no batching.\n"
         );
-        let _ = writeln!(
-            md,
-            "| writes | mean lat iso-idle/i10 | p99 iso-idle/i10 | IOPS iso-idle/i10 | mean lat iso-idle/i10-idle | p99 iso-idle/i10-idle | mean lat iso-idle/imm | IOPS iso-idle/imm |"
+        ratio_table(
+            &mut md,
+            "writes",
+            &rows,
+            &res,
+            &[
+                ("mean lat iso-idle/i10", ISOLATED_IDLE, I10, MEAN_US),
+                ("p99 iso-idle/i10", ISOLATED_IDLE, I10, P99_US),
+                ("IOPS iso-idle/i10", ISOLATED_IDLE, I10, IOPS),
+                (
+                    "mean lat iso-idle/i10-idle",
+                    ISOLATED_IDLE,
+                    I10_IDLE,
+                    MEAN_US,
+                ),
+                ("p99 iso-idle/i10-idle", ISOLATED_IDLE, I10_IDLE, P99_US),
+                ("mean lat iso-idle/imm", ISOLATED_IDLE, IMMEDIATE, MEAN_US),
+                ("IOPS iso-idle/imm", ISOLATED_IDLE, IMMEDIATE, IOPS),
+            ],
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
-        for (w, r) in writes.iter().zip(&res) {
-            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
-            let _ = writeln!(
-                md,
-                "| {w}% | {} | {} | {} | {} | {} | {} | {} |",
-                rs(ISOLATED_IDLE, I10, MEAN_US),
-                rs(ISOLATED_IDLE, I10, P99_US),
-                rs(ISOLATED_IDLE, I10, IOPS),
-                rs(ISOLATED_IDLE, I10_IDLE, MEAN_US),
-                rs(ISOLATED_IDLE, I10_IDLE, P99_US),
-                rs(ISOLATED_IDLE, IMMEDIATE, MEAN_US),
-                rs(ISOLATED_IDLE, IMMEDIATE, IOPS),
-            );
-        }
         let _ = writeln!(md);
         let xs: Vec<String> = writes.iter().map(|w| format!("{w}%")).collect();
         let tag = if bname == "RAM" { "ram" } else { "ssd" };

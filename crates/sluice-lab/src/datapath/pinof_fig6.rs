@@ -5,12 +5,12 @@
 //! flush when their queue goes idle (`send.flush_when_idle`, the default).
 
 use super::{
-    bench_args, cell, col, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
-    repeated, Figures, Point, Setting, IOPS, MEAN_US, P99_US,
+    bench_args, cell, common_cells, common_figures, header, loadavg, med, pdus_per_flush,
+    ratio_table, repeated, Figures, Point, Setting, IOPS, MEAN_US, P99_US,
 };
 use crate::configs::{self, nprio, ram, ssd};
 use crate::plot;
-use crate::report::{per, ratio_spread, write};
+use crate::report::{per, write};
 use crate::DatapathArgs;
 use anyhow::Result;
 use sluice_proto::send::{FlushReason, SchedulerKind};
@@ -126,45 +126,43 @@ pub fn run(a: &DatapathArgs) -> Result<()> {
             md,
             "\nRatios per repeat (median (min-max)): priorities against Nprio and against i10.\n"
         );
-        let _ = writeln!(
-            md,
-            "| block | IOPS prio/Nprio | mean lat prio/Nprio | IOPS prio/i10 | mean lat prio/i10 | p99 prio/i10 |"
+        let rows: Vec<String> = sizes.iter().map(|k| format!("{k} KiB")).collect();
+        ratio_table(
+            &mut md,
+            "block",
+            &rows,
+            &res,
+            &[
+                ("IOPS prio/Nprio", PRIO, NPRIO, IOPS),
+                ("mean lat prio/Nprio", PRIO, NPRIO, MEAN_US),
+                ("IOPS prio/i10", PRIO, I10, IOPS),
+                ("mean lat prio/i10", PRIO, I10, MEAN_US),
+                ("p99 prio/i10", PRIO, I10, P99_US),
+            ],
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|");
-        for (kib, r) in sizes.iter().zip(&res) {
-            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
-            let _ = writeln!(
-                md,
-                "| {kib} KiB | {} | {} | {} | {} | {} |",
-                rs(PRIO, NPRIO, IOPS),
-                rs(PRIO, NPRIO, MEAN_US),
-                rs(PRIO, I10, IOPS),
-                rs(PRIO, I10, MEAN_US),
-                rs(PRIO, I10, P99_US),
-            );
-        }
         let _ = writeln!(
             md,
             "\nWith freights that also flush when the queue goes idle (the default): priorities against Nprio then, and each against its papers' container.\n"
         );
-        let _ = writeln!(
-            md,
-            "| block | IOPS prio-idle/Nprio-idle | mean lat prio-idle/Nprio-idle | IOPS prio-idle/prio | mean lat prio-idle/prio | p99 prio-idle/prio | IOPS Nprio-idle/Nprio |"
+        ratio_table(
+            &mut md,
+            "block",
+            &rows,
+            &res,
+            &[
+                ("IOPS prio-idle/Nprio-idle", PRIO_IDLE, NPRIO_IDLE, IOPS),
+                (
+                    "mean lat prio-idle/Nprio-idle",
+                    PRIO_IDLE,
+                    NPRIO_IDLE,
+                    MEAN_US,
+                ),
+                ("IOPS prio-idle/prio", PRIO_IDLE, PRIO, IOPS),
+                ("mean lat prio-idle/prio", PRIO_IDLE, PRIO, MEAN_US),
+                ("p99 prio-idle/prio", PRIO_IDLE, PRIO, P99_US),
+                ("IOPS Nprio-idle/Nprio", NPRIO_IDLE, NPRIO, IOPS),
+            ],
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
-        for (kib, r) in sizes.iter().zip(&res) {
-            let rs = |s: usize, b: usize, k: usize| ratio_spread(&col(&r[s], k), &col(&r[b], k));
-            let _ = writeln!(
-                md,
-                "| {kib} KiB | {} | {} | {} | {} | {} | {} |",
-                rs(PRIO_IDLE, NPRIO_IDLE, IOPS),
-                rs(PRIO_IDLE, NPRIO_IDLE, MEAN_US),
-                rs(PRIO_IDLE, PRIO, IOPS),
-                rs(PRIO_IDLE, PRIO, MEAN_US),
-                rs(PRIO_IDLE, PRIO, P99_US),
-                rs(NPRIO_IDLE, NPRIO, IOPS),
-            );
-        }
         let _ = writeln!(md);
         let xs: Vec<String> = sizes.iter().map(|k| format!("{k}K")).collect();
         let tag = if bname == "RAM" { "ram" } else { "ssd" };
