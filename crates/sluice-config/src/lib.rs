@@ -196,15 +196,38 @@ pub struct Config {
     pub tenants: TenantsConfig,
 }
 
+/// Where byte `offset` of `text` is, for a parse error: its line number
+/// and that line (so the key is named even when the parser's message, say
+/// a wrong type, does not), at most [`ERROR_LINE_CHARS_MAX`] characters.
+fn where_in(text: &str, offset: usize) -> String {
+    let Some(before) = text.get(..offset) else {
+        return format!(" at byte {offset}");
+    };
+    let line_no = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line: String = text[start..]
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .chars()
+        .take(ERROR_LINE_CHARS_MAX)
+        .collect();
+    format!(" at line {line_no}: `{line}`")
+}
+
+/// The most of a configuration line an error quotes.
+const ERROR_LINE_CHARS_MAX: usize = 120;
+
 impl Config {
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let raw: file::ConfigFile = toml::from_str(text).map_err(|e| {
-            let span = e
+            let at = e
                 .span()
-                .map(|s| format!(" at byte {}", s.start))
+                .map(|s| where_in(text, s.start))
                 .unwrap_or_default();
-            err("(file)", format!("{}{}", e.message(), span))
+            err("(file)", format!("{}{}", e.message(), at))
         })?;
         Config::try_from(raw)
     }

@@ -514,6 +514,18 @@ fn huge_pages_is_for_ram_only_and_off_by_default() {
     assert!(e.reason.contains("only for backend `ram`"), "{e}");
     let e = must_fail(&ns("ram", "huge_pages = \"yes\""), "(file)");
     assert!(e.reason.contains("expected a boolean"), "{e}");
+    // A parse error names the line, hence the key, that the parser's own
+    // message (a wrong type) does not.
+    assert!(e.reason.contains("huge_pages = \"yes\""), "{e}");
+    let e = must_fail(
+        "[target]\nsend_scheduler = \"isolated\"\n[target.send]\nflush_when_idle = \"yes\"",
+        "(file)",
+    );
+    assert!(
+        e.reason.contains("expected a boolean")
+            && e.reason.contains("at line 4: `flush_when_idle = \"yes\"`"),
+        "{e}"
+    );
 }
 
 mod round_trip {
