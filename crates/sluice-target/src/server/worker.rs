@@ -474,11 +474,12 @@ impl Worker {
                     e.conn.handle_timeout(now);
                 }
             }
+            let more_input = |e: &ConnEntry| e.read_ready && e.conn.wants_read() && !throttled;
             // A response may have unblocked more input (back-pressure released).
-            if e.read_ready && e.conn.wants_read() && !throttled {
+            if more_input(e) {
                 work |= read_conn(e, now);
             }
-            if !(e.read_ready && e.conn.wants_read() && !throttled) {
+            if !more_input(e) {
                 // No more input this turn: the end of the batch.
                 e.conn.handle_idle(now);
             }
