@@ -200,9 +200,9 @@ def run_fuse(port, runtime, work, transport="fuser"):
             subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
 
 
-def run_nbdkit(runtime, work):
+def run_nbdkit(runtime, work, extra=()):
     path = os.path.join(work, f"nbdkit-{free_port()}.sock")
-    s = Server(["nbdkit", "--foreground", "--exit-with-parent", "-U", path, "memory", "1G"],
+    s = Server(["nbdkit", "--foreground", "--exit-with-parent", "-U", path, *extra, "memory", "1G"],
                listening_unix(path), "nbdkit")
     return run_served(s, ["--ioengine=nbd", f"--uri=nbd+unix:///?socket={path}"], runtime)
 
@@ -241,6 +241,10 @@ def main():
          lambda: run_nbdkit(a.runtime, work)),
         ("fio (libaio, O_DIRECT) → `sluice fuse --transport uring` (FUSE over io_uring) file → target",
          lambda: run_fuse(port, a.runtime, work, "uring")),
+        ("fio (nbd engine) → `sluice nbd --structured-replies false` (Unix socket) → target",
+         lambda: run_nbd(port, a.runtime, work, ["--structured-replies", "false"])),
+        ("fio (nbd engine) → nbdkit memory plugin `--no-sr` (Unix socket), for scale",
+         lambda: run_nbdkit(a.runtime, work, ["--no-sr"])),
     ]
     results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}
     try:
@@ -279,8 +283,8 @@ def main():
         lines.append(f"| {name} | {cell(s, 0)} | {cell(s, 2, fmt='{:.1f}')} | "
                      f"{cell(l, 1, 2**20 / 1e9, '{:.2f}')} | {cell(l, 2, fmt='{:.1f}')} |")
     med = {name: {w: statistics.median(r[0] for r in results[name][w]) for w in WORKLOADS} for name, _ in paths}
-    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring = (paths[0][0], paths[1][0], paths[2][0], paths[3][0],
-                                                     paths[5][0], paths[6][0])
+    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring, nbd_simple, nbdkit_simple = (
+        paths[i][0] for i in (0, 1, 2, 3, 5, 6, 7, 8))
 
     def ratio(x, y, w):
         return f"{med[x][w] / med[y][w]:.2f}"
@@ -294,7 +298,11 @@ def main():
         f"ceiling of fio's nbd engine sharing its core with the server); NBD reaches {ratio(nbd, nbdkit, small)} "
         f"and {ratio(nbd, nbdkit, large)} of nbdkit. FUSE over io_uring / FUSE over /dev/fuse (fuser) = "
         f"{ratio(fuse_uring, fuse, small)} and {ratio(fuse_uring, fuse, large)}; FUSE over io_uring / NBD = "
-        f"{ratio(fuse_uring, nbd, small)} and {ratio(fuse_uring, nbd, large)}.",
+        f"{ratio(fuse_uring, nbd, small)} and {ratio(fuse_uring, nbd, large)}. "
+        f"Simple replies only (`--structured-replies false`; nbdkit `--no-sr`): NBD / `sluice bench` = "
+        f"{ratio(nbd_simple, bench, small)} and {ratio(nbd_simple, bench, large)}; against structured replies "
+        f"{ratio(nbd_simple, nbd, small)} and {ratio(nbd_simple, nbd, large)} (nbdkit "
+        f"{ratio(nbdkit_simple, nbdkit, small)} and {ratio(nbdkit_simple, nbdkit, large)}).",
         END,
     ]
     table = "\n".join(lines) + "\n"

@@ -133,6 +133,21 @@ check "the fio jobs each had their own NBD connection" \
 check "those connections were served by the run-to-completion path" \
     bash -c "[ \$(grep -c 'served by the run-to-completion path' '$WORK/nbd.log') -ge 4 ]"
 
+# A second server refusing structured replies (`--structured-replies
+# false`, nbdkit's --no-sr): libnbd falls back to simple replies, has no
+# block status, and verified I/O still round-trips.
+SOCK_SIMPLE=$WORK/nbd-simple.sock
+"$SLUICE" nbd --target 127.0.0.1:$PORT --nqn $NQN --unix "$SOCK_SIMPLE" --export-name disk \
+    --structured-replies false >"$WORK/nbd-simple.log" 2>&1 &
+PIDS+=($!)
+if wait_for "[ -S '$SOCK_SIMPLE' ]"; then pass "sluice nbd --structured-replies false listening"; else fail "sluice nbd --structured-replies false start"; cat "$WORK/nbd-simple.log"; fi
+URI_SIMPLE="nbd+unix:///disk?socket=$SOCK_SIMPLE"
+check "nbdinfo: simple replies only" bash -c "nbdinfo '$URI_SIMPLE' | grep -q 'using simple packets'"
+check "nbdinfo --map refused without structured replies" bash -c "! nbdinfo --map '$URI_SIMPLE' >/dev/null 2>&1"
+check "fio randrw crc32c verify over simple replies" \
+    fio --name=simple --ioengine=nbd --uri="$URI_SIMPLE" --rw=randrw --bsrange=4k-128k \
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --size=32m --offset=256m --iodepth=16 --output="$WORK/fio-simple.txt"
+
 # FUSE: one file, loop device, ext4.
 MNT_FUSE=$WORK/fuse
 mkdir -p "$MNT_FUSE"

@@ -29,7 +29,8 @@ fuzz_target!(|data: &[u8]| {
             name: "other".into(),
             ..export.clone()
         },
-    ]);
+    ])
+    .offering_structured_replies(cut & 2 == 0);
     let _ = hs.take_output();
     let mut leftover = None;
     let mut at = 0;
@@ -50,6 +51,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let Some(leftover) = leftover else { return };
     let session = hs.session();
+    // A server that refuses structured replies never ends up with them.
+    assert!(cut & 2 == 0 || (!session.structured && !session.base_allocation));
     let selected = hs.selected();
     assert!(selected < 2);
     let mut dec = RequestDecoder::new();

@@ -656,3 +656,33 @@ fn structured_chunks_are_framed_as_the_protocol_says() {
     assert_eq!(&r[24..32], &[0, 0, 0x10, 0, 0, 0, 0, 0]);
     assert_eq!(&r[32..40], &[0, 0, 0x20, 0, 0, 0, 0, 3]);
 }
+
+/// A handshake that does not offer structured replies refuses the option
+/// with NBD_REP_ERR_POLICY, so SET_META_CONTEXT is refused too, and the
+/// session after GO is all simple replies.
+#[test]
+fn a_handshake_without_structured_replies_refuses_them_by_policy() {
+    let mut hs = ServerHandshake::new(export(false)).offering_structured_replies(false);
+    let _ = hs.take_output();
+    hs.feed(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes());
+    hs.feed(&opt(OPT_STRUCTURED_REPLY, &[]));
+    hs.feed(&opt(
+        OPT_SET_META_CONTEXT,
+        &meta_data("disk", &["base:allocation"]),
+    ));
+    assert_eq!(hs.process(), Ok(HandshakeStatus::NeedMore));
+    let kinds: Vec<(u32, u32)> = replies(&hs.take_output())
+        .iter()
+        .map(|x| (x.0, x.1))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (OPT_STRUCTURED_REPLY, REP_ERR_POLICY),
+            (OPT_SET_META_CONTEXT, REP_ERR_INVALID),
+        ]
+    );
+    hs.feed(&opt(OPT_GO, &info_data("disk", &[])));
+    assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
+    assert_eq!(hs.session(), Session::default());
+}

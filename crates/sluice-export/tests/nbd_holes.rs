@@ -9,6 +9,7 @@
 mod common;
 
 use common::Client;
+use sluice_export::errno::EINVAL;
 use sluice_export::nbd::proto::*;
 use sluice_export::nbd::server::ExportEntry;
 use sluice_export::nbd::{NbdConfig, NbdServer};
@@ -76,6 +77,7 @@ impl BlockDevice for Sparse {
 
 fn serve(
     sparse: bool,
+    structured_replies: bool,
 ) -> (
     tokio::runtime::Runtime,
     tempfile::TempDir,
@@ -99,14 +101,17 @@ fn serve(
     };
     let mem = MemDevice::new(BS, 256); // 1 MiB
     if sparse {
-        let server = NbdServer::with_exports(vec![ExportEntry {
-            dev: ByteDevice::new(Sparse {
-                mem,
-                written: Mutex::new(BTreeSet::new()),
-            }),
-            cfg,
-            account: None,
-        }]);
+        let server = NbdServer::with_exports_offering(
+            vec![ExportEntry {
+                dev: ByteDevice::new(Sparse {
+                    mem,
+                    written: Mutex::new(BTreeSet::new()),
+                }),
+                cfg,
+                account: None,
+            }],
+            structured_replies,
+        );
         rt.spawn(server.serve_unix(l));
     } else {
         rt.spawn(NbdServer::new(ByteDevice::new(mem), cfg).serve_unix(l));
@@ -129,7 +134,7 @@ fn write_two_runs(c: &mut Client) {
 
 #[test]
 fn holes_travel_as_hole_chunks_and_data_as_data_chunks() {
-    let (_rt, _dir, sock) = serve(true);
+    let (_rt, _dir, sock) = serve(true, true);
     let mut c = Client::connect_structured(&sock, "disk");
     write_two_runs(&mut c);
     // Read 256 KiB from 0: hole (unit 0), data (unit 1), hole (unit 2),
@@ -193,7 +198,7 @@ fn holes_travel_as_hole_chunks_and_data_as_data_chunks() {
 #[test]
 fn without_structured_replies_or_holes_a_read_carries_every_byte() {
     // Simple replies: the zeros of the holes are sent.
-    let (_rt, _dir, sock) = serve(true);
+    let (_rt, _dir, sock) = serve(true, true);
     let mut c = Client::connect(&sock, "disk");
     write_two_runs(&mut c);
     let (errno, data) = c.call(CMD_READ, 0, 0, 262_144, &[]);
@@ -201,7 +206,7 @@ fn without_structured_replies_or_holes_a_read_carries_every_byte() {
     assert_eq!(data.len(), 262_144);
     assert!(data[..69_632].iter().all(|&b| b == 0) && data[69_632] == 0xab);
     // A device without holes: one data chunk, even over unwritten bytes.
-    let (_rt, _dir, sock) = serve(false);
+    let (_rt, _dir, sock) = serve(false, true);
     let mut c = Client::connect_structured(&sock, "disk");
     c.send(CMD_READ, 0, 3, 0, 65_536, &[]);
     let chunks = c.chunks();
@@ -210,4 +215,33 @@ fn without_structured_replies_or_holes_a_read_carries_every_byte() {
         (chunks[0].0, chunks[0].3.len()),
         (REPLY_TYPE_OFFSET_DATA, 8 + 65_536)
     );
+}
+
+/// A server refusing structured replies (`sluice nbd --structured-replies
+/// false`): a client that asks is told NBD_REP_ERR_POLICY and carries on
+/// with simple replies, reads over holes carry their zeros, and block
+/// status is refused for want of the context.
+#[test]
+fn a_server_refusing_structured_replies_answers_simply() {
+    let (_rt, _dir, sock) = serve(true, false);
+    let mut c = Client::connect_structured(&sock, "disk");
+    assert!(!c.structured, "the server refused structured replies");
+    write_two_runs(&mut c);
+    let (errno, data) = c.call(CMD_READ, 0, 0, 262_144, &[]);
+    assert_eq!(errno, 0);
+    let mut want = vec![0u8; 262_144];
+    want[69_632..77_824].fill(0xab);
+    want[196_608..200_704].fill(0xcd);
+    assert!(
+        data == want,
+        "a simple reply carries every byte, holes as zeros"
+    );
+    let (errno, _) = c.call(CMD_BLOCK_STATUS, 0, 0, 4096, &[]);
+    assert_eq!(
+        errno, EINVAL,
+        "no base:allocation without structured replies"
+    );
+    // The same server acknowledges nothing else differently.
+    let (_rt2, _dir2, sock2) = serve(true, true);
+    assert!(Client::connect_structured(&sock2, "disk").structured);
 }

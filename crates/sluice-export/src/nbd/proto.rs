@@ -186,6 +186,9 @@ pub struct ServerHandshake {
     options_seen: u32,
     /// NBD_OPT_STRUCTURED_REPLY was acknowledged.
     structured: bool,
+    /// Whether NBD_OPT_STRUCTURED_REPLY is acknowledged at all (see
+    /// [`ServerHandshake::offering_structured_replies`]).
+    offer_structured: bool,
     /// The export whose `base:allocation` context NBD_OPT_SET_META_CONTEXT
     /// selected (it applies only if NBD_OPT_GO picks the same export).
     allocation_context_for: Option<usize>,
@@ -259,8 +262,19 @@ impl ServerHandshake {
             no_zeroes: false,
             options_seen: 0,
             structured: false,
+            offer_structured: true,
             allocation_context_for: None,
         }
+    }
+
+    /// Whether to acknowledge NBD_OPT_STRUCTURED_REPLY (the default) or
+    /// refuse it with NBD_REP_ERR_POLICY. Refused, every reply is simple:
+    /// no block status, no holes, no error messages, but libnbd reads a
+    /// simple read reply in one fewer `recv` (docs/exports.md measures what
+    /// that buys). Set before the first option is processed.
+    pub fn offering_structured_replies(mut self, offer: bool) -> ServerHandshake {
+        self.offer_structured = offer;
+        self
     }
 
     /// Index (in the list given to [`Self::with_exports`]) of the export the
@@ -473,7 +487,14 @@ impl ServerHandshake {
                 }
             }
             OPT_STRUCTURED_REPLY => {
-                if data.is_empty() {
+                if !self.offer_structured {
+                    encode_option_reply(
+                        out,
+                        option,
+                        REP_ERR_POLICY,
+                        b"structured replies are switched off on this server",
+                    );
+                } else if data.is_empty() {
                     self.structured = true;
                     encode_option_reply(out, option, REP_ACK, &[]);
                 } else {

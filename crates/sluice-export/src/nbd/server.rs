@@ -126,6 +126,8 @@ struct DirectPool {
 #[derive(Debug)]
 pub struct NbdServer<D> {
     entries: Vec<Entry<D>>,
+    /// Acknowledge NBD_OPT_STRUCTURED_REPLY (the default).
+    structured_replies: bool,
 }
 
 impl<D: BlockDevice> NbdServer<D> {
@@ -140,6 +142,18 @@ impl<D: BlockDevice> NbdServer<D> {
     /// A server of several exports (a shared exporter serving several
     /// tenants). Panics if `exports` is empty.
     pub fn with_exports(exports: Vec<ExportEntry<D>>) -> Arc<NbdServer<D>> {
+        Self::with_exports_offering(exports, true)
+    }
+
+    /// [`Self::with_exports`], choosing whether clients may negotiate
+    /// structured replies (server-wide: a client asks before it picks an
+    /// export). Without them there is no block status and reads of holes
+    /// send zeros, but libnbd-based clients spend less CPU per read
+    /// (`ServerHandshake::offering_structured_replies`).
+    pub fn with_exports_offering(
+        exports: Vec<ExportEntry<D>>,
+        structured_replies: bool,
+    ) -> Arc<NbdServer<D>> {
         assert!(!exports.is_empty(), "an NBD server needs an export");
         let entries = exports
             .into_iter()
@@ -161,7 +175,10 @@ impl<D: BlockDevice> NbdServer<D> {
                 account: e.account,
             })
             .collect();
-        Arc::new(NbdServer { entries })
+        Arc::new(NbdServer {
+            entries,
+            structured_replies,
+        })
     }
 
     /// A direct queue for a connection to export `idx` (an idle one, or a
@@ -259,7 +276,8 @@ impl<D: BlockDevice> NbdServer<D> {
         S: AsyncRead + AsyncWrite + Send + Unpin + IntoClientSocket + 'static,
     {
         let mut hs =
-            ServerHandshake::with_exports(self.entries.iter().map(|e| e.export.clone()).collect());
+            ServerHandshake::with_exports(self.entries.iter().map(|e| e.export.clone()).collect())
+                .offering_structured_replies(self.structured_replies);
         let mut chunk = vec![0u8; READ_CHUNK_BYTES];
         let leftover = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             loop {

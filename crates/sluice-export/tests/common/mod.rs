@@ -54,6 +54,8 @@ pub struct Client {
     pub s: UnixStream,
     pub size: u64,
     pub flags: u16,
+    /// The server acknowledged NBD_OPT_STRUCTURED_REPLY.
+    pub structured: bool,
 }
 
 impl Client {
@@ -76,6 +78,7 @@ impl Client {
         assert_eq!(&g[8..16], b"IHAVEOPT");
         s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())
             .unwrap();
+        let mut acked = false;
         if structured {
             let mut o = IHAVEOPT.to_be_bytes().to_vec();
             o.extend_from_slice(&OPT_STRUCTURED_REPLY.to_be_bytes());
@@ -83,7 +86,14 @@ impl Client {
             s.write_all(&o).unwrap();
             let mut h = [0u8; 20];
             s.read_exact(&mut h).unwrap();
-            assert_eq!(u32::from_be_bytes(h[12..16].try_into().unwrap()), REP_ACK);
+            let mut msg = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+            s.read_exact(&mut msg).unwrap();
+            // A server may refuse them (`--structured-replies false`).
+            match u32::from_be_bytes(h[12..16].try_into().unwrap()) {
+                REP_ACK => acked = true,
+                REP_ERR_POLICY => {}
+                other => panic!("NBD_OPT_STRUCTURED_REPLY answered {other:#x}"),
+            }
         }
         // NBD_OPT_GO asking for the block size.
         let mut d = (name.len() as u32).to_be_bytes().to_vec();
@@ -116,7 +126,12 @@ impl Client {
                 other => panic!("option reply {other:#x}"),
             }
         }
-        Client { s, size, flags }
+        Client {
+            s,
+            size,
+            flags,
+            structured: acked,
+        }
     }
 
     pub fn send(
