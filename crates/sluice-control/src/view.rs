@@ -563,7 +563,11 @@ impl Collector for ViewCollector {
         counters(
             e,
             "sluice_view_drive_untracked_samples",
-            "Samples counted for the drive but not for their volume (past 256 volumes) or session (past 1024 sessions an epoch): nonzero means the per-volume view and the auction's contention miss someone.",
+            &format!(
+                "Samples counted for the drive but not for their volume (past {} volumes) or session (past {} sessions an epoch): nonzero means the per-volume view and the auction's contention miss someone.",
+                sluice_flint::view::VOLUMES_PER_DRIVE_MAX,
+                sluice_flint::view::SESSIONS_PER_DRIVE_MAX
+            ),
             None,
             drives.iter().flat_map(|(n, v)| {
                 [

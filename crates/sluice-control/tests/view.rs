@@ -315,6 +315,13 @@ async fn the_view_finds_the_congested_drive_and_its_victims_and_pushes_them_to_a
         "sluice_view_drive_untracked_samples_total{{drive=\"{d_slow}\",limit=\"volumes\"}} 0"
     );
     assert!(m.body.contains(&untracked), "{}", m.body);
+    // Its help names the limits the code enforces.
+    let limits = format!(
+        "past {} volumes) or session (past {} sessions",
+        sluice_flint::view::VOLUMES_PER_DRIVE_MAX,
+        sluice_flint::view::SESSIONS_PER_DRIVE_MAX
+    );
+    assert!(m.body.contains(&limits), "{}", m.body);
     // The rebuilder's progress is served beside the view.
     for family in [
         "sluice_rebuild_degraded_extents ",

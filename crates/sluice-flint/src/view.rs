@@ -309,7 +309,7 @@ struct SinceTake {
 
 /// Sessions (client and volume) whose contention a drive keeps per epoch,
 /// at most.
-const SESSIONS_PER_DRIVE_MAX: usize = 1024;
+pub const SESSIONS_PER_DRIVE_MAX: usize = 1024;
 
 /// A session needs this many samples in an epoch for its contention to
 /// count (a stray sample is noise).
