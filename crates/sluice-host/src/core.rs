@@ -522,7 +522,21 @@ impl QueuePairCore {
     /// Reads from `src` once into [`Self::read_bufs`] and handles what
     /// came (`Ok(0)`: end of stream). For I/O layers over a byte stream.
     pub fn read_from(&mut self, now: Instant, src: &mut impl Read) -> std::io::Result<usize> {
+        self.read_draining(now, src).map(|(n, _)| n)
+    }
+
+    /// [`Self::read_from`], also saying whether the read *drained* the
+    /// source: it returned bytes, but fewer than there was room for, so a
+    /// stream socket held no more at that moment. An edge-triggered caller
+    /// may then wait for the next readiness event instead of paying one more
+    /// `recv` to see `EWOULDBLOCK` (bytes arriving later raise a new edge).
+    pub fn read_draining(
+        &mut self,
+        now: Instant,
+        src: &mut impl Read,
+    ) -> std::io::Result<(usize, bool)> {
         let (a, b) = self.read_bufs();
+        let room = a.len() + b.len();
         let n = if a.is_empty() {
             src.read(b)?
         } else {
@@ -531,7 +545,7 @@ impl QueuePairCore {
         if n > 0 {
             self.handle_read(now, n);
         }
-        Ok(n)
+        Ok((n, n > 0 && n < room))
     }
 
     /// The peer closed the connection or the socket failed.

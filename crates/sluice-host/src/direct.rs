@@ -451,20 +451,27 @@ impl DirectQueue {
         }
     }
 
-    /// Reads until `EWOULDBLOCK` (true) or the per-pass cap (false).
+    /// Reads until the socket is empty (true: `EWOULDBLOCK`, or a short
+    /// read) or the per-pass cap (false).
     fn read(&mut self, now: Instant) -> bool {
         for _ in 0..READS_PER_PASS_MAX {
             if self.core.is_closed() {
                 return true;
             }
-            match self.core.read_from(now, &mut self.stream) {
-                Ok(0) => {
+            match self.core.read_draining(now, &mut self.stream) {
+                Ok((0, _)) => {
                     self.core
                         .handle_connection_lost("controller closed the connection");
                     return true;
                 }
-                Ok(_) => {
+                Ok((_, drained)) => {
                     self.stats.reads += 1;
+                    if drained {
+                        // A short read emptied the socket: epoll reports
+                        // what comes next, no `recv` needed to see
+                        // EWOULDBLOCK.
+                        return true;
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -576,18 +576,23 @@ impl Driver {
             if self.core.is_closed() {
                 break;
             }
-            match self.core.read_from(now, &mut self.stream) {
-                Ok(0) => {
+            match self.core.read_draining(now, &mut self.stream) {
+                Ok((0, _)) => {
                     self.core
                         .handle_connection_lost("controller closed the connection");
                     break;
                 }
-                Ok(_) => {
+                Ok((_, drained)) => {
                     bump(&self.shared.counters.reads, 1);
                     self.shared
                         .counters
                         .rx_direct_bytes
                         .store(self.core.rx_direct_bytes(), Ordering::Relaxed);
+                    if drained {
+                        // A short read emptied the socket; the next bytes
+                        // raise a new edge.
+                        return true;
+                    }
                     progress = true;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return progress,

@@ -1074,3 +1074,46 @@ proptest! {
         prop_assert!(!host.is_closed());
     }
 }
+
+/// `read_draining` says a read drained the socket only when it returned
+/// bytes but fewer than there was room for: a full read may have left more
+/// behind, and 0 bytes is the peer closing, not an empty socket. The bytes
+/// reach the core as `read_from`'s do.
+#[test]
+fn a_short_read_drains_a_full_one_does_not() {
+    let now = Instant::now();
+    let mut host = QueuePairCore::new(cfg(false, false), now);
+    let mut ctrl = FakeCtrl::new();
+    ctrl.recv(&mut host);
+    let icresp = ctrl.pdu(
+        PduHeader::IcResp(IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: false,
+            ddgst: false,
+            maxh2cdata: 8192,
+        }),
+        &[],
+    );
+    // The ICResp in two short reads: each drains, the core takes both.
+    let (head, tail) = icresp.split_at(5);
+    let r = host.read_draining(now, &mut &head[..]).unwrap();
+    assert_eq!(r, (5, true));
+    assert!(host.negotiated().is_none());
+    let r = host.read_draining(now, &mut &tail[..]).unwrap();
+    assert_eq!(r, (tail.len(), true));
+    assert!(host.negotiated().is_some(), "the ICResp was taken whole");
+    // A source with more than there is room for fills the room: not drained.
+    struct Endless;
+    impl std::io::Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(0);
+            Ok(buf.len())
+        }
+    }
+    let (n, drained) = host.read_draining(now, &mut Endless).unwrap();
+    assert!(n > 0 && !drained, "{n} bytes filled the room");
+    // End of stream: 0 bytes, not drained.
+    let mut fresh = QueuePairCore::new(cfg(false, false), now);
+    assert_eq!(fresh.read_draining(now, &mut &[][..]).unwrap(), (0, false));
+}

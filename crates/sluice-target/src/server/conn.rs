@@ -66,6 +66,7 @@ fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
             return total > 0;
         }
         let (a, b) = e.conn.recv_bufs();
+        let room = a.len() + b.len();
         let r = if a.is_empty() {
             e.stream.read(b)
         } else {
@@ -83,6 +84,13 @@ fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
                 total += n;
                 if total >= READ_BUDGET_BYTES {
                     // Leave read_ready set: more may be waiting.
+                    return true;
+                }
+                if n < room {
+                    // A short read emptied the socket: the next bytes
+                    // raise a new edge (epoll is edge-triggered), so no
+                    // `recv` is spent to see WouldBlock.
+                    e.read_ready = false;
                     return true;
                 }
             }
