@@ -425,6 +425,31 @@ impl<S: MetaStore> Catalog<S> {
         }
     }
 
+    /// A drive's record says that a slot the extent at `ekey` holds (as
+    /// read at revision `erev`) is already free. The extent and the drive
+    /// are read one after the other, not at one moment: if the extent has
+    /// changed since (or is gone), a transaction between the two reads moved
+    /// it off the slot and freed the slot (two reports of one failed drive,
+    /// or a failure beside a rebuild's end), and the caller retries on fresh
+    /// state (`Ok`). If the extent is as read, the metadata is inconsistent.
+    pub(crate) async fn freed_under_a_stale_read(
+        &self,
+        ekey: &str,
+        erev: u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), CatalogError> {
+        match self.store.get(ekey).await? {
+            Some(v) if v.mod_revision == erev => Err(CatalogError::Inconsistent(what())),
+            _ => {
+                tracing::debug!(
+                    extent = ekey,
+                    "a slot was freed between two reads; retrying on fresh state"
+                );
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) async fn list<T: serde::de::DeserializeOwned>(
         &self,
         prefix: &str,
@@ -561,7 +586,7 @@ impl<S: MetaStore> Catalog<S> {
                 continue;
             }
             let mut conflicts = 0;
-            loop {
+            'fresh: loop {
                 if conflicts >= CONFLICT_RETRIES_MAX {
                     return Err(CatalogError::Contended("fail_drive"));
                 }
@@ -622,11 +647,13 @@ impl<S: MetaStore> Catalog<S> {
                         vol.degraded_extents += 1;
                     }
                     if !drive.give_slot(gone.slot) {
-                        return Err(CatalogError::Inconsistent(format!(
-                            "{}: slot {} of {id} is already free",
-                            keys::extent(vol.id, e.index),
-                            gone.slot
-                        )));
+                        let k = keys::extent(vol.id, e.index);
+                        self.freed_under_a_stale_read(&k, *erev, || {
+                            format!("{k}: slot {} of {id} is already free", gone.slot)
+                        })
+                        .await?;
+                        conflicts += 1;
+                        continue 'fresh;
                     }
                     if let Some(n) = vol.extents_per_drive.get_mut(&id) {
                         *n = n.saturating_sub(1);
@@ -1858,7 +1885,7 @@ impl<S: MetaStore> Catalog<S> {
 
     async fn finish_delete(&self, name: &str, unfenced: &[DriveId]) -> Result<(), CatalogError> {
         let mut conflicts = 0;
-        loop {
+        'fresh: loop {
             if conflicts >= CONFLICT_RETRIES_MAX {
                 return Err(CatalogError::Contended("delete_volume"));
             }
@@ -1930,12 +1957,13 @@ impl<S: MetaStore> Catalog<S> {
                         d.give_slot(r.slot)
                     };
                     if !given {
-                        return Err(CatalogError::Inconsistent(format!(
-                            "{} slot {} of {} is already free",
-                            keys::extent(v.id, e.index),
-                            r.slot,
-                            r.drive
-                        )));
+                        let k = keys::extent(v.id, e.index);
+                        self.freed_under_a_stale_read(&k, *erev, || {
+                            format!("{k}: slot {} of {} is already free", r.slot, r.drive)
+                        })
+                        .await?;
+                        conflicts += 1;
+                        continue 'fresh;
                     }
                     if let Some(n) = v.extents_per_drive.get_mut(&r.drive) {
                         *n = n.saturating_sub(1);

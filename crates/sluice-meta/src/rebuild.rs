@@ -322,10 +322,14 @@ impl<S: MetaStore> Catalog<S> {
                     .await?
                     .ok_or(CatalogError::UnknownDrive(gone.drive))?;
                 if !d.give_slot(gone.slot) {
-                    return Err(CatalogError::Inconsistent(format!(
-                        "{ekey}: slot {} of {} is already free",
-                        gone.slot, gone.drive
-                    )));
+                    self.freed_under_a_stale_read(&ekey, erev, || {
+                        format!(
+                            "{ekey}: slot {} of {} is already free",
+                            gone.slot, gone.drive
+                        )
+                    })
+                    .await?;
+                    continue;
                 }
                 if let Some(n) = v.extents_per_drive.get_mut(&gone.drive) {
                     *n = n.saturating_sub(1);

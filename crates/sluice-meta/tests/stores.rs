@@ -1445,3 +1445,240 @@ fn etcd_remaps_move_an_extent_off_a_drive() {
     };
     rt().block_on(async { remap(etcd(&server, "/t8/").await).await });
 }
+
+// ------------------------------------------- operations interleaved between reads
+
+/// Runs `op` once, at the first read of `at` after a read of anything
+/// under `after`: another control plane's transaction landing between two
+/// reads of one operation (each of which reads the store key by key, not
+/// at one moment).
+struct Interleaved<S> {
+    inner: Arc<S>,
+    after: String,
+    at: String,
+    armed: std::sync::atomic::AtomicBool,
+    op: tokio::sync::Mutex<Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>>,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl<S: MetaStore> Interleaved<S> {
+    /// A plain handle on the same store (nothing interleaved).
+    fn plain(inner: &Arc<S>) -> Interleaved<S> {
+        Interleaved {
+            inner: inner.clone(),
+            after: String::new(),
+            at: String::new(),
+            armed: false.into(),
+            op: tokio::sync::Mutex::new(None),
+            fired: false.into(),
+        }
+    }
+
+    fn with(
+        inner: &Arc<S>,
+        after: String,
+        at: String,
+        op: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Interleaved<S> {
+        Interleaved {
+            after,
+            at,
+            op: tokio::sync::Mutex::new(Some(Box::pin(op))),
+            ..Interleaved::plain(inner)
+        }
+    }
+
+    async fn read(&self, key: &str) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.at.is_empty() {
+            return;
+        }
+        if key == self.at && self.armed.load(SeqCst) {
+            if let Some(op) = self.op.lock().await.take() {
+                op.await;
+                self.fired.store(true, SeqCst);
+            }
+        }
+        if key.starts_with(&self.after) {
+            self.armed.store(true, SeqCst);
+        }
+    }
+}
+
+impl<S: MetaStore> MetaStore for Interleaved<S> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    async fn get(&self, key: &str) -> Result<Option<sluice_meta::Versioned>, StoreError> {
+        self.read(key).await;
+        self.inner.get(key).await
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<(u64, Vec<(String, sluice_meta::Versioned)>), StoreError> {
+        self.read(prefix).await;
+        self.inner.list(prefix).await
+    }
+    async fn commit(&self, txn: Txn) -> Result<Committed, StoreError> {
+        self.inner.commit(txn).await
+    }
+}
+
+/// Two drives on each of three targets, a volume of 6 extents with 2
+/// replicas on them.
+async fn replicated<S: MetaStore>(store: &Arc<S>) -> Catalog<Interleaved<S>> {
+    let c = Catalog::new(Interleaved::plain(store), PlacementWeights::default());
+    for (i, t) in [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)] {
+        c.add_drive(spec(i, t), 512, 20 * EXTENT_BYTES, None)
+            .await
+            .unwrap();
+    }
+    let v = c
+        .create_volume(VolumeSpec::new("v", 6 * EXTENT_BYTES).with_replicas(2))
+        .await
+        .unwrap();
+    for i in 0..6 {
+        c.allocate_extent("v", v.id, i).await.unwrap();
+    }
+    c
+}
+
+/// One drive's failure reported twice at once (two clients lose the same
+/// target, or a client and the rebuilder's probe): the second report reads
+/// the extents, then the first commits (taking the drive out of their
+/// chains and freeing its slots), then the second reads the drive and
+/// finds those slots free. That is a stale read, retried, not an
+/// inconsistency: both reports succeed, the chains are shortened once,
+/// and the fsck holds. (Before, the second report failed with "slot N of
+/// dK is already free", and a volume client writing through the failure
+/// saw that error.)
+async fn a_failure_reported_twice_at_once<S: MetaStore>(store: S) {
+    let store = Arc::new(store);
+    let c = replicated(&store).await;
+    let v = c.layout("v").await.unwrap();
+    let victim = v.extents[0].chain[0].drive;
+    let first = Arc::new(Catalog::new(
+        Interleaved::plain(&store),
+        PlacementWeights::default(),
+    ));
+    let shortened_first = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let op = {
+        let (first, n) = (first.clone(), shortened_first.clone());
+        async move {
+            let k = first.fail_drive(victim).await.unwrap();
+            n.store(k, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let second = Catalog::new(
+        Interleaved::with(
+            &store,
+            sluice_meta::keys::extents_of(v.volume.id),
+            sluice_meta::keys::drive(victim),
+            op,
+        ),
+        PlacementWeights::default(),
+    );
+    let shortened_second = second.fail_drive(victim).await.unwrap();
+    assert!(
+        second
+            .store()
+            .fired
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the first report landed between the second's reads"
+    );
+    let shortened_first = shortened_first.load(std::sync::atomic::Ordering::SeqCst);
+    let on_victim = v
+        .extents
+        .iter()
+        .filter(|e| e.chain.iter().any(|r| r.drive == victim))
+        .count() as u64;
+    assert!(on_victim > 0);
+    assert_eq!(shortened_first, on_victim, "the first report did it all");
+    assert_eq!(shortened_second, 0, "nothing was left to the second");
+    let after = c.layout("v").await.unwrap();
+    assert!(after
+        .extents
+        .iter()
+        .all(|e| e.chain.iter().all(|r| r.drive != victim)));
+    let d = c.drives().await.unwrap();
+    let victim_record = d.iter().find(|d| d.id == victim).unwrap();
+    assert_eq!(
+        victim_record.slots_used(),
+        0,
+        "its slots were given back once"
+    );
+    check_catalog(store.as_ref()).await.unwrap();
+}
+
+/// A rebuild onto a drive is given up (its copy failed) while that drive
+/// is failed: the failure commits between the abort's read of the extent
+/// and its read of the drive. The abort finds the rebuild gone (`None`),
+/// not an inconsistency, and the slot is freed once.
+async fn a_rebuild_aborted_as_its_drive_fails<S: MetaStore>(store: S) {
+    let store = Arc::new(store);
+    let c = replicated(&store).await;
+    let victim = c.layout("v").await.unwrap().extents[0].chain[0].drive;
+    c.fail_drive(victim).await.unwrap();
+    let degraded = c.degraded_volumes().await.unwrap();
+    let todo = c.degraded_extents(&degraded[0], 100).await.unwrap();
+    let r = c.begin_rebuild("v", todo[0].index).await.unwrap().unwrap();
+    let target = r.target().unwrap().drive;
+    let used_before = used(&c).await;
+    let other = Arc::new(Catalog::new(
+        Interleaved::plain(&store),
+        PlacementWeights::default(),
+    ));
+    let op = {
+        let other = other.clone();
+        async move {
+            other.fail_drive(target).await.unwrap();
+        }
+    };
+    let aborting = Catalog::new(
+        Interleaved::with(
+            &store,
+            sluice_meta::keys::extent(r.volume.id, r.extent.index),
+            sluice_meta::keys::drive(target),
+            op,
+        ),
+        PlacementWeights::default(),
+    );
+    assert_eq!(aborting.abort_rebuild(&r).await.unwrap(), None);
+    assert!(aborting
+        .store()
+        .fired
+        .load(std::sync::atomic::Ordering::SeqCst));
+    let l = c.layout("v").await.unwrap();
+    let e = l
+        .extents
+        .iter()
+        .find(|e| e.index == r.extent.index)
+        .unwrap();
+    assert_eq!(e.rebuilding, None);
+    // The rebuild's reserved slot was freed once, by the failure (with
+    // every other slot on that drive).
+    let d = c.drives().await.unwrap();
+    assert_eq!(d.iter().find(|d| d.id == target).unwrap().slots_used(), 0);
+    assert!(used(&c).await < used_before);
+    check_catalog(store.as_ref()).await.unwrap();
+}
+
+#[test]
+fn redb_operations_interleaved_between_reads_retry_instead_of_failing() {
+    let (_d, s) = redb();
+    rt().block_on(a_failure_reported_twice_at_once(s));
+    let (_d, s) = redb();
+    rt().block_on(a_rebuild_aborted_as_its_drive_fails(s));
+}
+
+#[test]
+fn etcd_operations_interleaved_between_reads_retry_instead_of_failing() {
+    let Some(server) = EtcdServer::start_or_skip("etcd_interleaved") else {
+        return;
+    };
+    rt().block_on(async {
+        a_failure_reported_twice_at_once(etcd(&server, "/t-il1/").await).await;
+        a_rebuild_aborted_as_its_drive_fails(etcd(&server, "/t-il2/").await).await;
+    });
+}
