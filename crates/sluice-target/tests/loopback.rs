@@ -660,3 +660,44 @@ fn auth_outcomes_and_tolerated_inputs_are_metrics() {
     }
     t.shutdown();
 }
+
+/// A PDU that arrives in pieces with pauses between them is read whole. A
+/// worker ends a socket's reads at a short read (epoll is edge-triggered),
+/// so it must be woken by each later piece: an in-capsule write sent as a
+/// byte, the rest of its header, and its data in uneven pieces, 3 ms apart
+/// (the worker sleeps in between, in interrupt mode and after the adaptive
+/// spin), is answered and reads back.
+#[test]
+fn a_pdu_dribbled_in_pieces_is_read_whole() {
+    for polling in ["interrupt", "adaptive"] {
+        let t = start(polling, 1);
+        let addr = t.local_addr();
+        let (_admin, cntlid) = Client::admin(addr);
+        let mut q = Client::connect(addr, false);
+        assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+        let d = pattern(4096, 42);
+        let cid = q.next_cid();
+        let mut s = Sqe::rw(io::WRITE, cid, 1, 64, 8, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 4096,
+            id: sgl::DATA_BLOCK_OFFSET,
+        });
+        let mut w = Vec::new();
+        encode_pdu(&PduHeader::CapsuleCmd(s), &d, &q.txp, &mut w);
+        let mut at = 0;
+        for cut in [1, 8, 72, 1000, 3001, w.len()] {
+            q.s.write_all(&w[at..cut]).unwrap();
+            at = cut;
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        match q.recv() {
+            PduHeader::CapsuleResp(c) => assert_eq!(c.status(), Status::SUCCESS, "{polling}"),
+            other => panic!("{polling}: {other:?}"),
+        }
+        let (st, back) = q.read(64, 8);
+        assert_eq!(st, Status::SUCCESS);
+        assert!(back == d, "{polling}: read back differs");
+        t.shutdown();
+    }
+}
