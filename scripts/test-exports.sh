@@ -87,10 +87,18 @@ NQN=nqn.2026-11.io.sluice:ram0
 PIDS+=($!)
 wait_for "(echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null" || { fail "target start"; }
 
+# `sluice nbd` of export "disk" on the Unix socket $1, logging to $2; its
+# start passes or fails as "$3"; further arguments are its options.
+start_nbd() {
+    local sock=$1 log=$2 label=$3
+    shift 3
+    "$SLUICE" nbd --target 127.0.0.1:$PORT --nqn $NQN --unix "$sock" --export-name disk "$@" >"$log" 2>&1 &
+    PIDS+=($!)
+    if wait_for "[ -S '$sock' ]"; then pass "$label listening"; else fail "$label start"; cat "$log"; fi
+}
+
 SOCK=$WORK/nbd.sock
-"$SLUICE" nbd --target 127.0.0.1:$PORT --nqn $NQN --unix "$SOCK" --export-name disk >"$WORK/nbd.log" 2>&1 &
-PIDS+=($!)
-if wait_for "[ -S '$SOCK' ]"; then pass "sluice nbd listening on a Unix socket"; else fail "sluice nbd start"; cat "$WORK/nbd.log"; fi
+start_nbd "$SOCK" "$WORK/nbd.log" "sluice nbd on a Unix socket"
 URI="nbd+unix:///disk?socket=$SOCK"
 
 check "nbdinfo sees 512 MiB export" bash -c "nbdinfo --size '$URI' | grep -qx 536870912"
@@ -137,10 +145,7 @@ check "those connections were served by the run-to-completion path" \
 # false`, nbdkit's --no-sr): libnbd falls back to simple replies, has no
 # block status, and verified I/O still round-trips.
 SOCK_SIMPLE=$WORK/nbd-simple.sock
-"$SLUICE" nbd --target 127.0.0.1:$PORT --nqn $NQN --unix "$SOCK_SIMPLE" --export-name disk \
-    --structured-replies false >"$WORK/nbd-simple.log" 2>&1 &
-PIDS+=($!)
-if wait_for "[ -S '$SOCK_SIMPLE' ]"; then pass "sluice nbd --structured-replies false listening"; else fail "sluice nbd --structured-replies false start"; cat "$WORK/nbd-simple.log"; fi
+start_nbd "$SOCK_SIMPLE" "$WORK/nbd-simple.log" "sluice nbd --structured-replies false" --structured-replies false
 URI_SIMPLE="nbd+unix:///disk?socket=$SOCK_SIMPLE"
 check "nbdinfo: simple replies only" bash -c "nbdinfo '$URI_SIMPLE' | grep -q 'using simple packets'"
 check "nbdinfo --map refused without structured replies" bash -c "! nbdinfo --map '$URI_SIMPLE' >/dev/null 2>&1"
