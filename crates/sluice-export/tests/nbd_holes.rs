@@ -241,7 +241,7 @@ fn a_server_refusing_structured_replies_answers_simply() {
         errno, EINVAL,
         "no base:allocation without structured replies"
     );
-    // The same server acknowledges nothing else differently.
+    // A server left at the default acknowledges them.
     let (_rt2, _dir2, sock2) = serve(true, true);
     assert!(Client::connect_structured(&sock2, "disk").structured);
 }

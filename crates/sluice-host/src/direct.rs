@@ -86,8 +86,8 @@ pub struct DirectQueue {
     waits: u64,
     timeouts: Option<mpsc::UnboundedSender<TimedOutCommand>>,
     /// The socket may hold bytes: epoll (edge-triggered) reported it
-    /// readable since the last read that reached `EWOULDBLOCK`, or that
-    /// read stopped at its cap. While false, a pass asks epoll (a zero
+    /// readable since the last read that emptied it (`EWOULDBLOCK`, or a
+    /// short read), or the last pass's reads stopped at their cap. While false, a pass asks epoll (a zero
     /// timeout) instead of calling `recv`: a spinning `recv` takes the
     /// socket's lock on every turn and contends with the kernel delivering
     /// the very reply it waits for (`__pv_queued_spin_lock_slowpath` was

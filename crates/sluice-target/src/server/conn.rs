@@ -2,7 +2,8 @@
 //! [`QueueConnection`], its admission [`Permit`], readiness flags and the
 //! cached tenant; reading (with a per-socket budget for fairness, and
 //! giving the handshake slot back once Connect is accepted) and writing
-//! until WouldBlock.
+//! until WouldBlock; reads end at WouldBlock or a short read (epoll is
+//! edge-triggered).
 
 use crate::admission::Permit;
 use crate::queue::QueueConnection;
@@ -18,7 +19,8 @@ const READ_BUDGET_BYTES: usize = 1 << 20;
 pub(super) struct ConnEntry {
     pub(super) stream: TcpStream,
     pub(super) conn: QueueConnection,
-    /// Readable edge seen and not yet read to WouldBlock.
+    /// Readable edge seen and the socket not yet read empty (WouldBlock,
+    /// or a short read).
     pub(super) read_ready: bool,
     /// Last write hit WouldBlock; wait for a writable edge.
     pub(super) write_blocked: bool,
