@@ -356,7 +356,7 @@ pub struct Untracked {
     /// Samples of a volume beyond [`VOLUMES_PER_DRIVE_MAX`] in the window.
     pub volume_samples: u64,
     /// Samples of a session (client and volume) beyond the sessions whose
-    /// contention a drive keeps per epoch (1024).
+    /// contention a drive keeps per epoch ([`SESSIONS_PER_DRIVE_MAX`]).
     pub session_samples: u64,
 }
 

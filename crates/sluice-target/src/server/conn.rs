@@ -52,6 +52,12 @@ pub(super) fn conn_tenant(e: &mut ConnEntry, t: &WorkerTenancy) -> TenantId {
     }
 }
 
+/// Whether the connection has input to read this turn: its socket may hold
+/// bytes, its queue takes them, and its tenant is not throttled.
+pub(super) fn more_input(e: &ConnEntry, throttled: bool) -> bool {
+    e.read_ready && e.conn.wants_read() && !throttled
+}
+
 /// Reads what the socket has (up to the budget) into the queue.
 pub(super) fn read_conn(e: &mut ConnEntry, now: Instant) -> bool {
     let progressed = read_socket(e, now);

@@ -5,7 +5,7 @@
 //! submissions through the tenant scheduler, completions routed back by
 //! [`BackendTag`], graceful drain on shutdown and a final backend flush.
 
-use super::conn::{conn_tenant, read_conn, write_conn, ConnEntry};
+use super::conn::{conn_tenant, more_input, read_conn, write_conn, ConnEntry};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
 use crate::admission::Permit;
 use crate::queue::QueueConnection;
@@ -393,7 +393,7 @@ impl Worker {
             };
             let tenant = conn_tenant(e, &self.tenancy);
             let throttled = self.tenancy.throttled(tenant);
-            if e.read_ready && e.conn.wants_read() && !throttled {
+            if more_input(e, throttled) {
                 work |= read_conn(e, now);
             }
             // Backend submissions.
@@ -474,12 +474,11 @@ impl Worker {
                     e.conn.handle_timeout(now);
                 }
             }
-            let more_input = |e: &ConnEntry| e.read_ready && e.conn.wants_read() && !throttled;
             // A response may have unblocked more input (back-pressure released).
-            if more_input(e) {
+            if more_input(e, throttled) {
                 work |= read_conn(e, now);
             }
-            if !more_input(e) {
+            if !more_input(e, throttled) {
                 // No more input this turn: the end of the batch.
                 e.conn.handle_idle(now);
             }
