@@ -17,8 +17,16 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# Incremental caches help edit-compile loops, not one build from scratch,
+# and they doubled the test build's size on disk (3 GB of 12; stop 34's CI
+# run filled its disk).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
-stage() { echo; echo "=== $* ==="; }
+# The whole run writes about 6 GB (debug and release builds, the fuzzers,
+# the Linux peers' kernels); each stage prints what is left, so a full disk
+# is seen as one and not as a linker crash.
+disk_free() { df -Pm . | awk 'NR == 2 { printf "%.1f GB free on %s", $4 / 1024, $6 }'; }
+stage() { echo; echo "=== $* === ($(disk_free))"; }
 PASSED=0
 FAILED=0
 record() {
@@ -96,5 +104,5 @@ record $rc "exports"
 
 
 echo
-echo "stages: $PASSED passed, $FAILED failed"
+echo "stages: $PASSED passed, $FAILED failed ($(disk_free))"
 [[ $FAILED -eq 0 ]]
