@@ -13,7 +13,8 @@
 //! engine. `--polling` picks what the loop does when a turn completed
 //! nothing: `busy` polls again at once, `adaptive:US` spins while there was
 //! progress in the last US µs (20 times that while I/Os are outstanding,
-//! unless the thread was preempted while spinning: `SpinContention`) and
+//! unless the thread waits to run for a share of its spin:
+//! `SpinContention`) and
 //! then waits in epoll, `interrupt` waits in
 //! epoll (at most 1 ms, or until the next rate-limited I/O is due).
 //! With `batch=1` the slots go out together as one batch whose last I/O
@@ -34,7 +35,7 @@ use hdrhistogram::Histogram;
 use sluice_host::core::{Completion, Payload};
 use sluice_host::{DirectQueue, HostQueueStats, IoFlags, PollingPolicy, RwBuilder};
 use sluice_runtime::cast::{nanos, usize_from};
-use sluice_runtime::polling::thread_involuntary_switches;
+use sluice_runtime::polling::ThreadRunDelay;
 use sluice_runtime::SpinContention;
 
 use crate::{hist, mix, JobRun, JobStats, NextIo};
@@ -140,6 +141,7 @@ impl JobRun {
         let mut out: Vec<(u64, sluice_host::Result<Completion>)> = Vec::with_capacity(slots.len());
         let mut last_progress = Instant::now();
         let mut contention = SpinContention::default();
+        let run_delay = ThreadRunDelay::of_this_thread();
         loop {
             let stopping = self.stop.load(Ordering::Acquire);
             // batch=1: the next batch starts once the whole last one has
@@ -252,7 +254,7 @@ impl JobRun {
                     if t.saturating_duration_since(last_progress)
                         < Duration::from_micros(u64::from(spin_us)) =>
                 {
-                    contention.spinning(t, thread_involuntary_switches);
+                    contention.spinning(t, || run_delay.read());
                     None
                 }
                 PollingPolicy::Adaptive { .. } | PollingPolicy::Interrupt => {

@@ -11,8 +11,9 @@
 //!   writes and the submission queue (one core per queue at 100 %).
 //! * `Adaptive { spin_us }`: spins while there was progress in the last
 //!   `spin_us` microseconds (20 times that while commands are outstanding:
-//!   `PollingPolicy::while_outstanding`, unless the thread was preempted
-//!   while spinning: `SpinContention`), then sleeps like `Interrupt`.
+//!   `PollingPolicy::while_outstanding`, unless the thread waits to run
+//!   for a share of its spin: `SpinContention`), then sleeps like
+//!   `Interrupt`.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
@@ -27,7 +28,7 @@ use sluice_proto::coalesce::{CoalesceConfig, CoalesceMode, Coalescer, Decision, 
 use sluice_proto::command::Sqe;
 use sluice_proto::send::{FlushReason, SendConfig, SendStats};
 use sluice_runtime::cast::usize_from;
-use sluice_runtime::polling::thread_involuntary_switches;
+use sluice_runtime::polling::ThreadRunDelay;
 use sluice_runtime::sync::lock;
 use sluice_runtime::{PollingPolicy, Sleeper, SpinContention};
 use tokio::sync::{mpsc, oneshot};
@@ -410,6 +411,7 @@ impl Driver {
         let mut next_timer = Instant::now();
         let mut last_progress = Instant::now();
         let mut contention = SpinContention::default();
+        let run_delay = ThreadRunDelay::of_this_thread();
         loop {
             let now = Instant::now();
             let mut progress = false;
@@ -474,7 +476,7 @@ impl Driver {
                 .map_or(coarse, |t| t.min(coarse));
             if timeout == Duration::ZERO {
                 if matches!(self.polling, PollingPolicy::Adaptive { .. }) {
-                    contention.spinning(now, thread_involuntary_switches);
+                    contention.spinning(now, || run_delay.read());
                 }
                 std::hint::spin_loop();
                 continue;
