@@ -537,7 +537,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
     // 3. Fig. 7c.
     let ssd = lab_ssd();
     md.push_str("## Flint Fig. 7c: bandwidth over N drives\n\n");
-    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over separate `sluice target` processes (N = 1, 2, 4: one drive per process; N = 8: 4 processes of 2); one volume, 1 replica, 64 MiB per drive; `sluice bench --volume --polling interrupt`; writes at QD 16, reads at QD 4 × N. The bench sleeps between completions (`SLUICE_LAB_FIG7C_POLLING` overrides it): an `adaptive` host spun 1 ms after each while commands were outstanding and took the CPU the target processes need on these 2 cores (N = 4 / 8: 0.76 / 0.61-0.70, against 0.89 / 0.87 sleeping) until its spin learned to back off when preempted (0.88-0.89 / 0.86-0.87). \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
+    md.push_str("Emulated SSDs of 150 MB/s read, 75 MB/s write, 20k read / 5k write IOPS each, 4 KiB blocks; N drives spread over separate `sluice target` processes (N = 1, 2, 4: one drive per process; N = 8: 4 processes of 2); one volume, 1 replica, 64 MiB per drive; `sluice bench --volume --polling interrupt`; writes at QD 16, reads at QD 4 × N. The bench sleeps between completions (`SLUICE_LAB_FIG7C_POLLING` overrides it): an `adaptive` host spun 1 ms after each while commands were outstanding and took the CPU the target processes need on these 2 cores (N = 4 / 8: 0.76 / 0.61-0.70, against 0.89 / 0.87 sleeping) until its spin learned to back off when it waits to run (0.88-0.89 / 0.86-0.87). \"× N·one\" is the bandwidth over N times the N = 1 bandwidth (Flint's goal: ≥ 0.8).\n\n");
     md.push_str("| N drives | 4K seq write MiB/s | × N·one | 128K rand read MiB/s | × N·one |\n|---|---|---|---|---|\n");
     let mut base = (0.0, 0.0);
     let mut xs = Vec::new();
@@ -647,7 +647,7 @@ pub fn run(out: &Path, runtime: f64) -> Result<()> {
 /// share 2 cores there. An `adaptive` host spun 1 ms after each completion
 /// while its commands were outstanding, which took the targets' CPU (N = 4
 /// / 8: 0.76 / 0.61-0.70 of N × one drive, against 0.89 / 0.87 with
-/// `interrupt`), until its spin learned to back off when preempted
+/// `interrupt`), until its spin learned to back off when it waits to run
 /// (`SpinContention`: 0.88-0.89 / 0.86-0.87 adaptive). The figure is about
 /// bandwidth over drives, so the host sleeps. `SLUICE_LAB_FIG7C_POLLING` (a
 /// policy name, e.g. `adaptive`) overrides it, for A/B runs.
