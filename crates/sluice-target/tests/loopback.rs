@@ -175,18 +175,32 @@ impl Client {
         (a, c.result as u16)
     }
 
+    /// A write of `len` bytes at `slba` whose data rides in the capsule.
+    fn in_capsule_write(&mut self, slba: u64, len: usize) -> Sqe {
+        let mut s = Sqe::rw(
+            io::WRITE,
+            self.next_cid(),
+            1,
+            slba,
+            (len / 512) as u32,
+            false,
+        );
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: len as u32,
+            id: sgl::DATA_BLOCK_OFFSET,
+        });
+        s
+    }
+
     fn write(&mut self, slba: u64, data: &[u8]) -> Status {
+        if data.len() <= 8192 {
+            let s = self.in_capsule_write(slba, data.len());
+            return self.cmd(s, data).0.status();
+        }
         let cid = self.next_cid();
         let nlb = (data.len() / 512) as u32;
         let mut s = Sqe::rw(io::WRITE, cid, 1, slba, nlb, false);
-        if data.len() <= 8192 {
-            s.set_sgl(SglDescriptor {
-                address: 0,
-                length: data.len() as u32,
-                id: sgl::DATA_BLOCK_OFFSET,
-            });
-            return self.cmd(s, data).0.status();
-        }
         s.set_sgl(SglDescriptor {
             address: 0,
             length: data.len() as u32,
@@ -676,13 +690,7 @@ fn a_pdu_dribbled_in_pieces_is_read_whole() {
         let mut q = Client::connect(addr, false);
         assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
         let d = pattern(4096, 42);
-        let cid = q.next_cid();
-        let mut s = Sqe::rw(io::WRITE, cid, 1, 64, 8, false);
-        s.set_sgl(SglDescriptor {
-            address: 0,
-            length: 4096,
-            id: sgl::DATA_BLOCK_OFFSET,
-        });
+        let s = q.in_capsule_write(64, d.len());
         let mut w = Vec::new();
         encode_pdu(&PduHeader::CapsuleCmd(s), &d, &q.txp, &mut w);
         let mut at = 0;
