@@ -332,6 +332,7 @@ impl JobRun {
         }
         self.merge_stats(local);
         queue_stats.add(&q.stats().since(&s0));
+        queue_stats.spin_backoffs += contention.seen();
         Ok((h, queue_stats))
     }
 

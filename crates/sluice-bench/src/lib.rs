@@ -354,6 +354,10 @@ pub struct HostCounters {
     /// Mean time a PDU waited in the latency / data freight, µs.
     pub(crate) freight_wait_us_latency: f64,
     pub(crate) freight_wait_us_data: f64,
+    /// Times the I/O loop slept in epoll, and times an adaptive loop's
+    /// long spin backed off because its thread waited to run.
+    pub(crate) sleeps: u64,
+    pub(crate) spin_backoffs: u64,
 }
 
 fn ratio(n: u64, d: u64) -> f64 {
@@ -390,6 +394,8 @@ impl HostCounters {
             timer_flushes: s.timer_flushes,
             freight_wait_us_latency: ratio(s.wait_ns_latency, s.waited_latency) / 1000.0,
             freight_wait_us_data: ratio(s.wait_ns_data, s.waited_data) / 1000.0,
+            sleeps: s.sleeps,
+            spin_backoffs: s.spin_backoffs,
         }
     }
 }
@@ -453,7 +459,7 @@ impl BenchReport {
         for j in &self.jobs {
             let _ = writeln!(
                 s,
-                "host [{}] ({}): {:.3} notifications/I/O, {:.3} send syscalls/I/O, {:.3} read syscalls/I/O ({} completions, {} notifications, {} sends, {} reads); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data)",
+                "host [{}] ({}): {:.3} notifications/I/O, {:.3} send syscalls/I/O, {:.3} read syscalls/I/O ({} completions, {} notifications, {} sends, {} reads); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data); {} sleeps, {} spin back-offs",
                 j.name,
                 j.engine,
                 j.host.notifications_per_io,
@@ -466,7 +472,9 @@ impl BenchReport {
                 j.host.pdus_per_flush,
                 j.host.timer_flushes,
                 j.host.freight_wait_us_latency,
-                j.host.freight_wait_us_data
+                j.host.freight_wait_us_data,
+                j.host.sleeps,
+                j.host.spin_backoffs
             );
         }
         let _ = writeln!(

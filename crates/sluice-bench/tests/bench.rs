@@ -154,7 +154,19 @@ fn direct_engine_verifies_randrw() {
         assert_eq!(host["completions"], 4000, "{polling:?}: {host}");
         assert_eq!(host["notifications"], 0, "{polling:?}: {host}");
         assert!(host["read_syscalls"].as_u64().unwrap() > 0, "{host}");
+        // Busy-poll never sleeps; interrupt sleeps whenever a turn
+        // completed nothing; only an adaptive spin can back off.
+        let sleeps = host["sleeps"].as_u64().unwrap();
+        match polling {
+            HostPolling::BusyPoll => assert_eq!(sleeps, 0, "{host}"),
+            HostPolling::Interrupt => assert!(sleeps > 0, "{host}"),
+            HostPolling::Adaptive { .. } => {}
+        }
+        if !matches!(polling, HostPolling::Adaptive { .. }) {
+            assert_eq!(host["spin_backoffs"], 0, "{polling:?}: {host}");
+        }
         assert!(r.table().contains("host [job0] (direct)"), "{}", r.table());
+        assert!(r.table().contains("spin back-offs"), "{}", r.table());
     }
 }
 
@@ -165,6 +177,9 @@ fn async_engine_still_verifies_randrw() {
     let host = &json["jobs"][0]["host"];
     assert_eq!(host["completions"], 4000, "{host}");
     assert!(host["notifications"].as_u64().unwrap() > 0, "{host}");
+    // The queue thread in interrupt mode sleeps in epoll, never spins.
+    assert!(host["sleeps"].as_u64().unwrap() > 0, "{host}");
+    assert_eq!(host["spin_backoffs"], 0, "{host}");
     assert!(r.table().contains("host [job0] (async)"), "{}", r.table());
 }
 

@@ -211,8 +211,10 @@ impl DirectQueue {
     }
 
     /// Counters so far: submissions, completions, socket writes (`sends`)
-    /// and reads (`reads`) that moved bytes, the send scheduler's flushes.
-    /// `notifications` and `held_ns` stay 0 (nothing is woken).
+    /// and reads (`reads`) that moved bytes, the send scheduler's flushes,
+    /// sleeps in epoll ([`Self::waits`]). `notifications` and `held_ns`
+    /// stay 0 (nothing is woken), and so does `spin_backoffs` (the caller
+    /// decides how it spins).
     pub fn stats(&self) -> HostQueueStats {
         let s = self.core.send_stats();
         HostQueueStats {
@@ -224,6 +226,7 @@ impl DirectQueue {
             wait_ns_data: s.wait_ns_data,
             waited_data: s.waited_data,
             rx_direct_bytes: self.core.rx_direct_bytes(),
+            sleeps: self.waits,
             ..self.stats
         }
     }

@@ -80,6 +80,11 @@ pub struct HostQueueStats {
     pub waited_latency: u64,
     pub wait_ns_data: u64,
     pub waited_data: u64,
+    /// Times the I/O loop slept in epoll (adaptive and interrupt modes).
+    pub sleeps: u64,
+    /// Times an adaptive loop's long spin backed off because its thread
+    /// waited to run (`SpinContention`).
+    pub spin_backoffs: u64,
 }
 
 impl HostQueueStats {
@@ -100,6 +105,8 @@ impl HostQueueStats {
         self.waited_latency += o.waited_latency;
         self.wait_ns_data += o.wait_ns_data;
         self.waited_data += o.waited_data;
+        self.sleeps += o.sleeps;
+        self.spin_backoffs += o.spin_backoffs;
     }
     /// `self - o`, per counter (for a measured window).
     pub fn since(&self, o: &HostQueueStats) -> HostQueueStats {
@@ -119,6 +126,8 @@ impl HostQueueStats {
             waited_latency: self.waited_latency.saturating_sub(o.waited_latency),
             wait_ns_data: self.wait_ns_data.saturating_sub(o.wait_ns_data),
             waited_data: self.waited_data.saturating_sub(o.waited_data),
+            sleeps: self.sleeps.saturating_sub(o.sleeps),
+            spin_backoffs: self.spin_backoffs.saturating_sub(o.spin_backoffs),
         }
     }
 }
@@ -133,6 +142,8 @@ struct Counters {
     reads: AtomicU64,
     rx_direct_bytes: AtomicU64,
     held_ns: AtomicU64,
+    sleeps: AtomicU64,
+    spin_backoffs: AtomicU64,
     /// The send scheduler's counters, published by the queue thread.
     send: Mutex<SendStats>,
 }
@@ -148,6 +159,8 @@ impl Counters {
             reads: self.reads.load(Ordering::Relaxed),
             rx_direct_bytes: self.rx_direct_bytes.load(Ordering::Relaxed),
             held_ns: self.held_ns.load(Ordering::Relaxed),
+            sleeps: self.sleeps.load(Ordering::Relaxed),
+            spin_backoffs: self.spin_backoffs.load(Ordering::Relaxed),
             ..HostQueueStats::default()
         }
     }
@@ -476,7 +489,11 @@ impl Driver {
                 .map_or(coarse, |t| t.min(coarse));
             if timeout == Duration::ZERO {
                 if matches!(self.polling, PollingPolicy::Adaptive { .. }) {
+                    let before = contention.seen();
                     contention.spinning(now, || run_delay.read());
+                    if contention.seen() != before {
+                        bump(&self.shared.counters.spin_backoffs, 1);
+                    }
                 }
                 std::hint::spin_loop();
                 continue;
@@ -488,6 +505,7 @@ impl Driver {
                 self.shared.parked.store(false, Ordering::Release);
                 continue;
             }
+            bump(&self.shared.counters.sleeps, 1);
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != ErrorKind::Interrupted {
                     self.core.close(&format!("epoll wait: {e}"));

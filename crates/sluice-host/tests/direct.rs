@@ -167,6 +167,8 @@ async fn writes_read_back_at_qd32_in_every_transfer_shape() {
         // more than one write per command after that.
         assert!(s.sends < n, "{} sends for {n} reads", s.sends);
         assert!(s.reads > 0);
+        // Busy-polled: never slept.
+        assert_eq!(s.sleeps, 0, "{s:?}");
         // The 64 KiB C2HData PDUs of the large reads went mostly straight
         // into their buffers.
         assert!(s.rx_direct_bytes > 0, "{s:?}");

@@ -238,7 +238,7 @@ pub struct SpinContention {
     /// the shifts of the average do not stall it above zero).
     waited_ppm: u64,
     contended_until: Option<Instant>,
-    /// Times contention was seen (for counters and tests).
+    /// Back-offs started (a reading over the limit while not backed off).
     seen: u64,
 }
 
@@ -263,8 +263,10 @@ impl SpinContention {
             self.waited_ppm = avg - (avg >> CONTENTION_AVERAGE_WEIGHT_SHIFT)
                 + (share_ppm >> CONTENTION_AVERAGE_WEIGHT_SHIFT);
             if self.waited_ppm > CONTENTION_WAITED_PERMILLE_MAX * 1000 {
+                if !self.contended(now) {
+                    self.seen += 1;
+                }
                 self.contended_until = Some(now + CONTENTION_BACKOFF);
-                self.seen += 1;
             }
         }
         self.sampled_at = Some(now);
@@ -281,7 +283,8 @@ impl SpinContention {
         self.contended_until.is_some_and(|u| now < u)
     }
 
-    /// Times contention was seen so far.
+    /// Back-offs started so far (a reading that extends a back-off is not
+    /// a new one).
     pub fn seen(&self) -> u64 {
         self.seen
     }
@@ -463,6 +466,12 @@ mod tests {
             c.spinning(t, || Some(waited));
             assert_eq!(c.contended(t), i == 5, "reading {i}");
         }
+        assert_eq!(c.seen(), 1);
+        // Still over the limit: the back-off is extended, not a new one.
+        t += CONTENTION_SAMPLE_INTERVAL;
+        waited += CONTENTION_SAMPLE_INTERVAL / 2;
+        c.spinning(t, || Some(waited));
+        assert!(c.contended(t));
         assert_eq!(c.seen(), 1);
         assert_eq!(c.policy(a, true, t), a);
         assert_eq!(c.policy(a, true, t + CONTENTION_BACKOFF), long);
