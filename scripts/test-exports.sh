@@ -106,7 +106,7 @@ check "qemu-img info" bash -c "qemu-img info --image-opts driver=nbd,path='$SOCK
 
 check "fio randrw 4k-128k crc32c verify, iodepth 8" \
     fio --name=nbd --ioengine=nbd --uri="nbd+unix:///disk?socket=$SOCK" --rw=randrw --bsrange=4k-128k \
-        --verify=crc32c --do_verify=1 --verify_fatal=1 --size=64m --iodepth=8 --output="$WORK/fio.txt"
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --size=64m --iodepth=8 --output="$WORK/fio.txt"
 if [ -f "$WORK/fio.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio.txt" | sed 's/^/    /'; fi
 
 head -c 48M /dev/urandom >"$WORK/in.raw"
@@ -132,7 +132,7 @@ CONNS_BEFORE=$(grep -c 'transmission phase' "$WORK/nbd.log" || true)
 check "4 concurrent NBD connections, crc32c-verified writes in disjoint regions" \
     fio --name=multi --ioengine=nbd --uri="nbd+unix:///disk?socket=$SOCK" --numjobs=4 --rw=randwrite \
         --bsrange=4k-64k --iodepth=16 --size=24m --offset=128m --offset_increment=24m \
-        --verify=crc32c --do_verify=1 --verify_fatal=1 --group_reporting --output="$WORK/fio-multi.txt"
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting --output="$WORK/fio-multi.txt"
 if [ -f "$WORK/fio-multi.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-multi.txt" | sed 's/^/    /'; fi
 check "the fio jobs each had their own NBD connection" \
     bash -c "[ \$(grep -c 'transmission phase' '$WORK/nbd.log') -ge $((CONNS_BEFORE + 4)) ]"
@@ -151,7 +151,7 @@ check "nbdinfo: simple replies only" bash -c "nbdinfo '$URI_SIMPLE' | grep -q 'u
 check "nbdinfo --map refused without structured replies" bash -c "! nbdinfo --map '$URI_SIMPLE' >/dev/null 2>&1"
 check "fio randrw crc32c verify over simple replies" \
     fio --name=simple --ioengine=nbd --uri="$URI_SIMPLE" --rw=randrw --bsrange=4k-128k \
-        --verify=crc32c --do_verify=1 --verify_fatal=1 --size=32m --offset=256m --iodepth=16 --output="$WORK/fio-simple.txt"
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --size=32m --offset=256m --iodepth=16 --output="$WORK/fio-simple.txt"
 
 # FUSE: one file, loop device, ext4.
 MNT_FUSE=$WORK/fuse
@@ -207,7 +207,7 @@ fi
 check "fio randrw 4k-256k crc32c verify, 2 jobs at iodepth 32, over io_uring" \
     fio --name=uring --filename="$MNT_URING/disk.img" --ioengine=libaio --direct=1 --rw=randrw \
         --bsrange=4k-256k --iodepth=32 --numjobs=2 --size=32m --offset=320m --offset_increment=32m \
-        --verify=crc32c --do_verify=1 --verify_fatal=1 --group_reporting --output="$WORK/fio-uring.txt"
+        --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_state_save=0 --group_reporting --output="$WORK/fio-uring.txt"
 if [ -f "$WORK/fio-uring.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-uring.txt" | sed 's/^/    /'; fi
 ext4_on_loop "$MNT_URING/disk.img" io_uring
 check "SIGTERM unmounts the io_uring FUSE session" bash -c "kill -TERM $URING_PID; for i in \$(seq 100); do mountpoint -q '$MNT_URING' || exit 0; sleep 0.1; done; exit 1"
