@@ -24,7 +24,8 @@ use sluice_host::{ConnectOptions, IoFlags};
 
 use crate::report;
 use crate::stall::StallDetector;
-use crate::volumes::{drive_target, Control};
+use crate::volumes::{drive_target, drive_target_polling, Control};
+use crate::EioArgs;
 
 const MIB: u64 = 1 << 20;
 /// Bytes of each volume written before the runs (reads of unallocated
@@ -164,10 +165,11 @@ fn ssd() -> SsdConfig {
     SsdConfig::default()
 }
 
-pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
+pub fn run_eio(a: &EioArgs) -> Result<()> {
+    let (out, runtime, repeats) = (&a.repeat.out, a.repeat.runtime, a.repeat.repeats);
     let dir = std::env::temp_dir().join(format!("sluice-lab-eio-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let target = drive_target(1, 256 * MIB, Some(ssd()))?;
+    let target = drive_target_polling(1, 256 * MIB, Some(ssd()), a.target_polling)?;
     let control = Control::start(Metadata::Redb(dir.join("m.redb")))?;
     control.add_drives(&[&target], 1)?;
     control.create("victim", 128 * MIB, 1)?;
@@ -178,7 +180,7 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         .enable_all()
         .build()?;
     // The configurations: off, then on with four in-flight caps per drive.
-    let caps_kib: [u64; 4] = [1024, 512, 384, 256];
+    let caps_kib = &a.caps_kib;
     let runs: Vec<Vec<Run>> = rt.block_on(async {
         let opts = ConnectOptions {
             hostnqn: "nqn.2026-11.io.sluice:lab-eio".into(),
@@ -200,7 +202,7 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
             }
         }
         let mut pairs = Vec::new();
-        for cap in caps_kib {
+        for &cap in caps_kib {
             let iso = ClientIsolation::new(
                 &format!("lab-eio-{cap}k"),
                 EioConfig {
@@ -252,12 +254,19 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
     md.push_str(
         "# eIO scheduler: a latency-sensitive volume beside a 128 KiB streamer (Flint Fig. 10)\n\n",
     );
+    let caps = caps_kib
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     md.push_str(&format!(
-        "`cargo run --release -p sluice-lab -- eio --runtime {runtime} --repeats {repeats}`; load average before: {}.\n\n",
+        "`cargo run --release -p sluice-lab -- eio --runtime {runtime} --repeats {repeats} --caps-kib {caps} --target-polling {}`; load average before: {}.\n\n",
+        a.target_polling,
         crate::datapath::loadavg()
     ));
     md.push_str(&format!(
-        "One emulated SSD (1 GB/s reads, 100k IOPS, 8 channels, 80 µs) on one in-process Sluice target; two volumes on it opened by one client. The victim reads 4 KiB at random at QD {VICTIM_QD}; the streamer reads 128 KiB at random at QD {STREAM_QD}. Each repeat runs both for {runtime} s with the eIO scheduler off, then on with {} caps on the bytes in flight per drive (`EioConfig::drive_inflight_bytes_max`; 512 KiB is the default). Medians over {repeats} repeats, ranges in brackets.\n\n",
+        "One emulated SSD (1 GB/s reads, 100k IOPS, 8 channels, 80 µs) on one in-process Sluice target; two volumes on it opened by one client, all in one process on this machine's two vCPUs (the target's worker polls in `{}` mode). The victim reads 4 KiB at random at QD {VICTIM_QD}; the streamer reads 128 KiB at random at QD {STREAM_QD}. Each repeat runs both for {runtime} s with the eIO scheduler off, then on with {} caps on the bytes in flight per drive (`EioConfig::drive_inflight_bytes_max`; 512 KiB is the default; small I/Os have a 64 KiB reserve beyond it, and pass a large I/O that does not fit). Medians over {repeats} repeats, ranges in brackets.\n\n",
+        a.target_polling,
         caps_kib.len()
     ));
     md.push_str("| eIO | victim P50 µs | victim P99 µs | victim P999 µs | victim P999 µs, I/Os clear of vCPU stalls | victim IOPS | streamer MB/s | vCPU stalls | ms stalled | victim I/Os touched by a stall |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -308,9 +317,9 @@ pub fn run_eio(out: &Path, runtime: f64, repeats: u32) -> Result<()> {
         ));
     }
     md.push_str(&format!(
-        "\n**Where the victim's tail comes from.** The drive model bounds a victim read's wait at the drive: it queues behind at most the cap plus the small-I/O reserve of bytes in flight (about 625 µs at 512 KiB), which is where P99 sits. Above it, two things add:\n\n\
-- *vCPU stalls.* This VM's vCPUs disappear for 2-5 ms about once a second: perf's sampling finds no sample at all (thread, kernel or idle) on a CPU that the target's spinning worker otherwise fills, at the times the victim's four I/Os stall together. A detector measures them in every run (`crates/sluice-lab/src/stall.rs`): one `SCHED_FIFO` thread per CPU, pinned, sleeps {} ms in a loop and marks each sleep whose wake-up is more than {} µs late. The column *clear of vCPU stalls* takes the percentile over the victim's I/Os that overlapped no marked sleep. Excluding them lowers P999 off and on alike, so the gain hardly moves: they are not what keeps P999 from the paper's 7.5x.\n\
-- *Run-queue waits.* Target, client and control plane share the two vCPUs here. `perf sched` during a run showed about 150 wake-ups a second of the client's queue thread and runtime workers waiting more than 0.3 ms to run, and each victim I/O needs several such wake-ups. Single runs with the target's worker in interrupt mode, with a one-thread client runtime, or with the view agent stopped left the P999 at 512 KiB where it was (1059, 1153, 1343 µs).\n",
+        "\n**Where the victim's tail comes from.** The drive model bounds a victim read's wait at the drive: it queues behind at most the cap of large reads in flight (the small reads beside it use the reserve), which at 256 KiB is 262 µs of transfer plus 84 µs of its own, about 350 µs. P50 sits below that, P99 and P999 above it: the rest is the software between the drive and the victim's task, on two vCPUs that target, client and control plane share. Two things add to it:\n\n\
+- *vCPU stalls.* This VM's vCPUs disappear for 2-5 ms about once a second: perf's sampling finds no sample at all (thread, kernel or idle) on a CPU at the times the victim's four I/Os stall together. A detector measures them in every run (`crates/sluice-lab/src/stall.rs`): one `SCHED_FIFO` thread per CPU, pinned, sleeps {} ms in a loop and marks each sleep whose wake-up is more than {} µs late. The column *clear of vCPU stalls* takes the percentile over the victim's I/Os that overlapped no marked sleep.\n\
+- *Run-queue waits.* `perf sched` during a run showed about 150 wake-ups a second of the client's queue thread and runtime workers waiting more than 0.3 ms to run, and each victim I/O needs several such wake-ups. A target worker that spins (`adaptive`) holds one of the two vCPUs for as long as the streamer keeps it busy, and the client's threads queue on the other: single 10 s runs on 2026-11-28 at 256 KiB gave the victim P99/P999 of 737-765 / 903-1189 µs with the target adaptive and 608-671 / 742-814 µs with it in interrupt mode, and the streamer 718-729 against 751-773 MB/s. On separate machines, as in Flint's testbed, the target's polling takes nothing from the client; here interrupt mode is the one that does not, so it is the default. The client's queue thread spinning too (`adaptive`) made it worse (P999 1441-1906 µs), and so did pinning target and client to one vCPU each (P99 2.6-2.8 ms: the client's threads then queue on one vCPU).\n",
         STALL_PERIOD.as_millis(),
         STALL_LATE_MIN.as_micros()
     ));

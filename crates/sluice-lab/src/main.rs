@@ -89,7 +89,7 @@ enum Experiment {
     Sockets(RepeatArgs),
     /// Flint Fig. 10: a 4 KiB victim volume beside a 128 KiB streamer on one
     /// drive, eIO scheduler off and on: eio-fig10.md.
-    Eio(RepeatArgs),
+    Eio(EioArgs),
     /// Flint Fig. 9a: W1-W5, a stream on a small volume against one on a
     /// large volume over shared drives, the bandwidth auction off and on
     /// (Jain's index): auction-fig9a.md.
@@ -203,6 +203,23 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Flags of `eio`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct EioArgs {
+    #[command(flatten)]
+    pub repeat: RepeatArgs,
+    /// Caps on the bytes in flight per drive to run with the scheduler on
+    /// (KiB, comma-separated), each against the same run with it off.
+    #[arg(long, value_delimiter = ',', default_value = "1024,512,384,256",
+          value_parser = clap::value_parser!(u64).range(4..=65_536))]
+    pub caps_kib: Vec<u64>,
+    /// The drive target's polling (`interrupt`, `adaptive[:SPIN_US]`,
+    /// `busy-poll`). Interrupt by default: target and client share this
+    /// machine's CPUs, and a spinning target takes them from the client.
+    #[arg(long, default_value = "interrupt")]
+    pub target_polling: sluice_runtime::PollingPolicy,
+}
+
 /// Flags of the bandwidth and latency experiments.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RunArgs {
@@ -273,7 +290,7 @@ fn run(e: Experiment) -> anyhow::Result<()> {
         Experiment::Coalescing(a) => datapath::coalescing::run(&a),
         Experiment::Volumes(a) => volumes::run(&a.out, a.runtime),
         Experiment::VolumeRebuild(a) => volumes::run_rebuild(&a.out, a.runtime),
-        Experiment::Eio(a) => flint::run_eio(&a.out, a.runtime, a.repeats),
+        Experiment::Eio(a) => flint::run_eio(&a),
         Experiment::Sockets(a) => datapath::sockets::run(&a.out, a.runtime, a.repeats),
         Experiment::View(a) => flint::run_view(&a.out, a.repeats),
         Experiment::Auction(a) => flint::run_auction(&a.out, a.runtime, a.repeats),

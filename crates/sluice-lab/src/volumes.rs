@@ -48,7 +48,17 @@ pub(crate) fn drive_target(
     drive_bytes: u64,
     ssd: Option<SsdConfig>,
 ) -> Result<TargetHandle> {
-    let c = drive_config("127.0.0.1:0".parse()?, drives, drive_bytes, ssd)?;
+    drive_target_polling(drives, drive_bytes, ssd, PollingPolicy::ADAPTIVE)
+}
+
+/// [`drive_target`] whose worker polls by `polling`.
+pub(crate) fn drive_target_polling(
+    drives: u32,
+    drive_bytes: u64,
+    ssd: Option<SsdConfig>,
+    polling: PollingPolicy,
+) -> Result<TargetHandle> {
+    let c = drive_config("127.0.0.1:0".parse()?, drives, drive_bytes, ssd, polling)?;
     Ok(Target::start(&c)?)
 }
 
@@ -59,6 +69,7 @@ fn drive_config(
     drives: u32,
     drive_bytes: u64,
     ssd: Option<SsdConfig>,
+    polling: PollingPolicy,
 ) -> Result<Config> {
     let mut sub = SubsystemConfig::new(DRIVE_NQN).allow_any_host();
     for nsid in 1..=drives {
@@ -72,7 +83,7 @@ fn drive_config(
         .with_listen(listen)
         .with_discovery_listen(None)
         .with_workers(1)
-        .with_polling(PollingPolicy::ADAPTIVE);
+        .with_polling(polling);
     Ok(Config::default()
         .with_target(settings)
         .with_subsystem(sub)
@@ -101,7 +112,13 @@ impl TargetProcess {
             .local_addr()?
             .port();
         let addr = format!("127.0.0.1:{port}");
-        let cfg = drive_config(addr.parse()?, drives, drive_bytes, Some(ssd))?;
+        let cfg = drive_config(
+            addr.parse()?,
+            drives,
+            drive_bytes,
+            Some(ssd),
+            PollingPolicy::ADAPTIVE,
+        )?;
         let path = dir.join(format!("target-{port}.toml"));
         std::fs::write(&path, cfg.to_toml()?)?;
         let child = std::process::Command::new(&bin)
