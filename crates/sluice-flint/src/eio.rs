@@ -458,6 +458,15 @@ mod tests {
         .expect("config")
     }
 
+    /// `n` 4 KiB reads to drive 7 arriving at `at_us`, each its own
+    /// stream (100, 101, ...) and token (the same numbers).
+    fn small_reads(s: &mut EioScheduler<u32>, at_us: u64, n: u32) {
+        for i in 100..100 + n {
+            s.enqueue(at_us, StreamId(u64::from(i)), 7, IoKind::Read, 4096, 1.0, i)
+                .expect("room");
+        }
+    }
+
     #[test]
     fn a_small_read_overtakes_large_reads_that_arrived_just_before_it() {
         let mut s = sched();
@@ -506,18 +515,7 @@ mod tests {
         assert!(s.poll_admit(0).is_some() && s.poll_admit(0).is_some());
         assert!(s.poll_admit(0).is_none(), "the third 128 KiB read waits");
         // 4 KiB reads go at once, up to the reserve.
-        for i in 0..17u32 {
-            s.enqueue(
-                1,
-                StreamId(100 + u64::from(i)),
-                7,
-                IoKind::Read,
-                4096,
-                1.0,
-                100 + i,
-            )
-            .expect("room");
-        }
+        small_reads(&mut s, 1, 17);
         let small: Vec<u32> = std::iter::from_fn(|| s.poll_admit(2).map(|a| a.token)).collect();
         assert_eq!(small.len(), 16, "{small:?}");
         assert!(small.iter().all(|t| *t >= 100));
@@ -534,18 +532,7 @@ mod tests {
         assert!(s.poll_admit(0).is_some() && s.poll_admit(0).is_some());
         // 4 KiB reads arrive long after: the waiting 128 KiB read ranks
         // first (it has waited past its deadline) but cannot go.
-        for i in 0..20u32 {
-            s.enqueue(
-                50_000,
-                StreamId(100 + u64::from(i)),
-                7,
-                IoKind::Read,
-                4096,
-                1.0,
-                100 + i,
-            )
-            .expect("room");
-        }
+        small_reads(&mut s, 50_000, 20);
         let passed: Vec<u32> =
             std::iter::from_fn(|| s.poll_admit(50_000).map(|a| a.token)).collect();
         assert_eq!(
