@@ -158,8 +158,9 @@ struct Entry<T> {
 
 #[derive(Debug, Default)]
 struct DriveQ {
-    /// Front entries of the streams to this drive, by (rank, sequence).
-    window: BTreeMap<(u64, u64), StreamId>,
+    /// Front entries of the streams to this drive, by (rank, sequence):
+    /// their stream and size.
+    window: BTreeMap<(u64, u64), (StreamId, u64)>,
     inflight_bytes: u64,
     inflight_ios: u32,
     /// Of the above: bytes of small I/Os, and the count of large ones.
@@ -298,7 +299,7 @@ impl<T> EioScheduler<T> {
             return;
         };
         let key = (self.rank(front), *seq);
-        let drive = front.drive;
+        let (drive, bytes) = (front.drive, front.bytes);
         if let Some(s) = self.streams.get_mut(&stream) {
             s.key = Some(key);
         }
@@ -306,7 +307,7 @@ impl<T> EioScheduler<T> {
             .entry(drive)
             .or_default()
             .window
-            .insert(key, stream);
+            .insert(key, (stream, bytes));
     }
 
     fn is_small(&self, bytes: u64) -> bool {
@@ -352,28 +353,22 @@ impl<T> EioScheduler<T> {
                     .saturating_add(self.cfg.drive_small_reserve_bytes)
     }
 
-    fn front_bytes(&self, stream: StreamId) -> u64 {
-        self.streams
-            .get(&stream)
-            .and_then(|s| s.queue.front())
-            .map_or(0, |(_, e)| e.bytes)
-    }
-
     /// The window key of the I/O that `d` would send now: its head if that
     /// fits, else the lowest-ranked small I/O that may pass a large head.
     fn candidate(&self, d: &DriveQ) -> Option<(u64, u64)> {
         let mut window = d.window.iter();
-        let (key, stream) = window.next()?;
-        let bytes = self.front_bytes(*stream);
+        let (key, &(_, bytes)) = window.next()?;
         if self.has_room(d, bytes) {
             return Some(*key);
         }
-        if self.is_small(bytes) {
-            return None; // a small head that does not fit: no smaller one will
+        // Only a large head is passed (a small one goes first when it
+        // fits); nothing passes when the reserve is full.
+        if self.is_small(bytes) || d.small_inflight_bytes >= self.cfg.drive_small_reserve_bytes {
+            return None;
         }
         window
             .take(PASS_SCAN_MAX)
-            .find(|(_, s)| self.may_pass(d, self.front_bytes(**s)))
+            .find(|(_, (_, b))| self.may_pass(d, *b))
             .map(|(k, _)| *k)
     }
 
@@ -395,7 +390,7 @@ impl<T> EioScheduler<T> {
         let (key, drive) = best?;
         let small_io_bytes = self.cfg.small_io_bytes;
         let d = self.drives.get_mut(&drive)?;
-        let stream = d.window.remove(&key)?;
+        let (stream, _) = d.window.remove(&key)?;
         let s = self.streams.get_mut(&stream)?;
         let (_, e) = s.queue.pop_front()?;
         s.key = None;
