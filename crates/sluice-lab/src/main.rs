@@ -368,4 +368,38 @@ mod tests {
         assert!(Cli::try_parse_from(["sluice-lab", "pinof-fig6", "--backends", "nvme"]).is_err());
         assert!(Cli::try_parse_from(["sluice-lab", "coalescing", "--repeats", "0"]).is_err());
     }
+
+    #[test]
+    fn eio_takes_caps_and_the_targets_polling_and_refuses_bad_ones() {
+        let cli = Cli::try_parse_from(["sluice-lab", "eio"]).expect("parse");
+        let Experiment::Eio(a) = cli.experiment else {
+            panic!("eio parsed as something else");
+        };
+        assert_eq!(a.caps_kib, [1024, 512, 384, 256]);
+        assert_eq!(a.target_polling, sluice_runtime::PollingPolicy::Interrupt);
+        let cli = Cli::try_parse_from([
+            "sluice-lab",
+            "eio",
+            "--caps-kib",
+            "256,128",
+            "--target-polling",
+            "busy-poll",
+        ])
+        .expect("parse");
+        let Experiment::Eio(a) = cli.experiment else {
+            panic!("eio parsed as something else");
+        };
+        assert_eq!(a.caps_kib, [256, 128]);
+        assert_eq!(a.target_polling, sluice_runtime::PollingPolicy::BusyPoll);
+        for bad in [
+            ["--caps-kib", "0"],
+            ["--caps-kib", "256,x"],
+            ["--target-polling", "sometimes"],
+        ] {
+            let e = Cli::try_parse_from(["sluice-lab", "eio", bad[0], bad[1]])
+                .expect_err("refused")
+                .to_string();
+            assert!(e.contains(bad[0]), "{bad:?}: {e}");
+        }
+    }
 }
