@@ -21,6 +21,7 @@ MNT_EXT=""
 MNT_FUSE=""
 MNT_CAP=""
 MNT_URING=""
+MNT_AUTO=""
 cleanup() {
     set +e
     [ -n "$MNT_EXT" ] && mountpoint -q "$MNT_EXT" && umount "$MNT_EXT"
@@ -33,6 +34,8 @@ cleanup() {
     [ -n "$MNT_FUSE" ] && mountpoint -q "$MNT_FUSE" && fusermount3 -u "$MNT_FUSE"
     [ -n "$MNT_CAP" ] && mountpoint -q "$MNT_CAP" && fusermount3 -u "$MNT_CAP"
     [ -n "$MNT_URING" ] && mountpoint -q "$MNT_URING" && umount -l "$MNT_URING"
+    [ -n "$MNT_AUTO" ] && mountpoint -q "$MNT_AUTO" && umount -l "$MNT_AUTO"
+    [ -n "${URING_WAS:-}" ] && [ -w "$URING_PARAM" ] && echo "$URING_WAS" > "$URING_PARAM"
     if [ "${KEEP_WORK:-0}" != 1 ]; then rm -rf "$WORK"; fi
 }
 trap cleanup EXIT INT TERM
@@ -156,7 +159,7 @@ check "fio randrw crc32c verify over simple replies" \
 # FUSE: one file, loop device, ext4.
 MNT_FUSE=$WORK/fuse
 mkdir -p "$MNT_FUSE"
-"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_FUSE" --file-name disk.img >"$WORK/fuse.log" 2>&1 &
+"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_FUSE" --file-name disk.img --transport fuser >"$WORK/fuse.log" 2>&1 &
 FUSE_PID=$!
 PIDS+=($FUSE_PID)
 if wait_for "[ -f '$MNT_FUSE/disk.img' ]"; then pass "sluice fuse mounted"; else fail "sluice fuse mount"; cat "$WORK/fuse.log"; fi
@@ -170,7 +173,7 @@ check "SIGTERM unmounts FUSE" bash -c "kill -TERM $FUSE_PID; for i in \$(seq 100
 MNT_CAP=$WORK/fuse-cap
 mkdir -p "$MNT_CAP"
 MPORT=$(free_port)
-"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_CAP" --cpu-share 0.05 --metrics 127.0.0.1:$MPORT \
+"$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_CAP" --transport fuser --cpu-share 0.05 --metrics 127.0.0.1:$MPORT \
     >"$WORK/fuse-cap.log" 2>&1 &
 CAP_PID=$!
 PIDS+=($CAP_PID)
@@ -193,6 +196,7 @@ check "SIGTERM prints the capped export's counters" bash -c "kill -TERM $CAP_PID
 MNT_URING=$WORK/fuse-uring
 mkdir -p "$MNT_URING"
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
+URING_WAS=$(cat "$URING_PARAM" 2>/dev/null || true)
 [ -w "$URING_PARAM" ] && echo Y > "$URING_PARAM"
 "$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_URING" --transport uring --log info \
     >"$WORK/fuse-uring.log" 2>&1 &
@@ -211,6 +215,37 @@ check "fio randrw 4k-256k crc32c verify, 2 jobs at iodepth 32, over io_uring" \
 if [ -f "$WORK/fio-uring.txt" ]; then grep -E "READ:|WRITE:" "$WORK/fio-uring.txt" | sed 's/^/    /'; fi
 ext4_on_loop "$MNT_URING/disk.img" io_uring
 check "SIGTERM unmounts the io_uring FUSE session" bash -c "kill -TERM $URING_PID; for i in \$(seq 100); do mountpoint -q '$MNT_URING' || exit 0; sleep 0.1; done; exit 1"
+
+# The default transport, `auto`: io_uring where root and the kernel offers
+# it, else fuser's /dev/fuse session. Both ways, with the module parameter
+# set each way (restored on exit). Each mount writes 4 MiB at its own
+# place (MiB 460 and 464 of the file, from MiB 40 and 44 of in.raw: bytes
+# no earlier check left there) and reads it back; the second also reads
+# what the first wrote.
+auto_mount() { # $1: Y or N, $2: the transport the log must name, $3: MiB of in.raw to copy
+    MNT_AUTO=$WORK/fuse-auto-$1
+    mkdir -p "$MNT_AUTO"
+    echo "$1" > "$URING_PARAM"
+    "$SLUICE" fuse --target 127.0.0.1:$PORT --nqn $NQN "$MNT_AUTO" --log info >"$WORK/fuse-auto-$1.log" 2>&1 &
+    local pid=$!
+    PIDS+=($pid)
+    if wait_for "[ -f '$MNT_AUTO/disk.img' ]"; then pass "sluice fuse (auto, enable_uring=$1) mounted"; else fail "sluice fuse (auto, enable_uring=$1) mount"; cat "$WORK/fuse-auto-$1.log"; fi
+    check "auto with enable_uring=$1 chose $2, saying why" grep -q "FUSE transport chosen transport=$2 why=\"auto: " "$WORK/fuse-auto-$1.log"
+    check "dd 4 MiB through the auto mount (enable_uring=$1), read back" bash -c \
+        "dd if='$WORK/in.raw' of='$MNT_AUTO/disk.img' bs=1M skip=$3 seek=$(($3 + 420)) count=4 oflag=direct conv=notrunc,fsync status=none && \
+         cmp <(dd if='$MNT_AUTO/disk.img' bs=1M skip=$(($3 + 420)) count=4 iflag=direct status=none) <(dd if='$WORK/in.raw' bs=1M skip=$3 count=4 status=none)"
+    if [ "$1" = N ]; then
+        check "the fuser mount reads what the io_uring mount wrote" bash -c \
+            "cmp <(dd if='$MNT_AUTO/disk.img' bs=1M skip=460 count=4 iflag=direct status=none) <(dd if='$WORK/in.raw' bs=1M skip=40 count=4 status=none)"
+    fi
+    check "SIGTERM unmounts the auto mount (enable_uring=$1)" bash -c "kill -TERM $pid; for i in \$(seq 100); do mountpoint -q '$MNT_AUTO' || exit 0; sleep 0.1; done; exit 1"
+}
+if [ -w "$URING_PARAM" ] && [ "$(id -u)" = 0 ]; then
+    auto_mount Y Uring 40
+    auto_mount N Fuser 44
+else
+    echo "  (no writable $URING_PARAM or not root: the auto transport's two ways are not checked here)"
+fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -14,7 +14,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::info;
+use tracing::{info, warn};
 
 /// How to reach the namespace.
 #[derive(Debug, Args)]
@@ -176,14 +176,16 @@ pub struct FuseArgs {
     /// throttling: while throttled, reads and writes wait before dispatch.
     #[arg(long, value_name = "FRACTION", value_parser = sluice_export::account::parse_cpu_share, allow_negative_numbers = true)]
     pub cpu_share: Option<f64>,
-    /// How requests travel between the kernel and the export. `fuser`: the
-    /// fuser session over /dev/fuse, mounted through fusermount3 (works
-    /// without root). `uring`: a session of our own over the kernel's
-    /// FUSE-over-io_uring (Linux 6.14+ with
+    /// How requests travel between the kernel and the export. `auto`
+    /// (default): `uring` when running as root on a kernel that offers
+    /// FUSE-over-io_uring now, else `fuser`; the log says which and why.
+    /// `fuser`: the fuser session over /dev/fuse, mounted through
+    /// fusermount3 (works without root). `uring`: a session of our own over
+    /// the kernel's FUSE-over-io_uring (Linux 6.14+ with
     /// /sys/module/fuse/parameters/enable_uring = Y; falls back to
     /// /dev/fuse with a warning when the kernel does not offer it); needs
     /// root, as it mounts with mount(2).
-    #[arg(long, value_enum, default_value_t = FuseTransport::Fuser)]
+    #[arg(long, value_enum, default_value_t = FuseTransport::Auto)]
     pub transport: FuseTransport,
     #[command(flatten)]
     pub account: AccountArgs,
@@ -192,8 +194,39 @@ pub struct FuseArgs {
 /// `sluice fuse --transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FuseTransport {
+    Auto,
     Fuser,
     Uring,
+}
+
+/// The transport `--transport` asks for, resolved: `auto` becomes `uring`
+/// only where that session can run and gain (root, for mount(2), and a
+/// kernel offering FUSE-over-io_uring now), else `fuser`. Returns the
+/// transport and why, for the log.
+fn resolve_transport(
+    requested: FuseTransport,
+    is_root: bool,
+    kernel_offers_uring: bool,
+) -> (FuseTransport, &'static str) {
+    match requested {
+        FuseTransport::Fuser => (FuseTransport::Fuser, "asked for"),
+        FuseTransport::Uring => (FuseTransport::Uring, "asked for"),
+        FuseTransport::Auto => match (is_root, kernel_offers_uring) {
+            (true, true) => (
+                FuseTransport::Uring,
+                "auto: root, and the kernel offers FUSE-over-io_uring",
+            ),
+            (false, _) => (
+                FuseTransport::Fuser,
+                "auto: not root (FUSE-over-io_uring mounts with mount(2))",
+            ),
+            (true, false) => (
+                FuseTransport::Fuser,
+                "auto: the kernel does not offer FUSE-over-io_uring \
+                 (/sys/module/fuse/parameters/enable_uring is not Y)",
+            ),
+        },
+    }
 }
 
 /// A mounted FUSE session of either kind; dropping it unmounts.
@@ -513,9 +546,15 @@ fn print_counters(acct: &CpuAccountant) {
 }
 
 pub fn fuse(a: FuseArgs) -> Result<()> {
+    let (transport, why) = resolve_transport(
+        a.transport,
+        sluice_export::fuse::uring::running_as_root(),
+        sluice_export::fuse::uring::kernel_offers_uring(),
+    );
+    info!(?transport, why, "FUSE transport chosen");
     let mut remote = Remote::from_args(&a.remote)?;
     // The io_uring session's ring thread drives one NVMe/TCP queue itself.
-    if a.transport == FuseTransport::Uring {
+    if transport == FuseTransport::Uring {
         remote.direct_queues = 1;
     }
     let acct = CpuAccountant::new();
@@ -537,33 +576,45 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
         export,
     };
     let dev = ByteDevice::new(ns);
-    let mounted = match a.transport {
-        FuseTransport::Fuser => {
-            let fs = SluiceFs::new(dev, rt.handle().clone(), cfg).with_accounting(accounting);
-            sluice_export::fuse::mount(fs, &a.mountpoint)
-                .map(FuseSession::Fuser)
-                .with_context(|| {
-                    format!(
-                        "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
-                        a.mountpoint.display()
-                    )
-                })
-        }
-        FuseTransport::Uring => sluice_export::fuse::uring::mount(
-            dev,
+    let mount_fuser = |dev, cfg: FuseConfig, accounting| {
+        let fs = SluiceFs::new(dev, rt.handle().clone(), cfg).with_accounting(accounting);
+        sluice_export::fuse::mount(fs, &a.mountpoint)
+            .map(FuseSession::Fuser)
+            .with_context(|| {
+                format!(
+                    "mounting FUSE on {} (needs /dev/fuse and fusermount3)",
+                    a.mountpoint.display()
+                )
+            })
+    };
+    let mounted = match transport {
+        // resolve_transport never returns Auto.
+        FuseTransport::Fuser | FuseTransport::Auto => mount_fuser(dev, cfg, accounting),
+        FuseTransport::Uring => match sluice_export::fuse::uring::mount(
+            dev.clone(),
             rt.handle().clone(),
             &cfg,
-            Some(accounting),
+            Some(accounting.clone()),
             &a.mountpoint,
             true,
-        )
-        .map(FuseSession::Own)
-        .with_context(|| {
-            format!(
-                "mounting FUSE over io_uring on {} (needs /dev/fuse and root)",
-                a.mountpoint.display()
-            )
-        }),
+        ) {
+            Ok(s) => Ok(FuseSession::Own(s)),
+            // Chosen by `auto`: a mount(2) the system refuses (a container
+            // without CAP_SYS_ADMIN, say) still leaves fuser's way.
+            Err(e) if a.transport == FuseTransport::Auto => {
+                warn!(
+                    error = %e,
+                    "mounting FUSE over io_uring failed; mounting over /dev/fuse with fusermount3 instead"
+                );
+                mount_fuser(dev, cfg, accounting)
+            }
+            Err(e) => Err(e).with_context(|| {
+                format!(
+                    "mounting FUSE over io_uring on {} (needs /dev/fuse and root)",
+                    a.mountpoint.display()
+                )
+            }),
+        },
     };
     let session = match mounted {
         Ok(s) => s,
@@ -621,4 +672,46 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     }
     print_counters(&acct);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_io_uring_only_as_root_on_a_kernel_that_offers_it() {
+        use FuseTransport::*;
+        assert_eq!(resolve_transport(Auto, true, true).0, Uring);
+        assert_eq!(resolve_transport(Auto, false, true).0, Fuser);
+        assert_eq!(resolve_transport(Auto, true, false).0, Fuser);
+        assert_eq!(resolve_transport(Auto, false, false).0, Fuser);
+        assert!(resolve_transport(Auto, false, true).1.contains("not root"));
+        assert!(resolve_transport(Auto, true, false)
+            .1
+            .contains("enable_uring"));
+    }
+
+    #[test]
+    fn an_asked_for_transport_is_kept_whatever_the_machine() {
+        use FuseTransport::*;
+        for (root, offers) in [(true, true), (true, false), (false, true), (false, false)] {
+            assert_eq!(resolve_transport(Fuser, root, offers), (Fuser, "asked for"));
+            assert_eq!(resolve_transport(Uring, root, offers), (Uring, "asked for"));
+        }
+    }
+
+    #[test]
+    fn the_default_transport_is_auto() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            fuse: FuseArgs,
+        }
+        let cli = Cli::try_parse_from(["x", "--target", "127.0.0.1:1", "--nqn", "n", "/mnt"]);
+        assert_eq!(
+            cli.map(|c| c.fuse.transport).ok(),
+            Some(FuseTransport::Auto)
+        );
+    }
 }

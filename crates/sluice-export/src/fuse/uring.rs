@@ -1150,6 +1150,12 @@ pub fn kernel_offers_uring() -> bool {
         .is_ok_and(|s| s.trim() == "Y")
 }
 
+/// Whether this process runs as root: the io_uring session mounts with
+/// mount(2), which needs it.
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
