@@ -131,13 +131,10 @@ impl AccountArgs {
         }
     }
 
-    /// Starts the admin endpoint on `--metrics` (its own thread; a bad
-    /// address or token file fails here, before anything is served).
-    fn start_metrics(
-        &self,
-        acct: &Arc<CpuAccountant>,
-        service: &str,
-    ) -> Result<Option<sluice_admin::AdminServer>> {
+    /// The admin endpoint's settings from `--metrics` and
+    /// `--admin-token-file`, checked before anything connects: a bad
+    /// address or token file fails here, naming its flag.
+    fn metrics_config(&self) -> Result<Option<sluice_admin::AdminConfig>> {
         let Some(addr) = &self.metrics else {
             return Ok(None);
         };
@@ -150,14 +147,49 @@ impl AccountArgs {
         if let Some(p) = &self.admin_token_file {
             cfg.token = Some(sluice_admin::BearerToken::from_file(p)?);
         }
-        let app = sluice_admin::compose(
-            &cfg,
-            sluice_export::account::admin_parts(acct.clone(), service),
-        );
-        let s = sluice_admin::AdminServer::start(cfg, app)
-            .with_context(|| format!("starting --metrics {addr}"))?;
-        info!(addr = %s.local_addr(), "admin endpoint ready (/metrics, /v1/status, /v1/exports)");
-        Ok(Some(s))
+        Ok(Some(cfg))
+    }
+}
+
+/// Starts the admin endpoint (its own thread) with `cfg` from
+/// [`AccountArgs::metrics_config`]: the exports' counters on `/metrics`,
+/// and the isolation of the volumes exported (`gates`, from
+/// [`isolation_gate`]).
+fn start_metrics(
+    cfg: Option<sluice_admin::AdminConfig>,
+    acct: &Arc<CpuAccountant>,
+    service: &str,
+    gates: Vec<(String, Arc<sluice_control::isolation::ClientIsolation>)>,
+) -> Result<Option<sluice_admin::AdminServer>> {
+    let Some(cfg) = cfg else {
+        return Ok(None);
+    };
+    let extra: Vec<Box<dyn sluice_admin::prometheus_client::collector::Collector>> =
+        if gates.is_empty() {
+            Vec::new()
+        } else {
+            vec![Box::new(sluice_control::isolation::IsolationCollector(
+                gates,
+            ))]
+        };
+    let app = sluice_admin::compose(
+        &cfg,
+        sluice_export::account::admin_parts(acct.clone(), service, extra),
+    );
+    let s = sluice_admin::AdminServer::start(cfg, app)
+        .context("starting the admin endpoint of --metrics")?;
+    info!(addr = %s.local_addr(), "admin endpoint ready (/metrics, /v1/status, /v1/exports)");
+    Ok(Some(s))
+}
+
+/// The volume's eIO gate, view agent and wallet, named by the volume, when
+/// `d` is one (for `--metrics`).
+fn isolation_gate(
+    d: &RemoteDevice,
+) -> Option<(String, Arc<sluice_control::isolation::ClientIsolation>)> {
+    match d {
+        RemoteDevice::Volume(v) => Some((v.name().to_string(), v.pool().isolation().clone())),
+        RemoteDevice::Namespace(_) => None,
     }
 }
 
@@ -414,10 +446,12 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
         }
     }
     let dhchap = a.remote.dhchap.load()?;
+    let metrics_cfg = a.account.metrics_config()?;
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
     rt.block_on(async {
         let mut entries = Vec::new();
+        let mut gates = Vec::new();
         let mut ctrls = Vec::new();
         for s in &specs {
             let remote = Remote {
@@ -447,6 +481,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 None => None,
             };
             let account = acct.add_export(&s.name, &hostnqn, s.cpu_share, tids);
+            gates.extend(isolation_gate(&ns));
             entries.push(ExportEntry {
                 dev: ByteDevice::new(ns),
                 cfg: NbdConfig {
@@ -472,7 +507,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
             .spawn(a.account.batch(), a.account.throttle_params())
             .context("starting the CPU accounting thread")?;
         let names: Vec<String> = specs.iter().map(|s| s.name.clone()).collect();
-        let _admin = a.account.start_metrics(&acct, "sluice-nbd")?;
+        let _admin = start_metrics(metrics_cfg, &acct, "sluice-nbd", gates)?;
         let metrics = std::future::pending::<Result<()>>();
         let serve = async {
             if let Some(path) = &a.unix {
@@ -559,8 +594,22 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     }
     let acct = CpuAccountant::new();
     let rt = runtime_with(Some(acct.clone()))?;
-    let _admin = a.account.start_metrics(&acct, "sluice-fuse")?;
+    let metrics_cfg = a.account.metrics_config()?;
     let (ctrl, ns, hostnqn) = rt.block_on(open_device(&a.remote, &remote))?;
+    let _admin = match start_metrics(
+        metrics_cfg,
+        &acct,
+        "sluice-fuse",
+        isolation_gate(&ns).into_iter().collect(),
+    ) {
+        Ok(admin) => admin,
+        Err(e) => {
+            if let Some(c) = &ctrl {
+                rt.block_on(c.disconnect(Duration::from_secs(5)));
+            }
+            return Err(e);
+        }
+    };
     let tids: Option<sluice_export::account::TidSource> = match ctrl.clone() {
         Some(c2) => Some(Box::new(move || c2.queue_tids())),
         None => None,

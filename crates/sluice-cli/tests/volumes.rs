@@ -350,6 +350,8 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
     .concat());
     let nport = free_port();
     let listen = format!("127.0.0.1:{nport}");
+    let mport = free_port();
+    let metrics = format!("127.0.0.1:{mport}");
     let _nbd = spawn(&[
         "nbd",
         "--volume",
@@ -358,8 +360,12 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
         &control,
         "--listen",
         &listen,
+        "--eio",
+        "--metrics",
+        &metrics,
     ]);
     wait_port(nport);
+    wait_port(mport);
     // 6 MiB of data, written by qemu-img through NBD, compared back: the
     // rest of the 16 MiB export reads as zeros (unallocated).
     let src = dir.path().join("src.raw");
@@ -400,6 +406,32 @@ fn nbd_exports_a_volume_to_unmodified_tools() {
         &url,
     ]);
     assert!(cmp.contains("identical"), "{cmp}");
+    // Every drive I/O went through the volume's eIO gate, and the export's
+    // /metrics shows it: admitted, none left waiting.
+    let m = sluice_admin::client::request(&metrics, "GET", "/metrics", "", None).unwrap();
+    let samples = sluice_admin::metrics::parse_text(&m.body);
+    let of_volume = |name: &str| {
+        samples
+            .iter()
+            .find(|x| x.0 == name && x.1.iter().any(|l| l == &("volume".into(), "nbdvol".into())))
+            .map(|x| x.2)
+    };
+    // qemu-img wrote 6 MiB and read them back: at least one drive I/O per
+    // 2 MiB extent on each of the two replicas, and one per extent read.
+    let admitted = of_volume("sluice_isolation_eio_admitted_total").unwrap_or(0.0);
+    assert!(admitted >= 9.0, "{}", m.body);
+    assert_eq!(
+        of_volume("sluice_isolation_eio_pending"),
+        Some(0.0),
+        "{}",
+        m.body
+    );
+    assert_eq!(
+        of_volume("sluice_isolation_eio_inflight"),
+        Some(0.0),
+        "{}",
+        m.body
+    );
     // qemu-img reads the allocation map through NBD block status
     // (`base:allocation`, structured replies): the 6 MiB written are data,
     // the 10 MiB of unallocated extents a hole that reads as zeros.

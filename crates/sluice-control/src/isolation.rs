@@ -20,12 +20,12 @@
 //! plane only means the view ages (samples are held up to a bound, then
 //! dropped), and a wallet that hears no grant for a second stops metering.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use sluice_flint::auction::{Wallet, WalletConfig};
-use sluice_flint::eio::{EioConfig, EioScheduler, IoKind, StreamId};
+use sluice_flint::eio::{EioConfig, EioCounters, EioScheduler, IoKind, StreamId};
 use sluice_flint::view::{AgentConfig, EntityView, IoSample, SampleBatch, ViewAgent};
 use sluice_flint::Entity;
 use sluice_runtime::sync::lock;
@@ -56,6 +56,8 @@ pub struct ClientIsolation {
     /// The last answer said the auction runs (the I/O path's cheap test).
     auction_on: AtomicBool,
     started: AtomicBool,
+    /// I/Os sent past the gate because its PIFO was full.
+    eio_unscheduled: AtomicU64,
 }
 
 /// The default client name: `HOSTNAME:PID`.
@@ -114,6 +116,7 @@ impl ClientIsolation {
             paths: Mutex::new((0, 0)),
             auction_on: AtomicBool::new(false),
             started: AtomicBool::new(false),
+            eio_unscheduled: AtomicU64::new(0),
         }))
     }
 
@@ -206,6 +209,7 @@ impl ClientIsolation {
                 // I/O (the limit bounds memory, not correctness).
                 drop(tx);
                 drop(g);
+                self.eio_unscheduled.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(drive, "eIO gate full; I/O sent unscheduled");
                 return EioPermit::unscheduled(self.clone(), drive);
             }
@@ -260,6 +264,15 @@ impl ClientIsolation {
     /// I/Os waiting in the eIO gate.
     pub fn eio_pending(&self) -> usize {
         lock(&self.eio).pending()
+    }
+
+    /// What the eIO gate holds and has done, and how many I/Os went past
+    /// it unscheduled because its PIFO was full.
+    pub fn eio_counters(&self) -> (EioCounters, u64) {
+        (
+            lock(&self.eio).counters(),
+            self.eio_unscheduled.load(Ordering::Relaxed),
+        )
     }
 
     /// The view of `e` as this client holds it (no round trip).
@@ -634,6 +647,132 @@ async fn watch_task(me: Weak<ClientIsolation>, control: ControlClient) {
     }
 }
 
+/// Flint's isolation on the client side (eIO gate, view agent, wallet) as
+/// Prometheus metrics, read at scrape time: one sample per volume's gate,
+/// labelled with the volume and the client's name in the view.
+#[derive(Debug)]
+pub struct IsolationCollector(pub Vec<(String, Arc<ClientIsolation>)>);
+
+impl prometheus_client::collector::Collector for IsolationCollector {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::registry::Unit;
+        use sluice_admin::metrics::{counters, gauges, Esc};
+        let e = &mut enc;
+        let each = |f: &dyn Fn(&ClientIsolation) -> f64| {
+            self.0
+                .iter()
+                .map(move |(v, i)| ([("volume", Esc(v)), ("client", Esc(i.client()))], f(i)))
+                .collect::<Vec<_>>()
+        };
+        let eio =
+            |f: fn(&EioCounters) -> f64| each(&move |i: &ClientIsolation| f(&i.eio_counters().0));
+        gauges(
+            e,
+            "sluice_isolation_eio_pending",
+            "Drive I/Os waiting in the eIO gate for admission.",
+            None,
+            eio(|c| c.pending as f64),
+        )?;
+        gauges(
+            e,
+            "sluice_isolation_eio_inflight",
+            "Drive I/Os the eIO gate admitted that have not completed.",
+            None,
+            eio(|c| f64::from(c.inflight_ios)),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_eio_admitted",
+            "Drive I/Os the eIO gate admitted.",
+            None,
+            eio(|c| c.admitted as f64),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_eio_passed_blocked_head",
+            "Small drive I/Os admitted past a large one that did not fit (into the small-I/O reserve).",
+            None,
+            eio(|c| c.passed_blocked_head as f64),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_eio_wait",
+            "Time admitted drive I/Os waited in the eIO gate, summed.",
+            Some(&Unit::Seconds),
+            eio(|c| c.waited_us as f64 / 1e6),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_eio_unscheduled",
+            "Drive I/Os sent past the eIO gate because its queue was full.",
+            None,
+            each(&|i| i.eio_counters().1 as f64),
+        )?;
+        gauges(
+            e,
+            "sluice_isolation_auction_waiting",
+            "Drive I/Os waiting for the bandwidth auction's next grant.",
+            None,
+            each(&|i| i.auction_waiting() as f64),
+        )?;
+        gauges(
+            e,
+            "sluice_isolation_auction_metered",
+            "1 while the bandwidth auction meters this client's I/O.",
+            None,
+            each(&|i| f64::from(u8::from(i.metered()))),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_view_syncs",
+            "Telemetry syncs sent to the control plane, by path (the fast channel or gRPC).",
+            None,
+            self.0.iter().flat_map(|(v, i)| {
+                let (fast, grpc) = i.sync_paths();
+                [
+                    (
+                        [
+                            ("volume", Esc(v)),
+                            ("client", Esc(i.client())),
+                            ("path", Esc("fast")),
+                        ],
+                        fast,
+                    ),
+                    (
+                        [
+                            ("volume", Esc(v)),
+                            ("client", Esc(i.client())),
+                            ("path", Esc("grpc")),
+                        ],
+                        grpc,
+                    ),
+                ]
+            }),
+        )?;
+        gauges(
+            e,
+            "sluice_isolation_view_epoch",
+            "Epoch of the last view report this client holds.",
+            None,
+            each(&|i| i.epoch() as f64),
+        )?;
+        gauges(
+            e,
+            "sluice_isolation_telemetry_pending_samples",
+            "I/O samples waiting to go to the control plane.",
+            None,
+            each(&|i| i.telemetry_backlog().0 as f64),
+        )?;
+        counters(
+            e,
+            "sluice_isolation_telemetry_dropped_samples",
+            "I/O samples dropped while the control plane could not take them.",
+            None,
+            each(&|i| i.telemetry_backlog().1 as f64),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -706,5 +845,59 @@ mod tests {
             g.record(None, 1, false, 4096, Duration::from_millis(9));
         }
         assert!(g.drive_load(1) > g.drive_load(2));
+    }
+
+    #[tokio::test]
+    async fn the_gate_is_served_as_prometheus_metrics() {
+        let g = one_at_a_time();
+        let a = g.admit(StreamId(1), 7, IoKind::Read, 4096, 1.0).await;
+        let g2 = g.clone();
+        let b = tokio::spawn(async move {
+            let _p = g2.admit(StreamId(2), 7, IoKind::Read, 4096, 1.0).await;
+        });
+        tokio::task::yield_now().await;
+        let mut reg = prometheus_client::registry::Registry::default();
+        reg.register_collector(Box::new(IsolationCollector(vec![("v1".into(), g.clone())])));
+        let text = sluice_admin::metrics::encode(&reg).expect("encodes");
+        let samples = sluice_admin::metrics::parse_text(&text);
+        let find = |n: &str| {
+            samples
+                .iter()
+                .find(|x| {
+                    x.0 == n
+                        && x.1.iter().any(|l| l == &("client".into(), "t".into()))
+                        && x.1.iter().any(|l| l == &("volume".into(), "v1".into()))
+                })
+                .map(|x| x.2)
+        };
+        assert_eq!(find("sluice_isolation_eio_pending"), Some(1.0), "{text}");
+        assert_eq!(find("sluice_isolation_eio_inflight"), Some(1.0), "{text}");
+        assert_eq!(
+            find("sluice_isolation_eio_admitted_total"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            find("sluice_isolation_eio_unscheduled_total"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            find("sluice_isolation_auction_metered"),
+            Some(0.0),
+            "{text}"
+        );
+        let grpc = samples.iter().find(|x| {
+            x.0 == "sluice_isolation_view_syncs_total"
+                && x.1.iter().any(|l| l == &("path".into(), "grpc".into()))
+        });
+        assert_eq!(grpc.map(|x| x.2), Some(0.0), "{text}");
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(5), b)
+            .await
+            .expect("the second read is admitted")
+            .expect("task");
+        let (c, _) = g.eio_counters();
+        assert_eq!((c.admitted, c.pending, c.inflight_ios), (2, 0, 0));
     }
 }

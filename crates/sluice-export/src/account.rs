@@ -660,12 +660,20 @@ impl Collector for ExportCollector {
     }
 }
 
-/// The exporter's parts of the admin API: `GET /metrics`,
+/// The exporter's parts of the admin API: `GET /metrics` (the exports'
+/// counters and `extra`, such as the volumes' isolation),
 /// `GET /v1/status`, `GET /v1/exports` (for [`sluice_admin::compose`]).
-pub fn admin_parts(acct: Arc<CpuAccountant>, service: &str) -> Vec<sluice_admin::Router> {
+pub fn admin_parts(
+    acct: Arc<CpuAccountant>,
+    service: &str,
+    extra: Vec<Box<dyn Collector>>,
+) -> Vec<sluice_admin::Router> {
     let started = Instant::now();
     let mut reg = MetricsRegistry::default();
     reg.register_collector(Box::new(ExportCollector(acct.clone())));
+    for c in extra {
+        reg.register_collector(c);
+    }
     let (a1, a2) = (acct.clone(), acct);
     let service = service.to_string();
     vec![
