@@ -231,6 +231,13 @@ pub enum FuseTransport {
     Uring,
 }
 
+/// The session `sluice fuse` runs: `--transport` resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChosenTransport {
+    Fuser,
+    Uring,
+}
+
 /// The transport `--transport` asks for, resolved: `auto` becomes `uring`
 /// only where that session can run and gain (root, for mount(2), and a
 /// kernel offering FUSE-over-io_uring now), else `fuser`. Returns the
@@ -239,21 +246,21 @@ fn resolve_transport(
     requested: FuseTransport,
     is_root: bool,
     kernel_offers_uring: bool,
-) -> (FuseTransport, &'static str) {
+) -> (ChosenTransport, &'static str) {
     match requested {
-        FuseTransport::Fuser => (FuseTransport::Fuser, "asked for"),
-        FuseTransport::Uring => (FuseTransport::Uring, "asked for"),
+        FuseTransport::Fuser => (ChosenTransport::Fuser, "asked for"),
+        FuseTransport::Uring => (ChosenTransport::Uring, "asked for"),
         FuseTransport::Auto => match (is_root, kernel_offers_uring) {
             (true, true) => (
-                FuseTransport::Uring,
+                ChosenTransport::Uring,
                 "auto: root, and the kernel offers FUSE-over-io_uring",
             ),
             (false, _) => (
-                FuseTransport::Fuser,
+                ChosenTransport::Fuser,
                 "auto: not root (FUSE-over-io_uring mounts with mount(2))",
             ),
             (true, false) => (
-                FuseTransport::Fuser,
+                ChosenTransport::Fuser,
                 "auto: the kernel does not offer FUSE-over-io_uring \
                  (/sys/module/fuse/parameters/enable_uring is not Y)",
             ),
@@ -589,7 +596,7 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
     info!(?transport, why, "FUSE transport chosen");
     let mut remote = Remote::from_args(&a.remote)?;
     // The io_uring session's ring thread drives one NVMe/TCP queue itself.
-    if transport == FuseTransport::Uring {
+    if transport == ChosenTransport::Uring {
         remote.direct_queues = 1;
     }
     let acct = CpuAccountant::new();
@@ -637,9 +644,8 @@ pub fn fuse(a: FuseArgs) -> Result<()> {
             })
     };
     let mounted = match transport {
-        // resolve_transport never returns Auto.
-        FuseTransport::Fuser | FuseTransport::Auto => mount_fuser(dev, cfg, accounting),
-        FuseTransport::Uring => match sluice_export::fuse::uring::mount(
+        ChosenTransport::Fuser => mount_fuser(dev, cfg, accounting),
+        ChosenTransport::Uring => match sluice_export::fuse::uring::mount(
             dev.clone(),
             rt.handle().clone(),
             &cfg,
@@ -729,11 +735,12 @@ mod tests {
 
     #[test]
     fn auto_takes_io_uring_only_as_root_on_a_kernel_that_offers_it() {
-        use FuseTransport::*;
-        assert_eq!(resolve_transport(Auto, true, true).0, Uring);
-        assert_eq!(resolve_transport(Auto, false, true).0, Fuser);
-        assert_eq!(resolve_transport(Auto, true, false).0, Fuser);
-        assert_eq!(resolve_transport(Auto, false, false).0, Fuser);
+        use ChosenTransport as C;
+        use FuseTransport::Auto;
+        assert_eq!(resolve_transport(Auto, true, true).0, C::Uring);
+        assert_eq!(resolve_transport(Auto, false, true).0, C::Fuser);
+        assert_eq!(resolve_transport(Auto, true, false).0, C::Fuser);
+        assert_eq!(resolve_transport(Auto, false, false).0, C::Fuser);
         assert!(resolve_transport(Auto, false, true).1.contains("not root"));
         assert!(resolve_transport(Auto, true, false)
             .1
@@ -742,10 +749,17 @@ mod tests {
 
     #[test]
     fn an_asked_for_transport_is_kept_whatever_the_machine() {
-        use FuseTransport::*;
+        use ChosenTransport as C;
+        use FuseTransport::{Fuser, Uring};
         for (root, offers) in [(true, true), (true, false), (false, true), (false, false)] {
-            assert_eq!(resolve_transport(Fuser, root, offers), (Fuser, "asked for"));
-            assert_eq!(resolve_transport(Uring, root, offers), (Uring, "asked for"));
+            assert_eq!(
+                resolve_transport(Fuser, root, offers),
+                (C::Fuser, "asked for")
+            );
+            assert_eq!(
+                resolve_transport(Uring, root, offers),
+                (C::Uring, "asked for")
+            );
         }
     }
 

@@ -653,100 +653,126 @@ async fn watch_task(me: Weak<ClientIsolation>, control: ControlClient) {
 #[derive(Debug)]
 pub struct IsolationCollector(pub Vec<(String, Arc<ClientIsolation>)>);
 
+/// One volume's isolation, read once per scrape (each lock taken once:
+/// the gate's is on the I/O path).
+struct IsolationSnapshot<'a> {
+    volume: &'a str,
+    client: &'a str,
+    eio: EioCounters,
+    eio_unscheduled: u64,
+    auction_waiting: usize,
+    metered: bool,
+    syncs: (u64, u64),
+    epoch: u64,
+    telemetry: (usize, u64),
+}
+
 impl prometheus_client::collector::Collector for IsolationCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         use prometheus_client::registry::Unit;
         use sluice_admin::metrics::{counters, gauges, Esc};
+        let snaps: Vec<IsolationSnapshot> = self
+            .0
+            .iter()
+            .map(|(volume, i)| {
+                let (eio, eio_unscheduled) = i.eio_counters();
+                IsolationSnapshot {
+                    volume,
+                    client: i.client(),
+                    eio,
+                    eio_unscheduled,
+                    auction_waiting: i.auction_waiting(),
+                    metered: i.metered(),
+                    syncs: i.sync_paths(),
+                    epoch: i.epoch(),
+                    telemetry: i.telemetry_backlog(),
+                }
+            })
+            .collect();
         let e = &mut enc;
-        let each = |f: &dyn Fn(&ClientIsolation) -> f64| {
-            self.0
+        let each = |f: fn(&IsolationSnapshot) -> u64| {
+            snaps
                 .iter()
-                .map(move |(v, i)| ([("volume", Esc(v)), ("client", Esc(i.client()))], f(i)))
+                .map(move |s| ([("volume", Esc(s.volume)), ("client", Esc(s.client))], f(s)))
                 .collect::<Vec<_>>()
         };
-        let eio =
-            |f: fn(&EioCounters) -> f64| each(&move |i: &ClientIsolation| f(&i.eio_counters().0));
         gauges(
             e,
             "sluice_isolation_eio_pending",
             "Drive I/Os waiting in the eIO gate for admission.",
             None,
-            eio(|c| c.pending as f64),
+            each(|s| s.eio.pending as u64),
         )?;
         gauges(
             e,
             "sluice_isolation_eio_inflight",
             "Drive I/Os the eIO gate admitted that have not completed.",
             None,
-            eio(|c| f64::from(c.inflight_ios)),
+            each(|s| u64::from(s.eio.inflight_ios)),
         )?;
         counters(
             e,
             "sluice_isolation_eio_admitted",
             "Drive I/Os the eIO gate admitted.",
             None,
-            eio(|c| c.admitted as f64),
+            each(|s| s.eio.admitted),
         )?;
         counters(
             e,
             "sluice_isolation_eio_passed_blocked_head",
             "Small drive I/Os admitted past a large one that did not fit (into the small-I/O reserve).",
             None,
-            eio(|c| c.passed_blocked_head as f64),
+            each(|s| s.eio.passed_blocked_head),
         )?;
         counters(
             e,
             "sluice_isolation_eio_wait",
             "Time admitted drive I/Os waited in the eIO gate, summed.",
             Some(&Unit::Seconds),
-            eio(|c| c.waited_us as f64 / 1e6),
+            snaps.iter().map(|s| {
+                (
+                    [("volume", Esc(s.volume)), ("client", Esc(s.client))],
+                    s.eio.waited_us as f64 / 1e6,
+                )
+            }),
         )?;
         counters(
             e,
             "sluice_isolation_eio_unscheduled",
             "Drive I/Os sent past the eIO gate because its queue was full.",
             None,
-            each(&|i| i.eio_counters().1 as f64),
+            each(|s| s.eio_unscheduled),
         )?;
         gauges(
             e,
             "sluice_isolation_auction_waiting",
             "Drive I/Os waiting for the bandwidth auction's next grant.",
             None,
-            each(&|i| i.auction_waiting() as f64),
+            each(|s| s.auction_waiting as u64),
         )?;
         gauges(
             e,
             "sluice_isolation_auction_metered",
             "1 while the bandwidth auction meters this client's I/O.",
             None,
-            each(&|i| f64::from(u8::from(i.metered()))),
+            each(|s| u64::from(s.metered)),
         )?;
         counters(
             e,
             "sluice_isolation_view_syncs",
             "Telemetry syncs sent to the control plane, by path (the fast channel or gRPC).",
             None,
-            self.0.iter().flat_map(|(v, i)| {
-                let (fast, grpc) = i.sync_paths();
-                [
+            snaps.iter().flat_map(|s| {
+                [("fast", s.syncs.0), ("grpc", s.syncs.1)].map(|(path, n)| {
                     (
                         [
-                            ("volume", Esc(v)),
-                            ("client", Esc(i.client())),
-                            ("path", Esc("fast")),
+                            ("volume", Esc(s.volume)),
+                            ("client", Esc(s.client)),
+                            ("path", Esc(path)),
                         ],
-                        fast,
-                    ),
-                    (
-                        [
-                            ("volume", Esc(v)),
-                            ("client", Esc(i.client())),
-                            ("path", Esc("grpc")),
-                        ],
-                        grpc,
-                    ),
-                ]
+                        n,
+                    )
+                })
             }),
         )?;
         gauges(
@@ -754,21 +780,21 @@ impl prometheus_client::collector::Collector for IsolationCollector {
             "sluice_isolation_view_epoch",
             "Epoch of the last view report this client holds.",
             None,
-            each(&|i| i.epoch() as f64),
+            each(|s| s.epoch),
         )?;
         gauges(
             e,
             "sluice_isolation_telemetry_pending_samples",
             "I/O samples waiting to go to the control plane.",
             None,
-            each(&|i| i.telemetry_backlog().0 as f64),
+            each(|s| s.telemetry.0 as u64),
         )?;
         counters(
             e,
             "sluice_isolation_telemetry_dropped_samples",
             "I/O samples dropped while the control plane could not take them.",
             None,
-            each(&|i| i.telemetry_backlog().1 as f64),
+            each(|s| s.telemetry.1),
         )
     }
 }
