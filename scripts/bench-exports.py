@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Exports against the host library beneath them: fio through `sluice nbd`
 (over a Unix socket, as local clients reach it, and over loopback TCP) and
-through a `sluice fuse` file, `sluice bench` alone, and nbdkit's memory
-plugin (Unix socket, no network hop) as the yardstick, on the same Sluice
-target.
+through a `sluice fuse` file (directly, and through ext4 on a loop device
+over it, as file systems reach it), `sluice bench` alone, and nbdkit's
+memory plugin (Unix socket, no network hop) as the yardstick, on the same
+Sluice target.
 
     scripts/bench-exports.py [--runtime 3] [--repeats 3] [--out docs/benchmarks.md]
 
@@ -80,7 +81,8 @@ def free_port():
 
 
 def ensure_tools():
-    need = [pkg for tool, pkg in [("fio", "fio"), ("nbdkit", "nbdkit"), ("nbdinfo", "libnbd-bin")]
+    need = [pkg for tool, pkg in [("fio", "fio"), ("nbdkit", "nbdkit"), ("nbdinfo", "libnbd-bin"),
+                                  ("mkfs.ext4", "e2fsprogs"), ("losetup", "mount")]
             if shutil.which(tool) is None]
     if need:
         if os.geteuid() != 0:
@@ -200,6 +202,49 @@ def run_fuse(port, runtime, work, transport="fuser"):
             subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
 
 
+def run_fuse_fs(port, runtime, work, transport):
+    """fio on a file in ext4, mounted from a loop device (direct I/O) over
+    the `sluice fuse` file: the way mkfs and mount reach the export. The
+    CPU column is the export's alone (the loop device's kernel workers are
+    not charged)."""
+    mnt = os.path.join(work, f"fuse-fs-{transport}")
+    ext = os.path.join(work, f"ext4-{transport}")
+    os.makedirs(mnt, exist_ok=True)
+    os.makedirs(ext, exist_ok=True)
+    f = os.path.join(mnt, "disk.img")
+    s = Server([SLUICE, "fuse", "--target", f"127.0.0.1:{port}", "--nqn", NQN, mnt, "--file-name", "disk.img",
+                "--transport", transport, "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
+    loop = None
+    try:
+        loop = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", f], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        dio = subprocess.run(["losetup", "-n", "-O", "DIO", loop], capture_output=True, text=True).stdout.strip()
+        if dio != "1":
+            raise SystemExit(f"bench-exports: {loop} over the FUSE file runs without direct I/O")
+        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True)
+        subprocess.run(["mount", loop, ext], check=True)
+        data = os.path.join(ext, "data")
+        # Written whole, so the reads reach the export (an unwritten ext4
+        # extent reads as zeros without any I/O).
+        subprocess.run(["dd", "if=/dev/zero", f"of={data}", "bs=1M", f"count={int(SPAN[:-1])}",
+                        "oflag=direct", "status=none"], check=True)
+        rows = {}
+        for rw, bs, qd in WORKLOADS:
+            c0 = s.cpu()
+            iops, mib, ios = fio(["--ioengine=libaio", "--direct=1", f"--filename={data}",
+                                  *fio_workload(rw, bs, qd)], runtime)
+            rows[(rw, bs, qd)] = (iops, mib, (s.cpu() - c0) / max(ios, 1) * 1e6)
+        return rows
+    finally:
+        if os.path.ismount(ext):
+            subprocess.run(["umount", ext], stderr=subprocess.DEVNULL)
+        if loop:
+            subprocess.run(["losetup", "-d", loop], stderr=subprocess.DEVNULL)
+        s.stop()
+        if os.path.ismount(mnt):
+            subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+
+
 def run_nbdkit(runtime, work, extra=()):
     path = os.path.join(work, f"nbdkit-{free_port()}.sock")
     s = Server(["nbdkit", "--foreground", "--exit-with-parent", "-U", path, *extra, "memory", "1G"],
@@ -246,6 +291,10 @@ def main():
          lambda: run_nbd(port, a.runtime, work, ["--structured-replies", "false"])),
         ("fio (nbd engine) → nbdkit memory plugin `--no-sr` (Unix socket), for scale",
          lambda: run_nbdkit(a.runtime, work, ["--no-sr"])),
+        ("fio (libaio, O_DIRECT) → ext4 file → loop device (direct I/O) → `sluice fuse --transport fuser` file → target",
+         lambda: run_fuse_fs(port, a.runtime, work, "fuser")),
+        ("fio (libaio, O_DIRECT) → ext4 file → loop device (direct I/O) → `sluice fuse --transport uring` file → target",
+         lambda: run_fuse_fs(port, a.runtime, work, "uring")),
     ]
     results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}
     try:
@@ -284,8 +333,8 @@ def main():
         lines.append(f"| {name} | {cell(s, 0)} | {cell(s, 2, fmt='{:.1f}')} | "
                      f"{cell(l, 1, 2**20 / 1e9, '{:.2f}')} | {cell(l, 2, fmt='{:.1f}')} |")
     med = {name: {w: statistics.median(r[0] for r in results[name][w]) for w in WORKLOADS} for name, _ in paths}
-    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring, nbd_simple, nbdkit_simple = (
-        paths[i][0] for i in (0, 1, 2, 3, 5, 6, 7, 8))
+    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring, nbd_simple, nbdkit_simple, fs_fuser, fs_uring = (
+        paths[i][0] for i in (0, 1, 2, 3, 5, 6, 7, 8, 9, 10))
 
     def ratio(x, y, w):
         return f"{med[x][w] / med[y][w]:.2f}"
@@ -304,7 +353,12 @@ def main():
         f"Simple replies only (`--structured-replies false`; nbdkit `--no-sr`): NBD / `sluice bench` = "
         f"{ratio(nbd_simple, bench, small)} and {ratio(nbd_simple, bench, large)}; against structured replies "
         f"{ratio(nbd_simple, nbd, small)} and {ratio(nbd_simple, nbd, large)} (nbdkit "
-        f"{ratio(nbdkit_simple, nbdkit, small)} and {ratio(nbdkit_simple, nbdkit, large)}).",
+        f"{ratio(nbdkit_simple, nbdkit, small)} and {ratio(nbdkit_simple, nbdkit, large)}). "
+        f"Through ext4 on a loop device over the FUSE file (how mkfs and mount reach it): io_uring / fuser = "
+        f"{ratio(fs_uring, fs_fuser, small)} and {ratio(fs_uring, fs_fuser, large)} (on the file itself "
+        f"{ratio(fuse_uring, fuse, small)} and {ratio(fuse_uring, fuse, large)}); through ext4 / on the file: "
+        f"fuser {ratio(fs_fuser, fuse, small)} and {ratio(fs_fuser, fuse, large)}, io_uring "
+        f"{ratio(fs_uring, fuse_uring, small)} and {ratio(fs_uring, fuse_uring, large)}.",
         END,
     ]
     table = "\n".join(lines) + "\n"
