@@ -20,6 +20,7 @@ pub mod errno;
 pub mod fuse;
 pub mod nbd;
 mod replace;
+mod spare;
 
 pub use blockio::{BlockDevice, ByteDevice, ExportError, MemDevice, RemoteDevice};
 

@@ -48,6 +48,7 @@ use super::ops::{BlockIo, FileRules, Outcome};
 use super::{rules_for, FuseAccounting, FuseConfig, FUSE_BACKGROUND_MAX};
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::{from_host_error, OpKind, EIO};
+use crate::spare::SpareBuffers;
 use sluice_host::core::Completion;
 use sluice_host::{DirectQueue, HostError, IoFlags, Namespace, RwBuilder};
 
@@ -576,7 +577,15 @@ struct Direct {
     block_bytes: u64,
     waiting: Vec<Option<DirectIo>>,
     done: Vec<(u64, Result<Completion, HostError>)>,
+    /// Read buffers back from completed reads, reused for the next ones:
+    /// a fresh 128 KiB buffer per read cost the ring thread page faults
+    /// (the allocator handed the memory back and took it again); at most
+    /// [`DIRECT_SPARE_BYTES_MAX`].
+    spare: SpareBuffers<DIRECT_SPARE_BYTES_MAX>,
 }
+
+/// Bytes of read buffers the ring keeps for reuse, at most.
+const DIRECT_SPARE_BYTES_MAX: usize = 8 << 20;
 
 impl Direct {
     fn new(dq: DirectQueue, rw: RwBuilder, block_bytes: u32) -> Direct {
@@ -586,6 +595,7 @@ impl Direct {
             block_bytes: u64::from(block_bytes.max(1)),
             waiting: Vec::new(),
             done: Vec::new(),
+            spare: SpareBuffers::default(),
         }
     }
 
@@ -802,7 +812,7 @@ impl<D: BlockDevice> Ring<D> {
             let mut cx = std::task::Context::from_waker(&waker);
             while let Poll::Ready(Some((i, r))) = self.pending.poll_next_unpin(&mut cx) {
                 let unique = InHeader::parse(&self.entries[i].header[..]).map_or(0, |h| h.unique);
-                if let Err(e) = self.commit(i, unique, r) {
+                if let Err(e) = self.commit(i, unique, r.as_deref().map_err(|e| *e)) {
                     warn!("FUSE io_uring: {e}; the ring thread ends");
                     return;
                 }
@@ -867,7 +877,7 @@ impl<D: BlockDevice> Ring<D> {
             }
         };
         match outcome {
-            Outcome::Reply(body) => self.commit(i, h.unique, Ok(body)),
+            Outcome::Reply(body) => self.commit(i, h.unique, Ok(&body)),
             Outcome::Error(e) => self.commit(i, h.unique, Err(e)),
             // FORGET and INTERRUPT do not travel over the ring; anything
             // else without a reply still needs its entry back.
@@ -899,8 +909,9 @@ impl<D: BlockDevice> Ring<D> {
         let waiting = match io {
             BlockIo::Read { offset, len } if d.fits(offset, len) => {
                 let lba = offset / d.block_bytes;
+                let buf = d.spare.take(len);
                 if d.dq
-                    .submit_read(&d.rw, lba, len, IoFlags::default(), token)
+                    .submit_read_into(&d.rw, lba, buf, IoFlags::default(), token)
                     .is_err()
                 {
                     return Err(io);
@@ -989,7 +1000,11 @@ impl<D: BlockDevice> Ring<D> {
                     if let Some(a) = &acct {
                         a.record(c.data.len() as u64);
                     }
-                    Ok(c.data)
+                    self.commit(i, unique, Ok(&c.data))?;
+                    if let Some(d) = self.direct.as_mut() {
+                        d.spare.recycle(c.data);
+                    }
+                    continue;
                 }
                 (DirectIo::Read(_), Err(e)) => Err(from_host_error(&e, OpKind::Read)),
                 (DirectIo::Write { lock_id, len }, r) => {
@@ -1006,7 +1021,7 @@ impl<D: BlockDevice> Ring<D> {
                     .map(|_| Vec::new())
                     .map_err(|e| from_host_error(&e, OpKind::Flush)),
             };
-            self.commit(i, unique, reply)?;
+            self.commit(i, unique, reply.as_deref().map_err(|e| *e))?;
         }
         if let Some(d) = self.direct.as_mut() {
             d.done = done;
@@ -1102,11 +1117,11 @@ impl<D: BlockDevice> Ring<D> {
 
     /// Writes the reply into entry `i`'s buffers and commits it, which
     /// also asks for the entry's next request.
-    fn commit(&mut self, i: usize, unique: u64, r: Result<Vec<u8>, u32>) -> io::Result<()> {
+    fn commit(&mut self, i: usize, unique: u64, r: Result<&[u8], u32>) -> io::Result<()> {
         let e = &mut self.entries[i];
         let (error, len) = match r {
             Ok(body) if body.len() <= e.payload.len() => {
-                e.payload[..body.len()].copy_from_slice(&body);
+                e.payload[..body.len()].copy_from_slice(body);
                 (0, body.len())
             }
             Ok(body) => {

@@ -34,6 +34,7 @@ use super::reply::{Reply, IN_FLIGHT_BYTES_MAX, REQUESTS_IN_FLIGHT_MAX};
 use crate::account::ExportAccount;
 use crate::blockio::RangeLock;
 use crate::errno::{from_host_error, OpKind, EINVAL};
+use crate::spare::SpareBuffers;
 use rustix::event::{PollFd, PollFlags};
 use sluice_host::core::Completion;
 use sluice_host::{DirectQueue, HostError, IoFlags, RwBuilder};
@@ -164,25 +165,18 @@ pub(crate) struct ReplyQueue {
     off: usize,
     /// Read buffers of written replies, for the next reads to fill (no
     /// allocation and no zeroing per read); at most [`SPARE_BYTES_MAX`].
-    spare: Vec<Vec<u8>>,
-    spare_bytes: usize,
+    spare: SpareBuffers<SPARE_BYTES_MAX>,
 }
 
 impl ReplyQueue {
     /// A buffer of `len` bytes for a read to fill: a written reply's, or
     /// a new one.
     pub(crate) fn take_buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut b = self.spare.pop().unwrap_or_default();
-        self.spare_bytes -= b.capacity();
-        b.resize(len, 0);
-        b
+        self.spare.take(len)
     }
 
     fn recycle(&mut self, b: Vec<u8>) {
-        if b.capacity() > 0 && self.spare_bytes + b.capacity() <= SPARE_BYTES_MAX {
-            self.spare_bytes += b.capacity();
-            self.spare.push(b);
-        }
+        self.spare.recycle(b);
     }
 
     pub(crate) fn push(&mut self, r: Reply, charge: u64) {

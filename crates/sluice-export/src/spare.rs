@@ -1,0 +1,75 @@
+//! `SpareBuffers`: the read buffers a run-to-completion path (an NBD
+//! connection's, the FUSE ring's) keeps from completed reads for the next
+//! ones, so a read neither allocates nor faults in fresh pages. At most
+//! `BYTES_MAX` bytes are kept.
+//!
+//! A reused buffer keeps the bytes of its last read: it is only handed to
+//! a read, and the host completes a read only once every byte of it has
+//! arrived (`sluice_host`'s core refuses a shorter transfer), so those
+//! bytes are always overwritten before anyone sees them.
+
+/// Spare read buffers, at most `BYTES_MAX` bytes of capacity in all.
+#[derive(Debug, Default)]
+pub(crate) struct SpareBuffers<const BYTES_MAX: usize> {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl<const BYTES_MAX: usize> SpareBuffers<BYTES_MAX> {
+    /// A buffer of `len` bytes for a read to fill: a spare one, or a new
+    /// one.
+    pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.bufs.pop().unwrap_or_default();
+        self.bytes -= b.capacity();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Keeps `b` for a later read, unless that would pass the bound.
+    pub(crate) fn recycle(&mut self, b: Vec<u8>) {
+        if b.capacity() > 0 && self.bytes + b.capacity() <= BYTES_MAX {
+            self.bytes += b.capacity();
+            self.bufs.push(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recycled_buffer_is_taken_again_at_the_new_length() {
+        let mut s = SpareBuffers::<{ 1 << 20 }>::default();
+        let a = s.take(128 << 10);
+        assert_eq!(a.len(), 128 << 10);
+        let ptr = a.as_ptr();
+        s.recycle(a);
+        let b = s.take(4096);
+        assert_eq!((b.len(), b.as_ptr()), (4096, ptr), "the same allocation");
+        s.recycle(b);
+        let c = s.take(256 << 10);
+        assert_eq!(c.len(), 256 << 10);
+        assert!(
+            c[128 << 10..].iter().all(|&x| x == 0),
+            "grown bytes are zero"
+        );
+        assert_eq!(s.bytes, 0);
+    }
+
+    #[test]
+    fn no_more_than_the_bound_is_kept() {
+        let mut s = SpareBuffers::<{ 256 << 10 }>::default();
+        for _ in 0..4 {
+            s.recycle(vec![0; 128 << 10]);
+        }
+        assert_eq!(s.bufs.len(), 2);
+        assert!(s.bytes <= 256 << 10);
+        s.recycle(Vec::new());
+        assert_eq!(s.bufs.len(), 2, "an empty buffer is not worth keeping");
+        let _ = s.take(1);
+        let _ = s.take(1);
+        let _ = s.take(1);
+        assert_eq!((s.bufs.len(), s.bytes), (0, 0));
+    }
+}
