@@ -185,6 +185,17 @@ impl FileRules {
     /// The outcome of a decoded request on inode `nodeid` (everything but
     /// INIT, which the session answers).
     pub fn handle(&self, nodeid: u64, r: &Request<'_>) -> Outcome {
+        self.handle_with(nodeid, r, &mut |data| data.to_vec())
+    }
+
+    /// [`Self::handle`], with a write's data copied into the buffer
+    /// `copy` makes of it (the ring reuses its buffers this way).
+    pub fn handle_with(
+        &self,
+        nodeid: u64,
+        r: &Request<'_>,
+        copy: &mut dyn FnMut(&[u8]) -> Vec<u8>,
+    ) -> Outcome {
         let ttl = ATTR_TTL_S;
         match *r {
             Request::Lookup { name } => {
@@ -221,7 +232,7 @@ impl FileRules {
                 Ok(0) => Outcome::Reply(abi::write_out(0)),
                 Ok(n) => Outcome::Io(BlockIo::Write {
                     offset,
-                    data: data[..n].to_vec(),
+                    data: copy(&data[..n]),
                     fua: i32::from_ne_bytes(flags.to_ne_bytes()) & (libc::O_SYNC | libc::O_DSYNC)
                         != 0,
                 }),
@@ -304,6 +315,53 @@ mod tests {
             gid: 0,
             time_s: 0,
         }
+    }
+
+    #[test]
+    fn a_writes_data_is_copied_by_the_callers_copier_and_only_what_fits() {
+        let r = rules(false);
+        let data = [9u8; 300];
+        let mut seen = Vec::new();
+        let mut copy = |d: &[u8]| {
+            seen.push(d.len());
+            let mut b = vec![0xEE; 4096]; // a reused buffer, longer and stale
+            b.truncate(d.len());
+            b.copy_from_slice(d);
+            b
+        };
+        let out = r.handle_with(
+            FILE_INO,
+            &Request::Write {
+                offset: (1 << 20) - 100,
+                data: &data,
+                flags: 0,
+            },
+            &mut copy,
+        );
+        assert_eq!(
+            out,
+            Outcome::Io(BlockIo::Write {
+                offset: (1 << 20) - 100,
+                data: vec![9; 100],
+                fua: false
+            })
+        );
+        // Not asked to copy anything for a read or a refused write.
+        let _ = r.handle_with(
+            FILE_INO,
+            &Request::Read {
+                offset: 0,
+                size: 4096,
+            },
+            &mut copy,
+        );
+        let refused = Request::Write {
+            offset: 1 << 20,
+            data: &data,
+            flags: 0,
+        };
+        let _ = r.handle_with(FILE_INO, &refused, &mut copy);
+        assert_eq!(seen, vec![100]);
     }
 
     #[test]

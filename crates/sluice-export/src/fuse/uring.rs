@@ -869,8 +869,18 @@ impl<D: BlockDevice> Ring<D> {
         let fixed = abi::fixed_arg_bytes(h.opcode).min(RING_HEADER_BYTES - OP_IN_AT - 32);
         let arg = &e.header[OP_IN_AT..OP_IN_AT + fixed];
         let rest = &e.payload[..(payload_sz as usize).min(e.payload.len())];
+        let mut spare = self.direct.as_mut().map(|d| &mut d.spare);
+        let mut copy = |data: &[u8]| match spare.as_deref_mut() {
+            // A spare buffer of the right length, overwritten whole.
+            Some(s) => {
+                let mut b = s.take(data.len());
+                b.copy_from_slice(data);
+                b
+            }
+            None => data.to_vec(),
+        };
         let outcome = match Request::parse(h.opcode, arg, rest) {
-            Ok(r) => self.shared.rules.handle(h.nodeid, &r),
+            Ok(r) => self.shared.rules.handle_with(h.nodeid, &r, &mut copy),
             Err(err) => {
                 warn!("undecodable FUSE request: {err}");
                 Outcome::Error(EIO)
@@ -1009,9 +1019,14 @@ impl<D: BlockDevice> Ring<D> {
                 (DirectIo::Read(_), Err(e)) => Err(from_host_error(&e, OpKind::Read)),
                 (DirectIo::Write { lock_id, len }, r) => {
                     self.shared.dev.locks().release(lock_id);
-                    r.map(|_| {
+                    r.map(|c| {
                         if let Some(a) = &acct {
                             a.record(len as u64);
+                        }
+                        // The queue hands the sent buffer back: the next
+                        // read or write takes it.
+                        if let Some(d) = self.direct.as_mut() {
+                            d.spare.recycle(c.data);
                         }
                         abi::write_out(u32::try_from(len).unwrap_or(u32::MAX))
                     })
