@@ -1,14 +1,13 @@
-//! `SpareBuffers`: the read buffers a run-to-completion path (an NBD
-//! connection's, the FUSE ring's) keeps from completed reads for the next
-//! ones, so a read neither allocates nor faults in fresh pages. At most
+//! `SpareBuffers`: the I/O buffers a run-to-completion path (an NBD
+//! connection's, the FUSE ring's) keeps from completed I/Os for the next
+//! ones, so an I/O neither allocates nor faults in fresh pages. At most
 //! `BYTES_MAX` bytes are kept.
 //!
-//! A reused buffer keeps the bytes of its last read: it is only handed to
-//! a read, and the host completes a read only once every byte of it has
-//! arrived (`sluice_host`'s core refuses a shorter transfer), so those
-//! bytes are always overwritten before anyone sees them.
+//! A reused buffer keeps the bytes of its last use, which nobody sees: a
+//! read fills it whole before it completes (`sluice_host`'s core refuses
+//! a shorter transfer), and write data is copied over it whole.
 
-/// Spare read buffers, at most `BYTES_MAX` bytes of capacity in all.
+/// Spare I/O buffers, at most `BYTES_MAX` bytes of capacity in all.
 #[derive(Debug, Default)]
 pub(crate) struct SpareBuffers<const BYTES_MAX: usize> {
     bufs: Vec<Vec<u8>>,
@@ -16,8 +15,8 @@ pub(crate) struct SpareBuffers<const BYTES_MAX: usize> {
 }
 
 impl<const BYTES_MAX: usize> SpareBuffers<BYTES_MAX> {
-    /// A buffer of `len` bytes for a read to fill: a spare one, or a new
-    /// one.
+    /// A buffer of `len` bytes to be overwritten whole (by a read, or by a
+    /// write's data): a spare one, or a new one.
     pub(crate) fn take(&mut self, len: usize) -> Vec<u8> {
         let mut b = self.bufs.pop().unwrap_or_default();
         self.bytes -= b.capacity();
@@ -25,7 +24,7 @@ impl<const BYTES_MAX: usize> SpareBuffers<BYTES_MAX> {
         b
     }
 
-    /// Keeps `b` for a later read, unless that would pass the bound.
+    /// Keeps `b` for a later I/O, unless that would pass the bound.
     pub(crate) fn recycle(&mut self, b: Vec<u8>) {
         if b.capacity() > 0 && self.bytes + b.capacity() <= BYTES_MAX {
             self.bytes += b.capacity();

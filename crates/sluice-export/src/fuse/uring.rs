@@ -577,14 +577,14 @@ struct Direct {
     block_bytes: u64,
     waiting: Vec<Option<DirectIo>>,
     done: Vec<(u64, Result<Completion, HostError>)>,
-    /// Read buffers back from completed reads, reused for the next ones:
-    /// a fresh 128 KiB buffer per read cost the ring thread page faults
-    /// (the allocator handed the memory back and took it again); at most
-    /// [`DIRECT_SPARE_BYTES_MAX`].
+    /// Buffers back from completed reads and writes, for the next reads
+    /// to fill and writes to copy their data into: a fresh 128 KiB buffer
+    /// per I/O cost the ring thread page faults (the allocator handed the
+    /// memory back and took it again); at most [`DIRECT_SPARE_BYTES_MAX`].
     spare: SpareBuffers<DIRECT_SPARE_BYTES_MAX>,
 }
 
-/// Bytes of read buffers the ring keeps for reuse, at most.
+/// Bytes of I/O buffers the ring keeps for reuse, at most.
 const DIRECT_SPARE_BYTES_MAX: usize = 8 << 20;
 
 impl Direct {
