@@ -31,6 +31,7 @@ WORK=$(mktemp -d /tmp/sluice-interop-target.XXXXXX)
 LOGDIR=${KEEP:-$WORK/logs}
 mkdir -p "$LOGDIR"
 QPID=""
+GUEST_LOG=""
 # Kills this run's QEMU itself (the wrapper script's trap may not run on SIGKILL).
 stop_qemu() {
     pkill -9 -f "hostfwd=tcp:127.0.0.1:$HPORT-" 2>/dev/null || true
@@ -58,11 +59,19 @@ check() {
         PASSED=$((PASSED + 1)); echo "interop-target: PASS $name ($((SECONDS - t0)) s)"
     else
         FAILED=$((FAILED + 1)); echo "interop-target: FAIL $name ($((SECONDS - t0)) s)"; tail -n 30 "$LOGDIR/$name.out" | sed 's/^/    /'
+        # A guest that went away mid-scenario (seen twice: nvmet closed the
+        # connections, then the port refused them) is explained only by its
+        # console, which the work directory's removal would take with it.
+        if [[ -n "$QPID" && -n "$GUEST_LOG" ]] && ! kill -0 "$QPID" 2>/dev/null; then
+            echo "    (the guest has exited; the end of its console, $GUEST_LOG:)"
+            tail -n 60 "$GUEST_LOG" | sed 's/^/    | /'
+        fi
     fi
 }
 
 boot_target() {
     local k=$1 log=$2; shift 2
+    GUEST_LOG=$log
     "$ROOT/scripts/linux-peer-run.sh" --kernel "$k" --script "$ROOT/tests/linux-peer/guest/target-nvmet.sh" \
         -e SUBNQN=$SUBNQN -e NS_MB=512 -e TARGET_UP_SECONDS=400 -e EXPECT_HOST_CONNECT=1 "$@" \
         --hostfwd "tcp:127.0.0.1:$HPORT-:4420" --hostfwd "tcp:127.0.0.1:$CPORT-:4499" \
