@@ -126,6 +126,12 @@ fn export_accounting_flags() {
     let mut args = fuse.to_vec();
     args.extend(["--metrics", "nowhere"]);
     fails_naming(&args, "--metrics");
+    // The FUSE transport: auto, fuser or uring, and nothing else.
+    for t in ["sometimes", "URING2", ""] {
+        let mut args = fuse.to_vec();
+        args.extend(["--transport", t]);
+        fails_naming(&args, "--transport");
+    }
     fails_naming(
         &[
             "nbd",
