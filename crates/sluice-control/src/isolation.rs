@@ -667,6 +667,14 @@ struct IsolationSnapshot<'a> {
     telemetry: (usize, u64),
 }
 
+impl IsolationSnapshot<'_> {
+    /// The labels of this volume's samples.
+    fn labels(&self) -> [(&'static str, sluice_admin::metrics::Esc<'_>); 2] {
+        use sluice_admin::metrics::Esc;
+        [("volume", Esc(self.volume)), ("client", Esc(self.client))]
+    }
+}
+
 impl prometheus_client::collector::Collector for IsolationCollector {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         use prometheus_client::registry::Unit;
@@ -693,7 +701,7 @@ impl prometheus_client::collector::Collector for IsolationCollector {
         let each = |f: fn(&IsolationSnapshot) -> u64| {
             snaps
                 .iter()
-                .map(move |s| ([("volume", Esc(s.volume)), ("client", Esc(s.client))], f(s)))
+                .map(move |s| (s.labels(), f(s)))
                 .collect::<Vec<_>>()
         };
         gauges(
@@ -729,12 +737,9 @@ impl prometheus_client::collector::Collector for IsolationCollector {
             "sluice_isolation_eio_wait",
             "Time admitted drive I/Os waited in the eIO gate, summed.",
             Some(&Unit::Seconds),
-            snaps.iter().map(|s| {
-                (
-                    [("volume", Esc(s.volume)), ("client", Esc(s.client))],
-                    s.eio.waited_us as f64 / 1e6,
-                )
-            }),
+            snaps
+                .iter()
+                .map(|s| (s.labels(), s.eio.waited_us as f64 / 1e6)),
         )?;
         counters(
             e,
@@ -763,16 +768,9 @@ impl prometheus_client::collector::Collector for IsolationCollector {
             "Telemetry syncs sent to the control plane, by path (the fast channel or gRPC).",
             None,
             snaps.iter().flat_map(|s| {
-                [("fast", s.syncs.0), ("grpc", s.syncs.1)].map(|(path, n)| {
-                    (
-                        [
-                            ("volume", Esc(s.volume)),
-                            ("client", Esc(s.client)),
-                            ("path", Esc(path)),
-                        ],
-                        n,
-                    )
-                })
+                let [volume, client] = s.labels();
+                [("fast", s.syncs.0), ("grpc", s.syncs.1)]
+                    .map(|(path, n)| ([volume, client, ("path", Esc(path))], n))
             }),
         )?;
         gauges(
