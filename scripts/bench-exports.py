@@ -161,7 +161,9 @@ def run_bench(port, runtime):
     return rows
 
 
-def run_served(server, target_of, runtime):
+def run_served(server, target_of, runtime, teardown=None):
+    """Each workload through `server`; `teardown` (what was stacked on the
+    server, such as a file system) runs before the server stops."""
     rows = {}
     try:
         for rw, bs, qd in WORKLOADS:
@@ -169,6 +171,8 @@ def run_served(server, target_of, runtime):
             iops, mib, ios = fio([*target_of, *fio_workload(rw, bs, qd)], runtime)
             rows[(rw, bs, qd)] = (iops, mib, (server.cpu() - c0) / max(ios, 1) * 1e6)
     finally:
+        if teardown:
+            teardown()
         server.stop()
     return rows
 
@@ -189,17 +193,29 @@ def run_nbd(port, runtime, work, extra=(), tcp=False):
     return run_served(s, ["--ioengine=nbd", f"--uri={uri}"], runtime)
 
 
-def run_fuse(port, runtime, work, transport="fuser"):
-    mnt = os.path.join(work, f"fuse-{transport}")
+def start_fuse(port, work, transport, tag):
+    """`sluice fuse --transport transport` on its own mountpoint: (server,
+    mountpoint, the file)."""
+    mnt = os.path.join(work, f"{tag}-{transport}")
     os.makedirs(mnt, exist_ok=True)
     f = os.path.join(mnt, "disk.img")
     s = Server([SLUICE, "fuse", "--target", f"127.0.0.1:{port}", "--nqn", NQN, mnt, "--file-name", "disk.img",
                 "--transport", transport, "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
+    return s, mnt, f
+
+
+def unmount_fuse(mnt):
+    """Whatever the session left mounted (fuser's mount, or ours over io_uring)."""
+    if os.path.ismount(mnt) and subprocess.run(["fusermount", "-u", mnt], stderr=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+
+
+def run_fuse(port, runtime, work, transport="fuser"):
+    s, mnt, f = start_fuse(port, work, transport, "fuse")
     try:
         return run_served(s, ["--ioengine=libaio", "--direct=1", f"--filename={f}"], runtime)
     finally:
-        if subprocess.run(["fusermount", "-u", mnt], stderr=subprocess.DEVNULL).returncode != 0:
-            subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        unmount_fuse(mnt)
 
 
 def run_fuse_fs(port, runtime, work, transport):
@@ -207,42 +223,39 @@ def run_fuse_fs(port, runtime, work, transport):
     the `sluice fuse` file: the way mkfs and mount reach the export. The
     CPU column is the export's alone (the loop device's kernel workers are
     not charged)."""
-    mnt = os.path.join(work, f"fuse-fs-{transport}")
     ext = os.path.join(work, f"ext4-{transport}")
-    os.makedirs(mnt, exist_ok=True)
     os.makedirs(ext, exist_ok=True)
-    f = os.path.join(mnt, "disk.img")
-    s = Server([SLUICE, "fuse", "--target", f"127.0.0.1:{port}", "--nqn", NQN, mnt, "--file-name", "disk.img",
-                "--transport", transport, "--log", "warn"], lambda: os.path.exists(f), "sluice fuse")
-    loop = None
+    s, mnt, f = start_fuse(port, work, transport, "fuse-fs")
+    loop = []
+
+    def teardown():
+        if os.path.ismount(ext):
+            subprocess.run(["umount", ext], stderr=subprocess.DEVNULL)
+        for dev in loop:
+            subprocess.run(["losetup", "-d", dev], stderr=subprocess.DEVNULL)
+
     try:
-        loop = subprocess.run(["losetup", "--direct-io=on", "-f", "--show", f], check=True,
-                              capture_output=True, text=True).stdout.strip()
-        dio = subprocess.run(["losetup", "-n", "-O", "DIO", loop], capture_output=True, text=True).stdout.strip()
+        loop.append(subprocess.run(["losetup", "--direct-io=on", "-f", "--show", f], check=True,
+                                   capture_output=True, text=True).stdout.strip())
+        dio = subprocess.run(["losetup", "-n", "-O", "DIO", loop[0]], capture_output=True, text=True).stdout.strip()
         if dio != "1":
-            raise SystemExit(f"bench-exports: {loop} over the FUSE file runs without direct I/O")
-        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True)
-        subprocess.run(["mount", loop, ext], check=True)
+            raise SystemExit(f"bench-exports: {loop[0]} over the FUSE file runs without direct I/O")
+        subprocess.run(["mkfs.ext4", "-q", "-F", loop[0]], check=True)
+        subprocess.run(["mount", loop[0], ext], check=True)
         data = os.path.join(ext, "data")
         # Written whole, so the reads reach the export (an unwritten ext4
         # extent reads as zeros without any I/O).
         subprocess.run(["dd", "if=/dev/zero", f"of={data}", "bs=1M", f"count={int(SPAN[:-1])}",
                         "oflag=direct", "status=none"], check=True)
-        rows = {}
-        for rw, bs, qd in WORKLOADS:
-            c0 = s.cpu()
-            iops, mib, ios = fio(["--ioengine=libaio", "--direct=1", f"--filename={data}",
-                                  *fio_workload(rw, bs, qd)], runtime)
-            rows[(rw, bs, qd)] = (iops, mib, (s.cpu() - c0) / max(ios, 1) * 1e6)
-        return rows
-    finally:
-        if os.path.ismount(ext):
-            subprocess.run(["umount", ext], stderr=subprocess.DEVNULL)
-        if loop:
-            subprocess.run(["losetup", "-d", loop], stderr=subprocess.DEVNULL)
+    except BaseException:
+        teardown()
         s.stop()
-        if os.path.ismount(mnt):
-            subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        unmount_fuse(mnt)
+        raise
+    try:
+        return run_served(s, ["--ioengine=libaio", "--direct=1", f"--filename={data}"], runtime, teardown)
+    finally:
+        unmount_fuse(mnt)
 
 
 def run_nbdkit(runtime, work, extra=()):
