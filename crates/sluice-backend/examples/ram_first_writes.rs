@@ -6,7 +6,8 @@
 //! -- [CHUNKS] [GAP_MS]`. Each round writes 4 KiB into CHUNKS fresh chunks,
 //! GAP_MS apart (0: back to back), both ways in turn, and prints p50, p99
 //! and max in µs, and how many chunks came from the reserve (populated) and
-//! from its spares (mapped only).
+//! from its spares (mapped only), and how long after the writes paused
+//! the reserve's thread had collapsed those spares onto huge pages.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![allow(
     clippy::cast_possible_truncation,
@@ -15,7 +16,8 @@
 )]
 
 use sluice_backend::{
-    ram_huge_chunks, AlignedBuf, Backend, IoOp, IoRequest, RamBackend, RAM_HUGE_CHUNK_BYTES,
+    ram_huge_chunks, AlignedBuf, Backend, IoOp, IoRequest, RamBackend, RamHugeChunks,
+    RAM_HUGE_CHUNK_BYTES,
 };
 use std::time::{Duration, Instant};
 
@@ -71,13 +73,13 @@ fn writer_faults(chunks: usize, gap: Duration) -> Vec<f64> {
 }
 
 /// The backend's path: a write through a RAM queue into each fresh chunk.
-fn through_backend(chunks: usize, gap: Duration) -> (Vec<f64>, u64, u64) {
+fn through_backend(chunks: usize, gap: Duration) -> (Vec<f64>, u64, u64, Collapse) {
     let chunk = RAM_HUGE_CHUNK_BYTES as u64;
     let ram = RamBackend::with_huge_pages(chunks as u64 * chunk, 4096, true).expect("ram");
     // Let the reserve fill (it starts with the first store on huge pages).
     std::thread::sleep(Duration::from_millis(300));
     let mut q = ram.open_queue().expect("queue");
-    let (from0, spare0, _) = ram_huge_chunks();
+    let c0 = ram_huge_chunks();
     let mut out = Vec::new();
     let mut done = Vec::new();
     for i in 0..chunks as u64 {
@@ -98,8 +100,35 @@ fn through_backend(chunks: usize, gap: Duration) -> (Vec<f64>, u64, u64) {
     }
     assert_eq!(done.len(), chunks);
     assert!(done.iter().all(|c| c.result.is_ok()));
-    let (from1, spare1, _) = ram_huge_chunks();
-    (out, from1 - from0, spare1 - spare0)
+    let c1 = ram_huge_chunks();
+    // The writes paused: how long until the reserve's thread has collapsed
+    // the chunks they faulted on small pages (the store stays alive).
+    let small = c1.from_spares - c0.from_spares + c1.inline - c0.inline;
+    let paused = Instant::now();
+    let tried =
+        |c: RamHugeChunks| c.collapsed + c.collapse_failed - c1.collapsed - c1.collapse_failed;
+    while tried(ram_huge_chunks()) < small && paused.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c2 = ram_huge_chunks();
+    let collapse = Collapse {
+        ms: paused.elapsed().as_secs_f64() * 1e3,
+        collapsed: c2.collapsed - c1.collapsed,
+        failed: c2.collapse_failed - c1.collapse_failed,
+    };
+    (
+        out,
+        c1.from_reserve - c0.from_reserve,
+        c1.from_spares - c0.from_spares,
+        collapse,
+    )
+}
+
+/// The collapses after one round's writes paused.
+struct Collapse {
+    ms: f64,
+    collapsed: u64,
+    failed: u64,
 }
 
 fn main() {
@@ -112,10 +141,14 @@ fn main() {
             &format!("round {round}: writer faults"),
             writer_faults(chunks, gap),
         );
-        let (v, from, spares) = through_backend(chunks, gap);
+        let (v, from, spares, c) = through_backend(chunks, gap);
         report(
             &format!("round {round}: reserve {from}, spares {spares}"),
             v,
+        );
+        println!(
+            "round {round}: {} collapsed onto huge pages ({} refused) {:.0} ms after the writes paused",
+            c.collapsed, c.failed, c.ms
         );
     }
 }

@@ -79,8 +79,8 @@ pub use io::{
     IoRequest, TRANSFER_BYTES_MAX,
 };
 pub use ram::{
-    ram_huge_chunks, RamBackend, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES,
-    RAM_HUGE_RESERVE_CHUNKS, RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
+    ram_huge_chunks, RamBackend, RamHugeChunks, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES,
+    RAM_HUGE_COLLAPSE_QUIET, RAM_HUGE_RESERVE_CHUNKS, RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
 };
 pub use ssd::{
     EmulatedSsd, ServiceModel, ServiceOp, SsdModel, SsdQueue, BASE_LATENCY_US_MAX, PARALLELISM_MAX,

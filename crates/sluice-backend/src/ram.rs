@@ -17,8 +17,12 @@
 //! ahead by a background thread (`sluice-ram-reserve`). When a burst empties
 //! the reserve, a first write takes one of [`RAM_HUGE_SPARE_CHUNKS`] chunks
 //! the thread mapped but did not populate, faults it on small pages (a 4 KiB
-//! fault, no `mmap` of its own) and the thread then marks it for
-//! `khugepaged` to collapse later.
+//! fault, no `mmap` of its own) and the thread then marks it
+//! `MADV_HUGEPAGE`. Once first writes have paused for
+//! [`RAM_HUGE_COLLAPSE_QUIET`], the thread collapses such chunks onto huge
+//! pages itself (`MADV_COLLAPSE`, Linux 6.1) rather than leaving them to
+//! `khugepaged`, which collapses 16 MiB every 10 s by default: minutes for
+//! a namespace written in a burst.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -67,6 +71,9 @@ impl ChunkMem {
             }
             HUGE_CHUNKS_INLINE.fetch_add(1, Ordering::Relaxed);
             if let Some(p) = map_aligned_chunk(HugeAdvice::AfterFirstFault) {
+                if let Some(r) = HugeReserve::running() {
+                    r.collapse_later(p.as_ptr() as usize);
+                }
                 return ChunkMem::Mapped(p);
             }
         }
@@ -83,19 +90,45 @@ pub const RAM_HUGE_RESERVE_CHUNKS: usize = 8;
 /// thread's population to release the address-space lock).
 pub const RAM_HUGE_SPARE_CHUNKS: usize = 256;
 
+/// How long first writes must pause before the reserve's thread collapses
+/// chunks they faulted on small pages: a collapse holds the process's
+/// address-space lock while it copies up to 2 MiB, which would stall the
+/// small-page faults of a burst still going on.
+pub const RAM_HUGE_COLLAPSE_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+
 static HUGE_CHUNKS_FROM_RESERVE: AtomicU64 = AtomicU64::new(0);
 static HUGE_CHUNKS_FROM_SPARES: AtomicU64 = AtomicU64::new(0);
 static HUGE_CHUNKS_INLINE: AtomicU64 = AtomicU64::new(0);
+static HUGE_CHUNKS_COLLAPSED: AtomicU64 = AtomicU64::new(0);
+static HUGE_COLLAPSES_FAILED: AtomicU64 = AtomicU64::new(0);
 
-/// Huge chunks handed out so far in this process: populated from the
-/// reserve, mapped spares (small pages until khugepaged collapses them),
-/// and mapped inline (both ran out).
-pub fn ram_huge_chunks() -> (u64, u64, u64) {
-    (
-        HUGE_CHUNKS_FROM_RESERVE.load(Ordering::Relaxed),
-        HUGE_CHUNKS_FROM_SPARES.load(Ordering::Relaxed),
-        HUGE_CHUNKS_INLINE.load(Ordering::Relaxed),
-    )
+/// What RAM namespaces on huge pages did with their 2 MiB chunks so far in
+/// this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RamHugeChunks {
+    /// Taken populated (on a huge page) from the reserve.
+    pub from_reserve: u64,
+    /// Taken from the reserve's mapped spares, faulted on small pages.
+    pub from_spares: u64,
+    /// Mapped by the writer itself (the reserve was empty or not running),
+    /// on small pages.
+    pub inline: u64,
+    /// Small-page chunks the reserve's thread collapsed onto a huge page.
+    pub collapsed: u64,
+    /// Collapses the kernel refused (no memory for a huge page, THP off,
+    /// or no `MADV_COLLAPSE`); khugepaged may still collapse those.
+    pub collapse_failed: u64,
+}
+
+/// The counts behind [`RamHugeChunks`].
+pub fn ram_huge_chunks() -> RamHugeChunks {
+    RamHugeChunks {
+        from_reserve: HUGE_CHUNKS_FROM_RESERVE.load(Ordering::Relaxed),
+        from_spares: HUGE_CHUNKS_FROM_SPARES.load(Ordering::Relaxed),
+        inline: HUGE_CHUNKS_INLINE.load(Ordering::Relaxed),
+        collapsed: HUGE_CHUNKS_COLLAPSED.load(Ordering::Relaxed),
+        collapse_failed: HUGE_COLLAPSES_FAILED.load(Ordering::Relaxed),
+    }
 }
 
 #[derive(Default)]
@@ -105,10 +138,33 @@ struct ReserveState {
     /// Mapped chunks, never faulted, not advised.
     spares: Vec<ChunkMem>,
     /// Addresses of spares handed out, to be advised onto huge pages
-    /// (`MADV_HUGEPAGE`) by the thread, for khugepaged to collapse. One
-    /// freed meanwhile makes the advice fail or land on a later mapping at
-    /// that address: advice only, harmless either way.
+    /// (`MADV_HUGEPAGE`) by the thread.
     to_advise: Vec<usize>,
+    /// Addresses of chunks on small pages (advised spares, inline
+    /// mappings), to be collapsed by the thread once first writes pause.
+    to_collapse: VecDeque<usize>,
+    /// The address the thread is advising or collapsing outside the lock:
+    /// a chunk being freed waits for it ([`HugeReserve::forget`]), so the
+    /// thread never touches an address after its chunk is unmapped (and
+    /// perhaps mapped again for something else).
+    busy: Option<usize>,
+    /// Chunks taken so far.
+    takes: u64,
+    /// `takes` at the end of the last [`RAM_HUGE_COLLAPSE_QUIET`] in which
+    /// no chunk was taken: the thread collapses while `takes` still equals
+    /// it, so a new burst of first writes stops the collapses until the
+    /// next quiet period.
+    quiet_at_takes: Option<u64>,
+    /// `MADV_COLLAPSE` is not known to this kernel: leave it to khugepaged.
+    no_collapse: bool,
+}
+
+/// What the reserve's thread does next, outside the lock.
+enum ReserveJob {
+    Advise(usize),
+    MapSpare,
+    Populate,
+    Collapse(usize),
 }
 
 /// The process-wide reserve of huge chunks and the thread that refills it.
@@ -118,17 +174,21 @@ struct HugeReserve {
     state: std::sync::Mutex<ReserveState>,
     /// Signalled when a chunk is taken.
     taken: std::sync::Condvar,
+    /// Signalled when the thread is done with its `busy` address.
+    settled: std::sync::Condvar,
 }
+
+static RESERVE: OnceLock<Option<&'static HugeReserve>> = OnceLock::new();
 
 impl HugeReserve {
     /// The reserve, its thread started on first use (`None` if the thread
     /// cannot be spawned: chunks are then mapped inline).
     fn get() -> Option<&'static HugeReserve> {
-        static RESERVE: OnceLock<Option<&'static HugeReserve>> = OnceLock::new();
         *RESERVE.get_or_init(|| {
             let r: &'static HugeReserve = Box::leak(Box::new(HugeReserve {
                 state: std::sync::Mutex::new(ReserveState::default()),
                 taken: std::sync::Condvar::new(),
+                settled: std::sync::Condvar::new(),
             }));
             std::thread::Builder::new()
                 .name("sluice-ram-reserve".into())
@@ -138,9 +198,35 @@ impl HugeReserve {
         })
     }
 
+    /// The reserve if its thread runs, without starting it.
+    fn running() -> Option<&'static HugeReserve> {
+        RESERVE.get().copied().flatten()
+    }
+
+    /// Queues a chunk mapped inline (on small pages) for collapse.
+    fn collapse_later(&self, at: usize) {
+        sync::lock(&self.state).to_collapse.push_back(at);
+        self.taken.notify_one();
+    }
+
+    /// Called before a chunk at `at` is unmapped: the thread must not
+    /// advise or collapse that address any more.
+    fn forget(&self, at: usize) {
+        let mut st = sync::lock(&self.state);
+        st.to_advise.retain(|&a| a != at);
+        st.to_collapse.retain(|&a| a != at);
+        while st.busy == Some(at) {
+            st = self
+                .settled
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     /// A populated chunk, else a mapped spare; `None` when both ran out.
     fn take(&self) -> Option<ChunkMem> {
         let mut st = sync::lock(&self.state);
+        st.takes += 1;
         let c = if let Some(c) = st.ready.pop() {
             HUGE_CHUNKS_FROM_RESERVE.fetch_add(1, Ordering::Relaxed);
             c
@@ -162,51 +248,110 @@ impl HugeReserve {
         Some(c)
     }
 
-    fn refill_forever(&self) {
+    /// The next job: advice first (cheap), then spares (quick, and what a
+    /// burst falls back on), then populated chunks (slow), then collapses
+    /// once first writes have paused; waits while there is none.
+    fn next_job(&self) -> ReserveJob {
+        let mut st = sync::lock(&self.state);
         loop {
-            let advise = {
-                let mut st = sync::lock(&self.state);
-                while st.to_advise.is_empty()
-                    && st.spares.len() >= RAM_HUGE_SPARE_CHUNKS
-                    && st.ready.len() >= RAM_HUGE_RESERVE_CHUNKS
-                {
-                    st = self
-                        .taken
-                        .wait(st)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                }
-                std::mem::take(&mut st.to_advise)
-            };
-            for at in advise {
-                // SAFETY: advice on an address range; see `to_advise`.
-                unsafe {
-                    libc::madvise(
-                        at as *mut libc::c_void,
-                        RAM_HUGE_CHUNK_BYTES,
-                        libc::MADV_HUGEPAGE,
-                    )
-                };
+            if let Some(at) = st.to_advise.pop() {
+                st.busy = Some(at);
+                return ReserveJob::Advise(at);
             }
-            // Spares first: mapping is quick, and they are what a burst
-            // falls back on.
-            let spares_short = sync::lock(&self.state).spares.len() < RAM_HUGE_SPARE_CHUNKS;
-            if spares_short {
-                match map_aligned_chunk(HugeAdvice::Never) {
-                    Some(p) => sync::lock(&self.state).spares.push(ChunkMem::Mapped(p)),
-                    None => std::thread::sleep(std::time::Duration::from_millis(100)),
-                }
+            if st.spares.len() < RAM_HUGE_SPARE_CHUNKS {
+                return ReserveJob::MapSpare;
+            }
+            if st.ready.len() < RAM_HUGE_RESERVE_CHUNKS {
+                return ReserveJob::Populate;
+            }
+            if st.no_collapse || st.to_collapse.is_empty() {
+                st = self
+                    .taken
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 continue;
             }
-            let ready_short = sync::lock(&self.state).ready.len() < RAM_HUGE_RESERVE_CHUNKS;
-            if ready_short {
-                // Outside the lock: this is the slow part.
-                let Some(p) = map_aligned_chunk(HugeAdvice::Now) else {
-                    // Out of address space or memory: try again later.
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    continue;
-                };
-                populate(p);
-                sync::lock(&self.state).ready.push(ChunkMem::Mapped(p));
+            if st.quiet_at_takes == Some(st.takes) {
+                if let Some(at) = st.to_collapse.pop_front() {
+                    st.busy = Some(at);
+                    return ReserveJob::Collapse(at);
+                }
+            }
+            let takes = st.takes;
+            let (next, waited) = self
+                .taken
+                .wait_timeout(st, RAM_HUGE_COLLAPSE_QUIET)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            st = next;
+            if waited.timed_out() && st.takes == takes {
+                st.quiet_at_takes = Some(takes);
+            }
+        }
+    }
+
+    /// Ends the job on the `busy` address; `collapse` queues it next.
+    fn settle(&self, collapse: Option<usize>) {
+        let mut st = sync::lock(&self.state);
+        st.busy = None;
+        if let Some(at) = collapse {
+            st.to_collapse.push_back(at);
+        }
+        self.settled.notify_all();
+    }
+
+    fn refill_forever(&self) {
+        loop {
+            match self.next_job() {
+                ReserveJob::Advise(at) => {
+                    // SAFETY: advice on a chunk's range, which stays mapped
+                    // while it is `busy` (see `forget`).
+                    unsafe {
+                        libc::madvise(
+                            at as *mut libc::c_void,
+                            RAM_HUGE_CHUNK_BYTES,
+                            libc::MADV_HUGEPAGE,
+                        )
+                    };
+                    self.settle(Some(at));
+                }
+                ReserveJob::Collapse(at) => {
+                    // SAFETY: as above; a collapse moves the chunk's pages
+                    // onto one huge page and keeps every byte.
+                    let rc = unsafe {
+                        libc::madvise(
+                            at as *mut libc::c_void,
+                            RAM_HUGE_CHUNK_BYTES,
+                            libc::MADV_COLLAPSE,
+                        )
+                    };
+                    if rc == 0 {
+                        HUGE_CHUNKS_COLLAPSED.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        HUGE_COLLAPSES_FAILED.fetch_add(1, Ordering::Relaxed);
+                        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+                            // Before Linux 6.1: khugepaged collapses the
+                            // advised chunks in its own time.
+                            let mut st = sync::lock(&self.state);
+                            st.no_collapse = true;
+                            st.to_collapse.clear();
+                        }
+                    }
+                    self.settle(None);
+                }
+                ReserveJob::MapSpare => match map_aligned_chunk(HugeAdvice::Never) {
+                    Some(p) => sync::lock(&self.state).spares.push(ChunkMem::Mapped(p)),
+                    None => std::thread::sleep(std::time::Duration::from_millis(100)),
+                },
+                ReserveJob::Populate => {
+                    // Outside the lock: this is the slow part.
+                    let Some(p) = map_aligned_chunk(HugeAdvice::Now) else {
+                        // Out of address space or memory: try again later.
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                        continue;
+                    };
+                    populate(p);
+                    sync::lock(&self.state).ready.push(ChunkMem::Mapped(p));
+                }
             }
         }
     }
@@ -262,6 +407,9 @@ impl std::ops::DerefMut for ChunkMem {
 impl Drop for ChunkMem {
     fn drop(&mut self) {
         if let ChunkMem::Mapped(p) = self {
+            if let Some(r) = HugeReserve::running() {
+                r.forget(p.as_ptr() as usize);
+            }
             // SAFETY: `p` is the start of a RAM_HUGE_CHUNK_BYTES mapping made by
             // `map_aligned_chunk` and owned by this value alone.
             let rc = unsafe { libc::munmap(p.as_ptr().cast(), RAM_HUGE_CHUNK_BYTES) };
@@ -711,7 +859,7 @@ mod tests {
             reserve_reaches(RAM_HUGE_RESERVE_CHUNKS),
             "reserve never filled"
         );
-        let before = ram_huge_chunks().0;
+        let before = ram_huge_chunks().from_reserve;
         let mut got = Vec::new();
         for _ in 0..3 {
             // Other tests may take chunks too; take until we hold three.
@@ -720,7 +868,7 @@ mod tests {
             }
         }
         assert!(!got.is_empty());
-        assert!(ram_huge_chunks().0 >= before + got.len() as u64);
+        assert!(ram_huge_chunks().from_reserve >= before + got.len() as u64);
         for mut c in got {
             assert!(matches!(c, ChunkMem::Mapped(_)), "{c:?}");
             assert_eq!(c.len(), RAM_HUGE_CHUNK_BYTES);
@@ -742,15 +890,49 @@ mod tests {
         assert_eq!(c[RAM_HUGE_CHUNK_BYTES - 1], 9);
     }
 
+    /// `AnonHugePages` of the mapping that holds `addr`, from
+    /// `/proc/self/smaps` (kB; `None` if no mapping holds it).
+    fn anon_huge_kb_at(addr: usize) -> Option<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(v) = line.strip_prefix("AnonHugePages:") {
+                    return v.trim().trim_end_matches("kB").trim().parse().ok();
+                }
+            }
+        }
+        None
+    }
+
+    /// Where chunk `index` of `ram` lives, if it is a mapping.
+    fn chunk_addr(ram: &RamBackend, index: u64) -> Option<usize> {
+        let lock = ram.store.chunk(index, false)?;
+        match &*sync::read(lock) {
+            Some(ChunkMem::Mapped(p)) => Some(p.as_ptr() as usize),
+            _ => None,
+        }
+    }
+
     /// Writes into more fresh chunks than the reserve holds: every one is
-    /// counted (from the reserve or inline) and reads back.
+    /// counted (from the reserve, its spares or inline) and reads back;
+    /// once the writes pause, the reserve's thread collapses the chunks
+    /// faulted on small pages, and every byte reads back the same.
     #[test]
     fn first_writes_on_huge_pages_read_back_past_the_reserve() {
         let chunks = 2 * RAM_HUGE_RESERVE_CHUNKS as u64;
         let chunk = RAM_HUGE_CHUNK_BYTES as u64;
         let ram = RamBackend::with_huge_pages(chunks * chunk, 4096, true).expect("ram");
         assert!(reserve_reaches(RAM_HUGE_RESERVE_CHUNKS));
-        let (a0, b0, c0) = ram_huge_chunks();
+        let h0 = ram_huge_chunks();
         let mut q = ram.open_queue().expect("queue");
         for i in 0..chunks {
             let c = run(
@@ -765,27 +947,81 @@ mod tests {
             );
             assert!(c.result.is_ok(), "{:?}", c.result);
         }
-        let (a1, b1, c1) = ram_huge_chunks();
-        assert!(a1 - a0 + b1 - b0 + c1 - c0 >= chunks, "chunks not counted");
-        assert!(a1 > a0, "no chunk came from the reserve");
-        for i in 0..chunks {
-            let c = run(
-                q.as_mut(),
-                IoRequest {
-                    tag: 100 + i,
-                    op: IoOp::Read,
-                    offset_bytes: i * chunk,
-                    len_bytes: 8192,
-                    buf: Some(AlignedBuf::new(8192)),
-                },
-            );
-            assert!(c.result.is_ok(), "{:?}", c.result);
-            let d = c.buf.expect("buf back");
-            assert!(d[..4096].iter().all(|&b| b == 0), "chunk {i} head");
-            assert!(
-                d[4096..].iter().all(|&b| b == i as u8 + 1),
-                "chunk {i} data"
-            );
+        let h1 = ram_huge_chunks();
+        let small = h1.from_spares - h0.from_spares + h1.inline - h0.inline;
+        assert!(
+            h1.from_reserve - h0.from_reserve + small >= chunks,
+            "chunks not counted"
+        );
+        assert!(
+            h1.from_reserve > h0.from_reserve,
+            "no chunk came from the reserve"
+        );
+        let read_back = |q: &mut dyn BackendQueue, round: u64| {
+            for i in 0..chunks {
+                let c = run(
+                    q,
+                    IoRequest {
+                        tag: round * 100 + i,
+                        op: IoOp::Read,
+                        offset_bytes: i * chunk,
+                        len_bytes: 8192,
+                        buf: Some(AlignedBuf::new(8192)),
+                    },
+                );
+                assert!(c.result.is_ok(), "{:?}", c.result);
+                let d = c.buf.expect("buf back");
+                assert!(d[..4096].iter().all(|&b| b == 0), "chunk {i} head");
+                assert!(
+                    d[4096..].iter().all(|&b| b == i as u8 + 1),
+                    "chunk {i} data"
+                );
+            }
+        };
+        read_back(q.as_mut(), 1);
+        // The writes have paused: the thread collapses what they faulted
+        // on small pages (other tests' chunks may be counted too).
+        let deadline = Instant::now() + std::time::Duration::from_secs(20);
+        let settled = |h: RamHugeChunks| {
+            h.collapsed + h.collapse_failed >= h1.collapsed + h1.collapse_failed + small
+        };
+        while !settled(ram_huge_chunks()) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let h2 = ram_huge_chunks();
+        assert!(
+            settled(h2),
+            "small-page chunks were not collapsed: {h1:?} then {h2:?}"
+        );
+        read_back(q.as_mut(), 2);
+        if h2.collapsed > h1.collapsed {
+            // Where the kernel collapsed, the chunk's mapping now holds a
+            // huge page. Chunks of this store past the reserve's share
+            // came from spares or were mapped inline.
+            let huge = (0..chunks)
+                .filter_map(|i| chunk_addr(&ram, i))
+                .filter(|&a| anon_huge_kb_at(a).is_some_and(|kb| kb >= 2048))
+                .count() as u64;
+            assert!(huge > 0, "no chunk of the store is on a huge page");
+        }
+    }
+
+    /// A chunk freed while queued for collapse leaves the queue before its
+    /// memory is unmapped, so the thread never collapses (or advises) an
+    /// address that may by then belong to another mapping.
+    #[test]
+    fn a_freed_chunk_leaves_the_collapse_queue() {
+        let r = HugeReserve::get().expect("reserve thread");
+        for _ in 0..20 {
+            let p = map_aligned_chunk(HugeAdvice::AfterFirstFault).expect("map");
+            let at = p.as_ptr() as usize;
+            r.collapse_later(at);
+            sync::lock(&r.state).to_advise.push(at);
+            drop(ChunkMem::Mapped(p));
+            let st = sync::lock(&r.state);
+            assert!(!st.to_collapse.contains(&at), "freed chunk still queued");
+            assert!(!st.to_advise.contains(&at), "freed chunk still to advise");
+            assert_ne!(st.busy, Some(at), "freed chunk still being collapsed");
         }
     }
 

@@ -78,6 +78,7 @@ fn admin_endpoint_with_token() {
         "sluice_namespace_stale_epoch_writes_total",
         "sluice_namespace_stale_epoch_reads_total",
         "sluice_ram_huge_chunks_total",
+        "sluice_ram_huge_collapses_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }

@@ -499,15 +499,28 @@ impl Collector for TargetCollector {
         )?;
         // Process-wide: RAM namespaces on huge pages take their chunks from
         // the reserve's populated chunks, else from its mapped spares (a
-        // small-page fault), else map one inline (the reserve is not up).
-        let (reserve, spare, inline) = sluice_backend::ram_huge_chunks();
+        // small-page fault), else map one inline (the reserve is not up);
+        // the reserve's thread later collapses the small-page ones.
+        let h = sluice_backend::ram_huge_chunks();
         counters(
             e,
             "sluice_ram_huge_chunks",
             "2 MiB chunks RAM namespaces on huge pages took, by where they came from (reserve: populated ahead; spare: mapped ahead, faulted on small pages; inline).",
             None,
-            [("reserve", reserve), ("spare", spare), ("inline", inline)]
-                .map(|(from, v)| ([("from", Esc(from))], v)),
+            [
+                ("reserve", h.from_reserve),
+                ("spare", h.from_spares),
+                ("inline", h.inline),
+            ]
+            .map(|(from, v)| ([("from", Esc(from))], v)),
+        )?;
+        counters(
+            e,
+            "sluice_ram_huge_collapses",
+            "Small-page 2 MiB chunks of RAM namespaces the reserve's thread tried to collapse onto a huge page once first writes paused, by result (failed: the kernel refused; khugepaged may still collapse them).",
+            None,
+            [("collapsed", h.collapsed), ("failed", h.collapse_failed)]
+                .map(|(result, v)| ([("result", Esc(result))], v)),
         )
     }
 }
