@@ -210,17 +210,19 @@ impl HugeReserve {
     }
 
     /// Called before a chunk at `at` is unmapped: the thread must not
-    /// advise or collapse that address any more.
+    /// advise or collapse that address any more. Waits while the thread is
+    /// on it, then drops it from the queues (an advice it was finishing
+    /// has just queued it for collapse).
     fn forget(&self, at: usize) {
         let mut st = sync::lock(&self.state);
-        st.to_advise.retain(|&a| a != at);
-        st.to_collapse.retain(|&a| a != at);
         while st.busy == Some(at) {
             st = self
                 .settled
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+        st.to_advise.retain(|&a| a != at);
+        st.to_collapse.retain(|&a| a != at);
     }
 
     /// A populated chunk, else a mapped spare; `None` when both ran out.
@@ -1004,6 +1006,42 @@ mod tests {
                 .count() as u64;
             assert!(huge > 0, "no chunk of the store is on a huge page");
         }
+    }
+
+    /// A chunk freed while the thread advises it waits for the advice,
+    /// and is not left queued for collapse by it.
+    #[test]
+    fn a_chunk_freed_during_its_advice_is_not_left_queued() {
+        // A reserve of its own, with no thread: this test plays the thread.
+        let r = HugeReserve {
+            state: std::sync::Mutex::new(ReserveState::default()),
+            taken: std::sync::Condvar::new(),
+            settled: std::sync::Condvar::new(),
+        };
+        let p = map_aligned_chunk(HugeAdvice::AfterFirstFault).expect("map");
+        let at = p.as_ptr() as usize;
+        sync::lock(&r.state).to_advise.push(at);
+        assert!(matches!(r.next_job(), ReserveJob::Advise(a) if a == at));
+        let freed = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                r.forget(at);
+                freed.store(true, Ordering::Release);
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                !freed.load(Ordering::Acquire),
+                "the free did not wait for the advice"
+            );
+            // The thread's advice ends: it queues the chunk for collapse.
+            r.settle(Some(at));
+        });
+        assert!(freed.load(Ordering::Acquire));
+        let st = sync::lock(&r.state);
+        assert!(!st.to_collapse.contains(&at), "freed chunk left queued");
+        assert_eq!(st.busy, None);
+        drop(st);
+        drop(ChunkMem::Mapped(p));
     }
 
     /// A chunk freed while queued for collapse leaves the queue before its
