@@ -66,12 +66,13 @@ impl ChunkMem {
     /// see [`HugeReserve::take`].
     fn new(len: usize, huge_pages: bool) -> Self {
         if huge_pages && len == RAM_HUGE_CHUNK_BYTES {
-            if let Some(c) = HugeReserve::get().and_then(HugeReserve::take) {
+            let reserve = HugeReserve::get();
+            if let Some(c) = reserve.and_then(HugeReserve::take) {
                 return c;
             }
             HUGE_CHUNKS_INLINE.fetch_add(1, Ordering::Relaxed);
             if let Some(p) = map_aligned_chunk(HugeAdvice::AfterFirstFault) {
-                if let Some(r) = HugeReserve::running() {
+                if let Some(r) = reserve {
                     r.collapse_later(p.as_ptr() as usize);
                 }
                 return ChunkMem::Mapped(p);
@@ -326,16 +327,21 @@ impl HugeReserve {
                             libc::MADV_COLLAPSE,
                         )
                     };
-                    if rc == 0 {
-                        HUGE_CHUNKS_COLLAPSED.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        HUGE_COLLAPSES_FAILED.fetch_add(1, Ordering::Relaxed);
-                        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
-                            // Before Linux 6.1: khugepaged collapses the
-                            // advised chunks in its own time.
-                            let mut st = sync::lock(&self.state);
-                            st.no_collapse = true;
-                            st.to_collapse.clear();
+                    let failed = (rc != 0).then(std::io::Error::last_os_error);
+                    match failed {
+                        None => {
+                            HUGE_CHUNKS_COLLAPSED.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(e) => {
+                            HUGE_COLLAPSES_FAILED.fetch_add(1, Ordering::Relaxed);
+                            if e.raw_os_error() == Some(libc::EINVAL) {
+                                // Before Linux 6.1, or THP off: khugepaged
+                                // collapses the advised chunks in its own time.
+                                tracing::info!(error = %e, "MADV_COLLAPSE refused; RAM chunks on small pages are left to khugepaged");
+                                let mut st = sync::lock(&self.state);
+                                st.no_collapse = true;
+                                st.to_collapse.clear();
+                            }
                         }
                     }
                     self.settle(None);
