@@ -24,6 +24,16 @@ impl<const BYTES_MAX: usize> SpareBuffers<BYTES_MAX> {
         b
     }
 
+    /// A buffer holding a copy of `data` (a write's): a spare one, or a
+    /// new one; no zeroing before the copy.
+    pub(crate) fn copy_of(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut b = self.bufs.pop().unwrap_or_default();
+        self.bytes -= b.capacity();
+        b.clear();
+        b.extend_from_slice(data);
+        b
+    }
+
     /// Keeps `b` for a later I/O, unless that would pass the bound.
     pub(crate) fn recycle(&mut self, b: Vec<u8>) {
         if b.capacity() > 0 && self.bytes + b.capacity() <= BYTES_MAX {
@@ -53,6 +63,21 @@ mod tests {
             c[128 << 10..].iter().all(|&x| x == 0),
             "grown bytes are zero"
         );
+        assert_eq!(s.bytes, 0);
+    }
+
+    #[test]
+    fn a_copy_reuses_a_spare_buffer_and_holds_exactly_the_data() {
+        let mut s = SpareBuffers::<{ 1 << 20 }>::default();
+        let mut a = s.take(4096);
+        a.fill(0xEE); // stale bytes of an earlier use
+        let ptr = a.as_ptr();
+        s.recycle(a);
+        let b = s.copy_of(&[7u8; 100]);
+        assert_eq!((b.as_slice(), b.as_ptr()), (&[7u8; 100][..], ptr));
+        s.recycle(b);
+        let c = s.copy_of(&[5u8; 8192]);
+        assert_eq!(c, vec![5u8; 8192], "a grown copy holds only the data");
         assert_eq!(s.bytes, 0);
     }
 

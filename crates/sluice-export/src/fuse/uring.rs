@@ -871,12 +871,7 @@ impl<D: BlockDevice> Ring<D> {
         let rest = &e.payload[..(payload_sz as usize).min(e.payload.len())];
         let mut spare = self.direct.as_mut().map(|d| &mut d.spare);
         let mut copy = |data: &[u8]| match spare.as_deref_mut() {
-            // A spare buffer of the right length, overwritten whole.
-            Some(s) => {
-                let mut b = s.take(data.len());
-                b.copy_from_slice(data);
-                b
-            }
+            Some(s) => s.copy_of(data),
             None => data.to_vec(),
         };
         let outcome = match Request::parse(h.opcode, arg, rest) {
