@@ -119,6 +119,9 @@ pub struct RamHugeChunks {
     /// Collapses the kernel refused (no memory for a huge page, THP off,
     /// or no `MADV_COLLAPSE`); khugepaged may still collapse those.
     pub collapse_failed: u64,
+    /// Small-page chunks queued for the thread to collapse (at most the
+    /// live chunks on small pages: a freed chunk leaves the queue).
+    pub collapse_pending: u64,
 }
 
 /// The counts behind [`RamHugeChunks`].
@@ -129,6 +132,10 @@ pub fn ram_huge_chunks() -> RamHugeChunks {
         inline: HUGE_CHUNKS_INLINE.load(Ordering::Relaxed),
         collapsed: HUGE_CHUNKS_COLLAPSED.load(Ordering::Relaxed),
         collapse_failed: HUGE_COLLAPSES_FAILED.load(Ordering::Relaxed),
+        collapse_pending: HugeReserve::running().map_or(0, |r| {
+            let st = sync::lock(&r.state);
+            (st.to_advise.len() + st.to_collapse.len()) as u64
+        }),
     }
 }
 
@@ -965,6 +972,8 @@ mod tests {
             h1.from_reserve > h0.from_reserve,
             "no chunk came from the reserve"
         );
+        // Queued, and not collapsed before the writes have paused.
+        assert!(h1.collapse_pending >= small, "{h1:?}");
         let read_back = |q: &mut dyn BackendQueue, round: u64| {
             for i in 0..chunks {
                 let c = run(

@@ -79,6 +79,7 @@ fn admin_endpoint_with_token() {
         "sluice_namespace_stale_epoch_reads_total",
         "sluice_ram_huge_chunks_total",
         "sluice_ram_huge_collapses_total",
+        "sluice_ram_huge_collapses_pending",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }

@@ -521,6 +521,13 @@ impl Collector for TargetCollector {
             None,
             [("collapsed", h.collapsed), ("failed", h.collapse_failed)]
                 .map(|(result, v)| ([("result", Esc(result))], v)),
+        )?;
+        gauge(
+            e,
+            "sluice_ram_huge_collapses_pending",
+            "Small-page 2 MiB chunks of RAM namespaces queued for the reserve's thread to collapse once first writes pause.",
+            None,
+            h.collapse_pending,
         )
     }
 }
