@@ -38,13 +38,55 @@ pub struct IoRequest {
     pub buf: Option<AlignedBuf>,
 }
 
+/// A read's data shared with the backend instead of copied into the
+/// request's buffer ([`BackendQueue::share_reads`]): immutable while
+/// anyone holds it, whatever later writes do to the range.
+pub type SharedRead = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// Result of one [`IoRequest`].
-#[derive(Debug)]
 pub struct IoCompletion {
     pub tag: u64,
     pub result: Result<(), BackendError>,
-    /// The request's buffer handed back (filled for successful reads).
+    /// The request's buffer handed back (filled for successful reads,
+    /// unless `shared` holds the data; then `None`).
     pub buf: Option<AlignedBuf>,
+    /// A successful read's data, when the queue shares reads
+    /// ([`BackendQueue::share_reads`]) and could share this one.
+    pub shared: Option<SharedRead>,
+}
+
+impl std::fmt::Debug for IoCompletion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoCompletion")
+            .field("tag", &self.tag)
+            .field("result", &self.result)
+            .field("buf", &self.buf)
+            .field(
+                "shared_bytes",
+                &self.shared.as_ref().map(|s| (**s).as_ref().len()),
+            )
+            .finish()
+    }
+}
+
+impl IoCompletion {
+    /// A completion handing `buf` back, with no shared data.
+    pub fn new(tag: u64, result: Result<(), BackendError>, buf: Option<AlignedBuf>) -> Self {
+        IoCompletion {
+            tag,
+            result,
+            buf,
+            shared: None,
+        }
+    }
+
+    /// A successful read's bytes: the shared data, or the buffer.
+    pub fn read_data(&self) -> Option<&[u8]> {
+        match &self.shared {
+            Some(s) => Some((**s).as_ref()),
+            None => self.buf.as_ref().map(AlignedBuf::as_slice),
+        }
+    }
 }
 
 /// Static shape and capabilities of a backend.
@@ -117,6 +159,12 @@ pub trait BackendQueue: Send + std::fmt::Debug {
     /// Submitted requests whose completion has not yet been returned by
     /// `poll_completions`.
     fn in_flight(&self) -> usize;
+    /// Lets the queue complete reads of at least `min_bytes` with their
+    /// data in [`IoCompletion::shared`] (and no buffer) instead of a copy
+    /// in the request's buffer, where it can (RAM: a read within one
+    /// written chunk). For callers that send the data on and never
+    /// write to it. Off by default; other backends ignore it.
+    fn share_reads(&mut self, _min_bytes: usize) {}
 }
 
 /// Returns `true` for the block sizes backends support (512 and 4096).
@@ -175,11 +223,7 @@ pub fn validate_request(geometry: &Geometry, req: &IoRequest) -> Result<(), Back
 
 /// Builds the completion for a request that failed before execution.
 pub(crate) fn fail(req: IoRequest, err: BackendError) -> IoCompletion {
-    IoCompletion {
-        tag: req.tag,
-        result: Err(err),
-        buf: req.buf,
-    }
+    IoCompletion::new(req.tag, Err(err), req.buf)
 }
 
 #[cfg(test)]

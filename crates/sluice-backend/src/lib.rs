@@ -6,7 +6,7 @@
 //!
 //! | type | `kind()` | completion | notes |
 //! |------|----------|------------|-------|
-//! | [`RamBackend`] | `"ram"` | next poll | sparse 128 KiB chunks (2 MiB huge pages on request), each behind its own lock |
+//! | [`RamBackend`] | `"ram"` | next poll | sparse 128 KiB chunks (2 MiB huge pages on request), each behind its own lock; large reads shared, not copied, on request |
 //! | [`FileBackend`] | `"file"` / `"block"` | io_uring CQ (eventfd) or next poll (sync engine) | `O_DIRECT` with buffered fallback |
 //! | [`EmulatedSsd`] | `"emulated-ssd"` | when `now` reaches the modelled time | RAM data + [`ServiceModel`] |
 //!
@@ -76,11 +76,12 @@ pub use file::{
 };
 pub use io::{
     valid_block_size, validate_request, Backend, BackendQueue, Geometry, IoCompletion, IoOp,
-    IoRequest, TRANSFER_BYTES_MAX,
+    IoRequest, SharedRead, TRANSFER_BYTES_MAX,
 };
 pub use ram::{
-    ram_huge_chunks, RamBackend, RamHugeChunks, RamQueue, RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES,
-    RAM_HUGE_COLLAPSE_QUIET, RAM_HUGE_RESERVE_CHUNKS, RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
+    ram_huge_chunks, ram_shared_reads, RamBackend, RamHugeChunks, RamQueue, RamSharedReads,
+    RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES, RAM_HUGE_COLLAPSE_QUIET, RAM_HUGE_RESERVE_CHUNKS,
+    RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
 };
 pub use ssd::{
     EmulatedSsd, ServiceModel, ServiceOp, SsdModel, SsdQueue, BASE_LATENCY_US_MAX, PARALLELISM_MAX,

@@ -74,13 +74,24 @@ fn exec(q: &mut dyn BackendQueue, now: &mut Instant, req: IoRequest) -> IoComple
     wait_all(q, 1).pop().expect("one")
 }
 
-fn check_against_model(backend: &dyn Backend, steps: &[Step]) -> Result<(), TestCaseError> {
+/// `share_min`: the queue shares reads of at least this many bytes
+/// ([`BackendQueue::share_reads`]); the shared data of every read is kept
+/// to the end and must still hold what the range held when it was read.
+fn check_against_model(
+    backend: &dyn Backend,
+    steps: &[Step],
+    share_min: Option<usize>,
+) -> Result<(), TestCaseError> {
     let geometry = backend.geometry();
     let bs = u64::from(geometry.block_size_bytes);
     let mut model = vec![0u8; geometry.size_bytes as usize];
     let mut q = backend
         .open_queue()
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    if let Some(min) = share_min {
+        q.share_reads(min);
+    }
+    let mut held: Vec<(crate::SharedRead, Vec<u8>)> = Vec::new();
     let mut now = Instant::now();
     for (i, s) in steps.iter().enumerate() {
         let tag = i as u64;
@@ -120,13 +131,23 @@ fn check_against_model(backend: &dyn Backend, steps: &[Step]) -> Result<(), Test
                 };
                 let c = exec(q.as_mut(), &mut now, req);
                 prop_assert!(c.result.is_ok(), "read failed: {:?}", c.result);
-                let buf = c.buf.ok_or_else(|| TestCaseError::fail("no buffer"))?;
+                let data = c
+                    .read_data()
+                    .ok_or_else(|| TestCaseError::fail("no data"))?;
                 prop_assert!(
-                    buf.as_slice() == &model[r.clone()],
+                    data == &model[r.clone()],
                     "data mismatch in {:?} at step {}",
                     r,
                     i
                 );
+                prop_assert!(
+                    c.shared.is_none() || c.buf.is_none(),
+                    "both shared and a buffer"
+                );
+                if let Some(shared) = c.shared {
+                    prop_assert!(share_min.is_some_and(|m| r.len() >= m), "shared unasked");
+                    held.push((shared, model[r].to_vec()));
+                }
             }
             Step::Zero { block, blocks, .. } | Step::Deallocate { block, blocks } => {
                 let r = range(block, blocks);
@@ -207,8 +228,16 @@ fn check_against_model(backend: &dyn Backend, steps: &[Step]) -> Result<(), Test
         buf: Some(AlignedBuf::new(model.len())),
     };
     let c = exec(q.as_mut(), &mut now, req);
-    let buf = c.buf.ok_or_else(|| TestCaseError::fail("no buffer"))?;
-    prop_assert!(buf.as_slice() == model.as_slice(), "final image mismatch");
+    let data = c
+        .read_data()
+        .ok_or_else(|| TestCaseError::fail("no data"))?;
+    prop_assert!(data == model.as_slice(), "final image mismatch");
+    for (shared, then) in &held {
+        prop_assert!(
+            (**shared).as_ref() == then.as_slice(),
+            "a shared read changed after later writes"
+        );
+    }
     Ok(())
 }
 
@@ -223,13 +252,28 @@ proptest! {
         // Blocks are indexed in units of the chosen block size; clamp to fit.
         let ram = RamBackend::new(SIZE_BYTES, bs).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let steps = clamp(steps, SIZE_BYTES / u64::from(bs));
-        check_against_model(&ram, &steps)?;
+        check_against_model(&ram, &steps, None)?;
+    }
+
+    /// Reads shared from the chunks (as the target asks for): every read
+    /// still matches the model, and every shared read keeps its bytes
+    /// through the writes and deallocations after it.
+    #[test]
+    fn ram_shared_reads_match_model(
+        bs in prop_oneof![Just(512u32), Just(4096u32)],
+        huge in any::<bool>(),
+        steps in proptest::collection::vec(step(96), 1..60),
+    ) {
+        let size = if huge { 3 * crate::RAM_HUGE_CHUNK_BYTES as u64 } else { SIZE_BYTES };
+        let ram = RamBackend::with_huge_pages(size, bs, huge).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let steps = clamp(steps, size / u64::from(bs));
+        check_against_model(&ram, &steps, Some(bs as usize))?;
     }
 
     #[test]
     fn emulated_ssd_matches_model(steps in proptest::collection::vec(step(96), 1..60)) {
         let ssd = EmulatedSsd::new(SIZE_BYTES, 4096, SsdModel::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        check_against_model(&ssd, &steps)?;
+        check_against_model(&ssd, &steps, None)?;
     }
 }
 
@@ -253,7 +297,7 @@ proptest! {
         };
         let file = FileBackend::open(&tmp.0, options).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let steps = clamp(steps, SIZE_BYTES / u64::from(bs));
-        check_against_model(&file, &steps)?;
+        check_against_model(&file, &steps, Some(512))?;
     }
 }
 

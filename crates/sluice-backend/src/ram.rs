@@ -23,6 +23,12 @@
 //! pages itself (`MADV_COLLAPSE`, Linux 6.1) rather than leaving them to
 //! `khugepaged`, which collapses 16 MiB every 10 s by default: minutes for
 //! a namespace written in a burst.
+//!
+//! A chunk's memory is an `Arc`. A queue asked to share reads
+//! ([`BackendQueue::share_reads`]) completes a long enough read that lies
+//! in one written chunk with a [`RamView`] of it instead of a copy, and a
+//! write into a chunk a view still holds copies the chunk first
+//! ([`writable`]), so a view's bytes never change.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -34,7 +40,9 @@ use sluice_runtime::sync;
 use std::time::Instant;
 
 use crate::io::{fail, valid_block_size, validate_request};
-use crate::{Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest};
+use crate::{
+    Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest, SharedRead,
+};
 
 /// Bytes per lazily allocated chunk.
 pub const RAM_CHUNK_BYTES: usize = 128 << 10;
@@ -45,7 +53,10 @@ const GROUP_CHUNKS: usize = 4096;
 /// Largest RAM backend accepted.
 pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
-type Chunk = RwLock<Option<ChunkMem>>;
+/// A chunk's memory is shared (an `Arc`) with the reads that send straight
+/// from it ([`RamView`]); a write into a chunk they still hold copies it
+/// first ([`writable`]), so what they send never changes.
+type Chunk = RwLock<Option<Arc<ChunkMem>>>;
 
 /// The memory of one chunk: a zeroed, [`RAM_HUGE_CHUNK_BYTES`]-aligned anonymous
 /// mapping (huge-page eligible), or heap memory for a short last chunk or
@@ -648,10 +659,29 @@ impl RamStore {
                 unreachable!("chunk index within size");
             };
             let mut guard = sync::write(lock);
-            let data =
-                guard.get_or_insert_with(|| ChunkMem::new(self.chunk_len(index), self.huge_pages));
+            let data = writable(&mut guard, self.chunk_len(index), self.huge_pages);
             copy_streaming(&mut data[at..at + range.len()], &src[range]);
         });
+    }
+
+    /// The bytes of `[offset, offset + len)` shared, not copied, when they
+    /// lie in one chunk that was written: `None` otherwise (the caller
+    /// then copies with [`RamStore::read`]).
+    pub(crate) fn share(&self, offset_bytes: u64, len_bytes: u64) -> Option<SharedRead> {
+        let chunk = self.chunk_bytes as u64;
+        let index = offset_bytes / chunk;
+        let at = usize_from(offset_bytes % chunk);
+        let end = at.checked_add(usize::try_from(len_bytes).ok()?)?;
+        if end > self.chunk_len(index) {
+            return None;
+        }
+        let lock = self.chunk(index, false)?;
+        let mem = sync::read(lock).as_ref().map(Arc::clone)?;
+        RAM_READS_SHARED.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::new(RamView {
+            mem,
+            range: at..end,
+        }))
     }
 
     /// Zeroes the range, freeing chunks it covers entirely.
@@ -663,7 +693,8 @@ impl RamStore {
             let mut guard = sync::write(lock);
             if range.len() == self.chunk_len(index) {
                 *guard = None;
-            } else if let Some(data) = guard.as_deref_mut() {
+            } else if guard.is_some() {
+                let data = writable(&mut guard, self.chunk_len(index), self.huge_pages);
                 data[at..at + range.len()].fill(0);
             }
         });
@@ -697,6 +728,58 @@ impl RamStore {
                 self.zero(req.offset_bytes, req.len_bytes)
             }
         }
+    }
+}
+
+/// The chunk in `slot` ready for writing: a fresh zeroed one of `len`
+/// bytes if there is none, and a private copy of it while reads still
+/// share it ([`RamStore::share`]): they keep the bytes they were given.
+fn writable(slot: &mut Option<Arc<ChunkMem>>, len: usize, huge_pages: bool) -> &mut ChunkMem {
+    let mem = slot.get_or_insert_with(|| Arc::new(ChunkMem::new(len, huge_pages)));
+    if Arc::get_mut(mem).is_none() {
+        let mut copy = ChunkMem::new(len, huge_pages);
+        copy.copy_from_slice(mem);
+        RAM_SHARED_CHUNKS_COPIED.fetch_add(1, Ordering::Relaxed);
+        *mem = Arc::new(copy);
+    }
+    match Arc::get_mut(mem) {
+        Some(m) => m,
+        None => unreachable!("a chunk just copied is held only by its slot"),
+    }
+}
+
+/// A read's bytes in a RAM chunk, shared with the chunk's store: the chunk
+/// is copied before any write changes it while this is held.
+struct RamView {
+    mem: Arc<ChunkMem>,
+    range: std::ops::Range<usize>,
+}
+
+impl AsRef<[u8]> for RamView {
+    fn as_ref(&self) -> &[u8] {
+        &self.mem[self.range.clone()]
+    }
+}
+
+static RAM_READS_SHARED: AtomicU64 = AtomicU64::new(0);
+static RAM_SHARED_CHUNKS_COPIED: AtomicU64 = AtomicU64::new(0);
+
+/// What RAM namespaces did with reads they share instead of copying
+/// ([`BackendQueue::share_reads`]) so far in this process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RamSharedReads {
+    /// Reads completed with their chunk's bytes shared, not copied.
+    pub shared: u64,
+    /// Chunks copied because a write came while a shared read still held
+    /// them.
+    pub chunks_copied: u64,
+}
+
+/// Process-wide counts of shared reads (for metrics and tests).
+pub fn ram_shared_reads() -> RamSharedReads {
+    RamSharedReads {
+        shared: RAM_READS_SHARED.load(Ordering::Relaxed),
+        chunks_copied: RAM_SHARED_CHUNKS_COPIED.load(Ordering::Relaxed),
     }
 }
 
@@ -791,6 +874,7 @@ impl Backend for RamBackend {
             geometry: self.geometry(),
             store: Arc::clone(&self.store),
             ready: VecDeque::new(),
+            share_min_bytes: None,
         }))
     }
 }
@@ -801,6 +885,9 @@ pub struct RamQueue {
     geometry: Geometry,
     store: Arc<RamStore>,
     ready: VecDeque<IoCompletion>,
+    /// Reads at least this long are shared where they can be
+    /// ([`BackendQueue::share_reads`]).
+    share_min_bytes: Option<u64>,
 }
 
 impl BackendQueue for RamQueue {
@@ -808,15 +895,31 @@ impl BackendQueue for RamQueue {
         let completion = match validate_request(&self.geometry, &req) {
             Err(err) => fail(req, err),
             Ok(()) => {
-                self.store.execute(&mut req);
-                IoCompletion {
-                    tag: req.tag,
-                    result: Ok(()),
-                    buf: req.buf,
+                let shared = match self.share_min_bytes {
+                    Some(min) if req.op == IoOp::Read && req.len_bytes >= min => {
+                        self.store.share(req.offset_bytes, req.len_bytes)
+                    }
+                    _ => None,
+                };
+                match shared {
+                    Some(data) => IoCompletion {
+                        tag: req.tag,
+                        result: Ok(()),
+                        buf: None,
+                        shared: Some(data),
+                    },
+                    None => {
+                        self.store.execute(&mut req);
+                        IoCompletion::new(req.tag, Ok(()), req.buf)
+                    }
                 }
             }
         };
         self.ready.push_back(completion);
+    }
+
+    fn share_reads(&mut self, min_bytes: usize) {
+        self.share_min_bytes = Some(min_bytes as u64);
     }
 
     fn poll_completions(&mut self, _now: Instant, out: &mut Vec<IoCompletion>) {
@@ -865,6 +968,132 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         false
+    }
+
+    fn io(op: IoOp, offset_bytes: u64, len_bytes: u64, fill: Option<u8>) -> IoRequest {
+        let buf = match (op, fill) {
+            (IoOp::Read, _) => Some(AlignedBuf::for_overwrite(len_bytes as usize)),
+            (_, Some(b)) => Some(AlignedBuf::from_slice(&vec![b; len_bytes as usize])),
+            (_, None) => None,
+        };
+        IoRequest {
+            tag: offset_bytes,
+            op,
+            offset_bytes,
+            len_bytes,
+            buf,
+        }
+    }
+
+    #[test]
+    fn a_shared_read_keeps_its_bytes_through_writes_and_deallocation() {
+        const K: u64 = 1024;
+        let ram = RamBackend::new(1 << 20, 4096).expect("ram");
+        let mut q = ram.open_queue().expect("queue");
+        q.share_reads(16 * 1024);
+        let write = |q: &mut dyn BackendQueue, off, len, b| {
+            let c = run(q, io(IoOp::Write { fua: false }, off, len, Some(b)));
+            assert!(c.result.is_ok());
+        };
+        write(q.as_mut(), 0, 128 * K, 0xAA);
+        let before = ram_shared_reads();
+        let c = run(q.as_mut(), io(IoOp::Read, 0, 128 * K, None));
+        assert!(c.result.is_ok());
+        assert!(c.buf.is_none(), "a shared read hands no buffer back");
+        let held = c.shared.expect("a 128 KiB read within one chunk is shared");
+        assert!((*held).as_ref().iter().all(|&b| b == 0xAA));
+        assert!(ram_shared_reads().shared > before.shared);
+
+        // Short reads, reads across chunks and reads of unwritten chunks
+        // are copied into their buffer as before.
+        let c = run(q.as_mut(), io(IoOp::Read, 4 * K, 4 * K, None));
+        assert!(c.shared.is_none());
+        assert!(c.buf.expect("buffer").iter().all(|&b| b == 0xAA));
+        let c = run(q.as_mut(), io(IoOp::Read, 64 * K, 128 * K, None));
+        assert!(c.shared.is_none(), "a read across two chunks is copied");
+        let buf = c.buf.expect("buffer");
+        assert!(buf[..64 * K as usize].iter().all(|&b| b == 0xAA));
+        assert!(buf[64 * K as usize..].iter().all(|&b| b == 0));
+        let c = run(q.as_mut(), io(IoOp::Read, 512 * K, 128 * K, None));
+        assert!(
+            c.shared.is_none(),
+            "an unwritten chunk has nothing to share"
+        );
+        assert!(c.buf.expect("buffer").iter().all(|&b| b == 0));
+
+        // A write into the held chunk copies it: the held read keeps its
+        // bytes, later reads see the write.
+        write(q.as_mut(), 8 * K, 4 * K, 0xBB);
+        assert!(ram_shared_reads().chunks_copied > before.chunks_copied);
+        assert!(
+            (*held).as_ref().iter().all(|&b| b == 0xAA),
+            "a held read changed under a write"
+        );
+        let c = run(q.as_mut(), io(IoOp::Read, 0, 16 * K, None));
+        let again = c.read_data().expect("data");
+        assert!(again[..8 * K as usize].iter().all(|&b| b == 0xAA));
+        assert!(again[8 * K as usize..12 * K as usize]
+            .iter()
+            .all(|&b| b == 0xBB));
+
+        // Zeroing part of it, then deallocating all of it, leaves the held
+        // read whole; the range then reads as zeros.
+        let c = run(
+            q.as_mut(),
+            io(
+                IoOp::WriteZeroes {
+                    deallocate: false,
+                    fua: false,
+                },
+                0,
+                4 * K,
+                None,
+            ),
+        );
+        assert!(c.result.is_ok());
+        let c = run(q.as_mut(), io(IoOp::Deallocate, 0, 128 * K, None));
+        assert!(c.result.is_ok());
+        assert!((*held).as_ref().iter().all(|&b| b == 0xAA));
+        let c = run(q.as_mut(), io(IoOp::Read, 0, 128 * K, None));
+        assert!(c.read_data().expect("data").iter().all(|&b| b == 0));
+        drop(held);
+        assert_eq!(
+            ram.allocated_bytes(),
+            0,
+            "a deallocated chunk outlived its last read"
+        );
+    }
+
+    #[test]
+    fn a_queue_shares_nothing_unless_asked() {
+        let ram =
+            RamBackend::with_huge_pages(RAM_HUGE_CHUNK_BYTES as u64, 4096, true).expect("ram");
+        let mut q = ram.open_queue().expect("queue");
+        let c = run(
+            q.as_mut(),
+            io(IoOp::Write { fua: false }, 0, 1 << 20, Some(7)),
+        );
+        assert!(c.result.is_ok());
+        let c = run(q.as_mut(), io(IoOp::Read, 0, 1 << 20, None));
+        assert!(c.shared.is_none());
+        assert!(c.buf.expect("buffer").iter().all(|&b| b == 7));
+        q.share_reads(1 << 20);
+        let c = run(q.as_mut(), io(IoOp::Read, 4096, (1 << 20) - 4096, None));
+        assert!(c.shared.is_none(), "shorter than asked");
+        let c = run(q.as_mut(), io(IoOp::Read, 4096, 1 << 20, None));
+        let held = c.shared.expect("a huge chunk's read is shared");
+        assert_eq!((*held).as_ref().len(), 1 << 20);
+        assert!((*held).as_ref()[..(1 << 20) - 4096].iter().all(|&b| b == 7));
+        assert!((*held).as_ref()[(1 << 20) - 4096..].iter().all(|&b| b == 0));
+        // The copy a write makes of a held huge chunk is whole.
+        let c = run(q.as_mut(), io(IoOp::Write { fua: false }, 0, 4096, Some(9)));
+        assert!(c.result.is_ok());
+        let c = run(q.as_mut(), io(IoOp::Read, 0, 2 << 20, None));
+        let data = c.read_data().expect("data");
+        assert!(data[..4096].iter().all(|&b| b == 9));
+        assert!(data[4096..1 << 20].iter().all(|&b| b == 7));
+        assert!(data[1 << 20..].iter().all(|&b| b == 0));
+        assert!((*held).as_ref()[..4096].iter().all(|&b| b == 7));
     }
 
     #[test]
@@ -931,7 +1160,7 @@ mod tests {
     /// Where chunk `index` of `ram` lives, if it is a mapping.
     fn chunk_addr(ram: &RamBackend, index: u64) -> Option<usize> {
         let lock = ram.store.chunk(index, false)?;
-        match &*sync::read(lock) {
+        match sync::read(lock).as_deref() {
             Some(ChunkMem::Mapped(p)) => Some(p.as_ptr() as usize),
             _ => None,
         }

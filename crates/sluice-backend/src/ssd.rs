@@ -317,11 +317,7 @@ impl BackendQueue for SsdQueue {
                     self.store.execute(&mut req);
                     let (op, bytes) = ServiceOp::classify(req.op, req.len_bytes);
                     let ready_at = lock(&self.service).schedule(op, bytes, now);
-                    let completion = IoCompletion {
-                        tag: req.tag,
-                        result: Ok(()),
-                        buf: req.buf,
-                    };
+                    let completion = IoCompletion::new(req.tag, Ok(()), req.buf);
                     (completion, ready_at)
                 }
             }

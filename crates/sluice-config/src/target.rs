@@ -72,6 +72,11 @@ pub struct TargetSettings {
     /// after it was accepted is closed (default
     /// [`HANDSHAKE_TIMEOUT_MS_DEFAULT`]).
     pub handshake_timeout_ms: u32,
+    /// RAM namespaces send reads of 16 KiB or more straight from their
+    /// memory, with no copy into a read buffer (default true); a write
+    /// into memory such a read still holds copies its chunk first. See
+    /// docs/target.md for where each setting is faster.
+    pub ram_reads_in_place: bool,
     /// Send path of every queue (`send_scheduler`, `[target.send]`,
     /// `[target.coalescing]`); see docs/isolation.md.
     pub send: SendConfig,
@@ -123,6 +128,7 @@ impl Default for TargetSettings {
             connections_handshaking_max: CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
             connections_handshaking_per_source_max: CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            ram_reads_in_place: true,
             send: SendConfig::default(),
             subsystem_send: HashMap::new(),
         }
@@ -209,6 +215,10 @@ impl TargetSettings {
         self.handshake_timeout_ms = n;
         self
     }
+    pub fn with_ram_reads_in_place(mut self, on: bool) -> Self {
+        self.ram_reads_in_place = on;
+        self
+    }
     pub fn with_send(mut self, s: SendConfig) -> Self {
         self.send = s;
         self
@@ -266,6 +276,8 @@ pub struct TargetFile {
     pub(crate) connections_handshaking_per_source_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) handshake_timeout_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ram_reads_in_place: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) send_scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -421,6 +433,9 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
             HANDSHAKE_TIMEOUT_MS_MAX,
         )?;
     }
+    if let Some(on) = r.ram_reads_in_place {
+        t.ram_reads_in_place = on;
+    }
     t.send = send::resolve(
         &t.send,
         "target",
@@ -470,6 +485,7 @@ impl From<TargetSettings> for TargetFile {
                 t.connections_handshaking_per_source_max,
             )),
             handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
+            ram_reads_in_place: Some(t.ram_reads_in_place),
             send_scheduler: Some(sched),
             send: Some(send),
             coalescing: Some(co),

@@ -677,6 +677,22 @@ fn volume_namespaces() {
 }
 
 #[test]
+fn ram_reads_in_place() {
+    assert!(TargetSettings::default().ram_reads_in_place);
+    let c = Config::from_toml("[target]\nram_reads_in_place = false").unwrap();
+    assert!(!c.target.ram_reads_in_place);
+    assert_eq!(
+        c,
+        Config::default()
+            .with_target(TargetSettings::default().with_ram_reads_in_place(false))
+            .validated()
+            .unwrap()
+    );
+    assert_eq!(Config::from_toml(&c.to_toml().unwrap()), Ok(c));
+    assert!(Config::from_toml("[target]\nram_reads_in_place = 1").is_err());
+}
+
+#[test]
 fn connection_limits() {
     let d = TargetSettings::default();
     assert_eq!(d.connections_max, CONNECTIONS_MAX_DEFAULT);

@@ -201,22 +201,14 @@ impl BackendQueue for VolumeQueue {
         geometry.size_bytes = self.size_bytes.load(Ordering::Acquire);
         if let Err(e) = validate_request(&geometry, &req) {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            let c = IoCompletion {
-                tag: req.tag,
-                result: Err(e),
-                buf: req.buf,
-            };
+            let c = IoCompletion::new(req.tag, Err(e), req.buf);
             Self::finish(&self.shared, &self.in_flight, c);
             return;
         }
         if self.in_flight.load(Ordering::Acquire) >= QUEUE_IN_FLIGHT_MAX {
             let in_flight = self.in_flight.load(Ordering::Acquire);
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            let c = IoCompletion {
-                tag: req.tag,
-                result: Err(BackendError::QueueFull { in_flight }),
-                buf: req.buf,
-            };
+            let c = IoCompletion::new(req.tag, Err(BackendError::QueueFull { in_flight }), req.buf);
             Self::finish(&self.shared, &self.in_flight, c);
             return;
         }
@@ -289,7 +281,7 @@ impl BackendQueue for VolumeQueue {
                     buf,
                 ),
             };
-            VolumeQueue::finish(&shared, &in_flight, IoCompletion { tag, result, buf });
+            VolumeQueue::finish(&shared, &in_flight, IoCompletion::new(tag, result, buf));
         });
     }
 

@@ -765,10 +765,14 @@ impl Pair {
                 progress = true;
                 let mut req = sub.req;
                 req.tag = ((i as u64) << 32) | (req.tag & 0xffff_ffff);
-                let q = self
-                    .queues
-                    .entry(sub.ns.index)
-                    .or_insert_with(|| sub.ns.backend.open_queue().expect("backend queue opens"));
+                let in_place = self.reg.settings().ram_reads_in_place;
+                let q = self.queues.entry(sub.ns.index).or_insert_with(|| {
+                    let mut q = sub.ns.backend.open_queue().expect("backend queue opens");
+                    if in_place {
+                        q.share_reads(sluice_target::queue::READ_SHARE_BYTES_MIN);
+                    }
+                    q
+                });
                 q.submit(req, now);
             }
         }

@@ -80,6 +80,8 @@ fn admin_endpoint_with_token() {
         "sluice_ram_huge_chunks_total",
         "sluice_ram_huge_collapses_total",
         "sluice_ram_huge_collapses_pending",
+        "sluice_ram_reads_in_place_total",
+        "sluice_ram_chunks_copied_for_reads_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }

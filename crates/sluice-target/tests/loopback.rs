@@ -324,6 +324,50 @@ fn write_read_every_send_mode() {
     }
 }
 
+/// RAM reads of 16 KiB or more go out from the namespace's memory
+/// (`target.ram_reads_in_place`, on by default) and read back what was
+/// written, before and after writes over part of them; with it off they
+/// are copied and read back the same.
+#[test]
+fn ram_reads_in_place_read_back_what_was_written() {
+    for in_place in [true, false] {
+        let t = start_settings(
+            TargetSettings::default()
+                .with_polling(PollingPolicy::parse("adaptive", 50).unwrap())
+                .with_ram_reads_in_place(in_place),
+        );
+        let addr = t.local_addr();
+        let (_admin, cntlid) = Client::admin(addr);
+        let mut q = Client::connect(addr, false);
+        assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+        let before = metric(&t, "sluice_ram_reads_in_place_total", None);
+        let mut image = pattern(1 << 20, 7);
+        assert_eq!(q.write(0, &image), Status::SUCCESS);
+        for round in 0..3u8 {
+            // 128 KiB within a chunk, 128 KiB across two, 16 KiB, 4 KiB.
+            for (slba, blocks) in [(256u64, 256u32), (128, 256), (1024, 32), (1500, 8)] {
+                let (st, back) = q.read(slba, blocks);
+                assert_eq!(st, Status::SUCCESS);
+                let at = slba as usize * 512;
+                assert!(
+                    back == image[at..at + blocks as usize * 512],
+                    "in_place {in_place}: read of {blocks} blocks at {slba} differs in round {round}"
+                );
+            }
+            let over = pattern(4096, round.wrapping_mul(31));
+            assert_eq!(q.write(264 + u64::from(round) * 8, &over), Status::SUCCESS);
+            let at = (264 + usize::from(round) * 8) * 512;
+            image[at..at + 4096].copy_from_slice(&over);
+        }
+        let after = metric(&t, "sluice_ram_reads_in_place_total", None);
+        if in_place {
+            // Process-wide: other tests may add to it, never take from it.
+            assert!(after >= before + 6.0, "{before} -> {after}");
+        }
+        t.shutdown();
+    }
+}
+
 #[test]
 fn write_read_adaptive() {
     write_read_over("adaptive", 1, true);

@@ -204,17 +204,29 @@ fn limits_and_weights_hold_across_workers() {
 /// `split_bytes`: reads and writes larger than the piece size go to the
 /// backend as separately scheduled pieces and come back as one completion
 /// with the right data (bench verify over mixed sizes crossing piece
-/// boundaries, on two workers).
+/// boundaries, on two workers). With 32 KiB pieces the read pieces come
+/// back from RAM in place (`target.ram_reads_in_place`) and are gathered
+/// from there.
 #[test]
 fn split_requests_keep_data_intact() {
+    for (split, sizes, ram) in [(8 << 10, "4k-60k", false), (32 << 10, "64k-256k", true)] {
+        split_requests_keep_data_intact_at(split, sizes, ram);
+    }
+}
+
+fn split_requests_keep_data_intact_at(split_bytes: u64, sizes: &str, ram: bool) {
     let _serial = serial();
     let mut tenants = TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host(HOST_A));
-    tenants.settings.split_bytes = Some(8 << 10);
-    let cfg = config_workers(tenants, 2, 8);
+    tenants.settings.split_bytes = Some(split_bytes);
+    let mut cfg = config_workers(tenants, 2, 8);
+    if ram {
+        cfg.subsystems[0].namespaces[0] = NamespaceConfig::ram(1, 64 << 20);
+    }
     let t = Target::start(&cfg).unwrap();
+    let in_place = sluice_backend::ram_shared_reads().shared;
     let mut a = BenchArgs::new(t.local_addr().to_string(), SUBNQN);
     a.runtime = Some(1.5);
-    a.bs = "4k-60k".parse().unwrap();
+    a.bs = sizes.parse().unwrap();
     a.rw = "randrw".parse().unwrap();
     a.qd = 8;
     a.queues = 2;
@@ -232,6 +244,12 @@ fn split_requests_keep_data_intact() {
         j.ios
     );
     assert!(pieces > j.ios, "no request was split ({pieces} pieces)");
+    if ram && split_bytes >= sluice_target::queue::READ_SHARE_BYTES_MIN as u64 {
+        assert!(
+            sluice_backend::ram_shared_reads().shared > in_place,
+            "no read piece was sent in place"
+        );
+    }
     t.shutdown();
 }
 

@@ -382,11 +382,7 @@ impl BackendQueue for FileQueue {
             IoOp::Read | IoOp::Write { .. } | IoOp::Flush => self.engine.submit(req),
             IoOp::WriteZeroes { .. } | IoOp::Deallocate => {
                 let result = self.range_op(req.op, req.offset_bytes, req.len_bytes);
-                self.complete_here(IoCompletion {
-                    tag: req.tag,
-                    result,
-                    buf: req.buf,
-                });
+                self.complete_here(IoCompletion::new(req.tag, result, req.buf));
             }
         }
     }

@@ -74,11 +74,8 @@ impl FileEngine for SyncEngine {
 
     fn submit(&mut self, mut req: IoRequest) {
         let result = self.execute(&mut req);
-        self.ready.push_back(IoCompletion {
-            tag: req.tag,
-            result,
-            buf: req.buf,
-        });
+        self.ready
+            .push_back(IoCompletion::new(req.tag, result, req.buf));
     }
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) {

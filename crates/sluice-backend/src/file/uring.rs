@@ -148,11 +148,8 @@ impl UringEngine {
     fn complete(&mut self, index: usize, result: Result<(), BackendError>) {
         if let Some(slot) = self.slots[index].take() {
             self.free.push(index);
-            self.ready.push(IoCompletion {
-                tag: slot.req.tag,
-                result,
-                buf: slot.req.buf,
-            });
+            self.ready
+                .push(IoCompletion::new(slot.req.tag, result, slot.req.buf));
         }
     }
 
@@ -249,11 +246,11 @@ impl FileEngine for UringEngine {
             self.backlog.push_back(req);
         } else {
             let in_flight = self.in_flight();
-            self.ready.push(IoCompletion {
-                tag: req.tag,
-                result: Err(BackendError::QueueFull { in_flight }),
-                buf: req.buf,
-            });
+            self.ready.push(IoCompletion::new(
+                req.tag,
+                Err(BackendError::QueueFull { in_flight }),
+                req.buf,
+            ));
             self.signal();
         }
     }

@@ -406,7 +406,10 @@ impl Worker {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
                         match sub.ns.backend.open_queue() {
-                            Ok(q) => {
+                            Ok(mut q) => {
+                                if self.reg.settings.ram_reads_in_place {
+                                    q.share_reads(crate::queue::READ_SHARE_BYTES_MIN);
+                                }
                                 let mut notify_registered = false;
                                 if let Some(fd) = q.notify_fd() {
                                     let tok = Token(BACKEND_TOKEN_TOP + 1 + ns_index);
@@ -423,11 +426,11 @@ impl Worker {
                             }
                             Err(err) => {
                                 tracing::error!(nsid = sub.ns.nsid, error = %err, "cannot open a backend queue");
-                                self.completions.push(IoCompletion {
-                                    tag: req.tag,
-                                    result: Err(err),
-                                    buf: req.buf,
-                                });
+                                self.completions.push(IoCompletion::new(
+                                    req.tag,
+                                    Err(err),
+                                    req.buf,
+                                ));
                                 continue;
                             }
                         }

@@ -528,6 +528,24 @@ impl Collector for TargetCollector {
             "Small-page 2 MiB chunks of RAM namespaces queued for the reserve's thread to collapse once first writes pause.",
             None,
             h.collapse_pending,
+        )?;
+        // Process-wide: reads sent straight from RAM chunks
+        // (`target.ram_reads_in_place`), and the chunks a write had to copy
+        // because such a read still held them.
+        let r = sluice_backend::ram_shared_reads();
+        counter(
+            e,
+            "sluice_ram_reads_in_place",
+            "Reads of RAM namespaces sent straight from the namespace's memory, with no copy into a read buffer (target.ram_reads_in_place).",
+            None,
+            r.shared,
+        )?;
+        counter(
+            e,
+            "sluice_ram_chunks_copied_for_reads",
+            "RAM chunks a write copied before changing them, because a read being sent from them still held them.",
+            None,
+            r.chunks_copied,
         )
     }
 }

@@ -393,12 +393,10 @@ impl WorkerTenancy {
         };
         match c.result {
             Ok(()) if m.dir == Dir::Read => {
-                if let (Some(dst), Some(src)) = (sp.buf.as_mut(), c.buf.as_ref()) {
+                if let (Some(dst), Some(src)) = (sp.buf.as_mut(), c.read_data()) {
                     let (o, l) = (usize_from(off), usize_from(m.bytes));
-                    if let (Some(d), Some(s)) = (
-                        dst.as_mut_slice().get_mut(o..o + l),
-                        src.as_slice().get(..l),
-                    ) {
+                    if let (Some(d), Some(s)) = (dst.as_mut_slice().get_mut(o..o + l), src.get(..l))
+                    {
                         d.copy_from_slice(s);
                     }
                 }
@@ -416,11 +414,7 @@ impl WorkerTenancy {
         }
         let sp = self.splits.remove(&parent)?;
         self.account(&sp.meta, sp.result.is_ok(), now);
-        Some(IoCompletion {
-            tag: parent,
-            result: sp.result,
-            buf: sp.buf,
-        })
+        Some(IoCompletion::new(parent, sp.result, sp.buf))
     }
 
     /// Telemetry and CPU work units of one finished request.
