@@ -366,12 +366,12 @@ impl Registry {
         })
     }
 
-    /// Finds the subsystem an NQN names (including discovery).
     /// The `[target]` settings it was built with.
     pub fn settings(&self) -> &TargetSettings {
         &self.settings
     }
 
+    /// Finds the subsystem an NQN names (including discovery).
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == sluice_proto::DISCOVERY_NQN {
             return Some(self.discovery.clone());
