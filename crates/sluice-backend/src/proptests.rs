@@ -264,6 +264,7 @@ proptest! {
         huge in any::<bool>(),
         steps in proptest::collection::vec(step(96), 1..60),
     ) {
+        let _huge = huge.then(crate::ram::tests::huge_chunk_tests);
         let size = if huge { 3 * crate::RAM_HUGE_CHUNK_BYTES as u64 } else { SIZE_BYTES };
         let ram = RamBackend::with_huge_pages(size, bs, huge).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let steps = clamp(steps, size / u64::from(bs));

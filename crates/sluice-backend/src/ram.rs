@@ -134,8 +134,9 @@ pub struct RamHugeChunks {
     /// Collapses the kernel refused (no memory for a huge page, THP off,
     /// or no `MADV_COLLAPSE`); khugepaged may still collapse those.
     pub collapse_failed: u64,
-    /// Small-page chunks queued for the thread to collapse (at most the
-    /// live chunks on small pages: a freed chunk leaves the queue).
+    /// Small-page chunks queued for the thread to advise and collapse, or
+    /// in its hands (at most the live chunks on small pages: a freed
+    /// chunk leaves the queue).
     pub collapse_pending: u64,
 }
 
@@ -149,7 +150,9 @@ pub fn ram_huge_chunks() -> RamHugeChunks {
         collapse_failed: HUGE_COLLAPSES_FAILED.load(Ordering::Relaxed),
         collapse_pending: HugeReserve::running().map_or(0, |r| {
             let st = sync::lock(&r.state);
-            (st.to_advise.len() + st.to_collapse.len()) as u64
+            // The chunk the thread is advising or collapsing is still
+            // pending: it left its queue when the job began.
+            (st.to_advise.len() + st.to_collapse.len() + usize::from(st.busy.is_some())) as u64
         }),
     }
 }
@@ -1002,7 +1005,7 @@ impl BackendQueue for RamQueue {
     clippy::cast_sign_loss,
     clippy::cast_possible_wrap
 )]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::AlignedBuf;
 
@@ -1025,6 +1028,16 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         false
+    }
+
+    /// Held by every test that takes huge chunks: they share the
+    /// process-wide reserve and its counters, which
+    /// `first_writes_on_huge_pages_read_back_past_the_reserve` checks by
+    /// difference.
+    pub(crate) fn huge_chunk_tests() -> std::sync::MutexGuard<'static, ()> {
+        static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        LOCK.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn io(op: IoOp, offset_bytes: u64, len_bytes: u64, fill: Option<u8>) -> IoRequest {
@@ -1159,6 +1172,7 @@ mod tests {
 
     #[test]
     fn a_queue_shares_nothing_unless_asked() {
+        let _huge = huge_chunk_tests();
         let ram =
             RamBackend::with_huge_pages(RAM_HUGE_CHUNK_BYTES as u64, 4096, true).expect("ram");
         let mut q = ram.open_queue().expect("queue");
@@ -1191,6 +1205,7 @@ mod tests {
 
     #[test]
     fn the_huge_reserve_hands_out_zeroed_chunks_and_refills() {
+        let _huge = huge_chunk_tests();
         let r = HugeReserve::get().expect("reserve thread");
         assert!(
             reserve_reaches(RAM_HUGE_RESERVE_CHUNKS),
@@ -1265,6 +1280,7 @@ mod tests {
     /// faulted on small pages, and every byte reads back the same.
     #[test]
     fn first_writes_on_huge_pages_read_back_past_the_reserve() {
+        let _huge = huge_chunk_tests();
         let chunks = 2 * RAM_HUGE_RESERVE_CHUNKS as u64;
         let chunk = RAM_HUGE_CHUNK_BYTES as u64;
         let ram = RamBackend::with_huge_pages(chunks * chunk, 4096, true).expect("ram");
@@ -1295,7 +1311,10 @@ mod tests {
             "no chunk came from the reserve"
         );
         // Queued, and not collapsed before the writes have paused.
-        assert!(h1.collapse_pending >= small, "{h1:?}");
+        assert!(
+            h1.collapse_pending >= small,
+            "{h1:?} after {h0:?}: {small} taken on small pages"
+        );
         let read_back = |q: &mut dyn BackendQueue, round: u64| {
             for i in 0..chunks {
                 let c = run(
@@ -1386,6 +1405,7 @@ mod tests {
     /// address that may by then belong to another mapping.
     #[test]
     fn a_freed_chunk_leaves_the_collapse_queue() {
+        let _huge = huge_chunk_tests();
         let r = HugeReserve::get().expect("reserve thread");
         for _ in 0..20 {
             let p = map_aligned_chunk(HugeAdvice::AfterFirstFault).expect("map");
@@ -1514,6 +1534,7 @@ mod tests {
 
     #[test]
     fn a_short_last_chunk_is_written_read_and_freed_whole() {
+        let _huge = huge_chunk_tests();
         // On huge pages, 3 MiB: one full (mapped) 2 MiB chunk and a 1 MiB
         // last chunk (heap).
         let size = 3u64 << 20;
