@@ -765,13 +765,13 @@ impl Pair {
                 progress = true;
                 let mut req = sub.req;
                 req.tag = ((i as u64) << 32) | (req.tag & 0xffff_ffff);
-                let in_place = self.reg.settings().ram_reads_in_place;
+                let reg = &self.reg;
                 let q = self.queues.entry(sub.ns.index).or_insert_with(|| {
-                    let mut q = sub.ns.backend.open_queue().expect("backend queue opens");
-                    if in_place {
-                        q.share_reads(sluice_target::queue::READ_SHARE_BYTES_MIN);
-                    }
-                    q
+                    sluice_target::queue::open_backend_queue(
+                        sub.ns.backend.as_ref(),
+                        reg.settings(),
+                    )
+                    .expect("backend queue opens")
                 });
                 q.submit(req, now);
             }

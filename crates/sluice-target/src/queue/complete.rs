@@ -30,6 +30,20 @@ pub(crate) const C2H_ATTACH_BYTES_MIN: usize = 16 * 1024;
 /// 0.99-1.02x at 4 KiB).
 pub const READ_SHARE_BYTES_MIN: usize = C2H_ATTACH_BYTES_MIN;
 
+/// Opens a worker's queue on `backend` as the target's settings ask: RAM
+/// reads in place when `ram_reads_in_place` is on. For every event loop
+/// that drives queue connections (the target's workers, the in-memory pair).
+pub fn open_backend_queue(
+    backend: &dyn sluice_backend::Backend,
+    settings: &sluice_config::TargetSettings,
+) -> Result<Box<dyn sluice_backend::BackendQueue>, BackendError> {
+    let mut q = backend.open_queue()?;
+    if settings.ram_reads_in_place {
+        q.share_reads(READ_SHARE_BYTES_MIN);
+    }
+    Ok(q)
+}
+
 /// The send side of the queue.
 #[derive(Debug)]
 pub(super) struct Responder {

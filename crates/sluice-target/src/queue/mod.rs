@@ -37,7 +37,7 @@ mod execute;
 mod handshake;
 
 pub use complete::backend_status;
-pub use complete::READ_SHARE_BYTES_MIN;
+pub use complete::{open_backend_queue, READ_SHARE_BYTES_MIN};
 
 use crate::controller::Controller;
 use crate::registry::Registry;

@@ -405,11 +405,11 @@ impl Worker {
                 let slot = match self.queues.entry(ns_index) {
                     std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
-                        match sub.ns.backend.open_queue() {
-                            Ok(mut q) => {
-                                if self.reg.settings.ram_reads_in_place {
-                                    q.share_reads(crate::queue::READ_SHARE_BYTES_MIN);
-                                }
+                        match crate::queue::open_backend_queue(
+                            sub.ns.backend.as_ref(),
+                            &self.reg.settings,
+                        ) {
+                            Ok(q) => {
                                 let mut notify_registered = false;
                                 if let Some(fd) = q.notify_fd() {
                                     let tok = Token(BACKEND_TOKEN_TOP + 1 + ns_index);

@@ -525,7 +525,7 @@ impl Collector for TargetCollector {
         gauge(
             e,
             "sluice_ram_huge_collapses_pending",
-            "Small-page 2 MiB chunks of RAM namespaces queued for the reserve's thread to collapse once first writes pause.",
+            "Small-page 2 MiB chunks of RAM namespaces queued for the reserve's thread to advise and collapse once first writes pause, or in its hands.",
             None,
             h.collapse_pending,
         )?;
