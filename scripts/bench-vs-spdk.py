@@ -2,7 +2,8 @@
 """Sluice against SPDK on this machine, side by side, in one run.
 
     scripts/bench-vs-spdk.sh SPDK_DIR [--runtime S] [--repeats N] [--rows ...]
-                                      [--engines direct,async] [--write-doc]
+                                      [--engine E] [--sluice-tcp-congestion NAME]
+                                      [--write-doc]
 
 SPDK_DIR is an SPDK tree built by scripts/build-spdk.sh (build/bin/nvmf_tgt,
 build/bin/spdk_nvme_perf, scripts/rpc.py). Each pair runs with the target
@@ -30,6 +31,12 @@ run), and a target-major order put minutes of drift into every ratio.
 Ratios are taken within each repeat and reported as their median and range. CPU: the target's and the host's CPU-seconds over each
 run (from /proc), so IOPS per CPU-second covers both sides; nvmf_tgt and
 spdk_nvme_perf busy-poll a core each by design.
+
+Every socket takes the system's TCP congestion control
+(net.ipv4.tcp_congestion_control, named in the table's header) unless
+--sluice-tcp-congestion NAME sets the Sluice target's (`target.tcp_congestion`;
+on loopback, BBR holds back the Sluice target's bursts of 128 KiB reads, and
+nvmf_tgt's reads move no more under CUBIC than under BBR: docs/target.md).
 
 Prints a markdown table with ratios; with --write-doc also replaces the block
 between the markers in docs/benchmarks.md. Run it on a quiet machine: a
@@ -127,14 +134,16 @@ class SpdkTarget:
 
 
 class SluiceTarget:
-    def __init__(self, work, polling="adaptive"):
+    def __init__(self, work, polling="adaptive", tcp_congestion=None):
         cfg = Path(work) / "target.toml"
+        cc = f'tcp_congestion = "{tcp_congestion}"' if tcp_congestion else ""
         cfg.write_text(f"""
 [target]
 listen = "127.0.0.1:{PORT_SLUICE}"
 discovery_listen = ""
 workers = 1
 polling = "{polling}"
+{cc}
 
 [[subsystem]]
 nqn = "{NQN_SLUICE}"
@@ -231,6 +240,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--engine", default="", help="sluice bench --engine value (default: bench's default)")
+    ap.add_argument("--sluice-tcp-congestion", default="",
+                    help="the Sluice target's target.tcp_congestion (default: the system's)")
     ap.add_argument("--write-doc", action="store_true")
     a = ap.parse_args()
     spdk = Path(a.spdk_dir).resolve()
@@ -243,6 +254,9 @@ def main():
             die(f"--rows: unknown row {r!r} (known: {', '.join(ROWS)})")
     if a.runtime < 1 or a.repeats < 1:
         die("--runtime and --repeats must be at least 1")
+    if a.sluice_tcp_congestion and not re.fullmatch(r"[A-Za-z0-9_-]{1,15}", a.sluice_tcp_congestion):
+        die(f"--sluice-tcp-congestion: {a.sluice_tcp_congestion!r} is not a congestion control name (e.g. cubic)")
+    system_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
     if os.cpu_count() < 2:
         die("needs two CPUs (target on 0, host on 1)")
     if int(Path("/proc/sys/vm/nr_hugepages").read_text()) < 1024:
@@ -262,7 +276,8 @@ def main():
         if target_kind == "spdk":
             tgt = SpdkTarget(spdk, work)
         else:
-            tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive")
+            tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive",
+                               a.sluice_tcp_congestion or None)
         port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
         try:
             precondition(spdk, port, nqn)
@@ -312,7 +327,10 @@ def main():
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
                  f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat) "
-                 f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}.")
+                 f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}; "
+                 f"TCP congestion control: the system's {system_cc}"
+                 + (f", and {a.sluice_tcp_congestion} on the Sluice target's sockets (`target.tcp_congestion`)."
+                    if a.sluice_tcp_congestion else " on every socket."))
     lines.append("")
     lines.append("| workload | " + " | ".join(pairs) + " |")
     lines.append("|---|" + "---|" * len(pairs))

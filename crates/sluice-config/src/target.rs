@@ -77,6 +77,11 @@ pub struct TargetSettings {
     /// into memory such a read still holds copies its chunk first. See
     /// docs/target.md for where each setting is faster.
     pub ram_reads_in_place: bool,
+    /// TCP congestion control of every socket the target accepts (set on
+    /// its listeners, which pass it on); `None`: the system's default. Its
+    /// name is checked here; whether the kernel has it, at start. See
+    /// docs/target.md (*Congestion control*).
+    pub tcp_congestion: Option<String>,
     /// Send path of every queue (`send_scheduler`, `[target.send]`,
     /// `[target.coalescing]`); see docs/isolation.md.
     pub send: SendConfig,
@@ -129,6 +134,7 @@ impl Default for TargetSettings {
             connections_handshaking_per_source_max: CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             ram_reads_in_place: true,
+            tcp_congestion: None,
             send: SendConfig::default(),
             subsystem_send: HashMap::new(),
         }
@@ -219,6 +225,10 @@ impl TargetSettings {
         self.ram_reads_in_place = on;
         self
     }
+    pub fn with_tcp_congestion(mut self, name: Option<&str>) -> Self {
+        self.tcp_congestion = name.map(str::to_owned);
+        self
+    }
     pub fn with_send(mut self, s: SendConfig) -> Self {
         self.send = s;
         self
@@ -278,6 +288,8 @@ pub struct TargetFile {
     pub(crate) handshake_timeout_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ram_reads_in_place: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tcp_congestion: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) send_scheduler: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -436,6 +448,11 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
     if let Some(on) = r.ram_reads_in_place {
         t.ram_reads_in_place = on;
     }
+    if let Some(name) = &r.tcp_congestion {
+        sluice_runtime::net::check_tcp_congestion_name(name)
+            .map_err(|m| err("target.tcp_congestion", m))?;
+        t.tcp_congestion = Some(name.clone());
+    }
     t.send = send::resolve(
         &t.send,
         "target",
@@ -486,6 +503,7 @@ impl From<TargetSettings> for TargetFile {
             )),
             handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
             ram_reads_in_place: Some(t.ram_reads_in_place),
+            tcp_congestion: t.tcp_congestion,
             send_scheduler: Some(sched),
             send: Some(send),
             coalescing: Some(co),

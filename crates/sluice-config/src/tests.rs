@@ -693,6 +693,39 @@ fn ram_reads_in_place() {
 }
 
 #[test]
+fn tcp_congestion() {
+    assert_eq!(TargetSettings::default().tcp_congestion, None);
+    let c = Config::from_toml("[target]\ntcp_congestion = \"cubic\"").unwrap();
+    assert_eq!(c.target.tcp_congestion.as_deref(), Some("cubic"));
+    assert_eq!(
+        c,
+        Config::default()
+            .with_target(TargetSettings::default().with_tcp_congestion(Some("cubic")))
+            .validated()
+            .unwrap()
+    );
+    assert_eq!(Config::from_toml(&c.to_toml().unwrap()), Ok(c));
+    // Unset stays unset through a round trip (the system's default).
+    let d = Config::default().validated().unwrap();
+    assert!(!d.to_toml().unwrap().contains("tcp_congestion"));
+    must_fail("[target]\ntcp_congestion = \"\"", "target.tcp_congestion");
+    must_fail(
+        "[target]\ntcp_congestion = \"cu bic\"",
+        "target.tcp_congestion",
+    );
+    must_fail(
+        "[target]\ntcp_congestion = \"a-name-too-long-1\"",
+        "target.tcp_congestion",
+    );
+    assert!(Config::from_toml("[target]\ntcp_congestion = 1").is_err());
+    let e = Config::default()
+        .with_target(TargetSettings::default().with_tcp_congestion(Some("x\0")))
+        .validated()
+        .unwrap_err();
+    assert_eq!(e.key, "target.tcp_congestion", "{e}");
+}
+
+#[test]
 fn connection_limits() {
     let d = TargetSettings::default();
     assert_eq!(d.connections_max, CONNECTIONS_MAX_DEFAULT);

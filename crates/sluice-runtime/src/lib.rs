@@ -13,6 +13,8 @@
 //! - [`memory`]: the resident set size, and giving freed heap memory back
 //!   to the kernel after a drop in load (`malloc_trim` on glibc).
 //! - [`affinity`]: pinning the calling thread to a CPU.
+//! - [`net`]: a TCP socket's congestion control algorithm
+//!   (`TCP_CONGESTION`), checked, set and read.
 //! - [`cast`]: `u64` → `usize` without loss (64-bit targets only), and
 //!   durations in saturating nanoseconds.
 //! - [`sync`]: locking std mutexes and rwlocks without poison recovery (a
@@ -27,6 +29,7 @@ pub mod cast;
 pub mod clock;
 pub mod limits;
 pub mod memory;
+pub mod net;
 pub mod notify;
 pub mod polling;
 pub mod sync;

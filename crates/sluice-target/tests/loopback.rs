@@ -368,6 +368,45 @@ fn ram_reads_in_place_read_back_what_was_written() {
     }
 }
 
+/// `target.tcp_congestion`: a target whose sockets use Reno (built into
+/// every kernel, whatever the system default) serves large reads and writes
+/// intact; one naming an algorithm the kernel lacks does not start, and says
+/// which key and what the kernel offers. (That accepted sockets take the
+/// listener's algorithm is `sluice_runtime::net`'s test.)
+#[test]
+fn tcp_congestion_is_set_on_the_target_sockets() {
+    let t = start_settings(TargetSettings::default().with_tcp_congestion(Some("reno")));
+    let addr = t.local_addr();
+    let (_admin, cntlid) = Client::admin(addr);
+    let mut q = Client::connect(addr, false);
+    assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    let image = pattern(1 << 20, 3);
+    assert_eq!(q.write(0, &image), Status::SUCCESS);
+    for slba in (0..2048u64).step_by(256) {
+        let (st, back) = q.read(slba, 256);
+        assert_eq!(st, Status::SUCCESS);
+        let at = slba as usize * 512;
+        assert!(back == image[at..at + 128 * 1024], "read at {slba} differs");
+    }
+    t.shutdown();
+
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .with_discovery_listen(None)
+                .with_tcp_congestion(Some("no-such-cc")),
+        )
+        .validated()
+        .unwrap();
+    let e = Target::start(&c).unwrap_err().to_string();
+    assert!(
+        e.starts_with("target.tcp_congestion: cannot use `no-such-cc`"),
+        "{e}"
+    );
+    assert!(e.contains("reno"), "{e}");
+}
+
 #[test]
 fn write_read_adaptive() {
     write_read_over("adaptive", 1, true);

@@ -53,6 +53,13 @@ pub enum StartError {
     Listen { addr: SocketAddr, source: io::Error },
     #[error("cannot start worker threads: {0}")]
     Thread(io::Error),
+    #[error("target.tcp_congestion: cannot use `{name}` on {addr}: {source}; this kernel offers: {available}")]
+    TcpCongestion {
+        name: String,
+        addr: SocketAddr,
+        available: String,
+        source: io::Error,
+    },
 }
 
 /// CPU and activity of one worker thread.

@@ -1,0 +1,118 @@
+//! TCP's congestion control, per socket (`TCP_CONGESTION`): the name
+//! checks of a configured algorithm, setting and reading it on a socket, and
+//! what the kernel offers (`/proc/sys/net/ipv4/tcp_*congestion_control`).
+//!
+//! Why a storage peer picks its own: on paths whose round trip is a few
+//! microseconds (loopback, one switch), BBR sizes its congestion window
+//! from a tiny bandwidth-delay product, so a burst of large reads waits for
+//! acknowledgements that CUBIC would not wait for (docs/target.md,
+//! *Congestion control*). A socket that is set keeps its choice whatever
+//! the system default; a listening socket's choice passes to the sockets it
+//! accepts.
+
+use std::io;
+use std::os::fd::AsFd;
+
+/// Longest name the kernel takes (`TCP_CA_NAME_MAX` is 16 with the NUL).
+pub const TCP_CONGESTION_NAME_BYTES_MAX: usize = 15;
+
+/// Checks that `name` can be a congestion control algorithm's name: 1 to
+/// [`TCP_CONGESTION_NAME_BYTES_MAX`] bytes of ASCII letters, digits, `_` and
+/// `-`. Whether this kernel has it is known only when a socket is set.
+pub fn check_tcp_congestion_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > TCP_CONGESTION_NAME_BYTES_MAX {
+        return Err(format!(
+            "`{name}` must be 1 to {TCP_CONGESTION_NAME_BYTES_MAX} bytes long"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(format!(
+            "`{name}` holds {c:?}; a congestion control name is ASCII letters, digits, `_` and `-` (e.g. cubic)"
+        ));
+    }
+    Ok(())
+}
+
+/// Sets the congestion control algorithm of `fd`. Fails with `ENOENT` when
+/// the kernel has no such algorithm and `EPERM` when an unprivileged
+/// process asks for one outside `tcp_allowed_congestion_control`.
+pub fn set_tcp_congestion(fd: impl AsFd, name: &str) -> io::Result<()> {
+    rustix::net::sockopt::set_tcp_congestion(fd, name).map_err(io::Error::from)
+}
+
+/// The congestion control algorithm `fd` uses.
+pub fn tcp_congestion(fd: impl AsFd) -> io::Result<String> {
+    rustix::net::sockopt::tcp_congestion(fd).map_err(io::Error::from)
+}
+
+/// The system's default for new sockets (`None` where `/proc` does not
+/// say).
+pub fn system_tcp_congestion() -> Option<String> {
+    proc_word_list("/proc/sys/net/ipv4/tcp_congestion_control").and_then(|v| v.into_iter().next())
+}
+
+/// The algorithms the kernel has loaded (what a privileged process may
+/// set; others may set `tcp_allowed_congestion_control` only).
+pub fn available_tcp_congestion() -> Vec<String> {
+    proc_word_list("/proc/sys/net/ipv4/tcp_available_congestion_control").unwrap_or_default()
+}
+
+fn proc_word_list(path: &str) -> Option<Vec<String>> {
+    let s = std::fs::read_to_string(path).ok()?;
+    Some(s.split_whitespace().map(str::to_owned).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn names_are_checked_before_any_socket() {
+        assert!(check_tcp_congestion_name("cubic").is_ok());
+        assert!(check_tcp_congestion_name("bbr").is_ok());
+        assert!(check_tcp_congestion_name("x-y_2").is_ok());
+        let e = check_tcp_congestion_name("").unwrap_err();
+        assert!(e.contains("1 to 15 bytes"), "{e}");
+        assert!(check_tcp_congestion_name("sixteen-bytes-xx").is_err());
+        let e = check_tcp_congestion_name("cu bic").unwrap_err();
+        assert!(e.contains("' '"), "{e}");
+        assert!(check_tcp_congestion_name("cubic\0").is_err());
+    }
+
+    /// Reno is built into every Linux kernel, so it can be set whatever the
+    /// system default; the listener's choice passes to accepted sockets.
+    #[test]
+    fn a_listener_choice_passes_to_the_sockets_it_accepts() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        set_tcp_congestion(&l, "reno").unwrap();
+        assert_eq!(tcp_congestion(&l).unwrap(), "reno");
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(tcp_congestion(&s).unwrap(), "reno");
+        // The connecting side keeps the system default.
+        if let Some(sys) = system_tcp_congestion() {
+            assert_eq!(tcp_congestion(&c).unwrap(), sys);
+        }
+    }
+
+    #[test]
+    fn an_unknown_algorithm_is_refused_by_the_kernel() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let before = tcp_congestion(&l).unwrap();
+        let e = set_tcp_congestion(&l, "no-such-cc").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert_eq!(tcp_congestion(&l).unwrap(), before);
+    }
+
+    #[test]
+    fn the_kernel_lists_what_it_offers() {
+        let avail = available_tcp_congestion();
+        assert!(avail.iter().any(|a| a == "reno"), "{avail:?}");
+        let sys = system_tcp_congestion().unwrap();
+        assert!(avail.contains(&sys), "{sys} not in {avail:?}");
+    }
+}
