@@ -131,7 +131,58 @@ fn main() {
         Command::Auction(c) => control_cmd::auction(c),
     };
     if let Err(e) = r {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", error_text(&e));
         std::process::exit(1);
+    }
+}
+
+/// An error and its causes, `: `-joined as `{:#}` does, leaving out a cause
+/// whose text a message before it already holds (library errors such as
+/// "cannot listen on ADDR: {source}" print their source and also return it
+/// from `source()`).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+    use std::io;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on {addr}: {source}")]
+    struct Listen {
+        addr: &'static str,
+        source: io::Error,
+    }
+
+    #[test]
+    fn an_error_prints_each_cause_once() {
+        let in_use = || io::Error::from(io::ErrorKind::AddrInUse);
+        let e = anyhow::Error::new(Listen {
+            addr: "127.0.0.1:4420",
+            source: in_use(),
+        })
+        .context("starting the target");
+        assert_eq!(
+            error_text(&e),
+            format!(
+                "starting the target: cannot listen on 127.0.0.1:4420: {}",
+                in_use()
+            )
+        );
+        let e = anyhow::anyhow!("no such file").context("reading `x.toml`");
+        assert_eq!(error_text(&e), "reading `x.toml`: no such file");
     }
 }
