@@ -70,6 +70,13 @@ impl std::fmt::Display for Engine {
     }
 }
 
+/// clap's parser of `--tcp-congestion` (here and in the exports): a name
+/// the kernel could have; whether it has it shows at connect.
+pub fn parse_tcp_congestion(s: &str) -> Result<String, String> {
+    sluice_runtime::net::check_tcp_congestion_name(s)?;
+    Ok(s.to_owned())
+}
+
 /// Arguments of `sluice bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -148,6 +155,10 @@ pub struct BenchArgs {
     pub(crate) hdr_digest: bool,
     #[arg(long)]
     pub(crate) data_digest: bool,
+    /// TCP congestion control of the queues' sockets (e.g. cubic; default:
+    /// the system's). See docs/host.md.
+    #[arg(long, value_parser = parse_tcp_congestion)]
+    pub tcp_congestion: Option<String>,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US]. With the direct
     /// engine it is the job thread's loop: busy never waits, adaptive
     /// spins SPIN_US after the last progress (20 x SPIN_US while I/Os are
@@ -280,6 +291,7 @@ impl BenchArgs {
             dhchap: DhchapArgs::default(),
             hdr_digest: false,
             data_digest: false,
+            tcp_congestion: None,
             polling: PollingPolicy::Interrupt,
             engine: Engine::Direct,
             floor: false,
@@ -676,6 +688,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             cgroup: j.cgroup.clone(),
             dhchap_secret: dhchap_secret.clone(),
             dhchap_ctrl_secret: dhchap_ctrl_secret.clone(),
+            tcp_congestion: args.tcp_congestion.clone(),
             ..Default::default()
         };
         let p = match &args.volume {

@@ -58,6 +58,10 @@ pub struct RemoteArgs {
     /// `cgroup.threads`), so its CFS quota covers them.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
+    /// TCP congestion control of the queues' sockets (e.g. cubic; default:
+    /// the system's). See docs/host.md.
+    #[arg(long, value_parser = sluice_bench::parse_tcp_congestion)]
+    pub tcp_congestion: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +320,7 @@ struct Remote<'a> {
     direct_queues: u16,
     cgroup: Option<&'a PathBuf>,
     dhchap: sluice_bench::DhchapSecrets,
+    tcp_congestion: Option<&'a str>,
 }
 
 impl<'a> Remote<'a> {
@@ -334,6 +339,7 @@ impl<'a> Remote<'a> {
             direct_queues: 0,
             cgroup: r.cgroup.as_ref(),
             dhchap: r.dhchap.load()?,
+            tcp_congestion: r.tcp_congestion.as_deref(),
         })
     }
 }
@@ -357,6 +363,7 @@ async fn open_device(
         io_queues: a.io_queues.max(1),
         dhchap_secret: r.dhchap.0.clone(),
         dhchap_ctrl_secret: r.dhchap.1.clone(),
+        tcp_congestion: r.tcp_congestion.map(str::to_owned),
         ..ConnectOptions::default()
     };
     if let Some(h) = r.hostnqn {
@@ -389,6 +396,7 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
         cgroup: r.cgroup.cloned(),
         dhchap_secret: r.dhchap.0.clone(),
         dhchap_ctrl_secret: r.dhchap.1.clone(),
+        tcp_congestion: r.tcp_congestion.map(str::to_owned),
         ..ConnectOptions::default()
     };
     // A target that restarts must not fail the exported device's I/O: a
@@ -470,6 +478,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 direct_queues: a.direct_queues,
                 cgroup: s.cgroup.as_ref(),
                 dhchap: dhchap.clone(),
+                tcp_congestion: a.remote.tcp_congestion.as_deref(),
             };
             let (ctrl, ns, hostnqn) = match open_device(&a.remote, &remote)
                 .await

@@ -118,6 +118,10 @@ pub struct ConnectOptions {
     pub dhchap_secret: Option<sluice_auth::Secret>,
     /// The controller must prove this secret too (bidirectional).
     pub dhchap_ctrl_secret: Option<sluice_auth::Secret>,
+    /// TCP congestion control of every queue's socket (`TCP_CONGESTION`;
+    /// `None`: the system's default). A name the kernel lacks fails the
+    /// connect with [`HostError::Transport`] naming it. See docs/host.md.
+    pub tcp_congestion: Option<String>,
 }
 
 impl Default for ConnectOptions {
@@ -143,6 +147,7 @@ impl Default for ConnectOptions {
             cgroup_procs: false,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tcp_congestion: None,
         }
     }
 }
@@ -674,6 +679,7 @@ pub(crate) async fn open_admin(
             send: sluice_proto::send::SendConfig::default(),
             cgroup: opts.cgroup.clone(),
             cgroup_procs: opts.cgroup_procs,
+            tcp_congestion: opts.tcp_congestion.clone(),
         },
         timeouts,
     )
@@ -773,6 +779,7 @@ async fn establish(
                     send: opts.send,
                     cgroup: opts.cgroup.clone(),
                     cgroup_procs: opts.cgroup_procs,
+                    tcp_congestion: opts.tcp_congestion.clone(),
                 },
                 Some(to_tx.clone()),
             )
@@ -998,6 +1005,7 @@ impl Controller {
             core: io_core(opts, qid, depth, a.in_capsule, a.max_transfer_bytes),
             send: opts.send,
             connect_timeout: opts.connect_timeout,
+            tcp_congestion: opts.tcp_congestion.clone(),
             connect: connect_command(qid, depth - 1, Duration::ZERO, a.cntlid, &subnqn, opts),
             timeouts: Some(a.timeouts.clone()),
         };

@@ -19,7 +19,7 @@
 //! closes the socket; commands still outstanding are abandoned.
 
 use std::io::ErrorKind;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub(crate) struct DirectParams {
     /// Send scheduler (its `coalescing` part is the target's, ignored).
     pub(crate) send: SendConfig,
     pub(crate) connect_timeout: Duration,
+    /// See [`crate::ConnectOptions::tcp_congestion`].
+    pub(crate) tcp_congestion: Option<String>,
     /// The Fabrics Connect command and its data.
     pub(crate) connect: (Sqe, Payload),
     /// Where timed-out commands go (for an Abort on the admin queue).
@@ -105,15 +107,8 @@ impl DirectQueue {
     /// Returns the queue and the Connect's completion, which the controller
     /// interprets (refusal, ATR, ASCR).
     pub(crate) fn open(p: DirectParams) -> Result<(DirectQueue, Result<Completion>)> {
-        let addr = p.addr;
-        let stream = TcpStream::connect_timeout(&addr, p.connect_timeout)
-            .map_err(|e| transport(&format!("connect to {addr}"), e))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| transport("TCP_NODELAY", e))?;
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| transport("non-blocking", e))?;
+        let stream =
+            crate::queue::connect_socket(p.addr, p.connect_timeout, p.tcp_congestion.as_deref())?;
         let mut stream = mio::net::TcpStream::from_std(stream);
         let poll = Poll::new().map_err(|e| transport("epoll", e))?;
         poll.registry()

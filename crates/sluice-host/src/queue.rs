@@ -230,6 +230,32 @@ pub struct QueueParams {
     pub(crate) cgroup: Option<PathBuf>,
     /// cgroup v2 domain cgroups: allow moving the whole process.
     pub(crate) cgroup_procs: bool,
+    /// See [`crate::ConnectOptions::tcp_congestion`].
+    pub(crate) tcp_congestion: Option<String>,
+}
+
+/// Connects a queue's socket (blocking, within `timeout`) and sets what
+/// every queue sets: TCP_NODELAY, the congestion control asked for, and
+/// non-blocking mode.
+pub(crate) fn connect_socket(
+    addr: SocketAddr,
+    timeout: Duration,
+    tcp_congestion: Option<&str>,
+) -> Result<TcpStream> {
+    let transport = |what: &str, e: std::io::Error| HostError::Transport(format!("{what}: {e}"));
+    let stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| transport(&format!("connect to {addr}"), e))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| transport("TCP_NODELAY", e))?;
+    if let Some(cc) = tcp_congestion {
+        sluice_runtime::net::set_tcp_congestion(&stream, cc)
+            .map_err(|e| transport(&format!("TCP congestion control `{cc}`"), e))?;
+    }
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| transport("non-blocking", e))?;
+    Ok(stream)
 }
 
 impl QueueHandle {
@@ -241,17 +267,12 @@ impl QueueHandle {
     ) -> Result<QueueHandle> {
         let addr = p.addr;
         let connect_timeout = p.connect_timeout;
-        let stream =
-            tokio::task::spawn_blocking(move || TcpStream::connect_timeout(&addr, connect_timeout))
-                .await
-                .map_err(|e| HostError::Transport(format!("connect task: {e}")))?
-                .map_err(|e| HostError::Transport(format!("connect to {addr}: {e}")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| HostError::Transport(format!("TCP_NODELAY: {e}")))?;
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| HostError::Transport(format!("non-blocking: {e}")))?;
+        let cc = p.tcp_congestion.clone();
+        let stream = tokio::task::spawn_blocking(move || {
+            connect_socket(addr, connect_timeout, cc.as_deref())
+        })
+        .await
+        .map_err(|e| HostError::Transport(format!("connect task: {e}")))??;
         let poll = Poll::new().map_err(|e| HostError::Transport(format!("epoll: {e}")))?;
         let waker = Waker::new(poll.registry(), WAKER)
             .map_err(|e| HostError::Transport(format!("eventfd: {e}")))?;

@@ -475,3 +475,40 @@ async fn a_held_pdu_leaves_at_its_freight_timer_while_the_owner_sleeps() {
         "median QD 1 latency {median:?} with a 100 µs freight timer: the owner overslept the timer"
     );
 }
+
+/// `ConnectOptions::tcp_congestion`: with Reno (built into every kernel)
+/// the threaded and the direct queues connect and move data intact; a name
+/// the kernel lacks fails the connect with a transport error that names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_congestion_is_set_on_the_queue_sockets() {
+    let t = RealTarget::start();
+    let o = ConnectOptions {
+        tcp_congestion: Some("reno".into()),
+        ..opts()
+    };
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
+        .await
+        .expect("connect with reno");
+    let ns = c.namespace(1).expect("ns");
+    let d = pattern(128 << 10, 9);
+    ns.write(0, &d, IoFlags::default()).await.expect("write");
+    let back = ns.read(0, d.len(), IoFlags::default()).await.expect("read");
+    assert!(back == d, "128 KiB read back differs");
+    let rw = ns.rw_builder();
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let ios = vec![rw.read(0, d.len(), IoFlags::default()).unwrap()];
+    let handle = std::thread::spawn(move || run_at_qd(&mut q, ios, None));
+    let r = handle.join().unwrap();
+    assert!(r[&0].as_ref().expect("direct read").data == d);
+
+    let o = ConnectOptions {
+        tcp_congestion: Some("no-such-cc".into()),
+        ..opts()
+    };
+    match Controller::connect(t.addr(), &t.subnqn, o).await {
+        Err(HostError::Transport(m)) => {
+            assert!(m.contains("TCP congestion control `no-such-cc`"), "{m}");
+        }
+        r => panic!("an unknown algorithm must fail the connect: {r:?}"),
+    }
+}
