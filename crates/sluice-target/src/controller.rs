@@ -3,6 +3,10 @@
 //! The admin commands that read and change it are in `admin.rs`.
 //!
 //! Everything here is sans-IO: time is passed in.
+//!
+//! The two facts every I/O command reads (ready, write cache enabled) are
+//! also published in an atomic each time the state's lock is released, so
+//! the I/O path reads them without the lock.
 
 use crate::events::AsyncEvents;
 use crate::metrics::IoCounters;
@@ -12,7 +16,7 @@ use sluice_proto::fabrics::{cc, csts, Cap, VS_1_3};
 use sluice_proto::Status;
 use sluice_runtime::sync::lock;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,6 +66,54 @@ pub struct Controller {
     /// of the admin queue); every queue of the controller then closes.
     failed: AtomicBool,
     state: Mutex<State>,
+    /// [`IO_READY`] and [`IO_WRITE_CACHE`] as of the last release of
+    /// `state`'s lock ([`StateGuard`]).
+    io_flags: AtomicU8,
+}
+
+/// Enabled and ready, no shutdown notified (see [`Controller::is_ready`]).
+const IO_READY: u8 = 1;
+/// The volatile write cache is enabled.
+const IO_WRITE_CACHE: u8 = 2;
+
+impl State {
+    fn io_flags(&self) -> u8 {
+        let mut f = 0;
+        if self.csts & csts::RDY != 0 && self.cc & cc::SHN_MASK == 0 {
+            f |= IO_READY;
+        }
+        if self.write_cache_enabled {
+            f |= IO_WRITE_CACHE;
+        }
+        f
+    }
+}
+
+/// The state's lock; on release it publishes what the I/O path reads.
+struct StateGuard<'a> {
+    state: std::sync::MutexGuard<'a, State>,
+    io_flags: &'a AtomicU8,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        // Before the lock itself is released (fields drop after this).
+        self.io_flags
+            .store(self.state.io_flags(), Ordering::Release);
+    }
 }
 
 impl Controller {
@@ -80,6 +132,19 @@ impl Controller {
                 .iter()
                 .map(|(id, ns)| (*id, ns.blocks())),
         );
+        let state = State {
+            cc: 0,
+            csts: 0,
+            kato_ms,
+            last_keep_alive: now,
+            io_queues_granted: 0,
+            io_queues_set: false,
+            connected_qids: HashSet::new(),
+            async_event_config: 0,
+            write_cache_enabled: true,
+            temperature_threshold: 343,
+            events,
+        };
         Controller {
             cntlid,
             subsystem,
@@ -87,24 +152,16 @@ impl Controller {
             hostid,
             host_counters,
             failed: AtomicBool::new(false),
-            state: Mutex::new(State {
-                cc: 0,
-                csts: 0,
-                kato_ms,
-                last_keep_alive: now,
-                io_queues_granted: 0,
-                io_queues_set: false,
-                connected_qids: HashSet::new(),
-                async_event_config: 0,
-                write_cache_enabled: true,
-                temperature_threshold: 343,
-                events,
-            }),
+            io_flags: AtomicU8::new(state.io_flags()),
+            state: Mutex::new(state),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        lock(&self.state)
+    fn lock(&self) -> StateGuard<'_> {
+        StateGuard {
+            state: lock(&self.state),
+            io_flags: &self.io_flags,
+        }
     }
 
     /// Asks every namespace's backend whether it grew and records the
@@ -153,14 +210,13 @@ impl Controller {
 
     /// Enabled and ready (CC.EN = 1, CSTS.RDY = 1, not shut down).
     pub fn is_ready(&self) -> bool {
-        let s = self.lock();
-        s.csts & csts::RDY != 0 && s.cc & cc::SHN_MASK == 0
+        self.io_flags.load(Ordering::Acquire) & IO_READY != 0
     }
 
     /// Whether the host asked to disable the volatile write cache, in which
     /// case every write is made durable before it completes.
     pub fn write_cache_enabled(&self) -> bool {
-        self.lock().write_cache_enabled
+        self.io_flags.load(Ordering::Acquire) & IO_WRITE_CACHE != 0
     }
 
     /// Records a keep alive (any admin command counts).
@@ -358,5 +414,62 @@ impl Controller {
             | fid::WRITE_ATOMICITY => 0,
             _ => return None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
+    use sluice_proto::fabrics::prop;
+
+    fn controller() -> Controller {
+        let c = Config::default()
+            .with_subsystem(
+                SubsystemConfig::new("nqn.2026-11.io.sluice:ctrl")
+                    .allow_any_host()
+                    .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+            )
+            .validated()
+            .expect("valid");
+        let reg = Registry::build(&c).expect("registry");
+        let sub = reg
+            .subsystem("nqn.2026-11.io.sluice:ctrl")
+            .expect("subsystem");
+        Controller::new(
+            1,
+            sub,
+            "nqn.x:h".into(),
+            [0; 16],
+            0,
+            Arc::default(),
+            Instant::now(),
+        )
+    }
+
+    /// What the I/O path reads without the lock follows every change made
+    /// under it: enable, write cache off and on, shutdown, reset.
+    #[test]
+    fn the_io_path_sees_each_state_change() {
+        let c = controller();
+        assert!(!c.is_ready(), "not enabled yet");
+        assert!(c.write_cache_enabled(), "the write cache starts enabled");
+        let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
+        assert_eq!(c.property_set(prop::CC, false, u64::from(en)), Ok(false));
+        assert!(c.is_ready());
+        // (RAM has no volatile cache to switch with Set Features; what
+        // that feature sets is this field, published when the lock goes.)
+        c.lock().write_cache_enabled = false;
+        assert!(!c.write_cache_enabled());
+        c.lock().write_cache_enabled = true;
+        assert!(c.write_cache_enabled());
+        let shn = en | 1 << 14;
+        assert_eq!(c.property_set(prop::CC, false, u64::from(shn)), Ok(true));
+        assert!(!c.is_ready(), "a shutdown was notified");
+        assert_eq!(c.property_set(prop::CC, false, u64::from(en)), Ok(false));
+        assert!(c.is_ready(), "the notification was withdrawn");
+        assert_eq!(c.property_set(prop::CC, false, 0), Ok(false));
+        assert!(!c.is_ready(), "reset");
     }
 }
