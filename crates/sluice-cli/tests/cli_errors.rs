@@ -50,6 +50,7 @@ fn config_files() {
         ("[target]\nunknown_key = 1\n", "unknown_key"),
         ("[[subsystem]]\nnqn = \"nqn.x:y\"\n", "subsystem[0].hosts"),
         ("not toml at all [", "(file)"),
+        ("[target]\ntcp_congestion = \"cu bic\"\n", "target.tcp_congestion"),
     ];
     for (i, (text, key)) in cases.iter().enumerate() {
         let p = dir.join(format!("c{i}.toml"));
@@ -57,6 +58,35 @@ fn config_files() {
         fails_naming(&["check-config", p.to_str().unwrap()], key);
         fails_naming(&["target", "--config", p.to_str().unwrap()], key);
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A congestion control the kernel lacks passes the config's name check
+/// and stops the start: the error names the key and what the kernel
+/// offers, and prints the kernel's reason once.
+#[test]
+fn an_unknown_tcp_congestion_stops_the_target() {
+    let dir = std::env::temp_dir().join(format!("sluice-cli-cc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("t.toml");
+    std::fs::write(
+        &p,
+        "[target]\nlisten = \"127.0.0.1:0\"\ndiscovery_listen = \"\"\ntcp_congestion = \"no-such-cc\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["target", "--config", p.to_str().unwrap()])
+        .output()
+        .expect("sluice runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the target started: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("target.tcp_congestion: cannot use `no-such-cc`") && err.contains("reno"),
+        "{err}"
+    );
+    let reason = std::io::Error::from_raw_os_error(2).to_string();
+    assert_eq!(err.matches(&reason).count(), 1, "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -99,6 +129,34 @@ fn host_flags() {
         ],
         "127.0.0.1:1",
     );
+    for cc in ["cu bic", "", "sixteen-bytes-xx"] {
+        fails_naming(
+            &[
+                "bench",
+                "--target",
+                "127.0.0.1:1",
+                "--nqn",
+                "x",
+                "--tcp-congestion",
+                cc,
+            ],
+            "--tcp-congestion",
+        );
+        fails_naming(
+            &[
+                "nbd",
+                "--unix",
+                "/nonexistent/s",
+                "--target",
+                "127.0.0.1:1",
+                "--nqn",
+                "x",
+                "--tcp-congestion",
+                cc,
+            ],
+            "--tcp-congestion",
+        );
+    }
     fails_naming(&["discover", "-a", "nowhere"], "nowhere");
     fails_naming(&["nbd", "--target", "127.0.0.1:1", "--nqn", "x"], "--unix");
 }
