@@ -50,7 +50,10 @@ fn config_files() {
         ("[target]\nunknown_key = 1\n", "unknown_key"),
         ("[[subsystem]]\nnqn = \"nqn.x:y\"\n", "subsystem[0].hosts"),
         ("not toml at all [", "(file)"),
-        ("[target]\ntcp_congestion = \"cu bic\"\n", "target.tcp_congestion"),
+        (
+            "[target]\ntcp_congestion = \"cu bic\"\n",
+            "target.tcp_congestion",
+        ),
     ];
     for (i, (text, key)) in cases.iter().enumerate() {
         let p = dir.join(format!("c{i}.toml"));

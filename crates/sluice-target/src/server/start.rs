@@ -74,7 +74,7 @@ impl Target {
         };
         let discovery_addr = disc_listener.as_ref().and_then(|l| l.local_addr().ok());
         set_congestion(st, &std_listener, local_addr)?;
-        hint_congestion(st);
+        log_congestion(st);
         if let (Some(l), Some(a)) = (&disc_listener, discovery_addr) {
             set_congestion(st, l, a)?;
         }
@@ -197,17 +197,22 @@ fn set_congestion(
     })
 }
 
-/// Says once at start when the target's sockets take the system's BBR,
-/// which holds back bursts of large reads on short paths (docs/target.md,
-/// *Congestion control*).
-fn hint_congestion(st: &sluice_config::TargetSettings) {
-    if st.tcp_congestion.is_some() {
+/// Says once at start which TCP congestion control the target's sockets
+/// use; under the system's BBR, also that it holds back bursts of large
+/// reads on short paths (docs/target.md, *Congestion control*).
+fn log_congestion(st: &sluice_config::TargetSettings) {
+    if let Some(name) = &st.tcp_congestion {
+        tracing::info!(tcp_congestion = %name, "the target's sockets use their own TCP congestion control (target.tcp_congestion)");
         return;
     }
-    if let Some(sys) = sluice_runtime::net::system_tcp_congestion().filter(|s| s == "bbr") {
-        tracing::info!(
+    match sluice_runtime::net::system_tcp_congestion() {
+        Some(sys) if sys == "bbr" => tracing::info!(
             system = %sys,
             "the target's sockets take the system's TCP congestion control, bbr, which holds back bursts of large reads on short paths (7-24 % at 128 KiB on loopback, measured); target.tcp_congestion = \"cubic\" changes this target's sockets alone"
-        );
+        ),
+        Some(sys) => {
+            tracing::info!(system = %sys, "the target's sockets take the system's TCP congestion control")
+        }
+        None => {}
     }
 }
