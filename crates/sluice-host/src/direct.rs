@@ -337,8 +337,22 @@ impl DirectQueue {
         out: &mut Vec<(u64, Result<Completion>)>,
         wait: Option<Duration>,
     ) -> Result<usize> {
+        self.poll_at(Instant::now(), out, wait)
+    }
+
+    /// [`Self::poll`] with the clock already read: a caller that reads it
+    /// once per turn of its own loop (for its timers and latency stamps)
+    /// passes that reading, and the pass reads no clock of its own (the
+    /// pass after a wait reads it again). `now` must not be earlier than
+    /// the reading a previous call was given.
+    pub fn poll_at(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<(u64, Result<Completion>)>,
+        wait: Option<Duration>,
+    ) -> Result<usize> {
         let before = out.len();
-        let now = Instant::now();
+        let now = now.max(self.last_now);
         let drained = self.pass(now, out);
         if out.len() == before && drained && !self.core.is_closed() {
             if let Some(w) = wait {

@@ -426,6 +426,76 @@ async fn a_timed_out_command_holds_its_cid_until_answered_and_the_queue_goes_on(
     c.disconnect(Duration::from_secs(1)).await;
 }
 
+/// The clock a caller passes to `poll_at` is the queue's clock: a command
+/// times out when the reading passes its deadline, without that time
+/// having gone by, and a reading older than one the queue already saw
+/// does not move its clock back (the command then stays timed out once,
+/// not twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_a_poll_is_given_runs_the_command_timers() {
+    // Namespace 2 answers reads after 10 s: only the clock given can time
+    // them out within this test.
+    let t = RealTarget::start_sub(
+        &[],
+        |s| s,
+        |s| {
+            s.with_namespace(NamespaceConfig::emulated_ssd(
+                2,
+                1 << 20,
+                SsdConfig::default().with_base_read_latency_us(10_000_000),
+            ))
+        },
+    );
+    let o = ConnectOptions {
+        command_timeout: Duration::from_secs(5),
+        ..opts()
+    };
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
+        .await
+        .expect("connect");
+    let slow = c.namespace(2).expect("ns 2").rw_builder();
+    let fast = c.namespace(1).expect("ns 1").rw_builder();
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let handle = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        q.submit_read(&slow, 0, 4096, IoFlags::default(), 1)
+            .expect("submit the slow read");
+        // Half the timeout on the given clock: nothing yet.
+        q.poll_at(t0 + Duration::from_millis(2500), &mut out, None)
+            .expect("poll");
+        assert!(out.is_empty(), "{out:?}");
+        // Past it: the read times out at once.
+        q.poll_at(t0 + Duration::from_secs(6), &mut out, None)
+            .expect("poll");
+        assert!(
+            matches!(&out[..], [(1, Err(HostError::Timeout { .. }))]),
+            "{out:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(4), "no real wait");
+        // An older reading: the clock stays where it was, the read is not
+        // reported again, and a fast write still completes.
+        out.clear();
+        let data = pattern(4096, 9);
+        q.submit_write(&fast, 0, data, IoFlags::default(), 2)
+            .expect("submit the write");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.is_empty() && Instant::now() < deadline {
+            q.poll_at(t0, &mut out, Some(Duration::from_millis(20)))
+                .expect("poll");
+        }
+        assert!(matches!(&out[..], [(2, Ok(_))]), "{out:?}");
+        assert!(!q.is_closed());
+        q
+    });
+    let q = tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .expect("join task")
+        .expect("direct thread");
+    drop(q);
+    c.disconnect(Duration::from_secs(1)).await;
+}
+
 /// A PDU held by the host's send freight leaves at the freight's timer
 /// even when the owner sleeps: epoll alone rounds every sleep up to a
 /// whole millisecond, so a 100 µs timer fired ~1.1 ms late and every QD 1
