@@ -408,3 +408,48 @@ fn namespace_counters_count_every_read_and_write_once() {
     );
     t.shutdown();
 }
+
+/// A busy-polling worker reads its thread CPU clock only where a batch can
+/// begin or end (events arrived, or the last turn worked) and at least
+/// every 50 µs while idle: the idle spin between a tenant's rare I/Os is
+/// charged to no one, and the I/Os themselves to the tenant. Were the
+/// spin before a batch charged with it, tenant a would carry most of the
+/// worker's second of CPU here.
+#[test]
+fn a_spinning_worker_charges_its_idle_spin_to_no_one() {
+    let _serial = serial();
+    let mut cfg = config(
+        TenantsConfig::fair().with_tenant(TenantSpec::new("a").with_host(HOST_A).with_weight(1)),
+    );
+    cfg.target.polling = PollingPolicy::BusyPoll;
+    let t = Target::start(&cfg).unwrap();
+    let rt = t.tenants();
+    let a_id = rt.table().id("a").unwrap();
+    let charged = |rt: &sluice_target::tenant::TenantRuntime| {
+        (
+            rt.stats(a_id)
+                .cpu_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+            rt.unattributed_cpu_ns
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    };
+    let (a0, idle0) = charged(rt);
+    // 20 I/Os a second for a second: the worker spins about 50 ms
+    // between each.
+    let r = bench(
+        t.local_addr(),
+        &[&format!("a,hostnqn={HOST_A},qd=1,rate_iops=20")],
+    );
+    let ios = r.jobs[0].ios;
+    let (a1, idle1) = charged(rt);
+    let (a_ns, idle_ns) = (a1 - a0, idle1 - idle0);
+    eprintln!("{ios} I/Os: tenant a charged {a_ns} ns, no one {idle_ns} ns");
+    assert!(ios >= 10, "{ios} I/Os");
+    assert!(a_ns > 0, "the tenant's I/Os are charged to it");
+    assert!(
+        idle_ns > 5 * a_ns,
+        "the idle spin is charged to no one: a {a_ns} ns, no one {idle_ns} ns"
+    );
+    t.shutdown();
+}

@@ -2,7 +2,8 @@
 //! controller for charging threads through the kernel.
 //!
 //! **Accounting.** A worker reads its thread CPU clock once per loop batch
-//! (`CLOCK_THREAD_CPUTIME_ID` costs ~0.4 µs, too much per I/O) and hands the
+//! (`CLOCK_THREAD_CPUTIME_ID` costs 0.4-1 µs, too much per I/O; idle turns
+//! of a spinning worker share one reading) and hands the
 //! delta to [`BatchCharger::charge`], which splits it among the tenants in
 //! proportion to the work units done for each in that batch (PDUs and
 //! bytes; see `worker.rs`). A batch with no tenant work is charged to no one

@@ -467,6 +467,12 @@ impl WorkerTenancy {
             .unwrap_or(false)
     }
 
+    /// Whether the worker's CPU is charged to tenants (`cpu_accounting`):
+    /// when not, the worker need not read its thread CPU clock at all.
+    pub fn cpu_accounting(&self) -> bool {
+        self.rt.settings.cpu_accounting
+    }
+
     /// Once per loop batch: charge the CPU used since the last sample.
     /// `cpu` is the thread CPU clock (read by the caller, once).
     pub fn cpu_sample(&mut self, cpu: Duration, now: Instant) {
