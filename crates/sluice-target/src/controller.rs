@@ -16,7 +16,7 @@ use sluice_proto::fabrics::{cc, csts, Cap, VS_1_3};
 use sluice_proto::Status;
 use sluice_runtime::sync::lock;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -66,9 +66,46 @@ pub struct Controller {
     /// of the admin queue); every queue of the controller then closes.
     failed: AtomicBool,
     state: Mutex<State>,
-    /// [`IO_READY`] and [`IO_WRITE_CACHE`] as of the last release of
-    /// `state`'s lock ([`StateGuard`]).
+    /// What the I/O path and the worker's timers read without the lock.
+    published: Published,
+}
+
+/// Facts about [`State`] as of the last release of its lock
+/// ([`StateGuard`]), for readers that run on every I/O or every worker
+/// turn and must not take the lock.
+#[derive(Debug)]
+struct Published {
+    /// [`IO_READY`] and [`IO_WRITE_CACHE`].
     io_flags: AtomicU8,
+    /// When the keep-alive timer expires (without the grace), in ns after
+    /// `epoch`; `u64::MAX` when it does not run.
+    keep_alive_due_ns: AtomicU64,
+    epoch: Instant,
+}
+
+impl Published {
+    fn new(state: &State, epoch: Instant) -> Self {
+        let p = Published {
+            io_flags: AtomicU8::new(0),
+            keep_alive_due_ns: AtomicU64::new(u64::MAX),
+            epoch,
+        };
+        p.store(state);
+        p
+    }
+
+    fn store(&self, state: &State) {
+        self.io_flags.store(state.io_flags(), Ordering::Release);
+        let due = if state.kato_ms == 0 {
+            u64::MAX
+        } else {
+            let at = state.last_keep_alive + Duration::from_millis(u64::from(state.kato_ms));
+            u64::try_from(at.saturating_duration_since(self.epoch).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+                .min(u64::MAX - 1)
+        };
+        self.keep_alive_due_ns.store(due, Ordering::Release);
+    }
 }
 
 /// Enabled and ready, no shutdown notified (see [`Controller::is_ready`]).
@@ -92,7 +129,7 @@ impl State {
 /// The state's lock; on release it publishes what the I/O path reads.
 struct StateGuard<'a> {
     state: std::sync::MutexGuard<'a, State>,
-    io_flags: &'a AtomicU8,
+    published: &'a Published,
 }
 
 impl std::ops::Deref for StateGuard<'_> {
@@ -111,8 +148,7 @@ impl std::ops::DerefMut for StateGuard<'_> {
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         // Before the lock itself is released (fields drop after this).
-        self.io_flags
-            .store(self.state.io_flags(), Ordering::Release);
+        self.published.store(&self.state);
     }
 }
 
@@ -152,7 +188,7 @@ impl Controller {
             hostid,
             host_counters,
             failed: AtomicBool::new(false),
-            io_flags: AtomicU8::new(state.io_flags()),
+            published: Published::new(&state, now),
             state: Mutex::new(state),
         }
     }
@@ -160,7 +196,7 @@ impl Controller {
     fn lock(&self) -> StateGuard<'_> {
         StateGuard {
             state: lock(&self.state),
-            io_flags: &self.io_flags,
+            published: &self.published,
         }
     }
 
@@ -210,13 +246,13 @@ impl Controller {
 
     /// Enabled and ready (CC.EN = 1, CSTS.RDY = 1, not shut down).
     pub fn is_ready(&self) -> bool {
-        self.io_flags.load(Ordering::Acquire) & IO_READY != 0
+        self.published.io_flags.load(Ordering::Acquire) & IO_READY != 0
     }
 
     /// Whether the host asked to disable the volatile write cache, in which
     /// case every write is made durable before it completes.
     pub fn write_cache_enabled(&self) -> bool {
-        self.io_flags.load(Ordering::Acquire) & IO_WRITE_CACHE != 0
+        self.published.io_flags.load(Ordering::Acquire) & IO_WRITE_CACHE != 0
     }
 
     /// Records a keep alive (any admin command counts).
@@ -225,12 +261,18 @@ impl Controller {
     }
 
     /// When the keep-alive timer expires, if it runs.
+    /// (Read from what the lock published: the admin queue's worker asks
+    /// on every turn of its loop.)
     pub fn keep_alive_deadline(&self, grace_ms: u32) -> Option<Instant> {
-        let s = self.lock();
-        if s.kato_ms == 0 {
+        let due_ns = self.published.keep_alive_due_ns.load(Ordering::Acquire);
+        if due_ns == u64::MAX {
             return None;
         }
-        Some(s.last_keep_alive + Duration::from_millis(s.kato_ms as u64 + grace_ms as u64))
+        Some(
+            self.published.epoch
+                + Duration::from_nanos(due_ns)
+                + Duration::from_millis(u64::from(grace_ms)),
+        )
     }
 
     /// Registers an I/O queue Connect. Errors are the statuses to return.
@@ -471,5 +513,32 @@ mod tests {
         assert!(c.is_ready(), "the notification was withdrawn");
         assert_eq!(c.property_set(prop::CC, false, 0), Ok(false));
         assert!(!c.is_ready(), "reset");
+    }
+
+    /// The keep-alive deadline is read without the lock: it follows each
+    /// keep alive and each Set Features of the timer, grace added, and a
+    /// timer of 0 does not run.
+    #[test]
+    fn the_keep_alive_deadline_follows_each_keep_alive() {
+        let c = controller();
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(c.set_feature(fid::KEEP_ALIVE_TIMER, 5000, 4), Ok(0));
+        c.keep_alive(t0 + ms(7));
+        assert_eq!(c.keep_alive_deadline(0), Some(t0 + ms(5007)));
+        assert_eq!(c.keep_alive_deadline(250), Some(t0 + ms(5257)));
+        c.keep_alive(t0 + ms(1000) + Duration::from_nanos(3));
+        assert_eq!(
+            c.keep_alive_deadline(0),
+            Some(t0 + ms(6000) + Duration::from_nanos(3)),
+            "to the nanosecond"
+        );
+        assert_eq!(c.set_feature(fid::KEEP_ALIVE_TIMER, 120, 4), Ok(0));
+        assert_eq!(
+            c.keep_alive_deadline(0),
+            Some(t0 + ms(1120) + Duration::from_nanos(3))
+        );
+        assert_eq!(c.set_feature(fid::KEEP_ALIVE_TIMER, 0, 4), Ok(0));
+        assert_eq!(c.keep_alive_deadline(0), None, "a timer of 0 does not run");
     }
 }

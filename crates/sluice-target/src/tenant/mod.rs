@@ -161,6 +161,9 @@ impl TenantStats {
 pub struct TenantRuntime {
     pub settings: TenantsSettings,
     table: RwLock<Arc<TenantTable>>,
+    /// `table`'s generation, stored after each swap: a worker checks it on
+    /// every turn of its loop and takes the table only when it changed.
+    table_generation: AtomicU64,
     default_name: String,
     stats: Vec<TenantStats>,
     /// Worker CPU in batches with no tenant work.
@@ -270,6 +273,7 @@ impl TenantRuntime {
         };
         let rt = TenantRuntime {
             settings: tc.settings.clone(),
+            table_generation: AtomicU64::new(table.generation),
             table: RwLock::new(Arc::new(table)),
             default_name: tc.default_tenant.clone(),
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
@@ -327,8 +331,10 @@ impl TenantRuntime {
         read(&self.table).clone()
     }
 
+    /// The current table's generation (without taking the table).
     pub fn generation(&self) -> u64 {
-        self.table().generation
+        self.table_generation
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn stats(&self, id: TenantId) -> &TenantStats {
@@ -400,7 +406,10 @@ impl TenantRuntime {
             cur.generation + 1,
         ));
         self.apply_table(&table, Instant::now());
+        let generation = table.generation;
         *guard = table;
+        self.table_generation
+            .store(generation, std::sync::atomic::Ordering::Release);
         tracing::info!(tenant = name, ?spec, "tenant updated");
         Ok(spec)
     }

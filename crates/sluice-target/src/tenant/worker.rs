@@ -171,9 +171,8 @@ impl WorkerTenancy {
     /// Once per loop iteration: picks up a new tenant table (cheap when
     /// unchanged) and which tenants are throttled now.
     pub fn refresh(&mut self, now: Instant) {
-        let t = self.rt.table();
-        if t.generation != self.table.generation {
-            self.table = t;
+        if self.rt.generation() != self.table.generation {
+            self.table = self.rt.table();
             self.alloc_histograms();
         }
         if now >= self.next_merge {
