@@ -77,6 +77,12 @@ pub struct TargetSettings {
     /// into memory such a read still holds copies its chunk first. See
     /// docs/target.md for where each setting is faster.
     pub ram_reads_in_place: bool,
+    /// A write of more than 256 KiB to a host's socket sends at most what
+    /// the congestion window admits (64 KiB at least) and leaves the rest
+    /// to the worker's next turns, rather than to the acknowledgements'
+    /// processing, often on the host's CPU (default true; docs/target.md,
+    /// *Sends within the congestion window*).
+    pub send_within_cwnd: bool,
     /// TCP congestion control of every socket the target accepts (set on
     /// its listeners, which pass it on); `None`: the system's default. Its
     /// name is checked here; whether the kernel has it, at start. See
@@ -134,6 +140,7 @@ impl Default for TargetSettings {
             connections_handshaking_per_source_max: CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
             ram_reads_in_place: true,
+            send_within_cwnd: true,
             tcp_congestion: None,
             send: SendConfig::default(),
             subsystem_send: HashMap::new(),
@@ -225,6 +232,10 @@ impl TargetSettings {
         self.ram_reads_in_place = on;
         self
     }
+    pub fn with_send_within_cwnd(mut self, on: bool) -> Self {
+        self.send_within_cwnd = on;
+        self
+    }
     pub fn with_tcp_congestion(mut self, name: Option<&str>) -> Self {
         self.tcp_congestion = name.map(str::to_owned);
         self
@@ -288,6 +299,8 @@ pub struct TargetFile {
     pub(crate) handshake_timeout_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ram_reads_in_place: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) send_within_cwnd: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) tcp_congestion: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -448,6 +461,9 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
     if let Some(on) = r.ram_reads_in_place {
         t.ram_reads_in_place = on;
     }
+    if let Some(on) = r.send_within_cwnd {
+        t.send_within_cwnd = on;
+    }
     if let Some(name) = &r.tcp_congestion {
         sluice_runtime::net::check_tcp_congestion_name(name)
             .map_err(|m| err("target.tcp_congestion", m))?;
@@ -503,6 +519,7 @@ impl From<TargetSettings> for TargetFile {
             )),
             handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
             ram_reads_in_place: Some(t.ram_reads_in_place),
+            send_within_cwnd: Some(t.send_within_cwnd),
             tcp_congestion: t.tcp_congestion,
             send_scheduler: Some(sched),
             send: Some(send),

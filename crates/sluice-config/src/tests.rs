@@ -677,6 +677,22 @@ fn volume_namespaces() {
 }
 
 #[test]
+fn send_within_cwnd() {
+    assert!(TargetSettings::default().send_within_cwnd);
+    let c = Config::from_toml("[target]\nsend_within_cwnd = false").unwrap();
+    assert!(!c.target.send_within_cwnd);
+    let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+    assert!(!back.target.send_within_cwnd, "round trip");
+    assert!(
+        !TargetSettings::default()
+            .with_send_within_cwnd(false)
+            .send_within_cwnd
+    );
+    let e = Config::from_toml("[target]\nsend_within_cwnd = 1").unwrap_err();
+    assert!(e.to_string().contains("send_within_cwnd"), "{e}");
+}
+
+#[test]
 fn ram_reads_in_place() {
     assert!(TargetSettings::default().ram_reads_in_place);
     let c = Config::from_toml("[target]\nram_reads_in_place = false").unwrap();

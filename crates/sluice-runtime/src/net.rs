@@ -1,6 +1,7 @@
 //! TCP's congestion control, per socket (`TCP_CONGESTION`): the name
 //! checks of a configured algorithm, setting and reading it on a socket, and
-//! what the kernel offers (`/proc/sys/net/ipv4/tcp_*congestion_control`).
+//! what the kernel offers (`/proc/sys/net/ipv4/tcp_*congestion_control`);
+//! and how much a socket's congestion window admits now (`TCP_INFO`).
 //!
 //! Why a storage peer picks its own: on paths whose round trip is a few
 //! microseconds (loopback, one switch), BBR sizes its congestion window
@@ -48,6 +49,44 @@ pub fn tcp_congestion(fd: impl AsFd) -> io::Result<String> {
     rustix::net::sockopt::tcp_congestion(fd).map_err(io::Error::from)
 }
 
+/// How many bytes `fd`'s congestion window admits now: the window less the
+/// segments in flight, times the MSS (`TCP_INFO`); 0 when it is full. What
+/// a sender writes beyond this waits in the socket until acknowledgements
+/// open the window, and is then sent by whichever CPU processes them.
+pub fn tcp_send_window_room_bytes(fd: impl AsFd) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero tcp_info is valid.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid pointer to an owned tcp_info and its length; the
+    // kernel writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(window_room_bytes(
+        ti.tcpi_snd_cwnd,
+        ti.tcpi_unacked,
+        ti.tcpi_snd_mss,
+    ))
+}
+
+/// `(cwnd − in flight) × mss`, 0 when the window is full (segments in
+/// flight can exceed a window that just shrank).
+pub fn window_room_bytes(cwnd_segments: u32, in_flight_segments: u32, mss_bytes: u32) -> usize {
+    let segments = u64::from(cwnd_segments.saturating_sub(in_flight_segments));
+    usize::try_from(segments * u64::from(mss_bytes)).unwrap_or(usize::MAX)
+}
+
 /// The system's default for new sockets (`None` where `/proc` does not
 /// say).
 pub fn system_tcp_congestion() -> Option<String> {
@@ -69,6 +108,30 @@ fn proc_word_list(path: &str) -> Option<Vec<String>> {
 mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn window_room_is_what_the_window_has_left() {
+        assert_eq!(window_room_bytes(10, 4, 1000), 6000);
+        assert_eq!(window_room_bytes(10, 10, 1000), 0);
+        assert_eq!(window_room_bytes(4, 10, 1000), 0, "a window that shrank");
+        assert_eq!(
+            window_room_bytes(u32::MAX, 0, u32::MAX),
+            usize::try_from(u64::from(u32::MAX) * u64::from(u32::MAX)).unwrap()
+        );
+    }
+
+    /// A connected idle socket has its whole initial window (10 segments
+    /// by default) free; a listening one has no connection to ask about
+    /// but answers (all zero).
+    #[test]
+    fn an_idle_connection_has_its_window_free() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_a, _) = l.accept().unwrap();
+        let room = tcp_send_window_room_bytes(&c).unwrap();
+        assert!(room >= 2 * 536, "{room}");
+        assert!(tcp_send_window_room_bytes(&l).is_ok());
+    }
 
     #[test]
     fn names_are_checked_before_any_socket() {

@@ -108,12 +108,25 @@ pub struct SendTotals {
     closed: Mutex<SendStats>,
     /// Per worker: the counters of its live connections at the last publish.
     live: Mutex<BTreeMap<usize, SendStats>>,
+    /// Writes that sent only what the congestion window admitted
+    /// (`target.send_within_cwnd`), all connections.
+    window_capped_writes: std::sync::atomic::AtomicU64,
 }
 
 /// How often a worker publishes its live connections' send counters.
 pub const SEND_PUBLISH_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl SendTotals {
+    /// Counts a write the congestion window capped.
+    pub fn add_window_capped_write(&self) {
+        self.window_capped_writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// Writes the congestion window capped so far.
+    pub fn window_capped_writes(&self) -> u64 {
+        self.window_capped_writes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
     /// Adds the final counters of a removed connection.
     pub fn add_closed(&self, s: &SendStats) {
         lock(&self.closed).add(s);

@@ -407,6 +407,56 @@ fn tcp_congestion_is_set_on_the_target_sockets() {
     assert!(e.contains("reno"), "{e}");
 }
 
+/// Reads larger than the congestion window (1 MiB on a fresh connection,
+/// whose window starts at 10 segments) go out in writes capped by the
+/// window, the rest on the worker's next turns, and arrives intact, in
+/// every polling mode (interrupt included: no edge says the window
+/// opened, so a capped connection must not wait for one). With
+/// `send_within_cwnd = false` no write is capped.
+#[test]
+fn large_reads_are_sent_within_the_congestion_window() {
+    for (polling, within) in [
+        ("interrupt", true),
+        ("adaptive", true),
+        ("busy-poll", true),
+        ("adaptive", false),
+    ] {
+        let policy = PollingPolicy::parse(polling, 50).unwrap();
+        let t = start_settings(
+            TargetSettings::default()
+                .with_polling(policy)
+                .with_send_within_cwnd(within),
+        );
+        let addr = t.local_addr();
+        let (_admin, cntlid) = Client::admin(addr);
+        let image = pattern(8 << 20, 11);
+        let mut w = Client::connect(addr, false);
+        assert_eq!(w.connect_queue(1, cntlid).status(), Status::SUCCESS);
+        for (i, part) in image.chunks(1 << 20).enumerate() {
+            assert_eq!(w.write(i as u64 * 2048, part), Status::SUCCESS);
+        }
+        // A fresh queue for the reads: its window starts small.
+        let mut q = Client::connect(addr, false);
+        assert_eq!(q.connect_queue(2, cntlid).status(), Status::SUCCESS);
+        for slba in (0u64..16384).step_by(2048) {
+            let (st, back) = q.read(slba, 2048);
+            assert_eq!(st, Status::SUCCESS, "{polling}");
+            let at = slba as usize * 512;
+            assert!(
+                back == image[at..at + (1 << 20)],
+                "{polling}: the read at {slba} differs"
+            );
+        }
+        let capped = t.window_capped_writes();
+        if within {
+            assert!(capped > 0, "{polling}: no write was capped");
+        } else {
+            assert_eq!(capped, 0, "send_within_cwnd = false caps nothing");
+        }
+        t.shutdown();
+    }
+}
+
 #[test]
 fn write_read_adaptive() {
     write_read_over("adaptive", 1, true);

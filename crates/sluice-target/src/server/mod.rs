@@ -216,6 +216,12 @@ impl TargetHandle {
         self.reg.send.snapshot()
     }
 
+    /// Writes to hosts' sockets that sent only what the congestion window
+    /// admitted (`target.send_within_cwnd`).
+    pub fn window_capped_writes(&self) -> u64 {
+        self.reg.send.window_capped_writes()
+    }
+
     /// Read and Write commands served so far, all hosts.
     pub fn io_commands(&self) -> u64 {
         self.reg

@@ -250,6 +250,11 @@ impl Worker {
         };
         for e in self.conns.iter().flatten() {
             take(e.conn.poll_timeout());
+            if e.window_capped && !e.write_blocked {
+                // Due bytes the congestion window held back: no edge
+                // announces that it opened, so the next turn comes now.
+                take(Some(now));
+            }
         }
         for q in self.queues.values() {
             take(q.queue.next_deadline());
@@ -329,6 +334,7 @@ impl Worker {
                 // A moved socket may hold bytes whose edge the old worker saw.
                 read_ready: true,
                 write_blocked: false,
+                window_capped: false,
                 closed_socket: false,
                 tenant,
                 placed,
@@ -406,6 +412,7 @@ impl Worker {
     /// anything happened.
     fn drive(&mut self, now: Instant) -> bool {
         let mut work = false;
+        let within_cwnd = self.reg.settings.send_within_cwnd;
         for i in 0..self.conns.len() {
             if self.peers.len() > 1 && self.place_io_queue(i) {
                 work = true;
@@ -509,7 +516,10 @@ impl Worker {
                 e.conn.handle_idle(now);
             }
             if !e.write_blocked && !e.conn.due().is_empty() {
-                work |= write_conn(e, now);
+                work |= write_conn(e, now, within_cwnd);
+                if e.window_capped {
+                    self.reg.send.add_window_capped_write();
+                }
             }
             if e.conn.is_closed() && e.conn.backend_in_flight() == 0 {
                 self.remove_conn(i);

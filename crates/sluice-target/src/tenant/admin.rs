@@ -550,10 +550,18 @@ impl Collector for TargetCollector {
     }
 }
 
-/// DH-HMAC-CHAP outcomes (failures by reason; no host label, see
+/// The writes the congestion window capped, DH-HMAC-CHAP outcomes
+/// (failures by reason; no host label, see
 /// [`crate::metrics::AuthCounters`]) and the inputs accepted under
 /// [`crate::tolerated`], by case.
 fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std::fmt::Result {
+    counter(
+        e,
+        "sluice_target_window_capped_writes",
+        "Writes to hosts' sockets that sent only what the TCP congestion window admitted and left the rest to the worker's next turns (target.send_within_cwnd).",
+        None,
+        reg.send.window_capped_writes(),
+    )?;
     counter(
         e,
         "sluice_auth_successes",
