@@ -343,8 +343,8 @@ impl DirectQueue {
     /// [`Self::poll`] with the clock already read: a caller that reads it
     /// once per turn of its own loop (for its timers and latency stamps)
     /// passes that reading, and the pass reads no clock of its own (the
-    /// pass after a wait reads it again). `now` must not be earlier than
-    /// the reading a previous call was given.
+    /// pass after a wait reads it again). A reading earlier than the last
+    /// one the queue saw is taken as that one: its clock never goes back.
     pub fn poll_at(
         &mut self,
         now: Instant,

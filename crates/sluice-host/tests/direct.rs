@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use common::RealTarget;
 use sluice_config::{NamespaceConfig, SsdConfig};
 use sluice_host::core::{Completion, Payload};
-use sluice_host::{ConnectOptions, Controller, DirectQueue, HostError, IoFlags};
+use sluice_host::{ConnectOptions, Controller, DirectQueue, HostError, IoFlags, RwBuilder};
 use sluice_proto::command::{io, Sqe};
 use sluice_proto::Status;
 
@@ -305,6 +305,33 @@ async fn target_shutdown_fails_every_outstanding_command() {
         .expect("target shutdown");
 }
 
+/// A real target whose namespace 2 answers reads after `read_latency_us`,
+/// a controller connected with `o`, one direct queue, and the builders of
+/// namespace 2 (slow) and 1 (fast). Keep the target alive.
+async fn with_a_slow_namespace(
+    read_latency_us: u64,
+    o: ConnectOptions,
+) -> (RealTarget, Controller, DirectQueue, RwBuilder, RwBuilder) {
+    let t = RealTarget::start_sub(
+        &[],
+        |s| s,
+        |s| {
+            s.with_namespace(NamespaceConfig::emulated_ssd(
+                2,
+                1 << 20,
+                SsdConfig::default().with_base_read_latency_us(read_latency_us),
+            ))
+        },
+    );
+    let c = Controller::connect(t.addr(), &t.subnqn, o)
+        .await
+        .expect("connect");
+    let slow = c.namespace(2).expect("ns 2").rw_builder();
+    let fast = c.namespace(1).expect("ns 1").rw_builder();
+    let q = c.connect_direct_queue().await.expect("direct queue");
+    (t, c, q, slow, fast)
+}
+
 /// A command that times out on a direct queue fails with `Timeout` at its
 /// deadline, but its CID stays held until the target answers it (late, or
 /// aborted through the admin queue): meanwhile the other commands run on
@@ -314,29 +341,12 @@ async fn target_shutdown_fails_every_outstanding_command() {
 async fn a_timed_out_command_holds_its_cid_until_answered_and_the_queue_goes_on() {
     // Namespace 2 reads in 1.5 s; the host gives commands 1 s. (Unanswered
     // at twice the timeout, a queue would close: 1.5 s is inside that.)
-    let t = RealTarget::start_sub(
-        &[],
-        |s| s,
-        |s| {
-            s.with_namespace(NamespaceConfig::emulated_ssd(
-                2,
-                1 << 20,
-                SsdConfig::default().with_base_read_latency_us(1_500_000),
-            ))
-        },
-    );
-    let depth = 4u16;
     let o = ConnectOptions {
-        queue_depth: depth,
+        queue_depth: 4,
         command_timeout: Duration::from_secs(1),
         ..opts()
     };
-    let c = Controller::connect(t.addr(), &t.subnqn, o)
-        .await
-        .expect("connect");
-    let slow = c.namespace(2).expect("ns 2").rw_builder();
-    let fast = c.namespace(1).expect("ns 1").rw_builder();
-    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let (_t, c, mut q, slow, fast) = with_a_slow_namespace(1_500_000, o).await;
     let handle = std::thread::spawn(move || {
         let mut out = Vec::new();
         let t0 = Instant::now();
@@ -435,27 +445,11 @@ async fn a_timed_out_command_holds_its_cid_until_answered_and_the_queue_goes_on(
 async fn the_clock_a_poll_is_given_runs_the_command_timers() {
     // Namespace 2 answers reads after 10 s: only the clock given can time
     // them out within this test.
-    let t = RealTarget::start_sub(
-        &[],
-        |s| s,
-        |s| {
-            s.with_namespace(NamespaceConfig::emulated_ssd(
-                2,
-                1 << 20,
-                SsdConfig::default().with_base_read_latency_us(10_000_000),
-            ))
-        },
-    );
     let o = ConnectOptions {
         command_timeout: Duration::from_secs(5),
         ..opts()
     };
-    let c = Controller::connect(t.addr(), &t.subnqn, o)
-        .await
-        .expect("connect");
-    let slow = c.namespace(2).expect("ns 2").rw_builder();
-    let fast = c.namespace(1).expect("ns 1").rw_builder();
-    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let (_t, c, mut q, slow, fast) = with_a_slow_namespace(10_000_000, o).await;
     let handle = std::thread::spawn(move || {
         let mut out = Vec::new();
         let t0 = Instant::now();
