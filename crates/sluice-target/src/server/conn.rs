@@ -185,8 +185,10 @@ pub(super) fn write_conn(e: &mut ConnEntry, now: Instant, within_cwnd: bool) -> 
         let limit = write_limit_bytes(due, within_cwnd, || {
             sluice_runtime::net::tcp_send_window_room_bytes(stream).ok()
         });
-        let mut capped_runs = [io::IoSlice::new(&[]); WRITE_RUNS_MAX];
+        // Filled only when the window caps the write.
+        let mut capped_runs;
         let (runs, n) = if limit < due {
+            capped_runs = [io::IoSlice::new(&[]); WRITE_RUNS_MAX];
             let m = runs_within(&runs[..n], limit, &mut capped_runs);
             (&capped_runs, m)
         } else {

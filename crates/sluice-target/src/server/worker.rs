@@ -124,8 +124,7 @@ impl Worker {
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
         let mut next_publish = started + crate::metrics::SEND_PUBLISH_INTERVAL;
-        // Whether the last turn did work, and when the CPU clock was last read.
-        let mut worked = true;
+        // When the CPU clock was last read.
         let mut cpu_sampled_at = started;
         loop {
             loops += 1;
@@ -162,13 +161,14 @@ impl Worker {
             // the tenants it served. It is a syscall (about 1 µs here, 21 %
             // of a QD 1 target's core when read every turn), so a turn
             // reads it only where a batch can end or begin: after a turn
-            // that worked, or when events arrived. Idle turns between run
+            // that worked (no idle spell under way), or when events
+            // arrived. Idle turns between run
             // on one reading (charged to no one, as before), and one at
             // least every `CPU_SAMPLE_IDLE_INTERVAL` bounds what an
             // eventless batch (a timer's) can be charged for the idle spin
             // before it.
             if self.tenancy.cpu_accounting()
-                && (worked
+                && (idle_since.is_none()
                     || !events.is_empty()
                     || now.saturating_duration_since(cpu_sampled_at) >= CPU_SAMPLE_IDLE_INTERVAL)
             {
@@ -203,7 +203,6 @@ impl Worker {
                 }
             }
             work |= self.drive(now);
-            worked = work;
             if work {
                 last_work = now;
                 if let Some(t) = idle_since.take() {
