@@ -132,33 +132,22 @@ fn host_flags() {
         ],
         "127.0.0.1:1",
     );
+    let bench = ["bench", "--target", "127.0.0.1:1", "--nqn", "x"];
+    let nbd = [
+        "nbd",
+        "--unix",
+        "/nonexistent/s",
+        "--target",
+        "127.0.0.1:1",
+        "--nqn",
+        "x",
+    ];
     for cc in ["cu bic", "", "sixteen-bytes-xx"] {
-        fails_naming(
-            &[
-                "bench",
-                "--target",
-                "127.0.0.1:1",
-                "--nqn",
-                "x",
-                "--tcp-congestion",
-                cc,
-            ],
-            "--tcp-congestion",
-        );
-        fails_naming(
-            &[
-                "nbd",
-                "--unix",
-                "/nonexistent/s",
-                "--target",
-                "127.0.0.1:1",
-                "--nqn",
-                "x",
-                "--tcp-congestion",
-                cc,
-            ],
-            "--tcp-congestion",
-        );
+        for command in [&bench[..], &nbd[..]] {
+            let mut args = command.to_vec();
+            args.extend(["--tcp-congestion", cc]);
+            fails_naming(&args, "--tcp-congestion");
+        }
     }
     fails_naming(&["discover", "-a", "nowhere"], "nowhere");
     fails_naming(&["nbd", "--target", "127.0.0.1:1", "--nqn", "x"], "--unix");
