@@ -39,6 +39,8 @@ pub struct RawSend {
     pub(crate) weight_data: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) flush_when_idle: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) responses_after_data: Option<bool>,
 }
 
 /// `coalescing.urgent`.
@@ -151,6 +153,9 @@ pub fn resolve(
         if let Some(v) = r.flush_when_idle {
             c.flush_when_idle = v;
         }
+        if let Some(v) = r.responses_after_data {
+            c.responses_after_data = v;
+        }
     }
     if let Some(r) = co {
         if let Some(m) = &r.mode {
@@ -205,6 +210,7 @@ pub fn to_raw(c: &SendConfig) -> (String, RawSend, RawCoalescing) {
         weight_response: Some(i64::from(c.weights.response)),
         weight_data: Some(i64::from(c.weights.data)),
         flush_when_idle: Some(c.flush_when_idle),
+        responses_after_data: Some(c.responses_after_data),
     };
     let k = &c.coalescing;
     let co = RawCoalescing {

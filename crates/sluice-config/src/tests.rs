@@ -269,7 +269,7 @@ fn toml_round_trip() {
         mdts_bytes = "256k"
         write_zeroes_bytes_max = "64k"
         send_scheduler = "isolated"
-        send = {{ latency_size = "1k", data_degree = 4, flush_when_idle = false }}
+        send = {{ latency_size = "1k", data_degree = 4, flush_when_idle = false, responses_after_data = false }}
         coalescing = {{ mode = "static", threshold = 4, timeout_us = 20, urgent = "flush-all" }}
         [[subsystem]]
         nqn = "nqn.2026-11.io.sluice:a"
@@ -302,6 +302,8 @@ fn toml_round_trip() {
     assert_eq!(c.target.write_zeroes_bytes_max, Some(64 << 10));
     assert!(!c.target.send.flush_when_idle);
     assert!(Config::default().target.send.flush_when_idle);
+    assert!(!c.target.send.responses_after_data);
+    assert!(Config::default().target.send.responses_after_data);
     let written = c.to_toml().unwrap();
     assert_eq!(Config::from_toml(&written), Ok(c.clone()), "{written}");
     // Also through JSON (serde, not just TOML).
@@ -524,6 +526,11 @@ fn huge_pages_is_for_ram_only_and_off_by_default() {
     assert!(
         e.reason.contains("expected a boolean")
             && e.reason.contains("at line 4: `flush_when_idle = \"yes\"`"),
+        "{e}"
+    );
+    let e = must_fail("[target.send]\nresponses_after_data = 1", "(file)");
+    assert!(
+        e.reason.contains("expected a boolean") && e.reason.contains("`responses_after_data = 1`"),
         "{e}"
     );
 }

@@ -64,9 +64,13 @@ pub enum FlushReason {
     /// The queue went idle (nothing more to hand in for now) and the
     /// scheduler flushes when idle ([`SendConfig::flush_when_idle`]).
     Idle = 10,
+    /// `immediate` with [`SendConfig::responses_after_data`]: a large
+    /// read's CapsuleResp was held behind the due data (it joins them at
+    /// their next write or at the end of the turn).
+    AfterData = 11,
 }
 
-pub const FLUSH_REASONS: usize = 11;
+pub const FLUSH_REASONS: usize = 12;
 pub const FLUSH_REASON_NAMES: [&str; FLUSH_REASONS] = [
     "immediate",
     "size",
@@ -79,6 +83,7 @@ pub const FLUSH_REASON_NAMES: [&str; FLUSH_REASONS] = [
     "barrier",
     "coalesce-timer",
     "idle",
+    "after-data",
 ];
 
 /// Counters every scheduler keeps.
@@ -189,18 +194,75 @@ pub trait SendScheduler: Send + std::fmt::Debug {
     fn stats(&self) -> SendStats;
 }
 
-/// Writes every PDU as soon as it exists.
+/// Writes every PDU as soon as it exists; with
+/// [`Immediate::responses_after_data`], the CapsuleResp of a command whose
+/// data went out as an attachment waits until the due bytes are next
+/// written, and then follows all of them.
 #[derive(Debug, Default)]
 pub struct Immediate {
     out: OutBuf,
     /// End of the committed bytes of `out` (inline position).
     committed: usize,
     stats: SendStats,
+    /// See [`Immediate::responses_after_data`].
+    responses_after_data: bool,
+    /// An attachment was added to the PDU being encoded.
+    attaching: bool,
+    /// The command of the last PDU committed, when that PDU was a Data PDU
+    /// with an attachment (its CapsuleResp, next, is held).
+    attached_cid: Option<u16>,
+    /// Held CapsuleResps, encoded, in commit order: at most one per
+    /// command in flight, each released at the next `poll`/`idle`.
+    held: Vec<u8>,
 }
 
 impl Immediate {
     pub fn new() -> Self {
         Immediate::default()
+    }
+
+    /// A CapsuleResp that completes a command whose data was just
+    /// committed as an attachment (a large read sent from its own buffer)
+    /// is held aside, and appended to the due bytes once some of those are
+    /// written ([`SendScheduler::consume`]) or the queue goes idle
+    /// ([`SendScheduler::idle`], the end of the worker's turn; `poll` too):
+    /// the large reads of one turn then reach the host as their data, then
+    /// all their completions, so a host that submits from its completions
+    /// sends its next commands together. A response is held only behind
+    /// due bytes, so a write, and with it the release, always comes. Every
+    /// other PDU goes out in commit order.
+    pub fn responses_after_data(mut self, on: bool) -> Self {
+        self.responses_after_data = on;
+        self
+    }
+
+    /// Appends the held CapsuleResps to the due bytes.
+    fn release_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        debug_assert_eq!(
+            self.out.inline_end(),
+            self.committed,
+            "a PDU is half encoded"
+        );
+        self.out.inline().extend_from_slice(&self.held);
+        self.held.clear();
+        self.committed = self.out.inline_end();
+    }
+
+    /// Holds the CapsuleResp just encoded (the bytes after `committed`).
+    fn hold_response(&mut self) {
+        let bytes = self.out.inline();
+        let pdu_bytes = bytes.len() - self.committed;
+        self.held.extend_from_slice(&bytes[self.committed..]);
+        bytes.truncate(self.committed);
+        self.stats.pdus += 1;
+        self.stats.notifications += 1;
+        self.stats.bytes += pdu_bytes as u64;
+        self.stats.flushes += 1;
+        self.stats.flush_pdus += 1;
+        self.stats.reasons[FlushReason::AfterData as usize] += 1;
     }
 }
 
@@ -211,11 +273,35 @@ impl SendScheduler for Immediate {
 
     fn attach(&mut self, _class: PduClass, data: Attachment) {
         self.stats.bytes += data.len() as u64;
+        self.attaching = true;
         self.out.attach(data);
+    }
+
+    fn commit_cmd(&mut self, class: PduClass, cid: u16, now: Instant) {
+        if class == PduClass::Response
+            && self.attached_cid == Some(cid)
+            && self.out.len_upto(self.committed) > 0
+        {
+            // Behind due bytes: their write releases it.
+            self.attached_cid = None;
+            self.hold_response();
+            return;
+        }
+        let attached = class == PduClass::Data && self.attaching && self.responses_after_data;
+        self.commit(class, now);
+        if attached {
+            self.attached_cid = Some(cid);
+        }
+    }
+
+    fn idle(&mut self, _now: Instant) {
+        self.release_held();
     }
 
     fn commit(&mut self, class: PduClass, _now: Instant) {
         debug_assert!(self.out.inline_end() >= self.committed);
+        self.attaching = false;
+        self.attached_cid = None;
         self.stats.pdus += 1;
         if class == PduClass::Response {
             self.stats.notifications += 1;
@@ -252,17 +338,21 @@ impl SendScheduler for Immediate {
         self.committed -= before - self.out.inline_end();
         if n > 0 {
             self.stats.sends += 1;
+            // The bytes ahead of the held responses went out.
+            self.release_held();
         }
     }
 
-    fn poll(&mut self, _now: Instant) {}
+    fn poll(&mut self, _now: Instant) {
+        self.release_held();
+    }
 
     fn next_deadline(&self) -> Option<Instant> {
         None
     }
 
     fn backlog_bytes(&self) -> usize {
-        self.out.len_upto(self.committed)
+        self.out.len_upto(self.committed) + self.held.len()
     }
 
     fn stats(&self) -> SendStats {
@@ -341,6 +431,10 @@ pub struct SendConfig {
     /// Off: containers wait for their triggers, as the papers' i10 and
     /// PINoF define them.
     pub flush_when_idle: bool,
+    /// `immediate`, I/O queues: the CapsuleResps of large reads sent from
+    /// their own buffers follow all the data due when they are written
+    /// ([`Immediate::responses_after_data`]; on by default).
+    pub responses_after_data: bool,
     /// Completion coalescing of CapsuleResps on I/O queues.
     pub coalescing: CoalesceConfig,
 }
@@ -370,6 +464,7 @@ impl Default for SendConfig {
                 data: 1,
             },
             flush_when_idle: true,
+            responses_after_data: true,
             coalescing: CoalesceConfig::default(),
         }
     }
@@ -438,7 +533,9 @@ impl SendConfig {
     /// The scheduler for a queue; coalescing applies to I/O queues only.
     pub fn build(&self, io_queue: bool) -> Box<dyn SendScheduler> {
         let inner: Box<dyn SendScheduler> = match self.scheduler {
-            SchedulerKind::Immediate => Box::new(Immediate::new()),
+            SchedulerKind::Immediate => Box::new(
+                Immediate::new().responses_after_data(io_queue && self.responses_after_data),
+            ),
             SchedulerKind::Unified => {
                 Box::new(Freighted::unified(self.unified).flushing_when_idle(self.flush_when_idle))
             }
@@ -991,6 +1088,142 @@ mod tests {
         assert_eq!(s.next_deadline(), None);
     }
 
+    /// The order of the due PDUs of a scheduler, as (cid, class, seq).
+    fn due_records(s: &dyn SendScheduler) -> Vec<(u16, u8, u32)> {
+        let mut pending = s.due_copy();
+        let mut out = Vec::new();
+        parse(&mut out, &mut pending);
+        assert!(pending.is_empty(), "due bytes end within a PDU");
+        out
+    }
+
+    const DATA: u8 = PduClass::Data as u8;
+    const RESP: u8 = PduClass::Response as u8;
+
+    #[test]
+    fn responses_of_attached_reads_follow_the_due_data() {
+        let now = Instant::now();
+        let mut s = Immediate::new().responses_after_data(true);
+        // Two large reads (data from their own buffers), then a small one
+        // (its data copied) and a write's response.
+        put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
+        put(&mut s, PduClass::Response, 1, 1, 24, now);
+        put_attached(&mut s, PduClass::Data, 2, 2, 4000, 2, now);
+        put(&mut s, PduClass::Response, 2, 3, 24, now);
+        put_attached(&mut s, PduClass::Data, 3, 4, 100, 0, now);
+        put(&mut s, PduClass::Response, 3, 5, 24, now);
+        put(&mut s, PduClass::Response, 4, 6, 24, now);
+        assert_eq!(
+            due_records(&s),
+            [
+                (1, DATA, 0),
+                (2, DATA, 2),
+                (3, DATA, 4),
+                (3, RESP, 5),
+                (4, RESP, 6)
+            ],
+            "the large reads' responses wait; the others do not"
+        );
+        assert_eq!(
+            s.backlog_bytes(),
+            s.due_len() + 2 * 24,
+            "held bytes count as backlog"
+        );
+        assert_eq!(s.stats().pdus, 7);
+        // The end of the turn puts them after everything due.
+        s.idle(now);
+        assert_eq!(
+            due_records(&s),
+            [
+                (1, DATA, 0),
+                (2, DATA, 2),
+                (3, DATA, 4),
+                (3, RESP, 5),
+                (4, RESP, 6),
+                (1, RESP, 1),
+                (2, RESP, 3)
+            ]
+        );
+        assert_eq!(s.backlog_bytes(), s.due_len());
+    }
+
+    #[test]
+    fn a_write_releases_the_held_responses_behind_what_is_left() {
+        let now = Instant::now();
+        let mut s = Immediate::new().responses_after_data(true);
+        put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
+        put(&mut s, PduClass::Response, 1, 1, 24, now);
+        put_attached(&mut s, PduClass::Data, 2, 2, 4000, 1, now);
+        put(&mut s, PduClass::Response, 2, 3, 24, now);
+        let due = s.due_len();
+        assert_eq!(due, 8000);
+        // A write takes part of the first read's data.
+        let mut pending = Vec::new();
+        pending.extend_from_slice(&s.due_copy()[..1000]);
+        s.consume(1000);
+        assert_eq!(
+            s.due_len(),
+            due - 1000 + 2 * 24,
+            "released after the data left"
+        );
+        pending.extend_from_slice(&s.due_copy());
+        let mut out = Vec::new();
+        parse(&mut out, &mut pending);
+        assert_eq!(
+            out,
+            [(1, DATA, 0), (2, DATA, 2), (1, RESP, 1), (2, RESP, 3)]
+        );
+    }
+
+    #[test]
+    fn without_responses_after_data_every_pdu_goes_in_commit_order() {
+        let now = Instant::now();
+        for s in [
+            Immediate::new(),
+            Immediate::new().responses_after_data(false),
+        ] {
+            let mut s = s;
+            put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
+            put(&mut s, PduClass::Response, 1, 1, 24, now);
+            put_attached(&mut s, PduClass::Data, 2, 2, 4000, 1, now);
+            put(&mut s, PduClass::Response, 2, 3, 24, now);
+            assert_eq!(
+                due_records(&s),
+                [(1, DATA, 0), (1, RESP, 1), (2, DATA, 2), (2, RESP, 3)]
+            );
+            assert_eq!(s.backlog_bytes(), s.due_len());
+        }
+    }
+
+    #[test]
+    fn a_response_with_nothing_due_ahead_is_not_held() {
+        let now = Instant::now();
+        let mut s = Immediate::new().responses_after_data(true);
+        put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
+        // Its data was written before the response came.
+        let n = s.due_len();
+        s.consume(n);
+        put(&mut s, PduClass::Response, 1, 1, 24, now);
+        assert_eq!(due_records(&s), [(1, RESP, 1)]);
+        // And a response for another command than the data's is not held.
+        put_attached(&mut s, PduClass::Data, 2, 2, 4000, 1, now);
+        put(&mut s, PduClass::Response, 3, 3, 24, now);
+        assert_eq!(due_records(&s), [(1, RESP, 1), (2, DATA, 2), (3, RESP, 3)]);
+    }
+
+    #[test]
+    fn only_io_queues_send_responses_after_data() {
+        let now = Instant::now();
+        let cfg = SendConfig::default();
+        assert!(cfg.responses_after_data, "on by default");
+        for (io_queue, held) in [(true, true), (false, false)] {
+            let mut s = cfg.build(io_queue);
+            put_attached(&mut *s, PduClass::Data, 1, 0, 4000, 1, now);
+            put(&mut *s, PduClass::Response, 1, 1, 24, now);
+            assert_eq!(s.backlog_bytes() > s.due_len(), held, "io queue {io_queue}");
+        }
+    }
+
     // ------------------------------------------------------------ freights
 
     use crate::coalesce::CoalesceMode;
@@ -1410,8 +1643,9 @@ mod tests {
             0u8..4,
             any::<bool>(),
             any::<bool>(),
+            any::<bool>(),
         )
-            .prop_map(|(k, size, degree, timer, w, co, ooo, idle)| {
+            .prop_map(|(k, size, degree, timer, w, co, ooo, idle, after)| {
                 let p = fp(size, degree, timer);
                 SendConfig {
                     scheduler: [
@@ -1428,6 +1662,7 @@ mod tests {
                         data: 1,
                     },
                     flush_when_idle: idle,
+                    responses_after_data: after,
                     coalescing: CoalesceConfig {
                         mode: [
                             CoalesceMode::Off,
@@ -1532,9 +1767,15 @@ mod tests {
                 prop_assert!(s.due_copy().starts_with(s.due()));
                 prop_assert!(s.backlog_bytes() >= s.due_len());
                 if s.backlog_bytes() > s.due_len() {
-                    let d = s.next_deadline();
-                    prop_assert!(d.is_some(), "held bytes without a deadline");
-                    prop_assert!(d.unwrap() <= now + Duration::from_micros(400));
+                    // Held by a timer, or (responses after data) behind
+                    // due bytes whose write releases them.
+                    match s.next_deadline() {
+                        Some(d) => prop_assert!(d <= now + Duration::from_micros(400)),
+                        None => prop_assert!(
+                            cfg.responses_after_data && s.due_len() > 0,
+                            "held bytes with neither a deadline nor a write to come"
+                        ),
+                    }
                 }
             }
             // Everything is due by the longest bound (timer + coalescing hold).

@@ -457,6 +457,46 @@ fn large_reads_are_sent_within_the_congestion_window() {
     }
 }
 
+/// Over a real socket, large reads with `send.responses_after_data` on
+/// (the default) and off read back what was written; the held responses
+/// are counted (a flush reason), and none is held when it is off.
+#[test]
+fn large_reads_with_and_without_responses_after_data_read_back() {
+    for after in [true, false] {
+        let send = SendConfig {
+            responses_after_data: after,
+            ..SendConfig::default()
+        };
+        let t = start_with("adaptive", 1, send);
+        let addr = t.local_addr();
+        let (_admin, cntlid) = Client::admin(addr);
+        let image = pattern(2 << 20, 5);
+        let mut q = Client::connect(addr, false);
+        assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+        for (i, part) in image.chunks(1 << 20).enumerate() {
+            assert_eq!(q.write(i as u64 * 2048, part), Status::SUCCESS);
+        }
+        for slba in (0u64..4096).step_by(256) {
+            let (st, back) = q.read(slba, 256);
+            assert_eq!(st, Status::SUCCESS);
+            let at = slba as usize * 512;
+            assert!(
+                back == image[at..at + (128 << 10)],
+                "after {after}: read at {slba}"
+            );
+        }
+        let held = t
+            .shutdown()
+            .send
+            .reason(sluice_proto::send::FlushReason::AfterData);
+        if after {
+            assert!(held >= 16, "after: {held} responses held for 16 reads");
+        } else {
+            assert_eq!(held, 0, "off: nothing held");
+        }
+    }
+}
+
 #[test]
 fn write_read_adaptive() {
     write_read_over("adaptive", 1, true);

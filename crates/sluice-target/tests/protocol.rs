@@ -366,6 +366,101 @@ fn large_read_data_is_sent_from_its_own_buffer() {
     }
 }
 
+/// `send.responses_after_data` (on by default): the CapsuleResps of the
+/// large reads one batch completes follow all their data, so a host sees
+/// them complete together; a small read's response (its data copied) and
+/// every response with the setting off go out right behind their data.
+#[test]
+fn a_batch_of_large_reads_completes_after_all_its_data() {
+    for after in [true, false] {
+        let mut send = send_config("immediate");
+        send.responses_after_data = after;
+        let c = Config::default()
+            .with_target(
+                target_settings(send)
+                    .with_max_h2c_data_bytes(128 * 1024)
+                    .with_max_c2h_data_bytes(128 * 1024),
+            )
+            .with_subsystem(
+                SubsystemConfig::new(SUBNQN)
+                    .with_host(HOSTNQN)
+                    .with_namespace(default_ns()),
+            )
+            .validated()
+            .expect("test config is valid");
+        let r = registry(&c);
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = io_pair(&r, cntlid, false, false);
+        let data = pattern(256 * 1024, 3);
+        let (cid, wire) = start_r2t_write(&mut p, &data, 128 * 1024);
+        p.send_raw(&wire);
+        assert_eq!(p.collect_response(cid).0.status(), Status::SUCCESS);
+        // Three 64 KiB reads and a 4 KiB one, in one segment.
+        let reads: [(u64, u32); 4] = [(0, 128), (128, 128), (256, 8), (384, 128)];
+        let mut wire = Vec::new();
+        let mut cids = Vec::new();
+        for (slba, nlb) in reads {
+            let cid = p.cid();
+            cids.push(cid);
+            let sqe = with_c2h(Sqe::rw(io::READ, cid, 1, slba, nlb, false), nlb * 512);
+            sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(sqe), &[], &p.txp, &mut wire);
+        }
+        p.send_raw(&wire);
+        let got = p.take();
+        let order: Vec<(&str, u16)> = got
+            .iter()
+            .map(|g| match &g.header {
+                PduHeader::C2HData(d) => ("data", d.cccid),
+                PduHeader::CapsuleResp(c) => {
+                    assert!(c.status().is_success());
+                    ("resp", c.cid)
+                }
+                other => panic!("unexpected PDU {other:?}"),
+            })
+            .collect();
+        let [a, b, small, d] = [cids[0], cids[1], cids[2], cids[3]];
+        let want: Vec<(&str, u16)> = if after {
+            vec![
+                ("data", a),
+                ("data", b),
+                ("data", small),
+                ("resp", small),
+                ("data", d),
+                ("resp", a),
+                ("resp", b),
+                ("resp", d),
+            ]
+        } else {
+            vec![
+                ("data", a),
+                ("resp", a),
+                ("data", b),
+                ("resp", b),
+                ("data", small),
+                ("resp", small),
+                ("data", d),
+                ("resp", d),
+            ]
+        };
+        assert_eq!(order, want, "responses_after_data = {after}");
+        // Every read returns what was written.
+        for (i, (slba, nlb)) in reads.into_iter().enumerate() {
+            let at = slba as usize * 512;
+            let back: Vec<u8> = got
+                .iter()
+                .filter_map(|g| match &g.header {
+                    PduHeader::C2HData(h) if h.cccid == cids[i] => Some(g.data.as_slice()),
+                    _ => None,
+                })
+                .flatten()
+                .copied()
+                .collect();
+            assert!(back == data[at..at + nlb as usize * 512], "read {i}");
+        }
+        assert!(!p.conn.is_closed());
+    }
+}
+
 /// Read and write buffers are not zeroed when taken from the pool (the
 /// RAM backend fills reads whole, received data fills writes): a read of
 /// blocks never written after large transfers through the same pool

@@ -550,7 +550,8 @@ impl Collector for TargetCollector {
     }
 }
 
-/// The writes the congestion window capped, DH-HMAC-CHAP outcomes
+/// The writes the congestion window capped, the responses sent after
+/// their batch's data, DH-HMAC-CHAP outcomes
 /// (failures by reason; no host label, see
 /// [`crate::metrics::AuthCounters`]) and the inputs accepted under
 /// [`crate::tolerated`], by case.
@@ -561,6 +562,15 @@ fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std:
         "Writes to hosts' sockets that sent only what the TCP congestion window admitted and left the rest to the worker's next turns (target.send_within_cwnd).",
         None,
         reg.send.window_capped_writes(),
+    )?;
+    counter(
+        e,
+        "sluice_target_responses_after_data",
+        "CapsuleResps of large reads held until the data due ahead of them was written, so that a batch of reads completes together (target.send.responses_after_data).",
+        None,
+        reg.send
+            .snapshot()
+            .reason(sluice_proto::send::FlushReason::AfterData),
     )?;
     counter(
         e,
