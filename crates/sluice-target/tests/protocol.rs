@@ -461,6 +461,44 @@ fn a_batch_of_large_reads_completes_after_all_its_data() {
     }
 }
 
+/// A host that disables SQ flow control gets its reads completed by the
+/// SUCCESS flag on their last C2HData, with no CapsuleResp, unless the
+/// queue coalesces its responses: then every read keeps its CapsuleResp,
+/// for the coalescer to batch (a Barrier's completion fires it).
+#[test]
+fn reads_complete_with_their_data_unless_responses_are_coalesced() {
+    for (mode, success) in [("immediate", true), ("immediate/static", false)] {
+        let r = registry(&config_in(mode, default_ns()));
+        let (_a, cntlid) = admin_pair(&r);
+        let mut p = Pair::new(r.clone());
+        p.icreq(false, false);
+        let c = p.connect_to(
+            SUBNQN,
+            1,
+            cntlid,
+            sluice_proto::fabrics::CATTR_DISABLE_SQ_FLOW,
+        );
+        assert!(c.status().is_success(), "{mode}: {:?}", c.status());
+        assert_eq!(p.write(0, &pattern(4096, 9), 8192), Status::SUCCESS);
+        let cid = p.cid();
+        let sqe = with_c2h(Sqe::rw(io::READ, cid, 1, 0, 8, false), 4096);
+        p.send(&PduHeader::CapsuleCmd(sqe), &[]);
+        // The static coalescer holds the response for its timeout.
+        p.advance(Duration::from_millis(1));
+        let got = p.take();
+        let last = got.iter().rev().find_map(|g| match &g.header {
+            PduHeader::C2HData(d) => Some(d.success),
+            _ => None,
+        });
+        assert_eq!(last, Some(success), "{mode}: SUCCESS on the last C2HData");
+        let resps = got
+            .iter()
+            .filter(|g| matches!(g.header, PduHeader::CapsuleResp(_)))
+            .count();
+        assert_eq!(resps, usize::from(!success), "{mode}: CapsuleResps");
+    }
+}
+
 /// Read and write buffers are not zeroed when taken from the pool (the
 /// RAM backend fills reads whole, received data fills writes): a read of
 /// blocks never written after large transfers through the same pool

@@ -51,6 +51,9 @@ pub(super) struct Responder {
     /// Digests and alignment negotiated by ICReq.
     pub(super) txp: TxParams,
     sq_flow_disabled: bool,
+    /// A successful read completes with the SUCCESS flag on its last
+    /// C2HData, no CapsuleResp (see [`Self::connected`]).
+    success_flag: bool,
     /// SQ head pointer reported in CQEs.
     sqhd: u16,
 }
@@ -61,13 +64,19 @@ impl Responder {
             tx: Box::new(Immediate::new()),
             txp: TxParams::default(),
             sq_flow_disabled: false,
+            success_flag: false,
             sqhd: 0,
         }
     }
 
     /// Connect accepted: SQ flow control as the host asked, SQ head at 0.
-    pub(super) fn connected(&mut self, sq_flow_disabled: bool) {
+    /// With SQ flow control disabled a successful read completes with the
+    /// SUCCESS flag on its last C2HData, unless the queue's responses are
+    /// coalesced: the coalescer batches CapsuleResps (and fires on a
+    /// Barrier's), so those reads keep theirs.
+    pub(super) fn connected(&mut self, sq_flow_disabled: bool, coalesced: bool) {
         self.sq_flow_disabled = sq_flow_disabled;
+        self.success_flag = sq_flow_disabled && !coalesced;
         self.sqhd = 0;
     }
 
@@ -346,7 +355,7 @@ impl QueueConnection {
         now: Instant,
     ) {
         let chunk = self.reg.settings.max_c2h_data_bytes as usize;
-        let success_flag = self.out.sq_flow_disabled && result == 0 && dw1 == 0;
+        let success_flag = self.out.success_flag && result == 0 && dw1 == 0;
         let mut off = 0usize;
         while off < data.len() {
             let n = chunk.min(data.len() - off);
@@ -422,7 +431,7 @@ mod tests {
     #[test]
     fn sq_head_wraps_at_the_queue_depth() {
         let mut r = Responder::new();
-        r.connected(false);
+        r.connected(false, false);
         for _ in 0..3 {
             r.advance_sqhd(4);
         }
@@ -435,13 +444,13 @@ mod tests {
     #[test]
     fn sq_flow_disabled_reports_ffff_and_never_advances() {
         let mut r = Responder::new();
-        r.connected(true);
+        r.connected(true, false);
         r.advance_sqhd(0);
         r.advance_sqhd(4);
         assert_eq!(r.sqhd, 0);
         assert_eq!(r.cqe(2, 1, Status::SUCCESS, 0, 0).sqhd, 0xffff);
         // A new Connect resets both.
-        r.connected(false);
+        r.connected(false, false);
         assert_eq!(r.cqe(2, 1, Status::SUCCESS, 0, 0).sqhd, 0);
     }
 

@@ -365,7 +365,9 @@ impl QueueConnection {
         // sqsize <= queue_depth_max - 1 (checked above): no overflow.
         self.session.depth = c.sqsize + 1;
         let sq_flow_disabled = c.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-        self.out.connected(sq_flow_disabled);
+        let coalesced =
+            c.qid > 0 && send.coalescing.mode != sluice_proto::coalesce::CoalesceMode::Off;
+        self.out.connected(sq_flow_disabled, coalesced);
         let cntlid = ctrl.cntlid;
         self.session.ctrl = Some(ctrl);
         self.state = ConnState::Ready;
