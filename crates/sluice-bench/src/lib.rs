@@ -159,6 +159,11 @@ pub struct BenchArgs {
     /// the system's). See docs/host.md.
     #[arg(long, value_parser = parse_tcp_congestion)]
     pub tcp_congestion: Option<String>,
+    /// Keep SQ flow control on the I/O queues (by default they ask the
+    /// controller to disable it, so reads complete with their last
+    /// C2HData, without a CapsuleResp). See docs/host.md.
+    #[arg(long)]
+    pub sq_flow_control: bool,
     /// Receive path: interrupt, busy, adaptive[:SPIN_US]. With the direct
     /// engine it is the job thread's loop: busy never waits, adaptive
     /// spins SPIN_US after the last progress (20 x SPIN_US while I/Os are
@@ -292,6 +297,7 @@ impl BenchArgs {
             hdr_digest: false,
             data_digest: false,
             tcp_congestion: None,
+            sq_flow_control: false,
             polling: PollingPolicy::Interrupt,
             engine: Engine::Direct,
             floor: false,
@@ -689,6 +695,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             dhchap_secret: dhchap_secret.clone(),
             dhchap_ctrl_secret: dhchap_ctrl_secret.clone(),
             tcp_congestion: args.tcp_congestion.clone(),
+            disable_sq_flow: !args.sq_flow_control,
             ..Default::default()
         };
         let p = match &args.volume {

@@ -122,6 +122,14 @@ pub struct ConnectOptions {
     /// `None`: the system's default). A name the kernel lacks fails the
     /// connect with [`HostError::Transport`] naming it. See docs/host.md.
     pub tcp_congestion: Option<String>,
+    /// I/O queues ask the controller to disable SQ flow control (Connect
+    /// CATTR bit 2, what Linux's `disable_sqflow` asks): it then completes
+    /// a successful read with the SUCCESS flag on its last C2HData, with no
+    /// CapsuleResp, and the read completes with its data. On by default
+    /// (docs/host.md, *SQ flow control*); the host never relies on SQHD,
+    /// since it keeps at most its queue depth of commands outstanding. The
+    /// admin queue keeps SQ flow control.
+    pub disable_sq_flow: bool,
 }
 
 impl Default for ConnectOptions {
@@ -148,6 +156,7 @@ impl Default for ConnectOptions {
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
             tcp_congestion: None,
+            disable_sq_flow: true,
         }
     }
 }
@@ -341,7 +350,11 @@ fn connect_command(
         recfmt: 0,
         qid,
         sqsize,
-        cattr: 0,
+        cattr: if qid > 0 && opts.disable_sq_flow {
+            sluice_proto::fabrics::CATTR_DISABLE_SQ_FLOW
+        } else {
+            0
+        },
         kato_ms: if qid == 0 {
             u32::try_from(kato.as_millis()).unwrap_or(u32::MAX)
         } else {

@@ -25,8 +25,8 @@ use sluice_host::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
 use sluice_host::{ConnectOptions, Controller, HostError, IoFlags, ReconnectPolicy};
 use sluice_proto::command::{admin, io, Cqe, Sqe, StatusField};
 use sluice_proto::fabrics::{
-    csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CONNECT_AUTHREQ_ATR,
-    VS_1_3,
+    csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CATTR_DISABLE_SQ_FLOW,
+    CONNECT_AUTHREQ_ATR, VS_1_3,
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::identify::{cns, cntrltype, IdentifyController};
@@ -1914,7 +1914,11 @@ async fn h_data_16_success_flag_without_cattr_is_accepted() {
         spdk_release: true,
         ..Default::default()
     });
-    let c = connect_scripted(&t, copts()).await.expect("connect");
+    let o = ConnectOptions {
+        disable_sq_flow: false,
+        ..copts()
+    };
+    let c = connect_scripted(&t, o).await.expect("connect");
     assert!(
         t.connects().iter().all(|s| s.cattr == 0),
         "CATTR 0 on every queue"
@@ -1984,18 +1988,24 @@ async fn h_conn_03_io_connect_cntlid_is_ignored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h_conn_04_connect_keeps_sq_flow_control() {
-    let t = Scripted::start(Script::default());
-    let o = ConnectOptions {
-        io_queues: 2,
-        ..copts()
-    };
-    let c = connect_scripted(&t, o).await.expect("connect");
-    let seen = t.connects();
-    assert_eq!(seen.len(), 3);
-    assert!(seen.iter().all(|s| s.cattr == 0), "{seen:?}");
-    assert_eq!(io_read(&c).await.expect("read"), pattern(4096));
-    c.disconnect(Duration::from_millis(200)).await;
+async fn h_conn_04_io_queues_disable_sq_flow_control_unless_asked() {
+    for (disable, io_cattr) in [(true, CATTR_DISABLE_SQ_FLOW), (false, 0)] {
+        let t = Scripted::start(Script::default());
+        let o = ConnectOptions {
+            io_queues: 2,
+            disable_sq_flow: disable,
+            ..copts()
+        };
+        let c = connect_scripted(&t, o).await.expect("connect");
+        let seen = t.connects();
+        assert_eq!(
+            seen.iter().map(|s| (s.qid, s.cattr)).collect::<Vec<_>>(),
+            vec![(0, 0), (1, io_cattr), (2, io_cattr)],
+            "disable_sq_flow = {disable}: the admin queue keeps SQ flow control"
+        );
+        assert_eq!(io_read(&c).await.expect("read"), pattern(4096));
+        c.disconnect(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
