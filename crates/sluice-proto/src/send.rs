@@ -211,8 +211,10 @@ pub struct Immediate {
     /// The command of the last PDU committed, when that PDU was a Data PDU
     /// with an attachment (its CapsuleResp, next, is held).
     attached_cid: Option<u16>,
-    /// Held CapsuleResps, encoded, in commit order: at most one per
-    /// command in flight, each released at the next `poll`/`idle`.
+    /// Held CapsuleResps, encoded, in commit order: one per completed
+    /// command whose response the host has not been sent yet (bounded as
+    /// the backlog is: `backlog_bytes` counts them), released at the next
+    /// write (`consume`), `idle` or `poll`.
     held: Vec<u8>,
 }
 
