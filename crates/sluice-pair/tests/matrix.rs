@@ -89,8 +89,8 @@ fn cycle(p: Params, sizes: &[usize], seed: u64) {
     );
     // With SQ flow control disabled, reads complete with SUCCESS on their
     // last C2HData, unless the target coalesces its responses.
-    let c2h_success = p.c2h_success
-        && p.target_send.coalescing.mode == sluice_proto::coalesce::CoalesceMode::Off;
+    let c2h_success =
+        p.c2h_success && p.target_send.coalescing.mode == sluice_proto::coalesce::CoalesceMode::Off;
     let resps = if c2h_success { n } else { 2 * n + 1 };
     assert_eq!(
         count(pdu_type::CAPSULE_RESP),

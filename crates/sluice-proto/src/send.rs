@@ -1102,18 +1102,22 @@ mod tests {
     const DATA: u8 = PduClass::Data as u8;
     const RESP: u8 = PduClass::Response as u8;
 
+    /// A read's C2HData (`att` as [`put_attached`]; 1 and 2 attach) and
+    /// its CapsuleResp, numbered `seq` and `seq + 1`.
+    fn put_read(s: &mut dyn SendScheduler, cid: u16, seq: u32, len: usize, att: u8, now: Instant) {
+        put_attached(s, PduClass::Data, cid, seq, len, att, now);
+        put(s, PduClass::Response, cid, seq + 1, 24, now);
+    }
+
     #[test]
     fn responses_of_attached_reads_follow_the_due_data() {
         let now = Instant::now();
         let mut s = Immediate::new().responses_after_data(true);
         // Two large reads (data from their own buffers), then a small one
         // (its data copied) and a write's response.
-        put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
-        put(&mut s, PduClass::Response, 1, 1, 24, now);
-        put_attached(&mut s, PduClass::Data, 2, 2, 4000, 2, now);
-        put(&mut s, PduClass::Response, 2, 3, 24, now);
-        put_attached(&mut s, PduClass::Data, 3, 4, 100, 0, now);
-        put(&mut s, PduClass::Response, 3, 5, 24, now);
+        put_read(&mut s, 1, 0, 4000, 1, now);
+        put_read(&mut s, 2, 2, 4000, 2, now);
+        put_read(&mut s, 3, 4, 100, 0, now);
         put(&mut s, PduClass::Response, 4, 6, 24, now);
         assert_eq!(
             due_records(&s),
@@ -1153,10 +1157,8 @@ mod tests {
     fn a_write_releases_the_held_responses_behind_what_is_left() {
         let now = Instant::now();
         let mut s = Immediate::new().responses_after_data(true);
-        put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
-        put(&mut s, PduClass::Response, 1, 1, 24, now);
-        put_attached(&mut s, PduClass::Data, 2, 2, 4000, 1, now);
-        put(&mut s, PduClass::Response, 2, 3, 24, now);
+        put_read(&mut s, 1, 0, 4000, 1, now);
+        put_read(&mut s, 2, 2, 4000, 1, now);
         let due = s.due_len();
         assert_eq!(due, 8000);
         // A write takes part of the first read's data.
@@ -1185,10 +1187,8 @@ mod tests {
             Immediate::new().responses_after_data(false),
         ] {
             let mut s = s;
-            put_attached(&mut s, PduClass::Data, 1, 0, 4000, 1, now);
-            put(&mut s, PduClass::Response, 1, 1, 24, now);
-            put_attached(&mut s, PduClass::Data, 2, 2, 4000, 1, now);
-            put(&mut s, PduClass::Response, 2, 3, 24, now);
+            put_read(&mut s, 1, 0, 4000, 1, now);
+            put_read(&mut s, 2, 2, 4000, 1, now);
             assert_eq!(
                 due_records(&s),
                 [(1, DATA, 0), (1, RESP, 1), (2, DATA, 2), (2, RESP, 3)]
@@ -1220,8 +1220,7 @@ mod tests {
         assert!(cfg.responses_after_data, "on by default");
         for (io_queue, held) in [(true, true), (false, false)] {
             let mut s = cfg.build(io_queue);
-            put_attached(&mut *s, PduClass::Data, 1, 0, 4000, 1, now);
-            put(&mut *s, PduClass::Response, 1, 1, 24, now);
+            put_read(&mut *s, 1, 0, 4000, 1, now);
             assert_eq!(s.backlog_bytes() > s.due_len(), held, "io queue {io_queue}");
         }
     }

@@ -244,9 +244,17 @@ fn reg_large_pdus(mode: &str) -> std::sync::Arc<sluice_target::registry::Registr
 
 /// 128 KiB H2CData PDUs, and C2HData PDUs of `c2h_bytes`.
 fn reg_large(mode: &str, c2h_bytes: u32) -> std::sync::Arc<sluice_target::registry::Registry> {
+    reg_large_send(send_config(mode), c2h_bytes)
+}
+
+/// [`reg_large`] with the send path `send`.
+fn reg_large_send(
+    send: SendConfig,
+    c2h_bytes: u32,
+) -> std::sync::Arc<sluice_target::registry::Registry> {
     let c = Config::default()
         .with_target(
-            target_settings(send_config(mode))
+            target_settings(send)
                 .with_max_h2c_data_bytes(128 * 1024)
                 .with_max_c2h_data_bytes(c2h_bytes),
         )
@@ -375,20 +383,7 @@ fn a_batch_of_large_reads_completes_after_all_its_data() {
     for after in [true, false] {
         let mut send = send_config("immediate");
         send.responses_after_data = after;
-        let c = Config::default()
-            .with_target(
-                target_settings(send)
-                    .with_max_h2c_data_bytes(128 * 1024)
-                    .with_max_c2h_data_bytes(128 * 1024),
-            )
-            .with_subsystem(
-                SubsystemConfig::new(SUBNQN)
-                    .with_host(HOSTNQN)
-                    .with_namespace(default_ns()),
-            )
-            .validated()
-            .expect("test config is valid");
-        let r = registry(&c);
+        let r = reg_large_send(send, 128 * 1024);
         let (_a, cntlid) = admin_pair(&r);
         let mut p = io_pair(&r, cntlid, false, false);
         let data = pattern(256 * 1024, 3);
