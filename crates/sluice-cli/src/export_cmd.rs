@@ -62,6 +62,11 @@ pub struct RemoteArgs {
     /// the system's). See docs/host.md.
     #[arg(long, value_parser = sluice_bench::parse_tcp_congestion)]
     pub tcp_congestion: Option<String>,
+    /// Keep SQ flow control on the I/O queues (by default they ask the
+    /// target to disable it, so reads complete with their last C2HData).
+    /// For a target that refuses it. See docs/host.md.
+    #[arg(long)]
+    pub sq_flow_control: bool,
 }
 
 #[derive(Debug, Args)]
@@ -321,6 +326,7 @@ struct Remote<'a> {
     cgroup: Option<&'a PathBuf>,
     dhchap: sluice_bench::DhchapSecrets,
     tcp_congestion: Option<&'a str>,
+    sq_flow_control: bool,
 }
 
 impl<'a> Remote<'a> {
@@ -340,6 +346,7 @@ impl<'a> Remote<'a> {
             cgroup: r.cgroup.as_ref(),
             dhchap: r.dhchap.load()?,
             tcp_congestion: r.tcp_congestion.as_deref(),
+            sq_flow_control: r.sq_flow_control,
         })
     }
 }
@@ -364,6 +371,7 @@ async fn open_device(
         dhchap_secret: r.dhchap.0.clone(),
         dhchap_ctrl_secret: r.dhchap.1.clone(),
         tcp_congestion: r.tcp_congestion.map(str::to_owned),
+        disable_sq_flow: !r.sq_flow_control,
         ..ConnectOptions::default()
     };
     if let Some(h) = r.hostnqn {
@@ -397,6 +405,7 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
         dhchap_secret: r.dhchap.0.clone(),
         dhchap_ctrl_secret: r.dhchap.1.clone(),
         tcp_congestion: r.tcp_congestion.map(str::to_owned),
+        disable_sq_flow: !r.sq_flow_control,
         ..ConnectOptions::default()
     };
     // A target that restarts must not fail the exported device's I/O: a
@@ -479,6 +488,7 @@ pub fn nbd(a: NbdArgs) -> Result<()> {
                 cgroup: s.cgroup.as_ref(),
                 dhchap: dhchap.clone(),
                 tcp_congestion: a.remote.tcp_congestion.as_deref(),
+                sq_flow_control: a.remote.sq_flow_control,
             };
             let (ctrl, ns, hostnqn) = match open_device(&a.remote, &remote)
                 .await

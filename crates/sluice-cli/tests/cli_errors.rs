@@ -149,6 +149,16 @@ fn host_flags() {
             fails_naming(&args, "--tcp-congestion");
         }
     }
+    // Keeping SQ flow control is a switch of every host command.
+    for command in ["bench", "nbd", "fuse"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([command, "--help"])
+            .output()
+            .expect("sluice runs");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("--sq-flow-control"), "{command} --help:\n{help}");
+        fails_naming(&[command, "--sq-flow-control=yes"], "--sq-flow-control");
+    }
     fails_naming(&["discover", "-a", "nowhere"], "nowhere");
     fails_naming(&["nbd", "--target", "127.0.0.1:1", "--nqn", "x"], "--unix");
 }
