@@ -156,7 +156,10 @@ fn host_flags() {
             .output()
             .expect("sluice runs");
         let help = String::from_utf8_lossy(&out.stdout);
-        assert!(help.contains("--sq-flow-control"), "{command} --help:\n{help}");
+        assert!(
+            help.contains("--sq-flow-control"),
+            "{command} --help:\n{help}"
+        );
         fails_naming(&[command, "--sq-flow-control=yes"], "--sq-flow-control");
     }
     fails_naming(&["discover", "-a", "nowhere"], "nowhere");
