@@ -280,10 +280,7 @@ impl SendScheduler for Immediate {
     }
 
     fn commit_cmd(&mut self, class: PduClass, cid: u16, now: Instant) {
-        if class == PduClass::Response
-            && self.attached_cid == Some(cid)
-            && self.out.len_upto(self.committed) > 0
-        {
+        if class == PduClass::Response && self.attached_cid == Some(cid) && !self.due().is_empty() {
             // Behind due bytes: their write releases it.
             self.attached_cid = None;
             self.hold_response();
