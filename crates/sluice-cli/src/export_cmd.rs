@@ -64,7 +64,8 @@ pub struct RemoteArgs {
     pub tcp_congestion: Option<String>,
     /// Keep SQ flow control on the I/O queues (by default they ask the
     /// target to disable it, so reads complete with their last C2HData).
-    /// For a target that refuses it. See docs/host.md.
+    /// A target that refuses to disable it gets it anyway (the queues
+    /// connect again). See docs/host.md.
     #[arg(long)]
     pub sq_flow_control: bool,
 }

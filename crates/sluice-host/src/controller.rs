@@ -19,6 +19,7 @@ use sluice_proto::identify::{
     cns, decode_active_ns_list, oncs, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
 };
 use sluice_proto::log::GetLogPage;
+use sluice_proto::status::Status;
 use tokio::sync::mpsc;
 
 use crate::core::{Completion, CoreConfig, Payload};
@@ -128,7 +129,9 @@ pub struct ConnectOptions {
     /// CapsuleResp, and the read completes with its data. On by default
     /// (docs/host.md, *SQ flow control*); the host never relies on SQHD,
     /// since it keeps at most its queue depth of commands outstanding. The
-    /// admin queue keeps SQ flow control.
+    /// admin queue keeps SQ flow control. A controller that refuses the bit
+    /// (Connect Invalid Parameters on a command field, or Invalid Field)
+    /// gets the queue connected again without it, with a warning.
     pub disable_sq_flow: bool,
 }
 
@@ -259,6 +262,9 @@ struct Assoc {
     io_queues_granted: u16,
     /// The QID the next direct queue takes (after the threaded ones).
     next_direct_qid: AtomicU16,
+    /// Whether I/O queues ask to disable SQ flow control: the option,
+    /// cleared when the controller refused it on a threaded queue.
+    disable_sq_flow: bool,
     /// Where queues report timed-out commands (the keep-alive task Aborts
     /// them on the admin queue).
     timeouts: mpsc::UnboundedSender<TimedOutCommand>,
@@ -336,7 +342,9 @@ fn nvme(opcode: u8, c: Result<Completion>) -> Result<Completion> {
 /// Linux host without `concat` refuses it the same way).
 const CONNECT_AUTHREQ_ASCR: u32 = 1 << 18;
 
-/// The Fabrics Connect command of queue `qid` and its data.
+/// The Fabrics Connect command of queue `qid` and its data; an I/O queue
+/// (`qid > 0`) asks for SQ flow control to be disabled when
+/// `disable_sq_flow` is set.
 fn connect_command(
     qid: u16,
     sqsize: u16,
@@ -344,13 +352,14 @@ fn connect_command(
     cntlid: u16,
     subnqn: &str,
     opts: &ConnectOptions,
+    disable_sq_flow: bool,
 ) -> (Sqe, Payload) {
     let cmd = ConnectCommand {
         cid: 0,
         recfmt: 0,
         qid,
         sqsize,
-        cattr: if qid > 0 && opts.disable_sq_flow {
+        cattr: if qid > 0 && disable_sq_flow {
             sluice_proto::fabrics::CATTR_DISABLE_SQ_FLOW
         } else {
             0
@@ -390,8 +399,42 @@ fn connect_outcome(qid: u16, subnqn: &str, r: Result<Completion>) -> Result<(u16
     Ok(((c.cqe.result & 0xffff) as u16, atr))
 }
 
-/// Sends a Fabrics Connect on `q` (and authenticates when asked); returns
-/// the CNTLID.
+/// Whether a Connect that asked to disable SQ flow control was refused for
+/// asking: Connect Invalid Parameters naming a field of the command (IATTR
+/// 0), or Invalid Field in Command. A controller that cannot disable SQ
+/// flow control answers one of these (the discovery log's TREQ bit 2 says
+/// which controllers can); the host then connects its I/O queues without
+/// asking. A refusal naming the Connect data (IATTR 1: the host NQN, the
+/// CNTLID) is not this.
+fn refuses_sq_flow_disable(r: &Result<Completion>) -> bool {
+    match r {
+        Err(HostError::Nvme { status, result, .. }) => {
+            let code = (status.sct, status.sc);
+            let invalid_parameters = (
+                Status::CONNECT_INVALID_PARAMETERS.sct,
+                Status::CONNECT_INVALID_PARAMETERS.sc,
+            );
+            let invalid_field = (Status::INVALID_FIELD.sct, Status::INVALID_FIELD.sc);
+            (code == invalid_parameters && (result >> 16) & 1 == 0) || code == invalid_field
+        }
+        _ => false,
+    }
+}
+
+/// How an I/O queue's Connect ended.
+enum IoConnect {
+    /// Connected (and authenticated when asked); the CNTLID.
+    Connected(u16),
+    /// The controller refused to disable SQ flow control
+    /// ([`refuses_sq_flow_disable`]); the error says how.
+    SqFlowDisableRefused(HostError),
+}
+
+/// Sends a Fabrics Connect on `q` (and authenticates when asked). An I/O
+/// queue's Connect asks to disable SQ flow control when `disable_sq_flow`
+/// is set; a refusal of that is [`IoConnect::SqFlowDisableRefused`], so
+/// the caller can connect the queue again without asking.
+#[allow(clippy::too_many_arguments)]
 async fn fabrics_connect(
     q: &QueueHandle,
     qid: u16,
@@ -400,13 +443,19 @@ async fn fabrics_connect(
     cntlid: u16,
     subnqn: &str,
     opts: &ConnectOptions,
-) -> Result<u16> {
-    let (sqe, payload) = connect_command(qid, sqsize, kato, cntlid, subnqn, opts);
-    let (cntlid, atr) = connect_outcome(qid, subnqn, q.execute(sqe, payload).await)?;
+    disable_sq_flow: bool,
+) -> Result<IoConnect> {
+    let (sqe, payload) = connect_command(qid, sqsize, kato, cntlid, subnqn, opts, disable_sq_flow);
+    let r = q.execute(sqe, payload).await;
+    let refused = qid > 0 && disable_sq_flow && refuses_sq_flow_disable(&r);
+    let (cntlid, atr) = match connect_outcome(qid, subnqn, r) {
+        Err(e) if refused => return Ok(IoConnect::SqFlowDisableRefused(e)),
+        r => r?,
+    };
     if atr {
         authenticate(&mut Threaded(q), qid, subnqn, opts).await?;
     }
-    Ok(cntlid)
+    Ok(IoConnect::Connected(cntlid))
 }
 
 /// A queue that runs setup commands (the DH-HMAC-CHAP exchange after a
@@ -698,7 +747,7 @@ pub(crate) async fn open_admin(
     )
     .await?;
     let r: Result<AdminSession> = async {
-        let cntlid = fabrics_connect(
+        let IoConnect::Connected(cntlid) = fabrics_connect(
             &admin,
             0,
             ADMIN_QUEUE_DEPTH - 1,
@@ -706,8 +755,14 @@ pub(crate) async fn open_admin(
             CNTLID_DYNAMIC,
             subnqn,
             opts,
+            false,
         )
-        .await?;
+        .await?
+        else {
+            return Err(HostError::Incompatible(
+                "the admin Connect came back as an I/O queue's refusal".into(),
+            ));
+        };
         let cap = property_get(&admin, prop::CAP, true).await?;
         let vs = (property_get(&admin, prop::VS, false).await? & 0xffff_ffff) as u32;
         enable(&admin, cap).await?;
@@ -779,7 +834,11 @@ async fn establish(
         };
         tracing::debug!(nq, depth, in_capsule, max_transfer_bytes, cntlid = s.cntlid, "association parameters");
         let mut ioq = Vec::with_capacity(nq as usize);
-        for qid in 1..=nq {
+        // Cleared when the controller refuses to disable SQ flow control:
+        // the queue is connected again, and the rest asked, without it.
+        let mut disable_sq_flow = opts.disable_sq_flow;
+        let mut qid = 1;
+        while qid <= nq {
             let core = io_core(opts, qid, depth, in_capsule, max_transfer_bytes);
             let q = QueueHandle::connect(
                 QueueParams {
@@ -799,11 +858,20 @@ async fn establish(
             .await?;
             // Register before Connect so a failure below closes it.
             ioq.push(q.clone());
-            if let Err(e) = fabrics_connect(&q, qid, depth - 1, opts.kato, s.cntlid, subnqn, opts).await {
-                for q in &ioq {
+            match fabrics_connect(&q, qid, depth - 1, opts.kato, s.cntlid, subnqn, opts, disable_sq_flow).await {
+                Ok(IoConnect::Connected(_)) => qid += 1,
+                Ok(IoConnect::SqFlowDisableRefused(e)) => {
+                    tracing::warn!(qid, subnqn, error = %e, "the controller refuses to disable SQ flow control: connecting the I/O queues with it");
                     q.shutdown();
+                    ioq.pop();
+                    disable_sq_flow = false;
                 }
-                return Err(e);
+                Err(e) => {
+                    for q in &ioq {
+                        q.shutdown();
+                    }
+                    return Err(e);
+                }
             }
         }
         // Namespaces: the active list, then Identify Namespace for each.
@@ -856,6 +924,7 @@ async fn establish(
         };
         Ok(Assoc {
             generation,
+            disable_sq_flow,
             admin: admin.clone(),
             io: ioq,
             cntlid: s.cntlid,
@@ -1010,21 +1079,37 @@ impl Controller {
                     "no I/O queue ID left for a direct queue: the controller granted {limit} I/O queues and all are in use (ask for room with ConnectOptions::direct_queues)"
                 ))
             })?;
-        let opts = &self.inner.opts;
+        let opts = self.inner.opts.clone();
         let depth = a.queue_depth;
         let subnqn = self.inner.subnqn.clone();
-        let p = DirectParams {
-            addr: self.inner.addr,
-            core: io_core(opts, qid, depth, a.in_capsule, a.max_transfer_bytes),
-            send: opts.send,
-            connect_timeout: opts.connect_timeout,
-            tcp_congestion: opts.tcp_congestion.clone(),
-            connect: connect_command(qid, depth - 1, Duration::ZERO, a.cntlid, &subnqn, opts),
-            timeouts: Some(a.timeouts.clone()),
-        };
-        let opts = opts.clone();
+        let (addr, cntlid, timeouts) = (self.inner.addr, a.cntlid, a.timeouts.clone());
+        let (in_capsule, max_transfer_bytes) = (a.in_capsule, a.max_transfer_bytes);
+        let params =
+            move |opts: &ConnectOptions, subnqn: &str, disable_sq_flow: bool| DirectParams {
+                addr,
+                core: io_core(opts, qid, depth, in_capsule, max_transfer_bytes),
+                send: opts.send,
+                connect_timeout: opts.connect_timeout,
+                tcp_congestion: opts.tcp_congestion.clone(),
+                connect: connect_command(
+                    qid,
+                    depth - 1,
+                    Duration::ZERO,
+                    cntlid,
+                    subnqn,
+                    opts,
+                    disable_sq_flow,
+                ),
+                timeouts: Some(timeouts.clone()),
+            };
+        let disable_sq_flow = a.disable_sq_flow;
         let q = tokio::task::spawn_blocking(move || {
-            let (mut q, r) = DirectQueue::open(p)?;
+            let (mut q, mut r) = DirectQueue::open(params(&opts, &subnqn, disable_sq_flow))?;
+            if disable_sq_flow && refuses_sq_flow_disable(&r) {
+                tracing::warn!(qid, subnqn, "the controller refuses to disable SQ flow control: connecting the direct queue with it");
+                drop(q);
+                (q, r) = DirectQueue::open(params(&opts, &subnqn, false))?;
+            }
             let (_, atr) = connect_outcome(qid, &subnqn, r)?;
             if atr {
                 authenticate_direct(&mut q, qid, &subnqn, &opts)?;

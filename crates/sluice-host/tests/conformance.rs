@@ -25,8 +25,8 @@ use sluice_host::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
 use sluice_host::{ConnectOptions, Controller, HostError, IoFlags, ReconnectPolicy};
 use sluice_proto::command::{admin, io, Cqe, Sqe, StatusField};
 use sluice_proto::fabrics::{
-    csts, fctype, prop, Cap, ConnectCommand, ConnectData, PropertyCommand, CATTR_DISABLE_SQ_FLOW,
-    CONNECT_AUTHREQ_ATR, VS_1_3,
+    connect_data_offset, connect_offset, csts, fctype, prop, Cap, ConnectCommand, ConnectData,
+    PropertyCommand, CATTR_DISABLE_SQ_FLOW, CONNECT_AUTHREQ_ATR, VS_1_3,
 };
 use sluice_proto::framer::Framer;
 use sluice_proto::identify::{cns, cntrltype, IdentifyController};
@@ -1538,6 +1538,9 @@ struct Script {
     io_connect_bits: u32,
     /// Refuse every Connect with this status and DW0.
     connect_refusal: Option<(Status, u32)>,
+    /// Refuse an I/O Connect that asks to disable SQ flow control, on
+    /// QIDs from the third field on, with this status and DW0.
+    sq_flow_refusal: Option<(Status, u32, u16)>,
     /// CSTS to report (default: RDY follows CC.EN).
     csts: Option<u32>,
     keep_alive_status: Status,
@@ -1556,6 +1559,7 @@ impl Default for Script {
             admin_connect_bits: 0,
             io_connect_bits: 0,
             connect_refusal: None,
+            sq_flow_refusal: None,
             csts: None,
             keep_alive_status: Status::SUCCESS,
             ignore_flush: false,
@@ -1780,6 +1784,11 @@ impl ScriptedQueue<'_> {
                 self.sqsize = c.sqsize;
                 if let Some((st, r)) = self.sc.connect_refusal {
                     return self.resp(cid, st, r as u64);
+                }
+                if let Some((st, r, from_qid)) = self.sc.sq_flow_refusal {
+                    if c.qid >= from_qid && c.cattr & CATTR_DISABLE_SQ_FLOW != 0 {
+                        return self.resp(cid, st, r as u64);
+                    }
                 }
                 let (cntlid, bits) = if c.qid == 0 {
                     (self.sc.admin_cntlid, self.sc.admin_connect_bits)
@@ -2006,6 +2015,100 @@ async fn h_conn_04_io_queues_disable_sq_flow_control_unless_asked() {
         assert_eq!(io_read(&c).await.expect("read"), pattern(4096));
         c.disconnect(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h_conn_04_a_refused_sq_flow_disable_connects_again_with_it() {
+    let cattr_field = u32::from(connect_offset::CATTR);
+    for (status, dw0) in [
+        (Status::CONNECT_INVALID_PARAMETERS, cattr_field),
+        (Status::INVALID_FIELD, 0),
+    ] {
+        let t = Scripted::start(Script {
+            sq_flow_refusal: Some((status, dw0, 1)),
+            ..Default::default()
+        });
+        let o = ConnectOptions {
+            io_queues: 2,
+            ..copts()
+        };
+        let c = connect_scripted(&t, o).await.expect("connect");
+        assert_eq!(
+            t.connects()
+                .iter()
+                .map(|s| (s.qid, s.cattr))
+                .collect::<Vec<_>>(),
+            vec![(0, 0), (1, CATTR_DISABLE_SQ_FLOW), (1, 0), (2, 0)],
+            "{status}: queue 1 connects again without CATTR bit 2, and queue 2 does not ask"
+        );
+        assert_eq!(io_read(&c).await.expect("read"), pattern(4096));
+        c.disconnect(Duration::from_millis(200)).await;
+    }
+
+    // A refusal naming the Connect data (IATTR 1) is not about CATTR: the
+    // connect fails with it, and the queue is not connected again.
+    let t = Scripted::start(Script {
+        sq_flow_refusal: Some((
+            Status::CONNECT_INVALID_PARAMETERS,
+            1 << 16 | u32::from(connect_data_offset::HOSTNQN),
+            1,
+        )),
+        ..Default::default()
+    });
+    match connect_scripted(&t, copts()).await {
+        Err(HostError::Incompatible(m)) => assert!(m.contains("IATTR 1"), "{m}"),
+        r => panic!("expected the refusal: {:?}", r.map(|_| ())),
+    }
+    assert_eq!(
+        t.connects()
+            .iter()
+            .map(|s| (s.qid, s.cattr))
+            .collect::<Vec<_>>(),
+        vec![(0, 0), (1, CATTR_DISABLE_SQ_FLOW)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h_conn_04_a_direct_queue_refused_sq_flow_disable_connects_again_with_it() {
+    // The threaded queue (QID 1) is accepted; the direct queue (QID 2)
+    // is refused, and connects again without asking.
+    let t = Scripted::start(Script {
+        sq_flow_refusal: Some((Status::INVALID_FIELD, 0, 2)),
+        ..Default::default()
+    });
+    let o = ConnectOptions {
+        direct_queues: 1,
+        ..copts()
+    };
+    let c = connect_scripted(&t, o).await.expect("connect");
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    assert_eq!(q.qid(), 2);
+    assert_eq!(
+        t.connects()
+            .iter()
+            .map(|s| (s.qid, s.cattr))
+            .collect::<Vec<_>>(),
+        vec![
+            (0, 0),
+            (1, CATTR_DISABLE_SQ_FLOW),
+            (2, CATTR_DISABLE_SQ_FLOW),
+            (2, 0)
+        ]
+    );
+    let read = tokio::task::spawn_blocking(move || {
+        q.submit(Sqe::rw(io::READ, 0, 1, 0, 8, false), Payload::Read(4096), 1)
+            .expect("submit");
+        let mut out = Vec::new();
+        while out.is_empty() {
+            q.poll(&mut out, Some(Duration::from_millis(5)))
+                .expect("poll");
+        }
+        out.pop().map(|(_, r)| r.expect("read").data)
+    })
+    .await
+    .expect("join");
+    assert_eq!(read, Some(pattern(4096)));
+    c.disconnect(Duration::from_millis(200)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
