@@ -18,6 +18,9 @@ without touching memory, and a first write faults its chunk in). The pairs:
   bench>spdk     sluice bench (adaptive) -> nvmf_tgt
   bench-busy>spdk sluice bench (busy-poll) -> nvmf_tgt
   bench>sluice   sluice bench -> sluice target (both adaptive)
+  bench-int>sluice  sluice bench (interrupt: waits in epoll, never spins)
+                 -> sluice target (adaptive): the pair's CPU when the host
+                 does not spin while the target works
   bench-busy>sluice-busy  both in busy-poll mode (as the SPDK pair always is)
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
@@ -269,7 +272,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
     pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice",
-             "bench-busy>sluice-busy"]
+             "bench-int>sluice", "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
     def run_row_on(target_kind, rep, row):
@@ -286,7 +289,8 @@ def main():
                 if pair.startswith("perf"):
                     iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
                 else:
-                    polling = "busy-poll" if pair.startswith("bench-busy") else "adaptive"
+                    polling = ("busy-poll" if pair.startswith("bench-busy") else
+                               "interrupt" if pair.startswith("bench-int") else "adaptive")
                     iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine)
                 tcpu = cpu_s(tgt.p.pid) - t0
                 results[pair][row].append((iops, mib, lat, hcpu + tcpu))
@@ -347,8 +351,9 @@ def main():
     lines.append("")
     lines.append("| workload | perf>sluice / perf>spdk | bench>spdk / perf>spdk | bench-busy>spdk / bench>spdk "
                  "| bench>sluice / perf>spdk | bench-busy>sluice-busy / perf>spdk "
-                 "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) | per CPU-s, Sluice / SPDK |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) | per CPU-s, Sluice / SPDK "
+                 "| bench-int>sluice / perf>spdk | per CPU-s, Sluice (bench interrupt) / SPDK |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         i = 1 if ROWS[row]["bs"] > 4096 else 0
         cells = [ratio("perf>sluice", "perf>spdk", row, i), ratio("bench>spdk", "perf>spdk", row, i),
@@ -356,7 +361,9 @@ def main():
                  ratio("bench-busy>sluice-busy", "perf>spdk", row, i)]
         lines.append(f"| {ROWS[row]['label']} | " + " | ".join(cells) + " | "
                      f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} | "
-                     f"{cpu_ratio('bench>sluice', 'perf>spdk', row)} |")
+                     f"{cpu_ratio('bench>sluice', 'perf>spdk', row)} | "
+                     f"{ratio('bench-int>sluice', 'perf>spdk', row, i)} | "
+                     f"{cpu_ratio('bench-int>sluice', 'perf>spdk', row)} |")
     table = "\n".join(lines)
     print()
     print(table)
