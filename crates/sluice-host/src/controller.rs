@@ -130,7 +130,7 @@ pub struct ConnectOptions {
     /// (docs/host.md, *SQ flow control*); the host never relies on SQHD,
     /// since it keeps at most its queue depth of commands outstanding. The
     /// admin queue keeps SQ flow control. A controller that refuses the bit
-    /// (Connect Invalid Parameters on a command field, or Invalid Field)
+    /// (Connect Invalid Parameters naming CATTR, or Invalid Field)
     /// gets the queue connected again without it, with a warning.
     pub disable_sq_flow: bool,
 }
@@ -400,12 +400,12 @@ fn connect_outcome(qid: u16, subnqn: &str, r: Result<Completion>) -> Result<(u16
 }
 
 /// Whether a Connect that asked to disable SQ flow control was refused for
-/// asking: Connect Invalid Parameters naming a field of the command (IATTR
-/// 0), or Invalid Field in Command. A controller that cannot disable SQ
-/// flow control answers one of these (the discovery log's TREQ bit 2 says
-/// which controllers can); the host then connects its I/O queues without
-/// asking. A refusal naming the Connect data (IATTR 1: the host NQN, the
-/// CNTLID) is not this.
+/// asking: Connect Invalid Parameters naming CATTR (IATTR 0, IPO 46), or
+/// Invalid Field in Command, which names no field. A controller that
+/// cannot disable SQ flow control answers one of these (the discovery
+/// log's TREQ bit 2 says which controllers can); the host then connects
+/// its I/O queues without asking. A refusal naming another field (SQSIZE,
+/// or the Connect data's host NQN or CNTLID) is not this.
 fn refuses_sq_flow_disable(r: &Result<Completion>) -> bool {
     match r {
         Err(HostError::Nvme { status, result, .. }) => {
@@ -415,7 +415,9 @@ fn refuses_sq_flow_disable(r: &Result<Completion>) -> bool {
                 Status::CONNECT_INVALID_PARAMETERS.sc,
             );
             let invalid_field = (Status::INVALID_FIELD.sct, Status::INVALID_FIELD.sc);
-            (code == invalid_parameters && (result >> 16) & 1 == 0) || code == invalid_field
+            let names_cattr = (result >> 16) & 1 == 0
+                && result & 0xffff == u32::from(sluice_proto::fabrics::connect_offset::CATTR);
+            (code == invalid_parameters && names_cattr) || code == invalid_field
         }
         _ => false,
     }

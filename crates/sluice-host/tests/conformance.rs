@@ -2045,27 +2045,32 @@ async fn h_conn_04_a_refused_sq_flow_disable_connects_again_with_it() {
         c.disconnect(Duration::from_millis(200)).await;
     }
 
-    // A refusal naming the Connect data (IATTR 1) is not about CATTR: the
-    // connect fails with it, and the queue is not connected again.
-    let t = Scripted::start(Script {
-        sq_flow_refusal: Some((
-            Status::CONNECT_INVALID_PARAMETERS,
+    // A refusal naming another field (SQSIZE in the command, the host NQN
+    // in the data) is not about CATTR: the connect fails with it, and the
+    // queue is not connected again.
+    for (dw0, says) in [
+        (u32::from(connect_offset::SQSIZE), "IATTR 0, IPO 44"),
+        (
             1 << 16 | u32::from(connect_data_offset::HOSTNQN),
-            1,
-        )),
-        ..Default::default()
-    });
-    match connect_scripted(&t, copts()).await {
-        Err(HostError::Incompatible(m)) => assert!(m.contains("IATTR 1"), "{m}"),
-        r => panic!("expected the refusal: {:?}", r.map(|_| ())),
+            "IATTR 1, IPO 512",
+        ),
+    ] {
+        let t = Scripted::start(Script {
+            sq_flow_refusal: Some((Status::CONNECT_INVALID_PARAMETERS, dw0, 1)),
+            ..Default::default()
+        });
+        match connect_scripted(&t, copts()).await {
+            Err(HostError::Incompatible(m)) => assert!(m.contains(says), "{m}"),
+            r => panic!("expected the refusal: {:?}", r.map(|_| ())),
+        }
+        assert_eq!(
+            t.connects()
+                .iter()
+                .map(|s| (s.qid, s.cattr))
+                .collect::<Vec<_>>(),
+            vec![(0, 0), (1, CATTR_DISABLE_SQ_FLOW)]
+        );
     }
-    assert_eq!(
-        t.connects()
-            .iter()
-            .map(|s| (s.qid, s.cattr))
-            .collect::<Vec<_>>(),
-        vec![(0, 0), (1, CATTR_DISABLE_SQ_FLOW)]
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
