@@ -423,8 +423,8 @@ fn refuses_sq_flow_disable(r: &Result<Completion>) -> bool {
     }
 }
 
-/// How an I/O queue's Connect ended.
-enum IoConnect {
+/// How a queue's Connect ended.
+enum ConnectOutcome {
     /// Connected (and authenticated when asked); the CNTLID.
     Connected(u16),
     /// The controller refused to disable SQ flow control
@@ -434,7 +434,7 @@ enum IoConnect {
 
 /// Sends a Fabrics Connect on `q` (and authenticates when asked). An I/O
 /// queue's Connect asks to disable SQ flow control when `disable_sq_flow`
-/// is set; a refusal of that is [`IoConnect::SqFlowDisableRefused`], so
+/// is set; a refusal of that is [`ConnectOutcome::SqFlowDisableRefused`], so
 /// the caller can connect the queue again without asking.
 #[allow(clippy::too_many_arguments)]
 async fn fabrics_connect(
@@ -446,18 +446,18 @@ async fn fabrics_connect(
     subnqn: &str,
     opts: &ConnectOptions,
     disable_sq_flow: bool,
-) -> Result<IoConnect> {
+) -> Result<ConnectOutcome> {
     let (sqe, payload) = connect_command(qid, sqsize, kato, cntlid, subnqn, opts, disable_sq_flow);
     let r = q.execute(sqe, payload).await;
     let refused = qid > 0 && disable_sq_flow && refuses_sq_flow_disable(&r);
     let (cntlid, atr) = match connect_outcome(qid, subnqn, r) {
-        Err(e) if refused => return Ok(IoConnect::SqFlowDisableRefused(e)),
+        Err(e) if refused => return Ok(ConnectOutcome::SqFlowDisableRefused(e)),
         r => r?,
     };
     if atr {
         authenticate(&mut Threaded(q), qid, subnqn, opts).await?;
     }
-    Ok(IoConnect::Connected(cntlid))
+    Ok(ConnectOutcome::Connected(cntlid))
 }
 
 /// A queue that runs setup commands (the DH-HMAC-CHAP exchange after a
@@ -749,7 +749,7 @@ pub(crate) async fn open_admin(
     )
     .await?;
     let r: Result<AdminSession> = async {
-        let IoConnect::Connected(cntlid) = fabrics_connect(
+        let cntlid = match fabrics_connect(
             &admin,
             0,
             ADMIN_QUEUE_DEPTH - 1,
@@ -760,10 +760,10 @@ pub(crate) async fn open_admin(
             false,
         )
         .await?
-        else {
-            return Err(HostError::Incompatible(
-                "the admin Connect came back as an I/O queue's refusal".into(),
-            ));
+        {
+            ConnectOutcome::Connected(cntlid) => cntlid,
+            // The admin queue never asks, so this is only the error.
+            ConnectOutcome::SqFlowDisableRefused(e) => return Err(e),
         };
         let cap = property_get(&admin, prop::CAP, true).await?;
         let vs = (property_get(&admin, prop::VS, false).await? & 0xffff_ffff) as u32;
@@ -861,8 +861,8 @@ async fn establish(
             // Register before Connect so a failure below closes it.
             ioq.push(q.clone());
             match fabrics_connect(&q, qid, depth - 1, opts.kato, s.cntlid, subnqn, opts, disable_sq_flow).await {
-                Ok(IoConnect::Connected(_)) => qid += 1,
-                Ok(IoConnect::SqFlowDisableRefused(e)) => {
+                Ok(ConnectOutcome::Connected(_)) => qid += 1,
+                Ok(ConnectOutcome::SqFlowDisableRefused(e)) => {
                     tracing::warn!(qid, subnqn, error = %e, "the controller refuses to disable SQ flow control: connecting the I/O queues with it");
                     q.shutdown();
                     ioq.pop();
@@ -1108,7 +1108,8 @@ impl Controller {
         let q = tokio::task::spawn_blocking(move || {
             let (mut q, mut r) = DirectQueue::open(params(&opts, &subnqn, disable_sq_flow))?;
             if disable_sq_flow && refuses_sq_flow_disable(&r) {
-                tracing::warn!(qid, subnqn, "the controller refuses to disable SQ flow control: connecting the direct queue with it");
+                let error = r.as_ref().err().map(ToString::to_string).unwrap_or_default();
+                tracing::warn!(qid, subnqn, error, "the controller refuses to disable SQ flow control: connecting the direct queue with it");
                 drop(q);
                 (q, r) = DirectQueue::open(params(&opts, &subnqn, false))?;
             }
