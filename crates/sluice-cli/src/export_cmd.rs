@@ -331,6 +331,24 @@ struct Remote<'a> {
 }
 
 impl<'a> Remote<'a> {
+    /// What every connection of this remote asks for, whether to a
+    /// namespace or to a volume's drives: `io_queues` I/O queues, the
+    /// host NQN, DH-HMAC-CHAP, TCP congestion control, SQ flow control.
+    fn connect_options(&self, io_queues: u16) -> ConnectOptions {
+        let mut opts = ConnectOptions {
+            io_queues: io_queues.max(1),
+            dhchap_secret: self.dhchap.0.clone(),
+            dhchap_ctrl_secret: self.dhchap.1.clone(),
+            tcp_congestion: self.tcp_congestion.map(str::to_owned),
+            disable_sq_flow: !self.sq_flow_control,
+            ..ConnectOptions::default()
+        };
+        if let Some(h) = self.hostnqn {
+            opts.hostnqn = h.to_string();
+        }
+        opts
+    }
+
     fn from_args(r: &'a RemoteArgs) -> Result<Remote<'a>> {
         let nqn = match (r.nqn.as_deref(), &r.volume) {
             (Some(nqn), _) => nqn,
@@ -367,17 +385,7 @@ async fn open_device(
         let (c, ns, hostnqn) = connect(r).await?;
         return Ok((Some(c), RemoteDevice::Namespace(ns), hostnqn));
     };
-    let mut opts = ConnectOptions {
-        io_queues: a.io_queues.max(1),
-        dhchap_secret: r.dhchap.0.clone(),
-        dhchap_ctrl_secret: r.dhchap.1.clone(),
-        tcp_congestion: r.tcp_congestion.map(str::to_owned),
-        disable_sq_flow: !r.sq_flow_control,
-        ..ConnectOptions::default()
-    };
-    if let Some(h) = r.hostnqn {
-        opts.hostnqn = h.to_string();
-    }
+    let opts = r.connect_options(a.io_queues);
     let hostnqn = opts.hostnqn.clone();
     let v = sluice_control::volume::open(&a.control, a.token_file.as_deref(), name, opts)
         .await
@@ -400,14 +408,9 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
         .next()
         .with_context(|| format!("`{}` resolves to no address", r.target))?;
     let mut opts = ConnectOptions {
-        io_queues: r.io_queues.max(1),
         direct_queues: r.direct_queues,
         cgroup: r.cgroup.cloned(),
-        dhchap_secret: r.dhchap.0.clone(),
-        dhchap_ctrl_secret: r.dhchap.1.clone(),
-        tcp_congestion: r.tcp_congestion.map(str::to_owned),
-        disable_sq_flow: !r.sq_flow_control,
-        ..ConnectOptions::default()
+        ..r.connect_options(r.io_queues)
     };
     // A target that restarts must not fail the exported device's I/O: a
     // command that meets the lost connection is retried once after the
@@ -415,9 +418,6 @@ async fn connect(r: &Remote<'_>) -> Result<(Controller, Namespace, String)> {
     // is then copied before submission; rewriting the same blocks with
     // the same data is safe).
     opts.reconnect.retry_io = true;
-    if let Some(h) = r.hostnqn {
-        opts.hostnqn = h.to_string();
-    }
     let hostnqn = opts.hostnqn.clone();
     let ctrl = Controller::connect(addr, r.nqn, opts)
         .await
