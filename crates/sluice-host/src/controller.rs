@@ -409,15 +409,10 @@ fn connect_outcome(qid: u16, subnqn: &str, r: Result<Completion>) -> Result<(u16
 fn refuses_sq_flow_disable(r: &Result<Completion>) -> bool {
     match r {
         Err(HostError::Nvme { status, result, .. }) => {
-            let code = (status.sct, status.sc);
-            let invalid_parameters = (
-                Status::CONNECT_INVALID_PARAMETERS.sct,
-                Status::CONNECT_INVALID_PARAMETERS.sc,
-            );
-            let invalid_field = (Status::INVALID_FIELD.sct, Status::INVALID_FIELD.sc);
             let names_cattr = (result >> 16) & 1 == 0
                 && result & 0xffff == u32::from(sluice_proto::fabrics::connect_offset::CATTR);
-            (code == invalid_parameters && names_cattr) || code == invalid_field
+            (status.same_code(Status::CONNECT_INVALID_PARAMETERS) && names_cattr)
+                || status.same_code(Status::INVALID_FIELD)
         }
         _ => false,
     }

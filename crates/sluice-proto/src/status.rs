@@ -79,9 +79,15 @@ impl Status {
     pub const WRITE_FAULT: Status = Status::new(sct::MEDIA, 0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(sct::MEDIA, 0x81);
 
+    /// Whether `self` is `other`'s status code (SCT and SC), whatever
+    /// either's DNR and More bits.
+    pub fn same_code(self, other: Status) -> bool {
+        (self.sct, self.sc) == (other.sct, other.sc)
+    }
+
     /// A write refused by a chain-epoch fence.
     pub fn is_stale_epoch(self) -> bool {
-        self.sct == Self::STALE_EPOCH.sct && self.sc == Self::STALE_EPOCH.sc
+        self.same_code(Self::STALE_EPOCH)
     }
 
     pub fn is_success(self) -> bool {
@@ -187,6 +193,21 @@ mod tests {
         assert_eq!(s.name(), "Connect Invalid Host");
         // SC in bits 8:1, SCT in bits 11:9, DNR bit 15.
         assert_eq!(s.to_field(), (0x84 << 1) | (1 << 9) | (1 << 15));
+    }
+
+    #[test]
+    fn same_code_ignores_dnr_and_more() {
+        let wire = Status::from_field(Status::INVALID_FIELD.to_field() & !(1 << 15));
+        assert!(!wire.dnr);
+        assert!(wire.same_code(Status::INVALID_FIELD));
+        assert!(Status {
+            more: true,
+            ..Status::INVALID_FIELD
+        }
+        .same_code(Status::INVALID_FIELD));
+        assert!(!Status::INVALID_FIELD.same_code(Status::INVALID_OPCODE));
+        // Same SC, another SCT.
+        assert!(!Status::NAMESPACE_NOT_READY.same_code(Status::CONNECT_INVALID_PARAMETERS));
     }
 
     proptest! {
