@@ -35,6 +35,19 @@ use crate::error::{HostError, Result};
 
 /// Most command slots one queue pair may have.
 pub const QUEUE_DEPTH_MAX: u16 = 1024;
+/// A CID is its slot's index in the low [`CID_SLOT_BITS`] bits and the
+/// slot's generation above them, advanced each time the slot is taken
+/// (as Linux's host does): a PDU for a command that already completed
+/// names a CID no command holds, even once its slot serves another
+/// command, so a late or repeated C2HData, R2T or CapsuleResp is refused
+/// instead of being taken for the new command's, and H2CData that a
+/// controller solicited for a command it then completed early cannot be
+/// taken for the new one either.
+const CID_SLOT_BITS: u32 = 12;
+const CID_SLOT_MASK: u16 = (1 << CID_SLOT_BITS) - 1;
+/// Generations per slot (4 bits: the highest CID is 0xF3FF, never 0xFFFF).
+const CID_GENERATIONS: u8 = 16;
+const _: () = assert!(QUEUE_DEPTH_MAX - 1 <= CID_SLOT_MASK);
 /// SQE flags byte: PSDT = 01b (SGL for data), as NVMe over Fabrics requires.
 const SQE_FLAGS_SGL: u8 = 0x40;
 /// A C2HData PDU with at least this much data still to come has the rest
@@ -128,6 +141,8 @@ enum Data {
 
 #[derive(Debug)]
 struct Slot {
+    /// Its CID on the wire (generation and slot index).
+    cid: u16,
     token: u64,
     opcode: u8,
     deadline: Instant,
@@ -166,7 +181,11 @@ struct State {
     init_deadline: Instant,
     tx_params: TxParams,
     negotiated: Option<Negotiated>,
+    /// Commands by slot index (a CID's low bits).
     slots: Vec<Option<Slot>>,
+    /// The generation each slot's next command gets.
+    generations: Vec<u8>,
+    /// Free slot indexes.
     free: Vec<u16>,
     /// The send path: a scheduler (immediate by default; unified or isolated
     /// freights per `ConnectOptions::send`, see docs/isolation.md).
@@ -232,6 +251,7 @@ impl QueuePairCore {
             framer,
             st: State {
                 slots: (0..cfg.depth).map(|_| None).collect(),
+                generations: vec![0; usize::from(cfg.depth)],
                 free: (0..cfg.depth).rev().collect(),
                 init_deadline: now + cfg.command_timeout,
                 cfg,
@@ -302,12 +322,15 @@ impl QueuePairCore {
                 HostError::InvalidArgument(format!("write of {} bytes is too large", d.len()))
             })?,
         };
-        let Some(cid) = st.free.pop() else {
+        let Some(index) = st.free.pop() else {
             return Err(HostError::InvalidArgument(format!(
                 "queue {} full ({} commands)",
                 st.cfg.qid, st.cfg.depth
             )));
         };
+        let generation = &mut st.generations[usize::from(index)];
+        let cid = (u16::from(*generation) << CID_SLOT_BITS) | index;
+        *generation = (*generation + 1) % CID_GENERATIONS;
         sqe.set_cid(cid);
         sqe.0[1] = (sqe.0[1] & 0x3f) | SQE_FLAGS_SGL;
         let opcode = sqe.opcode();
@@ -378,7 +401,8 @@ impl QueuePairCore {
             }
         };
         st.tx.commit_cmd(class, cid, now);
-        st.slots[cid as usize] = Some(Slot {
+        st.slots[usize::from(index)] = Some(Slot {
+            cid,
             token,
             opcode,
             deadline: now + st.cfg.command_timeout,
@@ -586,11 +610,11 @@ impl QueuePairCore {
             Phase::Ready => {
                 let timeout = st.cfg.command_timeout;
                 let mut unresponsive = false;
-                // Slots are indexed by CID.
-                for (cid, slot) in (0u16..).zip(st.slots.iter_mut()) {
+                for slot in st.slots.iter_mut() {
                     let Some(slot) = slot.as_mut() else {
                         continue;
                     };
+                    let cid = slot.cid;
                     if slot.deadline > now {
                         continue;
                     }
@@ -815,11 +839,18 @@ impl State {
         }
     }
 
+    /// The slot of the outstanding command `cid` (its generation too).
+    fn slot_of(&mut self, cid: u16) -> Option<&mut Option<Slot>> {
+        self.slots
+            .get_mut(usize::from(cid & CID_SLOT_MASK))
+            .filter(|s| s.as_ref().is_some_and(|s| s.cid == cid))
+    }
+
     fn complete(&mut self, cid: u16, cqe: Cqe) {
-        let Some(slot) = self.slots[cid as usize].take() else {
+        let Some(slot) = self.slot_of(cid).and_then(Option::take) else {
             return;
         };
-        self.free.push(cid);
+        self.free.push(cid & CID_SLOT_MASK);
         self.in_flight -= 1;
         if slot.timed_out {
             tracing::debug!(
@@ -940,12 +971,9 @@ impl State {
         field: &'static str,
         at: usize,
     ) -> Result<&mut Slot, DecodeError> {
-        self.slots
-            .get_mut(cid as usize)
-            .and_then(|s| s.as_mut())
-            .ok_or_else(|| {
-                DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
-            })
+        self.slot_of(cid).and_then(|s| s.as_mut()).ok_or_else(|| {
+            DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
+        })
     }
 
     fn on_capsule_resp(&mut self, cqe: &Cqe) -> std::result::Result<(), PduError> {
@@ -981,7 +1009,7 @@ impl State {
 
     /// The read buffer of the outstanding command `cid`, if it reads.
     fn read_buf_of(&mut self, cid: u16) -> Option<&mut [u8]> {
-        match self.slots.get_mut(cid as usize)?.as_mut()?.data {
+        match self.slot_of(cid)?.as_mut()?.data {
             Data::Read { ref mut buf, .. } => Some(buf),
             _ => None,
         }
@@ -1078,10 +1106,12 @@ impl State {
             .unwrap_or(4096)
             .max(4);
         let tx_params = self.tx_params;
+        // The slot by hand (not `slot_mut`): `self.tx` is borrowed below.
         let slot = self
             .slots
-            .get_mut(r.cccid as usize)
+            .get_mut(usize::from(r.cccid & CID_SLOT_MASK))
             .and_then(|s| s.as_mut())
+            .filter(|s| s.cid == r.cccid)
             .ok_or_else(|| {
                 DecodeError::invalid(
                     "cccid",

@@ -588,6 +588,113 @@ fn unknown_cid_is_fatal() {
         .is_err());
 }
 
+/// A slot that serves a new command gives it a new CID (the slot's next
+/// generation): a response repeated for the command that held the slot
+/// before, or an R2T for it, is refused and never completes or feeds the
+/// new command. Sixteen generations, then the CID comes back.
+#[test]
+fn a_reused_slot_gets_a_cid_of_its_own() {
+    let (mut host, mut ctrl, now) = connect(c_depth(1), 0, 8192);
+    let mut cids = Vec::new();
+    for token in 0..17u64 {
+        let cid = host
+            .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, token)
+            .expect("submit");
+        ctrl.recv(&mut host);
+        host.handle_bytes(now, &resp(&ctrl, cid, Status::SUCCESS));
+        let (t, r) = completion(&mut host);
+        assert_eq!(t, token);
+        assert_eq!(r.expect("flush").cqe.cid, cid);
+        cids.push(cid);
+    }
+    let distinct: std::collections::BTreeSet<u16> = cids[..16].iter().copied().collect();
+    assert_eq!(distinct.len(), 16, "{cids:04x?}");
+    assert!(
+        cids.iter().all(|c| c & 0x0fff == 0),
+        "one slot: {cids:04x?}"
+    );
+    assert_eq!(cids[16], cids[0], "the generations wrap");
+
+    // A repeated response for the last command, while its slot holds a write.
+    let old = cids[16];
+    let new = host
+        .submit(
+            now,
+            Sqe::rw(io::WRITE, 0, 1, 0, 4, false),
+            Payload::Write(pattern(16384)),
+            100,
+        )
+        .expect("submit");
+    assert_ne!(new, old);
+    ctrl.recv(&mut host);
+    // An R2T for the old CID is refused: no data goes out for it.
+    host.handle_bytes(now, &ctrl.r2t(old, 0, 0, 16384));
+    assert!(host.is_closed());
+    let got = ctrl.recv(&mut host);
+    assert!(
+        !got.iter()
+            .any(|g| matches!(g.header, PduHeader::H2CData(_))),
+        "{got:?}"
+    );
+    assert!(got.iter().any(
+        |g| matches!(&g.header, PduHeader::H2CTermReq(t) if t.fes == fes::INVALID_HEADER_FIELD)
+    ));
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            ev[0],
+            Event::Complete {
+                token: 100,
+                result: Err(HostError::Protocol(_))
+            }
+        ),
+        "{ev:?}"
+    );
+
+    // And a repeated CapsuleResp does not complete the new command.
+    let (mut host, mut ctrl, now) = connect(c_depth(1), 0, 8192);
+    let a = host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 1)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    host.handle_bytes(now, &resp(&ctrl, a, Status::SUCCESS));
+    assert_eq!(completion(&mut host).0, 1);
+    let b = host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 2)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    host.handle_bytes(now, &resp(&ctrl, a, Status::SUCCESS));
+    assert!(host.is_closed());
+    assert!(
+        matches!(
+            completion_or_closed(&mut host),
+            (2, Err(HostError::Protocol(_)))
+        ),
+        "the repeated response for CID {a:#06x} completed CID {b:#06x}"
+    );
+}
+
+fn c_depth(depth: u16) -> CoreConfig {
+    CoreConfig {
+        depth,
+        ..cfg(false, false)
+    }
+}
+
+/// The first completion among the events (a closed connection adds a
+/// `Closed` event after it).
+fn completion_or_closed(
+    host: &mut QueuePairCore,
+) -> (u64, Result<sluice_host::core::Completion, HostError>) {
+    events(host)
+        .into_iter()
+        .find_map(|e| match e {
+            Event::Complete { token, result } => Some((token, result)),
+            _ => None,
+        })
+        .expect("a completion")
+}
+
 #[test]
 fn c2h_data_for_wrong_cid_is_fatal() {
     let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
