@@ -120,4 +120,30 @@ fn main() {
     write(dir, "sqe_fields", "get-log-page", &glp.to_sqe(2, 0).0);
     let prop = PropertyCommand { size8: true, offset: 0, value: 0 };
     write(dir, "sqe_fields", "property-get", &prop.to_sqe(3, fctype::PROPERTY_GET).0);
+
+    // --- host_queue: a large read, a solicited write and a flush, each
+    // answered in full by a well-behaved controller (the steps' encoding is
+    // in fuzz_targets/host_queue.rs) ---
+    for (name, cfg) in [("plain", 0u8), ("digests", 3), ("isolated-idle", 12)] {
+        let mut b = vec![cfg, 7];
+        b.extend(8192u16.to_le_bytes()); // in-capsule limit
+        b.extend(16384u32.to_le_bytes()); // MAXH2CDATA - 4
+        let read_len = 131_072u32;
+        b.push(0); // submit a read
+        b.extend(read_len.to_le_bytes());
+        b.push(0); // into a new buffer
+        b.extend([3, 0, 8]); // C2HData for the open command, SUCCESS
+        b.extend((read_len - 1).to_le_bytes()); // all of it
+        b.extend([11, 0]); // deliver everything
+        let write_len = 40_000u32;
+        b.push(1); // submit a write
+        b.extend(write_len.to_le_bytes());
+        b.extend([4, 0, 0]); // R2T for the open command
+        b.extend((write_len - 1).to_le_bytes());
+        b.extend(1u16.to_le_bytes());
+        b.extend([11, 0, 10]); // deliver, then the host sends its H2CData
+        b.extend([5, 0, 0]); // CapsuleResp, success
+        b.extend([2, 10, 5, 0, 0, 11, 0]); // a flush and its response
+        write(dir, "host_queue", name, &b);
+    }
 }

@@ -1,0 +1,554 @@
+//! The host's queue-pair core (`sluice_host::core::QueuePairCore`) fed a
+//! hostile controller: after an ICResp (digests and MAXH2CDATA fuzzed), each
+//! step submits a read (into a new or a recycled buffer), a write (in-capsule
+//! or solicited) or a flush, or has the controller send a C2HData, R2T,
+//! CapsuleResp or C2HTermReq with fuzzed fields (the CID of an outstanding
+//! command or any CID, the expected offset or any offset, a bad data
+//! digest), or raw bytes; bytes reach the core in reads of a fuzzed size
+//! through `read_bufs`/`handle_read`, so large C2HData go the direct
+//! receive path. Time jumps drive the timeouts; the send path is immediate
+//! or PINoF's freights flushing when idle.
+//!
+//! Checked after every step, and at the end after the connection is lost:
+//! - no panic, no arithmetic overflow (debug assertions are on);
+//! - everything the host sends decodes; nothing follows an H2CTermReq;
+//! - H2CData only for an outstanding solicited write, inside the range an
+//!   R2T asked for, carrying that write's own bytes;
+//! - every submitted command completes exactly once (at the latest when
+//!   the connection is lost), and nothing is left in flight;
+//! - a read that succeeds returns its full length, and the controller's
+//!   bytes when it sent only well-formed data PDUs; a write that succeeds
+//!   hands back the caller's buffer.
+#![no_main]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use libfuzzer_sys::fuzz_target;
+use sluice_host::core::{CoreConfig, Event, Payload, QueuePairCore};
+use sluice_proto::command::{io, Cqe, Sqe};
+use sluice_proto::framer::Framer;
+use sluice_proto::pdu::{
+    encode_pdu, DataHeader, Direction, IcResp, PduHeader, R2t, TermReq, TxParams,
+};
+use sluice_proto::send::{SchedulerKind, SendConfig};
+
+/// Largest read or write the steps submit (above the core's C2HData limit
+/// below, so the limit's refusal is reached too).
+const IO_BYTES_MAX: u32 = 320 * 1024;
+const C2H_DATA_MAX_BYTES: u32 = 256 * 1024;
+const STEPS_MAX: usize = 256;
+
+/// Bytes of the fuzz input, read front to back; zero once exhausted.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn done(&self) -> bool {
+        self.0.is_empty()
+    }
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a.to_vec()
+    }
+    fn bool(&mut self) -> bool {
+        self.u8() & 1 == 1
+    }
+}
+
+/// The byte at `offset` of the data that belongs to command `token`.
+fn byte_of(token: u64, offset: u32) -> u8 {
+    (token.wrapping_mul(131) as u32 ^ offset.wrapping_mul(7)) as u8
+}
+
+fn data_of(token: u64, from: u32, len: u32) -> Vec<u8> {
+    (from..from.saturating_add(len))
+        .map(|o| byte_of(token, o))
+        .collect()
+}
+
+#[derive(Debug)]
+enum Kind {
+    Read { len: u32 },
+    Write { len: u32 },
+    Flush,
+}
+
+#[derive(Debug)]
+struct Cmd {
+    kind: Kind,
+    cid: u16,
+    /// C2HData bytes the controller sent in order (the next offset).
+    sent: u32,
+    /// What the controller's R2Ts asked for so far: the end of the range.
+    r2t_end: u32,
+    completed: bool,
+}
+
+struct Ctrl {
+    /// Parses what the host sends.
+    rx: Framer,
+    tx: TxParams,
+    /// Bytes on their way to the host.
+    wire: Vec<u8>,
+    /// The host sent an H2CTermReq.
+    host_terminated: bool,
+}
+
+impl Ctrl {
+    fn pdu(&mut self, h: &PduHeader, data: &[u8]) {
+        encode_pdu(h, data, &self.tx, &mut self.wire);
+    }
+}
+
+struct Run {
+    host: QueuePairCore,
+    ctrl: Ctrl,
+    now: Instant,
+    cmds: HashMap<u64, Cmd>,
+    /// The last command submitted with each CID (a CID comes back only
+    /// once the core has freed it).
+    by_cid: HashMap<u16, u64>,
+    next_token: u64,
+    /// Raw bytes went to the host: the data it reads may be anyone's.
+    raw: bool,
+}
+
+impl Run {
+    /// Tokens of commands not yet completed, in token order.
+    fn open(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .cmds
+            .iter()
+            .filter(|(_, c)| !c.completed)
+            .map(|(t, _)| *t)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// A CID for a controller PDU: an open command's, or any.
+    fn pick(&self, inp: &mut Input<'_>) -> (u16, Option<u64>) {
+        let sel = inp.u8();
+        let open = self.open();
+        if sel & 0x80 == 0 && !open.is_empty() {
+            let t = open[usize::from(sel) % open.len()];
+            (self.cmds[&t].cid, Some(t))
+        } else {
+            let cid = inp.u16();
+            (cid, self.by_cid.get(&cid).copied())
+        }
+    }
+
+    /// Hands `n` bytes of the wire to the host the way a socket does.
+    fn deliver(&mut self, mut n: usize) {
+        n = n.min(self.ctrl.wire.len());
+        let mut at = 0;
+        while at < n {
+            let (a, b) = self.host.read_bufs();
+            let room = a.len() + b.len();
+            if room == 0 {
+                break;
+            }
+            let k = room.min(n - at);
+            let src = &self.ctrl.wire[at..at + k];
+            let first = k.min(a.len());
+            a[..first].copy_from_slice(&src[..first]);
+            b[..k - first].copy_from_slice(&src[first..]);
+            self.host.handle_read(self.now, k);
+            at += k;
+        }
+        self.ctrl.wire.drain(..at);
+    }
+
+    /// Takes what the host sends and checks it.
+    fn transmit(&mut self) {
+        while let Some(b) = self.host.poll_transmit() {
+            assert!(
+                !self.ctrl.host_terminated || b.is_empty(),
+                "the host sent {} bytes after its H2CTermReq",
+                b.len()
+            );
+            self.ctrl.rx.feed(&b);
+        }
+        loop {
+            let p = match self.ctrl.rx.next_pdu() {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => panic!("the host sent a malformed PDU: {e}"),
+            };
+            assert!(
+                !self.ctrl.host_terminated,
+                "the host sent a PDU after its H2CTermReq"
+            );
+            assert!(p.data_digest_ok, "the host's data digest is wrong");
+            match &p.header {
+                PduHeader::IcReq(_) | PduHeader::CapsuleCmd(_) => {}
+                PduHeader::H2CTermReq(_) => self.ctrl.host_terminated = true,
+                PduHeader::H2CData(d) => {
+                    // The command may have timed out (completed for the
+                    // caller) and still hold its CID.
+                    let t = self
+                        .by_cid
+                        .get(&d.cccid)
+                        .unwrap_or_else(|| panic!("H2CData for CID {}, never used", d.cccid));
+                    let c = &self.cmds[t];
+                    let Kind::Write { len } = c.kind else {
+                        panic!("H2CData for CID {}, which does not write", d.cccid);
+                    };
+                    let end = d
+                        .offset
+                        .checked_add(d.len)
+                        .expect("H2CData range overflows");
+                    assert!(
+                        end <= len && end <= c.r2t_end,
+                        "H2CData {}+{} past the R2Ts' {} (write of {len})",
+                        d.offset,
+                        d.len,
+                        c.r2t_end
+                    );
+                    assert!(
+                        p.data == data_of(*t, d.offset, d.len).as_slice(),
+                        "H2CData carries other bytes than the write's"
+                    );
+                }
+                other => panic!("the host sent {other:?}"),
+            }
+        }
+    }
+
+    fn events(&mut self) {
+        while let Some(ev) = self.host.poll_event() {
+            let Event::Complete { token, result } = ev else {
+                continue;
+            };
+            let c = self
+                .cmds
+                .get_mut(&token)
+                .unwrap_or_else(|| panic!("completion of unknown token {token}"));
+            assert!(!c.completed, "token {token} completed twice");
+            c.completed = true;
+            if let Ok(done) = result {
+                match c.kind {
+                    Kind::Read { len } => {
+                        assert_eq!(done.data.len(), len as usize, "read length");
+                        if !self.raw {
+                            assert!(
+                                done.data == data_of(token, 0, len),
+                                "a read returned other bytes than the controller sent"
+                            );
+                        }
+                    }
+                    Kind::Write { len } => {
+                        assert!(
+                            done.data == data_of(token, 0, len),
+                            "a write handed back other bytes"
+                        );
+                    }
+                    Kind::Flush => assert!(done.data.is_empty()),
+                }
+            }
+        }
+    }
+
+    fn submit(&mut self, kind: Kind, recycle: bool) {
+        let token = self.next_token;
+        self.next_token += 1;
+        let (sqe, payload) = match kind {
+            Kind::Read { len } => (
+                Sqe::rw(io::READ, 0, 1, 0, 1, false),
+                if recycle {
+                    Payload::ReadInto(vec![0xA5; len as usize])
+                } else {
+                    Payload::Read(len)
+                },
+            ),
+            Kind::Write { len } => (
+                Sqe::rw(io::WRITE, 0, 1, 0, 1, false),
+                Payload::Write(data_of(token, 0, len)),
+            ),
+            Kind::Flush => (Sqe::new(io::FLUSH, 0, 1), Payload::None),
+        };
+        if let Ok(cid) = self.host.submit(self.now, sqe, payload, token) {
+            self.by_cid.insert(cid, token);
+            self.cmds.insert(
+                token,
+                Cmd {
+                    kind,
+                    cid,
+                    sent: 0,
+                    r2t_end: 0,
+                    completed: false,
+                },
+            );
+        }
+    }
+
+    fn step(&mut self, inp: &mut Input<'_>) {
+        match inp.u8() % 12 {
+            0 => {
+                let len = inp.u32() % IO_BYTES_MAX;
+                let recycle = inp.bool();
+                self.submit(Kind::Read { len }, recycle);
+            }
+            1 => {
+                let len = inp.u32() % IO_BYTES_MAX;
+                self.submit(Kind::Write { len }, false);
+            }
+            2 => self.submit(Kind::Flush, false),
+            3 => {
+                // C2HData: the expected offset or any, a length up to the
+                // rest or any.
+                let (cid, t) = self.pick(inp);
+                let flags = inp.u8();
+                let (mut offset, mut len) = match t.map(|t| &self.cmds[&t]) {
+                    Some(Cmd {
+                        kind: Kind::Read { len },
+                        sent,
+                        ..
+                    }) => {
+                        let rest = len.saturating_sub(*sent);
+                        (*sent, if rest == 0 { 0 } else { 1 + inp.u32() % rest })
+                    }
+                    _ => (0, inp.u32() % 65536),
+                };
+                if flags & 1 != 0 {
+                    offset = inp.u32();
+                }
+                if flags & 2 != 0 {
+                    len = inp.u32() % (2 * C2H_DATA_MAX_BYTES);
+                }
+                let last = flags & 4 != 0;
+                let success = flags & 8 != 0;
+                let token = t.unwrap_or(u64::MAX);
+                let data = data_of(token, offset, len);
+                let h = PduHeader::C2HData(DataHeader {
+                    cccid: cid,
+                    ttag: 0,
+                    offset,
+                    len,
+                    last,
+                    success,
+                });
+                let at = self.ctrl.wire.len();
+                self.ctrl.pdu(&h, &data);
+                if flags & 16 != 0 && self.ctrl.tx.ddgst && len > 0 {
+                    // A bad data digest.
+                    if let Some(b) = self.ctrl.wire.last_mut() {
+                        *b ^= 0x5a;
+                    }
+                }
+                if flags & 32 != 0 && self.ctrl.wire.len() > at {
+                    // One mangled header or data byte.
+                    let k = at + usize::from(inp.u16()) % (self.ctrl.wire.len() - at);
+                    self.ctrl.wire[k] ^= inp.u8() | 1;
+                    self.raw = true;
+                }
+                if let Some(c) = t.and_then(|t| self.cmds.get_mut(&t)) {
+                    if offset == c.sent {
+                        c.sent = c.sent.saturating_add(len);
+                    }
+                }
+            }
+            4 => {
+                // R2T: the next range of a write, or any.
+                let (cid, t) = self.pick(inp);
+                let flags = inp.u8();
+                let (mut offset, mut len) = match t.map(|t| &self.cmds[&t]) {
+                    Some(Cmd {
+                        kind: Kind::Write { len },
+                        r2t_end,
+                        ..
+                    }) => {
+                        let rest = len.saturating_sub(*r2t_end);
+                        (*r2t_end, if rest == 0 { 0 } else { 1 + inp.u32() % rest })
+                    }
+                    _ => (0, inp.u32() % 65536),
+                };
+                if flags & 1 != 0 {
+                    offset = inp.u32();
+                }
+                if flags & 2 != 0 {
+                    len = inp.u32();
+                }
+                let ttag = inp.u16();
+                self.ctrl.pdu(
+                    &PduHeader::R2t(R2t {
+                        cccid: cid,
+                        ttag,
+                        offset,
+                        len,
+                    }),
+                    &[],
+                );
+                if let Some(c) = t.and_then(|t| self.cmds.get_mut(&t)) {
+                    if offset == c.r2t_end {
+                        c.r2t_end = c.r2t_end.saturating_add(len);
+                    }
+                }
+            }
+            5 => {
+                // CapsuleResp: success or any status.
+                let (cid, _) = self.pick(inp);
+                let mut b = [0u8; 16];
+                b[12..14].copy_from_slice(&cid.to_le_bytes());
+                if inp.bool() {
+                    let st = inp.u16();
+                    b[14..16].copy_from_slice(&st.to_le_bytes());
+                    b[0..4].copy_from_slice(&inp.u32().to_le_bytes());
+                }
+                self.ctrl.pdu(&PduHeader::CapsuleResp(Cqe::decode(&b)), &[]);
+            }
+            6 => {
+                let fes = inp.u16();
+                let fei = inp.u32();
+                self.ctrl.pdu(
+                    &PduHeader::C2HTermReq(TermReq {
+                        fes,
+                        fei,
+                        data: Vec::new(),
+                    }),
+                    &[],
+                );
+            }
+            7 => {
+                let n = usize::from(inp.u8());
+                let b = inp.bytes(n);
+                self.ctrl.wire.extend_from_slice(&b);
+                self.raw = true;
+            }
+            8 => {
+                self.now += Duration::from_millis(u64::from(inp.u16()) * 4);
+                self.host.handle_timeout(self.now);
+                self.host.poll_send(self.now);
+            }
+            9 => {
+                let n = usize::from(inp.u16()) * 16 + 1;
+                self.deliver(n);
+            }
+            10 => {
+                self.host.handle_idle(self.now);
+                self.transmit();
+            }
+            _ => {
+                if inp.u8() == 0xff {
+                    self.host.handle_connection_lost("fuzz: connection lost");
+                } else {
+                    let n = self.ctrl.wire.len();
+                    self.deliver(n);
+                }
+            }
+        }
+        self.events();
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut inp = Input(data);
+    let cfg_byte = inp.u8();
+    let (hd, dd) = (cfg_byte & 1 != 0, cfg_byte & 2 != 0);
+    let depth = u16::from(inp.u8() % 8) + 1;
+    let in_capsule_max_bytes = u32::from(inp.u16());
+    let maxh2cdata = inp.u32() % (256 * 1024) + 4;
+    let now = Instant::now();
+    let cfg = CoreConfig {
+        qid: 1,
+        depth,
+        hdr_digest: hd,
+        data_digest: dd,
+        in_capsule_max_bytes,
+        command_timeout: Duration::from_secs(1),
+        c2h_data_max_bytes: C2H_DATA_MAX_BYTES,
+    };
+    let host = if cfg_byte & 4 != 0 {
+        let send = SendConfig {
+            scheduler: SchedulerKind::Isolated,
+            flush_when_idle: cfg_byte & 8 != 0,
+            ..SendConfig::default()
+        };
+        QueuePairCore::with_scheduler(cfg, now, send.build(true))
+    } else {
+        QueuePairCore::new(cfg, now)
+    };
+    let mut run = Run {
+        host,
+        ctrl: Ctrl {
+            rx: Framer::new(Direction::HostToController, 1 << 20),
+            tx: TxParams::default(),
+            wire: Vec::new(),
+            host_terminated: false,
+        },
+        now,
+        cmds: HashMap::new(),
+        by_cid: HashMap::new(),
+        next_token: 0,
+        raw: false,
+    };
+    run.transmit();
+    // The ICResp: the digests the host asked for, or others.
+    let (rhd, rdd) = if cfg_byte & 16 != 0 {
+        (cfg_byte & 32 != 0, cfg_byte & 64 != 0)
+    } else {
+        (hd, dd)
+    };
+    run.ctrl.pdu(
+        &PduHeader::IcResp(IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: rhd,
+            ddgst: rdd,
+            maxh2cdata,
+        }),
+        &[],
+    );
+    run.ctrl.tx = TxParams {
+        hdgst: rhd,
+        ddgst: rdd,
+        pda: 0,
+    };
+    let n = run.ctrl.wire.len();
+    run.deliver(n);
+    if let Some(neg) = run.host.negotiated() {
+        run.ctrl
+            .rx
+            .set_initialized(neg.hdr_digest, neg.data_digest, neg.cpda, 1 << 20);
+    }
+    run.transmit();
+    for _ in 0..STEPS_MAX {
+        if inp.done() {
+            break;
+        }
+        run.step(&mut inp);
+        run.transmit();
+    }
+    // The end: what is on the wire arrives, then the connection goes.
+    let n = run.ctrl.wire.len();
+    run.deliver(n);
+    run.host.poll_send(run.now);
+    run.transmit();
+    run.host.handle_connection_lost("fuzz: end");
+    run.events();
+    assert_eq!(
+        run.host.in_flight(),
+        0,
+        "slots left after the connection closed"
+    );
+    let open = run.open();
+    assert!(open.is_empty(), "commands never completed: {open:?}");
+});
