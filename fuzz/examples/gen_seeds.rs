@@ -146,4 +146,10 @@ fn main() {
         b.extend([2, 10, 5, 0, 0, 11, 0]); // a flush and its response
         write(dir, "host_queue", name, &b);
     }
+
+    // --- auth_host: the real exchange, nothing flipped, in each setting
+    // (flags: ask the controller to authenticate, ffdhe2048) ---
+    for flags in 0u8..4 {
+        write(dir, "auth_host", &format!("flags{flags}"), &[flags, 0, 0]);
+    }
 }
