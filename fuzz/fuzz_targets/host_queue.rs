@@ -35,42 +35,13 @@ use sluice_proto::send::{SchedulerKind, SendConfig};
 
 /// Largest read or write the steps submit (above the core's C2HData limit
 /// below, so the limit's refusal is reached too).
+#[path = "common/input.rs"]
+mod input;
+use input::Input;
+
 const IO_BYTES_MAX: u32 = 320 * 1024;
 const C2H_DATA_MAX_BYTES: u32 = 256 * 1024;
 const STEPS_MAX: usize = 256;
-
-/// Bytes of the fuzz input, read front to back; zero once exhausted.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((b, rest)) => {
-                self.0 = rest;
-                *b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let n = n.min(self.0.len());
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a.to_vec()
-    }
-    fn bool(&mut self) -> bool {
-        self.u8() & 1 == 1
-    }
-}
 
 /// The byte at `offset` of the data that belongs to command `token`.
 fn byte_of(token: u64, offset: u32) -> u8 {
@@ -154,6 +125,41 @@ impl Run {
             let cid = inp.u16();
             (cid, self.by_cid.get(&cid).copied())
         }
+    }
+
+    /// The range of the next data PDU for command `t` (a C2HData when
+    /// `writes` is false, an R2T when true): where the previous one ended
+    /// and a length up to the rest of the transfer, or (`flags` bits 0 and
+    /// 1) any offset and any length below `len_max`.
+    fn range(
+        &self,
+        inp: &mut Input<'_>,
+        t: Option<u64>,
+        writes: bool,
+        flags: u8,
+        len_max: u32,
+    ) -> (u32, u32) {
+        let next = t
+            .and_then(|t| self.cmds.get(&t))
+            .and_then(|c| match (&c.kind, writes) {
+                (Kind::Read { len }, false) => Some((c.sent, *len)),
+                (Kind::Write { len }, true) => Some((c.r2t_end, *len)),
+                _ => None,
+            });
+        let (mut offset, mut len) = match next {
+            Some((at, total)) => {
+                let rest = total.saturating_sub(at);
+                (at, if rest == 0 { 0 } else { 1 + inp.u32() % rest })
+            }
+            None => (0, inp.u32() % 65536),
+        };
+        if flags & 1 != 0 {
+            offset = inp.u32();
+        }
+        if flags & 2 != 0 {
+            len = inp.u32() % len_max;
+        }
+        (offset, len)
     }
 
     /// Hands `n` bytes of the wire to the host the way a socket does.
@@ -317,23 +323,7 @@ impl Run {
                 // rest or any.
                 let (cid, t) = self.pick(inp);
                 let flags = inp.u8();
-                let (mut offset, mut len) = match t.map(|t| &self.cmds[&t]) {
-                    Some(Cmd {
-                        kind: Kind::Read { len },
-                        sent,
-                        ..
-                    }) => {
-                        let rest = len.saturating_sub(*sent);
-                        (*sent, if rest == 0 { 0 } else { 1 + inp.u32() % rest })
-                    }
-                    _ => (0, inp.u32() % 65536),
-                };
-                if flags & 1 != 0 {
-                    offset = inp.u32();
-                }
-                if flags & 2 != 0 {
-                    len = inp.u32() % (2 * C2H_DATA_MAX_BYTES);
-                }
+                let (offset, len) = self.range(inp, t, false, flags, 2 * C2H_DATA_MAX_BYTES);
                 let last = flags & 4 != 0;
                 let success = flags & 8 != 0;
                 let token = t.unwrap_or(u64::MAX);
@@ -370,23 +360,7 @@ impl Run {
                 // R2T: the next range of a write, or any.
                 let (cid, t) = self.pick(inp);
                 let flags = inp.u8();
-                let (mut offset, mut len) = match t.map(|t| &self.cmds[&t]) {
-                    Some(Cmd {
-                        kind: Kind::Write { len },
-                        r2t_end,
-                        ..
-                    }) => {
-                        let rest = len.saturating_sub(*r2t_end);
-                        (*r2t_end, if rest == 0 { 0 } else { 1 + inp.u32() % rest })
-                    }
-                    _ => (0, inp.u32() % 65536),
-                };
-                if flags & 1 != 0 {
-                    offset = inp.u32();
-                }
-                if flags & 2 != 0 {
-                    len = inp.u32();
-                }
+                let (offset, len) = self.range(inp, t, true, flags, u32::MAX);
                 let ttag = inp.u16();
                 self.ctrl.pdu(
                     &PduHeader::R2t(R2t {

@@ -35,6 +35,10 @@ use sluice_proto::pdu::{
 use sluice_target::queue::QueueConnection;
 use sluice_target::registry::Registry;
 
+#[path = "common/input.rs"]
+mod input;
+use input::Input;
+
 const SUBNQN: &str = "nqn.2026-11.io.sluice:fuzz";
 const OPEN_SUBNQN: &str = "nqn.2026-11.io.sluice:fuzz-open";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f1";
@@ -42,38 +46,6 @@ const CONNECTIONS_MAX: usize = 3;
 /// Above any queue depth the target admits (MQES is 16 bits, 0's based).
 const BACKEND_IN_FLIGHT_MAX: u32 = 65_536;
 
-/// Bytes of the fuzz input, read front to back; zero once exhausted.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((b, rest)) => {
-                self.0 = rest;
-                *b
-            }
-            None => 0,
-        }
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let n = n.min(self.0.len());
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a.to_vec()
-    }
-    fn bool(&mut self) -> bool {
-        self.u8() & 1 == 1
-    }
-}
 
 struct Conn {
     q: QueueConnection,
