@@ -1,7 +1,7 @@
 //! Sans-IO core of one NVMe/TCP queue pair (one TCP connection).
 //!
 //! [`QueuePairCore`] never touches a socket or a clock. The I/O layer feeds
-//! it received bytes ([`QueuePairCore::read_buf`] + [`QueuePairCore::handle_read`],
+//! it received bytes ([`QueuePairCore::read_bufs`] + [`QueuePairCore::handle_read`],
 //! or [`QueuePairCore::handle_bytes`]), submits commands
 //! ([`QueuePairCore::submit`]), passes the current time in, and drains
 //! [`QueuePairCore::poll_transmit`] (bytes to write) and
@@ -9,7 +9,8 @@
 //! [`QueuePairCore::poll_timeout`] tells when [`QueuePairCore::handle_timeout`]
 //! must be called next.
 //!
-//! The core owns the command slots (indexed by CID), answers R2Ts with
+//! The core owns the command slots (found by CID: the slot's index and its
+//! generation, so a CID names one command, not one slot), answers R2Ts with
 //! H2CData PDUs split at MAXH2CDATA, reassembles C2HData, and checks every
 //! received PDU against the command it claims to belong to. A controller that
 //! breaks the protocol gets an H2CTermReq with the matching FES and the
@@ -39,7 +40,9 @@ pub const QUEUE_DEPTH_MAX: u16 = 1024;
 /// slot's generation above them, advanced each time the slot is taken
 /// (as Linux's host does): a PDU for a command that already completed
 /// names a CID no command holds, even once its slot serves another
-/// command, so a late or repeated C2HData, R2T or CapsuleResp is refused
+/// command (until the slot has taken [`CID_GENERATIONS`] more commands
+/// and the generation wraps), so a late or repeated C2HData, R2T or
+/// CapsuleResp is refused
 /// instead of being taken for the new command's, and H2CData that a
 /// controller solicited for a command it then completed early cannot be
 /// taken for the new one either.
