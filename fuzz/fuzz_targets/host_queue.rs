@@ -12,8 +12,9 @@
 //! Checked after every step, and at the end after the connection is lost:
 //! - no panic, no arithmetic overflow (debug assertions are on);
 //! - everything the host sends decodes; nothing follows an H2CTermReq;
-//! - H2CData only for an outstanding solicited write, inside the range an
-//!   R2T asked for, carrying that write's own bytes;
+//! - H2CData only for a solicited write submitted with that CID (it may
+//!   have completed early, see `a_reused_slot_gets_a_cid_of_its_own`),
+//!   inside the range its R2Ts asked for, carrying that write's own bytes;
 //! - every submitted command completes exactly once (at the latest when
 //!   the connection is lost), and nothing is left in flight;
 //! - a read that succeeds returns its full length, and the controller's
@@ -33,12 +34,12 @@ use sluice_proto::pdu::{
 };
 use sluice_proto::send::{SchedulerKind, SendConfig};
 
-/// Largest read or write the steps submit (above the core's C2HData limit
-/// below, so the limit's refusal is reached too).
 #[path = "common/input.rs"]
 mod input;
 use input::Input;
 
+/// Largest read or write the steps submit (above the core's C2HData limit
+/// below, so the limit's refusal is reached too).
 const IO_BYTES_MAX: u32 = 320 * 1024;
 const C2H_DATA_MAX_BYTES: u32 = 256 * 1024;
 const STEPS_MAX: usize = 256;
