@@ -844,9 +844,7 @@ impl State {
 
     /// The slot of the outstanding command `cid` (its generation too).
     fn slot_of(&mut self, cid: u16) -> Option<&mut Option<Slot>> {
-        self.slots
-            .get_mut(usize::from(cid & CID_SLOT_MASK))
-            .filter(|s| s.as_ref().is_some_and(|s| s.cid == cid))
+        slot_entry(&mut self.slots, cid)
     }
 
     fn complete(&mut self, cid: u16, cqe: Cqe) {
@@ -974,9 +972,7 @@ impl State {
         field: &'static str,
         at: usize,
     ) -> Result<&mut Slot, DecodeError> {
-        self.slot_of(cid).and_then(|s| s.as_mut()).ok_or_else(|| {
-            DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
-        })
+        outstanding(&mut self.slots, cid, field, at)
     }
 
     fn on_capsule_resp(&mut self, cqe: &Cqe) -> std::result::Result<(), PduError> {
@@ -1109,19 +1105,8 @@ impl State {
             .unwrap_or(4096)
             .max(4);
         let tx_params = self.tx_params;
-        // The slot by hand (not `slot_mut`): `self.tx` is borrowed below.
-        let slot = self
-            .slots
-            .get_mut(usize::from(r.cccid & CID_SLOT_MASK))
-            .and_then(|s| s.as_mut())
-            .filter(|s| s.cid == r.cccid)
-            .ok_or_else(|| {
-                DecodeError::invalid(
-                    "cccid",
-                    8,
-                    format!("no outstanding command with CID {}", r.cccid),
-                )
-            })?;
+        // Borrows `self.slots` only: `self.tx` is borrowed below.
+        let slot = outstanding(&mut self.slots, r.cccid, "cccid", 8)?;
         let Data::Solicited { buf, sent } = &mut slot.data else {
             return Err(DecodeError::Sequence(format!(
                 "R2T for CID {} which has no solicited data",
@@ -1180,6 +1165,29 @@ impl State {
         *sent = end;
         Ok(())
     }
+}
+
+/// The slot of the outstanding command `cid` in `slots`: the one at its
+/// index, if the command there has that CID (that generation).
+fn slot_entry(slots: &mut [Option<Slot>], cid: u16) -> Option<&mut Option<Slot>> {
+    slots
+        .get_mut(usize::from(cid & CID_SLOT_MASK))
+        .filter(|s| s.as_ref().is_some_and(|s| s.cid == cid))
+}
+
+/// The outstanding command `cid`, or the error naming the received PDU's
+/// `field` (at byte `at`) that claimed it.
+fn outstanding<'a>(
+    slots: &'a mut [Option<Slot>],
+    cid: u16,
+    field: &'static str,
+    at: usize,
+) -> std::result::Result<&'a mut Slot, DecodeError> {
+    slot_entry(slots, cid)
+        .and_then(|s| s.as_mut())
+        .ok_or_else(|| {
+            DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
+        })
 }
 
 /// Runs of due bytes handed to one vectored write by
