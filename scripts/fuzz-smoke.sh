@@ -83,10 +83,16 @@ for t in "${TARGETS[@]}"; do
   if [ "$rc" -ne 0 ]; then
     failed+=("$t")
     echo "fuzz-smoke: $t FAILED (exit $rc); log: $log" >&2
-    grep -E "panicked at|^thread '|assertion|ERROR: libFuzzer|SUMMARY" "$log" | head -20 | sed 's/^/    /' >&2 || true
+    # The panic's message is the line after "panicked at".
+    grep -A1 -E "panicked at|^thread '|assertion|ERROR: libFuzzer|SUMMARY" "$log" | head -20 | sed 's/^/    /' >&2 || true
     for a in $(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log"); do
       echo "fuzz-smoke: crashing input: $a" >&2
       echo "fuzz-smoke: reproduce with: $BIN_DIR/$t $a" >&2
+      # The input itself, so a crash found on a machine that is gone (CI)
+      # can be replayed: base64 -d > crash.
+      if [ -f "$a" ] && [ "$(stat -c %s "$a")" -le 16384 ]; then
+        echo "fuzz-smoke: crashing input as base64: $(base64 -w0 "$a")" >&2
+      fi
     done
   fi
 done

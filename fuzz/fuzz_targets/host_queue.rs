@@ -14,15 +14,20 @@
 //! - everything the host sends decodes; nothing follows an H2CTermReq;
 //! - H2CData only for a solicited write submitted with that CID (it may
 //!   have completed early, see `a_reused_slot_gets_a_cid_of_its_own`),
-//!   inside the range its R2Ts asked for, carrying that write's own bytes;
+//!   inside the range the R2Ts that reached it asked for (unless raw bytes
+//!   went to the host), carrying that write's own bytes;
 //! - every submitted command completes exactly once (at the latest when
 //!   the connection is lost), and nothing is left in flight;
 //! - a read that succeeds returns its full length, and the controller's
-//!   bytes when it sent only well-formed data PDUs; a write that succeeds
+//!   bytes when it sent only well-formed data PDUs, each sent for the
+//!   command that holds its CID when it arrives; a write that succeeds
 //!   hands back the caller's buffer.
+//!
+//! With `HOST_QUEUE_TRACE` set, each step, PDU and completion is printed:
+//! `HOST_QUEUE_TRACE=1 host_queue CRASH_FILE` reads a crashing input.
 #![no_main]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
@@ -68,9 +73,18 @@ struct Cmd {
     cid: u16,
     /// C2HData bytes the controller sent in order (the next offset).
     sent: u32,
-    /// What the controller's R2Ts asked for so far: the end of the range.
+    /// What the controller's R2Ts for this command's CID asked for so far
+    /// (the end of the range), counted when they are put on the wire: where
+    /// the next R2T starts.
     r2t_end: u32,
+    /// The same, counted when they reach the host (an R2T put on the wire
+    /// before the command was submitted may name the CID the command then
+    /// gets): how far the host may send H2CData.
+    r2t_granted: u32,
     completed: bool,
+    /// A C2HData sent for another command (or none) reached the host under
+    /// this command's CID: its data is not its own.
+    foreign: bool,
 }
 
 struct Ctrl {
@@ -79,14 +93,51 @@ struct Ctrl {
     tx: TxParams,
     /// Bytes on their way to the host.
     wire: Vec<u8>,
+    /// Bytes of the wire already handed to the host.
+    wire_delivered: usize,
+    /// Data PDUs and R2Ts on the wire, in order, to be counted for the
+    /// command that holds their CID when they reach the host.
+    on_wire: VecDeque<OnWire>,
     /// The host sent an H2CTermReq.
     host_terminated: bool,
+    /// Prints each PDU sent (see `Run::trace`).
+    trace: bool,
 }
 
 impl Ctrl {
     fn pdu(&mut self, h: &PduHeader, data: &[u8]) {
+        if self.trace {
+            eprintln!("  controller sends {h:?} ({} data bytes)", data.len());
+        }
         encode_pdu(h, data, &self.tx, &mut self.wire);
     }
+
+    /// Notes that the PDU just put on the wire is `what`.
+    fn note(&mut self, cid: u16, what: Granted) {
+        self.on_wire.push_back(OnWire {
+            end: self.wire_delivered + self.wire.len(),
+            cid,
+            what,
+        });
+    }
+}
+
+/// A PDU on its way to the host that matters to the command holding its
+/// CID on arrival, which may not be the command it was sent for: a PDU put
+/// on the wire before a command was submitted can name the CID the command
+/// then gets.
+struct OnWire {
+    /// Where the PDU ends, counted from the first byte ever put on the wire.
+    end: usize,
+    cid: u16,
+    what: Granted,
+}
+
+enum Granted {
+    /// An R2T for this range.
+    R2t { offset: u32, len: u32 },
+    /// A C2HData carrying the bytes of command `token` (`u64::MAX`: none).
+    C2hData { token: u64 },
 }
 
 struct Run {
@@ -100,6 +151,9 @@ struct Run {
     next_token: u64,
     /// Raw bytes went to the host: the data it reads may be anyone's.
     raw: bool,
+    /// `HOST_QUEUE_TRACE` is set: each step, PDU and completion is printed
+    /// (for reading a crashing input).
+    trace: bool,
 }
 
 impl Run {
@@ -166,6 +220,9 @@ impl Run {
     /// Hands `n` bytes of the wire to the host the way a socket does.
     fn deliver(&mut self, mut n: usize) {
         n = n.min(self.ctrl.wire.len());
+        if self.trace {
+            eprintln!("  deliver {n} of {} bytes", self.ctrl.wire.len());
+        }
         let mut at = 0;
         while at < n {
             let (a, b) = self.host.read_bufs();
@@ -182,6 +239,31 @@ impl Run {
             at += k;
         }
         self.ctrl.wire.drain(..at);
+        self.ctrl.wire_delivered += at;
+        // PDUs the host has now read in full count for the command that
+        // holds their CID now.
+        while let Some(w) = self.ctrl.on_wire.front() {
+            if w.end > self.ctrl.wire_delivered {
+                break;
+            }
+            let Some(w) = self.ctrl.on_wire.pop_front() else {
+                break;
+            };
+            let Some(&holder) = self.by_cid.get(&w.cid) else {
+                continue;
+            };
+            let Some(c) = self.cmds.get_mut(&holder) else {
+                continue;
+            };
+            match w.what {
+                Granted::R2t { offset, len } => {
+                    if offset == c.r2t_granted {
+                        c.r2t_granted = c.r2t_granted.saturating_add(len);
+                    }
+                }
+                Granted::C2hData { token } => c.foreign |= token != holder,
+            }
+        }
     }
 
     /// Takes what the host sends and checks it.
@@ -205,6 +287,9 @@ impl Run {
                 "the host sent a PDU after its H2CTermReq"
             );
             assert!(p.data_digest_ok, "the host's data digest is wrong");
+            if self.trace {
+                eprintln!("  host sent {:?} ({} data bytes)", p.header, p.data.len());
+            }
             match &p.header {
                 PduHeader::IcReq(_) | PduHeader::CapsuleCmd(_) => {}
                 PduHeader::H2CTermReq(_) => self.ctrl.host_terminated = true,
@@ -223,12 +308,13 @@ impl Run {
                         .offset
                         .checked_add(d.len)
                         .expect("H2CData range overflows");
+                    // Raw or mangled bytes may have formed R2Ts of their own.
                     assert!(
-                        end <= len && end <= c.r2t_end,
+                        end <= len && (self.raw || end <= c.r2t_granted),
                         "H2CData {}+{} past the R2Ts' {} (write of {len})",
                         d.offset,
                         d.len,
-                        c.r2t_end
+                        c.r2t_granted
                     );
                     assert!(
                         p.data == data_of(*t, d.offset, d.len).as_slice(),
@@ -245,6 +331,9 @@ impl Run {
             let Event::Complete { token, result } = ev else {
                 continue;
             };
+            if self.trace {
+                eprintln!("  token {token} completed: {:?}", result.as_ref().map(|d| d.data.len()));
+            }
             let c = self
                 .cmds
                 .get_mut(&token)
@@ -255,7 +344,7 @@ impl Run {
                 match c.kind {
                     Kind::Read { len } => {
                         assert_eq!(done.data.len(), len as usize, "read length");
-                        if !self.raw {
+                        if !self.raw && !c.foreign {
                             assert!(
                                 done.data == data_of(token, 0, len),
                                 "a read returned other bytes than the controller sent"
@@ -292,7 +381,11 @@ impl Run {
             ),
             Kind::Flush => (Sqe::new(io::FLUSH, 0, 1), Payload::None),
         };
-        if let Ok(cid) = self.host.submit(self.now, sqe, payload, token) {
+        let submitted = self.host.submit(self.now, sqe, payload, token);
+        if self.trace {
+            eprintln!("  submit token {token} {kind:?}: {:?}", submitted.as_ref().map_err(|e| e.to_string()));
+        }
+        if let Ok(cid) = submitted {
             self.by_cid.insert(cid, token);
             self.cmds.insert(
                 token,
@@ -301,14 +394,20 @@ impl Run {
                     cid,
                     sent: 0,
                     r2t_end: 0,
+                    r2t_granted: 0,
                     completed: false,
+                    foreign: false,
                 },
             );
         }
     }
 
     fn step(&mut self, inp: &mut Input<'_>) {
-        match inp.u8() % 12 {
+        let op = inp.u8() % 12;
+        if self.trace {
+            eprintln!("step {op}");
+        }
+        match op {
             0 => {
                 let len = inp.u32() % IO_BYTES_MAX;
                 let recycle = inp.bool();
@@ -339,6 +438,7 @@ impl Run {
                 });
                 let at = self.ctrl.wire.len();
                 self.ctrl.pdu(&h, &data);
+                self.ctrl.note(cid, Granted::C2hData { token });
                 if flags & 16 != 0 && self.ctrl.tx.ddgst && len > 0 {
                     // A bad data digest.
                     if let Some(b) = self.ctrl.wire.last_mut() {
@@ -372,6 +472,7 @@ impl Run {
                     }),
                     &[],
                 );
+                self.ctrl.note(cid, Granted::R2t { offset, len });
                 if let Some(c) = t.and_then(|t| self.cmds.get_mut(&t)) {
                     if offset == c.r2t_end {
                         c.r2t_end = c.r2t_end.saturating_add(len);
@@ -467,13 +568,17 @@ fuzz_target!(|data: &[u8]| {
             rx: Framer::new(Direction::HostToController, 1 << 20),
             tx: TxParams::default(),
             wire: Vec::new(),
+            wire_delivered: 0,
+            on_wire: VecDeque::new(),
             host_terminated: false,
+            trace: std::env::var_os("HOST_QUEUE_TRACE").is_some(),
         },
         now,
         cmds: HashMap::new(),
         by_cid: HashMap::new(),
         next_token: 0,
         raw: false,
+        trace: std::env::var_os("HOST_QUEUE_TRACE").is_some(),
     };
     run.transmit();
     // The ICResp: the digests the host asked for, or others.
