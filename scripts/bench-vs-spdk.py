@@ -27,7 +27,8 @@ and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
 QD 1 (mean latency too), 128 KiB sequential read QD 8 (bandwidth). Each cell
 is the median of --repeats runs of --runtime seconds, with the range. Within
 a repeat, each row runs on every target in turn before the next row starts
-(one target at a time; the order of the targets reverses every repeat), so
+(one target at a time; the order of the targets reverses every repeat, and
+the pairs on one target rotate which goes first), so
 the runs a ratio compares are at most a minute apart: this machine drifts by
 2-3x over minutes (128 KiB reads of the SPDK pair: 1.6-4.8 GiB/s in one
 run), and a target-major order put minutes of drift into every ratio.
@@ -284,7 +285,12 @@ def main():
         port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
         try:
             precondition(spdk, port, nqn)
-            for pair in (p for p in pairs if p.endswith(">" + target_kind)):
+            # The pairs on one target take turns going first (a rotation
+            # per repeat): whichever ran first right after preconditioning
+            # would otherwise meet the target in the same state every time.
+            on_target = [p for p in pairs if p.endswith(">" + target_kind)]
+            k = rep % len(on_target) if on_target else 0
+            for pair in on_target[k:] + on_target[:k]:
                 t0 = cpu_s(tgt.p.pid)
                 if pair.startswith("perf"):
                     iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
@@ -301,7 +307,8 @@ def main():
 
     # One target at a time: nvmf_tgt's reactor spins on CPU 0 even when
     # idle, so a Sluice target beside it would get half the core. Row-major:
-    # each row on every target (order reversed every repeat), then the next.
+    # each row on every target (order reversed every repeat, the pairs on a
+    # target rotated), then the next.
     kinds = ["spdk", "sluice", "sluice-busy"]
     for rep in range(a.repeats):
         for row in rows:
@@ -330,7 +337,7 @@ def main():
     lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
-                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat) "
+                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat, the pairs on a target rotated) "
                  f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}; "
                  f"TCP congestion control: the system's {system_cc}"
                  + (f", and {a.sluice_tcp_congestion} on the Sluice target's sockets (`target.tcp_congestion`)."
