@@ -332,7 +332,10 @@ impl Run {
                 continue;
             };
             if self.trace {
-                eprintln!("  token {token} completed: {:?}", result.as_ref().map(|d| d.data.len()));
+                eprintln!(
+                    "  token {token} completed: {:?}",
+                    result.as_ref().map(|d| d.data.len())
+                );
             }
             let c = self
                 .cmds
@@ -383,7 +386,10 @@ impl Run {
         };
         let submitted = self.host.submit(self.now, sqe, payload, token);
         if self.trace {
-            eprintln!("  submit token {token} {kind:?}: {:?}", submitted.as_ref().map_err(|e| e.to_string()));
+            eprintln!(
+                "  submit token {token} {kind:?}: {:?}",
+                submitted.as_ref().map_err(|e| e.to_string())
+            );
         }
         if let Ok(cid) = submitted {
             self.by_cid.insert(cid, token);
