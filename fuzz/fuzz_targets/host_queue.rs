@@ -113,7 +113,7 @@ impl Ctrl {
     }
 
     /// Notes that the PDU just put on the wire is `what`.
-    fn note(&mut self, cid: u16, what: Granted) {
+    fn note(&mut self, cid: u16, what: Arrival) {
         self.on_wire.push_back(OnWire {
             end: self.wire_delivered + self.wire.len(),
             cid,
@@ -130,10 +130,10 @@ struct OnWire {
     /// Where the PDU ends, counted from the first byte ever put on the wire.
     end: usize,
     cid: u16,
-    what: Granted,
+    what: Arrival,
 }
 
-enum Granted {
+enum Arrival {
     /// An R2T for this range.
     R2t { offset: u32, len: u32 },
     /// A C2HData carrying the bytes of command `token` (`u64::MAX`: none).
@@ -256,12 +256,12 @@ impl Run {
                 continue;
             };
             match w.what {
-                Granted::R2t { offset, len } => {
+                Arrival::R2t { offset, len } => {
                     if offset == c.r2t_granted {
                         c.r2t_granted = c.r2t_granted.saturating_add(len);
                     }
                 }
-                Granted::C2hData { token } => c.foreign |= token != holder,
+                Arrival::C2hData { token } => c.foreign |= token != holder,
             }
         }
     }
@@ -444,7 +444,7 @@ impl Run {
                 });
                 let at = self.ctrl.wire.len();
                 self.ctrl.pdu(&h, &data);
-                self.ctrl.note(cid, Granted::C2hData { token });
+                self.ctrl.note(cid, Arrival::C2hData { token });
                 if flags & 16 != 0 && self.ctrl.tx.ddgst && len > 0 {
                     // A bad data digest.
                     if let Some(b) = self.ctrl.wire.last_mut() {
@@ -478,7 +478,7 @@ impl Run {
                     }),
                     &[],
                 );
-                self.ctrl.note(cid, Granted::R2t { offset, len });
+                self.ctrl.note(cid, Arrival::R2t { offset, len });
                 if let Some(c) = t.and_then(|t| self.cmds.get_mut(&t)) {
                     if offset == c.r2t_end {
                         c.r2t_end = c.r2t_end.saturating_add(len);
@@ -549,6 +549,7 @@ fuzz_target!(|data: &[u8]| {
     let in_capsule_max_bytes = u32::from(inp.u16());
     let maxh2cdata = inp.u32() % (256 * 1024) + 4;
     let now = Instant::now();
+    let trace = std::env::var_os("HOST_QUEUE_TRACE").is_some();
     let cfg = CoreConfig {
         qid: 1,
         depth,
@@ -577,14 +578,14 @@ fuzz_target!(|data: &[u8]| {
             wire_delivered: 0,
             on_wire: VecDeque::new(),
             host_terminated: false,
-            trace: std::env::var_os("HOST_QUEUE_TRACE").is_some(),
+            trace,
         },
         now,
         cmds: HashMap::new(),
         by_cid: HashMap::new(),
         next_token: 0,
         raw: false,
-        trace: std::env::var_os("HOST_QUEUE_TRACE").is_some(),
+        trace,
     };
     run.transmit();
     // The ICResp: the digests the host asked for, or others.
