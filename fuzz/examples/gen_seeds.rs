@@ -13,10 +13,10 @@ use sluice_proto::fabrics::{fctype, ConnectCommand, ConnectData, PropertyCommand
 use sluice_proto::identify::{
     encode_active_ns_list, encode_ns_descriptors, IdentifyController, IdentifyNamespace,
 };
-use sluice_proto::log::{adrfam, encode_discovery_log, lid, subtype, DiscoveryEntry, GetLogPage, TRTYPE_TCP};
-use sluice_proto::pdu::{
-    encode_pdu, DataHeader, IcReq, IcResp, PduHeader, R2t, TermReq, TxParams,
+use sluice_proto::log::{
+    adrfam, encode_discovery_log, lid, subtype, DiscoveryEntry, GetLogPage, TRTYPE_TCP,
 };
+use sluice_proto::pdu::{encode_pdu, DataHeader, IcReq, IcResp, PduHeader, R2t, TermReq, TxParams};
 use sluice_proto::Cqe;
 
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
@@ -26,11 +26,22 @@ fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
 }
 
 /// Framer input: 8 config bytes, then the stream (see fuzz_targets/framer.rs).
-fn framer_seed(c2h: bool, init: bool, hd: bool, dd: bool, pda: u8, pdus: &[(PduHeader, Vec<u8>)]) -> Vec<u8> {
+fn framer_seed(
+    c2h: bool,
+    init: bool,
+    hd: bool,
+    dd: bool,
+    pda: u8,
+    pdus: &[(PduHeader, Vec<u8>)],
+) -> Vec<u8> {
     let flags = c2h as u8 | (init as u8) << 1 | (hd as u8) << 2 | (dd as u8) << 3;
     let dlm = (8192u32 / 16) as u16;
     let mut out = vec![flags, pda, dlm as u8, (dlm >> 8) as u8, 0, 6, 40, 255];
-    let tx = TxParams { hdgst: init && hd, ddgst: init && dd, pda: if init { pda } else { 0 } };
+    let tx = TxParams {
+        hdgst: init && hd,
+        ddgst: init && dd,
+        pda: if init { pda } else { 0 },
+    };
     for (h, d) in pdus {
         encode_pdu(h, d, &tx, &mut out);
     }
@@ -42,30 +53,123 @@ fn main() {
     let dir = Path::new(&dir);
 
     // --- framer ---
-    let icreq = PduHeader::IcReq(IcReq { pfv: 0, hpda: 0, hdgst: true, ddgst: true, maxr2t: 0 });
-    let icresp = PduHeader::IcResp(IcResp { pfv: 0, cpda: 0, hdgst: false, ddgst: false, maxh2cdata: 8192 });
+    let icreq = PduHeader::IcReq(IcReq {
+        pfv: 0,
+        hpda: 0,
+        hdgst: true,
+        ddgst: true,
+        maxr2t: 0,
+    });
+    let icresp = PduHeader::IcResp(IcResp {
+        pfv: 0,
+        cpda: 0,
+        hdgst: false,
+        ddgst: false,
+        maxh2cdata: 8192,
+    });
     let term = |c2h: bool| {
-        let t = TermReq { fes: 1, fei: 2, data: vec![4, 0, 72, 0, 72, 0, 0, 0] };
+        let t = TermReq {
+            fes: 1,
+            fei: 2,
+            data: vec![4, 0, 72, 0, 72, 0, 0, 0],
+        };
         let d = t.data.clone();
-        (if c2h { PduHeader::C2HTermReq(t) } else { PduHeader::H2CTermReq(t) }, d)
+        (
+            if c2h {
+                PduHeader::C2HTermReq(t)
+            } else {
+                PduHeader::H2CTermReq(t)
+            },
+            d,
+        )
     };
-    write(dir, "framer", "h2c-icreq", &framer_seed(false, false, false, false, 0, &[(icreq, vec![]), term(false)]));
-    write(dir, "framer", "c2h-icresp", &framer_seed(true, false, false, false, 0, &[(icresp, vec![]), term(true)]));
+    write(
+        dir,
+        "framer",
+        "h2c-icreq",
+        &framer_seed(
+            false,
+            false,
+            false,
+            false,
+            0,
+            &[(icreq, vec![]), term(false)],
+        ),
+    );
+    write(
+        dir,
+        "framer",
+        "c2h-icresp",
+        &framer_seed(
+            true,
+            false,
+            false,
+            false,
+            0,
+            &[(icresp, vec![]), term(true)],
+        ),
+    );
     let cmd = Sqe::rw(0x01, 7, 1, 0, 1, false);
-    for (hd, dd, pda) in [(false, false, 0u8), (true, true, 0), (true, false, 3), (false, true, 31)] {
+    for (hd, dd, pda) in [
+        (false, false, 0u8),
+        (true, true, 0),
+        (true, false, 3),
+        (false, true, 31),
+    ] {
         let tag = format!("hd{}-dd{}-pda{}", hd as u8, dd as u8, pda);
         let h2c = vec![
             (PduHeader::CapsuleCmd(cmd), vec![]),
             (PduHeader::CapsuleCmd(cmd), vec![0xa5; 512]),
-            (PduHeader::H2CData(DataHeader { cccid: 7, ttag: 1, offset: 0, len: 64, last: true, success: false }), vec![0x5a; 64]),
+            (
+                PduHeader::H2CData(DataHeader {
+                    cccid: 7,
+                    ttag: 1,
+                    offset: 0,
+                    len: 64,
+                    last: true,
+                    success: false,
+                }),
+                vec![0x5a; 64],
+            ),
         ];
-        write(dir, "framer", &format!("h2c-{tag}"), &framer_seed(false, true, hd, dd, pda, &h2c));
+        write(
+            dir,
+            "framer",
+            &format!("h2c-{tag}"),
+            &framer_seed(false, true, hd, dd, pda, &h2c),
+        );
         let c2h = vec![
-            (PduHeader::R2t(R2t { cccid: 7, ttag: 1, offset: 0, len: 4096 }), vec![]),
-            (PduHeader::C2HData(DataHeader { cccid: 7, ttag: 0, offset: 0, len: 64, last: true, success: true }), vec![0x3c; 64]),
-            (PduHeader::CapsuleResp(Cqe::new(7, sluice_proto::Status::SUCCESS)), vec![]),
+            (
+                PduHeader::R2t(R2t {
+                    cccid: 7,
+                    ttag: 1,
+                    offset: 0,
+                    len: 4096,
+                }),
+                vec![],
+            ),
+            (
+                PduHeader::C2HData(DataHeader {
+                    cccid: 7,
+                    ttag: 0,
+                    offset: 0,
+                    len: 64,
+                    last: true,
+                    success: true,
+                }),
+                vec![0x3c; 64],
+            ),
+            (
+                PduHeader::CapsuleResp(Cqe::new(7, sluice_proto::Status::SUCCESS)),
+                vec![],
+            ),
         ];
-        write(dir, "framer", &format!("c2h-{tag}"), &framer_seed(true, true, hd, dd, pda, &c2h));
+        write(
+            dir,
+            "framer",
+            &format!("c2h-{tag}"),
+            &framer_seed(true, true, hd, dd, pda, &c2h),
+        );
     }
 
     // --- connect_data ---
@@ -76,7 +180,11 @@ fn main() {
         hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001".into(),
     };
     write(dir, "connect_data", "discovery", &cd.encode());
-    let long = ConnectData { subnqn: "n".repeat(223), hostnqn: "nqn.\u{e9}\u{20ac}".into(), ..cd.clone() };
+    let long = ConnectData {
+        subnqn: "n".repeat(223),
+        hostnqn: "nqn.\u{e9}\u{20ac}".into(),
+        ..cd.clone()
+    };
     write(dir, "connect_data", "long-utf8", &long.encode());
 
     // --- identify ---
@@ -90,10 +198,28 @@ fn main() {
         ..Default::default()
     };
     write(dir, "identify", "controller", &ctrl.encode());
-    let ns = IdentifyNamespace { nsze: 1 << 20, ncap: 1 << 20, nuse: 1 << 20, lbads: 12, nguid: [7; 16], eui64: [9; 8], ..Default::default() };
+    let ns = IdentifyNamespace {
+        nsze: 1 << 20,
+        ncap: 1 << 20,
+        nuse: 1 << 20,
+        lbads: 12,
+        nguid: [7; 16],
+        eui64: [9; 8],
+        ..Default::default()
+    };
     write(dir, "identify", "namespace", &ns.encode());
-    write(dir, "identify", "ns-descriptors", &encode_ns_descriptors(&[1; 16], &[2; 16]));
-    write(dir, "identify", "active-ns-list", &encode_active_ns_list(&[1, 2, 3, 9], 0)[..64]);
+    write(
+        dir,
+        "identify",
+        "ns-descriptors",
+        &encode_ns_descriptors(&[1; 16], &[2; 16]),
+    );
+    write(
+        dir,
+        "identify",
+        "active-ns-list",
+        &encode_active_ns_list(&[1, 2, 3, 9], 0)[..64],
+    );
 
     // --- discovery_log ---
     let e = |i: u16| DiscoveryEntry {
@@ -110,16 +236,48 @@ fn main() {
         traddr: "127.0.0.1".into(),
         sectype: 0,
     };
-    write(dir, "discovery_log", "two-entries", &encode_discovery_log(3, &[e(0), e(1)]));
-    write(dir, "discovery_log", "header-only", &encode_discovery_log(1, &[])[..32]);
+    write(
+        dir,
+        "discovery_log",
+        "two-entries",
+        &encode_discovery_log(3, &[e(0), e(1)]),
+    );
+    write(
+        dir,
+        "discovery_log",
+        "header-only",
+        &encode_discovery_log(1, &[])[..32],
+    );
 
     // --- sqe_fields ---
-    let conn = ConnectCommand { cid: 1, recfmt: 0, qid: 0, sqsize: 31, cattr: 4, kato_ms: 120_000 };
+    let conn = ConnectCommand {
+        cid: 1,
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 4,
+        kato_ms: 120_000,
+    };
     write(dir, "sqe_fields", "connect", &conn.to_sqe().0);
-    let glp = GetLogPage { lid: lid::DISCOVERY, lsp: 0, rae: true, len_bytes: 3072, offset_bytes: 1024 };
+    let glp = GetLogPage {
+        lid: lid::DISCOVERY,
+        lsp: 0,
+        rae: true,
+        len_bytes: 3072,
+        offset_bytes: 1024,
+    };
     write(dir, "sqe_fields", "get-log-page", &glp.to_sqe(2, 0).0);
-    let prop = PropertyCommand { size8: true, offset: 0, value: 0 };
-    write(dir, "sqe_fields", "property-get", &prop.to_sqe(3, fctype::PROPERTY_GET).0);
+    let prop = PropertyCommand {
+        size8: true,
+        offset: 0,
+        value: 0,
+    };
+    write(
+        dir,
+        "sqe_fields",
+        "property-get",
+        &prop.to_sqe(3, fctype::PROPERTY_GET).0,
+    );
 
     // --- host_queue: a large read, a solicited write and a flush, each
     // answered in full by a well-behaved controller (the steps' encoding is

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use sluice_auth::message::Message;
-use sluice_auth::{ControllerAuth, ControllerConfig, DhGroup, HashId, HostAuth, HostConfig, Secret};
+use sluice_auth::{
+    ControllerAuth, ControllerConfig, DhGroup, HashId, HostAuth, HostConfig, Secret,
+};
 
 fuzz_target!(|data: &[u8]| {
     let secret = Secret::new(vec![7; 32], None).expect("32-byte key");
@@ -53,7 +55,10 @@ fuzz_target!(|data: &[u8]| {
                     *x = counter;
                 }
             });
-            assert!(Message::decode(&out).is_ok(), "the controller sent an undecodable message");
+            assert!(
+                Message::decode(&out).is_ok(),
+                "the controller sent an undecodable message"
+            );
         }
         assert!(!c.is_authenticated(), "authenticated without the secret");
         let _ = c.take_outcome();

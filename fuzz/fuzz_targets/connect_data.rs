@@ -16,7 +16,11 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => {
             // The IPO must point inside the 1024-byte Connect data.
-            assert!((e.offset as usize) < CONNECT_DATA_LEN, "IPO {} out of range", e.offset);
+            assert!(
+                (e.offset as usize) < CONNECT_DATA_LEN,
+                "IPO {} out of range",
+                e.offset
+            );
             let _ = e.to_string();
         }
     }

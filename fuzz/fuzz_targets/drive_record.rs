@@ -8,11 +8,18 @@ use libfuzzer_sys::fuzz_target;
 use sluice_volume::DriveRecord;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(d) = serde_json::from_slice::<DriveRecord>(data) else { return };
+    let Ok(d) = serde_json::from_slice::<DriveRecord>(data) else {
+        return;
+    };
     if d.check().is_err() {
         return;
     }
-    let _ = (d.slots_used(), d.slots_free(), d.slots_clean(), d.slots_dirty());
+    let _ = (
+        d.slots_used(),
+        d.slots_free(),
+        d.slots_clean(),
+        d.slots_dirty(),
+    );
     let f = d.fragment_degree();
     assert!((0.0..=1.0).contains(&f), "fragment degree {f}");
     let json = serde_json::to_vec(&d).expect("a record encodes");

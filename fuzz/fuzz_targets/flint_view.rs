@@ -64,7 +64,9 @@ fuzz_target!(|data: &[u8]| {
         let _ = view.set_drive(d, &port, (d == 3).then_some(1e8));
         arb.set_drive(d, &port, (d == 3).then_some(1e8));
     }
-    let mut wallet: Wallet<u32> = Wallet::new(WalletConfig { fallback_us: 50_000 });
+    let mut wallet: Wallet<u32> = Wallet::new(WalletConfig {
+        fallback_us: 50_000,
+    });
     let mut waiting: BTreeSet<u32> = BTreeSet::new();
     let mut token = 0u32;
     let mut now = 0u64;
@@ -107,7 +109,13 @@ fuzz_target!(|data: &[u8]| {
                         hungry: w & 1 == 1,
                     });
                 }
-                if let Ok(g) = arb.handle_bid(now, &Bid { client: name, sessions }) {
+                if let Ok(g) = arb.handle_bid(
+                    now,
+                    &Bid {
+                        client: name,
+                        sessions,
+                    },
+                ) {
                     // Grants are whole slices of this epoch's size.
                     for gr in &g.grants {
                         let slice = arb
@@ -171,7 +179,14 @@ fuzz_target!(|data: &[u8]| {
             5 => {
                 let w = input.word().unwrap_or(0);
                 token += 1;
-                match wallet.request(now, w % 2, (w >> 8) % 3, (w >> 16) % (1 << 20) + 1, false, token) {
+                match wallet.request(
+                    now,
+                    w % 2,
+                    (w >> 8) % 3,
+                    (w >> 16) % (1 << 20) + 1,
+                    false,
+                    token,
+                ) {
                     Spend::Go(t) => assert_eq!(t, token),
                     Spend::Wait => {
                         waiting.insert(token);

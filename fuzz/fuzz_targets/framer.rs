@@ -52,7 +52,11 @@ fn check_error(e: &DecodeError, f: &mut Framer) {
     // Sticky: the same error again, also after more bytes arrive.
     assert_eq!(f.next_pdu().err().as_ref(), Some(e), "error not sticky");
     f.feed(&[0u8; 9]);
-    assert_eq!(f.next_pdu().err().as_ref(), Some(e), "error not sticky after feed");
+    assert_eq!(
+        f.next_pdu().err().as_ref(),
+        Some(e),
+        "error not sticky after feed"
+    );
 }
 
 fn round_trip(cfg: &Config, header: &PduHeader, data: &[u8]) {
@@ -133,7 +137,11 @@ fn drain_split(cfg: &Config, f: &mut Framer, split: &mut Option<Split>) -> bool 
                         other => panic!("split a PDU that carries no data: {other:?}"),
                     };
                     assert!(sp.data_rest > 0);
-                    assert_eq!(sp.data_head.len() + sp.data_rest, datal, "head + rest != DATAL");
+                    assert_eq!(
+                        sp.data_head.len() + sp.data_rest,
+                        datal,
+                        "head + rest != DATAL"
+                    );
                     *split = Some(Split {
                         header: sp.header,
                         data: sp.data_head.to_vec(),

@@ -28,10 +28,10 @@ use sluice_proto::fabrics::{
     cc, fctype, prop, AuthCommand, ConnectCommand, ConnectData, PropertyCommand, CNTLID_DYNAMIC,
 };
 use sluice_proto::framer::Framer;
-use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_proto::pdu::{
     encode_pdu, DataHeader, Direction, IcReq, PduHeader, R2t, TermReq, TxParams,
 };
+use sluice_proto::send::{SchedulerKind, SendConfig};
 use sluice_target::queue::QueueConnection;
 use sluice_target::registry::Registry;
 
@@ -45,7 +45,6 @@ const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0
 const CONNECTIONS_MAX: usize = 3;
 /// Above any queue depth the target admits (MQES is 16 bits, 0's based).
 const BACKEND_IN_FLIGHT_MAX: u32 = 65_536;
-
 
 struct Conn {
     q: QueueConnection,
@@ -95,7 +94,11 @@ impl Conn {
 
     /// Feeds bytes as the I/O layer would: only while the target wants to read.
     fn feed(&mut self, bytes: &[u8], now: Instant) {
-        let chunk = if self.chunk == 0 { bytes.len().max(1) } else { self.chunk };
+        let chunk = if self.chunk == 0 {
+            bytes.len().max(1)
+        } else {
+            self.chunk
+        };
         for c in bytes.chunks(chunk) {
             if !self.q.wants_read() {
                 return;
@@ -181,11 +184,16 @@ impl Conn {
                 Ok(None) => break,
                 Err(e) => panic!("the target sent a malformed PDU: {e}"),
             };
-            assert!(!self.term_seen, "the target sent {:?} after a C2HTermReq", pdu.header);
+            assert!(
+                !self.term_seen,
+                "the target sent {:?} after a C2HTermReq",
+                pdu.header
+            );
             assert!(pdu.data_digest_ok, "the target sent a bad data digest");
             match pdu.header {
                 PduHeader::IcResp(r) => {
-                    self.rx.set_initialized(r.hdgst, r.ddgst, self.hpda, 1 << 24);
+                    self.rx
+                        .set_initialized(r.hdgst, r.ddgst, self.hpda, 1 << 24);
                     self.txp = TxParams {
                         hdgst: r.hdgst,
                         ddgst: r.ddgst,
@@ -223,7 +231,10 @@ impl Conn {
             return;
         }
         let n = self.outstanding.get(&cid).copied().unwrap_or(0);
-        assert!(n > 0, "the target answered CID {cid}, which has no command outstanding");
+        assert!(
+            n > 0,
+            "the target answered CID {cid}, which has no command outstanding"
+        );
         if completes {
             self.outstanding.insert(cid, n - 1);
         }
@@ -269,7 +280,11 @@ fn sgl_for(inp: &mut Input, len: u32) -> SglDescriptor {
         _ => inp.u8(),
     };
     let length = if inp.u8() < 200 { len } else { inp.u32() };
-    let address = if inp.u8() < 220 { 0 } else { u64::from(inp.u32()) };
+    let address = if inp.u8() < 220 {
+        0
+    } else {
+        u64::from(inp.u32())
+    };
     SglDescriptor {
         address,
         length,
@@ -277,7 +292,13 @@ fn sgl_for(inp: &mut Input, len: u32) -> SglDescriptor {
     }
 }
 
-fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut Instant, hold: &mut bool) {
+fn step(
+    inp: &mut Input,
+    reg: &Arc<Registry>,
+    conns: &mut Vec<Conn>,
+    now: &mut Instant,
+    hold: &mut bool,
+) {
     let op = inp.u8();
     if op % 16 == 15 {
         if conns.len() < CONNECTIONS_MAX {
@@ -320,7 +341,11 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 _ => inp.u16(),
             };
             let cntlid = if admin_q {
-                if inp.u8() < 220 { CNTLID_DYNAMIC } else { inp.u16() }
+                if inp.u8() < 220 {
+                    CNTLID_DYNAMIC
+                } else {
+                    inp.u16()
+                }
             } else {
                 match conns.iter().find_map(|x| x.cntlid) {
                     Some(id) if inp.u8() < 220 => id,
@@ -340,7 +365,11 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 qid,
                 sqsize,
                 cattr: inp.u8() & 0x0f,
-                kato_ms: if inp.bool() { 0 } else { u32::from(inp.u16()) * 10 },
+                kato_ms: if inp.bool() {
+                    0
+                } else {
+                    u32::from(inp.u16()) * 10
+                },
             };
             let mut data = ConnectData {
                 hostid: [inp.u8(); 16],
@@ -353,7 +382,11 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 let at = usize::from(inp.u16()) % data.len();
                 data[at] = inp.u8();
             }
-            let len = if inp.u8() < 230 { data.len() } else { usize::from(inp.u16()) % 2048 };
+            let len = if inp.u8() < 230 {
+                data.len()
+            } else {
+                usize::from(inp.u16()) % 2048
+            };
             data.resize(len, 0);
             c.connect_cid = Some(cid);
             let mut s = cmd.to_sqe();
@@ -368,12 +401,18 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
             let cid = c.cid(inp);
             let value = match inp.u8() % 5 {
                 0 => u64::from(cc::EN | 6u32 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT),
-                1 => u64::from(6u32 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT | 1 << cc::SHN_SHIFT),
+                1 => {
+                    u64::from(6u32 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT | 1 << cc::SHN_SHIFT)
+                }
                 2 => 0,
                 3 => u64::from(inp.u32()),
                 _ => u64::from(inp.u32()) << 32 | u64::from(inp.u32()),
             };
-            let offset = if inp.u8() < 200 { prop::CC } else { u32::from(inp.u8()) };
+            let offset = if inp.u8() < 200 {
+                prop::CC
+            } else {
+                u32::from(inp.u8())
+            };
             let s = PropertyCommand {
                 size8: inp.bool(),
                 offset,
@@ -421,8 +460,22 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 _ => inp.u32(),
             };
             let mut s = Sqe::new(opcode, cid, nsid);
-            s.set_cdw(10, if inp.bool() { u32::from(inp.u8()) } else { inp.u32() });
-            s.set_cdw(11, if inp.bool() { u32::from(inp.u8()) } else { inp.u32() });
+            s.set_cdw(
+                10,
+                if inp.bool() {
+                    u32::from(inp.u8())
+                } else {
+                    inp.u32()
+                },
+            );
+            s.set_cdw(
+                11,
+                if inp.bool() {
+                    u32::from(inp.u8())
+                } else {
+                    inp.u32()
+                },
+            );
             s.set_cdw(12, inp.u32());
             let len = match inp.u8() % 4 {
                 0 => 0,
@@ -459,7 +512,11 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 _ => inp.u8(),
             };
             let nsid = if inp.u8() < 230 { 1 } else { inp.u32() };
-            let slba = if inp.u8() < 230 { u64::from(inp.u16() % 600) } else { u64::from(inp.u32()) << 16 };
+            let slba = if inp.u8() < 230 {
+                u64::from(inp.u16() % 600)
+            } else {
+                u64::from(inp.u32()) << 16
+            };
             let nlb = u32::from(inp.u8() % 32) + 1;
             let mut s = Sqe::rw(opcode, cid, nsid, slba, nlb, inp.bool());
             if opcode == io::DATASET_MANAGEMENT {
@@ -467,7 +524,14 @@ fn step(inp: &mut Input, reg: &Arc<Registry>, conns: &mut Vec<Conn>, now: &mut I
                 s.set_cdw(11, 0x4);
             }
             let bytes = nlb * 512;
-            let d = sgl_for(inp, if opcode == io::DATASET_MANAGEMENT { 16 } else { bytes });
+            let d = sgl_for(
+                inp,
+                if opcode == io::DATASET_MANAGEMENT {
+                    16
+                } else {
+                    bytes
+                },
+            );
             let data = if d.id == sgl::DATA_BLOCK_OFFSET {
                 let n = (d.length as usize).min(8192 + 64);
                 let mut v = inp.bytes(n);

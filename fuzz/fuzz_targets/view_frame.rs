@@ -7,7 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use sluice_flint::wire::{encode, FrameDecoder, FRAME_BYTES_MAX};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&cut, bytes)) = data.split_first() else { return };
+    let Some((&cut, bytes)) = data.split_first() else {
+        return;
+    };
     let cut = usize::from(cut).max(1);
     let mut d = FrameDecoder::new();
     let mut failed = false;
