@@ -292,6 +292,15 @@ fn sgl_for(inp: &mut Input, len: u32) -> SglDescriptor {
     }
 }
 
+/// A command dword: one byte (small counts and flags) or any 32 bits.
+fn small_or_any(inp: &mut Input) -> u32 {
+    if inp.bool() {
+        u32::from(inp.u8())
+    } else {
+        inp.u32()
+    }
+}
+
 fn step(
     inp: &mut Input,
     reg: &Arc<Registry>,
@@ -460,22 +469,8 @@ fn step(
                 _ => inp.u32(),
             };
             let mut s = Sqe::new(opcode, cid, nsid);
-            s.set_cdw(
-                10,
-                if inp.bool() {
-                    u32::from(inp.u8())
-                } else {
-                    inp.u32()
-                },
-            );
-            s.set_cdw(
-                11,
-                if inp.bool() {
-                    u32::from(inp.u8())
-                } else {
-                    inp.u32()
-                },
-            );
+            s.set_cdw(10, small_or_any(inp));
+            s.set_cdw(11, small_or_any(inp));
             s.set_cdw(12, inp.u32());
             let len = match inp.u8() % 4 {
                 0 => 0,
