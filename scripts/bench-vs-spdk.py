@@ -21,6 +21,11 @@ without touching memory, and a first write faults its chunk in). The pairs:
   bench-int>sluice  sluice bench (interrupt: waits in epoll, never spins)
                  -> sluice target (adaptive): the pair's CPU when the host
                  does not spin while the target works
+  bench-spin2>sluice  sluice bench (adaptive, --spin-depth-max 2: spins only
+                 while at most 2 commands are outstanding, else waits in
+                 epoll) -> sluice target (adaptive): one host setting that
+                 spins where a wake-up would cost a round trip (QD 1) and
+                 sleeps where one serves a batch
   bench-busy>sluice-busy  both in busy-poll mode (as the SPDK pair always is)
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
@@ -190,11 +195,11 @@ def run_perf(spdk, port, nqn, row, runtime):
     return float(m.group(1)), float(m.group(2)), float(m.group(3)), cpu
 
 
-def run_bench(port, nqn, row, runtime, polling, engine):
+def run_bench(port, nqn, row, runtime, polling, engine, extra=()):
     r = ROWS[row]
     cmd = ["taskset", "-c", str(HOST_CPU), str(SLUICE), "bench", "--target", f"127.0.0.1:{port}",
            "--nqn", nqn, "--rw", r["rw"], "--bs", str(r["bs"]), "--qd", str(r["qd"]),
-           "--runtime", str(runtime), "--polling", polling, "--json"]
+           "--runtime", str(runtime), "--polling", polling, "--json", *extra]
     if engine:
         cmd += ["--engine", engine]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
@@ -273,7 +278,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
     pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice",
-             "bench-int>sluice", "bench-busy>sluice-busy"]
+             "bench-int>sluice", "bench-spin2>sluice", "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
     def run_row_on(target_kind, rep, row):
@@ -297,7 +302,8 @@ def main():
                 else:
                     polling = ("busy-poll" if pair.startswith("bench-busy") else
                                "interrupt" if pair.startswith("bench-int") else "adaptive")
-                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine)
+                    extra = ["--spin-depth-max", "2"] if pair.startswith("bench-spin2") else []
+                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine, extra)
                 tcpu = cpu_s(tgt.p.pid) - t0
                 results[pair][row].append((iops, mib, lat, hcpu + tcpu))
                 print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
@@ -359,8 +365,9 @@ def main():
     lines.append("| workload | perf>sluice / perf>spdk | bench>spdk / perf>spdk | bench-busy>spdk / bench>spdk "
                  "| bench>sluice / perf>spdk | bench-busy>sluice-busy / perf>spdk "
                  "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) | per CPU-s, Sluice / SPDK "
-                 "| bench-int>sluice / perf>spdk | per CPU-s, Sluice (bench interrupt) / SPDK |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                 "| bench-int>sluice / perf>spdk | per CPU-s, Sluice (bench interrupt) / SPDK "
+                 "| bench-spin2>sluice / perf>spdk | per CPU-s, Sluice (bench spin2) / SPDK |")
+    lines.append("|---|" + "---|" * 12)
     for row in rows:
         i = 1 if ROWS[row]["bs"] > 4096 else 0
         cells = [ratio("perf>sluice", "perf>spdk", row, i), ratio("bench>spdk", "perf>spdk", row, i),
@@ -370,7 +377,9 @@ def main():
                      f"{fmt_iops(per_cpu('perf>spdk', row))} | {fmt_iops(per_cpu('bench>sluice', row))} | "
                      f"{cpu_ratio('bench>sluice', 'perf>spdk', row)} | "
                      f"{ratio('bench-int>sluice', 'perf>spdk', row, i)} | "
-                     f"{cpu_ratio('bench-int>sluice', 'perf>spdk', row)} |")
+                     f"{cpu_ratio('bench-int>sluice', 'perf>spdk', row)} | "
+                     f"{ratio('bench-spin2>sluice', 'perf>spdk', row, i)} | "
+                     f"{cpu_ratio('bench-spin2>sluice', 'perf>spdk', row)} |")
     table = "\n".join(lines)
     print()
     print(table)

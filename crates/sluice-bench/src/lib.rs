@@ -170,6 +170,13 @@ pub struct BenchArgs {
     /// outstanding) then waits in epoll, interrupt waits in epoll.
     #[arg(long, default_value = "interrupt")]
     pub polling: PollingPolicy,
+    /// With adaptive polling on the direct engine: spin only while at most
+    /// N commands are outstanding on the queue; with more, wait in epoll as
+    /// interrupt does. A wake-up then serves a batch of completions, where
+    /// at shallow depths it would cost one per I/O. Off by default (adaptive
+    /// spins at any depth). See docs/host.md.
+    #[arg(long)]
+    pub spin_depth_max: Option<u32>,
     /// I/O engine: direct (run to completion on the job's own thread) or
     /// async (tokio tasks over the threaded queues). Direct falls back to
     /// async, with a notice, for DH-HMAC-CHAP, --volume, --coalescing,
@@ -299,6 +306,7 @@ impl BenchArgs {
             tcp_congestion: None,
             sq_flow_control: false,
             polling: PollingPolicy::Interrupt,
+            spin_depth_max: None,
             engine: Engine::Direct,
             floor: false,
             floor_server_cpu: None,
@@ -673,6 +681,14 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
     if let Err((k, why)) = coalescing.validate() {
         bail!("--coalescing: {k} {why}");
     }
+    if let Some(n) = args.spin_depth_max {
+        if !(1..=QD_MAX).contains(&n) {
+            bail!("--spin-depth-max must be between 1 and {QD_MAX}, got {n}");
+        }
+        if !matches!(args.polling, PollingPolicy::Adaptive { .. }) {
+            bail!("--spin-depth-max bounds adaptive polling's spin: give --polling adaptive");
+        }
+    }
     let (dhchap_secret, dhchap_ctrl_secret) = args.dhchap.load()?;
     // Connect every job first, so the measured window holds only I/O.
     let mut prepared = Vec::new();
@@ -752,6 +768,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 }
             }
         };
+        if args.spin_depth_max.is_some() && p.direct.is_none() {
+            bail!(
+                "job {}: --spin-depth-max needs the direct engine (this job runs on the async engine: see the notice above)",
+                j.name
+            );
+        }
         if j.batch && p.direct.is_none() {
             bail!(
                 "job {}: batch=1 needs the direct engine (this job runs on the async engine: see the notice above)",
@@ -788,7 +810,10 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         match p.direct.take() {
             Some(d) => {
                 engines.push(Engine::Direct);
-                let polling = args.polling;
+                let polling = direct::DirectPolling {
+                    policy: args.polling,
+                    spin_depth_max: args.spin_depth_max.map(|n| usize_from(u64::from(n))),
+                };
                 let replace = direct::Replacer {
                     ctrl: d.ctrl,
                     rt: tokio::runtime::Handle::current(),
@@ -1185,7 +1210,7 @@ impl JobRun {
         self: Arc<Self>,
         queues: Vec<DirectQueue>,
         rw: RwBuilder,
-        polling: PollingPolicy,
+        polling: direct::DirectPolling,
         replace: direct::Replacer,
     ) -> anyhow::Result<(JobStats, Histogram<u64>, Option<HostQueueStats>)> {
         let start = Instant::now();

@@ -170,6 +170,58 @@ fn direct_engine_verifies_randrw() {
     }
 }
 
+/// `--spin-depth-max`: an adaptive loop spins only while at most that many
+/// commands are outstanding, and above it waits in epoll. The spin is long
+/// (1 s) so that a loop allowed to spin never runs out of it: with the limit
+/// at the queue depth it never sleeps; with a limit of 1 under 16
+/// outstanding it sleeps as `interrupt` does.
+#[test]
+fn spin_depth_max_bounds_the_adaptive_spin() {
+    let _spin = spinning();
+    let sleeps_with = |limit: u32| {
+        let (_t, mut a) = target();
+        a.polling = HostPolling::Adaptive { spin_us: 1_000_000 };
+        a.spin_depth_max = Some(limit);
+        a.ios = Some(3000);
+        a.qd = 16;
+        a.rw = RwMode::RandRw;
+        a.span = Some("1m".into());
+        a.verify = true;
+        let r = run(a).expect("bench");
+        check_consistent(&r);
+        assert_eq!(r.total.ios, 3000);
+        assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+        assert_eq!(r.total.verify_errors, 0, "{:?}", r.total.error_samples);
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        let host = &json["jobs"][0]["host"];
+        assert_eq!(host["completions"], 3000, "{host}");
+        host["sleeps"].as_u64().expect("sleeps")
+    };
+    assert_eq!(sleeps_with(16), 0);
+    assert!(sleeps_with(1) > 0);
+}
+
+#[test]
+fn spin_depth_max_is_checked() {
+    let refused = |polling: HostPolling, limit: u32, engine: Engine| {
+        let (_t, mut a) = target();
+        a.polling = polling;
+        a.spin_depth_max = Some(limit);
+        a.engine = engine;
+        a.ios = Some(10);
+        format!("{:#}", run(a).expect_err("refused"))
+    };
+    let adaptive = HostPolling::Adaptive { spin_us: 20 };
+    let e = refused(adaptive, 0, Engine::Direct);
+    assert!(e.contains("--spin-depth-max must be between 1 and"), "{e}");
+    let e = refused(adaptive, 5000, Engine::Direct);
+    assert!(e.contains("--spin-depth-max must be between 1 and"), "{e}");
+    let e = refused(HostPolling::Interrupt, 2, Engine::Direct);
+    assert!(e.contains("give --polling adaptive"), "{e}");
+    let e = refused(adaptive, 2, Engine::Async);
+    assert!(e.contains("--spin-depth-max needs the direct engine"), "{e}");
+}
+
 #[test]
 fn async_engine_still_verifies_randrw() {
     let r = verified_randrw(Engine::Async, HostPolling::Interrupt, 1);
