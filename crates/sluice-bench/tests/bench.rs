@@ -113,6 +113,16 @@ fn ios_count_iops_and_verify() {
 /// A verified randrw run over a small span (every read finds written
 /// blocks) on `engine`; returns the report after the common checks.
 fn verified_randrw(engine: Engine, polling: HostPolling, queues: u16) -> BenchReport {
+    verified_randrw_with(engine, polling, queues, |_| {})
+}
+
+/// [`verified_randrw`] with `tweak` applied to the arguments last.
+fn verified_randrw_with(
+    engine: Engine,
+    polling: HostPolling,
+    queues: u16,
+    tweak: impl FnOnce(&mut BenchArgs),
+) -> BenchReport {
     let (_t, mut a) = target();
     a.engine = engine;
     a.polling = polling;
@@ -124,6 +134,7 @@ fn verified_randrw(engine: Engine, polling: HostPolling, queues: u16) -> BenchRe
     a.bs = "512:20,4k:50,64k:30".parse::<BlockSizes>().expect("bs");
     a.span = Some("1m".into());
     a.verify = true;
+    tweak(&mut a);
     let r = run(a).expect("bench");
     check_consistent(&r);
     assert_eq!(r.total.ios, 4000);
@@ -179,22 +190,13 @@ fn direct_engine_verifies_randrw() {
 fn spin_depth_max_bounds_the_adaptive_spin() {
     let _spin = spinning();
     let sleeps_with = |limit: u32| {
-        let (_t, mut a) = target();
-        a.polling = HostPolling::Adaptive { spin_us: 1_000_000 };
-        a.spin_depth_max = Some(limit);
-        a.ios = Some(3000);
-        a.qd = 16;
-        a.rw = RwMode::RandRw;
-        a.span = Some("1m".into());
-        a.verify = true;
-        let r = run(a).expect("bench");
-        check_consistent(&r);
-        assert_eq!(r.total.ios, 3000);
-        assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
-        assert_eq!(r.total.verify_errors, 0, "{:?}", r.total.error_samples);
+        let long_spin = HostPolling::Adaptive { spin_us: 1_000_000 };
+        let r = verified_randrw_with(Engine::Direct, long_spin, 1, |a| {
+            a.spin_depth_max = Some(limit);
+        });
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
         let host = &json["jobs"][0]["host"];
-        assert_eq!(host["completions"], 3000, "{host}");
+        assert_eq!(host["completions"], 4000, "{host}");
         host["sleeps"].as_u64().expect("sleeps")
     };
     assert_eq!(sleeps_with(16), 0);
