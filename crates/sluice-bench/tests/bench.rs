@@ -221,7 +221,10 @@ fn spin_depth_max_is_checked() {
     let e = refused(HostPolling::Interrupt, 2, Engine::Direct);
     assert!(e.contains("give --polling adaptive"), "{e}");
     let e = refused(adaptive, 2, Engine::Async);
-    assert!(e.contains("--spin-depth-max needs the direct engine"), "{e}");
+    assert!(
+        e.contains("--spin-depth-max needs the direct engine"),
+        "{e}"
+    );
 }
 
 #[test]
