@@ -77,6 +77,13 @@ NQN_SPDK = "nqn.2016-06.io.spdk:bench"
 NQN_SLUICE = "nqn.2026-11.io.sluice:bench"
 TARGET_CPU = 0
 HOST_CPU = 1
+# What each `sluice bench` pair passes to the host, by its name before ">".
+BENCH_HOST_ARGS = {
+    "bench": ["--polling", "adaptive"],
+    "bench-busy": ["--polling", "busy-poll"],
+    "bench-int": ["--polling", "interrupt"],
+    "bench-spin2": ["--polling", "adaptive", "--spin-depth-max", "2"],
+}
 
 ROWS = {
     "4k-randread-qd32": dict(rw="randread", bs=4096, qd=32, label="4K randread QD32"),
@@ -195,11 +202,11 @@ def run_perf(spdk, port, nqn, row, runtime):
     return float(m.group(1)), float(m.group(2)), float(m.group(3)), cpu
 
 
-def run_bench(port, nqn, row, runtime, polling, engine, extra=()):
+def run_bench(port, nqn, row, runtime, host_args, engine):
     r = ROWS[row]
     cmd = ["taskset", "-c", str(HOST_CPU), str(SLUICE), "bench", "--target", f"127.0.0.1:{port}",
            "--nqn", nqn, "--rw", r["rw"], "--bs", str(r["bs"]), "--qd", str(r["qd"]),
-           "--runtime", str(runtime), "--polling", polling, "--json", *extra]
+           "--runtime", str(runtime), "--json", *host_args]
     if engine:
         cmd += ["--engine", engine]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
@@ -297,13 +304,12 @@ def main():
             k = rep % len(on_target) if on_target else 0
             for pair in on_target[k:] + on_target[:k]:
                 t0 = cpu_s(tgt.p.pid)
-                if pair.startswith("perf"):
+                host = pair.split(">")[0]
+                if host == "perf":
                     iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
                 else:
-                    polling = ("busy-poll" if pair.startswith("bench-busy") else
-                               "interrupt" if pair.startswith("bench-int") else "adaptive")
-                    extra = ["--spin-depth-max", "2"] if pair.startswith("bench-spin2") else []
-                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, polling, a.engine, extra)
+                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime,
+                                                     BENCH_HOST_ARGS[host], a.engine)
                 tcpu = cpu_s(tgt.p.pid) - t0
                 results[pair][row].append((iops, mib, lat, hcpu + tcpu))
                 print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
