@@ -21,6 +21,8 @@
 //! * `worker`: a worker's mio loop (polling policy, placement of I/O
 //!   queues, backend submissions and completions, drain and final flush);
 //! * `conn`: one connection's socket reads and writes;
+//! * `cpu_sampling`: when a worker reads its thread CPU clock (i-NVMe
+//!   accounting), and what part of a reading is idle spin;
 //!
 //! Waiting (the polling policy and the timerfd that makes sub-millisecond
 //! sleeps precise) and the CPU clocks come from `sluice-runtime`, shared with
@@ -28,6 +30,7 @@
 
 mod acceptor;
 mod conn;
+mod cpu_sampling;
 mod start;
 mod worker;
 

@@ -6,6 +6,7 @@
 //! [`BackendTag`], graceful drain on shutdown and a final backend flush.
 
 use super::conn::{conn_tenant, more_input, read_conn, write_conn, ConnEntry};
+use super::cpu_sampling::{CpuRead, CpuSampling};
 use super::{WorkerReport, CONNECTIONS_PER_WORKER_MAX};
 use crate::admission::Permit;
 use crate::queue::QueueConnection;
@@ -25,11 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The longest a spinning worker goes without reading its thread CPU clock
-/// (see the loop in [`Worker::run`]): the most of an idle spin a batch that
-/// starts without an event can be charged for.
-const CPU_SAMPLE_IDLE_INTERVAL: Duration = Duration::from_micros(50);
 
 /// The worker's timerfd token (precise sleeps in interrupt and adaptive modes).
 pub(super) const TIMER: Token = Token(3);
@@ -124,8 +120,7 @@ impl Worker {
         let mut loops = 0u64;
         let mut drain_deadline: Option<Instant> = None;
         let mut next_publish = started + crate::metrics::SEND_PUBLISH_INTERVAL;
-        // When the CPU clock was last read.
-        let mut cpu_sampled_at = started;
+        let mut cpu_sampling = CpuSampling::new(started);
         loop {
             loops += 1;
             let now = Instant::now();
@@ -149,6 +144,7 @@ impl Worker {
             } else {
                 timeout
             };
+            cpu_sampling.will_poll(timeout);
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     tracing::error!(error = %e, "worker poll failed");
@@ -158,22 +154,12 @@ impl Worker {
             let now = Instant::now();
             self.tenancy.refresh(now);
             // The thread CPU clock closes the previous batch, charged to
-            // the tenants it served. It is a syscall (about 1 µs here, 21 %
-            // of a QD 1 target's core when read every turn), so a turn
-            // reads it only where a batch can end or begin: after a turn
-            // that worked (no idle spell under way), or when events
-            // arrived. Idle turns between run
-            // on one reading (charged to no one, as before), and one at
-            // least every `CPU_SAMPLE_IDLE_INTERVAL` bounds what an
-            // eventless batch (a timer's) can be charged for the idle spin
-            // before it.
-            if self.tenancy.cpu_accounting()
-                && (idle_since.is_none()
-                    || !events.is_empty()
-                    || now.saturating_duration_since(cpu_sampled_at) >= CPU_SAMPLE_IDLE_INTERVAL)
-            {
-                self.tenancy.cpu_sample(thread_cpu(), now);
-                cpu_sampled_at = now;
+            // the tenants it served; `CpuSampling` says when to read it.
+            if self.tenancy.cpu_accounting() {
+                let read = cpu_sampling.after_poll(now, idle_since.is_none(), !events.is_empty());
+                if let CpuRead::Read { idle } = read {
+                    self.tenancy.cpu_sample(thread_cpu(), now, idle);
+                }
             }
             let mut work = !events.is_empty();
             for ev in events.iter() {

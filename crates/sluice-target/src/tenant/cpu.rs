@@ -3,8 +3,10 @@
 //!
 //! **Accounting.** A worker reads its thread CPU clock once per loop batch
 //! (`CLOCK_THREAD_CPUTIME_ID` costs 0.4-1 µs, too much per I/O; idle turns
-//! of a spinning worker share one reading) and hands the
-//! delta to [`BatchCharger::charge`], which splits it among the tenants in
+//! of a spinning worker share one reading, and a batch after an idle spin
+//! reads only at its end: `server/cpu_sampling.rs`) and hands the delta,
+//! less the idle spin it holds, to [`BatchCharger::charge`], which splits
+//! it among the tenants in
 //! proportion to the work units done for each in that batch (PDUs and
 //! bytes; see `worker.rs`). A batch with no tenant work is charged to no one
 //! (target overhead).

@@ -473,15 +473,22 @@ impl WorkerTenancy {
     }
 
     /// Once per loop batch: charge the CPU used since the last sample.
-    /// `cpu` is the thread CPU clock (read by the caller, once).
-    pub fn cpu_sample(&mut self, cpu: Duration, now: Instant) {
+    /// `cpu` is the thread CPU clock (read by the caller, once); the first
+    /// `idle` of the CPU since the last sample was idle spin before the
+    /// batch, charged to no one.
+    pub fn cpu_sample(&mut self, cpu: Duration, now: Instant, idle: Duration) {
         if !self.rt.settings.cpu_accounting {
             return;
         }
-        let delta = match self.last_cpu.replace(cpu) {
+        let mut delta = match self.last_cpu.replace(cpu) {
             Some(prev) => nanos(cpu.saturating_sub(prev)),
             None => 0,
         };
+        let idle_ns = nanos(idle).min(delta);
+        if idle_ns > 0 {
+            self.rt.unattributed_cpu_ns.fetch_add(idle_ns, Relaxed);
+            delta -= idle_ns;
+        }
         self.charger.charge(delta, &mut self.charged);
         if self.charged.is_empty() {
             self.rt.unattributed_cpu_ns.fetch_add(delta, Relaxed);
@@ -573,6 +580,30 @@ mod tests {
         };
         w.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
         w.account(&m, true, arrived + took);
+    }
+
+    /// A reading's idle part goes to no one and the rest to the tenants
+    /// the batch served; idle beyond the delta is capped at it.
+    #[test]
+    fn a_reading_splits_idle_spin_from_the_batch() {
+        let rt = runtime(1);
+        let a = rt.table().id("a").expect("a");
+        let mut w = WorkerTenancy::new(rt.clone(), 0);
+        let t0 = Instant::now();
+        let charged = || {
+            (
+                rt.stats(a).cpu_ns.load(Relaxed),
+                rt.unattributed_cpu_ns.load(Relaxed),
+            )
+        };
+        w.cpu_sample(Duration::from_micros(1000), t0, Duration::ZERO);
+        assert_eq!(charged(), (0, 0), "the first reading is the origin");
+        finish(&mut w, a, t0, Duration::from_micros(5));
+        w.cpu_sample(Duration::from_micros(1010), t0, Duration::from_micros(4));
+        assert_eq!(charged(), (6_000, 4_000));
+        finish(&mut w, a, t0, Duration::from_micros(5));
+        w.cpu_sample(Duration::from_micros(1013), t0, Duration::from_micros(50));
+        assert_eq!(charged(), (6_000, 7_000), "idle is at most the delta");
     }
 
     /// Two workers record into their own histograms; nothing is shared

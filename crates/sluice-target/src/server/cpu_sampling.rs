@@ -1,0 +1,188 @@
+//! When a worker reads its thread CPU clock for i-NVMe accounting, and how
+//! much of a reading is idle spin charged to no one. Sans-IO: the worker
+//! passes its clock readings and poll outcomes in.
+//!
+//! The clock is a syscall (770-810 ns here; no vDSO serves CPU clocks, and
+//! this VM's perf_event page has no `cap_user_time`), so the loop reads it
+//! only where a batch ends or begins, never on an idle turn (one at least
+//! every [`IDLE_INTERVAL`] bounds what an idle spell leaves unread).
+//!
+//! A batch that starts after an idle spin does not read it at its start,
+//! where the reading would delay the batch's response (about 3 % of a
+//! QD 1 round trip). Its one reading comes after it, and that reading's
+//! delta holds the idle spin before the batch too: the loop spun without
+//! sleeping since the previous reading, so that spin's CPU is its wall
+//! time, and that part of the delta goes to no one. Were the worker
+//! preempted during that spin, the batch would be undercharged by at most
+//! the spin's wall time, which [`IDLE_INTERVAL`] bounds. A batch that
+//! starts after an epoll wait that could sleep reads the clock first, as
+//! the wall time there is not CPU time.
+
+use std::time::{Duration, Instant};
+
+/// The longest a spinning worker goes without reading its thread CPU clock:
+/// the most of an idle spin that a batch can be charged for (one that
+/// starts without an event, a timer's) or that a deferred reading counts
+/// as idle.
+pub(super) const IDLE_INTERVAL: Duration = Duration::from_micros(50);
+
+/// What a turn does about the CPU clock, after its poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CpuRead {
+    /// No reading this turn.
+    Skip,
+    /// Read the clock; the first `idle` of the CPU since the last reading
+    /// was idle spin, charged to no one.
+    Read { idle: Duration },
+}
+
+/// The worker's CPU clock schedule.
+#[derive(Debug)]
+pub(super) struct CpuSampling {
+    /// When the clock was last read.
+    read_at: Instant,
+    /// An epoll wait that could sleep happened since the last reading.
+    waited: bool,
+    /// The idle spin a batch that deferred its start reading left before
+    /// it, to take out of the next reading.
+    idle_before_batch: Option<Duration>,
+}
+
+impl CpuSampling {
+    pub(super) fn new(now: Instant) -> Self {
+        CpuSampling {
+            read_at: now,
+            waited: false,
+            idle_before_batch: None,
+        }
+    }
+
+    /// Before the turn's poll, with the timeout it polls with (`None`
+    /// waits without limit).
+    pub(super) fn will_poll(&mut self, timeout: Option<Duration>) {
+        if timeout != Some(Duration::ZERO) {
+            self.waited = true;
+        }
+    }
+
+    /// After the turn's poll at `now`: `after_work` when the previous turn
+    /// worked (a batch may end here), `events` when the poll returned any
+    /// (a batch begins).
+    pub(super) fn after_poll(&mut self, now: Instant, after_work: bool, events: bool) -> CpuRead {
+        let since_read = now.saturating_duration_since(self.read_at);
+        if !after_work && events && !self.waited {
+            // A batch starts after an idle spin: read at its end instead.
+            self.idle_before_batch = Some(since_read);
+            return CpuRead::Skip;
+        }
+        if after_work || events || since_read >= IDLE_INTERVAL {
+            self.read_at = now;
+            self.waited = false;
+            return CpuRead::Read {
+                idle: self.idle_before_batch.take().unwrap_or(Duration::ZERO),
+            };
+        }
+        CpuRead::Skip
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPIN: Option<Duration> = Some(Duration::ZERO);
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    /// QD 1 on a spinning worker: idle turns read nothing, the batch's own
+    /// turn reads nothing, and the turn after it reads with the spin
+    /// before the batch marked idle.
+    #[test]
+    fn a_batch_after_a_spin_reads_once_at_its_end() {
+        let t0 = Instant::now();
+        let mut s = CpuSampling::new(t0);
+        // The start-up turn counts as work: the first turn reads.
+        s.will_poll(SPIN);
+        assert_eq!(s.after_poll(t0, true, false), CpuRead::Read { idle: us(0) });
+        for i in 1..10 {
+            s.will_poll(SPIN);
+            assert_eq!(s.after_poll(t0 + us(i), false, false), CpuRead::Skip);
+        }
+        s.will_poll(SPIN);
+        assert_eq!(
+            s.after_poll(t0 + us(12), false, true),
+            CpuRead::Skip,
+            "deferred"
+        );
+        s.will_poll(SPIN);
+        assert_eq!(
+            s.after_poll(t0 + us(20), true, false),
+            CpuRead::Read { idle: us(12) },
+            "the batch's reading counts the 12 µs of spin before it as idle"
+        );
+        s.will_poll(SPIN);
+        assert_eq!(s.after_poll(t0 + us(21), false, false), CpuRead::Skip);
+    }
+
+    /// Idle turns read at least every IDLE_INTERVAL, so a deferred batch
+    /// never counts more idle than that.
+    #[test]
+    fn idle_spin_reads_every_interval() {
+        let t0 = Instant::now();
+        let mut s = CpuSampling::new(t0);
+        s.will_poll(SPIN);
+        assert_eq!(s.after_poll(t0 + us(49), false, false), CpuRead::Skip);
+        s.will_poll(SPIN);
+        assert_eq!(
+            s.after_poll(t0 + us(50), false, false),
+            CpuRead::Read { idle: us(0) }
+        );
+        s.will_poll(SPIN);
+        assert_eq!(s.after_poll(t0 + us(95), false, true), CpuRead::Skip);
+        s.will_poll(SPIN);
+        assert_eq!(
+            s.after_poll(t0 + us(99), true, true),
+            CpuRead::Read { idle: us(45) }
+        );
+    }
+
+    /// After a wait that could sleep, wall time is not CPU time: the batch
+    /// reads at its start, and its end reading counts nothing as idle.
+    #[test]
+    fn a_batch_after_a_sleep_reads_at_its_start() {
+        let t0 = Instant::now();
+        let mut s = CpuSampling::new(t0);
+        s.will_poll(Some(us(800)));
+        assert_eq!(
+            s.after_poll(t0 + us(700), false, true),
+            CpuRead::Read { idle: us(0) }
+        );
+        s.will_poll(SPIN);
+        assert_eq!(
+            s.after_poll(t0 + us(710), true, false),
+            CpuRead::Read { idle: us(0) }
+        );
+        // An unbounded wait counts as one that could sleep.
+        s.will_poll(None);
+        assert_eq!(
+            s.after_poll(t0 + us(900), false, true),
+            CpuRead::Read { idle: us(0) }
+        );
+    }
+
+    /// Back-to-back batches (QD 32) read once per turn, never deferring.
+    #[test]
+    fn busy_turns_read_each_turn() {
+        let t0 = Instant::now();
+        let mut s = CpuSampling::new(t0);
+        for i in 0..5 {
+            s.will_poll(SPIN);
+            assert_eq!(
+                s.after_poll(t0 + us(i), true, true),
+                CpuRead::Read { idle: us(0) }
+            );
+        }
+    }
+}
