@@ -434,6 +434,11 @@ pub struct BenchReport {
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
     pub(crate) iops_per_cpu_s: f64,
+    /// The host loops' polling policy (`--polling`, spelled as the
+    /// configuration spells it), so that a report says how it was run.
+    pub polling: String,
+    /// `--spin-depth-max`, when given.
+    pub spin_depth_max: Option<u32>,
     pub floor: Option<FloorReport>,
 }
 
@@ -505,8 +510,13 @@ impl BenchReport {
         }
         let _ = writeln!(
             s,
-            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second",
-            self.cpu_user_s, self.cpu_sys_s, self.iops_per_cpu_s
+            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second (polling {}{})",
+            self.cpu_user_s,
+            self.cpu_sys_s,
+            self.iops_per_cpu_s,
+            self.polling,
+            self.spin_depth_max
+                .map_or(String::new(), |n| format!(", spin depth max {n}"))
         );
         for j in &self.jobs {
             for e in &j.error_samples {
@@ -935,6 +945,8 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         total: total_report,
         cpu_user_s: u1 - u0,
         cpu_sys_s: s1 - s0,
+        polling: args.polling.to_string(),
+        spin_depth_max: args.spin_depth_max,
         floor,
     })
 }

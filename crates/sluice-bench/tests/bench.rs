@@ -195,6 +195,16 @@ fn spin_depth_max_bounds_the_adaptive_spin() {
             a.spin_depth_max = Some(limit);
         });
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        // The report says how the host polled.
+        assert_eq!(json["polling"], "adaptive:1000000");
+        assert_eq!(json["spin_depth_max"], limit);
+        assert!(
+            r.table().contains(&format!(
+                "(polling adaptive:1000000, spin depth max {limit})"
+            )),
+            "{}",
+            r.table()
+        );
         let host = &json["jobs"][0]["host"];
         assert_eq!(host["completions"], 4000, "{host}");
         host["sleeps"].as_u64().expect("sleeps")
