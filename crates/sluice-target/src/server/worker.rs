@@ -13,13 +13,13 @@ use crate::queue::QueueConnection;
 use crate::registry::Registry;
 use crate::tag::BackendTag;
 use crate::tenant::worker::WorkerTenancy;
+use foldhash::HashMap;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use sluice_backend::{BackendQueue, IoCompletion, IoOp, IoRequest};
 use sluice_runtime::clock::thread_cpu;
 use sluice_runtime::{IdleGaps, Sleeper};
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -99,7 +99,7 @@ impl Worker {
             shutdown,
             conns: Vec::new(),
             free: Vec::new(),
-            queues: HashMap::new(),
+            queues: HashMap::default(),
             completions: Vec::new(),
             connections_total: 0,
             tenancy,

@@ -18,11 +18,12 @@ use super::rate::Dir;
 use super::shared::Grant;
 use super::{TenantId, TenantRuntime, TenantTable};
 use crate::tag::BackendTag;
+use foldhash::HashMap;
 use sluice_backend::{AlignedBuf, BackendError, BackendQueue, IoCompletion, IoOp, IoRequest};
 use sluice_config::tenants::SchedulerMode;
 use sluice_cpu::BatchCharger;
 use sluice_runtime::cast::{nanos, usize_from};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,9 +121,9 @@ impl WorkerTenancy {
             id,
             rt,
             table,
-            local: HashMap::new(),
-            meta: HashMap::new(),
-            splits: HashMap::new(),
+            local: HashMap::default(),
+            meta: HashMap::default(),
+            splits: HashMap::default(),
             next_piece: 0,
             charger: BatchCharger::default(),
             charged: Vec::new(),
