@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// the most of an idle spin that a batch can be charged for (one that
 /// starts without an event, a timer's) or that a deferred reading counts
 /// as idle.
-pub(super) const IDLE_INTERVAL: Duration = Duration::from_micros(50);
+const IDLE_INTERVAL: Duration = Duration::from_micros(50);
 
 /// What a turn does about the CPU clock, after its poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

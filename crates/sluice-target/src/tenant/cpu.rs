@@ -6,10 +6,9 @@
 //! of a spinning worker share one reading, and a batch after an idle spin
 //! reads only at its end: `server/cpu_sampling.rs`) and hands the delta,
 //! less the idle spin it holds, to [`BatchCharger::charge`], which splits
-//! it among the tenants in
-//! proportion to the work units done for each in that batch (PDUs and
-//! bytes; see `worker.rs`). A batch with no tenant work is charged to no one
-//! (target overhead).
+//! it among the tenants in proportion to the work units done for each in
+//! that batch (PDUs and bytes; see `worker.rs`). A batch with no tenant
+//! work is charged to no one (target overhead).
 //!
 //! **Throttling** ([`Throttle`], Algorithm 3 with the adaptive threshold of
 //! §III-C/D). Per tenant and worker: `quota = cpu_share × period`,
