@@ -301,9 +301,14 @@ fn killing_a_target_mid_workload_loses_no_acknowledged_write_and_its_replicas_ar
     let rebuilds = loop {
         // Progress starts at 0 degraded before the first scan: wait for
         // the metadata to show no degraded extent and for rebuilt work.
+        // Both reads must agree: the progress report read first may still
+        // show the last extent copying when the list read after it no
+        // longer shows it degraded.
         let r = ok(&[&["volume", "rebuilds"], &c[..]].concat());
         let list = ok(&[&["volume", "list"], &c[..]].concat());
-        let done = !list.contains("degraded") && !r.contains("rebuilt 0 ");
+        let done = !list.contains("degraded")
+            && r.contains("degraded extents 0")
+            && !r.contains("rebuilt 0 ");
         if done || std::time::Instant::now() > deadline {
             break r;
         }
