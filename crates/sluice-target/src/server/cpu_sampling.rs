@@ -92,8 +92,39 @@ mod tests {
 
     const SPIN: Option<Duration> = Some(Duration::ZERO);
 
-    fn us(n: u64) -> Duration {
-        Duration::from_micros(n)
+    /// A worker's turns against a virtual clock starting at `t0`.
+    struct Turns {
+        s: CpuSampling,
+        t0: Instant,
+    }
+
+    impl Turns {
+        fn new() -> Self {
+            let t0 = Instant::now();
+            Turns {
+                s: CpuSampling::new(t0),
+                t0,
+            }
+        }
+
+        /// One turn: a poll with `timeout`, returning at `at_us`.
+        fn turn(
+            &mut self,
+            timeout: Option<Duration>,
+            at_us: u64,
+            after_work: bool,
+            events: bool,
+        ) -> CpuRead {
+            self.s.will_poll(timeout);
+            self.s
+                .after_poll(self.t0 + Duration::from_micros(at_us), after_work, events)
+        }
+    }
+
+    fn read(idle_us: u64) -> CpuRead {
+        CpuRead::Read {
+            idle: Duration::from_micros(idle_us),
+        }
     }
 
     /// QD 1 on a spinning worker: idle turns read nothing, the batch's own
@@ -101,88 +132,52 @@ mod tests {
     /// before the batch marked idle.
     #[test]
     fn a_batch_after_a_spin_reads_once_at_its_end() {
-        let t0 = Instant::now();
-        let mut s = CpuSampling::new(t0);
+        let mut w = Turns::new();
         // The start-up turn counts as work: the first turn reads.
-        s.will_poll(SPIN);
-        assert_eq!(s.after_poll(t0, true, false), CpuRead::Read { idle: us(0) });
+        assert_eq!(w.turn(SPIN, 0, true, false), read(0));
         for i in 1..10 {
-            s.will_poll(SPIN);
-            assert_eq!(s.after_poll(t0 + us(i), false, false), CpuRead::Skip);
+            assert_eq!(w.turn(SPIN, i, false, false), CpuRead::Skip);
         }
-        s.will_poll(SPIN);
+        assert_eq!(w.turn(SPIN, 12, false, true), CpuRead::Skip, "deferred");
         assert_eq!(
-            s.after_poll(t0 + us(12), false, true),
-            CpuRead::Skip,
-            "deferred"
-        );
-        s.will_poll(SPIN);
-        assert_eq!(
-            s.after_poll(t0 + us(20), true, false),
-            CpuRead::Read { idle: us(12) },
+            w.turn(SPIN, 20, true, false),
+            read(12),
             "the batch's reading counts the 12 µs of spin before it as idle"
         );
-        s.will_poll(SPIN);
-        assert_eq!(s.after_poll(t0 + us(21), false, false), CpuRead::Skip);
+        assert_eq!(w.turn(SPIN, 21, false, false), CpuRead::Skip);
     }
 
     /// Idle turns read at least every IDLE_INTERVAL, so a deferred batch
     /// never counts more idle than that.
     #[test]
     fn idle_spin_reads_every_interval() {
-        let t0 = Instant::now();
-        let mut s = CpuSampling::new(t0);
-        s.will_poll(SPIN);
-        assert_eq!(s.after_poll(t0 + us(49), false, false), CpuRead::Skip);
-        s.will_poll(SPIN);
-        assert_eq!(
-            s.after_poll(t0 + us(50), false, false),
-            CpuRead::Read { idle: us(0) }
-        );
-        s.will_poll(SPIN);
-        assert_eq!(s.after_poll(t0 + us(95), false, true), CpuRead::Skip);
-        s.will_poll(SPIN);
-        assert_eq!(
-            s.after_poll(t0 + us(99), true, true),
-            CpuRead::Read { idle: us(45) }
-        );
+        let mut w = Turns::new();
+        assert_eq!(w.turn(SPIN, 49, false, false), CpuRead::Skip);
+        assert_eq!(w.turn(SPIN, 50, false, false), read(0));
+        assert_eq!(w.turn(SPIN, 95, false, true), CpuRead::Skip);
+        assert_eq!(w.turn(SPIN, 99, true, true), read(45));
     }
 
     /// After a wait that could sleep, wall time is not CPU time: the batch
     /// reads at its start, and its end reading counts nothing as idle.
     #[test]
     fn a_batch_after_a_sleep_reads_at_its_start() {
-        let t0 = Instant::now();
-        let mut s = CpuSampling::new(t0);
-        s.will_poll(Some(us(800)));
+        let mut w = Turns::new();
         assert_eq!(
-            s.after_poll(t0 + us(700), false, true),
-            CpuRead::Read { idle: us(0) }
+            w.turn(Some(Duration::from_micros(800)), 700, false, true),
+            read(0)
         );
-        s.will_poll(SPIN);
-        assert_eq!(
-            s.after_poll(t0 + us(710), true, false),
-            CpuRead::Read { idle: us(0) }
-        );
+        assert_eq!(w.turn(SPIN, 710, true, false), read(0));
         // An unbounded wait counts as one that could sleep.
-        s.will_poll(None);
-        assert_eq!(
-            s.after_poll(t0 + us(900), false, true),
-            CpuRead::Read { idle: us(0) }
-        );
+        assert_eq!(w.turn(None, 900, false, true), read(0));
     }
 
     /// Back-to-back batches (QD 32) read once per turn, never deferring.
     #[test]
     fn busy_turns_read_each_turn() {
-        let t0 = Instant::now();
-        let mut s = CpuSampling::new(t0);
+        let mut w = Turns::new();
         for i in 0..5 {
-            s.will_poll(SPIN);
-            assert_eq!(
-                s.after_poll(t0 + us(i), true, true),
-                CpuRead::Read { idle: us(0) }
-            );
+            assert_eq!(w.turn(SPIN, i, true, true), read(0));
         }
     }
 }
