@@ -66,6 +66,11 @@ pub(crate) struct DirectPolling {
     /// of completions and the spin only burns the core. `None`: spin at
     /// any depth.
     pub(crate) spin_depth_max: Option<usize>,
+    /// Write the turn's new commands every this many submissions (0: all
+    /// at the end of the turn, in one write). At QD 32 a turn resubmits a
+    /// whole batch of completions; written at once, a controller with time
+    /// to spare waits while the host builds the batch (docs/host.md).
+    pub(crate) submit_chunk: usize,
 }
 
 impl DirectPolling {
@@ -187,6 +192,7 @@ impl JobRun {
             // Submit: every slot that needs a ticket or whose ticket is due.
             let mut next_due: Option<Instant> = None;
             let mut submitted = false;
+            let mut unsent = 0usize;
             for (i, s) in slots.iter_mut().enumerate() {
                 match s.state {
                     State::InFlight { .. } | State::Done => continue,
@@ -251,6 +257,11 @@ impl JobRun {
                     Ok(()) => {
                         s.state = State::InFlight { io, t0 };
                         submitted = true;
+                        unsent += 1;
+                        if unsent == polling.submit_chunk {
+                            q.flush();
+                            unsent = 0;
+                        }
                     }
                     Err(e) => {
                         h.record(nanos(t0.elapsed()).max(1))

@@ -45,6 +45,8 @@ pub use spec::{BlockSizes, JobSpec, RwMode};
 pub const JOBS_MAX: usize = 64;
 /// Most outstanding I/Os per job.
 pub const QD_MAX: u32 = 4096;
+/// `--submit-chunk`'s default: see docs/host.md for the measurements.
+pub const SUBMIT_CHUNK_DEFAULT: u32 = 0;
 /// Longest run.
 pub const RUNTIME_S_MAX: u64 = 24 * 3600;
 
@@ -177,6 +179,12 @@ pub struct BenchArgs {
     /// spins at any depth). See docs/host.md.
     #[arg(long)]
     pub spin_depth_max: Option<u32>,
+    /// Direct engine: write each turn's new commands every N submissions
+    /// instead of all at the end of the turn (0: at the end). At QD 32 a
+    /// turn resubmits a whole batch of completions; sent as one write, the
+    /// target idles while the host builds it. See docs/host.md.
+    #[arg(long, default_value_t = SUBMIT_CHUNK_DEFAULT, value_name = "N")]
+    pub submit_chunk: u32,
     /// I/O engine: direct (run to completion on the job's own thread) or
     /// async (tokio tasks over the threaded queues). Direct falls back to
     /// async, with a notice, for DH-HMAC-CHAP, --volume, --coalescing,
@@ -307,6 +315,7 @@ impl BenchArgs {
             sq_flow_control: false,
             polling: PollingPolicy::Interrupt,
             spin_depth_max: None,
+            submit_chunk: SUBMIT_CHUNK_DEFAULT,
             engine: Engine::Direct,
             floor: false,
             floor_server_cpu: None,
@@ -439,6 +448,8 @@ pub struct BenchReport {
     pub polling: String,
     /// `--spin-depth-max`, when given.
     pub spin_depth_max: Option<u32>,
+    /// `--submit-chunk` (0: a turn's commands go out in one write).
+    pub submit_chunk: u32,
     pub floor: Option<FloorReport>,
 }
 
@@ -510,13 +521,18 @@ impl BenchReport {
         }
         let _ = writeln!(
             s,
-            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second (polling {}{})",
+            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second (polling {}{}{})",
             self.cpu_user_s,
             self.cpu_sys_s,
             self.iops_per_cpu_s,
             self.polling,
             self.spin_depth_max
-                .map_or(String::new(), |n| format!(", spin depth max {n}"))
+                .map_or(String::new(), |n| format!(", spin depth max {n}")),
+            if self.submit_chunk > 0 {
+                format!(", submit chunk {}", self.submit_chunk)
+            } else {
+                String::new()
+            }
         );
         for j in &self.jobs {
             for e in &j.error_samples {
@@ -778,6 +794,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 }
             }
         };
+        if args.submit_chunk > 0 && p.direct.is_none() {
+            bail!(
+                "job {}: --submit-chunk needs the direct engine (this job runs on the async engine: see the notice above)",
+                j.name
+            );
+        }
         if args.spin_depth_max.is_some() && p.direct.is_none() {
             bail!(
                 "job {}: --spin-depth-max needs the direct engine (this job runs on the async engine: see the notice above)",
@@ -823,6 +845,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 let polling = direct::DirectPolling {
                     policy: args.polling,
                     spin_depth_max: args.spin_depth_max.map(|n| usize_from(u64::from(n))),
+                    submit_chunk: usize_from(u64::from(args.submit_chunk)),
                 };
                 let replace = direct::Replacer {
                     ctrl: d.ctrl,
@@ -947,6 +970,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         cpu_sys_s: s1 - s0,
         polling: args.polling.to_string(),
         spin_depth_max: args.spin_depth_max,
+        submit_chunk: args.submit_chunk,
         floor,
     })
 }

@@ -214,6 +214,42 @@ fn spin_depth_max_bounds_the_adaptive_spin() {
 }
 
 #[test]
+fn submit_chunk_writes_commands_as_they_are_submitted() {
+    let run_with = |chunk: u32| {
+        let r = verified_randrw_with(Engine::Direct, HostPolling::Interrupt, 1, |a| {
+            a.submit_chunk = chunk;
+        });
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        assert_eq!(json["submit_chunk"], chunk);
+        let host = &json["jobs"][0]["host"];
+        assert_eq!(host["completions"], 4000, "{host}");
+        (r, host["send_syscalls"].as_u64().expect("send_syscalls"))
+    };
+    // One write per submission (and more for H2CData): each command is
+    // written as soon as it is submitted, whatever the turn holds.
+    let (r, sends) = run_with(1);
+    assert!(sends >= 4000, "{sends} sends for 4000 commands");
+    assert!(
+        r.table().contains("(polling interrupt, submit chunk 1)"),
+        "{}",
+        r.table()
+    );
+    // The report names no chunk when a turn's commands go out together.
+    let (r, _) = run_with(0);
+    assert!(r.table().contains("(polling interrupt)"), "{}", r.table());
+}
+
+#[test]
+fn submit_chunk_needs_the_direct_engine() {
+    let (_t, mut a) = target();
+    a.submit_chunk = 8;
+    a.engine = Engine::Async;
+    a.ios = Some(10);
+    let e = format!("{:#}", run(a).expect_err("refused"));
+    assert!(e.contains("--submit-chunk needs the direct engine"), "{e}");
+}
+
+#[test]
 fn spin_depth_max_is_checked() {
     let refused = |polling: HostPolling, limit: u32, engine: Engine| {
         let (_t, mut a) = target();

@@ -318,6 +318,18 @@ impl DirectQueue {
         self.submit(sqe, payload, token)
     }
 
+    /// Writes the commands submitted so far (and anything else due) now,
+    /// without reading or waiting: a caller that submits a long batch can
+    /// let the controller start on its first part while it builds the rest
+    /// (`sluice bench --submit-chunk`). Failures close the queue, as in
+    /// [`Self::poll`].
+    pub fn flush(&mut self) {
+        let now = self.last_now;
+        self.core.handle_idle(now);
+        self.core.poll_send(now);
+        self.write();
+    }
+
     /// Drives the queue: writes every pending byte (all due PDUs in as few
     /// writes as the socket takes), reads until `EWOULDBLOCK` (at most 64
     /// reads; the next poll continues), feeds the core, runs its command
