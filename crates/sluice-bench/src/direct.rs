@@ -258,7 +258,7 @@ impl JobRun {
                         s.state = State::InFlight { io, t0 };
                         submitted = true;
                         unsent += 1;
-                        if unsent == polling.submit_chunk {
+                        if polling.submit_chunk > 0 && unsent == polling.submit_chunk {
                             q.flush();
                             unsent = 0;
                         }
