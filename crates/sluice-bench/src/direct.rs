@@ -54,7 +54,8 @@ pub(crate) type ThreadOutcome = (Histogram<u64>, HostQueueStats);
 const REPLACE_PAUSE_FIRST: Duration = Duration::from_millis(50);
 const REPLACE_PAUSE_MAX: Duration = Duration::from_secs(2);
 
-/// What a direct thread's loop does when a turn completed nothing.
+/// How a direct thread's loop drives its queue: what a turn that completed
+/// nothing does, and how a turn's new commands are written.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DirectPolling {
     pub(crate) policy: PollingPolicy,

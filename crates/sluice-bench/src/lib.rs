@@ -181,8 +181,9 @@ pub struct BenchArgs {
     pub spin_depth_max: Option<u32>,
     /// Direct engine: write each turn's new commands every N submissions
     /// instead of all at the end of the turn (0: at the end). At QD 32 a
-    /// turn resubmits a whole batch of completions; sent as one write, the
-    /// target idles while the host builds it. See docs/host.md.
+    /// turn resubmits a whole batch of completions; sent as one write, a
+    /// target with time to spare idles while the host builds it. See
+    /// docs/host.md.
     #[arg(long, default_value_t = SUBMIT_CHUNK_DEFAULT, value_name = "N")]
     pub submit_chunk: u32,
     /// I/O engine: direct (run to completion on the job's own thread) or

@@ -402,9 +402,7 @@ impl DirectQueue {
     fn pass(&mut self, now: Instant, out: &mut Vec<(u64, Result<Completion>)>) -> bool {
         self.last_now = now;
         // The caller submitted its batch before polling.
-        self.core.handle_idle(now);
-        self.core.poll_send(now);
-        self.write();
+        self.flush();
         if !self.read_ready {
             // Readiness without the socket's lock (see `read_ready`).
             self.wait_events(Some(Duration::ZERO));
