@@ -1,6 +1,6 @@
 //! The host's queue-pair core (`sluice_host::core::QueuePairCore`) fed a
 //! hostile controller: after an ICResp (digests and MAXH2CDATA fuzzed), each
-//! step submits a read (into a new or a recycled buffer), a write (in-capsule
+//! step submits a read (into a new, a recycled or a lent buffer), a write (in-capsule
 //! or solicited) or a flush, or has the controller send a C2HData, R2T,
 //! CapsuleResp or C2HTermReq with fuzzed fields (the CID of an outstanding
 //! command or any CID, the expected offset or any offset, a bad data
@@ -21,7 +21,10 @@
 //! - a read that succeeds returns its full length, and the controller's
 //!   bytes when it sent only well-formed data PDUs, each sent for the
 //!   command that holds its CID when it arrives; a write that succeeds
-//!   hands back the caller's buffer.
+//!   hands back the caller's buffer;
+//! - a read into lent memory writes only there and only until its
+//!   completion: memory filled with a marker once the read completed
+//!   (with data, an error or a timeout) still holds the marker at the end.
 //!
 //! With `HOST_QUEUE_TRACE` set, each step, PDU and completion is printed:
 //! `HOST_QUEUE_TRACE=1 host_queue CRASH_FILE` reads a crashing input.
@@ -31,7 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use sluice_host::core::{CoreConfig, Event, Payload, QueuePairCore};
+use sluice_host::core::{CoreConfig, Event, LentBuf, Payload, QueuePairCore};
 use sluice_proto::command::{io, Cqe, Sqe};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{
@@ -154,7 +157,13 @@ struct Run {
     /// `HOST_QUEUE_TRACE` is set: each step, PDU and completion is printed
     /// (for reading a crashing input).
     trace: bool,
+    /// Memory lent to reads, by token (freed after the core is dropped),
+    /// and whether the read completed (the memory then holds `LENT_DONE`).
+    lent: HashMap<u64, (*mut [u8], bool)>,
 }
+
+/// What lent memory holds once its read completed.
+const LENT_DONE: u8 = 0x5C;
 
 impl Run {
     /// Tokens of commands not yet completed, in token order.
@@ -343,8 +352,27 @@ impl Run {
                 .unwrap_or_else(|| panic!("completion of unknown token {token}"));
             assert!(!c.completed, "token {token} completed twice");
             c.completed = true;
+            if let Some((mem, done)) = self.lent.get_mut(&token) {
+                // SAFETY: the core handed out the read's completion: the
+                // memory (from `Box::into_raw`, freed at the end) is ours.
+                let mem = unsafe { &mut **mem };
+                if let (Ok(_), Kind::Read { len }) = (&result, &c.kind) {
+                    assert_eq!(mem.len(), *len as usize, "lent read length");
+                    if !self.raw && !c.foreign {
+                        assert!(
+                            mem[..] == data_of(token, 0, *len)[..],
+                            "a lent read holds other bytes than the controller sent"
+                        );
+                    }
+                }
+                mem.fill(LENT_DONE);
+                *done = true;
+            }
             if let Ok(done) = result {
                 match c.kind {
+                    Kind::Read { .. } if self.lent.contains_key(&token) => {
+                        assert!(done.data.is_empty(), "a lent read's data is the lender's");
+                    }
                     Kind::Read { len } => {
                         assert_eq!(done.data.len(), len as usize, "read length");
                         if !self.raw && !c.foreign {
@@ -366,13 +394,21 @@ impl Run {
         }
     }
 
-    fn submit(&mut self, kind: Kind, recycle: bool) {
+    fn submit(&mut self, kind: Kind, recycle: bool, lend: bool) {
         let token = self.next_token;
         self.next_token += 1;
         let (sqe, payload) = match kind {
             Kind::Read { len } => (
                 Sqe::rw(io::READ, 0, 1, 0, 1, false),
-                if recycle {
+                if recycle && lend {
+                    let mem = Box::into_raw(vec![0xA5u8; len as usize].into_boxed_slice());
+                    self.lent.insert(token, (mem, false));
+                    let at = std::ptr::NonNull::new(mem.cast::<u8>()).expect("a boxed slice");
+                    // SAFETY: the memory stays allocated until the end of
+                    // the run, after the core is dropped, and the harness
+                    // touches it only once the read completed.
+                    Payload::ReadLent(unsafe { LentBuf::new(at, len as usize) })
+                } else if recycle {
                     Payload::ReadInto(vec![0xA5; len as usize])
                 } else {
                     Payload::Read(len)
@@ -417,13 +453,14 @@ impl Run {
             0 => {
                 let len = inp.u32() % IO_BYTES_MAX;
                 let recycle = inp.bool();
-                self.submit(Kind::Read { len }, recycle);
+                let lend = recycle && inp.bool();
+                self.submit(Kind::Read { len }, recycle, lend);
             }
             1 => {
                 let len = inp.u32() % IO_BYTES_MAX;
-                self.submit(Kind::Write { len }, false);
+                self.submit(Kind::Write { len }, false, false);
             }
-            2 => self.submit(Kind::Flush, false),
+            2 => self.submit(Kind::Flush, false, false),
             3 => {
                 // C2HData: the expected offset or any, a length up to the
                 // rest or any.
@@ -586,6 +623,7 @@ fuzz_target!(|data: &[u8]| {
         next_token: 0,
         raw: false,
         trace,
+        lent: HashMap::new(),
     };
     run.transmit();
     // The ICResp: the digests the host asked for, or others.
@@ -638,4 +676,16 @@ fuzz_target!(|data: &[u8]| {
     );
     let open = run.open();
     assert!(open.is_empty(), "commands never completed: {open:?}");
+    let Run { host, lent, .. } = run;
+    drop(host);
+    for (token, (mem, done)) in lent {
+        // SAFETY: from `Box::into_raw`; the core that wrote into it is gone.
+        let mem = unsafe { Box::from_raw(mem) };
+        if done {
+            assert!(
+                mem.iter().all(|&b| b == LENT_DONE),
+                "token {token}: lent memory written after its read completed"
+            );
+        }
+    }
 });

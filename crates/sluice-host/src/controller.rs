@@ -1156,7 +1156,7 @@ impl Controller {
     /// On connection loss, reconnects per policy and retries once if asked.
     pub async fn io(&self, sqe: Sqe, payload: Payload) -> Result<Completion> {
         let retry = self.inner.opts.reconnect.retry_io;
-        let keep = if retry { Some(payload.clone()) } else { None };
+        let keep = if retry { payload.duplicate() } else { None };
         let a = self.assoc();
         let r = self.submit_on(&a, sqe, payload).await;
         match r {

@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut, Read, Write};
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,7 @@ pub struct CoreConfig {
 }
 
 /// What a command transfers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Payload {
     None,
     /// Controller-to-host transfer of this many bytes (into a new,
@@ -93,8 +94,103 @@ pub enum Payload {
     /// completion's data. Lets a caller recycle read buffers instead of
     /// allocating and zeroing one per read.
     ReadInto(Vec<u8>),
+    /// Controller-to-host transfer into memory the caller lends for the
+    /// command's life (its length is the transfer's): the data lands
+    /// there with no copy on this side, and the completion's data is
+    /// empty. See [`LentBuf`].
+    ReadLent(LentBuf),
     /// Host-to-controller transfer (in-capsule or solicited by R2T).
     Write(Vec<u8>),
+}
+
+impl Payload {
+    /// A second payload like this one, for sending the command again (a
+    /// retry after a reconnection); `None` for a [`Payload::ReadLent`],
+    /// whose memory only one command may hold.
+    pub fn duplicate(&self) -> Option<Payload> {
+        match self {
+            Payload::None => Some(Payload::None),
+            Payload::Read(n) => Some(Payload::Read(*n)),
+            Payload::ReadInto(b) => Some(Payload::ReadInto(b.clone())),
+            Payload::ReadLent(_) => None,
+            Payload::Write(d) => Some(Payload::Write(d.clone())),
+        }
+    }
+}
+
+/// Memory outside the queue that a read's data lands in, lent by the
+/// caller for the command's life: the buffer the kernel takes a FUSE
+/// reply from, for example, so that the data is not copied there from a
+/// buffer of the queue's. The queue writes into it, never reads it for
+/// the caller, and never frees it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LentBuf {
+    ptr: NonNull<u8>,
+    len_bytes: usize,
+}
+
+// SAFETY: a `LentBuf` is the only way to its bytes while it lives (the
+// contract of `LentBuf::new`); sending it to another thread moves that
+// access with it.
+unsafe impl Send for LentBuf {}
+
+impl LentBuf {
+    /// Lends the `len_bytes` bytes at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// The bytes must stay allocated and valid for writes, and nothing
+    /// else may read, write or free them, until the queue is done with
+    /// them: it handed out the command's completion (data, error or
+    /// timeout: a read that times out stops writing here at once), or
+    /// refused the command at submission, or was dropped.
+    pub unsafe fn new(ptr: NonNull<u8>, len_bytes: usize) -> Self {
+        Self { ptr, len_bytes }
+    }
+
+    /// How many bytes are lent.
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the lender promised (`new`) that the bytes are valid
+        // for writes and reached only through this value, which
+        // `&mut self` borrows exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes) }
+    }
+}
+
+/// Where a read's data lands: a buffer of the queue's (handed out as the
+/// completion's data) or one the caller lent.
+#[derive(Debug)]
+enum ReadBuf {
+    Owned(Vec<u8>),
+    Lent(LentBuf),
+}
+
+impl ReadBuf {
+    fn len(&self) -> usize {
+        match self {
+            ReadBuf::Owned(v) => v.len(),
+            ReadBuf::Lent(l) => l.len_bytes(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            ReadBuf::Owned(v) => v,
+            ReadBuf::Lent(l) => l.as_mut_slice(),
+        }
+    }
+
+    /// The completion's data: the queue's buffer, or nothing for a lent one.
+    fn into_data(self) -> Vec<u8> {
+        match self {
+            ReadBuf::Owned(v) => v,
+            ReadBuf::Lent(_) => Vec::new(),
+        }
+    }
 }
 
 /// A successfully completed command.
@@ -102,7 +198,8 @@ pub enum Payload {
 pub struct Completion {
     pub cqe: Cqe,
     /// The data of a read; for a write, the buffer it sent, handed back so
-    /// the caller can reuse it (empty for commands without data).
+    /// the caller can reuse it (empty for commands without data, and for a
+    /// read into a [`LentBuf`], whose data is in the lender's memory).
     pub data: Vec<u8>,
 }
 
@@ -125,7 +222,7 @@ pub enum Event {
 enum Data {
     None,
     Read {
-        buf: Vec<u8>,
+        buf: ReadBuf,
         received: u32,
     },
     /// In-capsule write: nothing more to send; the buffer goes back with
@@ -321,6 +418,7 @@ impl QueuePairCore {
             Payload::None => 0,
             Payload::Read(n) => read_len(u64::from(*n), st.cfg.c2h_data_max_bytes)?,
             Payload::ReadInto(b) => read_len(b.len() as u64, st.cfg.c2h_data_max_bytes)?,
+            Payload::ReadLent(b) => read_len(b.len_bytes() as u64, st.cfg.c2h_data_max_bytes)?,
             Payload::Write(d) => u32::try_from(d.len()).map_err(|_| {
                 HostError::InvalidArgument(format!("write of {} bytes is too large", d.len()))
             })?,
@@ -346,15 +444,16 @@ impl QueuePairCore {
                 });
                 Data::None
             }
-            Payload::Read(_) | Payload::ReadInto(_) => {
+            Payload::Read(_) | Payload::ReadInto(_) | Payload::ReadLent(_) => {
                 sqe.set_sgl(SglDescriptor {
                     address: 0,
                     length: len,
                     id: sgl::TRANSPORT_DATA_BLOCK,
                 });
                 let buf = match payload {
-                    Payload::ReadInto(b) => b,
-                    _ => vec![0; len as usize],
+                    Payload::ReadInto(b) => ReadBuf::Owned(b),
+                    Payload::ReadLent(b) => ReadBuf::Lent(b),
+                    _ => ReadBuf::Owned(vec![0; len as usize]),
                 };
                 Data::Read { buf, received: 0 }
             }
@@ -627,6 +726,13 @@ impl QueuePairCore {
                     }
                     slot.timed_out = true;
                     slot.deadline = now + timeout;
+                    if let Data::Read { buf, .. } = &mut slot.data {
+                        if let ReadBuf::Lent(l) = buf {
+                            // The lender gets its memory back with the
+                            // timeout: late data lands in a scratch buffer.
+                            *buf = ReadBuf::Owned(vec![0; l.len_bytes()]);
+                        }
+                    }
                     let err = HostError::Timeout {
                         opcode: slot.opcode,
                         cid,
@@ -879,7 +985,10 @@ impl State {
                             buf.len()
                         )))
                     } else {
-                        Ok(Completion { cqe, data: buf })
+                        Ok(Completion {
+                            cqe,
+                            data: buf.into_data(),
+                        })
                     }
                 }
                 Data::Solicited { buf, sent } if sent as usize != buf.len() => {
@@ -1009,7 +1118,7 @@ impl State {
     /// The read buffer of the outstanding command `cid`, if it reads.
     fn read_buf_of(&mut self, cid: u16) -> Option<&mut [u8]> {
         match self.slot_of(cid)?.as_mut()?.data {
-            Data::Read { ref mut buf, .. } => Some(buf),
+            Data::Read { ref mut buf, .. } => Some(buf.bytes_mut()),
             _ => None,
         }
     }
@@ -1058,7 +1167,7 @@ impl State {
             )
             .into());
         }
-        Ok(&mut buf[d.offset as usize..end as usize])
+        Ok(&mut buf.bytes_mut()[d.offset as usize..end as usize])
     }
 
     /// Accounts a C2HData PDU whose data [`Self::c2h_dest`] accepted and

@@ -30,7 +30,7 @@ use sluice_proto::send::{FlushReason, SendConfig};
 use sluice_runtime::{PollingPolicy, Sleeper};
 use tokio::sync::mpsc;
 
-use crate::core::{Completion, CoreConfig, Event, Payload, QueuePairCore};
+use crate::core::{Completion, CoreConfig, Event, LentBuf, Payload, QueuePairCore};
 use crate::error::{HostError, Result};
 use crate::queue::{HostQueueStats, TimedOutCommand};
 use crate::rw::{IoFlags, RwBuilder};
@@ -300,6 +300,21 @@ impl DirectQueue {
         token: u64,
     ) -> Result<()> {
         let (sqe, payload) = rw.read_into(lba, buf, flags)?;
+        self.submit(sqe, payload, token)
+    }
+
+    /// [`Self::submit_read`] into memory the caller lends (see
+    /// [`LentBuf`]): the data lands there, and the completion's data is
+    /// empty.
+    pub fn submit_read_lent(
+        &mut self,
+        rw: &RwBuilder,
+        lba: u64,
+        buf: LentBuf,
+        flags: IoFlags,
+        token: u64,
+    ) -> Result<()> {
+        let (sqe, payload) = rw.read_lent(lba, buf, flags)?;
         self.submit(sqe, payload, token)
     }
 

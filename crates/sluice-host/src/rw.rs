@@ -4,7 +4,7 @@
 
 use sluice_proto::command::{io, Sqe};
 
-use crate::core::Payload;
+use crate::core::{LentBuf, Payload};
 use crate::error::{HostError, Result};
 
 /// CDW13 Dataset Management: Access Latency = 11b (low latency) for urgent I/O.
@@ -77,6 +77,16 @@ impl RwBuilder {
         Ok((
             self.sqe(io::READ, lba, blocks, flags),
             Payload::ReadInto(buf),
+        ))
+    }
+
+    /// One Read command at `lba` into lent memory (its length is the
+    /// read's; see [`Payload::ReadLent`]).
+    pub fn read_lent(&self, lba: u64, buf: LentBuf, flags: IoFlags) -> Result<(Sqe, Payload)> {
+        let blocks = self.one_command(lba, buf.len_bytes())?;
+        Ok((
+            self.sqe(io::READ, lba, blocks, flags),
+            Payload::ReadLent(buf),
         ))
     }
 

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use sluice_host::core::{CoreConfig, Event, Payload, QueuePairCore};
+use sluice_host::core::{CoreConfig, Event, LentBuf, Payload, QueuePairCore};
 use sluice_host::HostError;
 use sluice_proto::command::{io, sgl, Cqe, Sqe};
 use sluice_proto::framer::Framer;
@@ -917,6 +917,138 @@ fn c2h_pdus(ctrl: &FakeCtrl, cid: u16, data: &[u8], pdu_bytes: usize, success: b
         b.extend(resp(ctrl, cid, Status::SUCCESS));
     }
     b
+}
+
+/// Lends the first `len` bytes of `mem` (the test touches `mem` again
+/// only once the queue handed the command's completion out).
+fn lend(mem: &mut [u8], len: usize) -> LentBuf {
+    assert!(len <= mem.len());
+    let at = std::ptr::NonNull::new(mem.as_mut_ptr()).expect("a live slice");
+    // SAFETY: `mem` outlives the queue in every test that lends it, and
+    // the test reads or writes it only after the read's completion.
+    unsafe { LentBuf::new(at, len) }
+}
+
+/// A read into lent memory: the data lands there (in pieces, and the rest
+/// of a large PDU straight from the read buffers), nothing past the lent
+/// length is touched, and the completion carries no data of its own.
+#[test]
+fn a_lent_read_lands_in_the_lenders_memory() {
+    for (len, pdu_bytes, chunk) in [
+        (8192, 8192, 1000),
+        (64 << 10, 64 << 10, 5000),
+        (64 << 10, 16 << 10, 70_000),
+    ] {
+        let (mut host, mut ctrl, now) = connect(cfg(false, true), 0, 8192);
+        let mut mem = vec![0xEEu8; len + 4096];
+        let cid = host
+            .submit(
+                now,
+                Sqe::rw(io::READ, 0, 1, 0, 16, false),
+                Payload::ReadLent(lend(&mut mem, len)),
+                5,
+            )
+            .expect("submit");
+        ctrl.recv(&mut host);
+        let data = pattern(len);
+        for piece in c2h_pdus(&ctrl, cid, &data, pdu_bytes, true).chunks(chunk) {
+            host.handle_bytes(now, piece);
+        }
+        let (token, r) = completion(&mut host);
+        assert_eq!(token, 5);
+        assert!(
+            r.expect("read ok").data.is_empty(),
+            "the data is the lender's"
+        );
+        assert_eq!(
+            &mem[..len],
+            &data[..],
+            "len {len}, PDUs of {pdu_bytes}, chunks of {chunk}"
+        );
+        assert!(mem[len..].iter().all(|&b| b == 0xEE), "past the lent bytes");
+    }
+}
+
+/// A lent read that times out gives its memory back with the timeout: the
+/// data that comes late lands elsewhere, and the lender's bytes stay as the
+/// lender left them.
+#[test]
+fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
+    let len = 64 << 10;
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let mut mem = vec![0u8; len];
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 16, false),
+            Payload::ReadLent(lend(&mut mem, len)),
+            6,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let wire = c2h_pdus(&ctrl, cid, &pattern(len), len, true);
+    // The header and a third of the data, then the timeout.
+    let (early, late) = wire.split_at(len / 3);
+    host.handle_bytes(now, early);
+    host.handle_timeout(now + Duration::from_secs(5));
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            &ev[0],
+            Event::Complete {
+                token: 6,
+                result: Err(HostError::Timeout { .. })
+            }
+        ),
+        "{ev:?}"
+    );
+    // The memory is the lender's again.
+    mem.fill(0x5A);
+    host.handle_bytes(now + Duration::from_secs(6), late);
+    assert!(events(&mut host).is_empty(), "no second completion");
+    assert_eq!(host.in_flight(), 0, "the late data freed the CID");
+    assert!(!host.is_closed());
+    assert!(
+        mem.iter().all(|&b| b == 0x5A),
+        "late data went past the lender"
+    );
+}
+
+/// A queue that closes with a lent read outstanding fails it and writes
+/// no more: bytes after the close do not reach the lender.
+#[test]
+fn a_closed_queue_gives_lent_memory_back() {
+    let len = 32 << 10;
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    let mut mem = vec![0u8; len];
+    let cid = host
+        .submit(
+            now,
+            Sqe::rw(io::READ, 0, 1, 0, 16, false),
+            Payload::ReadLent(lend(&mut mem, len)),
+            7,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    let wire = c2h_pdus(&ctrl, cid, &pattern(len), len, true);
+    let (early, late) = wire.split_at(len / 2);
+    host.handle_bytes(now, early);
+    host.close("test");
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            &ev[0],
+            Event::Complete {
+                token: 7,
+                result: Err(HostError::ConnectionLost(_))
+            }
+        ),
+        "{ev:?}"
+    );
+    assert!(matches!(&ev[1], Event::Closed(_)), "{ev:?}");
+    mem.fill(0x33);
+    host.handle_bytes(now, late);
+    assert!(mem.iter().all(|&b| b == 0x33));
 }
 
 /// Large reads: the rest of each large C2HData PDU goes straight into
