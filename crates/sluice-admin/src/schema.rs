@@ -125,6 +125,9 @@ pub struct ExportStats {
     pub fuse_dev_requests: u64,
     #[serde(default)]
     pub fuse_direct_ios: u64,
+    /// Of those, reads received straight into the ring's reply buffer.
+    #[serde(default)]
+    pub fuse_reads_in_place: u64,
 }
 
 /// `GET /v1/exports` of an exporter.

@@ -94,6 +94,9 @@ pub struct FuseRequestCounts {
     pub dev_fuse: AtomicU64,
     /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
     pub direct: AtomicU64,
+    /// Of those, reads whose data the queue received straight into the
+    /// ring entry's payload buffer (no copy on this side).
+    pub reads_in_place: AtomicU64,
     /// Direct queues that replaced a failed one.
     pub direct_replaced: AtomicU64,
 }
@@ -133,6 +136,7 @@ pub struct ExportCounters {
     pub fuse_ring_requests: u64,
     pub fuse_dev_requests: u64,
     pub fuse_direct_ios: u64,
+    pub fuse_reads_in_place: u64,
     pub fuse_direct_queues_replaced: u64,
 }
 
@@ -280,6 +284,7 @@ impl ExportAccount {
             fuse_ring_requests: l(&self.fuse.ring),
             fuse_dev_requests: l(&self.fuse.dev_fuse),
             fuse_direct_ios: l(&self.fuse.direct),
+            fuse_reads_in_place: l(&self.fuse.reads_in_place),
             fuse_direct_queues_replaced: l(&self.fuse.direct_replaced),
         }
     }
@@ -521,6 +526,7 @@ impl CpuAccountant {
                         fuse_ring_requests: c.fuse_ring_requests,
                         fuse_dev_requests: c.fuse_dev_requests,
                         fuse_direct_ios: c.fuse_direct_ios,
+                        fuse_reads_in_place: c.fuse_reads_in_place,
                     }
                 })
                 .collect(),
@@ -544,7 +550,7 @@ impl Collector for ExportCollector {
         let ex: Vec<ExportCounters> = self.0.exports().iter().map(|e| e.counters()).collect();
         let e = &mut enc;
         type F = fn(&ExportCounters) -> f64;
-        let families: [(&str, &str, Option<Unit>, F); 15] = [
+        let families: [(&str, &str, Option<Unit>, F); 16] = [
             (
                 "sluice_export_ios",
                 "requests completed (NBD requests; FUSE reads, writes, fallocates, flushes)",
@@ -628,6 +634,12 @@ impl Collector for ExportCollector {
                 "block I/Os the FUSE ring thread ran on its own NVMe/TCP queue",
                 None,
                 |c| c.fuse_direct_ios as f64,
+            ),
+            (
+                "sluice_export_fuse_reads_in_place",
+                "reads on the FUSE ring's own queue received straight into the ring's reply buffer",
+                None,
+                |c| c.fuse_reads_in_place as f64,
             ),
             (
                 "sluice_export_fuse_direct_queues_replaced",

@@ -211,13 +211,15 @@ fn mount_and_check_accounted<D: BlockDevice>(
     drop(f);
     let (ring, dev_fuse) = session.requests();
     let direct = session.direct_ios();
-    eprintln!("{transport:?}: {ring} requests over the ring, {dev_fuse} over /dev/fuse");
+    let in_place = session.reads_in_place();
+    eprintln!("{transport:?}: {ring} requests over the ring, {dev_fuse} over /dev/fuse; {direct} I/Os on its own queue, {in_place} reads in place");
     if let Some(a) = acct {
         // The same counters (read between two reads of the session's, as
         // a late request may still arrive).
         let text = a.prometheus();
         let (ring_after, dev_after) = session.requests();
         let direct_after = session.direct_ios();
+        let in_place_after = session.reads_in_place();
         let value = |family: &str| -> u64 {
             let key = format!("{family}{{export=\"disk.img\",hostnqn=\"nqn.test:fuse-uring\"}} ");
             let line = text
@@ -230,6 +232,11 @@ fn mount_and_check_accounted<D: BlockDevice>(
             ("sluice_export_fuse_ring_requests_total", ring, ring_after),
             ("sluice_export_fuse_dev_requests_total", dev_fuse, dev_after),
             ("sluice_export_fuse_direct_ios_total", direct, direct_after),
+            (
+                "sluice_export_fuse_reads_in_place_total",
+                in_place,
+                in_place_after,
+            ),
         ] {
             let v = value(family);
             assert!(
@@ -237,6 +244,15 @@ fn mount_and_check_accounted<D: BlockDevice>(
                 "{family} {v}, the session counted {lo}..={hi}"
             );
         }
+    }
+    // The aligned reads on the ring's own queue land in the ring's reply
+    // buffers (their data was checked above).
+    assert!(in_place <= direct, "{in_place} of {direct}");
+    if direct > 0 {
+        assert!(
+            in_place >= 10,
+            "{in_place} reads in place of {direct} direct I/Os"
+        );
     }
     match transport {
         // A few may come before the ring is ready; the I/O goes over it.

@@ -31,6 +31,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -49,7 +50,7 @@ use super::{rules_for, FuseAccounting, FuseConfig, FUSE_BACKGROUND_MAX};
 use crate::blockio::{BlockDevice, ByteDevice};
 use crate::errno::{from_host_error, OpKind, EIO};
 use crate::spare::SpareBuffers;
-use sluice_host::core::Completion;
+use sluice_host::core::{Completion, LentBuf};
 use sluice_host::{DirectQueue, HostError, IoFlags, Namespace, RwBuilder};
 
 /// Ring entries (requests in flight) per CPU queue. A request waits when
@@ -140,6 +141,12 @@ impl OwnSession {
     /// Block I/Os the ring thread ran on its own NVMe/TCP queue.
     pub fn direct_ios(&self) -> u64 {
         self.counts.direct.load(Ordering::Relaxed)
+    }
+
+    /// Of [`Self::direct_ios`], the reads received straight into the
+    /// ring entry's payload buffer.
+    pub fn reads_in_place(&self) -> u64 {
+        self.counts.reads_in_place.load(Ordering::Relaxed)
     }
 
     /// Direct queues the ring got to replace a failed one.
@@ -534,14 +541,16 @@ type IoFuture = Pin<Box<dyn Future<Output = (usize, Result<Vec<u8>, u32>)> + Sen
 struct Ring<D> {
     shared: Arc<Shared<D>>,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// The run-to-completion path, while it works. Declared before
+    /// `entries` so that it is dropped first: its reads land in entries'
+    /// payload buffers (lent, see `submit_direct`).
+    direct: Option<Direct>,
     entries: Vec<Entry>,
     /// Entries not ended (the thread ends with the last).
     live_entries: usize,
     wake: Arc<Doorbell>,
     /// Block I/O in flight; woken through the doorbell.
     pending: FuturesUnordered<IoFuture>,
-    /// The run-to-completion path, while it works.
-    direct: Option<Direct>,
     /// Whether polls on the direct queue's socket are armed: for reading,
     /// and for writing (only while it has bytes the socket did not take).
     direct_armed: (bool, bool),
@@ -557,8 +566,12 @@ struct Ring<D> {
 /// What an entry waits for on the direct queue.
 #[derive(Debug)]
 enum DirectIo {
-    /// A read (kept whole: re-run on the task path if the queue fails).
-    Read(BlockIo),
+    /// A read (kept whole: re-run on the task path if the queue fails);
+    /// `in_place`: its data lands straight in the entry's payload buffer.
+    Read {
+        io: BlockIo,
+        in_place: bool,
+    },
     Write {
         lock_id: u64,
         len: usize,
@@ -914,14 +927,31 @@ impl<D: BlockDevice> Ring<D> {
         let waiting = match io {
             BlockIo::Read { offset, len } if d.fits(offset, len) => {
                 let lba = offset / d.block_bytes;
-                let buf = d.spare.take(len);
-                if d.dq
-                    .submit_read_into(&d.rw, lba, buf, IoFlags::default(), token)
-                    .is_err()
-                {
+                let payload = &mut self.entries[i].payload;
+                let in_place = len <= payload.len();
+                let submitted = match NonNull::new(payload.as_mut_ptr()) {
+                    Some(at) if in_place => {
+                        // SAFETY: the payload buffer stays allocated while
+                        // the ring lives, and `direct` (declared before
+                        // `entries`) is dropped first. Nothing else touches
+                        // it until this read's completion: the kernel reads
+                        // it at the entry's commit and writes it at its next
+                        // fetch, and the ring commits entry `i` only once
+                        // the direct queue has handed out the read's
+                        // completion (`drive_direct`); it parses the
+                        // payload only on a fetch's completion.
+                        let buf = unsafe { LentBuf::new(at, len) };
+                        d.dq.submit_read_lent(&d.rw, lba, buf, IoFlags::default(), token)
+                    }
+                    _ => {
+                        let buf = d.spare.take(len);
+                        d.dq.submit_read_into(&d.rw, lba, buf, IoFlags::default(), token)
+                    }
+                };
+                if submitted.is_err() {
                     return Err(io);
                 }
-                DirectIo::Read(io)
+                DirectIo::Read { io, in_place }
             }
             BlockIo::Write { offset, data, fua } if d.fits(offset, data.len()) => {
                 let (lba, len) = (offset / d.block_bytes, data.len());
@@ -993,7 +1023,7 @@ impl<D: BlockDevice> Ring<D> {
             };
             let unique = InHeader::parse(&self.entries[i].header[..]).map_or(0, |h| h.unique);
             let reply = match (w, result) {
-                (DirectIo::Read(io), Err(_)) if closed => {
+                (DirectIo::Read { io, .. }, Err(_)) if closed => {
                     self.run_on_task_path(i, io);
                     continue;
                 }
@@ -1001,9 +1031,21 @@ impl<D: BlockDevice> Ring<D> {
                     self.run_on_task_path(i, BlockIo::Flush);
                     continue;
                 }
-                (DirectIo::Read(_), Ok(c)) => {
+                (DirectIo::Read { io, in_place }, Ok(c)) => {
+                    let len = match io {
+                        BlockIo::Read { len, .. } if in_place => len,
+                        _ => c.data.len(),
+                    };
                     if let Some(a) = &acct {
-                        a.record(c.data.len() as u64);
+                        a.record(len as u64);
+                    }
+                    if in_place {
+                        self.shared
+                            .counts
+                            .reads_in_place
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.commit_in_place(i, unique, len)?;
+                        continue;
                     }
                     self.commit(i, unique, Ok(&c.data))?;
                     if let Some(d) = self.direct.as_mut() {
@@ -1011,7 +1053,7 @@ impl<D: BlockDevice> Ring<D> {
                     }
                     continue;
                 }
-                (DirectIo::Read(_), Err(e)) => Err(from_host_error(&e, OpKind::Read)),
+                (DirectIo::Read { .. }, Err(e)) => Err(from_host_error(&e, OpKind::Read)),
                 (DirectIo::Write { lock_id, len }, r) => {
                     self.shared.dev.locks().release(lock_id);
                     r.map(|c| {
@@ -1143,6 +1185,23 @@ impl<D: BlockDevice> Ring<D> {
             }
             Err(errno) => (neg(errno), 0),
         };
+        self.commit_header(i, unique, error, len)
+    }
+
+    /// Commits entry `i` with a reply body of `len` bytes already in its
+    /// payload buffer (a read that landed there).
+    fn commit_in_place(&mut self, i: usize, unique: u64, len: usize) -> io::Result<()> {
+        if len > self.entries[i].payload.len() {
+            warn!(len, "FUSE reply larger than the ring's payload buffer");
+            return self.commit_header(i, unique, -libc::EIO, 0);
+        }
+        self.commit_header(i, unique, 0, len)
+    }
+
+    /// Writes entry `i`'s reply header (`error`, a body of `len` bytes in
+    /// its payload buffer) and commits it.
+    fn commit_header(&mut self, i: usize, unique: u64, error: i32, len: usize) -> io::Result<()> {
+        let e = &mut self.entries[i];
         e.header[..abi::OUT_HEADER_BYTES].copy_from_slice(&abi::out_header(unique, error, len));
         // len <= the payload buffer, a u32.
         e.header[PAYLOAD_SZ_AT..PAYLOAD_SZ_AT + 4]
