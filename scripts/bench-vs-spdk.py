@@ -71,8 +71,11 @@ SLUICE = ROOT / "target" / "release" / "sluice"
 DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- bench-vs-spdk: begin -->"
 END = "<!-- bench-vs-spdk: end -->"
-PORT_SPDK = 34720
-PORT_SLUICE = 34721
+# Below Linux's ephemeral range (32768-60999 by default): a run on
+# 34720 once failed to listen, the port taken as the local end of some
+# connection of the run before.
+PORT_SPDK = 24720
+PORT_SLUICE = 24721
 NQN_SPDK = "nqn.2016-06.io.spdk:bench"
 NQN_SLUICE = "nqn.2026-11.io.sluice:bench"
 TARGET_CPU = 0
@@ -140,14 +143,19 @@ class SpdkTarget:
             time.sleep(0.1)
         env = dict(os.environ, PATH="/usr/bin:" + os.environ.get("PATH", ""))
         rpc = [f"{spdk}/scripts/rpc.py", "-s", self.sock]
-        for args in (["nvmf_create_transport", "-t", "TCP"],
-                     ["bdev_malloc_create", "-b", "Malloc0", "512", "4096"],
-                     ["nvmf_create_subsystem", NQN_SPDK, "-a", "-s", "SPDK0001"],
-                     ["nvmf_subsystem_add_ns", NQN_SPDK, "Malloc0"],
-                     ["nvmf_subsystem_add_listener", NQN_SPDK, "-t", "tcp", "-a", "127.0.0.1",
-                      "-s", str(PORT_SPDK)]):
-            subprocess.run(rpc + args, env=env, check=True, stdout=subprocess.DEVNULL)
-        wait_port(PORT_SPDK)
+        try:
+            for args in (["nvmf_create_transport", "-t", "TCP"],
+                         ["bdev_malloc_create", "-b", "Malloc0", "512", "4096"],
+                         ["nvmf_create_subsystem", NQN_SPDK, "-a", "-s", "SPDK0001"],
+                         ["nvmf_subsystem_add_ns", NQN_SPDK, "Malloc0"],
+                         ["nvmf_subsystem_add_listener", NQN_SPDK, "-t", "tcp", "-a", "127.0.0.1",
+                          "-s", str(PORT_SPDK)]):
+                subprocess.run(rpc + args, env=env, check=True, stdout=subprocess.DEVNULL)
+            wait_port(PORT_SPDK)
+        except BaseException:
+            # An nvmf_tgt left behind spins on the target's core for good.
+            self.stop()
+            raise
 
     def stop(self):
         self.p.send_signal(signal.SIGINT)
@@ -183,7 +191,11 @@ huge_pages = true
         self.p = subprocess.Popen(
             ["taskset", "-c", str(TARGET_CPU), str(SLUICE), "target", "--config", str(cfg)],
             stdout=self.log, stderr=subprocess.STDOUT)
-        wait_port(PORT_SLUICE)
+        try:
+            wait_port(PORT_SLUICE)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self):
         self.p.send_signal(signal.SIGINT)
