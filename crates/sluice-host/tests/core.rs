@@ -924,8 +924,9 @@ fn c2h_pdus(ctrl: &FakeCtrl, cid: u16, data: &[u8], pdu_bytes: usize, success: b
 fn lend(mem: &mut [u8], len: usize) -> LentBuf {
     assert!(len <= mem.len());
     let at = std::ptr::NonNull::new(mem.as_mut_ptr()).expect("a live slice");
-    // SAFETY: `mem` outlives the queue in every test that lends it, and
-    // the test reads or writes it only after the read's completion.
+    // SAFETY: every test that lends `mem` reads, writes or drops it only
+    // after the queue handed out the read's completion (the queue keeps
+    // no lent memory past that).
     unsafe { LentBuf::new(at, len) }
 }
 
@@ -972,9 +973,14 @@ fn a_lent_read_lands_in_the_lenders_memory() {
 /// A lent read that times out gives its memory back with the timeout: the
 /// data that comes late lands elsewhere, and the lender's bytes stay as the
 /// lender left them.
-#[test]
-fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
-    let len = 64 << 10;
+/// A queue with a lent read of `len` bytes (token `token`) of which the
+/// first `early` bytes of the wire (header and some data) came in: the
+/// queue, the lent memory, the rest of the wire, and the time.
+fn lent_read_under_way(
+    len: usize,
+    token: u64,
+    early: usize,
+) -> (QueuePairCore, Vec<u8>, Vec<u8>, Instant) {
     let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
     let mut mem = vec![0u8; len];
     let cid = host
@@ -982,14 +988,20 @@ fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
             now,
             Sqe::rw(io::READ, 0, 1, 0, 16, false),
             Payload::ReadLent(lend(&mut mem, len)),
-            6,
+            token,
         )
         .expect("submit");
     ctrl.recv(&mut host);
-    let wire = c2h_pdus(&ctrl, cid, &pattern(len), len, true);
+    let mut wire = c2h_pdus(&ctrl, cid, &pattern(len), len, true);
+    let late = wire.split_off(early);
+    host.handle_bytes(now, &wire);
+    (host, mem, late, now)
+}
+
+#[test]
+fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
     // The header and a third of the data, then the timeout.
-    let (early, late) = wire.split_at(len / 3);
-    host.handle_bytes(now, early);
+    let (mut host, mut mem, late, now) = lent_read_under_way(64 << 10, 6, (64 << 10) / 3);
     host.handle_timeout(now + Duration::from_secs(5));
     let ev = events(&mut host);
     assert!(
@@ -1004,7 +1016,7 @@ fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
     );
     // The memory is the lender's again.
     mem.fill(0x5A);
-    host.handle_bytes(now + Duration::from_secs(6), late);
+    host.handle_bytes(now + Duration::from_secs(6), &late);
     assert!(events(&mut host).is_empty(), "no second completion");
     assert_eq!(host.in_flight(), 0, "the late data freed the CID");
     assert!(!host.is_closed());
@@ -1018,21 +1030,7 @@ fn a_timed_out_lent_read_writes_no_more_into_the_lenders_memory() {
 /// no more: bytes after the close do not reach the lender.
 #[test]
 fn a_closed_queue_gives_lent_memory_back() {
-    let len = 32 << 10;
-    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
-    let mut mem = vec![0u8; len];
-    let cid = host
-        .submit(
-            now,
-            Sqe::rw(io::READ, 0, 1, 0, 16, false),
-            Payload::ReadLent(lend(&mut mem, len)),
-            7,
-        )
-        .expect("submit");
-    ctrl.recv(&mut host);
-    let wire = c2h_pdus(&ctrl, cid, &pattern(len), len, true);
-    let (early, late) = wire.split_at(len / 2);
-    host.handle_bytes(now, early);
+    let (mut host, mut mem, late, now) = lent_read_under_way(32 << 10, 7, (32 << 10) / 2);
     host.close("test");
     let ev = events(&mut host);
     assert!(
@@ -1047,7 +1045,7 @@ fn a_closed_queue_gives_lent_memory_back() {
     );
     assert!(matches!(&ev[1], Event::Closed(_)), "{ev:?}");
     mem.fill(0x33);
-    host.handle_bytes(now, late);
+    host.handle_bytes(now, &late);
     assert!(mem.iter().all(|&b| b == 0x33));
 }
 
