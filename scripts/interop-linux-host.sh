@@ -5,6 +5,9 @@
 #   scripts/interop-linux-host.sh [--kernels "6.1 6.12"] [--keep-logs DIR]
 #       [--send-scheduler immediate|unified|isolated] [--coalescing off|static|adaptive|calibrated]
 #       [--quick]   (one host scenario and the denied host per kernel)
+#       [--inline-data BYTES]   (in-capsule data the target takes, e.g. 128k:
+#                               the host then sends writes up to that size in
+#                               their capsules, received in place past 16 KiB)
 #
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
 # Starts `sluice target` with a config of three subsystems (RAM 512 B blocks,
@@ -18,14 +21,16 @@ KERNELS="6.1 6.12"
 KEEP=""
 SEND_ARGS=()
 QUICK=0
+INLINE=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --kernels) KERNELS=$2; shift ;;
         --send-scheduler) SEND_ARGS+=(--send-scheduler "$2"); shift ;;
         --coalescing) SEND_ARGS+=(--coalescing "$2"); shift ;;
         --quick) QUICK=1 ;;
+        --inline-data) INLINE=$2; shift ;;
         --keep-logs) KEEP=$2; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "interop: unknown argument $1" >&2; exit 2 ;;
     esac
     shift
@@ -72,6 +77,7 @@ advertise_port = $PORT
 workers = 2
 polling = "adaptive"
 io_queues_max = 4
+${INLINE:+inline_data_bytes = \"$INLINE\"}
 
 [[subsystem]]
 nqn = "$RAM_NQN"

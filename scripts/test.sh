@@ -7,7 +7,8 @@
 #   2. scripts/fuzz-smoke.sh         every decoder fuzzed for FUZZ_SECONDS (default 15) each
 #   3. scripts/interop-linux-host.sh the Linux 6.1 and 6.12 kernel hosts against our target
 #                                    (all scenarios; then quick runs with the isolated and
-#                                    unified send paths and completion coalescing)
+#                                    unified send paths and completion coalescing, the
+#                                    second with 128 KiB of in-capsule data)
 #      scripts/interop-linux-volume.sh the Linux 6.12 host on an elastic volume
 #   4. scripts/interop-linux-target.sh our host against the Linux kernel target
 #   5. scripts/test-exports.sh       fio (nbd engine), qemu-img, nbdcopy through `sluice nbd`;
@@ -72,14 +73,16 @@ if [[ "${SLUICE_SKIP_PEERS:-0}" != 1 ]]; then
     rc=$?
     set -e
     record $rc "interop: Linux host"
-    for modes in "isolated calibrated" "unified adaptive"; do
+    # The last quick run also takes 128 KiB of in-capsule data: Linux then
+    # sends writes up to 128 KiB in their capsules (fio's 4k-1m verify).
+    for modes in "isolated calibrated 8k" "unified adaptive 128k"; do
         set -- $modes
-        stage "Linux kernel host against the Sluice target, send path $1, coalescing $2"
+        stage "Linux kernel host against the Sluice target, send path $1, coalescing $2, in-capsule data $3"
         set +e
-        scripts/interop-linux-host.sh --quick --send-scheduler "$1" --coalescing "$2"
+        scripts/interop-linux-host.sh --quick --send-scheduler "$1" --coalescing "$2" --inline-data "$3"
         rc=$?
         set -e
-        record $rc "interop: Linux host ($1/$2)"
+        record $rc "interop: Linux host ($1/$2/$3)"
     done
     stage "Linux kernel host on an elastic volume (extents replicated on two other targets)"
     set +e

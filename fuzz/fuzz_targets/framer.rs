@@ -3,8 +3,9 @@
 //! Input layout (all of it is fuzzer controlled):
 //!   byte 0: bit 0 direction (0 = host to controller), bit 1 initialized,
 //!           bit 2 header digests, bit 3 data digests, bit 4 feed everything at once,
-//!           bit 5 split data PDUs off (`split_data`) and receive their rest
-//!           outside the framer, as the host's I/O layer does
+//!           bit 5 split data PDUs and capsules with data off (`split_pdu`)
+//!           and receive their rest outside the framer, as the host's and
+//!           the target's I/O layers do
 //!   byte 1: PDA (0's based dwords, any u8)
 //!   bytes 2-3: data_len_max / 16 (little endian), so at most ~1 MiB
 //!   bytes 4-7: chunk sizes (each + 1), used in a cycle
@@ -13,7 +14,7 @@
 //! Checks: no panic; errors carry an FES in 1..=6 and are sticky; every decoded
 //! PDU, re-encoded with `encode_pdu` under the same parameters, decodes back to
 //! the same header and data in a fresh framer; a split PDU's head and rest
-//! add up to its DATAL.
+//! add up to its DATAL; a split that its caller refuses changes nothing.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -129,32 +130,39 @@ fn drain_split(cfg: &Config, f: &mut Framer, split: &mut Option<Split>) -> bool 
                 let (h, d) = (p.header.clone(), p.data.to_vec());
                 round_trip(cfg, &h, &d);
             }
-            Ok(None) => match f.split_data(1) {
-                Ok(None) => return true,
-                Ok(Some(sp)) => {
-                    let datal = match &sp.header {
-                        PduHeader::H2CData(d) | PduHeader::C2HData(d) => d.len as usize,
-                        other => panic!("split a PDU that carries no data: {other:?}"),
-                    };
-                    assert!(sp.data_rest > 0);
-                    assert_eq!(
-                        sp.data_head.len() + sp.data_rest,
-                        datal,
-                        "head + rest != DATAL"
-                    );
-                    *split = Some(Split {
-                        header: sp.header,
-                        data: sp.data_head.to_vec(),
-                        rest: sp.data_rest,
-                        ddgst: sp.ddgst,
-                    });
-                    assert_eq!(f.buffered(), 0, "framer kept bytes of a split PDU");
+            Ok(None) => {
+                let buffered = f.buffered();
+                if let Ok(refused) = f.split_pdu(1, |_| false) {
+                    assert!(refused.is_none(), "split a PDU its caller refused");
+                    assert_eq!(f.buffered(), buffered, "a refused split moved the framer");
                 }
-                Err(e) => {
-                    check_error(&e, f);
-                    return false;
+                match f.split_pdu(1, |_| true) {
+                    Ok(None) => return true,
+                    Ok(Some(sp)) => {
+                        match &sp.header {
+                            PduHeader::H2CData(d) | PduHeader::C2HData(d) => assert_eq!(
+                                sp.data_head.len() + sp.data_rest,
+                                d.len as usize,
+                                "head + rest != DATAL"
+                            ),
+                            PduHeader::CapsuleCmd(_) => {}
+                            other => panic!("split a PDU that carries no data: {other:?}"),
+                        }
+                        assert!(sp.data_rest > 0);
+                        *split = Some(Split {
+                            header: sp.header,
+                            data: sp.data_head.to_vec(),
+                            rest: sp.data_rest,
+                            ddgst: sp.ddgst,
+                        });
+                        assert_eq!(f.buffered(), 0, "framer kept bytes of a split PDU");
+                    }
+                    Err(e) => {
+                        check_error(&e, f);
+                        return false;
+                    }
                 }
-            },
+            }
             Err(e) => {
                 check_error(&e, f);
                 return false;

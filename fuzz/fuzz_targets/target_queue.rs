@@ -243,7 +243,9 @@ impl Conn {
 
 fn registry() -> Arc<Registry> {
     let settings = TargetSettings::default()
-        .with_inline_data_bytes(8192)
+        // Above the size from which in-capsule data is split off the
+        // framer and received in place (16 KiB still to come).
+        .with_inline_data_bytes(32 * 1024)
         .with_max_h2c_data_bytes(4096)
         .with_max_c2h_data_bytes(4096)
         // The open subsystem's queues batch in PINoF's freights, flushing
@@ -528,7 +530,7 @@ fn step(
                 },
             );
             let data = if d.id == sgl::DATA_BLOCK_OFFSET {
-                let n = (d.length as usize).min(8192 + 64);
+                let n = (d.length as usize).min(32 * 1024 + 64);
                 let mut v = inp.bytes(n);
                 v.resize(n, 0xa5);
                 v

@@ -37,10 +37,11 @@ pub struct RxPdu<'a> {
     pub raw_header: &'a [u8],
 }
 
-/// A data PDU (H2CData or C2HData) whose header is in but whose data is
-/// not all there yet, split off by [`Framer::split_data`] so that the
-/// caller reads the rest of its data straight into the command's buffer
-/// instead of through the framer's.
+/// A PDU whose header is in but whose data is not all there yet: a data
+/// PDU (H2CData or C2HData, [`Framer::split_data`]) or a CapsuleCmd with
+/// in-capsule data ([`Framer::split_pdu`]), split off so that the caller
+/// reads the rest of its data straight into the command's buffer instead
+/// of through the framer's.
 #[derive(Debug)]
 pub struct SplitPdu<'a> {
     pub header: PduHeader,
@@ -56,8 +57,9 @@ pub struct SplitPdu<'a> {
 }
 
 impl SplitPdu<'_> {
-    /// The header, kept for quoting in a TermReq after the framer moved
-    /// on (data PDUs' headers are [`SHORT_HLEN`] bytes).
+    /// A data PDU's header, kept for quoting in a TermReq after the framer
+    /// moved on (data PDUs' headers are [`SHORT_HLEN`] bytes; a
+    /// CapsuleCmd's is longer: quote `raw_header` while it is at hand).
     pub fn header_quote(&self) -> [u8; SHORT_HLEN] {
         let mut q = [0u8; SHORT_HLEN];
         let n = self.raw_header.len().min(SHORT_HLEN);
@@ -268,25 +270,43 @@ impl Framer {
     }
 
     /// Splits off the data PDU being received when at least `rest_min`
-    /// bytes of its data have yet to arrive (and its header, with the
-    /// header digest checked, is in). Everything the framer holds belongs
-    /// to that PDU and is handed out as `data_head`; the framer then
-    /// stands at the end of the PDU's data. The caller must receive the
-    /// `data_rest` bytes that follow outside the framer (into
+    /// bytes of its data have yet to arrive: [`Self::split_pdu`] for
+    /// H2CData and C2HData PDUs.
+    pub fn split_data(&mut self, rest_min: usize) -> Result<Option<SplitPdu<'_>>, DecodeError> {
+        self.split_pdu(rest_min, |h| {
+            matches!(h, PduHeader::H2CData(_) | PduHeader::C2HData(_))
+        })
+    }
+
+    /// Splits off the PDU being received — a data PDU, or a CapsuleCmd
+    /// with in-capsule data — when `accept` takes its decoded header and
+    /// at least `rest_min` bytes of its data have yet to arrive (and its
+    /// header, with the header digest checked, is in). Everything the
+    /// framer holds belongs to that PDU and is handed out as `data_head`;
+    /// the framer then stands at the end of the PDU's data. The caller must
+    /// receive the `data_rest` bytes that follow outside the framer (into
     /// [`Self::read_buf`] no byte of them may go), then the data digest
     /// with [`Self::take_bytes`] when `ddgst`, and only then call
     /// [`Self::next_pdu`] again.
     ///
-    /// `Ok(None)`: nothing to split (no data PDU pending, its header is
-    /// not complete, or too little of its data is missing).
-    pub fn split_data(&mut self, rest_min: usize) -> Result<Option<SplitPdu<'_>>, DecodeError> {
+    /// `Ok(None)`: nothing split (no such PDU pending, its header is not
+    /// complete, too little of its data is missing, or `accept` refused it);
+    /// the framer is as before.
+    pub fn split_pdu(
+        &mut self,
+        rest_min: usize,
+        accept: impl FnOnce(&PduHeader) -> bool,
+    ) -> Result<Option<SplitPdu<'_>>, DecodeError> {
         if let Some(e) = &self.poisoned {
             return Err(e.clone());
         }
         let Some(layout) = self.pending else {
             return Ok(None);
         };
-        if !matches!(layout.ch.pdu_type, pdu_type::H2C_DATA | pdu_type::C2H_DATA) {
+        if !matches!(
+            layout.ch.pdu_type,
+            pdu_type::H2C_DATA | pdu_type::C2H_DATA | pdu_type::CAPSULE_CMD
+        ) {
             return Ok(None);
         }
         let avail = self.end - self.start;
@@ -319,6 +339,9 @@ impl Framer {
                 return Err(e);
             }
         };
+        if !accept(&header) {
+            return Ok(None);
+        }
         let end = self.end;
         self.start = 0;
         self.end = 0;

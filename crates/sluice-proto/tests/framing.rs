@@ -631,6 +631,72 @@ fn split_data_hands_out_the_head_and_leaves_the_rest() {
     }
 }
 
+/// A CapsuleCmd with in-capsule data splits as a data PDU does, when its
+/// caller accepts the header; refused, it stays in the framer untouched
+/// and comes out whole later. `split_data` never splits it.
+#[test]
+fn split_pdu_splits_a_capsule_with_data_only_when_accepted() {
+    for (hdgst, ddgst, pda) in [(false, false, 0), (true, true, 0), (false, true, 3)] {
+        let tx = TxParams { hdgst, ddgst, pda };
+        let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        let sqe = Sqe::new(0x01, 9, 1);
+        let mut w = Vec::new();
+        encode_pdu(&PduHeader::CapsuleCmd(sqe), &data, &tx, &mut w);
+        let data_at = w.len() - data.len() - if ddgst { 4 } else { 0 };
+        let mut f = Framer::new(Direction::HostToController, MAX);
+        f.set_initialized(hdgst, ddgst, pda, MAX);
+        f.feed(&w[..data_at + 3000]);
+        assert!(f.next_pdu().unwrap().is_none());
+        assert!(
+            f.split_data(1).unwrap().is_none(),
+            "split_data: data PDUs only"
+        );
+        assert!(f.split_pdu(1, |_| false).unwrap().is_none());
+        assert_eq!(
+            f.buffered(),
+            data_at + 3000,
+            "a refused split moved the framer"
+        );
+        let sp = f
+            .split_pdu(
+                4096,
+                |h| matches!(h, PduHeader::CapsuleCmd(s) if s.cid() == 9),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(sp.data_head, &data[..3000]);
+        assert_eq!(sp.data_rest, 65536 - 3000);
+        assert_eq!(sp.ddgst, ddgst);
+        assert_eq!(sp.raw_header.len(), 72);
+        assert_eq!(f.buffered(), 0);
+        // The rest goes elsewhere; the digest and the next PDU come through.
+        let mut next = w[data_at + 65536..].to_vec();
+        encode_pdu(
+            &PduHeader::CapsuleCmd(Sqe::new(0x02, 10, 1)),
+            &[],
+            &tx,
+            &mut next,
+        );
+        f.feed(&next);
+        if ddgst {
+            assert_eq!(f.take_bytes(4).unwrap(), &w[w.len() - 4..]);
+        }
+        let p = f.next_pdu().unwrap().unwrap();
+        assert!(matches!(p.header, PduHeader::CapsuleCmd(s) if s.cid() == 10));
+        // Refused throughout, the same capsule comes out whole.
+        let mut f = Framer::new(Direction::HostToController, MAX);
+        f.set_initialized(hdgst, ddgst, pda, MAX);
+        for c in w.chunks(5000) {
+            f.feed(c);
+            assert!(f.split_pdu(1, |_| false).unwrap().is_none());
+        }
+        let p = f.next_pdu().unwrap().unwrap();
+        assert!(matches!(p.header, PduHeader::CapsuleCmd(s) if s.cid() == 9));
+        assert_eq!(p.data, &data[..]);
+        assert!(p.data_digest_ok);
+    }
+}
+
 #[test]
 fn split_data_leaves_other_pdus_and_whole_pdus_alone() {
     let mut f = host_framer(false, false);

@@ -546,6 +546,137 @@ fn large_h2c_data_digest_error_fails_only_the_command() {
     assert_eq!(p.read(0, 128).1, data);
 }
 
+/// A target that takes 128 KiB of in-capsule data (and 128 KiB H2CData).
+fn reg_large_inline() -> std::sync::Arc<sluice_target::registry::Registry> {
+    let c = Config::default()
+        .with_target(
+            target_settings(send_config("immediate"))
+                .with_max_h2c_data_bytes(128 * 1024)
+                .with_inline_data_bytes(128 * 1024),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(default_ns()),
+        )
+        .validated()
+        .expect("test config is valid");
+    registry(&c)
+}
+
+/// The wire of a Write of `data` at `slba` with its data in the capsule.
+fn in_capsule_write(p: &mut Pair, slba: u64, data: &[u8]) -> (u16, Vec<u8>) {
+    let cid = p.cid();
+    let mut s = Sqe::rw(io::WRITE, cid, 1, slba, (data.len() / 512) as u32, false);
+    s.set_sgl(SglDescriptor {
+        address: 0,
+        length: data.len() as u32,
+        id: sgl::DATA_BLOCK_OFFSET,
+    });
+    let mut wire = Vec::new();
+    sluice_proto::pdu::encode_pdu(&PduHeader::CapsuleCmd(s), data, &p.txp, &mut wire);
+    (cid, wire)
+}
+
+/// Large in-capsule data is received into the command's buffer (the rest
+/// of it past the framer), whatever the read sizes and digests, with the
+/// next command right behind it on the wire: the data written is the data
+/// read back.
+#[test]
+fn large_in_capsule_data_is_received_into_the_command_buffer() {
+    for (hdgst, ddgst) in [(false, false), (true, true)] {
+        for chunk in [1000usize, 7000, 70_000] {
+            let r = reg_large_inline();
+            let (_a, cntlid) = admin_pair(&r);
+            let mut p = io_pair(&r, cntlid, hdgst, ddgst);
+            let first = pattern(128 * 1024, chunk as u8);
+            let second = pattern(64 * 1024, chunk as u8 ^ 0x5a);
+            let (cid1, mut wire) = in_capsule_write(&mut p, 0, &first);
+            let (cid2, w2) = in_capsule_write(&mut p, 256, &second);
+            wire.extend_from_slice(&w2);
+            for c in wire.chunks(chunk) {
+                p.conn.feed(c, p.now);
+            }
+            p.pump();
+            let got = p.take();
+            for cid in [cid1, cid2] {
+                let st = got.iter().find_map(|g| match &g.header {
+                    PduHeader::CapsuleResp(c) if c.cid == cid => Some(c.status()),
+                    _ => None,
+                });
+                assert_eq!(st, Some(Status::SUCCESS), "chunk {chunk} cid {cid}");
+            }
+            let direct = p.conn.stats().rx_direct_bytes();
+            if chunk < 64 * 1024 {
+                assert!(direct > 64 * 1024, "chunk {chunk}: {direct} bytes in place");
+            }
+            let (st, back) = p.read(0, 256);
+            assert_eq!(st, Status::SUCCESS);
+            assert!(back == first, "hdgst {hdgst} ddgst {ddgst} chunk {chunk}");
+            let (st, back) = p.read(256, 128);
+            assert_eq!(st, Status::SUCCESS);
+            assert!(back == second, "hdgst {hdgst} ddgst {ddgst} chunk {chunk}");
+            assert!(!p.conn.is_closed());
+        }
+    }
+}
+
+/// A split in-capsule Write whose data digest is wrong fails alone
+/// (Transient Transport Error, as a whole capsule's), and one refused at
+/// admission (LBA out of range) has its data read and dropped: either way
+/// nothing is written and the stream stays in step.
+#[test]
+fn a_split_in_capsule_write_that_fails_leaves_the_stream_in_step() {
+    let r = reg_large_inline();
+    let (_a, cntlid) = admin_pair(&r);
+    let mut p = io_pair(&r, cntlid, false, true);
+    let bad = pattern(128 * 1024, 7);
+    let (cid, mut wire) = in_capsule_write(&mut p, 0, &bad);
+    let n = wire.len();
+    wire[n - 1] ^= 0xff; // corrupt DDGST
+                         // 8192 LBAs of 512 bytes: 8100 + 256 runs past the end.
+    let (cid_oor, w) = in_capsule_write(&mut p, 8100, &bad);
+    wire.extend_from_slice(&w);
+    let good = pattern(32 * 1024, 9);
+    let (cid_ok, w) = in_capsule_write(&mut p, 512, &good);
+    wire.extend_from_slice(&w);
+    for c in wire.chunks(5000) {
+        p.conn.feed(c, p.now);
+    }
+    p.pump();
+    let got = p.take();
+    let status = |cid: u16| {
+        got.iter().find_map(|g| match &g.header {
+            PduHeader::CapsuleResp(c) if c.cid == cid => Some(c.status()),
+            _ => None,
+        })
+    };
+    assert_eq!(status(cid), Some(Status::TRANSIENT_TRANSPORT_ERROR));
+    assert_eq!(status(cid_oor), Some(Status::LBA_OUT_OF_RANGE));
+    assert_eq!(status(cid_ok), Some(Status::SUCCESS));
+    assert!(p.conn.stats().rx_direct_bytes() > 128 * 1024);
+    assert!(!p.conn.is_closed());
+    let (st, back) = p.read(0, 256);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(back.iter().all(|&b| b == 0), "a failed write landed");
+    assert_eq!(p.read(512, 64).1, good);
+}
+
+/// More in-capsule data than advertised is fatal even when it would be
+/// split, before any of it is received in place.
+#[test]
+fn split_in_capsule_data_beyond_the_limit_is_fatal() {
+    let r = reg_large_h2c("immediate");
+    let (_a, cntlid) = admin_pair(&r);
+    let mut p = io_pair(&r, cntlid, false, false);
+    let (_cid, wire) = in_capsule_write(&mut p, 0, &pattern(64 * 1024, 3));
+    p.conn.feed(&wire[..4096], p.now);
+    p.pump();
+    assert_eq!(p.term.map(|t| t.0), Some(fes::DATA_LIMIT_EXCEEDED));
+    assert!(p.conn.is_closed());
+    assert_eq!(p.conn.stats().rx_direct_bytes(), 0);
+}
+
 /// A large H2CData outside its R2T is refused when its header is in, with
 /// the FES a whole one gets, and nothing of it lands.
 #[test]

@@ -43,6 +43,37 @@ fn data_direction(sqe: &Sqe) -> DataDir {
     }
 }
 
+/// A CapsuleCmd's in-capsule data as it reaches admission.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CapsuleData<'a> {
+    /// All of it, in the framer's buffer.
+    Whole(&'a [u8]),
+    /// Split off the framer (`split_direct_rx`): `head` is in, `rest` more
+    /// bytes (and a digest when `ddgst`) follow, read in place.
+    Split {
+        head: &'a [u8],
+        rest: usize,
+        ddgst: bool,
+    },
+}
+
+impl<'a> CapsuleData<'a> {
+    /// Bytes of in-capsule data, received or not.
+    fn len(&self) -> usize {
+        match self {
+            CapsuleData::Whole(d) => d.len(),
+            CapsuleData::Split { head, rest, .. } => head.len() + rest,
+        }
+    }
+
+    /// The bytes received so far.
+    fn head(&self) -> &'a [u8] {
+        match self {
+            CapsuleData::Whole(d) | CapsuleData::Split { head: d, .. } => d,
+        }
+    }
+}
+
 impl QueueConnection {
     /// One CapsuleCmd; `header` is its received header (common header and
     /// SQE), quoted by a TermReq.
@@ -50,7 +81,7 @@ impl QueueConnection {
         &mut self,
         sqe: Sqe,
         header: &[u8],
-        data: &[u8],
+        data: CapsuleData<'_>,
         digest_ok: bool,
         now: Instant,
     ) {
@@ -80,7 +111,7 @@ impl QueueConnection {
             // nvmet and SPDK take it as a Fabrics type this queue does not
             // serve: Invalid Opcode.
             let answer = (Status::INVALID_OPCODE, 0);
-            self.refuse(&c, data, "qid", "queue already connected", answer);
+            self.refuse(&c, data.head(), "qid", "queue already connected", answer);
             self.respond_now(cid, answer.0, 0, now);
             return;
         }
@@ -158,7 +189,12 @@ impl QueueConnection {
             self.complete(slot, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0, now);
             return;
         }
-        self.execute(slot, data, now);
+        match data {
+            CapsuleData::Whole(d) => self.execute(slot, d, now),
+            CapsuleData::Split { head, rest, ddgst } => {
+                self.receive_capsule_rest(slot, head, rest, ddgst);
+            }
+        }
     }
 
     /// A host that reuses the CID of an Asynchronous Event Request it left

@@ -4,14 +4,22 @@
 //! command's aligned buffer. Out-of-range or unexpected data is a fatal
 //! [`DecodeError`]; a data digest error fails only the command, once its
 //! data is in. The last PDU hands the command to execution.
+//!
+//! Large data is received in place: an H2CData PDU, or a Write's in-capsule
+//! data, with at least [`DIRECT_RX_REST_MIN_BYTES`] still to come is split
+//! off the framer, and the rest is read straight into the command's buffer
+//! (`DirectRx`).
 
-use super::QueueConnection;
+use super::admit::CapsuleData;
+use super::{note_ignored_fields, QueueConnection};
 use crate::tolerated::Tolerated;
 use sluice_backend::AlignedBuf;
+use sluice_proto::command::io;
 use sluice_proto::digest::crc32c;
-use sluice_proto::framer::{Framer, InPlace};
+use sluice_proto::framer::{Framer, InPlace, SplitPdu};
 use sluice_proto::pdu::{DataHeader, DecodeError, PduHeader, R2t, DIGEST_LEN};
 use sluice_proto::send::PduClass;
+use sluice_proto::Sqe;
 use sluice_proto::Status;
 use std::time::Instant;
 
@@ -126,12 +134,20 @@ impl QueueConnection {
         }
     }
 
-    /// Splits a large H2CData PDU off the framer so that the rest of its
-    /// data is read into its command's buffer ([`QueueConnection::recv_bufs`]).
-    /// True when it did; a PDU that breaks the rules closes the connection
-    /// as a whole one would.
-    pub(super) fn split_direct_rx(&mut self, framer: &mut Framer) -> bool {
-        let sp = match framer.split_data(DIRECT_RX_REST_MIN_BYTES) {
+    /// Splits a large H2CData PDU, or a Write's large in-capsule data, off
+    /// the framer so that the rest of its data is read into its command's
+    /// buffer ([`QueueConnection::recv_bufs`]). True when it did; a PDU
+    /// that breaks the rules closes the connection as a whole one would.
+    pub(super) fn split_direct_rx(&mut self, framer: &mut Framer, now: Instant) -> bool {
+        // In-capsule data of I/O queue Writes only: other commands' data is
+        // small (Connect, DSM ranges) and handled whole.
+        let capsules = self.session.qid > 0;
+        let accept = |h: &PduHeader| match h {
+            PduHeader::H2CData(_) => true,
+            PduHeader::CapsuleCmd(sqe) => capsules && sqe.opcode() == io::WRITE,
+            _ => false,
+        };
+        let sp = match framer.split_pdu(DIRECT_RX_REST_MIN_BYTES, accept) {
             Ok(None) => return false,
             Ok(Some(sp)) => sp,
             Err(e) => {
@@ -140,9 +156,12 @@ impl QueueConnection {
                 return false;
             }
         };
+        if let PduHeader::CapsuleCmd(sqe) = sp.header {
+            return self.split_capsule(sqe, &sp, now);
+        }
         let raw_header = sp.header_quote();
         let PduHeader::H2CData(header) = sp.header else {
-            // The framer splits data PDUs only, and yields no C2HData here.
+            // `accept` takes H2CData and CapsuleCmd PDUs only.
             let e = DecodeError::Sequence("data PDU of the wrong direction".into());
             self.fatal(&e, &raw_header);
             return false;
@@ -160,15 +179,70 @@ impl QueueConnection {
             buf[at..at + head.len()].copy_from_slice(head);
         }
         self.direct_rx = Some(DirectRx {
-            slot,
+            dest: DirectDest::H2c { slot, header },
             rest: InPlace {
                 at: at + head.len(),
                 left: sp.data_rest,
             },
             ddgst: sp.ddgst,
-            header,
         });
         true
+    }
+
+    /// A Write whose in-capsule data is split off the framer: admitted on
+    /// its header, then the rest of its data goes straight into its
+    /// buffer ([`Self::receive_capsule_rest`]). A command answered at
+    /// admission (an error status) still has its data read, and dropped,
+    /// so that the stream stays in step.
+    fn split_capsule(&mut self, sqe: Sqe, sp: &SplitPdu<'_>, now: Instant) -> bool {
+        note_ignored_fields(sp.raw_header, sp.data_head.len() + sp.data_rest);
+        let data = CapsuleData::Split {
+            head: sp.data_head,
+            rest: sp.data_rest,
+            ddgst: sp.ddgst,
+        };
+        self.handle_command(sqe, sp.raw_header, data, true, now);
+        if self.direct_rx.is_none() && self.wants_input() {
+            self.direct_rx = Some(DirectRx {
+                dest: DirectDest::Discard {
+                    buf: AlignedBuf::for_overwrite(sp.data_rest),
+                },
+                rest: InPlace {
+                    at: 0,
+                    left: sp.data_rest,
+                },
+                ddgst: sp.ddgst,
+            });
+        }
+        self.direct_rx.is_some()
+    }
+
+    /// An admitted Write whose in-capsule data was split off the framer:
+    /// `head` goes into its buffer now, and the `rest` bytes that follow
+    /// are read in place; [`Self::finish_direct_rx`] executes it.
+    pub(super) fn receive_capsule_rest(
+        &mut self,
+        slot: u16,
+        head: &[u8],
+        rest: usize,
+        ddgst: bool,
+    ) {
+        let Some(cmd) = self.cmds.get_mut(slot) else {
+            debug_assert!(false, "slot {slot} was just allocated");
+            return;
+        };
+        // Not zeroed: the command executes only once all its data arrived.
+        let mut buf = AlignedBuf::for_overwrite(head.len() + rest);
+        buf[..head.len()].copy_from_slice(head);
+        cmd.buf = Some(buf);
+        self.direct_rx = Some(DirectRx {
+            dest: DirectDest::Capsule { slot },
+            rest: InPlace {
+                at: head.len(),
+                left: rest,
+            },
+            ddgst,
+        });
     }
 
     /// Completes the split PDU once its data (and digest) is in. False:
@@ -180,27 +254,44 @@ impl QueueConnection {
         if d.rest.left > 0 {
             return false;
         }
-        let (slot, from, len) = (d.slot, d.header.offset as usize, d.header.len as usize);
-        let digest_ok = if d.ddgst {
+        let received_digest = if d.ddgst {
             let Some(b) = framer.take_bytes(DIGEST_LEN) else {
                 return false;
             };
-            let received = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            self.cmds
-                .get_mut(slot)
-                .and_then(|c| c.buf.as_ref())
-                .map(|buf| crc32c(&buf[from..from + len]) == received)
-                .unwrap_or(true)
+            Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         } else {
-            true
+            None
         };
-        self.direct_rx = None;
-        self.h2c_done(
-            slot,
-            u32::try_from(from + len).unwrap_or(u32::MAX),
-            digest_ok,
-            now,
-        );
+        let Some(d) = self.direct_rx.take() else {
+            return true;
+        };
+        let digest_ok = |buf: Option<&AlignedBuf>, from: usize, len: usize| match received_digest {
+            Some(r) => buf.is_none_or(|b| crc32c(&b[from..from + len]) == r),
+            None => true,
+        };
+        match d.dest {
+            DirectDest::H2c { slot, header } => {
+                let (from, len) = (header.offset as usize, header.len as usize);
+                let buf = self.cmds.get(slot).and_then(|c| c.buf.as_ref());
+                let ok = digest_ok(buf, from, len);
+                self.h2c_done(slot, u32::try_from(from + len).unwrap_or(u32::MAX), ok, now);
+            }
+            DirectDest::Capsule { slot } => {
+                let Some(cmd) = self.cmds.get_mut(slot) else {
+                    return true;
+                };
+                let buf = cmd.buf.take();
+                let ok = digest_ok(buf.as_ref(), 0, d.rest.at);
+                if ok {
+                    self.execute_with_buf(slot, buf, now);
+                } else {
+                    // As for a whole capsule: the command fails, the
+                    // connection carries on.
+                    self.complete(slot, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0, now);
+                }
+            }
+            DirectDest::Discard { .. } => {}
+        }
         true
     }
 }
@@ -212,14 +303,24 @@ const DIRECT_RX_REST_MIN_BYTES: usize = 16 * 1024;
 /// the framer at most this much (the digest, the next PDUs' headers).
 pub(super) const DIRECT_RX_TAIL_BYTES: usize = 8 * 1024;
 
-/// An H2CData PDU whose data is being read straight into its command's
-/// buffer, past the framer.
+/// A PDU whose data is being read straight into its destination, past
+/// the framer.
 #[derive(Debug)]
 pub(super) struct DirectRx {
-    pub(super) slot: u16,
-    header: DataHeader,
-    /// The rest of its data, in the command's buffer.
+    pub(super) dest: DirectDest,
+    /// The rest of its data, in the destination buffer.
     pub(super) rest: InPlace,
     /// A data digest follows the data.
     ddgst: bool,
+}
+
+/// Where a split PDU's data goes.
+#[derive(Debug)]
+pub(super) enum DirectDest {
+    /// An H2CData PDU's data, into its command's buffer at its offset.
+    H2c { slot: u16, header: DataHeader },
+    /// A Write's in-capsule data, into its command's buffer (all of it).
+    Capsule { slot: u16 },
+    /// In-capsule data of a command answered at admission: read, dropped.
+    Discard { buf: AlignedBuf },
 }

@@ -139,7 +139,7 @@ pub struct QueueConnection {
     /// The send path and the SQ head.
     out: Responder,
     stats: QueueStats,
-    /// An H2CData PDU whose data is being read straight into its
+    /// An H2CData PDU or in-capsule data being read straight into its
     /// command's buffer (see [`Self::recv_bufs`]).
     direct_rx: Option<data::DirectRx>,
 }
@@ -183,9 +183,10 @@ impl QueueConnection {
     // ---------------------------------------------------------------- I/O layer API
 
     /// Space to read socket bytes into, in order (one `readv`). The first
-    /// is empty unless a large H2CData PDU is under way: then it is the
-    /// rest of that PDU's data in its command's own buffer, so the bulk of
-    /// a large write is copied once (by the kernel). The second is the
+    /// is empty unless a large H2CData PDU or a Write's large in-capsule
+    /// data is under way: then it is the rest of that data in its
+    /// command's own buffer, so the bulk of a large write is copied once
+    /// (by the kernel). The second is the
     /// framer's (at most one read chunk, and a small tail after in-place
     /// data).
     pub fn recv_bufs(&mut self) -> (&mut [u8], &mut [u8]) {
@@ -193,11 +194,18 @@ impl QueueConnection {
             .framer
             .as_mut()
             .expect("framer present outside process_input");
-        if let Some(d) = self.direct_rx.as_ref().filter(|d| d.rest.left > 0) {
-            if let Some(buf) = self.cmds.get_mut(d.slot).and_then(|c| c.buf.as_mut()) {
+        if let Some(d) = self.direct_rx.as_mut().filter(|d| d.rest.left > 0) {
+            let range = d.rest.range();
+            let buf = match &mut d.dest {
+                data::DirectDest::H2c { slot, .. } | data::DirectDest::Capsule { slot } => {
+                    self.cmds.get_mut(*slot).and_then(|c| c.buf.as_mut())
+                }
+                data::DirectDest::Discard { buf } => Some(buf),
+            };
+            if let Some(buf) = buf {
                 let tail = framer.read_buf();
                 let n = tail.len().min(data::DIRECT_RX_TAIL_BYTES);
-                return (&mut buf[d.rest.range()], &mut tail[..n]);
+                return (&mut buf[range], &mut tail[..n]);
             }
         }
         let chunk = framer.read_chunk();
@@ -490,7 +498,7 @@ impl QueueConnection {
             let pdu = match framer.next_pdu() {
                 Ok(Some(p)) => p,
                 Ok(None) => {
-                    if self.state == ConnState::Ready && self.split_direct_rx(framer) {
+                    if self.state == ConnState::Ready && self.split_direct_rx(framer, now) {
                         continue;
                     }
                     return;
@@ -506,7 +514,8 @@ impl QueueConnection {
                 PduHeader::IcReq(r) => self.handle_ic_req(framer, r, now),
                 PduHeader::CapsuleCmd(sqe) => {
                     let connecting = self.state == ConnState::AwaitConnect;
-                    self.handle_command(sqe, pdu.raw_header, pdu.data, pdu.data_digest_ok, now);
+                    let data = admit::CapsuleData::Whole(pdu.data);
+                    self.handle_command(sqe, pdu.raw_header, data, pdu.data_digest_ok, now);
                     if connecting && self.state == ConnState::Ready {
                         handshake::open_framer(framer, &self.reg);
                     }
