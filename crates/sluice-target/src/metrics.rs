@@ -145,6 +145,37 @@ impl SendTotals {
     }
 }
 
+/// Target-wide receive totals: bytes read from hosts' sockets, and the
+/// part of them the socket wrote straight into commands' buffers past
+/// the framer (the rest of large H2CData PDUs and of Writes' large
+/// in-capsule data). Workers add after each socket's reads.
+#[derive(Debug, Default)]
+pub struct ReceiveTotals {
+    bytes: AtomicU64,
+    in_place_bytes: AtomicU64,
+}
+
+impl ReceiveTotals {
+    /// Counts `bytes` read, `in_place_bytes` of them in place.
+    pub fn add(&self, bytes: u64, in_place_bytes: u64) {
+        debug_assert!(in_place_bytes <= bytes, "more bytes in place than read");
+        if bytes > 0 {
+            self.bytes.fetch_add(bytes, Relaxed);
+        }
+        if in_place_bytes > 0 {
+            self.in_place_bytes.fetch_add(in_place_bytes, Relaxed);
+        }
+    }
+    /// Bytes read from hosts' sockets so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Relaxed)
+    }
+    /// Of [`Self::bytes`], those written straight into commands' buffers.
+    pub fn in_place_bytes(&self) -> u64 {
+        self.in_place_bytes.load(Relaxed)
+    }
+}
+
 /// Human summary of send totals; `ios` = Read/Write commands served.
 pub fn send_summary(s: &SendStats, ios: u64) -> String {
     use sluice_proto::send::FLUSH_REASON_NAMES;

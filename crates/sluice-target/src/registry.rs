@@ -92,6 +92,8 @@ pub struct Registry {
     /// Target-wide send path and coalescing counters: every queue's
     /// `SendStats`, summed.
     pub(crate) send: crate::metrics::SendTotals,
+    /// Target-wide receive counters: bytes read, and read in place.
+    pub(crate) receive: crate::metrics::ReceiveTotals,
     /// Connection limits and counts (the acceptor admits, connections
     /// hold permits).
     pub admission: Arc<crate::admission::Admission>,
@@ -358,6 +360,7 @@ impl Registry {
             discovery,
             hosts: HostRegistry::default(),
             send: crate::metrics::SendTotals::default(),
+            receive: crate::metrics::ReceiveTotals::default(),
             admission: Arc::new(crate::admission::Admission::new(&config.target)),
             auth: crate::metrics::AuthCounters::default(),
             discovery_genctr: AtomicU64::new(1),

@@ -83,6 +83,8 @@ fn admin_endpoint_with_token() {
         "sluice_ram_reads_in_place_total",
         "sluice_ram_chunks_copied_for_reads_total",
         "sluice_target_window_capped_writes_total",
+        "sluice_target_received_bytes_total",
+        "sluice_target_received_in_place_bytes_total",
         "sluice_target_responses_after_data_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);

@@ -280,8 +280,8 @@ fn write_read_with(polling: &str, workers: usize, digests: bool, send: SendConfi
 
 /// Writes of up to 128 KiB in their capsules, over real sockets, with and
 /// without digests: their data is received in place past the framer's
-/// first read (the socket path of `recv_bufs`), and reads back intact,
-/// commands behind them included.
+/// first read (the socket path of `recv_bufs`; counted in
+/// `sluice_target_received_in_place_bytes_total`), and reads back intact.
 #[test]
 fn large_in_capsule_writes_read_back() {
     let t = start_settings(
@@ -311,6 +311,16 @@ fn large_in_capsule_writes_read_back() {
             );
         }
     }
+    let written: usize = 2 * (4096 + 20 * 1024 + 65536 + 100 * 1024 + 128 * 1024);
+    let received = metric(&t, "sluice_target_received_bytes_total", None);
+    let in_place = metric(&t, "sluice_target_received_in_place_bytes_total", None);
+    assert!(received > written as f64, "{received} bytes received");
+    // The 100 and 128 KiB writes leave at least 16 KiB each to come after
+    // the framer's first read (at most 64 KiB).
+    assert!(
+        in_place >= (4 * 16 * 1024) as f64 && in_place < received,
+        "{in_place} of {received} bytes received in place"
+    );
     t.shutdown();
 }
 

@@ -91,7 +91,10 @@ pub struct QueueStats {
     pub(crate) commands: u64,
     pub(crate) r2ts: u64,
     pub(crate) h2c_pdus: u64,
-    /// H2CData bytes the socket wrote straight into command buffers.
+    /// Bytes received (handed to `handle_received` or `feed`).
+    pub(crate) rx_bytes: u64,
+    /// Of them, bytes the socket wrote straight into command buffers (the
+    /// rest of large H2CData PDUs and of Writes' large in-capsule data).
     pub(crate) rx_direct_bytes: u64,
     pub(crate) c2h_pdus: u64,
     /// C2HData bytes handed to the send path by reference (sent from the
@@ -100,8 +103,14 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
-    /// H2CData bytes the socket wrote straight into command buffers (the
-    /// rest of large PDUs, past the framer).
+    /// Bytes received from the host.
+    pub fn rx_bytes(&self) -> u64 {
+        self.rx_bytes
+    }
+
+    /// Bytes the socket wrote straight into command buffers (the rest of
+    /// large H2CData PDUs and of Writes' large in-capsule data, past the
+    /// framer).
     pub fn rx_direct_bytes(&self) -> u64 {
         self.rx_direct_bytes
     }
@@ -218,6 +227,7 @@ impl QueueConnection {
     /// buffer fills before the second).
     pub fn handle_received(&mut self, n: usize, now: Instant) {
         let past = self.direct_rx.as_mut().map_or(n, |d| d.rest.take(n));
+        self.stats.rx_bytes += n as u64;
         self.stats.rx_direct_bytes += (n - past) as u64;
         self.framer
             .as_mut()

@@ -6,6 +6,7 @@
 //! edge-triggered).
 
 use crate::admission::Permit;
+use crate::metrics::ReceiveTotals;
 use crate::queue::QueueConnection;
 use crate::tenant::worker::WorkerTenancy;
 use crate::tenant::TenantId;
@@ -62,9 +63,16 @@ pub(super) fn more_input(e: &ConnEntry, throttled: bool) -> bool {
     e.read_ready && e.conn.wants_read() && !throttled
 }
 
-/// Reads what the socket has (up to the budget) into the queue.
-pub(super) fn read_conn(e: &mut ConnEntry, now: Instant) -> bool {
+/// Reads what the socket has (up to the budget) into the queue, and
+/// counts what it read in `totals`.
+pub(super) fn read_conn(e: &mut ConnEntry, now: Instant, totals: &ReceiveTotals) -> bool {
+    let before = e.conn.stats();
     let progressed = read_socket(e, now);
+    let after = e.conn.stats();
+    totals.add(
+        after.rx_bytes() - before.rx_bytes(),
+        after.rx_direct_bytes() - before.rx_direct_bytes(),
+    );
     if e.permit.is_handshaking() && e.conn.controller().is_some() {
         e.permit.handshake_done();
     }

@@ -409,7 +409,7 @@ impl Worker {
             let tenant = conn_tenant(e, &self.tenancy);
             let throttled = self.tenancy.throttled(tenant);
             if more_input(e, throttled) {
-                work |= read_conn(e, now);
+                work |= read_conn(e, now, &self.reg.receive);
             }
             // Backend submissions.
             while let Some(sub) = e.conn.poll_backend() {
@@ -494,7 +494,7 @@ impl Worker {
             }
             // A response may have unblocked more input (back-pressure released).
             if more_input(e, throttled) {
-                work |= read_conn(e, now);
+                work |= read_conn(e, now, &self.reg.receive);
             }
             if !more_input(e, throttled) {
                 // No more input this turn: the end of the batch.

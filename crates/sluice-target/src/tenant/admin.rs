@@ -550,8 +550,9 @@ impl Collector for TargetCollector {
     }
 }
 
-/// The writes the congestion window capped, the responses sent after
-/// their batch's data, DH-HMAC-CHAP outcomes
+/// The writes the congestion window capped, the bytes received (and
+/// received in place), the responses sent after their batch's data,
+/// DH-HMAC-CHAP outcomes
 /// (failures by reason; no host label, see
 /// [`crate::metrics::AuthCounters`]) and the inputs accepted under
 /// [`crate::tolerated`], by case.
@@ -562,6 +563,20 @@ fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std:
         "Writes to hosts' sockets that sent only what the TCP congestion window admitted and left the rest to the worker's next turns (target.send_within_cwnd).",
         None,
         reg.send.window_capped_writes(),
+    )?;
+    counter(
+        e,
+        "sluice_target_received_bytes",
+        "Bytes read from hosts' sockets (PDUs and their data).",
+        None,
+        reg.receive.bytes(),
+    )?;
+    counter(
+        e,
+        "sluice_target_received_in_place_bytes",
+        "Of the bytes read from hosts' sockets, those written straight into commands' buffers past the framer: the rest of H2CData PDUs and of Writes' in-capsule data with at least 16 KiB still to come.",
+        None,
+        reg.receive.in_place_bytes(),
     )?;
     counter(
         e,
