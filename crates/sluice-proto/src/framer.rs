@@ -291,7 +291,9 @@ impl Framer {
     ///
     /// `Ok(None)`: nothing split (no such PDU pending, its header is not
     /// complete, too little of its data is missing, or `accept` refused it);
-    /// the framer is as before.
+    /// the framer is as before. `Err`: the header is invalid (or its
+    /// digest wrong) and the framer is poisoned, as [`Self::next_pdu`]
+    /// would have found, whatever `accept` would have said.
     pub fn split_pdu(
         &mut self,
         rest_min: usize,

@@ -195,9 +195,8 @@ impl QueueConnection {
     /// is empty unless a large H2CData PDU or a Write's large in-capsule
     /// data is under way: then it is the rest of that data in its
     /// command's own buffer, so the bulk of a large write is copied once
-    /// (by the kernel). The second is the
-    /// framer's (at most one read chunk, and a small tail after in-place
-    /// data).
+    /// (by the kernel). The second is the framer's (at most one read
+    /// chunk, and a small tail after in-place data).
     pub fn recv_bufs(&mut self) -> (&mut [u8], &mut [u8]) {
         let framer = self
             .framer
