@@ -91,10 +91,8 @@ pub struct QueueStats {
     pub(crate) commands: u64,
     pub(crate) r2ts: u64,
     pub(crate) h2c_pdus: u64,
-    /// Bytes received (handed to `handle_received` or `feed`).
-    pub(crate) rx_bytes: u64,
-    /// Of them, bytes the socket wrote straight into command buffers (the
-    /// rest of large H2CData PDUs and of Writes' large in-capsule data).
+    /// Bytes the socket wrote straight into command buffers (the rest of
+    /// large H2CData PDUs and of Writes' large in-capsule data).
     pub(crate) rx_direct_bytes: u64,
     pub(crate) c2h_pdus: u64,
     /// C2HData bytes handed to the send path by reference (sent from the
@@ -103,11 +101,6 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
-    /// Bytes received from the host.
-    pub fn rx_bytes(&self) -> u64 {
-        self.rx_bytes
-    }
-
     /// Bytes the socket wrote straight into command buffers (the rest of
     /// large H2CData PDUs and of Writes' large in-capsule data, past the
     /// framer).
@@ -223,16 +216,18 @@ impl QueueConnection {
     }
 
     /// Processes `n` bytes just read into [`Self::recv_bufs`] (the first
-    /// buffer fills before the second).
-    pub fn handle_received(&mut self, n: usize, now: Instant) {
+    /// buffer fills before the second). Returns how many of them went in
+    /// place (into the first buffer).
+    pub fn handle_received(&mut self, n: usize, now: Instant) -> usize {
         let past = self.direct_rx.as_mut().map_or(n, |d| d.rest.take(n));
-        self.stats.rx_bytes += n as u64;
-        self.stats.rx_direct_bytes += (n - past) as u64;
+        let in_place = n - past;
+        self.stats.rx_direct_bytes += in_place as u64;
         self.framer
             .as_mut()
             .expect("framer present outside process_input")
             .advance(past);
         self.process_input(now);
+        in_place
     }
 
     /// Feeds bytes by copy (in-memory peers and tests), through

@@ -66,20 +66,23 @@ pub(super) fn more_input(e: &ConnEntry, throttled: bool) -> bool {
 /// Reads what the socket has (up to the budget) into the queue, and
 /// counts what it read in `totals`.
 pub(super) fn read_conn(e: &mut ConnEntry, now: Instant, totals: &ReceiveTotals) -> bool {
-    let before = e.conn.stats();
-    let progressed = read_socket(e, now);
-    let after = e.conn.stats();
-    totals.add(
-        after.rx_bytes() - before.rx_bytes(),
-        after.rx_direct_bytes() - before.rx_direct_bytes(),
-    );
+    let mut got = Received::default();
+    let progressed = read_socket(e, now, &mut got);
+    totals.add(got.bytes, got.in_place_bytes);
     if e.permit.is_handshaking() && e.conn.controller().is_some() {
         e.permit.handshake_done();
     }
     progressed
 }
 
-fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
+/// Bytes one [`read_conn`] read, and how many of them went in place.
+#[derive(Default)]
+struct Received {
+    bytes: u64,
+    in_place_bytes: u64,
+}
+
+fn read_socket(e: &mut ConnEntry, now: Instant, got: &mut Received) -> bool {
     let mut total = 0usize;
     loop {
         if !e.conn.wants_read() {
@@ -100,7 +103,8 @@ fn read_socket(e: &mut ConnEntry, now: Instant) -> bool {
                 return true;
             }
             Ok(n) => {
-                e.conn.handle_received(n, now);
+                got.in_place_bytes += e.conn.handle_received(n, now) as u64;
+                got.bytes += n as u64;
                 total += n;
                 if total >= READ_BUDGET_BYTES {
                     // Leave read_ready set: more may be waiting.
