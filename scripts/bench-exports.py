@@ -279,6 +279,7 @@ def main():
     if a.runtime < 1 or a.repeats < 1:
         raise SystemExit("bench-exports: --runtime and --repeats must be at least 1")
     ensure_tools()
+    subprocess.run([os.path.join(ROOT, "scripts", "install-build-deps.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[0]

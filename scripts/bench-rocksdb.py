@@ -216,6 +216,7 @@ def main():
                          f"comma-separated, not {a.conditions!r}")
     ensure_tools()
     log("building sluice (release)")
+    subprocess.run([os.path.join(ROOT, "scripts", "install-build-deps.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
     load_before = open("/proc/loadavg").read().split()[:3]
     work = tempfile.mkdtemp(prefix="sluice-rocksdb.")

@@ -138,6 +138,7 @@ def main():
     if a.spdk:
         with open(a.spdk) as f:
             spdk = json.load(f)
+    subprocess.run([os.path.join(ROOT, "scripts", "install-build-deps.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
     with open("/proc/loadavg") as f:
         load_before = f.read().split()[0]

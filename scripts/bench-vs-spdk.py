@@ -301,6 +301,7 @@ def main():
     if subprocess.run(["mountpoint", "-q", "/dev/hugepages"]).returncode != 0:
         Path("/dev/hugepages").mkdir(exist_ok=True)
         subprocess.run(["mount", "-t", "hugetlbfs", "nodev", "/dev/hugepages"], check=True)
+    subprocess.run([str(ROOT / "scripts" / "install-build-deps.sh")], check=True)
     subprocess.run(["cargo", "build", "-q", "--release", "--bin", "sluice"], cwd=ROOT, check=True)
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")

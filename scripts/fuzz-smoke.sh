@@ -54,6 +54,7 @@ BIN_ARGS=()
 for t in "${TARGETS[@]}"; do BIN_ARGS+=(--bin "$t"); done
 echo "fuzz-smoke: building ${TARGETS[*]} (release, debug assertions + overflow checks, target $HOST)"
 start=$(date +%s)
+"$ROOT/scripts/install-build-deps.sh"  # sluice-export reaches the control plane's gRPC code, which needs protoc
 cargo build --release --target "$HOST" "${BIN_ARGS[@]}"
 echo "fuzz-smoke: build took $(( $(date +%s) - start ))s"
 BIN_DIR="$CARGO_TARGET_DIR/$HOST/release"

@@ -64,6 +64,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "interop: building sluice"
+"$ROOT/scripts/install-build-deps.sh"
 (cd "$ROOT" && cargo build -q -p sluice-cli)
 SLUICE=$ROOT/target/debug/sluice
 

@@ -46,6 +46,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "interop-target: building"
+"$ROOT/scripts/install-build-deps.sh"
 (cd "$ROOT" && cargo build -q -p sluice-cli && cargo build -q -p sluice-host --example interop)
 SLUICE=$ROOT/target/debug/sluice
 INTEROP=$ROOT/target/debug/examples/interop

@@ -60,6 +60,7 @@ wait_port() {
 }
 
 echo "interop-volume: building sluice"
+"$ROOT/scripts/install-build-deps.sh"
 (cd "$ROOT" && cargo build -q -p sluice-cli)
 SLUICE=$ROOT/target/debug/sluice
 

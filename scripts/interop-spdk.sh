@@ -67,6 +67,7 @@ fi
 mountpoint -q /dev/hugepages || { mkdir -p /dev/hugepages && mount -t hugetlbfs nodev /dev/hugepages; }
 
 echo "interop-spdk: building sluice"
+"$ROOT/scripts/install-build-deps.sh"
 (cd "$ROOT" && cargo build -q --release --bin sluice)
 SLUICE=$ROOT/target/release/sluice
 

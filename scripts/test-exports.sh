@@ -56,6 +56,7 @@ echo "tools: $(fio --version 2>&1 | head -1); $(qemu-img --version 2>&1 | head -
 
 # SLUICE=path/to/sluice skips the build.
 if [ -z "${SLUICE:-}" ]; then
+    scripts/install-build-deps.sh
     cargo build --release -q -p sluice-cli || { echo "FAIL: build"; echo "0 passed, 1 failed"; exit 1; }
     SLUICE=target/release/sluice
 fi
