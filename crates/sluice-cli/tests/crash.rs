@@ -10,7 +10,7 @@
 
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_host::{ConnectOptions, Controller, IoFlags, ReconnectPolicy};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,12 +19,10 @@ const NQN: &str = "nqn.2026-11.io.sluice:crash";
 const BLOCKS_PER_WRITE: u64 = 8; // 4 KiB writes on 512 B blocks
 const SLOTS: u64 = 2048;
 
+/// A port below the ephemeral range, which other tests' connections
+/// cannot take before the process under test binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    sluice_meta::testing::free_loopback_port().expect("a free loopback port")
 }
 
 fn start_target(config: &std::path::Path) -> Child {

@@ -8,18 +8,15 @@
     clippy::cast_possible_truncation
 )]
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2026-11.io.sluice:ram0";
 
+/// A port below the ephemeral range, which other tests' connections
+/// cannot take before the process under test binds it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    sluice_meta::testing::free_loopback_port().expect("a free loopback port")
 }
 
 fn wait_port(port: u16) {

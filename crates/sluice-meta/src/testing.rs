@@ -15,8 +15,46 @@ pub struct EtcdServer {
     pub endpoint: String,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Ports below this are left alone (well-known and registered services).
+const TEST_PORT_MIN: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range (`bind(0)`, `connect`).
+fn ephemeral_port_min() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768)
+}
+
+/// A loopback TCP port that is free now, for a test to hand to a process it
+/// starts. It is chosen at random *below* the kernel's ephemeral range, so
+/// the outgoing connections other tests open meanwhile cannot take it (a port
+/// from `bind(0)` is an ephemeral one, and CI once lost etcd's to a client's
+/// connection). Another test may still pick the same port before it is
+/// bound, so starters that can tell should retry on "address in use".
+pub fn free_loopback_port() -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_min = ephemeral_port_min();
+    if ephemeral_min <= TEST_PORT_MIN + 1_000 {
+        // No room below the ephemeral range: take an ephemeral port.
+        return Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port());
+    }
+    let span = u64::from(ephemeral_min - TEST_PORT_MIN);
+    for _ in 0..256 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(DRAWS.fetch_add(1, Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        let port = TEST_PORT_MIN + u16::try_from(h.finish() % span).unwrap_or(0);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        "no free loopback port below the ephemeral range after 256 draws",
+    ))
 }
 
 impl EtcdServer {
@@ -52,10 +90,30 @@ impl EtcdServer {
         }
     }
 
-    /// Starts etcd on free loopback ports and waits until it answers.
+    /// Starts etcd on free loopback ports and waits until it answers. A port
+    /// taken between its choice and etcd's bind costs a new pair of ports,
+    /// up to 5 times.
     pub fn start() -> std::io::Result<EtcdServer> {
-        let client = free_port()?;
-        let peer = free_port()?;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once() {
+                Err(e) if attempt < 5 && e.to_string().contains("address already in use") => {
+                    eprintln!("etcd: a port was taken before etcd bound it; new ports (attempt {attempt})");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once() -> std::io::Result<EtcdServer> {
+        let client = free_loopback_port()?;
+        let peer = loop {
+            let p = free_loopback_port()?;
+            if p != client {
+                break p;
+            }
+        };
         let dir = std::env::temp_dir().join(format!("sluice-etcd-{}-{client}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let endpoint = format!("http://127.0.0.1:{client}");
@@ -110,5 +168,22 @@ impl Drop for EtcdServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_bindable_and_outside_the_ephemeral_range() {
+        let ephemeral_min = ephemeral_port_min();
+        for _ in 0..20 {
+            let port = free_loopback_port().expect("a port");
+            if ephemeral_min > TEST_PORT_MIN + 1_000 {
+                assert!((TEST_PORT_MIN..ephemeral_min).contains(&port), "{port}");
+            }
+            TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+        }
     }
 }
