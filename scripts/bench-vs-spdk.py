@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sluice against SPDK on this machine, side by side, in one run.
 
-    scripts/bench-vs-spdk.sh SPDK_DIR [--runtime S] [--repeats N] [--rows ...]
+    scripts/bench-vs-spdk.sh SPDK_DIR [--runtime S] [--repeats N] [--slices K] [--rows ...]
                                       [--engine E] [--sluice-tcp-congestion NAME]
                                       [--write-doc]
 
@@ -37,7 +37,15 @@ the pairs on one target rotate which goes first), so
 the runs a ratio compares are at most a minute apart: this machine drifts by
 2-3x over minutes (128 KiB reads of the SPDK pair: 1.6-4.8 GiB/s in one
 run), and a target-major order put minutes of drift into every ratio.
-Ratios are taken within each repeat and reported as their median and range. CPU: the target's and the host's CPU-seconds over each
+Ratios are taken within each repeat and reported as their median and range.
+With --slices K each pair's run is K runs of --runtime/K seconds, taking
+turns with the other pairs on the same target, so that a ratio of two
+pairs on one target (bench>spdk / perf>spdk, busy against adaptive) sees
+the same phases of the machine: its copies have slow phases lasting
+seconds (docs/benchmarks.md). Ratios across targets cannot be cut finer
+than a target's run. A slice's CPU includes its host's start-up (about
+0.15 CPU-s for spdk_nvme_perf's DPDK set-up, during which nvmf_tgt spins
+too), so K slices count it K times. CPU: the target's and the host's CPU-seconds over each
 run (from /proc), so IOPS per CPU-second covers both sides; nvmf_tgt and
 spdk_nvme_perf busy-poll a core each by design.
 
@@ -274,6 +282,9 @@ def main():
     ap.add_argument("spdk_dir")
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slices", type=int, default=1,
+                    help="cut each pair's run into this many slices that alternate with the other "
+                         "pairs' on the same target (--runtime must be a multiple)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--engine", default="", help="sluice bench --engine value (default: bench's default)")
     ap.add_argument("--sluice-tcp-congestion", default="",
@@ -290,6 +301,8 @@ def main():
             die(f"--rows: unknown row {r!r} (known: {', '.join(ROWS)})")
     if a.runtime < 1 or a.repeats < 1:
         die("--runtime and --repeats must be at least 1")
+    if a.slices < 1 or a.runtime % a.slices:
+        die(f"--slices: {a.slices} must be at least 1 and divide --runtime ({a.runtime} s) into whole seconds")
     if a.sluice_tcp_congestion and not re.fullmatch(r"[A-Za-z0-9_-]{1,15}", a.sluice_tcp_congestion):
         die(f"--sluice-tcp-congestion: {a.sluice_tcp_congestion!r} is not a congestion control name (e.g. cubic)")
     system_cc = Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
@@ -322,19 +335,35 @@ def main():
             # per repeat): whichever ran first right after preconditioning
             # would otherwise meet the target in the same state every time.
             on_target = [p for p in pairs if p.endswith(">" + target_kind)]
-            k = rep % len(on_target) if on_target else 0
-            for pair in on_target[k:] + on_target[:k]:
-                t0 = cpu_s(tgt.p.pid)
-                host = pair.split(">")[0]
-                if host == "perf":
-                    iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, a.runtime)
-                else:
-                    args = BENCH_HOST_ARGS[host] + BENCH_TARGET_ARGS.get(target_kind, [])
-                    iops, mib, lat, hcpu = run_bench(port, nqn, row, a.runtime, args, a.engine)
-                tcpu = cpu_s(tgt.p.pid) - t0
-                results[pair][row].append((iops, mib, lat, hcpu + tcpu))
-                print(f"  repeat {rep + 1} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
-                      f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
+            # With --slices, each pair's run is cut into slices that take
+            # turns with the other pairs' on this target, so that a ratio
+            # of two pairs on one target compares the same phases of the
+            # machine (docs/benchmarks.md: its copies have slow phases of
+            # seconds).
+            slice_s = a.runtime // a.slices
+            acc = {p: [0.0, 0.0, 0.0, 0.0] for p in on_target}  # I/Os, MiB, I/Os x latency, CPU-s
+            for sl in range(a.slices):
+                k = (rep + sl) % len(on_target) if on_target else 0
+                for pair in on_target[k:] + on_target[:k]:
+                    t0 = cpu_s(tgt.p.pid)
+                    host = pair.split(">")[0]
+                    if host == "perf":
+                        iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, slice_s)
+                    else:
+                        args = BENCH_HOST_ARGS[host] + BENCH_TARGET_ARGS.get(target_kind, [])
+                        iops, mib, lat, hcpu = run_bench(port, nqn, row, slice_s, args, a.engine)
+                    tcpu = cpu_s(tgt.p.pid) - t0
+                    s_ = acc[pair]
+                    s_[0] += iops * slice_s
+                    s_[1] += mib * slice_s
+                    s_[2] += lat * iops * slice_s
+                    s_[3] += hcpu + tcpu
+                    tag = f" slice {sl + 1}" if a.slices > 1 else ""
+                    print(f"  repeat {rep + 1}{tag} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
+                          f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
+            for pair, (ios, mib_total, lat_w, cpu) in acc.items():
+                results[pair][row].append((ios / a.runtime, mib_total / a.runtime,
+                                           lat_w / ios if ios > 0 else 0.0, cpu))
         finally:
             tgt.stop()
 
@@ -370,7 +399,9 @@ def main():
     lines.append(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by "
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
-                 f"namespace written whole first, no digests, {a.runtime} s per run, median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat, the pairs on a target rotated) "
+                 f"namespace written whole first, no digests, {a.runtime} s per run"
+                 + (f" in {a.slices} slices that alternate with the other pairs' on the same target" if a.slices > 1 else "")
+                 + f", median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat, the pairs on a target rotated) "
                  f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}, "
                  f"against nvmf_tgt with `{' '.join(BENCH_TARGET_ARGS['spdk'])}`; "
                  f"TCP congestion control: the system's {system_cc}"
