@@ -353,11 +353,11 @@ def main():
                         args = BENCH_HOST_ARGS[host] + BENCH_TARGET_ARGS.get(target_kind, [])
                         iops, mib, lat, hcpu = run_bench(port, nqn, row, slice_s, args, a.engine)
                     tcpu = cpu_s(tgt.p.pid) - t0
-                    s_ = acc[pair]
-                    s_[0] += iops * slice_s
-                    s_[1] += mib * slice_s
-                    s_[2] += lat * iops * slice_s
-                    s_[3] += hcpu + tcpu
+                    sums = acc[pair]
+                    sums[0] += iops * slice_s
+                    sums[1] += mib * slice_s
+                    sums[2] += lat * iops * slice_s
+                    sums[3] += hcpu + tcpu
                     tag = f" slice {sl + 1}" if a.slices > 1 else ""
                     print(f"  repeat {rep + 1}{tag} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
                           f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
