@@ -43,10 +43,14 @@ turns with the other pairs on the same target, so that a ratio of two
 pairs on one target (bench>spdk / perf>spdk, busy against adaptive) sees
 the same phases of the machine: its copies have slow phases lasting
 seconds (docs/benchmarks.md). Ratios across targets cannot be cut finer
-than a target's run. A slice's CPU includes its host's start-up (about
-0.15 CPU-s for spdk_nvme_perf's DPDK set-up, during which nvmf_tgt spins
-too), so K slices count it K times. CPU: the target's and the host's CPU-seconds over each
-run (from /proc), so IOPS per CPU-second covers both sides; nvmf_tgt and
+than a target's run. CPU: the target's and the host's CPU-seconds over the
+host's measured run only (read from /proc every 10 ms, CpuTrace): for
+spdk_nvme_perf from its "Launching workers" line for the run time, for
+`sluice bench` the window its report names (`cpu_window_unix_s`). Neither
+side's start-up or tear-down counts (spdk_nvme_perf's DPDK set-up costs
+about 0.15 CPU-s while nvmf_tgt spins beside it: counted per 1 s slice, it
+flattered the Sluice pairs by about 7 %). So IOPS per CPU-second covers both
+sides, over the same seconds as the IOPS; nvmf_tgt and
 spdk_nvme_perf busy-poll a core each by design.
 
 Every socket takes the system's TCP congestion control
@@ -71,6 +75,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -88,6 +93,8 @@ NQN_SPDK = "nqn.2016-06.io.spdk:bench"
 NQN_SLUICE = "nqn.2026-11.io.sluice:bench"
 TARGET_CPU = 0
 HOST_CPU = 1
+# How often CpuTrace reads /proc (a reading costs about 30 µs).
+CPU_TRACE_PERIOD_S = 0.01
 # What each `sluice bench` pair passes to the host, by its name before ">".
 BENCH_HOST_ARGS = {
     "bench": ["--polling", "adaptive"],
@@ -118,12 +125,64 @@ def die(msg):
 
 
 def cpu_s(pid):
-    """utime + stime of a process and its threads, in seconds."""
+    """utime + stime of a process and its threads, in seconds (None once it is gone)."""
     try:
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
+        return None
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuTrace:
+    """The CPU-seconds of some processes, read every CPU_TRACE_PERIOD_S by a
+    thread, so that a process's CPU can be taken over a window known only
+    afterwards: the host's measured run, without its start-up and tear-down
+    (spdk_nvme_perf's DPDK set-up costs about 0.15 CPU-s, and nvmf_tgt spins
+    all the while). Between readings the CPU is interpolated linearly."""
+
+    def __init__(self, pids):
+        self.pids = list(pids)
+        self.samples = []  # (UNIX time, {pid: CPU-s})
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._sample()
+        self.thread.start()
+
+    def watch(self, pid):
+        with self.lock:
+            self.pids.append(pid)
+        self._sample()
+
+    def _sample(self):
+        with self.lock:
+            t = time.time()
+            row = {p: c for p in self.pids if (c := cpu_s(p)) is not None}
+            self.samples.append((t, row))
+
+    def _run(self):
+        while not self.done.wait(CPU_TRACE_PERIOD_S):
+            self._sample()
+
+    def close(self):
+        self.done.set()
+        self.thread.join()
+        self._sample()
+
+    def _at(self, pid, t):
+        pts = [(ts, row[pid]) for ts, row in self.samples if pid in row]
+        if not pts:
+            raise RuntimeError(f"no CPU reading of process {pid}")
+        if t <= pts[0][0]:
+            return pts[0][1]
+        for (t0, c0), (t1, c1) in zip(pts, pts[1:]):
+            if t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+        return pts[-1][1]
+
+    def between(self, pid, t0, t1):
+        """CPU-seconds `pid` used from UNIX time t0 to t1."""
+        return self._at(pid, t1) - self._at(pid, t0)
 
 
 def wait_port(port, timeout=15):
@@ -213,31 +272,57 @@ huge_pages = true
             self.p.kill()
 
 
-def run_perf(spdk, port, nqn, row, runtime):
-    """spdk_nvme_perf: (IOPS, MiB/s, mean latency us, host CPU-s)."""
+def run_perf(spdk, port, nqn, row, runtime, tgt_pid):
+    """spdk_nvme_perf: (IOPS, MiB/s, mean latency us, host CPU-s, target CPU-s),
+    the CPU over its measured run: from its "Launching workers" line for
+    `runtime` seconds (read line by line: stdbuf makes its stdout line-buffered)."""
     r = ROWS[row]
-    cmd = ["/usr/bin/time", "-f", "CPU %U %S", f"{spdk}/build/bin/spdk_nvme_perf",
+    cmd = ["stdbuf", "-oL", f"{spdk}/build/bin/spdk_nvme_perf",
            "-c", hex(1 << HOST_CPU), "-q", str(r["qd"]), "-o", str(r["bs"]), "-w", r["rw"],
            "-t", str(runtime),
            "-r", f"trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
-    text = out.stdout + out.stderr
+    trace = CpuTrace([tgt_pid])
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        trace.watch(p.pid)
+        launched = None
+        lines = []
+        timer = threading.Timer(runtime + 60, p.kill)
+        timer.start()
+        try:
+            for line in p.stdout:
+                if launched is None and "Launching workers" in line:
+                    launched = time.time()
+                lines.append(line)
+            p.wait()
+        finally:
+            timer.cancel()
+    finally:
+        trace.close()
+    text = "".join(lines)
     m = re.search(r"^Total\s*:\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)", text, re.M)
-    c = re.search(r"^CPU ([\d.]+) ([\d.]+)", text, re.M)
-    if not m:
-        raise RuntimeError(f"spdk_nvme_perf gave no Total line:\n{text[-2000:]}")
-    cpu = float(c.group(1)) + float(c.group(2)) if c else 0.0
-    return float(m.group(1)), float(m.group(2)), float(m.group(3)), cpu
+    if not m or launched is None:
+        raise RuntimeError(f"spdk_nvme_perf gave no Total line or no launch line:\n{text[-2000:]}")
+    window = (launched, launched + runtime)
+    return (float(m.group(1)), float(m.group(2)), float(m.group(3)),
+            trace.between(p.pid, *window), trace.between(tgt_pid, *window))
 
 
-def run_bench(port, nqn, row, runtime, host_args, engine):
+def run_bench(port, nqn, row, runtime, host_args, engine, tgt_pid):
+    """sluice bench: (IOPS, MiB/s, mean latency us, host CPU-s, target CPU-s),
+    the CPU over the window its report names (`cpu_window_unix_s`: its run,
+    without connect and disconnect)."""
     r = ROWS[row]
     cmd = ["taskset", "-c", str(HOST_CPU), str(SLUICE), "bench", "--target", f"127.0.0.1:{port}",
            "--nqn", nqn, "--rw", r["rw"], "--bs", str(r["bs"]), "--qd", str(r["qd"]),
            "--runtime", str(runtime), "--json", *host_args]
     if engine:
         cmd += ["--engine", engine]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
+    trace = CpuTrace([tgt_pid])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 60)
+    finally:
+        trace.close()
     try:
         rep = json.loads(out.stdout[out.stdout.index("{"):])
     except (ValueError, json.JSONDecodeError):
@@ -245,7 +330,8 @@ def run_bench(port, nqn, row, runtime, host_args, engine):
     t = rep["total"]
     if t["errors"]:
         raise RuntimeError(f"sluice bench reported {t['errors']} errors")
-    return t["iops"], t["bandwidth_mib_s"], t["latency_us_mean"], rep["cpu_user_s"] + rep["cpu_sys_s"]
+    return (t["iops"], t["bandwidth_mib_s"], t["latency_us_mean"],
+            rep["cpu_user_s"] + rep["cpu_sys_s"], trace.between(tgt_pid, *rep["cpu_window_unix_s"]))
 
 
 def precondition(spdk, port, nqn):
@@ -345,14 +431,14 @@ def main():
             for sl in range(a.slices):
                 k = (rep + sl) % len(on_target) if on_target else 0
                 for pair in on_target[k:] + on_target[:k]:
-                    t0 = cpu_s(tgt.p.pid)
                     host = pair.split(">")[0]
                     if host == "perf":
-                        iops, mib, lat, hcpu = run_perf(spdk, port, nqn, row, slice_s)
+                        iops, mib, lat, hcpu, tcpu = run_perf(spdk, port, nqn, row, slice_s,
+                                                              tgt.p.pid)
                     else:
                         args = BENCH_HOST_ARGS[host] + BENCH_TARGET_ARGS.get(target_kind, [])
-                        iops, mib, lat, hcpu = run_bench(port, nqn, row, slice_s, args, a.engine)
-                    tcpu = cpu_s(tgt.p.pid) - t0
+                        iops, mib, lat, hcpu, tcpu = run_bench(port, nqn, row, slice_s, args,
+                                                               a.engine, tgt.p.pid)
                     sums = acc[pair]
                     sums[0] += iops * slice_s
                     sums[1] += mib * slice_s

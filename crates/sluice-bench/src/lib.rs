@@ -443,6 +443,12 @@ pub struct BenchReport {
     pub total: JobReport,
     pub cpu_user_s: f64,
     pub cpu_sys_s: f64,
+    /// When the CPU above was counted: UNIX times (s) of the first and last
+    /// reading, the run's I/O between them. A harness that measures the
+    /// target's CPU alongside counts it over the same window
+    /// (`scripts/bench-vs-spdk.py`), not over the process's connect and
+    /// disconnect.
+    pub cpu_window_unix_s: [f64; 2],
     pub(crate) iops_per_cpu_s: f64,
     /// The host loops' polling policy (`--polling`, spelled as the
     /// configuration spells it), so that a report says how it was run.
@@ -646,6 +652,14 @@ fn cpu_times_s() -> (f64, f64) {
     (user.as_secs_f64(), system.as_secs_f64())
 }
 
+/// Wall-clock seconds since the UNIX epoch, for reports that other
+/// processes' measurements are lined up with (0 if the clock is before it).
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn resolve(target: &str) -> anyhow::Result<SocketAddr> {
     target
         .to_socket_addrs()
@@ -824,6 +838,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         |c: &Option<Controller>| c.as_ref().map(Controller::io_stats).unwrap_or_default();
     let host0: Vec<HostQueueStats> = prepared.iter().map(|(_, p)| stats_of(&p.ctrl)).collect();
     let (u0, s0) = cpu_times_s();
+    let window_from = unix_now_s();
     let start = Instant::now();
     let mut handles = Vec::new();
     let mut counters = Vec::new();
@@ -906,6 +921,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         results.push(h.await.context("job task")??);
     }
     let (u1, s1) = cpu_times_s();
+    let window_to = unix_now_s();
     let host: Vec<HostQueueStats> = prepared
         .iter()
         .zip(&host0)
@@ -969,6 +985,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         total: total_report,
         cpu_user_s: u1 - u0,
         cpu_sys_s: s1 - s0,
+        cpu_window_unix_s: [window_from, window_to],
         polling: args.polling.to_string(),
         spin_depth_max: args.spin_depth_max,
         submit_chunk: args.submit_chunk,

@@ -98,8 +98,20 @@ fn ios_count_iops_and_verify() {
     a.rw = RwMode::RandRw;
     a.bs = "4k:70,64k:30".parse::<BlockSizes>().expect("bs");
     a.verify = true;
+    let unix_s = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs_f64()
+    };
+    let before = unix_s();
     let r = run(a).expect("bench");
+    let after = unix_s();
     check_consistent(&r);
+    // The CPU was counted over the run's I/O, inside the call.
+    let [from, to] = r.cpu_window_unix_s;
+    assert!(before <= from && from <= to && to <= after, "{from} {to} not in {before} {after}");
+    assert!(to - from >= r.total.elapsed_s - 0.001, "window {} s", to - from);
     assert_eq!(r.total.ios, 3000);
     assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
     assert_eq!(r.total.verify_errors, 0);
