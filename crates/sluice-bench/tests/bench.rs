@@ -110,8 +110,15 @@ fn ios_count_iops_and_verify() {
     check_consistent(&r);
     // The CPU was counted over the run's I/O, inside the call.
     let [from, to] = r.cpu_window_unix_s;
-    assert!(before <= from && from <= to && to <= after, "{from} {to} not in {before} {after}");
-    assert!(to - from >= r.total.elapsed_s - 0.001, "window {} s", to - from);
+    assert!(
+        before <= from && from <= to && to <= after,
+        "{from} {to} not in {before} {after}"
+    );
+    assert!(
+        to - from >= r.total.elapsed_s - 0.001,
+        "window {} s",
+        to - from
+    );
     assert_eq!(r.total.ios, 3000);
     assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
     assert_eq!(r.total.verify_errors, 0);
