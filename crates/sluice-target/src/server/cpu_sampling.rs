@@ -22,8 +22,8 @@
 //! reading per [`BUSY_INTERVAL`]: the CPU of the turns between two readings
 //! is split among the tenants by the work units of all of them, as one
 //! batch's is. The first turn that does no work after them reads at once,
-//! so the idle spin that follows a busy spell is never charged to it
-//! beyond that one turn.
+//! so of the idle spin that follows a busy spell only that one turn is
+//! charged to the spell's tenants.
 
 use std::time::{Duration, Instant};
 
