@@ -32,7 +32,9 @@
 //! ([`BackendQueue::share_reads`]) completes a long enough read that lies
 //! in one written chunk with a [`RamView`] of it instead of a copy, and a
 //! write into a chunk a view still holds copies the chunk first
-//! ([`writable`]), so a view's bytes never change.
+//! ([`writable`]), so a view's bytes never change. Writes run at the poll,
+//! before that poll's reads take their views, so the views of one turn
+//! are normally sent and let go before the next turn's writes come.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -917,14 +919,16 @@ impl Backend for RamBackend {
             store: Arc::clone(&self.store),
             ready: VecDeque::new(),
             share_min_bytes: None,
-            deferred: VecDeque::new(),
+            deferred_writes: VecDeque::new(),
+            deferred_reads: VecDeque::new(),
         }))
     }
 }
 
-/// Queue on a [`RamBackend`]: executes writes, zeroes and deallocations at
-/// submit and reads at the next poll (prefetched at submit), and completes
-/// everything at the next poll.
+/// Queue on a [`RamBackend`]: executes what was submitted at the next poll,
+/// writes, zeroes and deallocations first (in submission order), then reads
+/// (prefetched at submit unless they may be shared), and completes it all
+/// there.
 #[derive(Debug)]
 pub struct RamQueue {
     geometry: Geometry,
@@ -933,44 +937,58 @@ pub struct RamQueue {
     /// Reads at least this long are shared where they can be
     /// ([`BackendQueue::share_reads`]).
     share_min_bytes: Option<u64>,
-    /// Reads copied at the next poll, not at submit: their lines are
+    /// Writes, zeroes and deallocations, run at the next poll in the
+    /// order they were submitted, before any read of that poll.
+    deferred_writes: VecDeque<IoRequest>,
+    /// Reads served at the next poll, after its writes: their lines are
     /// prefetched when they are submitted, so a batch's cache misses
-    /// overlap instead of stalling one copy after another.
-    deferred: VecDeque<IoRequest>,
+    /// overlap instead of stalling one copy after another. A shared read
+    /// holds its chunk from then until its bytes are sent, normally within
+    /// the caller's turn, and the writes of the next poll find the chunk
+    /// free again; had they run at submit, a write submitted while the
+    /// last poll's reads were still being sent would have had to copy the
+    /// chunk ([`writable`]).
+    deferred_reads: VecDeque<IoRequest>,
+}
+
+impl RamQueue {
+    /// Serves a read: with the chunk's own bytes when the queue shares
+    /// reads this long and the store can share this one, else a copy.
+    fn serve_read(&self, mut req: IoRequest) -> IoCompletion {
+        let shared = match self.share_min_bytes {
+            Some(min) if req.len_bytes >= min => self.store.share(req.offset_bytes, req.len_bytes),
+            _ => None,
+        };
+        match shared {
+            Some(data) => IoCompletion {
+                tag: req.tag,
+                result: Ok(()),
+                buf: None,
+                shared: Some(data),
+            },
+            None => {
+                self.store.execute(&mut req);
+                IoCompletion::new(req.tag, Ok(()), req.buf)
+            }
+        }
+    }
 }
 
 impl BackendQueue for RamQueue {
-    fn submit(&mut self, mut req: IoRequest, _now: Instant) {
-        let completion = match validate_request(&self.geometry, &req) {
-            Err(err) => fail(req, err),
-            Ok(()) => {
-                let shared = match self.share_min_bytes {
-                    Some(min) if req.op == IoOp::Read && req.len_bytes >= min => {
-                        self.store.share(req.offset_bytes, req.len_bytes)
-                    }
-                    _ => None,
-                };
-                match shared {
-                    Some(data) => IoCompletion {
-                        tag: req.tag,
-                        result: Ok(()),
-                        buf: None,
-                        shared: Some(data),
-                    },
-                    None if req.op == IoOp::Read => {
-                        let head = req.len_bytes.min(READ_PREFETCH_BYTES_MAX);
-                        self.store.prefetch(req.offset_bytes, head);
-                        self.deferred.push_back(req);
-                        return;
-                    }
-                    None => {
-                        self.store.execute(&mut req);
-                        IoCompletion::new(req.tag, Ok(()), req.buf)
-                    }
+    fn submit(&mut self, req: IoRequest, _now: Instant) {
+        match validate_request(&self.geometry, &req) {
+            Err(err) => self.ready.push_back(fail(req, err)),
+            Ok(()) if req.op == IoOp::Read => {
+                // A read that may be shared is copied by the kernel's send,
+                // not here: no prefetch for it.
+                if self.share_min_bytes.is_none_or(|m| req.len_bytes < m) {
+                    let head = req.len_bytes.min(READ_PREFETCH_BYTES_MAX);
+                    self.store.prefetch(req.offset_bytes, head);
                 }
+                self.deferred_reads.push_back(req);
             }
-        };
-        self.ready.push_back(completion);
+            Ok(()) => self.deferred_writes.push_back(req),
+        }
     }
 
     fn share_reads(&mut self, min_bytes: usize) {
@@ -978,10 +996,14 @@ impl BackendQueue for RamQueue {
     }
 
     fn poll_completions(&mut self, _now: Instant, out: &mut Vec<IoCompletion>) {
-        for mut req in self.deferred.drain(..) {
+        while let Some(mut req) = self.deferred_writes.pop_front() {
             self.store.execute(&mut req);
             self.ready
                 .push_back(IoCompletion::new(req.tag, Ok(()), req.buf));
+        }
+        while let Some(req) = self.deferred_reads.pop_front() {
+            let c = self.serve_read(req);
+            self.ready.push_back(c);
         }
         out.extend(self.ready.drain(..));
     }
@@ -995,7 +1017,7 @@ impl BackendQueue for RamQueue {
     }
 
     fn in_flight(&self) -> usize {
-        self.ready.len() + self.deferred.len()
+        self.ready.len() + self.deferred_writes.len() + self.deferred_reads.len()
     }
 }
 
@@ -1053,6 +1075,60 @@ pub(crate) mod tests {
             len_bytes,
             buf,
         }
+    }
+
+    /// A write submitted while an earlier read still holds its chunk (the
+    /// caller has not sent its bytes yet) runs at the next poll, after
+    /// that read was let go: it writes the chunk in place instead of
+    /// copying it. A read submitted with the write is served after it.
+    #[test]
+    fn writes_run_at_the_poll_so_a_read_sent_meanwhile_costs_no_copy() {
+        const K: u64 = 1024;
+        let ram = RamBackend::new(1 << 20, 4096).expect("ram");
+        let mut q = ram.open_queue().expect("queue");
+        q.share_reads(4 * 1024);
+        let c = run(
+            q.as_mut(),
+            io(IoOp::Write { fua: false }, 0, 128 * K, Some(0xAA)),
+        );
+        assert!(c.result.is_ok());
+        let chunk_base = |c: &IoCompletion, off: u64| {
+            let data = c
+                .shared
+                .as_ref()
+                .expect("a 4 KiB read in a written chunk is shared");
+            (**data).as_ref().as_ptr() as usize - off as usize
+        };
+        let first = run(q.as_mut(), io(IoOp::Read, 4 * K, 4 * K, None));
+        let base = chunk_base(&first, 4 * K);
+
+        // The write comes in while `first` is still held; `first` is sent
+        // (dropped) before the next poll.
+        q.submit(
+            io(IoOp::Write { fua: false }, 8 * K, 4 * K, Some(0xBB)),
+            Instant::now(),
+        );
+        q.submit(io(IoOp::Read, 8 * K, 4 * K, None), Instant::now());
+        assert!(first.read_data().expect("data").iter().all(|&b| b == 0xAA));
+        drop(first);
+        let mut out = Vec::new();
+        q.poll_completions(Instant::now(), &mut out);
+        assert_eq!(out.len(), 2);
+        assert!(
+            out[0].result.is_ok() && out[0].shared.is_none(),
+            "the write first"
+        );
+        let read = &out[1];
+        let data = read.read_data().expect("data");
+        assert!(
+            data.iter().all(|&b| b == 0xBB),
+            "the read sees the write beside it"
+        );
+        assert_eq!(
+            chunk_base(read, 8 * K),
+            base,
+            "the chunk was copied: the write ran while the first read held it"
+        );
     }
 
     #[test]

@@ -34,7 +34,7 @@
 //! connections_handshaking_max = 256    # accepted, not yet past Connect
 //! connections_handshaking_per_source_max = 72  # of those, from one IP address
 //! handshake_timeout_ms = 10000          # ICReq + Connect within this
-//! ram_reads_in_place = true             # RAM reads of 16 KiB+ sent from the namespace's memory
+//! ram_reads_in_place = true             # RAM reads of 4 KiB+ sent from the namespace's memory
 //! send_within_cwnd = true               # large writes send what the congestion window admits
 //! # tcp_congestion = "cubic"            # per-socket TCP congestion control (unset: the system's)
 //!

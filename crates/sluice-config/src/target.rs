@@ -72,7 +72,7 @@ pub struct TargetSettings {
     /// after it was accepted is closed (default
     /// [`HANDSHAKE_TIMEOUT_MS_DEFAULT`]).
     pub handshake_timeout_ms: u32,
-    /// RAM namespaces send reads of 16 KiB or more straight from their
+    /// RAM namespaces send reads of 4 KiB or more straight from their
     /// memory, with no copy into a read buffer (default true); a write
     /// into memory such a read still holds copies its chunk first. See
     /// docs/target.md for where each setting is faster.

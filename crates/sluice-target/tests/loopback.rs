@@ -373,7 +373,7 @@ fn write_read_every_send_mode() {
     }
 }
 
-/// RAM reads of 16 KiB or more go out from the namespace's memory
+/// RAM reads of 4 KiB or more go out from the namespace's memory
 /// (`target.ram_reads_in_place`, on by default) and read back what was
 /// written, before and after writes over part of them; with it off they
 /// are copied and read back the same.
@@ -411,7 +411,8 @@ fn ram_reads_in_place_read_back_what_was_written() {
         let after = metric(&t, "sluice_ram_reads_in_place_total", None);
         if in_place {
             // Process-wide: other tests may add to it, never take from it.
-            assert!(after >= before + 6.0, "{before} -> {after}");
+            // Three a round: within a chunk at 128 KiB, 16 KiB and 4 KiB.
+            assert!(after >= before + 9.0, "{before} -> {after}");
         }
         t.shutdown();
     }

@@ -17,18 +17,22 @@ use sluice_proto::{Cqe, Status};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// C2HData pieces at least this long are sent from the read's own buffer
-/// (an attachment, written with `writev`) instead of being copied into the
-/// send buffer; shorter ones are cheaper to copy than to carry apart.
+/// A read's own buffer (an owned read buffer, not the backend's bytes) is
+/// sent from itself (its C2HData pieces attached, written with `writev`)
+/// when its pieces are at least this long; shorter ones are copied into
+/// the send buffer, which is cheaper than an `Arc` and an iovec each for
+/// bytes that are already hot.
 pub(crate) const C2H_ATTACH_BYTES_MIN: usize = 16 * 1024;
 
 /// Reads at least this long may come back from the backend with its own
 /// bytes shared ([`sluice_backend::BackendQueue::share_reads`]) when
 /// `target.ram_reads_in_place` is on: RAM namespaces then send them from
-/// the chunk, with no copy into a read buffer. Shorter reads gain nothing
-/// (their pieces are copied into the send buffer anyway: measured
-/// 0.99-1.02x at 4 KiB).
-pub const READ_SHARE_BYTES_MIN: usize = C2H_ATTACH_BYTES_MIN;
+/// the chunk, each C2HData piece of at least this size attached, so the
+/// kernel's send copy is the only copy. At 4 KiB that is two copies fewer
+/// (out of the chunk into a read buffer, out of that into the send
+/// buffer): 1.15-1.25x IOPS on 4 KiB random reads at QD 32 (docs/target.md).
+/// Shorter reads are copied.
+pub const READ_SHARE_BYTES_MIN: usize = 4 * 1024;
 
 /// Opens a worker's queue on `backend` as the target's settings ask: RAM
 /// reads in place when `ram_reads_in_place` is on. For every event loop
@@ -341,7 +345,7 @@ impl QueueConnection {
     }
 
     /// The C2HData PDUs of `data` (which is `shared`'s bytes when given:
-    /// pieces of at least [`C2H_ATTACH_BYTES_MIN`] are then attached, not
+    /// pieces of at least [`READ_SHARE_BYTES_MIN`] are then attached, not
     /// copied), then the completion.
     #[allow(clippy::too_many_arguments)]
     fn send_c2h_pdus(
@@ -376,7 +380,7 @@ impl QueueConnection {
             let buf = self.out.tx.buffer(PduClass::Data);
             let dd = encode_prefix(&h, n, &self.out.txp, buf);
             let attachment = shared
-                .filter(|_| n >= C2H_ATTACH_BYTES_MIN)
+                .filter(|_| n >= READ_SHARE_BYTES_MIN)
                 .and_then(|s| Attachment::new(s.clone(), off..off + n));
             match attachment {
                 Some(a) => {
