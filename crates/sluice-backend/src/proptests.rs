@@ -271,6 +271,74 @@ proptest! {
         check_against_model(&ram, &steps, Some(bs as usize))?;
     }
 
+    /// Batches, as a target's turn submits them: reads and writes submitted
+    /// together, then one poll. Every read of a batch returns the range as
+    /// the batch's writes left it (a RAM queue runs them first), and every
+    /// shared read kept past its batch keeps those bytes through the
+    /// batches after it.
+    #[test]
+    fn ram_batches_read_their_writes(
+        huge in any::<bool>(),
+        batches in proptest::collection::vec(
+            proptest::collection::vec((any::<bool>(), 0..96u64, 1..=8u64, any::<u8>()), 1..12),
+            1..12,
+        ),
+    ) {
+        let _huge = huge.then(crate::ram::tests::huge_chunk_tests);
+        let bs = 4096u64;
+        let size = if huge { 3 * crate::RAM_HUGE_CHUNK_BYTES as u64 } else { SIZE_BYTES };
+        let blocks_total = size / bs;
+        let ram = RamBackend::with_huge_pages(size, bs as u32, huge).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut q = ram.open_queue().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        q.share_reads(4096);
+        let mut model = vec![0u8; size as usize];
+        let mut kept: Vec<(crate::SharedRead, Vec<u8>)> = Vec::new();
+        let mut tag = 0u64;
+        for batch in &batches {
+            let mut reads = std::collections::HashMap::new();
+            let mut after = model.clone();
+            for &(write, block, blocks, seed) in batch {
+                let block = block % blocks_total;
+                let blocks = blocks.min(blocks_total - block);
+                let r = (block * bs) as usize..((block + blocks) * bs) as usize;
+                tag += 1;
+                let (op, buf) = if write {
+                    let data: Vec<u8> = (0..r.len()).map(|j| seed ^ (j as u8) ^ (tag as u8)).collect();
+                    after[r.clone()].copy_from_slice(&data);
+                    (IoOp::Write { fua: false }, AlignedBuf::from_slice(&data))
+                } else {
+                    reads.insert(tag, r.clone());
+                    (IoOp::Read, AlignedBuf::new(r.len()))
+                };
+                q.submit(IoRequest { tag, op, offset_bytes: r.start as u64, len_bytes: r.len() as u64, buf: Some(buf) }, Instant::now());
+            }
+            model = after;
+            let mut out = Vec::new();
+            q.poll_completions(Instant::now(), &mut out);
+            prop_assert_eq!(out.len(), batch.len());
+            let mut shared_now = Vec::new();
+            for c in out {
+                prop_assert!(c.result.is_ok(), "{:?}", c.result);
+                if let Some(r) = reads.get(&c.tag) {
+                    let data = c.read_data().expect("a read's data");
+                    prop_assert!(data == &model[r.clone()], "read {} differs from the batch's writes", c.tag);
+                    if let Some(s) = c.shared {
+                        shared_now.push((s, model[r.clone()].to_vec()));
+                    }
+                }
+            }
+            // Keep one read in four to the end; the rest are sent now.
+            for (i, k) in shared_now.into_iter().enumerate() {
+                if i % 4 == 0 {
+                    kept.push(k);
+                }
+            }
+        }
+        for (s, bytes) in &kept {
+            prop_assert!((**s).as_ref() == &bytes[..], "a kept shared read changed");
+        }
+    }
+
     #[test]
     fn emulated_ssd_matches_model(steps in proptest::collection::vec(step(96), 1..60)) {
         let ssd = EmulatedSsd::new(SIZE_BYTES, 4096, SsdModel::default()).map_err(|e| TestCaseError::fail(e.to_string()))?;
