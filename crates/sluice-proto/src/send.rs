@@ -217,7 +217,8 @@ pub struct Immediate {
     /// added to the PDU being encoded.
     attaching: bool,
     /// The command of the last PDU committed, when that PDU was a Data PDU
-    /// with an attachment (its CapsuleResp, next, is held).
+    /// with a large attachment (`attaching`; its CapsuleResp, next, is
+    /// held).
     attached_cid: Option<u16>,
     /// Held CapsuleResps, encoded, in commit order: one per completed
     /// command whose response the host has not been sent yet (bounded as
