@@ -234,7 +234,7 @@ fn check_against_model(
     prop_assert!(data == model.as_slice(), "final image mismatch");
     for (shared, then) in &held {
         prop_assert!(
-            (**shared).as_ref() == then.as_slice(),
+            shared.as_slice() == then.as_slice(),
             "a shared read changed after later writes"
         );
     }
@@ -335,7 +335,7 @@ proptest! {
             }
         }
         for (s, bytes) in &kept {
-            prop_assert!((**s).as_ref() == &bytes[..], "a kept shared read changed");
+            prop_assert!(s.as_slice() == &bytes[..], "a kept shared read changed");
         }
     }
 

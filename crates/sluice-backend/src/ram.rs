@@ -30,9 +30,10 @@
 //!
 //! A chunk's memory is an `Arc`. A queue asked to share reads
 //! ([`BackendQueue::share_reads`]) completes a long enough read that lies
-//! in one written chunk with a [`RamView`] of it instead of a copy, and a
-//! write into a chunk a view still holds copies the chunk first
-//! ([`writable`]), so a view's bytes never change. Writes run at the poll,
+//! in one written chunk with a [`SharedRead`] of it (the chunk's `Arc` and a
+//! range: no allocation) instead of a copy, and a write into a chunk a
+//! view still holds copies the chunk first ([`writable`]), so a view's
+//! bytes never change. Writes run at the poll,
 //! before that poll's reads take their views, so the views of one turn
 //! are normally sent and let go before the next turn's writes come.
 
@@ -60,7 +61,7 @@ const GROUP_CHUNKS: usize = 4096;
 pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
 /// A chunk's memory is shared (an `Arc`) with the reads that send straight
-/// from it ([`RamView`]); a write into a chunk they still hold copies it
+/// from it ([`SharedRead`]); a write into a chunk they still hold copies it
 /// first ([`writable`]), so what they send never changes.
 type Chunk = RwLock<Option<Arc<ChunkMem>>>;
 
@@ -686,11 +687,9 @@ impl RamStore {
         }
         let lock = self.chunk(index, false)?;
         let mem = sync::read(lock).as_ref().map(Arc::clone)?;
+        let shared = SharedRead::new(mem, at..end)?;
         RAM_READS_SHARED.fetch_add(1, Ordering::Relaxed);
-        Some(Arc::new(RamView {
-            mem,
-            range: at..end,
-        }))
+        Some(shared)
     }
 
     /// Asks the CPU to start loading `[offset, offset + len)` into its
@@ -792,16 +791,11 @@ fn writable(slot: &mut Option<Arc<ChunkMem>>, len: usize, huge_pages: bool) -> &
     }
 }
 
-/// A read's bytes in a RAM chunk, shared with the chunk's store: the chunk
-/// is copied before any write changes it while this is held.
-struct RamView {
-    mem: Arc<ChunkMem>,
-    range: std::ops::Range<usize>,
-}
-
-impl AsRef<[u8]> for RamView {
+/// A chunk lent to shared reads ([`RamStore::share`]): the chunk is copied
+/// before any write changes it while a read holds it.
+impl AsRef<[u8]> for ChunkMem {
     fn as_ref(&self) -> &[u8] {
-        &self.mem[self.range.clone()]
+        self
     }
 }
 
@@ -1097,7 +1091,7 @@ pub(crate) mod tests {
                 .shared
                 .as_ref()
                 .expect("a 4 KiB read in a written chunk is shared");
-            (**data).as_ref().as_ptr() as usize - off as usize
+            data.as_slice().as_ptr() as usize - off as usize
         };
         let first = run(q.as_mut(), io(IoOp::Read, 4 * K, 4 * K, None));
         let base = chunk_base(&first, 4 * K);
@@ -1147,7 +1141,7 @@ pub(crate) mod tests {
         assert!(c.result.is_ok());
         assert!(c.buf.is_none(), "a shared read hands no buffer back");
         let held = c.shared.expect("a 128 KiB read within one chunk is shared");
-        assert!((*held).as_ref().iter().all(|&b| b == 0xAA));
+        assert!(held.as_slice().iter().all(|&b| b == 0xAA));
         assert!(ram_shared_reads().shared > before.shared);
 
         // Short reads, reads across chunks and reads of unwritten chunks
@@ -1172,7 +1166,7 @@ pub(crate) mod tests {
         write(q.as_mut(), 8 * K, 4 * K, 0xBB);
         assert!(ram_shared_reads().chunks_copied > before.chunks_copied);
         assert!(
-            (*held).as_ref().iter().all(|&b| b == 0xAA),
+            held.as_slice().iter().all(|&b| b == 0xAA),
             "a held read changed under a write"
         );
         let c = run(q.as_mut(), io(IoOp::Read, 0, 16 * K, None));
@@ -1199,7 +1193,7 @@ pub(crate) mod tests {
         assert!(c.result.is_ok());
         let c = run(q.as_mut(), io(IoOp::Deallocate, 0, 128 * K, None));
         assert!(c.result.is_ok());
-        assert!((*held).as_ref().iter().all(|&b| b == 0xAA));
+        assert!(held.as_slice().iter().all(|&b| b == 0xAA));
         let c = run(q.as_mut(), io(IoOp::Read, 0, 128 * K, None));
         assert!(c.read_data().expect("data").iter().all(|&b| b == 0));
         drop(held);
@@ -1265,9 +1259,9 @@ pub(crate) mod tests {
         assert!(c.shared.is_none(), "shorter than asked");
         let c = run(q.as_mut(), io(IoOp::Read, 4096, 1 << 20, None));
         let held = c.shared.expect("a huge chunk's read is shared");
-        assert_eq!((*held).as_ref().len(), 1 << 20);
-        assert!((*held).as_ref()[..(1 << 20) - 4096].iter().all(|&b| b == 7));
-        assert!((*held).as_ref()[(1 << 20) - 4096..].iter().all(|&b| b == 0));
+        assert_eq!(held.as_slice().len(), 1 << 20);
+        assert!(held.as_slice()[..(1 << 20) - 4096].iter().all(|&b| b == 7));
+        assert!(held.as_slice()[(1 << 20) - 4096..].iter().all(|&b| b == 0));
         // The copy a write makes of a held huge chunk is whole.
         let c = run(q.as_mut(), io(IoOp::Write { fua: false }, 0, 4096, Some(9)));
         assert!(c.result.is_ok());
@@ -1276,7 +1270,7 @@ pub(crate) mod tests {
         assert!(data[..4096].iter().all(|&b| b == 9));
         assert!(data[4096..1 << 20].iter().all(|&b| b == 7));
         assert!(data[1 << 20..].iter().all(|&b| b == 0));
-        assert!((*held).as_ref()[..4096].iter().all(|&b| b == 7));
+        assert!(held.as_slice()[..4096].iter().all(|&b| b == 7));
     }
 
     #[test]

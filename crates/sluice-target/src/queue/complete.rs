@@ -9,8 +9,8 @@
 use super::commands::CmdKind;
 use super::QueueConnection;
 use crate::tag::BackendTag;
-use sluice_backend::{BackendError, IoCompletion};
-use sluice_proto::outbuf::{Attachment, SharedBytes};
+use sluice_backend::{BackendError, IoCompletion, SharedRead};
+use sluice_proto::outbuf::Attachment;
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
 use sluice_proto::{Cqe, Status};
@@ -251,14 +251,14 @@ impl QueueConnection {
                         c.host_counters.record_read(len);
                     }
                     let pdu_max = self.reg.settings.max_c2h_data_bytes as usize;
-                    let shared: SharedBytes = match (c.shared, c.buf) {
+                    let shared = match (c.shared, c.buf) {
                         // The backend's own bytes (a RAM chunk): large
                         // pieces are attached, small ones copied once.
                         (Some(shared), _) => shared,
                         // Large reads go out from their own buffer, when
                         // their C2HData pieces are large enough to attach.
                         (None, Some(buf)) if buf.len().min(pdu_max) >= C2H_ATTACH_BYTES_MIN => {
-                            Arc::new(buf)
+                            SharedRead::whole(Arc::new(buf))
                         }
                         (None, buf) => {
                             let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
@@ -266,8 +266,7 @@ impl QueueConnection {
                             return;
                         }
                     };
-                    let data = (*shared).as_ref();
-                    self.send_c2h_pdus(slot, cid, data, Some(&shared), 0, 0, now);
+                    self.send_c2h_pdus(slot, cid, shared.as_slice(), Some(&shared), 0, 0, now);
                     return;
                 }
                 ns.counters.record_error();
@@ -353,7 +352,7 @@ impl QueueConnection {
         slot: u16,
         cid: u16,
         data: &[u8],
-        shared: Option<&SharedBytes>,
+        shared: Option<&SharedRead>,
         result: u32,
         dw1: u32,
         now: Instant,
@@ -381,7 +380,8 @@ impl QueueConnection {
             let dd = encode_prefix(&h, n, &self.out.txp, buf);
             let attachment = shared
                 .filter(|_| n >= READ_SHARE_BYTES_MIN)
-                .and_then(|s| Attachment::new(s.clone(), off..off + n));
+                .and_then(|s| s.piece(off..off + n))
+                .and_then(|(owner, range)| Attachment::new(owner, range));
             match attachment {
                 Some(a) => {
                     self.stats.c2h_attached_bytes += n as u64;
