@@ -118,10 +118,7 @@ impl std::fmt::Debug for IoCompletion {
             .field("tag", &self.tag)
             .field("result", &self.result)
             .field("buf", &self.buf)
-            .field(
-                "shared_bytes",
-                &self.shared.as_ref().map(SharedRead::len),
-            )
+            .field("shared_bytes", &self.shared.as_ref().map(SharedRead::len))
             .finish()
     }
 }
@@ -319,14 +316,20 @@ mod tests {
     #[test]
     fn a_shared_read_lends_its_range_and_pieces_of_it() {
         let owner: SharedOwner = std::sync::Arc::new(b"..0123456789..".to_vec());
-        assert!(SharedRead::new(owner.clone(), 2..15).is_none(), "past the owner");
+        assert!(
+            SharedRead::new(owner.clone(), 2..15).is_none(),
+            "past the owner"
+        );
         let r = SharedRead::new(owner.clone(), 2..12).expect("inside");
         assert_eq!(r.as_slice(), b"0123456789");
         assert_eq!((r.len(), r.is_empty()), (10, false));
         let (o, range) = r.piece(3..7).expect("inside the data");
         assert_eq!(&(*o).as_ref()[range.clone()], b"3456");
         assert_eq!(range, 5..9, "the piece's place in the owner's bytes");
-        assert!(r.piece(8..11).is_none(), "past the data, though inside the owner");
+        assert!(
+            r.piece(8..11).is_none(),
+            "past the data, though inside the owner"
+        );
         assert_eq!(SharedRead::whole(owner).len(), 14);
     }
 

@@ -1583,7 +1583,9 @@ pub(crate) mod tests {
 
     #[test]
     fn streaming_copies_match_plain_ones_at_every_shape() {
-        let src: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+        // Bytes that never repeat in 8 KiB: a line stored 256 bytes off
+        // would not match.
+        let src: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3 + i / 256) as u8).collect();
         let mut back = vec![0u8; 8192 + 64];
         // Aligned whole lines (streamed), odd lengths and unaligned
         // destinations (plain copies): the bytes land the same either way.

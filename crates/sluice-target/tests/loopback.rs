@@ -246,9 +246,17 @@ impl Client {
     }
 }
 
+/// Never repeats within a namespace (a byte function of the offset alone
+/// repeats every 256 bytes, and a read from the wrong block would match).
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+    (0..len as u64)
+        .map(|i| {
+            let mut z = i
+                .wrapping_add(u64::from(seed) << 40)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            z ^= z >> 29;
+            (z >> 32) as u8
+        })
         .collect()
 }
 
