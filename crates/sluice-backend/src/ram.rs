@@ -33,9 +33,9 @@
 //! in one written chunk with a [`SharedRead`] of it (the chunk's `Arc` and a
 //! range: no allocation) instead of a copy, and a write into a chunk a
 //! view still holds copies the chunk first ([`writable`]), so a view's
-//! bytes never change. Writes run at the poll,
-//! before that poll's reads take their views, so the views of one turn
-//! are normally sent and let go before the next turn's writes come.
+//! bytes never change. Writes run at the poll, before that poll's reads
+//! take their views, so the views of one turn are normally sent and let
+//! go before the next turn's writes come.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
