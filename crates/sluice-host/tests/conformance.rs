@@ -205,16 +205,10 @@ fn completion(host: &mut QueuePairCore) -> Result<Completion, HostError> {
     }
 }
 
-/// Never repeats within a transfer, so data placed at the wrong offset
-/// (a multiple of 256 bytes included) differs.
+/// Never repeats within a transfer ([`common::pattern_byte`]), so data
+/// placed at the wrong offset differs.
 fn pattern(n: usize) -> Vec<u8> {
-    (0..n as u64)
-        .map(|i| {
-            let mut z = (i + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32) as u8
-        })
-        .collect()
+    (0..n as u64).map(|i| common::pattern_byte(i, 7)).collect()
 }
 
 fn read(host: &mut QueuePairCore, now: Instant, len: u32) -> u16 {

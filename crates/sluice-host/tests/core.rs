@@ -7,6 +7,8 @@
     clippy::cast_possible_wrap
 )]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -135,16 +137,10 @@ fn resp(ctrl: &FakeCtrl, cid: u16, status: Status) -> Vec<u8> {
     ctrl.pdu(PduHeader::CapsuleResp(Cqe::new(cid, status)), &[])
 }
 
-/// Never repeats within a transfer, so data placed at the wrong offset
-/// (a multiple of 256 bytes included) differs.
+/// Never repeats within a transfer ([`common::pattern_byte`]), so data
+/// placed at the wrong offset differs.
 fn pattern(n: usize) -> Vec<u8> {
-    (0..n as u64)
-        .map(|i| {
-            let mut z = (i + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32) as u8
-        })
-        .collect()
+    (0..n as u64).map(|i| common::pattern_byte(i, 7)).collect()
 }
 
 #[test]

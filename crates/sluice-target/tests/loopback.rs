@@ -7,6 +7,8 @@
     clippy::cast_possible_wrap
 )]
 
+mod common;
+
 use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
@@ -246,17 +248,10 @@ impl Client {
     }
 }
 
-/// Never repeats within a namespace (a byte function of the offset alone
-/// repeats every 256 bytes, and a read from the wrong block would match).
+/// Never repeats within a namespace ([`common::pattern_byte`]).
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len as u64)
-        .map(|i| {
-            let mut z = i
-                .wrapping_add(u64::from(seed) << 40)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32) as u8
-        })
+        .map(|i| common::pattern_byte(i, u64::from(seed)))
         .collect()
 }
 

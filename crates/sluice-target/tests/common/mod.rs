@@ -518,5 +518,5 @@ pub fn pattern_byte(i: u64, seed: u64) -> u8 {
         .wrapping_add(seed << 40)
         .wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z ^= z >> 29;
-    (z >> 32) as u8
+    (z >> 32).to_le_bytes()[0]
 }
