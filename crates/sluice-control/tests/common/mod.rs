@@ -177,9 +177,17 @@ pub async fn create(c: &ControlClient, name: &str, size_bytes: u64, replicas: u3
     c.create_volume(req).await.unwrap();
 }
 
+/// Bytes that never repeat within a volume (a pattern with a short period
+/// would let a read served from the wrong extent match).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u64).wrapping_mul(2654435761).wrapping_add(seed * 97) >> 7) as u8)
+    (0..len as u64)
+        .map(|i| {
+            let mut z = i
+                .wrapping_add(seed << 40)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            z ^= z >> 29;
+            (z >> 32).to_le_bytes()[0]
+        })
         .collect()
 }
 
