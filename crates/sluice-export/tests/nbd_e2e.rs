@@ -287,6 +287,18 @@ fn nbd_over_sluice_target(direct_queues: u16) {
     assert!(d[10..5010].iter().all(|&b| b == 0));
     assert_eq!(&d[5010..], &big[5010..6000]);
     assert_eq!(c.call(CMD_TRIM, 0, 2 << 20, 1 << 20, &[]).0, 0);
+    // TRIM reached the namespace as a Deallocate (a RAM namespace reads
+    // deallocated blocks as zeros); the blocks around it keep their data.
+    let (e, d) = c.call(CMD_READ, 0, (2 << 20) - 4096, (1 << 20) + 8192, &[]);
+    assert_eq!(e, 0);
+    let at = (1 << 20) - 4096;
+    assert!(d[..4096] == big[at..at + 4096], "the block before the trim");
+    assert!(d[4096..4096 + (1 << 20)].iter().all(|&b| b == 0), "trimmed");
+    let at = (2 << 20) as usize;
+    assert!(
+        d[4096 + (1 << 20)..] == big[at..at + 4096],
+        "the block after the trim"
+    );
 
     // Errors: out of range, bad flags, unknown command; connection lives on.
     assert_eq!(

@@ -1132,6 +1132,34 @@ fn io_09_dsm_range_past_the_namespace_is_lba_out_of_range() {
     assert_eq!((st, d), (Status::SUCCESS, data), "nothing deallocated");
 }
 
+/// Every range of a Dataset Management deallocation is deallocated (a RAM
+/// namespace then reads it as zeros), and nothing between or after them;
+/// without AD nothing changes. The Linux host's discard sends several
+/// ranges in one command.
+#[test]
+fn dsm_deallocates_every_range_and_nothing_else() {
+    let (r, _a, cntlid) = admin_q();
+    let mut q = io_pair(&r, cntlid, false, false);
+    let data = pattern(32 * 512, 5);
+    assert_eq!(q.write(0, &data, 8192), Status::SUCCESS);
+    let spans = [(2usize, 3u32), (10, 1), (20, 4)];
+    let ranges: Vec<DsmRange> = spans.iter().map(|&(s, n)| range(s as u64, n)).collect();
+    assert_eq!(dsm(&mut q, 1, 3, false, &ranges), Status::SUCCESS);
+    let (st, back) = q.read(0, 32);
+    assert_eq!(st, Status::SUCCESS);
+    assert!(back == data, "a DSM without AD changed the data");
+    assert_eq!(dsm(&mut q, 1, 3, true, &ranges), Status::SUCCESS);
+    let mut want = data;
+    for (slba, nlb) in spans {
+        want[slba * 512..(slba + nlb as usize) * 512].fill(0);
+    }
+    let (st, back) = q.read(0, 32);
+    assert_eq!(st, Status::SUCCESS);
+    for (block, (got, exp)) in back.chunks(512).zip(want.chunks(512)).enumerate() {
+        assert!(got == exp, "block {block} after deallocating {spans:?}");
+    }
+}
+
 #[test]
 fn io_10_short_range_list_is_caught_at_admission() {
     // The execute-time check (`execute_dsm`) cannot be reached: a range list
