@@ -2167,10 +2167,14 @@ async fn h_conn_06_unanswered_command_times_out_aborts_then_closes() {
         ..copts()
     };
     let c = connect_scripted(&t, o).await.expect("connect");
-    let e = c
-        .io(Sqe::new(io::FLUSH, 0, 1), Payload::None)
-        .await
-        .expect_err("no answer");
+    // Bounded: a host whose timer never fires fails here, not hangs.
+    let e = tokio::time::timeout(
+        Duration::from_secs(10),
+        c.io(Sqe::new(io::FLUSH, 0, 1), Payload::None),
+    )
+    .await
+    .expect("the command timeout fires within 10 s")
+    .expect_err("no answer");
     assert!(
         matches!(
             e,
