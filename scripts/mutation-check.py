@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""Mutation check: do the tests fail when the code is wrong?
+
+    scripts/mutation-check.py [--list] [NAME...]
+
+Each mutant below breaks one rule of the data path, the security checks or
+the isolation machinery on purpose (a one-place text edit), runs the tests
+that should notice, and puts the file back. A mutant the tests do not kill
+is a test gap: data that is never checked, or a check that cannot fail.
+A mutant whose tests run past the time limit is reported as HANG (a test
+that waits without bound is a defect of its own). A mutant whose text no
+longer occurs is STALE: update it with the code.
+
+Exit status: 0 when every mutant is killed, 1 otherwise. Not part of
+scripts/test.sh (it rebuilds a crate per mutant: about 5-10 minutes in
+all). Needs a clean working tree for the files it edits.
+"""
+import os
+import signal
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIMIT_S = 600
+
+
+def t(*crates, extra=()):
+    cmd = ["cargo", "test", "--no-fail-fast"]
+    for c in crates:
+        cmd += ["-p", c]
+    return cmd + list(extra)
+
+
+MUTANTS = [
+    # Data placement and content.
+    ("shared-read-ignores-its-offset", "crates/sluice-backend/src/io.rs",
+     "Some((self.owner.clone(), at + sub.start..at + sub.end))",
+     "Some((self.owner.clone(), sub.start..sub.end))", t("sluice-target")),
+    ("ram-partial-zero-skipped", "crates/sluice-backend/src/ram.rs",
+     "                data[at..at + range.len()].fill(0);", "", t("sluice-backend")),
+    ("ram-no-copy-on-write", "crates/sluice-backend/src/ram.rs",
+     "    if Arc::get_mut(mem).is_none() {\n        let mut copy",
+     "    if false && Arc::get_mut(mem).is_none() {\n        let mut copy", t("sluice-backend")),
+    ("file-write-offset", "crates/sluice-backend/src/file/sync_engine.rs",
+     ".write_all_at(buf.as_slice(), offset_bytes)",
+     ".write_all_at(buf.as_slice(), offset_bytes % 4096)", t("sluice-backend")),
+    ("h2c-data-at-buffer-start", "crates/sluice-target/src/queue/data.rs",
+     "buf[d.offset as usize..end as usize].copy_from_slice(data);",
+     "buf[..data.len()].copy_from_slice(data);", t("sluice-target")),
+    ("dsm-first-range-only", "crates/sluice-target/src/queue/execute.rs",
+     "                ops.push((o, l));", "                if ops.is_empty() { ops.push((o, l)); }",
+     t("sluice-target")),
+    ("write-zeroes-half", "crates/sluice-target/src/queue/admit.rs",
+     "                            offset_bytes,\n                            len_bytes,\n                        )],",
+     "                            offset_bytes,\n                            (len_bytes / 2).max(4096),\n                        )],",
+     t("sluice-target")),
+    ("volume-drive-offset-ignores-slot", "crates/sluice-volume/src/map.rs",
+     "        replica.slot * EXTENT_BYTES + self.offset_in_extent",
+     "        self.offset_in_extent", t("sluice-control", extra=["--test", "volumes"])),
+    ("chain-writes-head-only", "crates/sluice-control/src/volume.rs",
+     "            for (i, replica) in m.chain.iter().enumerate() {",
+     "            for (i, replica) in m.chain.iter().enumerate().take(1) {",
+     t("sluice-control", extra=["--test", "volumes", "--test", "rebuild"])),
+    ("rebuild-copies-nothing", "crates/sluice-control/src/rebuild.rs",
+     "            dst.write(dst_lba + at / bs, &data, flags)\n                .await",
+     "            let _ = &data; dst.flush()\n                .await",
+     t("sluice-control", extra=["--test", "rebuild"])),
+    ("nbd-lba-wraps", "crates/sluice-export/src/nbd/direct.rs",
+     "                    offset / bs,\n                    buf,",
+     "                    (offset / bs) % 256,\n                    buf,", t("sluice-export")),
+    ("nbd-write-zeroes-noop", "crates/sluice-export/src/blockio.rs",
+     "        Namespace::write_zeroes(self, lba, blocks).await",
+     "        let _ = (lba, blocks); Ok(())", t("sluice-export")),
+    ("nbd-trim-noop", "crates/sluice-export/src/blockio.rs",
+     "        Namespace::deallocate(self, lba, blocks).await",
+     "        let _ = (lba, blocks); Ok(())", t("sluice-export")),
+    ("fuse-fallocate-offset", "crates/sluice-export/src/fuse/ops.rs",
+     "        Ok((offset < end).then(|| (offset, end - offset)))",
+     "        Ok((offset < end).then(|| (0, end - offset)))", t("sluice-export")),
+    # Security.
+    ("any-host-admitted", "crates/sluice-target/src/subsystem.rs",
+     "        self.kind == SubsystemKind::Discovery || self.allow_any_host || self.hosts.contains(hostnqn)",
+     "        let _ = hostnqn; true", t("sluice-target")),
+    ("controller-accepts-any-response", "crates/sluice-auth/src/controller.rs",
+     "                if !crypto::equal(&expect, &r.response) {",
+     "                if false && !crypto::equal(&expect, &r.response) {", t("sluice-auth", "sluice-target")),
+    ("host-accepts-any-controller", "crates/sluice-auth/src/host.rs",
+     "        if !crypto::equal(&expect, &r2) {", "        if false && !crypto::equal(&expect, &r2) {",
+     t("sluice-auth", "sluice-host")),
+    ("io-before-authentication", "crates/sluice-target/src/queue/admit.rs",
+     "        if sqe.opcode() != admin::FABRICS\n            && self",
+     "        if false && sqe.opcode() != admin::FABRICS\n            && self", t("sluice-target")),
+    ("no-authentication-deadline", "crates/sluice-target/src/queue/mod.rs",
+     "            && now >= self.session.auth_deadline(&self.reg)",
+     "            && now >= self.session.auth_deadline(&self.reg) && false", t("sluice-target")),
+    ("chain-epoch-fence-ignored", "crates/sluice-target/src/fence.rs",
+     "                if gs.iter().any(|g| epoch < g.fence.load(SeqCst)) {",
+     "                if false && gs.iter().any(|g| epoch < g.fence.load(SeqCst)) {", t("sluice-target")),
+    # Timers.
+    ("host-command-timeout-never", "crates/sluice-host/src/core.rs",
+     "                    if slot.deadline > now {\n                        continue;\n                    }",
+     "                    if true || slot.deadline > now {\n                        continue;\n                    }",
+     t("sluice-host")),
+    ("keep-alive-never-expires", "crates/sluice-target/src/queue/mod.rs",
+     "                if now >= d {\n                    tracing::warn!(",
+     "                if false && now >= d {\n                    tracing::warn!(", t("sluice-target")),
+    # Isolation.
+    ("token-bucket-always-allows", "crates/sluice-target/src/tenant/rate.rs",
+     "        let need = i128::from(n.min(self.capacity)) * NANO;\n        self.tokens >= need\n    }",
+     "        let need = i128::from(n.min(self.capacity)) * NANO;\n        true || self.tokens >= need\n    }",
+     t("sluice-target")),
+    ("cpu-never-throttled", "crates/sluice-cpu/src/lib.rs",
+     "            Some(u) if now < u => true,", "            Some(u) if now < u => false,",
+     t("sluice-cpu", "sluice-target")),
+    ("cpu-charged-to-first-tenant", "crates/sluice-cpu/src/lib.rs",
+     "                let share = (u128::from(cpu_ns) * u / total) as u64;",
+     "                let share = if j == 0 { cpu_ns } else { 0 } + 0 * (u128::from(cpu_ns) * u / total) as u64;",
+     t("sluice-cpu", "sluice-target")),
+    ("send-priorities-flat", "crates/sluice-proto/src/send.rs",
+     "            PduClass::R2t => self.weights.r2t,", "            PduClass::R2t => self.weights.data,",
+     t("sluice-proto")),
+    ("urgent-hint-ignored", "crates/sluice-proto/src/coalesce.rs",
+     "                    Hint::Urgent if self.cfg.urgent_out_of_order => {",
+     "                    Hint::Urgent if false && self.cfg.urgent_out_of_order => {", t("sluice-proto")),
+    ("barrier-hint-ignored", "crates/sluice-proto/src/coalesce.rs",
+     "                        if self.outstanding.range(..s).next().is_none() {",
+     "                        if true || self.outstanding.range(..s).next().is_none() {", t("sluice-proto")),
+]
+
+
+def untracked():
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    return {l[3:] for l in out.splitlines() if l.startswith("??")}
+
+
+def run(name, path, old, new, cmd):
+    full = os.path.join(ROOT, path)
+    src = open(full).read()
+    if src.count(old) != 1:
+        return "STALE", f"the text to mutate occurs {src.count(old)} times in {path}"
+    before = untracked()
+    open(full, "w").write(src.replace(old, new))
+    try:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=LIMIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            return "HANG", f"the tests ran past {LIMIT_S} s"
+        failed = [l for l in out.splitlines() if "panicked at" in l or l.startswith("error")]
+        if p.returncode == 0:
+            return "SURVIVED", "every test passed"
+        return "KILLED", (failed[0] if failed else f"exit {p.returncode}")[:160]
+    finally:
+        open(full, "w").write(src)
+        # Proptest regression files written by failing property tests.
+        for f in untracked() - before:
+            if "proptest-regressions" in f:
+                os.remove(os.path.join(ROOT, f))
+
+
+def interrupted(signum, _frame):
+    # Unwinds through `run`'s `finally`, which puts the file back.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main():
+    signal.signal(signal.SIGTERM, interrupted)
+    args = sys.argv[1:]
+    if "--list" in args:
+        for m in MUTANTS:
+            print(m[0])
+        return 0
+    chosen = [m for m in MUTANTS if not args or m[0] in args]
+    unknown = set(args) - {m[0] for m in MUTANTS}
+    if unknown:
+        print(f"mutation-check: unknown mutant(s): {', '.join(sorted(unknown))} (see --list)", file=sys.stderr)
+        return 2
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *{m[1] for m in chosen}],
+                           cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if dirty:
+        print(f"mutation-check: uncommitted changes in files it edits:\n{dirty}", file=sys.stderr)
+        return 2
+    bad = 0
+    for name, path, old, new, cmd in chosen:
+        status, why = run(name, path, old, new, cmd)
+        bad += status != "KILLED"
+        print(f"{status:8} {name}: {why}", flush=True)
+    print(f"mutation-check: {len(chosen) - bad} of {len(chosen)} killed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
