@@ -12,7 +12,7 @@ that waits without bound is a defect of its own). A mutant whose text no
 longer occurs is STALE: update it with the code.
 
 Exit status: 0 when every mutant is killed, 1 otherwise. Not part of
-scripts/test.sh (it rebuilds a crate per mutant: about 5-10 minutes in
+scripts/test.sh (it rebuilds and tests a crate per mutant: about 18 minutes in
 all). Needs a clean working tree for the files it edits.
 """
 import os
