@@ -33,9 +33,9 @@ def t(*crates, extra=()):
 
 MUTANTS = [
     # Data placement and content.
-    ("shared-read-ignores-its-offset", "crates/sluice-backend/src/io.rs",
-     "Some((self.owner.clone(), at + sub.start..at + sub.end))",
-     "Some((self.owner.clone(), sub.start..sub.end))", t("sluice-target")),
+    ("shared-read-ignores-its-offset", "crates/sluice-bytes/src/lib.rs",
+     "range: at + sub.start..at + sub.end,",
+     "range: sub.start..sub.end,", t("sluice-bytes", "sluice-target")),
     ("ram-partial-zero-skipped", "crates/sluice-backend/src/ram.rs",
      "                data[at..at + range.len()].fill(0);", "", t("sluice-backend")),
     ("ram-no-copy-on-write", "crates/sluice-backend/src/ram.rs",

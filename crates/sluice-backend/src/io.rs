@@ -1,11 +1,11 @@
 //! Request/completion types shared by all backends, the `Backend` /
 //! `BackendQueue` traits, and the common request validation.
 
-use std::ops::Range;
 use std::os::fd::RawFd;
 use std::time::Instant;
 
 use crate::{AlignedBuf, BackendError};
+use sluice_bytes::SharedRange;
 
 /// Largest single Read/Write transfer accepted, in bytes (far above any
 /// sensible NVMe MDTS; keeps io_uring lengths within `u32`).
@@ -39,67 +39,6 @@ pub struct IoRequest {
     pub buf: Option<AlignedBuf>,
 }
 
-/// The owner of bytes lent out by a [`SharedRead`] (a RAM chunk, or a
-/// read's own buffer).
-pub type SharedOwner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
-
-/// A read's data shared with the backend instead of copied into the
-/// request's buffer ([`BackendQueue::share_reads`]): `range` of the
-/// owner's bytes, immutable while anyone holds the owner, whatever later
-/// writes do to the range. Lending one costs a reference count, not an
-/// allocation.
-#[derive(Clone)]
-pub struct SharedRead {
-    owner: SharedOwner,
-    range: Range<usize>,
-}
-
-impl SharedRead {
-    /// `range` of `owner`'s bytes; `None` when it reaches past them.
-    pub fn new(owner: SharedOwner, range: Range<usize>) -> Option<Self> {
-        let len = (*owner).as_ref().len();
-        (range.start <= range.end && range.end <= len).then_some(SharedRead { owner, range })
-    }
-
-    /// All of `owner`'s bytes.
-    pub fn whole(owner: SharedOwner) -> Self {
-        let len = (*owner).as_ref().len();
-        SharedRead {
-            owner,
-            range: 0..len,
-        }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.range.clone()]
-    }
-
-    pub fn len(&self) -> usize {
-        self.range.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.range.is_empty()
-    }
-
-    /// The owner and where in its bytes `sub` (a range of this read's
-    /// data) lies, for a vectored send of that piece; `None` when `sub`
-    /// reaches past the data.
-    pub fn piece(&self, sub: Range<usize>) -> Option<(SharedOwner, Range<usize>)> {
-        if sub.start > sub.end || sub.end > self.len() {
-            return None;
-        }
-        let at = self.range.start;
-        Some((self.owner.clone(), at + sub.start..at + sub.end))
-    }
-}
-
-impl std::fmt::Debug for SharedRead {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SharedRead({:?})", self.range)
-    }
-}
-
 /// Result of one [`IoRequest`].
 pub struct IoCompletion {
     pub tag: u64,
@@ -109,7 +48,7 @@ pub struct IoCompletion {
     pub buf: Option<AlignedBuf>,
     /// A successful read's data, when the queue shares reads
     /// ([`BackendQueue::share_reads`]) and could share this one.
-    pub shared: Option<SharedRead>,
+    pub shared: Option<SharedRange>,
 }
 
 impl std::fmt::Debug for IoCompletion {
@@ -118,7 +57,7 @@ impl std::fmt::Debug for IoCompletion {
             .field("tag", &self.tag)
             .field("result", &self.result)
             .field("buf", &self.buf)
-            .field("shared_bytes", &self.shared.as_ref().map(SharedRead::len))
+            .field("shared_bytes", &self.shared.as_ref().map(SharedRange::len))
             .finish()
     }
 }
@@ -311,26 +250,6 @@ mod tests {
         assert!(validate_request(&g, &req(IoOp::Read, (1 << 20) - 512, 512, Some(512))).is_ok());
         assert!(validate_request(&g, &req(IoOp::Deallocate, 0, 1 << 20, None)).is_ok());
         assert!(validate_request(&g, &req(IoOp::Flush, 7, 3, None)).is_ok());
-    }
-
-    #[test]
-    fn a_shared_read_lends_its_range_and_pieces_of_it() {
-        let owner: SharedOwner = std::sync::Arc::new(b"..0123456789..".to_vec());
-        assert!(
-            SharedRead::new(owner.clone(), 2..15).is_none(),
-            "past the owner"
-        );
-        let r = SharedRead::new(owner.clone(), 2..12).expect("inside");
-        assert_eq!(r.as_slice(), b"0123456789");
-        assert_eq!((r.len(), r.is_empty()), (10, false));
-        let (o, range) = r.piece(3..7).expect("inside the data");
-        assert_eq!(&(*o).as_ref()[range.clone()], b"3456");
-        assert_eq!(range, 5..9, "the piece's place in the owner's bytes");
-        assert!(
-            r.piece(8..11).is_none(),
-            "past the data, though inside the owner"
-        );
-        assert_eq!(SharedRead::whole(owner).len(), 14);
     }
 
     #[test]

@@ -76,13 +76,14 @@ pub use file::{
 };
 pub use io::{
     valid_block_size, validate_request, Backend, BackendQueue, Geometry, IoCompletion, IoOp,
-    IoRequest, SharedRead, TRANSFER_BYTES_MAX,
+    IoRequest, TRANSFER_BYTES_MAX,
 };
 pub use ram::{
     ram_huge_chunks, ram_shared_reads, RamBackend, RamHugeChunks, RamQueue, RamSharedReads,
     RAM_CHUNK_BYTES, RAM_HUGE_CHUNK_BYTES, RAM_HUGE_COLLAPSE_QUIET, RAM_HUGE_RESERVE_CHUNKS,
     RAM_HUGE_SPARE_CHUNKS, RAM_SIZE_BYTES_MAX,
 };
+pub use sluice_bytes::{SharedBytes, SharedRange};
 pub use ssd::{
     EmulatedSsd, ServiceModel, ServiceOp, SsdModel, SsdQueue, BASE_LATENCY_US_MAX, PARALLELISM_MAX,
     SSD_QUEUE_DEPTH_MAX,

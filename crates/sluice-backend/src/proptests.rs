@@ -91,7 +91,7 @@ fn check_against_model(
     if let Some(min) = share_min {
         q.share_reads(min);
     }
-    let mut held: Vec<(crate::SharedRead, Vec<u8>)> = Vec::new();
+    let mut held: Vec<(crate::SharedRange, Vec<u8>)> = Vec::new();
     let mut now = Instant::now();
     for (i, s) in steps.iter().enumerate() {
         let tag = i as u64;
@@ -292,7 +292,7 @@ proptest! {
         let mut q = ram.open_queue().map_err(|e| TestCaseError::fail(e.to_string()))?;
         q.share_reads(4096);
         let mut model = vec![0u8; size as usize];
-        let mut kept: Vec<(crate::SharedRead, Vec<u8>)> = Vec::new();
+        let mut kept: Vec<(crate::SharedRange, Vec<u8>)> = Vec::new();
         let mut tag = 0u64;
         for batch in &batches {
             let mut reads = std::collections::HashMap::new();

@@ -30,7 +30,7 @@
 //!
 //! A chunk's memory is an `Arc`. A queue asked to share reads
 //! ([`BackendQueue::share_reads`]) completes a long enough read that lies
-//! in one written chunk with a [`SharedRead`] of it (the chunk's `Arc` and a
+//! in one written chunk with a [`SharedRange`] of it (the chunk's `Arc` and a
 //! range: no allocation) instead of a copy, and a write into a chunk a
 //! view still holds copies the chunk first ([`writable`]), so a view's
 //! bytes never change. Writes run at the poll, before that poll's reads
@@ -48,7 +48,7 @@ use std::time::Instant;
 
 use crate::io::{fail, valid_block_size, validate_request};
 use crate::{
-    Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest, SharedRead,
+    Backend, BackendError, BackendQueue, Geometry, IoCompletion, IoOp, IoRequest, SharedRange,
 };
 
 /// Bytes per lazily allocated chunk.
@@ -61,7 +61,7 @@ const GROUP_CHUNKS: usize = 4096;
 pub const RAM_SIZE_BYTES_MAX: u64 = 16 << 40;
 
 /// A chunk's memory is shared (an `Arc`) with the reads that send straight
-/// from it ([`SharedRead`]); a write into a chunk they still hold copies it
+/// from it ([`SharedRange`]); a write into a chunk they still hold copies it
 /// first ([`writable`]), so what they send never changes.
 type Chunk = RwLock<Option<Arc<ChunkMem>>>;
 
@@ -677,7 +677,7 @@ impl RamStore {
     /// The bytes of `[offset, offset + len)` shared, not copied, when they
     /// lie in one chunk that was written: `None` otherwise (the caller
     /// then copies with [`RamStore::read`]).
-    pub(crate) fn share(&self, offset_bytes: u64, len_bytes: u64) -> Option<SharedRead> {
+    pub(crate) fn share(&self, offset_bytes: u64, len_bytes: u64) -> Option<SharedRange> {
         let chunk = self.chunk_bytes as u64;
         let index = offset_bytes / chunk;
         let at = usize_from(offset_bytes % chunk);
@@ -687,7 +687,7 @@ impl RamStore {
         }
         let lock = self.chunk(index, false)?;
         let mem = sync::read(lock).as_ref().map(Arc::clone)?;
-        let shared = SharedRead::new(mem, at..end)?;
+        let shared = SharedRange::new(mem, at..end)?;
         RAM_READS_SHARED.fetch_add(1, Ordering::Relaxed);
         Some(shared)
     }

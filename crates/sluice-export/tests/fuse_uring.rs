@@ -32,9 +32,7 @@ fn can_mount() -> bool {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (seed.wrapping_mul(131) as usize + i * 7 + i / 4096) as u8)
-        .collect()
+    sluice_testdata::pattern(len, seed)
 }
 
 fn config() -> FuseConfig {

@@ -27,15 +27,7 @@ use common::Client;
 /// Never repeats within an export (a byte function of the offset alone
 /// repeats every 256 bytes, and a read from the wrong block would match).
 fn pattern(seed: u8, n: usize) -> Vec<u8> {
-    (0..n as u64)
-        .map(|i| {
-            let mut z = i
-                .wrapping_add(u64::from(seed) << 40)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32) as u8
-        })
-        .collect()
+    sluice_testdata::pattern(n, u64::from(seed))
 }
 
 /// A RAM target, a controller with `io_queues` + `direct_queues` I/O

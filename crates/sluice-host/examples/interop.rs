@@ -13,22 +13,9 @@
 use sluice_host::core::Payload;
 use sluice_host::{discover, ConnectOptions, Controller, HostError, IoFlags};
 use sluice_proto::Sqe;
+use sluice_testdata::pattern;
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// Never repeats within a namespace, and differs between seeds: a block
-/// read back from the wrong place does not match.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let mut z = i
-                .wrapping_add(seed << 40)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32).to_le_bytes()[0]
-        })
-        .collect()
-}
 
 async fn run() -> Result<(), String> {
     let mut args = std::env::args().skip(1);

@@ -205,10 +205,10 @@ fn completion(host: &mut QueuePairCore) -> Result<Completion, HostError> {
     }
 }
 
-/// Never repeats within a transfer ([`common::pattern_byte`]), so data
+/// Never repeats within a transfer ([`sluice_testdata::pattern`]), so data
 /// placed at the wrong offset differs.
 fn pattern(n: usize) -> Vec<u8> {
-    (0..n as u64).map(|i| common::pattern_byte(i, 7)).collect()
+    sluice_testdata::pattern(n, 7)
 }
 
 fn read(host: &mut QueuePairCore, now: Instant, len: u32) -> u16 {

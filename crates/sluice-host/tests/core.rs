@@ -137,10 +137,10 @@ fn resp(ctrl: &FakeCtrl, cid: u16, status: Status) -> Vec<u8> {
     ctrl.pdu(PduHeader::CapsuleResp(Cqe::new(cid, status)), &[])
 }
 
-/// Never repeats within a transfer ([`common::pattern_byte`]), so data
+/// Never repeats within a transfer ([`sluice_testdata::pattern`]), so data
 /// placed at the wrong offset differs.
 fn pattern(n: usize) -> Vec<u8> {
-    (0..n as u64).map(|i| common::pattern_byte(i, 7)).collect()
+    sluice_testdata::pattern(n, 7)
 }
 
 #[test]

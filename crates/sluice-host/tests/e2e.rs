@@ -29,11 +29,9 @@ fn opts() -> ConnectOptions {
     }
 }
 
-/// Never repeats within a namespace ([`common::pattern_byte`]).
+/// Never repeats within a namespace ([`sluice_testdata::pattern`]).
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n as u64)
-        .map(|i| common::pattern_byte(i, u64::from(seed)))
-        .collect()
+    sluice_testdata::pattern(n, u64::from(seed))
 }
 
 async fn round_trip(cfg: MemTargetConfig, o: ConnectOptions) {

@@ -9,49 +9,38 @@
 //! belongs to the PDUs before it: the next PDU's header is never empty.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::io::IoSlice;
 use std::ops::Range;
-use std::sync::Arc;
 
-/// Bytes that can be attached to PDUs: any shared, immutable buffer.
-pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+pub use sluice_bytes::{SharedBytes, SharedRange};
 
-/// A PDU's data carried by reference: a range of a shared buffer, sent
-/// from there (vectored) and released once written.
-#[derive(Clone)]
-pub struct Attachment {
-    data: SharedBytes,
-    range: Range<usize>,
-}
+/// A PDU's data carried by reference: a non-empty [`SharedRange`], sent
+/// from its owner's buffer (vectored) and released once written.
+#[derive(Clone, Debug)]
+pub struct Attachment(SharedRange);
 
 impl Attachment {
     /// `range` of `data`; `None` when the range is empty or outside it.
     pub fn new(data: SharedBytes, range: Range<usize>) -> Option<Self> {
-        let len = (*data).as_ref().len();
-        if range.start >= range.end || range.end > len {
-            return None;
-        }
-        Some(Attachment { data, range })
+        SharedRange::new(data, range).and_then(Attachment::from_range)
+    }
+
+    /// `data` as an attachment; `None` when it is empty.
+    pub fn from_range(data: SharedRange) -> Option<Self> {
+        (!data.is_empty()).then_some(Attachment(data))
     }
 
     pub fn as_slice(&self) -> &[u8] {
-        &(*self.data).as_ref()[self.range.clone()]
+        self.0.as_slice()
     }
 
     pub fn len(&self) -> usize {
-        self.range.len()
+        self.0.len()
     }
 
-    /// Never true: empty attachments are refused by [`Attachment::new`].
+    /// Never true: empty attachments are refused at construction.
     pub fn is_empty(&self) -> bool {
-        self.range.is_empty()
-    }
-}
-
-impl fmt::Debug for Attachment {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Attachment({:?})", self.range)
+        self.0.is_empty()
     }
 }
 
@@ -240,6 +229,7 @@ impl OutBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn att(bytes: &[u8], range: Range<usize>) -> Attachment {
         let shared: SharedBytes = Arc::new(bytes.to_vec());

@@ -248,11 +248,9 @@ impl Client {
     }
 }
 
-/// Never repeats within a namespace ([`common::pattern_byte`]).
+/// Never repeats within a namespace ([`sluice_testdata::pattern`]).
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| common::pattern_byte(i, u64::from(seed)))
-        .collect()
+    sluice_testdata::pattern(len, u64::from(seed))
 }
 
 fn write_read_over(polling: &str, workers: usize, digests: bool) {

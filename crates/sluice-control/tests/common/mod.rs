@@ -180,15 +180,7 @@ pub async fn create(c: &ControlClient, name: &str, size_bytes: u64, replicas: u3
 /// Bytes that never repeat within a volume (a pattern with a short period
 /// would let a read served from the wrong extent match).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| {
-            let mut z = i
-                .wrapping_add(seed << 40)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            z ^= z >> 29;
-            (z >> 32).to_le_bytes()[0]
-        })
-        .collect()
+    sluice_testdata::pattern(len, seed)
 }
 
 pub fn host_opts() -> ConnectOptions {

@@ -92,14 +92,3 @@ impl Drop for RealTarget {
         }
     }
 }
-
-/// Byte `i` of a test pattern that never repeats within a namespace (a
-/// byte function of the offset alone, such as `i * 31`, repeats every 256
-/// bytes, and data from the wrong block would match it).
-pub fn pattern_byte(i: u64, seed: u64) -> u8 {
-    let mut z = i
-        .wrapping_add(seed << 40)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z ^= z >> 29;
-    (z >> 32).to_le_bytes()[0]
-}

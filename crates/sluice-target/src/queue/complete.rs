@@ -9,7 +9,7 @@
 use super::commands::CmdKind;
 use super::QueueConnection;
 use crate::tag::BackendTag;
-use sluice_backend::{BackendError, IoCompletion, SharedRead};
+use sluice_backend::{BackendError, IoCompletion, SharedRange};
 use sluice_proto::outbuf::Attachment;
 use sluice_proto::pdu::{encode_pdu, encode_prefix, DataHeader, PduHeader, TxParams};
 use sluice_proto::send::{Immediate, PduClass, SendScheduler, SendStats};
@@ -258,7 +258,7 @@ impl QueueConnection {
                         // Large reads go out from their own buffer, when
                         // their C2HData pieces are large enough to attach.
                         (None, Some(buf)) if buf.len().min(pdu_max) >= C2H_ATTACH_BYTES_MIN => {
-                            SharedRead::whole(Arc::new(buf))
+                            SharedRange::whole(Arc::new(buf))
                         }
                         (None, buf) => {
                             let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
@@ -352,7 +352,7 @@ impl QueueConnection {
         slot: u16,
         cid: u16,
         data: &[u8],
-        shared: Option<&SharedRead>,
+        shared: Option<&SharedRange>,
         result: u32,
         dw1: u32,
         now: Instant,
@@ -380,8 +380,8 @@ impl QueueConnection {
             let dd = encode_prefix(&h, n, &self.out.txp, buf);
             let attachment = shared
                 .filter(|_| n >= READ_SHARE_BYTES_MIN)
-                .and_then(|s| s.piece(off..off + n))
-                .and_then(|(owner, range)| Attachment::new(owner, range));
+                .and_then(|s| s.slice(off..off + n))
+                .and_then(Attachment::from_range);
             match attachment {
                 Some(a) => {
                     self.stats.c2h_attached_bytes += n as u64;

@@ -505,18 +505,5 @@ pub fn io_pair(reg: &Arc<Registry>, cntlid: u16, hdgst: bool, ddgst: bool) -> Pa
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| pattern_byte(i as u64, u64::from(seed)))
-        .collect()
-}
-
-/// Byte `i` of a pattern that never repeats within a namespace (a byte
-/// function of `i` alone, such as `i * 31`, repeats every 256 bytes, and
-/// a read from the wrong block would match it).
-pub fn pattern_byte(i: u64, seed: u64) -> u8 {
-    let mut z = i
-        .wrapping_add(seed << 40)
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    z ^= z >> 29;
-    (z >> 32).to_le_bytes()[0]
+    sluice_testdata::pattern(len, u64::from(seed))
 }
