@@ -1141,32 +1141,15 @@ impl State {
             ))
             .into());
         };
-        // A sum past u32::MAX is past the buffer too (its length is a u32).
-        let end = d
-            .offset
-            .checked_add(d.len)
-            .filter(|&e| e as usize <= buf.len());
-        let Some(end) = end else {
-            return Err(DecodeError::DataOutOfRange(format!(
-                "C2HData offset {} + length {} beyond the {} bytes of CID {}",
-                d.offset,
-                d.len,
-                buf.len(),
-                d.cccid
-            ))
-            .into());
-        };
-        if d.offset != *received {
-            return Err(DecodeError::invalid(
-                "datao",
-                12,
-                format!(
-                    "C2HData offset {} for CID {}, expected {}",
-                    d.offset, d.cccid, received
-                ),
-            )
-            .into());
-        }
+        let end = next_data_end(
+            "C2HData",
+            "datao",
+            d.cccid,
+            d.offset,
+            d.len,
+            buf.len(),
+            *received,
+        )?;
         Ok(&mut buf.bytes_mut()[d.offset as usize..end as usize])
     }
 
@@ -1223,32 +1206,7 @@ impl State {
             ))
             .into());
         };
-        // A sum past u32::MAX is past the buffer too (its length is a u32).
-        let end = r
-            .offset
-            .checked_add(r.len)
-            .filter(|&e| e as usize <= buf.len());
-        let Some(end) = end else {
-            return Err(DecodeError::DataOutOfRange(format!(
-                "R2T offset {} + length {} beyond the {} bytes of CID {}",
-                r.offset,
-                r.len,
-                buf.len(),
-                r.cccid
-            ))
-            .into());
-        };
-        if r.offset != *sent {
-            return Err(DecodeError::invalid(
-                "r2to",
-                12,
-                format!(
-                    "R2T offset {} for CID {}, expected {}",
-                    r.offset, r.cccid, sent
-                ),
-            )
-            .into());
-        }
+        let end = next_data_end("R2T", "r2to", r.cccid, r.offset, r.len, buf.len(), *sent)?;
         let mut off = r.offset;
         while off < end {
             let n = (end - off).min(maxh2c);
@@ -1297,6 +1255,36 @@ fn outstanding<'a>(
         .ok_or_else(|| {
             DecodeError::invalid(field, at, format!("no outstanding command with CID {cid}"))
         })
+}
+
+/// The end of the data range a C2HData or R2T PDU (`pdu`) names for
+/// command `cid`: `offset + len` within the command's `buf_len` bytes, with
+/// `offset` (the PDU's `field`, byte 12) the next byte the command
+/// expects. Errors: DataOutOfRange past the buffer, an invalid field out of
+/// order.
+fn next_data_end(
+    pdu: &str,
+    field: &'static str,
+    cid: u16,
+    offset: u32,
+    len: u32,
+    buf_len: usize,
+    expected: u32,
+) -> std::result::Result<u32, DecodeError> {
+    // A sum past u32::MAX is past the buffer too (its length is a u32).
+    let Some(end) = offset.checked_add(len).filter(|&e| e as usize <= buf_len) else {
+        return Err(DecodeError::DataOutOfRange(format!(
+            "{pdu} offset {offset} + length {len} beyond the {buf_len} bytes of CID {cid}"
+        )));
+    };
+    if offset != expected {
+        return Err(DecodeError::invalid(
+            field,
+            12,
+            format!("{pdu} offset {offset} for CID {cid}, expected {expected}"),
+        ));
+    }
+    Ok(end)
 }
 
 /// Runs of due bytes handed to one vectored write by

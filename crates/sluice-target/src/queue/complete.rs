@@ -262,11 +262,11 @@ impl QueueConnection {
                         }
                         (None, buf) => {
                             let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
-                            self.send_c2h_data_and_complete(slot, cid, data, now);
+                            self.send_c2h_data_then(slot, cid, data, 0, 0, now);
                             return;
                         }
                     };
-                    self.send_c2h_pdus(slot, cid, shared.as_slice(), Some(&shared), 0, 0, now);
+                    self.send_c2h_pdus(slot, cid, C2hData::Shared(&shared), 0, 0, now);
                     return;
                 }
                 ns.counters.record_error();
@@ -324,10 +324,6 @@ impl QueueConnection {
         self.maybe_finish_close();
     }
 
-    fn send_c2h_data_and_complete(&mut self, slot: u16, cid: u16, data: &[u8], now: Instant) {
-        self.send_c2h_data_then(slot, cid, data, 0, 0, now);
-    }
-
     /// Sends `data` as C2HData PDUs, then completes the command; with SQ flow
     /// control disabled and nothing else to report, the last PDU carries the
     /// SUCCESS flag instead of a CapsuleResp.
@@ -340,23 +336,25 @@ impl QueueConnection {
         dw1: u32,
         now: Instant,
     ) {
-        self.send_c2h_pdus(slot, cid, data, None, result, dw1, now);
+        self.send_c2h_pdus(slot, cid, C2hData::Copied(data), result, dw1, now);
     }
 
-    /// The C2HData PDUs of `data` (which is `shared`'s bytes when given:
-    /// pieces of at least [`READ_SHARE_BYTES_MIN`] are then attached, not
-    /// copied), then the completion.
-    #[allow(clippy::too_many_arguments)]
+    /// The C2HData PDUs of `data` (pieces of shared data of at least
+    /// [`READ_SHARE_BYTES_MIN`] are attached, not copied), then the
+    /// completion.
     fn send_c2h_pdus(
         &mut self,
         slot: u16,
         cid: u16,
-        data: &[u8],
-        shared: Option<&SharedRange>,
+        data: C2hData<'_>,
         result: u32,
         dw1: u32,
         now: Instant,
     ) {
+        let (data, shared) = match data {
+            C2hData::Copied(bytes) => (bytes, None),
+            C2hData::Shared(range) => (range.as_slice(), Some(range)),
+        };
         let chunk = self.reg.settings.max_c2h_data_bytes as usize;
         let success_flag = self.out.success_flag && result == 0 && dw1 == 0;
         let mut off = 0usize;
@@ -407,6 +405,16 @@ impl QueueConnection {
             self.complete(slot, Status::SUCCESS, result, dw1, now);
         }
     }
+}
+
+/// A read's data as it goes out in C2HData PDUs.
+#[derive(Debug, Clone, Copy)]
+enum C2hData<'a> {
+    /// Bytes to copy into the PDUs.
+    Copied(&'a [u8]),
+    /// The backend's shared bytes (or the read's own buffer, shared):
+    /// large pieces are attached.
+    Shared(&'a SharedRange),
 }
 
 /// Maps a backend error to the NVMe status the host sees.
