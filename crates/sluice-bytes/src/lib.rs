@@ -88,8 +88,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn owner(len: usize) -> SharedBytes {
-        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
-        Arc::new(bytes)
+        Arc::new(sluice_testdata::pattern(len, 3))
     }
 
     #[test]
