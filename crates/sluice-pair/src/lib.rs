@@ -112,12 +112,37 @@ pub struct Params {
 /// RAM behind a growable namespace, as a multiple of its starting size.
 pub const GROWABLE_CAPACITY_FACTOR: u64 = 4;
 
-/// A RAM namespace whose reported size a test moves.
+/// A RAM namespace whose reported size a test moves, like an elastic
+/// volume resized by its control plane: it opens at `start_bytes` and then
+/// reports what `size_bytes` holds, at most the RAM behind it. Used by the
+/// harness's growable namespace and by the target's conformance tests of
+/// online growth.
 #[derive(Debug)]
-struct GrowableRam {
+pub struct GrowableRam {
     ram: RamBackend,
     start_bytes: u64,
     size_bytes: Arc<AtomicU64>,
+}
+
+impl GrowableRam {
+    /// `capacity_bytes` of RAM in `block_size` blocks, opening at
+    /// `start_bytes`; the test grows it by storing into `size_bytes`.
+    pub fn new(
+        capacity_bytes: u64,
+        block_size: u32,
+        start_bytes: u64,
+        size_bytes: Arc<AtomicU64>,
+    ) -> Result<GrowableRam, BackendError> {
+        assert!(
+            start_bytes <= capacity_bytes,
+            "a growable namespace opens within its RAM"
+        );
+        Ok(GrowableRam {
+            ram: RamBackend::new(capacity_bytes, block_size)?,
+            start_bytes,
+            size_bytes,
+        })
+    }
 }
 
 impl Backend for GrowableRam {
@@ -153,13 +178,14 @@ impl VolumeOpener for GrowableOpener {
         _control: &str,
         _token_file: Option<&std::path::Path>,
     ) -> Result<Arc<dyn Backend>, String> {
-        let ram = RamBackend::new(self.start_bytes * GROWABLE_CAPACITY_FACTOR, self.block_size)
-            .map_err(|e| e.to_string())?;
-        Ok(Arc::new(GrowableRam {
-            ram,
-            start_bytes: self.start_bytes,
-            size_bytes: self.size_bytes.clone(),
-        }))
+        let ram = GrowableRam::new(
+            self.start_bytes * GROWABLE_CAPACITY_FACTOR,
+            self.block_size,
+            self.start_bytes,
+            self.size_bytes.clone(),
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Arc::new(ram))
     }
 }
 

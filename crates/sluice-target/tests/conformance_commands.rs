@@ -16,9 +16,10 @@ mod common;
 use common::*;
 use sluice_auth::message::{reason, Challenge, Message};
 use sluice_auth::{DhGroup, HashId, HostAuth, HostConfig, Secret};
-use sluice_backend::{Backend, BackendError, BackendQueue, Geometry, RamBackend};
+use sluice_backend::Backend;
 use sluice_config::auth::HostAuthConfig;
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
+use sluice_pair::GrowableRam;
 use sluice_proto::command::{admin, io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::dsm::{DsmCommand, DsmRange};
 use sluice_proto::fabrics::{cc, fctype, prop, AuthCommand, PropertyCommand, CNTLID_DYNAMIC};
@@ -372,33 +373,6 @@ fn adm_14_smart_log_of_inactive_nsid_is_invalid_namespace() {
     }
 }
 
-/// A RAM namespace whose reported size the test moves (online growth).
-#[derive(Debug)]
-struct GrowableRam {
-    ram: RamBackend,
-    start_bytes: u64,
-    size_bytes: Arc<AtomicU64>,
-}
-
-impl Backend for GrowableRam {
-    fn geometry(&self) -> Geometry {
-        let mut g = self.ram.geometry();
-        g.size_bytes = self.start_bytes;
-        g
-    }
-    fn kind(&self) -> &'static str {
-        "ram"
-    }
-    fn size_bytes(&self) -> u64 {
-        self.size_bytes
-            .load(Ordering::Acquire)
-            .min(self.ram.geometry().size_bytes)
-    }
-    fn open_queue(&self) -> Result<Box<dyn BackendQueue>, BackendError> {
-        self.ram.open_queue()
-    }
-}
-
 struct GrowableOpener(Arc<AtomicU64>);
 
 impl VolumeOpener for GrowableOpener {
@@ -408,12 +382,9 @@ impl VolumeOpener for GrowableOpener {
         _control: &str,
         _token_file: Option<&std::path::Path>,
     ) -> Result<Arc<dyn Backend>, String> {
-        let ram = RamBackend::new(8 << 20, 512).map_err(|e| e.to_string())?;
-        Ok(Arc::new(GrowableRam {
-            ram,
-            start_bytes: 4 << 20,
-            size_bytes: self.0.clone(),
-        }))
+        let ram =
+            GrowableRam::new(8 << 20, 512, 4 << 20, self.0.clone()).map_err(|e| e.to_string())?;
+        Ok(Arc::new(ram))
     }
 }
 
