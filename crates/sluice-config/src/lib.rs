@@ -77,7 +77,7 @@ pub use size::{format_size, parse_size, SizeError};
 pub use sluice_runtime::PollingPolicy;
 pub use subsystem::{
     default_serial, validate_nqn, BackendConfig, Engine, NamespaceConfig, SsdConfig,
-    SubsystemConfig, CONTROL_DEFAULT, DEFAULT_SUBSYSTEM_NQN,
+    SubsystemConfig, BLOCK_SIZE_DEFAULT, CONTROL_DEFAULT, DEFAULT_SUBSYSTEM_NQN,
 };
 pub use target::{
     TargetSettings, CONNECTIONS_HANDSHAKING_MAX_DEFAULT,

@@ -170,7 +170,11 @@ pub struct NamespaceConfig {
     pub backend: BackendConfig,
     /// Size in bytes (RAM and emulated SSD; files may create/extend to it).
     pub size_bytes: Option<u64>,
-    pub block_size_bytes: u32,
+    /// The LBA size (512 or 4096). `None` only for `file`: the backend
+    /// takes a block device's logical block size, or a regular file's
+    /// filesystem block size (4096 at most), so that no direct write covers
+    /// part of a filesystem block (docs/configuration.md).
+    pub block_size_bytes: Option<u32>,
     /// Optional fixed NGUID/UUID; derived from the subsystem NQN and NSID otherwise.
     pub uuid: Option<[u8; 16]>,
     /// RAM backend: each 2 MiB chunk on a huge page (faster random I/O; a
@@ -178,16 +182,21 @@ pub struct NamespaceConfig {
     pub huge_pages: bool,
 }
 
-/// Default of `block_size`.
+/// Default of `block_size` for `ram` and `emulated-ssd`.
 pub const BLOCK_SIZE_DEFAULT: u32 = 512;
 
 impl NamespaceConfig {
     fn new(nsid: u32, backend: BackendConfig, size_bytes: Option<u64>) -> Self {
+        // A file's comes from the file (see the field).
+        let block_size_bytes = match backend {
+            BackendConfig::File { .. } => None,
+            _ => Some(BLOCK_SIZE_DEFAULT),
+        };
         NamespaceConfig {
             nsid,
             backend,
             size_bytes,
-            block_size_bytes: BLOCK_SIZE_DEFAULT,
+            block_size_bytes,
             uuid: None,
             huge_pages: false,
         }
@@ -208,7 +217,7 @@ impl NamespaceConfig {
             token_file: None,
         };
         let mut n = Self::new(nsid, backend, None);
-        n.block_size_bytes = 4096;
+        n.block_size_bytes = Some(4096);
         n
     }
     /// A file or block device (see [`BackendConfig::file`] and the `with_*`
@@ -221,7 +230,7 @@ impl NamespaceConfig {
         self
     }
     pub fn with_block_size(mut self, bytes: u32) -> Self {
-        self.block_size_bytes = bytes;
+        self.block_size_bytes = Some(bytes);
         self
     }
     /// RAM backend: chunks on huge pages (see [`NamespaceConfig::huge_pages`]).
@@ -440,14 +449,17 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
         1,
         NAMESPACES_PER_SUBSYSTEM_MAX,
     )?;
-    let block_size_bytes = match n.block_size {
+    let kind: BackendKind = parse_word(&n.backend).map_err(|e| err(format!("{nk}.backend"), e))?;
+    let block_size_bytes = match (n.block_size, kind) {
         // A volume's block size is the volume's (4096 unless created with
         // 512); the target checks they agree when it opens the volume.
-        None if n.backend == "volume" => 4096,
-        None => BLOCK_SIZE_DEFAULT,
-        Some(512) => 512,
-        Some(4096) => 4096,
-        Some(v) => {
+        (None, BackendKind::Volume) => Some(4096),
+        // The file's own (see `NamespaceConfig::block_size_bytes`).
+        (None, BackendKind::File) => None,
+        (None, BackendKind::Ram | BackendKind::EmulatedSsd) => Some(BLOCK_SIZE_DEFAULT),
+        (Some(512), _) => Some(512),
+        (Some(4096), _) => Some(4096),
+        (Some(v), _) => {
             return Err(err(
                 format!("{nk}.block_size"),
                 format!("{v} must be 512 or 4096"),
@@ -460,14 +472,16 @@ pub fn namespace(nk: &str, n: NamespaceFile) -> Result<NamespaceConfig, ConfigEr
         .map(|s| bytes(&format!("{nk}.size"), s))
         .transpose()?;
     if let Some(sz) = size_bytes {
-        if sz == 0 || sz % block_size_bytes as u64 != 0 {
+        // A file's own block size is known when it is opened (a tail past
+        // the last whole block is then ignored, with a warning).
+        let bs = block_size_bytes.unwrap_or(512);
+        if sz == 0 || sz % u64::from(bs) != 0 {
             return Err(err(
                 format!("{nk}.size"),
-                format!("{sz} must be a non-zero multiple of the block size {block_size_bytes}"),
+                format!("{sz} must be a non-zero multiple of the block size {bs}"),
             ));
         }
     }
-    let kind: BackendKind = parse_word(&n.backend).map_err(|e| err(format!("{nk}.backend"), e))?;
     let backend = match kind {
         BackendKind::Ram | BackendKind::EmulatedSsd => {
             if size_bytes.is_none() {
@@ -580,7 +594,7 @@ impl From<NamespaceConfig> for NamespaceFile {
             nsid: i64::from(n.nsid),
             backend: word_of(&n.backend.kind()),
             size: n.size_bytes.map(SizeValue::from),
-            block_size: Some(i64::from(n.block_size_bytes)),
+            block_size: n.block_size_bytes.map(i64::from),
             path: None,
             direct: None,
             engine: None,

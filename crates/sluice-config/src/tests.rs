@@ -639,6 +639,45 @@ mod round_trip {
     }
 }
 
+/// A file namespace without `block_size` leaves it to the file (its
+/// filesystem's block, or a block device's logical block); RAM and the
+/// emulated SSD default to 512; written back, the key stays out.
+#[test]
+fn a_file_namespace_takes_its_block_size_from_the_file() {
+    let ns = |backend: &str, body: &str| {
+        format!(
+            "[[subsystem]]\nnqn = \"nqn.2026-11.io.sluice:f\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbackend = \"{backend}\"\n{body}\n"
+        )
+    };
+    let c = Config::from_toml(&ns("file", "path = \"/tmp/f.img\"")).unwrap();
+    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, None);
+    assert!(!c.to_toml().unwrap().contains("block_size"));
+    assert_eq!(Config::from_toml(&c.to_toml().unwrap()).unwrap(), c);
+    let c = Config::from_toml(&ns("file", "path = \"/tmp/f.img\"\nblock_size = 512")).unwrap();
+    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, Some(512));
+    // `create` sizes are checked against 512 (the file's block is known
+    // when it is opened).
+    let c = Config::from_toml(&ns(
+        "file",
+        "path = \"/tmp/f.img\"\ncreate = true\nsize = 1536",
+    ));
+    assert_eq!(
+        c.unwrap().subsystems[0].namespaces[0].size_bytes,
+        Some(1536)
+    );
+    must_fail(
+        &ns("file", "path = \"/tmp/f.img\"\ncreate = true\nsize = 1000"),
+        "subsystem[0].namespace[0].size",
+    );
+    let c = Config::from_toml(&ns("ram", "size = \"1MiB\"")).unwrap();
+    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, Some(512));
+    assert_eq!(
+        NamespaceConfig::file(1, "/tmp/f.img").block_size_bytes,
+        None
+    );
+    assert_eq!(NamespaceConfig::ram(1, 1 << 20).block_size_bytes, Some(512));
+}
+
 /// The connection limits and the handshake timeout: defaults, TOML,
 /// builders, and out-of-range values refused naming the key.
 #[test]
@@ -658,12 +697,12 @@ fn volume_namespaces() {
             token_file: None
         }
     );
-    assert_eq!((n.block_size_bytes, n.size_bytes), (4096, None));
+    assert_eq!((n.block_size_bytes, n.size_bytes), (Some(4096), None));
     let c = Config::from_toml(&ns(
         "volume = \"db\"\ncontrol = \"a:1, b:2\"\nblock_size = 512",
     ))
     .unwrap();
-    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, 512);
+    assert_eq!(c.subsystems[0].namespaces[0].block_size_bytes, Some(512));
     // Each mistake names its key.
     must_fail(&ns(""), "subsystem[0].namespace[0].volume");
     must_fail(&ns("volume = \"\""), "subsystem[0].namespace[0].volume");

@@ -186,12 +186,16 @@ fn open_backend(
         source,
     };
     let size = nc.size_bytes.unwrap_or(0);
+    // Only a file may leave it to the backend (the config's rule).
+    let bs = nc
+        .block_size_bytes
+        .unwrap_or(sluice_config::BLOCK_SIZE_DEFAULT);
     Ok(match &nc.backend {
-        BackendConfig::Ram => Arc::new(
-            RamBackend::with_huge_pages(size, nc.block_size_bytes, nc.huge_pages).map_err(wrap)?,
-        ),
+        BackendConfig::Ram => {
+            Arc::new(RamBackend::with_huge_pages(size, bs, nc.huge_pages).map_err(wrap)?)
+        }
         BackendConfig::EmulatedSsd(m) => {
-            Arc::new(EmulatedSsd::new(size, nc.block_size_bytes, ssd_model(m)).map_err(wrap)?)
+            Arc::new(EmulatedSsd::new(size, bs, ssd_model(m)).map_err(wrap)?)
         }
         BackendConfig::File {
             path,
@@ -206,7 +210,7 @@ fn open_backend(
             };
             let opts = FileOptions {
                 direct: *direct,
-                block_size_bytes: Some(nc.block_size_bytes),
+                block_size_bytes: nc.block_size_bytes,
                 create_size_bytes: if *create { nc.size_bytes } else { None },
                 engine,
                 read_only: false,
@@ -225,14 +229,13 @@ fn open_backend(
                     nsid: nc.nsid,
                     reason,
                 })?;
-            let bs = b.geometry().block_size_bytes;
-            if bs != nc.block_size_bytes {
+            let has = b.geometry().block_size_bytes;
+            if let Some(want) = nc.block_size_bytes.filter(|&want| want != has) {
                 return Err(RegistryError::Namespace {
                     nqn: sc.nqn.clone(),
                     nsid: nc.nsid,
                     reason: format!(
-                        "volume {name:?} has {bs}-byte blocks but block_size is {}",
-                        nc.block_size_bytes
+                        "volume {name:?} has {has}-byte blocks but block_size is {want}"
                     ),
                 });
             }

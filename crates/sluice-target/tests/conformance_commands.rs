@@ -1801,3 +1801,45 @@ fn auth_28_negotiate_while_authenticated_starts_reauthentication() {
     auth_send(&mut p, &bad);
     expect_failure1(&mut p, reason::FAILED);
 }
+
+/// A file namespace without `block_size` exports its file's block: a
+/// regular file its filesystem's (4096 at most, as Linux nvmet), a block
+/// device its logical block. Before, the config's default of 512 made a
+/// 4 KiB-sector device refuse to start. The device half runs where this
+/// runs as root with `losetup` (as the test suite does), and says so when
+/// it cannot.
+#[test]
+fn a_file_namespace_exports_the_files_own_block_size() {
+    let img = std::env::temp_dir().join(format!("sluice-target-bs-{}.img", std::process::id()));
+    std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let fs_block = std::os::unix::fs::MetadataExt::blksize(&std::fs::metadata(&img).unwrap());
+    // LBADS of the namespace's format (Identify Namespace byte 130).
+    let lbads = |path: &std::path::Path| {
+        let r = registry(&config_in("immediate", NamespaceConfig::file(1, path)));
+        let (mut p, _) = admin_pair(&r);
+        let (st, d) = p.identify(0, 1);
+        assert_eq!(st, Status::SUCCESS);
+        d[130]
+    };
+    assert_eq!(
+        lbads(&img),
+        if fs_block >= 4096 { 12 } else { 9 },
+        "st_blksize {fs_block}"
+    );
+    let attach = std::process::Command::new("losetup")
+        .args(["--sector-size", "4096", "--find", "--show"])
+        .arg(&img)
+        .output();
+    match attach {
+        Ok(o) if o.status.success() => {
+            let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let got = lbads(std::path::Path::new(&dev));
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &dev])
+                .status();
+            assert_eq!(got, 12, "a 4 KiB-sector device exports 4 KiB blocks");
+        }
+        other => eprintln!("no 4 KiB-sector loop device here ({other:?}); device half skipped"),
+    }
+    let _ = std::fs::remove_file(&img);
+}

@@ -28,7 +28,8 @@ use uring::UringEngine;
 
 pub use uring::{BACKLOG_MAX, RING_ENTRIES};
 
-/// Block size used for regular files when none is requested.
+/// Block size of regular files on filesystems with blocks this large or
+/// larger, when none is requested (the largest LBA size offered).
 pub const FILE_DEFAULT_BLOCK_SIZE_BYTES: u32 = 4096;
 
 /// Which I/O engine file queues use.
@@ -46,8 +47,9 @@ pub enum EngineKind {
 pub struct FileOptions {
     /// Try `O_DIRECT` (falls back to buffered where unsupported). Default true.
     pub direct: bool,
-    /// Exported block size (512 or 4096). Files default to
-    /// [`FILE_DEFAULT_BLOCK_SIZE_BYTES`], block devices to their logical block size.
+    /// Exported block size (512 or 4096). Regular files default to their
+    /// filesystem's block size ([`FILE_DEFAULT_BLOCK_SIZE_BYTES`] where that
+    /// is as large, else 512), block devices to their logical block size.
     pub block_size_bytes: Option<u32>,
     /// Create the file if missing and extend it to at least this size.
     pub create_size_bytes: Option<u64>,
@@ -100,6 +102,38 @@ fn open_file(path: &Path, options: &FileOptions, direct: bool) -> io::Result<Fil
     }
     open.custom_flags(if direct { libc::O_DIRECT } else { 0 });
     open.open(path)
+}
+
+/// The LBA size of a regular file: the one asked for, else the file's
+/// filesystem block size (`st_blksize`) where that is 4096 or more (Linux
+/// nvmet does the same), else 512. See [`warn_sub_block_direct`].
+fn file_block_size(asked: Option<u32>, fs_block_bytes: u64) -> u32 {
+    asked.unwrap_or(
+        if fs_block_bytes >= u64::from(FILE_DEFAULT_BLOCK_SIZE_BYTES) {
+            FILE_DEFAULT_BLOCK_SIZE_BYTES
+        } else {
+            512
+        },
+    )
+}
+
+/// A direct write that covers part of a filesystem block is serialized by
+/// the filesystem: ext4 and XFS take the file's lock exclusively for it and
+/// wait until no other direct I/O to the file is in flight, so one such
+/// write stops every queue's I/O to the file. An explicit block size that
+/// allows them is kept, with this warning (docs/target.md, *File
+/// namespaces*).
+fn warn_sub_block_direct(path: &Path, block_size_bytes: u32, fs_block_bytes: u64) {
+    if u64::from(block_size_bytes) < fs_block_bytes.min(u64::from(FILE_DEFAULT_BLOCK_SIZE_BYTES)) {
+        tracing::warn!(
+            path = %path.display(),
+            block_size = block_size_bytes,
+            fs_block_bytes,
+            "block_size is smaller than the filesystem's block: each direct write of part of a \
+             filesystem block waits until no other direct I/O to the file is in flight; leave \
+             block_size out (the file's own) or set direct = false"
+        );
+    }
 }
 
 /// Checks that an `O_DIRECT` read of one block works (some filesystems accept
@@ -162,9 +196,7 @@ impl FileBackend {
             }
             (
                 size,
-                options
-                    .block_size_bytes
-                    .unwrap_or(FILE_DEFAULT_BLOCK_SIZE_BYTES),
+                file_block_size(options.block_size_bytes, meta.blksize()),
             )
         } else {
             return Err(BackendError::config(
@@ -190,6 +222,9 @@ impl FileBackend {
             tracing::warn!(path = %path.display(), "O_DIRECT I/O failed with EINVAL; falling back to buffered I/O");
             direct = false;
             file = open_file(path, &options, false)?;
+        }
+        if direct && !is_block_device {
+            warn_sub_block_direct(path, block_size_bytes, meta.blksize());
         }
         let engine = match options.engine {
             EngineKind::Sync => EngineKind::Sync,

@@ -272,6 +272,30 @@ fn open_validates_options() {
 }
 
 #[test]
+fn a_file_without_a_block_size_takes_its_filesystem_block() {
+    // Linux nvmet's rule: the filesystem's block, at most 4096, so that no
+    // direct write covers part of a filesystem block.
+    assert_eq!(super::file_block_size(None, 4096), 4096);
+    assert_eq!(super::file_block_size(None, 65536), 4096);
+    assert_eq!(super::file_block_size(None, 1024), 512);
+    assert_eq!(super::file_block_size(None, 0), 512);
+    // Asked for: kept (warned about when smaller than the filesystem's).
+    assert_eq!(super::file_block_size(Some(512), 4096), 512);
+    assert_eq!(super::file_block_size(Some(4096), 512), 4096);
+    // Opened: the temporary directory's filesystem decides.
+    let tmp = TempPath::new("fsblock");
+    std::fs::write(&tmp.0, vec![0u8; 1 << 16]).expect("write");
+    let fs_block = std::fs::metadata(&tmp.0).expect("stat").blksize();
+    let be = FileBackend::open(&tmp.0, FileOptions::default()).expect("open");
+    let want = if fs_block >= 4096 { 4096 } else { 512 };
+    assert_eq!(
+        be.geometry().block_size_bytes,
+        want,
+        "st_blksize {fs_block}"
+    );
+}
+
+#[test]
 fn uring_backlog_beyond_ring_size_completes_everything() {
     let tmp = TempPath::new("deep");
     let be = FileBackend::open(
