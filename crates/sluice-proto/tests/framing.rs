@@ -631,6 +631,29 @@ fn split_data_hands_out_the_head_and_leaves_the_rest() {
     }
 }
 
+/// `split_data` checks the header digest itself: bytes fed after the last
+/// `next_pdu` (which saw only the common header) may complete a header
+/// whose digest is wrong, and the split must not hand it out.
+#[test]
+fn split_data_refuses_a_header_with_a_wrong_digest() {
+    let tx = TxParams {
+        hdgst: true,
+        ddgst: false,
+        pda: 0,
+    };
+    let mut w = c2h_data_pdu(tx, 65536);
+    w[12] ^= 0x01; // the data offset field, under the digest
+    let received = u32::from_le_bytes([w[24], w[25], w[26], w[27]]);
+    let mut f = host_framer(true, false);
+    f.feed(&w[..8]);
+    assert!(f.next_pdu().unwrap().is_none(), "only the common header is in");
+    f.feed(&w[8..28 + 1000]);
+    let e = f.split_data(4096).err().expect("a wrong header digest is refused");
+    assert_eq!((e.fes(), e.fei()), (fes::HEADER_DIGEST_ERROR, received));
+    // Poisoned: the next call says the same.
+    assert!(f.next_pdu().is_err());
+}
+
 /// A CapsuleCmd with in-capsule data splits as a data PDU does, when its
 /// caller accepts the header; refused, it stays in the framer untouched
 /// and comes out whole later. `split_data` never splits it.
