@@ -646,9 +646,15 @@ fn split_data_refuses_a_header_with_a_wrong_digest() {
     let received = u32::from_le_bytes([w[24], w[25], w[26], w[27]]);
     let mut f = host_framer(true, false);
     f.feed(&w[..8]);
-    assert!(f.next_pdu().unwrap().is_none(), "only the common header is in");
+    assert!(
+        f.next_pdu().unwrap().is_none(),
+        "only the common header is in"
+    );
     f.feed(&w[8..28 + 1000]);
-    let e = f.split_data(4096).err().expect("a wrong header digest is refused");
+    let e = f
+        .split_data(4096)
+        .err()
+        .expect("a wrong header digest is refused");
     assert_eq!((e.fes(), e.fei()), (fes::HEADER_DIGEST_ERROR, received));
     // Poisoned: the next call says the same.
     assert!(f.next_pdu().is_err());
