@@ -170,10 +170,12 @@ pub struct NamespaceConfig {
     pub backend: BackendConfig,
     /// Size in bytes (RAM and emulated SSD; files may create/extend to it).
     pub size_bytes: Option<u64>,
-    /// The LBA size (512 or 4096). `None` only for `file`: the backend
-    /// takes a block device's logical block size, or a regular file's
-    /// filesystem block size (4096 at most), so that no direct write covers
-    /// part of a filesystem block (docs/configuration.md).
+    /// The LBA size (512 or 4096). The config file leaves it `None` only
+    /// for `file`: the backend takes a block device's logical block size,
+    /// or a regular file's filesystem block size (4096 at most), so that no
+    /// direct write covers part of a filesystem block
+    /// (docs/configuration.md). Set `None` elsewhere: a volume's own, 512
+    /// for RAM and the emulated SSD.
     pub block_size_bytes: Option<u32>,
     /// Optional fixed NGUID/UUID; derived from the subsystem NQN and NSID otherwise.
     pub uuid: Option<[u8; 16]>,
