@@ -226,6 +226,16 @@ impl FileBackend {
         if direct && !is_block_device {
             warn_sub_block_direct(path, block_size_bytes, meta.blksize());
         }
+        if options.block_size_bytes.is_none() {
+            // Said at every start: a namespace formatted under another block
+            // size (512 was the config's default until 2026-12-07) needs it
+            // set to read as before.
+            tracing::info!(
+                path = %path.display(),
+                block_size = block_size_bytes,
+                "block_size not set: exporting the file's own block size"
+            );
+        }
         let engine = match options.engine {
             EngineKind::Sync => EngineKind::Sync,
             EngineKind::IoUring => {
