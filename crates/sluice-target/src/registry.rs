@@ -186,7 +186,8 @@ fn open_backend(
         source,
     };
     let size = nc.size_bytes.unwrap_or(0);
-    // Only a file may leave it to the backend (the config's rule).
+    // Left out: a file's own (the backend decides), a volume's own, and
+    // 512 for RAM and the emulated SSD (the config file always sets theirs).
     let bs = nc
         .block_size_bytes
         .unwrap_or(sluice_config::BLOCK_SIZE_DEFAULT);
