@@ -23,7 +23,8 @@
 //!
 //! [`Admission::trim_due`] tells the acceptor when a wave of connections has
 //! ended ([`TRIM_AFTER_CLOSES`] fewer open than at the peak since the last
-//! time), so it hands the memory they freed back to the kernel
+//! time, and once more for the wave's tail if more close after that), so it
+//! hands the memory they freed back to the kernel
 //! (`sluice_runtime::memory::release_free_memory`; glibc would keep it).
 //!
 //! Sans-IO: addresses and `now` come in; nothing here touches a socket or
@@ -123,6 +124,9 @@ struct State {
     handshaking_per_source: HashMap<Source, u32>,
     /// The most open at once since [`Admission::trim_due`] last said yes.
     peak_since_trim: u32,
+    /// How many were open when [`Admission::trim_due`] last said yes for a
+    /// wave, until it has said yes once more for the wave's tail.
+    open_at_wave_trim: Option<u32>,
 }
 
 /// How many fewer connections than at their peak must be open before
@@ -240,10 +244,21 @@ impl Admission {
     /// Whether at least [`TRIM_AFTER_CLOSES`] connections have closed since
     /// the peak (the most open at once since the last yes): the time to
     /// hand freed memory back. Saying yes starts a new peak.
+    ///
+    /// A wave rarely ends between two checks: the check that sees the
+    /// threshold crossed often comes while the wave's last connections are
+    /// still closing, and the pages they pin stay with the process. So after
+    /// a wave's yes, the first check that sees any fewer open says yes once
+    /// more, for the tail (at most two trims per wave).
     pub fn trim_due(&self) -> bool {
         let mut s = lock(&self.state);
         if s.peak_since_trim.saturating_sub(s.open) >= TRIM_AFTER_CLOSES {
             s.peak_since_trim = s.open;
+            s.open_at_wave_trim = Some(s.open);
+            true
+        } else if s.open_at_wave_trim.is_some_and(|o| s.open < o) {
+            s.peak_since_trim = s.open;
+            s.open_at_wave_trim = None;
             true
         } else {
             false
@@ -519,6 +534,30 @@ mod tests {
         assert!(!a.trim_due(), "a new peak starts at the trim");
         drop(wave);
         assert!(a.trim_due());
+    }
+
+    #[test]
+    fn the_tail_of_a_wave_gets_one_more_trim() {
+        let a = Arc::new(Admission::with_limits(10_000, 10_000, 10_000));
+        let mut wave: Vec<_> = (0..200).map(|_| a.admit(ip("10.0.0.1")).unwrap()).collect();
+        // The check comes while the wave is still closing.
+        wave.truncate(10);
+        assert!(a.trim_due());
+        assert!(!a.trim_due(), "nothing closed since");
+        // Openings alone are no tail.
+        wave.push(a.admit(ip("10.0.0.1")).unwrap());
+        assert!(!a.trim_due());
+        wave.truncate(3);
+        assert!(a.trim_due(), "the tail closed after the wave's trim");
+        wave.truncate(1);
+        assert!(!a.trim_due(), "one trim for the tail, not one per close");
+        // A new wave starts the pair again.
+        wave.extend((0..100).map(|_| a.admit(ip("10.0.0.1")).unwrap()));
+        wave.truncate(20);
+        assert!(a.trim_due());
+        wave.clear();
+        assert!(a.trim_due());
+        assert!(!a.trim_due());
     }
 
     #[test]
