@@ -7,7 +7,9 @@
 use crate::controller::Controller;
 use crate::metrics::HostRegistry;
 use crate::subsystem::{ssd_model, Namespace, NamespaceIds, Subsystem, SubsystemKind};
-use sluice_backend::{Backend, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend};
+use sluice_backend::{
+    Backend, BackendError, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend,
+};
 use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
 };
@@ -23,7 +25,7 @@ pub enum RegistryError {
     Backend {
         nqn: String,
         nsid: u32,
-        source: sluice_backend::BackendError,
+        source: BackendError,
     },
     #[error("subsystem `{nqn}` namespace {nsid}: {reason}")]
     Namespace {
@@ -175,6 +177,22 @@ fn derive_ids(
     (nguid, eui)
 }
 
+/// A backend names the constructor argument it refuses; the operator wrote
+/// a config key, so the error names that key.
+fn in_config_terms(e: BackendError) -> BackendError {
+    match e {
+        BackendError::InvalidConfig { field, reason } => BackendError::InvalidConfig {
+            field: match field {
+                "block_size_bytes" => "block_size",
+                "size_bytes" | "create_size_bytes" => "size",
+                other => other,
+            },
+            reason,
+        },
+        other => other,
+    }
+}
+
 fn open_backend(
     sc: &SubsystemConfig,
     nc: &NamespaceConfig,
@@ -183,7 +201,7 @@ fn open_backend(
     let wrap = |source| RegistryError::Backend {
         nqn: sc.nqn.clone(),
         nsid: nc.nsid,
-        source,
+        source: in_config_terms(source),
     };
     let size = nc.size_bytes.unwrap_or(0);
     // Left out: a file's own (the backend decides), a volume's own, and

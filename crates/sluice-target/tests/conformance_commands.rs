@@ -1834,10 +1834,23 @@ fn a_file_namespace_exports_the_files_own_block_size() {
         Ok(o) if o.status.success() => {
             let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
             let got = lbads(std::path::Path::new(&dev));
+            // 512 set on it is refused, naming the config key.
+            let refused = Registry::build(&config_in(
+                "immediate",
+                NamespaceConfig::file(1, std::path::Path::new(&dev)).with_block_size(512),
+            ))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
             let _ = std::process::Command::new("losetup")
                 .args(["-d", &dev])
                 .status();
             assert_eq!(got, 12, "a 4 KiB-sector device exports 4 KiB blocks");
+            let refused = refused.expect_err("512-byte blocks on a 4 KiB-sector device");
+            assert!(
+                refused.contains("namespace 1: invalid configuration `block_size`: 512")
+                    && refused.contains("4096"),
+                "{refused}"
+            );
         }
         other => eprintln!("no 4 KiB-sector loop device here ({other:?}); device half skipped"),
     }
