@@ -286,6 +286,12 @@ fn load_secret(flag: &str, value: Option<&str>) -> anyhow::Result<Option<sluice_
 }
 
 impl BenchArgs {
+    /// The namespace to run on (else the first active one).
+    pub fn with_nsid(mut self, nsid: u32) -> Self {
+        self.nsid = Some(nsid);
+        self
+    }
+
     /// Defaults for library callers and tests.
     pub fn new(target: impl Into<String>, nqn: impl Into<String>) -> Self {
         BenchArgs {

@@ -34,6 +34,7 @@
 //! connections_handshaking_max = 256    # accepted, not yet past Connect
 //! connections_handshaking_per_source_max = 72  # of those, from one IP address
 //! handshake_timeout_ms = 10000          # ICReq + Connect within this
+//! slow_io_ms = 1000                     # backend I/Os this slow are counted and logged
 //! ram_reads_in_place = true             # RAM reads of 4 KiB+ sent from the namespace's memory
 //! send_within_cwnd = true               # large writes send what the congestion window admits
 //! # tcp_congestion = "cubic"            # per-socket TCP congestion control (unset: the system's)
@@ -82,7 +83,7 @@ pub use subsystem::{
 pub use target::{
     TargetSettings, CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
     CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT, CONNECTIONS_MAX_DEFAULT,
-    CONNECTIONS_PER_SOURCE_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT,
+    CONNECTIONS_PER_SOURCE_MAX_DEFAULT, HANDSHAKE_TIMEOUT_MS_DEFAULT, SLOW_IO_MS_DEFAULT,
 };
 pub use tenants::{TenantSpec, TenantsConfig, TenantsSettings};
 
@@ -106,6 +107,8 @@ pub const WRITE_ZEROES_BYTES_MAX: u64 = 256 * 1024 * 1024;
 pub const CONNECTIONS_MAX: u32 = 1 << 20;
 /// The longest `target.handshake_timeout_ms` (10 minutes).
 pub const HANDSHAKE_TIMEOUT_MS_MAX: u32 = 600_000;
+/// The largest `target.slow_io_ms` (10 minutes).
+pub const SLOW_IO_MS_MAX: u32 = 600_000;
 
 /// A configuration problem, naming the key and saying what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -8,8 +8,8 @@ use crate::send::{self, RawCoalescing, RawSend};
 use crate::size::SizeValue;
 use crate::{
     bytes, err, ranged_as, ConfigError, CONNECTIONS_MAX, HANDSHAKE_TIMEOUT_MS_MAX,
-    INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX, QUEUE_DEPTH_MAX, WORKERS_MAX,
-    WRITE_ZEROES_BYTES_MAX,
+    INLINE_DATA_BYTES_MAX, IO_QUEUES_MAX, MDTS_BYTES_MAX, QUEUE_DEPTH_MAX, SLOW_IO_MS_MAX,
+    WORKERS_MAX, WRITE_ZEROES_BYTES_MAX,
 };
 use serde::{Deserialize, Serialize};
 use sluice_proto::send::SendConfig;
@@ -72,6 +72,11 @@ pub struct TargetSettings {
     /// after it was accepted is closed (default
     /// [`HANDSHAKE_TIMEOUT_MS_DEFAULT`]).
     pub handshake_timeout_ms: u32,
+    /// A backend I/O (read, write or flush handed to a namespace's backend)
+    /// that takes this long or longer is counted in
+    /// `sluice_namespace_slow_ios_total` and logged (one WARN line per
+    /// namespace per worker per 10 s) (default [`SLOW_IO_MS_DEFAULT`]).
+    pub slow_io_ms: u32,
     /// RAM namespaces send reads of 4 KiB or more straight from their
     /// memory, with no copy into a read buffer (default true); a write
     /// into memory such a read still holds copies its chunk first. See
@@ -110,6 +115,10 @@ pub const CONNECTIONS_HANDSHAKING_MAX_DEFAULT: u32 = 256;
 pub const CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT: u32 = 72;
 /// Default of `target.handshake_timeout_ms`.
 pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u32 = 10_000;
+/// Default of `target.slow_io_ms`: 1 s, hundreds of times what a healthy
+/// SSD or file takes, short of what a host's I/O timeout (30 s on Linux)
+/// would turn into a reset.
+pub const SLOW_IO_MS_DEFAULT: u32 = 1_000;
 
 impl Default for TargetSettings {
     fn default() -> Self {
@@ -139,6 +148,7 @@ impl Default for TargetSettings {
             connections_handshaking_max: CONNECTIONS_HANDSHAKING_MAX_DEFAULT,
             connections_handshaking_per_source_max: CONNECTIONS_HANDSHAKING_PER_SOURCE_MAX_DEFAULT,
             handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT,
+            slow_io_ms: SLOW_IO_MS_DEFAULT,
             ram_reads_in_place: true,
             send_within_cwnd: true,
             tcp_congestion: None,
@@ -228,6 +238,10 @@ impl TargetSettings {
         self.handshake_timeout_ms = n;
         self
     }
+    pub fn with_slow_io_ms(mut self, n: u32) -> Self {
+        self.slow_io_ms = n;
+        self
+    }
     pub fn with_ram_reads_in_place(mut self, on: bool) -> Self {
         self.ram_reads_in_place = on;
         self
@@ -297,6 +311,8 @@ pub struct TargetFile {
     pub(crate) connections_handshaking_per_source_max: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) handshake_timeout_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) slow_io_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ram_reads_in_place: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -458,6 +474,9 @@ fn target_settings(r: &TargetFile) -> Result<TargetSettings, ConfigError> {
             HANDSHAKE_TIMEOUT_MS_MAX,
         )?;
     }
+    if let Some(v) = r.slow_io_ms {
+        t.slow_io_ms = ranged_as("target.slow_io_ms", v, 1, SLOW_IO_MS_MAX)?;
+    }
     if let Some(on) = r.ram_reads_in_place {
         t.ram_reads_in_place = on;
     }
@@ -518,6 +537,7 @@ impl From<TargetSettings> for TargetFile {
                 t.connections_handshaking_per_source_max,
             )),
             handshake_timeout_ms: Some(i64::from(t.handshake_timeout_ms)),
+            slow_io_ms: Some(i64::from(t.slow_io_ms)),
             ram_reads_in_place: Some(t.ram_reads_in_place),
             send_within_cwnd: Some(t.send_within_cwnd),
             tcp_congestion: t.tcp_congestion,

@@ -834,6 +834,13 @@ fn connection_limits() {
         "target.handshake_timeout_ms",
     );
     assert!(e.reason.contains("outside 100..=600000"), "{e}");
+    assert_eq!(d.slow_io_ms, SLOW_IO_MS_DEFAULT);
+    let c = Config::from_toml("[target]\nslow_io_ms = 250").unwrap();
+    assert_eq!(c.target.slow_io_ms, 250);
+    assert_eq!(Config::from_toml(&c.to_toml().unwrap()), Ok(c));
+    let e = must_fail("[target]\nslow_io_ms = 0", "target.slow_io_ms");
+    assert!(e.reason.contains("outside 1..=600000"), "{e}");
+    must_fail("[target]\nslow_io_ms = 600001", "target.slow_io_ms");
     let e = Config::default()
         .with_target(TargetSettings::default().with_connections_per_source_max(0))
         .validated()

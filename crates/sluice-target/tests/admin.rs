@@ -6,7 +6,7 @@ use sluice_admin::client::request;
 use sluice_admin::metrics::parse_text;
 use sluice_admin::schema::{Status, TenantStatsReport};
 use sluice_config::tenants::{TenantSpec, TenantsConfig, TenantsSettings};
-use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
+use sluice_config::{Config, NamespaceConfig, SsdConfig, SubsystemConfig, TargetSettings};
 use sluice_target::Target;
 
 /// One worker on an ephemeral port, no discovery port, subsystem `nqn`
@@ -130,4 +130,53 @@ fn missing_token_file_fails_the_start() {
         panic!("a missing token file must fail the start")
     };
     assert!(e.to_string().contains("sluice-token"), "{e}");
+}
+
+/// Backend I/Os of `target.slow_io_ms` or longer are counted per
+/// namespace: an emulated SSD that takes 20 ms per read against a 10 ms
+/// threshold counts every read; a RAM namespace beside it none.
+#[test]
+fn slow_backend_ios_are_counted_per_namespace() {
+    let nqn = "nqn.2026-11.io.sluice:slow";
+    let mut cfg = admin_config(nqn, TenantsConfig::default());
+    cfg.target = cfg.target.clone().with_slow_io_ms(10);
+    cfg.subsystems[0]
+        .namespaces
+        .push(NamespaceConfig::emulated_ssd(
+            2,
+            1 << 20,
+            SsdConfig::default().with_base_read_latency_us(20_000),
+        ));
+    let cfg = cfg.validated().unwrap();
+    let t = Target::start(&cfg).unwrap();
+    let admin = t.admin_addr().unwrap().to_string();
+    let mut ios = [0u64; 2];
+    for (i, nsid) in [1u32, 2].into_iter().enumerate() {
+        let mut a = sluice_bench::BenchArgs::new(t.local_addr().to_string(), nqn).with_nsid(nsid);
+        a.ios = Some(20);
+        a.qd = 1;
+        a.bs = sluice_bench::BlockSizes::fixed(4096);
+        let r = sluice_bench::run(a).unwrap();
+        assert_eq!(r.total.errors, 0, "{:?}", r.total.error_samples);
+        ios[i] = r.total.ios;
+    }
+    let m = request(&admin, "GET", "/metrics", "", None).unwrap();
+    let count = |nsid: u32| {
+        let key =
+            format!("sluice_namespace_slow_ios_total{{subsystem=\"{nqn}\",nsid=\"{nsid}\"}} ");
+        m.body
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {key} in\n{}", m.body))
+    };
+    assert_eq!(count(1), 0.0, "RAM reads are not slow");
+    // Every read of the SSD; its connect-time I/O (none here) aside.
+    assert!(
+        count(2) >= 20.0 && count(2) <= ios[1] as f64,
+        "{} slow of {} reads",
+        count(2),
+        ios[1]
+    );
+    t.shutdown();
 }

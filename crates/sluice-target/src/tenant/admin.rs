@@ -393,7 +393,11 @@ impl Collector for TargetCollector {
                     nqn.as_str(),
                     nsid.to_string(),
                     n.counters.snapshot(),
-                    (n.fences.refused(), n.fences.refused_reads()),
+                    (
+                        n.fences.refused(),
+                        n.fences.refused_reads(),
+                        rt.ns_stats.get(n.index).map_or(0, |st| l(&st.slow_ios)),
+                    ),
                 ));
             }
         }
@@ -452,7 +456,7 @@ impl Collector for TargetCollector {
             "sluice_namespace_stale_epoch_writes",
             "Writes refused below their granule's chain-epoch fence (Stale Chain Epoch), per namespace.",
             None,
-            ns.iter().map(|(nqn, nsid, _, (writes, _))| {
+            ns.iter().map(|(nqn, nsid, _, (writes, _, _))| {
                 ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *writes)
             }),
         )?;
@@ -461,8 +465,17 @@ impl Collector for TargetCollector {
             "sluice_namespace_stale_epoch_reads",
             "Reads refused below their granule's chain-epoch fence (a reader on a map from before a remap), per namespace.",
             None,
-            ns.iter().map(|(nqn, nsid, _, (_, reads))| {
+            ns.iter().map(|(nqn, nsid, _, (_, reads, _))| {
                 ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *reads)
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_slow_ios",
+            "Backend I/Os that took target.slow_io_ms or longer from the backend queue to completion (each piece of a split request), per namespace.",
+            None,
+            ns.iter().map(|(nqn, nsid, _, (_, _, slow))| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *slow)
             }),
         )?;
         let hosts = self.reg.hosts.snapshot();

@@ -40,7 +40,7 @@ use sluice_runtime::sync::{read, write};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Dense tenant index, stable for the life of the target.
 pub type TenantId = u32;
@@ -177,6 +177,8 @@ pub struct TenantRuntime {
     pub arbiters: Vec<shared::BackendArbiter>,
     /// The CPU throttles of the worker pool.
     pub cpu: shared::CpuGovernor,
+    /// Backend I/Os this slow are counted and logged (`target.slow_io_ms`).
+    pub slow_io: Duration,
     /// Number of worker threads.
     pub workers: usize,
     /// Wakes worker `i` (set by the server once the workers exist).
@@ -192,6 +194,13 @@ pub struct NamespaceStats {
     pub bytes: AtomicU64,
     /// Arrival at the target to completion, summed.
     pub latency_us_sum: AtomicU64,
+    /// Backend I/Os (reads, writes, flushes and the rest; each piece of a
+    /// split request) that took `target.slow_io_ms` or longer from the
+    /// backend queue to their completion.
+    pub slow_ios: AtomicU64,
+    /// The namespace's subsystem NQN and NSID, for log lines.
+    pub nqn: String,
+    pub nsid: u32,
 }
 
 /// Wakes one worker thread by index.
@@ -279,8 +288,23 @@ impl TenantRuntime {
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
             unattributed_cpu_ns: AtomicU64::new(0),
             ns_stats: (0..cost_models.len())
-                .map(|_| NamespaceStats::default())
+                .map(|i| {
+                    let (nqn, nsid) = reg
+                        .subsystems
+                        .iter()
+                        .flat_map(|(nqn, sub)| {
+                            sub.namespaces.iter().map(move |(id, n)| (nqn, *id, n))
+                        })
+                        .find(|(_, _, n)| n.index == i)
+                        .map_or((String::new(), 0), |(nqn, id, _)| (nqn.clone(), id));
+                    NamespaceStats {
+                        nqn,
+                        nsid,
+                        ..NamespaceStats::default()
+                    }
+                })
                 .collect(),
+            slow_io: Duration::from_millis(u64::from(cfg.target.slow_io_ms)),
             cost_models,
             arbiters,
             cpu: shared::CpuGovernor::new(

@@ -119,6 +119,17 @@ pub enum Dir {
     Other,
 }
 
+impl Dir {
+    /// For log lines: `read`, `write` or `other`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dir::Read => "read",
+            Dir::Write => "write",
+            Dir::Other => "other",
+        }
+    }
+}
+
 /// Burst allowed by a bucket: this fraction of a second of its rate.
 pub const BURST_DIVISOR: u64 = 50; // 20 ms
 

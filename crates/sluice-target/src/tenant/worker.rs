@@ -40,6 +40,8 @@ struct Meta {
     dir: Dir,
     bytes: u64,
     arrived: Instant,
+    /// When it was handed to the backend queue (its arrival until then).
+    dispatched: Instant,
     scheduled: bool,
     cost: u64,
     /// A piece of a split request: (parent tag, offset in the parent).
@@ -91,6 +93,20 @@ pub struct WorkerTenancy {
     lat_pending: bool,
     /// When the histograms are next merged into the shared ones.
     next_merge: Instant,
+    /// Slow backend I/Os per namespace index: when this worker last logged
+    /// one, and how many it has not logged since.
+    slow_log: HashMap<usize, SlowLog>,
+}
+
+/// One WARN line per namespace per worker per this interval for backend
+/// I/Os of `target.slow_io_ms` or longer; the line says how many it did not
+/// log.
+pub const SLOW_IO_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy)]
+struct SlowLog {
+    logged: Instant,
+    suppressed: u64,
 }
 
 impl std::fmt::Debug for WorkerTenancy {
@@ -136,6 +152,7 @@ impl WorkerTenancy {
             lat: Vec::new(),
             lat_pending: false,
             next_merge: Instant::now() + MERGE_INTERVAL,
+            slow_log: HashMap::default(),
         };
         w.alloc_histograms();
         w
@@ -232,6 +249,7 @@ impl WorkerTenancy {
             dir,
             bytes,
             arrived: now,
+            dispatched: now,
             scheduled,
             cost: 0,
             parent: None,
@@ -362,6 +380,7 @@ impl WorkerTenancy {
                 .fetch_add(nanos(g.waited), Relaxed);
             if let Some(m) = self.meta.get_mut(&req.tag) {
                 m.cost = g.cost;
+                m.dispatched = now;
             }
             queue.submit(req, now);
         }
@@ -375,6 +394,10 @@ impl WorkerTenancy {
         let Some(m) = self.meta.remove(&c.tag) else {
             return Some(c);
         };
+        let took = now.saturating_duration_since(m.dispatched);
+        if took >= self.rt.slow_io {
+            self.slow_io(&m, took, now);
+        }
         if m.scheduled {
             if let Some(arb) = self.rt.arbiters.get(m.ns) {
                 arb.complete(m.cost);
@@ -415,6 +438,43 @@ impl WorkerTenancy {
         let sp = self.splits.remove(&parent)?;
         self.account(&sp.meta, sp.result.is_ok(), now);
         Some(IoCompletion::new(parent, sp.result, sp.buf))
+    }
+
+    /// Counts a backend I/O (a whole request or a piece of one) that took
+    /// `target.slow_io_ms` or longer, and logs it unless this worker logged
+    /// one for the namespace less than [`SLOW_IO_LOG_INTERVAL`] ago.
+    fn slow_io(&mut self, m: &Meta, took: Duration, now: Instant) {
+        let Some(ns) = self.rt.ns_stats.get(m.ns) else {
+            return;
+        };
+        ns.slow_ios.fetch_add(1, Relaxed);
+        let suppressed = match self.slow_log.get_mut(&m.ns) {
+            Some(l) if now.saturating_duration_since(l.logged) < SLOW_IO_LOG_INTERVAL => {
+                l.suppressed += 1;
+                return;
+            }
+            Some(l) => std::mem::take(&mut l.suppressed),
+            None => 0,
+        };
+        self.slow_log.insert(
+            m.ns,
+            SlowLog {
+                logged: now,
+                suppressed: 0,
+            },
+        );
+        tracing::warn!(
+            subsystem = %ns.nqn,
+            nsid = ns.nsid,
+            tenant = self.tenant_name(m.tenant).unwrap_or("?"),
+            op = m.dir.name(),
+            bytes = m.bytes,
+            took_ms = took.as_millis(),
+            slow_io_ms = self.rt.slow_io.as_millis(),
+            suppressed,
+            "slow backend I/O: the namespace's backend took {} ms (docs/target.md, *Slow backend I/O*)",
+            took.as_millis()
+        );
     }
 
     /// Telemetry and CPU work units of one finished request.
@@ -552,8 +612,12 @@ mod tests {
     };
 
     fn runtime(workers: usize) -> Arc<TenantRuntime> {
+        runtime_with(TargetSettings::default().with_workers(workers))
+    }
+
+    fn runtime_with(target: TargetSettings) -> Arc<TenantRuntime> {
         let c = Config::default()
-            .with_target(TargetSettings::default().with_workers(workers))
+            .with_target(target)
             .with_subsystem(
                 SubsystemConfig::new("nqn.2026-11.io.sluice:lat")
                     .allow_any_host()
@@ -575,12 +639,70 @@ mod tests {
             dir: Dir::Read,
             bytes: 4096,
             arrived,
+            dispatched: arrived,
             scheduled: false,
             cost: 0,
             parent: None,
         };
         w.rt.stats(tenant).queue_depth.fetch_add(1, Relaxed);
         w.account(&m, true, arrived + took);
+    }
+
+    /// A backend I/O of `slow_io_ms` or longer, from the backend queue to
+    /// its completion, is counted for its namespace; a wait in the
+    /// scheduler before it is not. One log line per namespace per interval,
+    /// the next one saying how many it left out.
+    #[test]
+    fn slow_backend_ios_are_counted_from_dispatch() {
+        let rt = runtime_with(TargetSettings::default().with_slow_io_ms(1000));
+        let a = rt.table().id("a").expect("a");
+        let mut w = WorkerTenancy::new(rt.clone(), 0);
+        let mut q = sluice_backend::Backend::open_queue(
+            &sluice_backend::RamBackend::new(1 << 20, 512).expect("ram"),
+        )
+        .expect("queue");
+        let t0 = Instant::now();
+        let mut next_tag = 0u16;
+        // Submits a 4 KiB read at `arrive`, hands it to the backend at
+        // `dispatch`, completes it at `done`.
+        let mut io = |w: &mut WorkerTenancy, arrive: Instant, dispatch: Instant, done: Instant| {
+            next_tag += 1;
+            let req = IoRequest {
+                tag: BackendTag::slot(next_tag).with_conn(0).raw(),
+                op: IoOp::Read,
+                offset_bytes: 0,
+                len_bytes: 4096,
+                buf: Some(AlignedBuf::new(4096)),
+            };
+            w.submit(0, a, req, &mut *q, arrive);
+            assert_eq!(w.queued(), 1, "the fair scheduler queues it");
+            assert!(w.dispatch(0, &mut *q, dispatch));
+            let mut out = Vec::new();
+            q.poll_completions(done, &mut out);
+            assert_eq!(out.len(), 1);
+            for c in out {
+                assert!(w.complete(c, done).is_some());
+            }
+        };
+        let slow = |rt: &TenantRuntime| rt.ns_stats[0].slow_ios.load(Relaxed);
+        let ms = Duration::from_millis;
+        // 999 ms at the backend: not slow.
+        io(&mut w, t0, t0, t0 + ms(999));
+        assert_eq!(slow(&rt), 0);
+        // 5 s in the scheduler, then 10 ms at the backend: not slow.
+        io(&mut w, t0, t0 + ms(5000), t0 + ms(5010));
+        assert_eq!(slow(&rt), 0);
+        // 1 s at the backend: slow, logged.
+        io(&mut w, t0 + ms(6000), t0 + ms(6000), t0 + ms(7000));
+        assert_eq!(slow(&rt), 1);
+        assert_eq!(w.slow_log[&0].suppressed, 0);
+        // Again 2 s later: counted, not logged.
+        io(&mut w, t0 + ms(8000), t0 + ms(8000), t0 + ms(9500));
+        assert_eq!((slow(&rt), w.slow_log[&0].suppressed), (2, 1));
+        // An interval after the logged one: logged again.
+        io(&mut w, t0 + ms(16000), t0 + ms(16000), t0 + ms(17000));
+        assert_eq!((slow(&rt), w.slow_log[&0].suppressed), (3, 0));
+        assert_eq!(w.slow_log[&0].logged, t0 + ms(17000));
     }
 
     /// A reading's idle part goes to no one and the rest to the tenants
