@@ -181,6 +181,16 @@ MUTANTS = [
     ("barrier-hint-ignored", "crates/sluice-proto/src/coalesce.rs",
      "                        if self.outstanding.range(..s).next().is_none() {",
      "                        if true || self.outstanding.range(..s).next().is_none() {", t("sluice-proto")),
+    # Operations: memory handed back, slow backend I/O seen.
+    ("trim-skips-a-waves-tail", "crates/sluice-target/src/admission.rs",
+     "        } else if s.open_at_wave_trim.is_some_and(|o| s.open < o) {",
+     "        } else if false && s.open_at_wave_trim.is_some_and(|o| s.open < o) {",
+     t("sluice-target", extra=["--lib", "--test", "flood"])),
+    ("slow-io-timed-from-arrival", "crates/sluice-target/src/tenant/worker.rs",
+     "                m.dispatched = now;\n", "", t("sluice-target", extra=["--lib"])),
+    ("slow-io-not-counted", "crates/sluice-target/src/tenant/worker.rs",
+     "        ns.slow_ios.fetch_add(1, Relaxed);\n", "",
+     t("sluice-target", extra=["--test", "admin"])),
 ]
 
 
