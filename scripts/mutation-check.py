@@ -181,7 +181,12 @@ MUTANTS = [
     ("barrier-hint-ignored", "crates/sluice-proto/src/coalesce.rs",
      "                        if self.outstanding.range(..s).next().is_none() {",
      "                        if true || self.outstanding.range(..s).next().is_none() {", t("sluice-proto")),
-    # Operations: memory handed back, slow backend I/O seen.
+    # Operations: memory handed back, slow backend I/O seen, hosts told at
+    # shutdown.
+    ("shutdown-waits-for-backends-first", "crates/sluice-target/src/server/worker.rs",
+     "        for i in 0..self.conns.len() {\n            self.remove_conn(i);\n        }\n        self.flush_backends();",
+     "        self.flush_backends();\n        for i in 0..self.conns.len() {\n            self.remove_conn(i);\n        }",
+     t("sluice-target", extra=["--test", "loopback"])),
     ("trim-skips-a-waves-tail", "crates/sluice-target/src/admission.rs",
      "        } else if s.open_at_wave_trim.is_some_and(|o| s.open < o) {",
      "        } else if false && s.open_at_wave_trim.is_some_and(|o| s.open < o) {",

@@ -9,7 +9,9 @@
 
 mod common;
 
-use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
+use sluice_config::{
+    Config, NamespaceConfig, PollingPolicy, SsdConfig, SubsystemConfig, TargetSettings,
+};
 use sluice_proto::command::{io, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, fctype, prop, ConnectCommand, ConnectData, PropertyCommand};
 use sluice_proto::framer::Framer;
@@ -641,6 +643,70 @@ fn shutdown_drains_and_closes() {
     let mut b = [0u8; 16];
     q.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert_eq!(q.s.read(&mut b).unwrap_or(0), 0);
+}
+
+/// A command still in a slow backend when the drain ends does not keep the
+/// host waiting: the target closes its connections at the drain deadline,
+/// then waits for the backend and flushes it. Before, it waited first (here
+/// 3 reads of 1.5 s each on a one-at-a-time device: 4.5 s; a host's own
+/// command timeout is 10-30 s), unless the admin queue's close happened to
+/// tear the I/O queue down first.
+#[test]
+fn shutdown_closes_connections_before_waiting_for_the_backend() {
+    let c = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_workers(1)
+                .with_polling(PollingPolicy::Interrupt)
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .with_discovery_listen(None)
+                .with_shutdown_drain_ms(100),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(NamespaceConfig::ram(1, 16 << 20))
+                .with_namespace(NamespaceConfig::emulated_ssd(
+                    2,
+                    1 << 20,
+                    SsdConfig::default()
+                        .with_base_read_latency_us(1_500_000)
+                        .with_parallelism(1),
+                )),
+        )
+        .validated()
+        .unwrap();
+    let t = Target::start(&c).unwrap();
+    let addr = t.local_addr();
+    let (mut admin, cntlid) = Client::admin(addr);
+    let mut q = Client::connect(addr, false);
+    assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    for slba in [0u64, 8, 16] {
+        let cid = q.next_cid();
+        let mut s = Sqe::rw(io::READ, cid, 2, slba, 8, false);
+        s.set_sgl(SglDescriptor {
+            address: 0,
+            length: 4096,
+            id: sgl::TRANSPORT_DATA_BLOCK,
+        });
+        q.send(&PduHeader::CapsuleCmd(s), &[]);
+    }
+    // Let the reads reach the device.
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let stopper = std::thread::spawn(move || t.shutdown());
+    assert!(
+        closed_by_target(&mut q.s, Duration::from_secs(2)),
+        "the I/O queue is still open {:?} after the shutdown began",
+        t0.elapsed()
+    );
+    assert!(closed_by_target(&mut admin.s, Duration::from_secs(2)));
+    let closed_after = t0.elapsed();
+    stopper.join().unwrap();
+    eprintln!(
+        "closed after {closed_after:?}; the shutdown returned after {:?} (the backend's reads)",
+        t0.elapsed()
+    );
 }
 
 /// The acceptor deals sockets round robin, which puts every controller's

@@ -210,10 +210,15 @@ impl Worker {
                 }
             }
         }
-        self.flush_backends();
+        // Close every connection before waiting for the backends: a host
+        // whose command is still in a slow backend learns at once that the
+        // target is gone, rather than at its own command timeout. Their
+        // completions come to nothing (the connection is gone); what was
+        // acknowledged is made durable by the final flush.
         for i in 0..self.conns.len() {
             self.remove_conn(i);
         }
+        self.flush_backends();
         self.reg.send.publish_live(self.id, Default::default());
         WorkerReport {
             worker: self.id,
