@@ -648,9 +648,9 @@ fn shutdown_drains_and_closes() {
 /// A command still in a slow backend when the drain ends does not keep the
 /// host waiting: the target closes its connections at the drain deadline,
 /// then waits for the backend and flushes it. Before, it waited first (here
-/// 3 reads of 1.5 s each on a one-at-a-time device: 4.5 s; a host's own
-/// command timeout is 10-30 s), unless the admin queue's close happened to
-/// tear the I/O queue down first.
+/// 2.5 s for the device's reads; a host's own command timeout is 10-30 s),
+/// unless the admin queue's close happened to tear the I/O queue down
+/// first.
 #[test]
 fn shutdown_closes_connections_before_waiting_for_the_backend() {
     let c = Config::default()
@@ -669,9 +669,7 @@ fn shutdown_closes_connections_before_waiting_for_the_backend() {
                 .with_namespace(NamespaceConfig::emulated_ssd(
                     2,
                     1 << 20,
-                    SsdConfig::default()
-                        .with_base_read_latency_us(1_500_000)
-                        .with_parallelism(1),
+                    SsdConfig::default().with_base_read_latency_us(2_500_000),
                 )),
         )
         .validated()
@@ -696,7 +694,7 @@ fn shutdown_closes_connections_before_waiting_for_the_backend() {
     let t0 = Instant::now();
     let stopper = std::thread::spawn(move || t.shutdown());
     assert!(
-        closed_by_target(&mut q.s, Duration::from_secs(2)),
+        closed_by_target(&mut q.s, Duration::from_millis(1500)),
         "the I/O queue is still open {:?} after the shutdown began",
         t0.elapsed()
     );
