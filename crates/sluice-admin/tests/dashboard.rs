@@ -17,6 +17,7 @@ const KNOWN: &[&str] = &[
     "sluice_tenant_weight",
     "sluice_target_unattributed_cpu_seconds_total",
     "sluice_namespace_ios_total",
+    "sluice_namespace_slow_ios_total",
     "sluice_export_cpu_seconds_total",
 ];
 

@@ -77,6 +77,7 @@ fn admin_endpoint_with_token() {
         "sluice_namespace_ios_total",
         "sluice_namespace_stale_epoch_writes_total",
         "sluice_namespace_stale_epoch_reads_total",
+        "sluice_namespace_slow_ios_total",
         "sluice_ram_huge_chunks_total",
         "sluice_ram_huge_collapses_total",
         "sluice_ram_huge_collapses_pending",
