@@ -229,6 +229,20 @@ pub enum UpdateError {
     Json(String),
 }
 
+/// One [`NamespaceStats`] per namespace index, named for log lines.
+fn namespace_stats(reg: &Registry, count: usize) -> Vec<NamespaceStats> {
+    let mut stats: Vec<NamespaceStats> = (0..count).map(|_| NamespaceStats::default()).collect();
+    for (nqn, sub) in &reg.subsystems {
+        for (&nsid, n) in &sub.namespaces {
+            if let Some(st) = stats.get_mut(n.index) {
+                st.nqn.clone_from(nqn);
+                st.nsid = nsid;
+            }
+        }
+    }
+    stats
+}
+
 impl TenantRuntime {
     pub fn new(cfg: &sluice_config::Config, reg: &Registry) -> Self {
         let tc = &cfg.tenants;
@@ -287,23 +301,7 @@ impl TenantRuntime {
             default_name: tc.default_tenant.clone(),
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
             unattributed_cpu_ns: AtomicU64::new(0),
-            ns_stats: (0..cost_models.len())
-                .map(|i| {
-                    let (nqn, nsid) = reg
-                        .subsystems
-                        .iter()
-                        .flat_map(|(nqn, sub)| {
-                            sub.namespaces.iter().map(move |(id, n)| (nqn, *id, n))
-                        })
-                        .find(|(_, _, n)| n.index == i)
-                        .map_or((String::new(), 0), |(nqn, id, _)| (nqn.clone(), id));
-                    NamespaceStats {
-                        nqn,
-                        nsid,
-                        ..NamespaceStats::default()
-                    }
-                })
-                .collect(),
+            ns_stats: namespace_stats(reg, cost_models.len()),
             slow_io: Duration::from_millis(u64::from(cfg.target.slow_io_ms)),
             cost_models,
             arbiters,

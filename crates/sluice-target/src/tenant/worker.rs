@@ -685,6 +685,11 @@ mod tests {
             }
         };
         let slow = |rt: &TenantRuntime| rt.ns_stats[0].slow_ios.load(Relaxed);
+        // The log line's names.
+        assert_eq!(
+            (rt.ns_stats[0].nqn.as_str(), rt.ns_stats[0].nsid),
+            ("nqn.2026-11.io.sluice:lat", 1)
+        );
         let ms = Duration::from_millis;
         // 999 ms at the backend: not slow.
         io(&mut w, t0, t0, t0 + ms(999));
