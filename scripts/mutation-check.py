@@ -196,6 +196,10 @@ MUTANTS = [
     ("slow-io-not-counted", "crates/sluice-target/src/tenant/worker.rs",
      "        ns.slow_ios.fetch_add(1, Relaxed);\n", "",
      t("sluice-target", extra=["--test", "admin"])),
+    # Exports: a Unix client's socket holds a queue of large reads' replies.
+    ("nbd-unix-send-buffer-default", "crates/sluice-export/src/nbd/server.rs",
+     "            widen_unix_send_buffer(&s);\n", "",
+     t("sluice-export", extra=["--test", "nbd_e2e"])),
 ]
 
 

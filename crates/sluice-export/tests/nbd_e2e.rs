@@ -473,3 +473,90 @@ fn direct_writes_and_rmw_on_shared_blocks_lose_nothing() {
     target.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Bytes waiting in `s`'s receive queue (FIONREAD).
+fn queued_bytes(s: &std::os::unix::net::UnixStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which lives
+    // across the call; the descriptor is open.
+    let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &raw mut n) };
+    assert_eq!(rc, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    usize::try_from(n).unwrap()
+}
+
+/// The replies to a queue of large reads fit in a Unix client's socket:
+/// the export asks for a send buffer of
+/// `UNIX_CLIENT_SEND_BUFFER_BYTES`, so a client that has not read yet
+/// finds at least 1 MiB of replies waiting (the default buffer, 208 KiB
+/// here, held fewer than two 128 KiB replies, and the export had to wake
+/// at each of the client's reads to write the next). The data is the data
+/// written.
+#[test]
+fn replies_to_large_reads_wait_in_the_unix_socket() {
+    const READS: u64 = 16;
+    const READ_BYTES: u32 = 128 << 10;
+    let wmem_max: usize = std::fs::read_to_string("/proc/sys/net/core/wmem_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let Served {
+        target,
+        dir,
+        sock,
+        rt,
+        ctrl,
+        _guard,
+        ..
+    } = serve("sndbuf", 1, 1);
+    let mut c = Client::connect(&sock, "disk");
+    let data = pattern(9, (READS * u64::from(READ_BYTES)) as usize);
+    for (i, chunk) in data.chunks(READ_BYTES as usize).enumerate() {
+        let at = i as u64 * u64::from(READ_BYTES);
+        assert_eq!(c.call(CMD_WRITE, 0, at, READ_BYTES, chunk).0, 0);
+    }
+    for i in 0..READS {
+        c.send(CMD_READ, 0, i, i * u64::from(READ_BYTES), READ_BYTES, &[]);
+    }
+    // Wait until the export has written all it can: the queue stops
+    // growing for 300 ms (or holds every reply).
+    let all = (READS as usize) * (READ_BYTES as usize + 16);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (mut last, mut since) = (0, std::time::Instant::now());
+    loop {
+        let q = queued_bytes(&c.s);
+        if q != last {
+            (last, since) = (q, std::time::Instant::now());
+        }
+        if q >= all || since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queue still moving at {q} bytes"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if wmem_max >= 1 << 20 {
+        assert!(last >= 1 << 20, "only {last} bytes of replies queued");
+    } else {
+        eprintln!(
+            "net.core.wmem_max is {wmem_max}: the kernel caps the buffer below 1 MiB, not checked"
+        );
+    }
+    // Replies come back in any order; each carries its own range's data.
+    for _ in 0..READS {
+        let (cookie, errno, got) = c.reply(|_| READ_BYTES as usize);
+        assert_eq!(errno, 0);
+        let at = (cookie * u64::from(READ_BYTES)) as usize;
+        assert!(
+            got == data[at..at + READ_BYTES as usize],
+            "read {cookie} differs"
+        );
+    }
+    drop(c);
+    rt.block_on(ctrl.disconnect(Duration::from_secs(2)));
+    drop(rt);
+    target.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
