@@ -4,7 +4,8 @@
 through a `sluice fuse` file (directly, and through ext4 on a loop device
 over it, as file systems reach it), `sluice bench` alone, and nbdkit's
 memory plugin (Unix socket, no network hop) as the yardstick, on the same
-Sluice target.
+Sluice target; and fio's nbd engine alone on core 1 against nbdkit's null
+plugin on core 0: the client's own ceiling, whatever the server.
 
     scripts/bench-exports.py [--runtime 3] [--repeats 3] [--out docs/benchmarks.md]
 
@@ -111,8 +112,10 @@ def fio(args, runtime):
     if out.returncode != 0:
         raise SystemExit(f"bench-exports: fio failed: {' '.join(cmd)}\n{out.stderr}{out.stdout[-2000:]}")
     # fio may print warnings before the JSON.
-    j = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]["read"]
-    return j["iops"], j["bw_bytes"] / 2**20, j["total_ios"]
+    job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+    j = job["read"]
+    fio_cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
+    return j["iops"], j["bw_bytes"] / 2**20, j["total_ios"], fio_cpu_s
 
 
 def fio_workload(rw, bs, qd):
@@ -120,10 +123,11 @@ def fio_workload(rw, bs, qd):
 
 
 class Server:
-    """A process on the load core whose CPU time is charged to its rows."""
+    """A process (on the load core unless `cpu` says otherwise) whose CPU
+    time is charged to its rows."""
 
-    def __init__(self, cmd, ready, what):
-        self.p = subprocess.Popen(["taskset", "-c", LOAD_CPU, *cmd], stdout=subprocess.DEVNULL,
+    def __init__(self, cmd, ready, what, cpu=LOAD_CPU):
+        self.p = subprocess.Popen(["taskset", "-c", cpu, *cmd], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True)
         try:
             wait_for(lambda: self.p.poll() is not None or ready(), what)
@@ -161,15 +165,17 @@ def run_bench(port, runtime):
     return rows
 
 
-def run_served(server, target_of, runtime, teardown=None):
+def run_served(server, target_of, runtime, teardown=None, charge_fio=False):
     """Each workload through `server`; `teardown` (what was stacked on the
-    server, such as a file system) runs before the server stops."""
+    server, such as a file system) runs before the server stops. The CPU
+    column is the server's, or fio's own with `charge_fio`."""
     rows = {}
     try:
         for rw, bs, qd in WORKLOADS:
             c0 = server.cpu()
-            iops, mib, ios = fio([*target_of, *fio_workload(rw, bs, qd)], runtime)
-            rows[(rw, bs, qd)] = (iops, mib, (server.cpu() - c0) / max(ios, 1) * 1e6)
+            iops, mib, ios, fio_cpu_s = fio([*target_of, *fio_workload(rw, bs, qd)], runtime)
+            cpu_s = fio_cpu_s if charge_fio else server.cpu() - c0
+            rows[(rw, bs, qd)] = (iops, mib, cpu_s / max(ios, 1) * 1e6)
     finally:
         if teardown:
             teardown()
@@ -265,6 +271,16 @@ def run_nbdkit(runtime, work, extra=()):
     return run_served(s, ["--ioengine=nbd", f"--uri=nbd+unix:///?socket={path}"], runtime)
 
 
+def run_fio_ceiling(runtime, work):
+    """fio's nbd engine with core 1 to itself, against nbdkit's null plugin
+    (no data, no work) on core 0 beside the idle target: what the client
+    alone can do, whatever the server. The CPU column is fio's."""
+    path = os.path.join(work, f"nbdkit-null-{free_port()}.sock")
+    s = Server(["nbdkit", "--foreground", "--exit-with-parent", "-U", path, "null", "1G"],
+               listening_unix(path), "nbdkit null", cpu=TARGET_CPU)
+    return run_served(s, ["--ioengine=nbd", f"--uri=nbd+unix:///?socket={path}"], runtime, charge_fio=True)
+
+
 def cell(samples, i, scale=1.0, fmt="{:.0f}"):
     v = [s[i] * scale for s in samples]
     return f"{fmt.format(statistics.median(v))} ({fmt.format(min(v))}-{fmt.format(max(v))})"
@@ -309,6 +325,8 @@ def main():
          lambda: run_fuse_fs(port, a.runtime, work, "fuser")),
         ("fio (libaio, O_DIRECT) → ext4 file → loop device (direct I/O) → `sluice fuse --transport uring` file → target",
          lambda: run_fuse_fs(port, a.runtime, work, "uring")),
+        ("fio (nbd engine) alone on core 1 → nbdkit null plugin on core 0: the client's own ceiling (CPU: fio's)",
+         lambda: run_fio_ceiling(a.runtime, work)),
     ]
     results = {name: {w: [] for w in WORKLOADS} for name, _ in paths}
     try:
@@ -347,8 +365,8 @@ def main():
         lines.append(f"| {name} | {cell(s, 0)} | {cell(s, 2, fmt='{:.1f}')} | "
                      f"{cell(l, 1, 2**20 / 1e9, '{:.2f}')} | {cell(l, 2, fmt='{:.1f}')} |")
     med = {name: {w: statistics.median(r[0] for r in results[name][w]) for w in WORKLOADS} for name, _ in paths}
-    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring, nbd_simple, nbdkit_simple, fs_fuser, fs_uring = (
-        paths[i][0] for i in (0, 1, 2, 3, 5, 6, 7, 8, 9, 10))
+    bench, nbd, fuse, nbd_tcp, nbdkit, fuse_uring, nbd_simple, nbdkit_simple, fs_fuser, fs_uring, ceiling = (
+        paths[i][0] for i in (0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11))
 
     def ratio(x, y, w):
         return f"{med[x][w] / med[y][w]:.2f}"
@@ -362,7 +380,9 @@ def main():
         f"and {ratio(fuse, nbd, large)}. The yardstick: nbdkit's memory plugin, which serves from RAM with no network hop, "
         f"reaches {ratio(nbdkit, bench, small)} and {ratio(nbdkit, bench, large)} of `sluice bench` (at 4 KiB, the "
         f"ceiling of fio's nbd engine sharing its core with the server); NBD reaches {ratio(nbd, nbdkit, small)} "
-        f"and {ratio(nbd, nbdkit, large)} of nbdkit. FUSE over io_uring / FUSE over /dev/fuse (fuser) = "
+        f"and {ratio(nbd, nbdkit, large)} of nbdkit. fio's nbd engine alone, with a core to itself and a server "
+        f"that does nothing, reaches {ratio(ceiling, bench, small)} and {ratio(ceiling, bench, large)} of "
+        f"`sluice bench`: no NBD server can take fio past that. FUSE over io_uring / FUSE over /dev/fuse (fuser) = "
         f"{ratio(fuse_uring, fuse, small)} and {ratio(fuse_uring, fuse, large)}. "
         f"Simple replies only (`--structured-replies false`; nbdkit `--no-sr`): NBD / `sluice bench` = "
         f"{ratio(nbd_simple, bench, small)} and {ratio(nbd_simple, bench, large)}; against structured replies "
