@@ -196,6 +196,12 @@ MUTANTS = [
     ("slow-io-not-counted", "crates/sluice-target/src/tenant/worker.rs",
      "        ns.slow_ios.fetch_add(1, Relaxed);\n", "",
      t("sluice-target", extra=["--test", "admin"])),
+    # A reload: access swapped in, refused hosts' controllers failed.
+    ("reload-keeps-refused-controllers", "crates/sluice-target/src/reload.rs",
+     "                c.fail();\n", "", t("sluice-target", extra=["--test", "reload"])),
+    ("reload-keeps-old-access", "crates/sluice-target/src/reload.rs",
+     "            sub.set_access(access);\n", "            drop(access);\n",
+     t("sluice-target", extra=["--test", "reload"])),
     # Exports: a Unix client's socket holds a queue of large reads' replies.
     ("nbd-unix-send-buffer-default", "crates/sluice-export/src/nbd/server.rs",
      "            widen_unix_send_buffer(&s);\n", "",

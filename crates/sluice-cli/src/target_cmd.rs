@@ -251,6 +251,13 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("  sluice bench --target {addr} --nqn {first} --rw randrw --bs 4k --qd 32 --runtime 10 --verify");
     println!("  sluice nbd --target {addr} --nqn {first} --unix /tmp/sluice.sock   # serves it to NBD clients (fio, qemu-img)");
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
+    if let Some(p) = &args.config {
+        println!(
+            "Send SIGHUP (kill -HUP {}) to apply changed host lists of {} without a restart.",
+            std::process::id(),
+            p.display()
+        );
+    }
 
     let handle = Arc::new(handle);
     let _agent = match &args.view_control {
@@ -262,8 +269,14 @@ pub fn run(args: TargetArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing the signal handler")?;
     }
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, reload.clone())
+        .context("installing the SIGHUP handler")?;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
+        if reload.swap(false, Ordering::Relaxed) {
+            reload_access(&args, &handle);
+        }
     }
     let uptime = handle.uptime();
     tracing::info!("shutting down");
@@ -293,6 +306,41 @@ pub fn run(args: TargetArgs) -> Result<()> {
         sluice_target::metrics::send_summary(&report.send, report.io_commands)
     );
     Ok(())
+}
+
+/// SIGHUP: re-reads the configuration file (with the same command-line
+/// overrides) and applies its subsystems' access; anything else changed, or
+/// a file that does not parse, is refused and logged, and the running
+/// configuration stays.
+fn reload_access(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
+    let Some(path) = &args.config else {
+        tracing::warn!("SIGHUP: no --config file to reload (started on the embedded default)");
+        return;
+    };
+    let config = match load(args) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(
+                "SIGHUP: reload of {} refused, the running configuration stays: {e:#}",
+                path.display()
+            );
+            return;
+        }
+    };
+    match handle.reload_access(&config) {
+        Ok(changes) if changes.is_empty() => {
+            tracing::info!("SIGHUP: {} reloaded, no access changed", path.display());
+        }
+        Ok(changes) => tracing::info!(
+            subsystems = changes.len(),
+            "SIGHUP: {} reloaded, subsystem access replaced",
+            path.display()
+        ),
+        Err(e) => tracing::error!(
+            "SIGHUP: reload of {} refused, the running configuration stays: {e}",
+            path.display()
+        ),
+    }
 }
 
 /// The view agent's runtime thread; dropping it stops the agent.

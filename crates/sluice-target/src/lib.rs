@@ -8,6 +8,8 @@
 //!   namespaces, host counters) and the live controllers.
 //! * `controller`: controller state (CC/CSTS, keep alive, features).
 //! * `admin`: the admin commands, including the discovery log.
+//! * [`reload`]: a configuration reload, which replaces who each subsystem
+//!   admits while the target runs.
 //! * `events`: asynchronous event notices (a namespace grew online) and
 //!   the Changed Namespace List log.
 //! * [`queue`]: one queue pair as a sans-IO state machine.
@@ -32,6 +34,7 @@ pub mod fence;
 pub mod metrics;
 pub mod queue;
 pub mod registry;
+pub mod reload;
 mod server;
 pub mod subsystem;
 mod tag;

@@ -6,7 +6,7 @@
 
 use crate::controller::Controller;
 use crate::metrics::HostRegistry;
-use crate::subsystem::{ssd_model, Namespace, NamespaceIds, Subsystem, SubsystemKind};
+use crate::subsystem::{ssd_model, Access, Namespace, NamespaceIds, Subsystem, SubsystemKind};
 use sluice_backend::{
     Backend, BackendError, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend,
 };
@@ -14,8 +14,8 @@ use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
 };
 use sluice_runtime::sync::lock;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Errors building the registry (opening backends).
@@ -107,6 +107,9 @@ pub struct Registry {
     pub(crate) namespaces: Vec<Arc<Namespace>>,
     /// Live controllers per subsystem NQN (the discovery subsystem included).
     controllers: HashMap<String, Mutex<ControllerTable>>,
+    /// The configuration in force: what it was built with, with the
+    /// subsystems' access as the last reload left it (`reload.rs`).
+    pub(crate) running: Mutex<Config>,
 }
 
 /// A namespace's identity beyond its NQN and NSID, folded into its NGUID:
@@ -331,46 +334,24 @@ impl Registry {
             }
             subsystems.insert(
                 sc.nqn.clone(),
-                Arc::new(Subsystem {
-                    nqn: sc.nqn.clone(),
-                    kind: SubsystemKind::Nvm,
-                    serial: sc.serial.clone(),
-                    model: sc.model.clone(),
-                    allow_any_host: sc.allow_any_host,
-                    hosts: sc.hosts.iter().cloned().collect(),
-                    auth: sc
-                        .dhchap
-                        .iter()
-                        .map(|a| {
-                            let c = sluice_auth::ControllerConfig {
-                                hostnqn: a.host.clone(),
-                                subnqn: sc.nqn.clone(),
-                                host_secret: a.secret.clone(),
-                                ctrl_secret: a.ctrl_secret.clone(),
-                                hash: a.hash,
-                                dhgroup: a.dhgroup,
-                            };
-                            (a.host.clone(), Arc::new(c))
-                        })
-                        .collect(),
-                    require_auth: sc.require_auth,
+                Arc::new(Subsystem::new(
+                    sc.nqn.clone(),
+                    SubsystemKind::Nvm,
+                    sc.serial.clone(),
+                    sc.model.clone(),
+                    Access::from_config(sc),
                     namespaces,
-                    live_controllers: AtomicUsize::new(0),
-                }),
+                )),
             );
         }
-        let discovery = Arc::new(Subsystem {
-            nqn: sluice_proto::DISCOVERY_NQN.to_string(),
-            kind: SubsystemKind::Discovery,
-            serial: sluice_config::default_serial(sluice_proto::DISCOVERY_NQN),
-            model: "Sluice Discovery".into(),
-            allow_any_host: true,
-            hosts: HashSet::new(),
-            auth: HashMap::new(),
-            require_auth: false,
-            namespaces: BTreeMap::new(),
-            live_controllers: AtomicUsize::new(0),
-        });
+        let discovery = Arc::new(Subsystem::new(
+            sluice_proto::DISCOVERY_NQN.to_string(),
+            SubsystemKind::Discovery,
+            sluice_config::default_serial(sluice_proto::DISCOVERY_NQN),
+            "Sluice Discovery".into(),
+            Access::open(),
+            BTreeMap::new(),
+        ));
         let controllers = subsystems
             .keys()
             .chain([&discovery.nqn])
@@ -388,6 +369,7 @@ impl Registry {
             discovery_genctr: AtomicU64::new(1),
             namespaces: all_ns,
             controllers,
+            running: Mutex::new(config.clone()),
         })
     }
 
@@ -442,6 +424,13 @@ impl Registry {
     /// The live controller `cntlid` of `sub`.
     pub fn controller(&self, sub: &Subsystem, cntlid: u16) -> Option<Arc<Controller>> {
         self.controller_table(sub)?.live.get(&cntlid).cloned()
+    }
+
+    /// The live controllers of `sub`.
+    pub(crate) fn live_controllers(&self, sub: &Subsystem) -> Vec<Arc<Controller>> {
+        self.controller_table(sub)
+            .map(|t| t.live.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Forgets the controller `cntlid` of `sub` (its association ended).

@@ -2,14 +2,16 @@
 //!
 //! A subsystem has an NQN, a host allow-list and namespaces. Its live
 //! controllers are kept by the registry (`registry.rs`), which builds every
-//! subsystem once from the configuration.
+//! subsystem once from the configuration; who it admits ([`Access`]) may be
+//! replaced while it runs (a configuration reload).
 
 use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
 use sluice_config::SsdConfig;
+use sluice_runtime::sync::{read, write};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// An exported namespace.
 #[derive(Debug)]
@@ -103,6 +105,56 @@ pub enum SubsystemKind {
     Discovery,
 }
 
+/// Who a subsystem admits, and how they authenticate: replaced whole by a
+/// reload, read once per Connect.
+#[derive(Debug, Default)]
+pub struct Access {
+    pub(crate) allow_any_host: bool,
+    pub(crate) hosts: HashSet<String>,
+    /// DH-HMAC-CHAP settings of the hosts that must authenticate.
+    pub(crate) auth: HashMap<String, Arc<sluice_auth::ControllerConfig>>,
+    /// Hosts without DH-HMAC-CHAP settings are refused.
+    pub(crate) require_auth: bool,
+}
+
+impl Access {
+    /// The access a subsystem's configuration gives.
+    pub(crate) fn from_config(sc: &sluice_config::SubsystemConfig) -> Access {
+        Access {
+            allow_any_host: sc.allow_any_host,
+            hosts: sc.hosts.iter().cloned().collect(),
+            auth: sc
+                .dhchap
+                .iter()
+                .map(|a| {
+                    let c = sluice_auth::ControllerConfig {
+                        hostnqn: a.host.clone(),
+                        subnqn: sc.nqn.clone(),
+                        host_secret: a.secret.clone(),
+                        ctrl_secret: a.ctrl_secret.clone(),
+                        hash: a.hash,
+                        dhgroup: a.dhgroup,
+                    };
+                    (a.host.clone(), Arc::new(c))
+                })
+                .collect(),
+            require_auth: sc.require_auth,
+        }
+    }
+
+    /// Every host, no authentication (the discovery subsystem).
+    pub(crate) fn open() -> Access {
+        Access {
+            allow_any_host: true,
+            ..Access::default()
+        }
+    }
+
+    pub(crate) fn admits(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.contains(hostnqn)
+    }
+}
+
 /// A subsystem: namespaces, allowed hosts, how many controllers are live.
 #[derive(Debug)]
 pub struct Subsystem {
@@ -110,28 +162,45 @@ pub struct Subsystem {
     pub(crate) kind: SubsystemKind,
     pub(crate) serial: String,
     pub(crate) model: String,
-    pub(crate) allow_any_host: bool,
-    pub(crate) hosts: HashSet<String>,
-    /// DH-HMAC-CHAP settings of the hosts that must authenticate.
-    pub(crate) auth: HashMap<String, Arc<sluice_auth::ControllerConfig>>,
-    /// Hosts without DH-HMAC-CHAP settings are refused.
-    pub(crate) require_auth: bool,
+    /// Who it admits now (a reload swaps it; a Connect reads it once).
+    access: RwLock<Arc<Access>>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
     /// Live controllers, kept by the registry's controller table.
     pub(crate) live_controllers: AtomicUsize,
 }
 
 impl Subsystem {
-    pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.kind == SubsystemKind::Discovery || self.allow_any_host || self.hosts.contains(hostnqn)
+    pub(crate) fn new(
+        nqn: String,
+        kind: SubsystemKind,
+        serial: String,
+        model: String,
+        access: Access,
+        namespaces: BTreeMap<u32, Arc<Namespace>>,
+    ) -> Subsystem {
+        Subsystem {
+            nqn,
+            kind,
+            serial,
+            model,
+            access: RwLock::new(Arc::new(access)),
+            namespaces,
+            live_controllers: AtomicUsize::new(0),
+        }
     }
 
-    /// The DH-HMAC-CHAP settings `hostnqn` authenticates with, if any.
-    pub(crate) fn auth_for(&self, hostnqn: &str) -> Option<Arc<sluice_auth::ControllerConfig>> {
-        if self.kind == SubsystemKind::Discovery {
-            return None;
-        }
-        self.auth.get(hostnqn).cloned()
+    /// Who it admits now.
+    pub fn access(&self) -> Arc<Access> {
+        read(&self.access).clone()
+    }
+
+    /// Replaces who it admits; the old access, for the caller to compare.
+    pub(crate) fn set_access(&self, access: Access) -> Arc<Access> {
+        std::mem::replace(&mut *write(&self.access), Arc::new(access))
+    }
+
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.kind == SubsystemKind::Discovery || self.access().admits(hostnqn)
     }
 
     /// Highest NSID (Identify Controller NN).

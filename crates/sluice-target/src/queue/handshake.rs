@@ -217,7 +217,10 @@ impl QueueConnection {
                 invalid(true, connect_data_offset::SUBNQN),
             );
         };
-        if !sub.host_allowed(&cd.hostnqn) {
+        // One reading of who the subsystem admits serves every check below
+        // (a reload may replace it meanwhile).
+        let access = sub.access();
+        if sub.kind != SubsystemKind::Discovery && !access.admits(&cd.hostnqn) {
             let reason = if cd.hostnqn.is_empty() {
                 "no host NQN given and the subsystem admits only its listed hosts"
             } else {
@@ -234,8 +237,11 @@ impl QueueConnection {
                 ),
             );
         }
-        let auth = sub.auth_for(&cd.hostnqn);
-        if auth.is_none() && sub.require_auth && sub.kind != SubsystemKind::Discovery {
+        let auth = match sub.kind {
+            SubsystemKind::Discovery => None,
+            SubsystemKind::Nvm => access.auth.get(&cd.hostnqn).cloned(),
+        };
+        if auth.is_none() && access.require_auth && sub.kind != SubsystemKind::Discovery {
             return self.refuse(
                 &c,
                 data,

@@ -164,6 +164,15 @@ impl TargetHandle {
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
+    /// Applies a new configuration's subsystem access (hosts,
+    /// `allow_any_host`, DH-HMAC-CHAP); refuses a file that changes
+    /// anything else (`reload.rs`).
+    pub fn reload_access(
+        &self,
+        config: &sluice_config::Config,
+    ) -> Result<Vec<crate::reload::AccessChange>, crate::reload::ReloadError> {
+        self.reg.reload_access(config)
+    }
     /// Tenant table, counters and run-time updates.
     pub fn tenants(&self) -> &Arc<TenantRuntime> {
         &self.tenants
