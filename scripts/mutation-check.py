@@ -202,6 +202,9 @@ MUTANTS = [
     ("reload-keeps-old-access", "crates/sluice-target/src/reload.rs",
      "            sub.set_access(access);\n", "            drop(access);\n",
      t("sluice-target", extra=["--test", "reload"])),
+    ("reload-skips-tenants", "crates/sluice-target/src/reload.rs",
+     "        .replace_tenants(&changed)\n", "        .replace_tenants(&changed[..0])\n",
+     t("sluice-target", extra=["--test", "reload"])),
     # Exports: a Unix client's socket holds a queue of large reads' replies.
     ("nbd-unix-send-buffer-default", "crates/sluice-export/src/nbd/server.rs",
      "            widen_unix_send_buffer(&s);\n", "",

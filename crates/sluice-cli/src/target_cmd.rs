@@ -253,7 +253,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
     if let Some(p) = &args.config {
         println!(
-            "Send SIGHUP (kill -HUP {}) to apply changed host lists of {} without a restart.",
+            "Send SIGHUP (kill -HUP {}) to apply changed host lists and tenants of {} without a restart.",
             std::process::id(),
             p.display()
         );
@@ -309,9 +309,9 @@ pub fn run(args: TargetArgs) -> Result<()> {
 }
 
 /// SIGHUP: re-reads the configuration file (with the same command-line
-/// overrides) and applies its subsystems' access; anything else changed, or
-/// a file that does not parse, is refused and logged, and the running
-/// configuration stays.
+/// overrides) and applies its subsystems' access and its tenants; anything
+/// else changed, or a file that does not parse, is refused and logged, and
+/// the running configuration stays.
 fn reload_access(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
     let Some(path) = &args.config else {
         tracing::warn!("SIGHUP: no --config file to reload (started on the embedded default)");
@@ -327,13 +327,14 @@ fn reload_access(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
             return;
         }
     };
-    match handle.reload_access(&config) {
-        Ok(changes) if changes.is_empty() => {
-            tracing::info!("SIGHUP: {} reloaded, no access changed", path.display());
+    match handle.reload(&config) {
+        Ok(report) if report.is_empty() => {
+            tracing::info!("SIGHUP: {} reloaded, nothing changed", path.display());
         }
-        Ok(changes) => tracing::info!(
-            subsystems = changes.len(),
-            "SIGHUP: {} reloaded, subsystem access replaced",
+        Ok(report) => tracing::info!(
+            subsystems = report.access.len(),
+            tenants = ?report.tenants,
+            "SIGHUP: {} reloaded: subsystem access and tenants replaced",
             path.display()
         ),
         Err(e) => tracing::error!(

@@ -1,23 +1,29 @@
-//! Configuration reload: who each subsystem admits, replaced while the
-//! target runs (`sluice target` re-reads its file on SIGHUP).
+//! Configuration reload: who each subsystem admits, and the tenants,
+//! replaced while the target runs (`sluice target` re-reads its file on
+//! SIGHUP).
 //!
 //! A reload applies the subsystems' `hosts`, `allow_any_host`, `dhchap`
-//! and `require_auth`, and nothing else: a file that differs from the
-//! configuration in force anywhere else (`[target]`, the list of subsystems,
-//! a subsystem's namespaces, serial or model, the tenants) is refused whole,
-//! naming what differs, and the running access stays. Tenants change at run
-//! time through the admin API (docs/tenants.md).
+//! and `require_auth`, and the `[[tenant]]` entries (new ones created,
+//! changed ones replaced whole), and nothing else: a file that differs from
+//! the configuration in force anywhere else (`[target]`, `[tenants]`, the
+//! list of subsystems, a subsystem's namespaces, serial or model, a tenant
+//! removed or its `charge_cgroup`) is refused whole, naming what differs,
+//! and nothing of it applies.
 //!
-//! Applied: every subsystem's new [`Access`] is swapped in, so the next
-//! Connect (admin or I/O queue) and the next discovery log page see it; a
-//! live controller whose host the new access would refuse at Connect (no
-//! longer listed, or without a secret where one is now required) is failed,
-//! and its queues close at their next check, as a keep-alive expiry closes
-//! them. Its commands in flight complete or fail as at any lost connection;
-//! acknowledged writes are already in the backend.
+//! Applied in two steps, tenants first (the one that can still fail: the
+//! new tenants are checked against the table in force, which the admin API
+//! may have changed), then access, which cannot fail. Every subsystem's new
+//! [`Access`] is swapped in, so the next Connect (admin or I/O queue) and
+//! the next discovery log page see it; a live controller whose host the new
+//! access would refuse at Connect (no longer listed, or without a secret
+//! where one is now required) is failed, and its queues close at their next
+//! check, as a keep-alive expiry closes them. Its commands in flight
+//! complete or fail as at any lost connection; acknowledged writes are
+//! already in the backend.
 
 use crate::registry::Registry;
 use crate::subsystem::Access;
+use crate::tenant::TenantRuntime;
 use sluice_config::{Config, SubsystemConfig};
 use sluice_runtime::sync::lock;
 use std::sync::atomic::Ordering;
@@ -27,9 +33,29 @@ use std::sync::atomic::Ordering;
 pub enum ReloadError {
     #[error(
         "{what} differs from the running configuration: restart the target to apply it (a reload \
-         applies only the subsystems' `hosts`, `allow_any_host`, `dhchap` and `require_auth`)"
+         applies only the subsystems' `hosts`, `allow_any_host`, `dhchap` and `require_auth`, and \
+         the `[[tenant]]` entries)"
     )]
     NeedsRestart { what: String },
+    /// The new tenants do not fit the table in force (changed through the
+    /// admin API since the file was read, say).
+    #[error("the tenants: {0}")]
+    Tenants(String),
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadReport {
+    /// One entry per subsystem whose access changed.
+    pub access: Vec<AccessChange>,
+    /// Tenants created or replaced.
+    pub tenants: Vec<String>,
+}
+
+impl ReloadReport {
+    pub fn is_empty(&self) -> bool {
+        self.access.is_empty() && self.tenants.is_empty()
+    }
 }
 
 /// What a reload changed in one subsystem.
@@ -63,8 +89,31 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
     if new.target != running.target {
         return Some("`[target]`".into());
     }
-    if new.tenants != running.tenants {
-        return Some("`[tenants]` or a `[[tenant]]`".into());
+    let (rt, nt) = (&running.tenants, &new.tenants);
+    if nt.settings != rt.settings || nt.default_tenant != rt.default_tenant {
+        return Some("`[tenants]`".into());
+    }
+    for r in &rt.tenants {
+        match nt.tenants.iter().find(|t| t.name == r.name) {
+            None => {
+                return Some(format!(
+                    "`[[tenant]]` `{}` (removed: tenants are not deleted at run time)",
+                    r.name
+                ))
+            }
+            Some(t) if t.charge_cgroup != r.charge_cgroup => {
+                return Some(format!("`[[tenant]]` `{}`: its `charge_cgroup`", r.name));
+            }
+            Some(_) => {}
+        }
+    }
+    for t in &nt.tenants {
+        if t.charge_cgroup.is_some() && !rt.tenants.iter().any(|r| r.name == t.name) {
+            return Some(format!(
+                "`[[tenant]]` `{}` (new, with a `charge_cgroup`)",
+                t.name
+            ));
+        }
     }
     for sc in &new.subsystems {
         if !running.subsystems.iter().any(|r| r.nqn == sc.nqn) {
@@ -100,15 +149,38 @@ impl Access {
     }
 }
 
+/// Applies `new` (see the module docs) to the target whose registry is
+/// `reg` and whose tenants are `tenants`; refuses the whole file if it
+/// changes anything a reload cannot apply.
+pub fn reload(
+    reg: &Registry,
+    tenants: &TenantRuntime,
+    new: &Config,
+) -> Result<ReloadReport, ReloadError> {
+    let mut running = lock(&reg.running);
+    if let Some(what) = needs_restart(&running, new) {
+        return Err(ReloadError::NeedsRestart { what });
+    }
+    let changed: Vec<_> = new
+        .tenants
+        .tenants
+        .iter()
+        .filter(|t| !running.tenants.tenants.contains(t))
+        .cloned()
+        .collect();
+    let tenants = tenants
+        .replace_tenants(&changed)
+        .map_err(|e| ReloadError::Tenants(e.to_string()))?;
+    let access = reg.replace_access(&running, new);
+    *running = new.clone();
+    Ok(ReloadReport { access, tenants })
+}
+
 impl Registry {
-    /// Applies `new`'s subsystem access (see the module docs); refuses the
-    /// whole file if it changes anything else. Returns what changed, one
-    /// entry per subsystem whose access changed.
-    pub fn reload_access(&self, new: &Config) -> Result<Vec<AccessChange>, ReloadError> {
-        let mut running = lock(&self.running);
-        if let Some(what) = needs_restart(&running, new) {
-            return Err(ReloadError::NeedsRestart { what });
-        }
+    /// Swaps in `new`'s access for every subsystem whose access differs
+    /// from `running`'s and fails the controllers it refuses. `new` has
+    /// the same subsystems as `running` ([`needs_restart`] said so).
+    fn replace_access(&self, running: &Config, new: &Config) -> Vec<AccessChange> {
         let mut changes = Vec::new();
         for (rc, sc) in running.subsystems.iter().zip(&new.subsystems) {
             if rc == sc {
@@ -176,8 +248,7 @@ impl Registry {
             // Discovery log pages list what each host may reach.
             self.discovery_genctr.fetch_add(1, Ordering::Relaxed);
         }
-        *running = new.clone();
-        Ok(changes)
+        changes
     }
 }
 
@@ -220,7 +291,21 @@ mod tests {
         assert!(needs_restart(&more, &running).is_some_and(|w| w.contains("(removed)")));
         let mut tenants = config(&["h1"]);
         tenants.tenants = sluice_config::TenantsConfig::fair();
-        assert!(needs_restart(&running, &tenants).is_some_and(|w| w.contains("tenant")));
+        assert_eq!(
+            needs_restart(&running, &tenants).as_deref(),
+            Some("`[tenants]`")
+        );
+        // Tenants may be added and changed, not removed, and their
+        // `charge_cgroup` stays.
+        let mut gold = tenants.clone();
+        gold.tenants
+            .tenants
+            .push(sluice_config::tenants::TenantSpec::new("gold"));
+        assert_eq!(needs_restart(&tenants, &gold), None);
+        assert!(needs_restart(&gold, &tenants).is_some_and(|w| w.contains("removed")));
+        let mut charged = gold.clone();
+        charged.tenants.tenants[0].charge_cgroup = Some("/sys/fs/cgroup/cpu/gold".into());
+        assert!(needs_restart(&gold, &charged).is_some_and(|w| w.contains("charge_cgroup")));
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! A configuration reload replaces who a subsystem admits while the target
-//! runs: a host added connects; a host removed is refused at its next
-//! Connect and its live controller is failed, its queues closing at their
-//! next check; data it wrote stays; a file that changes anything beyond
-//! access is refused whole and leaves the access as it was.
+//! A configuration reload replaces who a subsystem admits, and the
+//! tenants, while the target runs: a host added connects; a host removed is
+//! refused at its next Connect and its live controller is failed, its
+//! queues closing at their next check; data it wrote stays; tenants are
+//! created and replaced, a host may move between them; a file that changes
+//! anything a reload cannot apply is refused whole and changes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +12,9 @@ use common::*;
 use sluice_proto::fabrics::{cc, prop, CNTLID_DYNAMIC};
 use sluice_proto::Status;
 use sluice_target::queue::CONTROLLER_CHECK_INTERVAL;
-use sluice_target::reload::{AccessChange, ReloadError};
+use sluice_target::registry::Registry;
+use sluice_target::reload::{reload, AccessChange, ReloadError, ReloadReport};
+use sluice_target::tenant::TenantRuntime;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +30,7 @@ fn refused(c: &sluice_proto::command::Cqe) -> bool {
 }
 
 /// Connects an admin queue as `hostnqn`; its completion.
-fn admin_as(
-    reg: &Arc<sluice_target::registry::Registry>,
-    hostnqn: &str,
-) -> (Pair, sluice_proto::command::Cqe) {
+fn admin_as(reg: &Arc<Registry>, hostnqn: &str) -> (Pair, sluice_proto::command::Cqe) {
     let mut p = Pair::new(reg.clone());
     p.icreq(false, false);
     let c = p.connect_as(SUBNQN, hostnqn, 0, CNTLID_DYNAMIC);
@@ -41,6 +41,7 @@ fn admin_as(
 fn reload_admits_added_hosts_and_fails_the_controllers_of_removed_ones() {
     let before = config_in("immediate", default_ns());
     let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
     let (mut a, cntlid) = admin_pair(&reg);
     let mut q = io_pair(&reg, cntlid, false, false);
     let data = pattern(4096, 5);
@@ -50,9 +51,10 @@ fn reload_admits_added_hosts_and_fails_the_controllers_of_removed_ones() {
 
     let mut after = before.clone();
     after.subsystems[0].hosts = vec![OTHER.into()];
-    let changes = reg.reload_access(&after).expect("only access changed");
+    let report = reload(&reg, &tenants, &after).expect("only access changed");
+    assert_eq!(report.tenants, Vec::<String>::new());
     assert_eq!(
-        changes,
+        report.access,
         vec![AccessChange {
             nqn: SUBNQN.into(),
             hosts_added: vec![OTHER.into()],
@@ -89,7 +91,7 @@ fn reload_admits_added_hosts_and_fails_the_controllers_of_removed_ones() {
     let mut restart = after.clone();
     restart.subsystems[0].hosts = vec![HOSTNQN.into()];
     restart.target.queue_depth_max -= 1;
-    match reg.reload_access(&restart) {
+    match reload(&reg, &tenants, &restart) {
         Err(ReloadError::NeedsRestart { what }) => assert_eq!(what, "`[target]`"),
         other => panic!("{other:?}"),
     }
@@ -99,7 +101,7 @@ fn reload_admits_added_hosts_and_fails_the_controllers_of_removed_ones() {
     );
     assert!(admin_as(&reg, OTHER).1.status().is_success());
     // The same file again changes nothing.
-    assert_eq!(reg.reload_access(&after), Ok(vec![]));
+    assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
     b.advance(step);
     assert!(!b.conn.is_closing() && !bq.conn.is_closing());
 }
@@ -111,12 +113,13 @@ fn closing_an_open_subsystem_keeps_only_listed_hosts() {
     let mut open = config_in("immediate", default_ns());
     open.subsystems[0].allow_any_host = true;
     let reg = registry(&open);
+    let tenants = TenantRuntime::new(&open, &reg);
     let (mut listed, _) = admin_pair(&reg);
     let (mut stranger, c) = admin_as(&reg, OTHER);
     assert!(c.status().is_success(), "open subsystem admits anyone");
     let mut closed = open.clone();
     closed.subsystems[0].allow_any_host = false;
-    let changes = reg.reload_access(&closed).unwrap();
+    let changes = reload(&reg, &tenants, &closed).unwrap().access;
     assert_eq!(changes.len(), 1);
     assert_eq!(changes[0].allow_any_host, Some(false));
     assert_eq!(changes[0].controllers_failed.len(), 1);
@@ -127,4 +130,81 @@ fn closing_an_open_subsystem_keeps_only_listed_hosts() {
     assert!(stranger.conn.is_closing());
     assert!(!listed.conn.is_closing());
     assert!(refused(&admin_as(&reg, OTHER).1));
+}
+
+/// Tenants: one created with the host added beside it, then the host moved
+/// to another tenant and a limit changed, in one file each; a file that
+/// removes a tenant is refused, and its host list with it.
+#[test]
+fn reload_creates_and_replaces_tenants() {
+    use sluice_config::tenants::{RateSpec, TenantSpec, TenantsConfig};
+    let mut before = config_in("immediate", default_ns());
+    before.tenants = TenantsConfig::fair();
+    before.tenants.tenants.push(TenantSpec {
+        hosts: vec![HOSTNQN.into()],
+        ..TenantSpec::new("silver")
+    });
+    let before = before.validated().unwrap();
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let of = |h: &str| {
+        let t = tenants.table();
+        let id = t.tenant_of(Some(h));
+        t.spec(id).map(|s| s.name.clone()).unwrap()
+    };
+    assert_eq!(
+        (of(HOSTNQN), of(OTHER)),
+        ("silver".into(), "default".into())
+    );
+
+    let mut gold = before.clone();
+    gold.subsystems[0].hosts.push(OTHER.into());
+    gold.tenants.tenants.push(TenantSpec {
+        hosts: vec![OTHER.into()],
+        limit: RateSpec {
+            iops: Some(1000),
+            ..RateSpec::default()
+        },
+        ..TenantSpec::new("gold")
+    });
+    let gold = gold.validated().unwrap();
+    let generation = tenants.generation();
+    let report = reload(&reg, &tenants, &gold).unwrap();
+    assert_eq!(report.tenants, vec!["gold".to_string()]);
+    assert_eq!(report.access.len(), 1);
+    assert_eq!(of(OTHER), "gold");
+    assert!(
+        tenants.generation() > generation,
+        "workers pick the new table up"
+    );
+    assert!(admin_as(&reg, OTHER).1.status().is_success());
+
+    // The first host moves from silver to gold (checked as one table: it
+    // is never in both), and gold's limit goes.
+    let mut moved = gold.clone();
+    moved.tenants.tenants[0].hosts.clear();
+    moved.tenants.tenants[1].hosts.push(HOSTNQN.into());
+    moved.tenants.tenants[1].limit = RateSpec::default();
+    let moved = moved.validated().unwrap();
+    let report = reload(&reg, &tenants, &moved).unwrap();
+    assert_eq!(
+        report.tenants,
+        vec!["silver".to_string(), "gold".to_string()]
+    );
+    assert!(report.access.is_empty());
+    assert_eq!((of(HOSTNQN), of(OTHER)), ("gold".into(), "gold".into()));
+    let t = tenants.table();
+    let g = t.spec(t.id("gold").unwrap()).unwrap();
+    assert_eq!(g.limit, RateSpec::default());
+
+    // Removing a tenant needs a restart: nothing of that file applies.
+    let mut removed = moved.clone();
+    removed.tenants.tenants.remove(0);
+    removed.subsystems[0].hosts.retain(|h| h != OTHER);
+    match reload(&reg, &tenants, &removed) {
+        Err(ReloadError::NeedsRestart { what }) => assert!(what.contains("silver"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(admin_as(&reg, OTHER).1.status().is_success());
+    assert_eq!(of(OTHER), "gold");
 }

@@ -165,13 +165,13 @@ impl TargetHandle {
         self.started.elapsed()
     }
     /// Applies a new configuration's subsystem access (hosts,
-    /// `allow_any_host`, DH-HMAC-CHAP); refuses a file that changes
-    /// anything else (`reload.rs`).
-    pub fn reload_access(
+    /// `allow_any_host`, DH-HMAC-CHAP) and tenants; refuses a file that
+    /// changes anything else (`reload.rs`).
+    pub fn reload(
         &self,
         config: &sluice_config::Config,
-    ) -> Result<Vec<crate::reload::AccessChange>, crate::reload::ReloadError> {
-        self.reg.reload_access(config)
+    ) -> Result<crate::reload::ReloadReport, crate::reload::ReloadError> {
+        crate::reload::reload(&self.reg, &self.tenants, config)
     }
     /// Tenant table, counters and run-time updates.
     pub fn tenants(&self) -> &Arc<TenantRuntime> {

@@ -436,6 +436,49 @@ impl TenantRuntime {
         Ok(spec)
     }
 
+    /// Makes each of `specs` the tenant of its name, creating those that do
+    /// not exist, in one new table (a configuration reload): checked as a
+    /// whole, so a host may move from one tenant to another. Names of the
+    /// tenants that changed.
+    pub fn replace_tenants(&self, specs: &[TenantSpec]) -> Result<Vec<String>, UpdateError> {
+        let mut guard = write(&self.table);
+        let cur = guard.clone();
+        let mut tenants = cur.tenants.clone();
+        let mut changed = Vec::new();
+        for spec in specs {
+            match cur.id(&spec.name) {
+                Some(i) if cur.spec(i) == Some(spec) => continue,
+                Some(i) => tenants[i as usize] = Some(spec.clone()),
+                None if tenants.len() >= TENANTS_MAX => {
+                    return Err(ConfigError {
+                        key: format!("tenant[{}]", spec.name),
+                        reason: format!("no room: {TENANTS_MAX} tenants is the most"),
+                    }
+                    .into());
+                }
+                None => tenants.push(Some(spec.clone())),
+            }
+            changed.push(spec.name.clone());
+        }
+        if changed.is_empty() {
+            return Ok(changed);
+        }
+        let all: Vec<TenantSpec> = tenants.iter().flatten().cloned().collect();
+        validate_set(&all, &self.default_name, "tenant")?;
+        let table = Arc::new(TenantTable::build(
+            tenants,
+            &self.default_name,
+            cur.generation + 1,
+        ));
+        self.apply_table(&table, Instant::now());
+        let generation = table.generation;
+        *guard = table;
+        self.table_generation
+            .store(generation, std::sync::atomic::Ordering::Release);
+        tracing::info!(tenants = ?changed, "tenants replaced by a reload");
+        Ok(changed)
+    }
+
     /// The tenants as JSON.
     pub fn tenants_json(&self) -> String {
         let t = self.table();
