@@ -294,6 +294,27 @@ impl QueueConnection {
                 ))
             });
             match made {
+                // A reload may have replaced the access since the checks
+                // above, and failed the live controllers it refuses before
+                // this one was in the table: the reload swaps the access
+                // before it reads the table, and this reads the access
+                // after adding to the table, so one of the two sees the
+                // other.
+                Some(ctrl)
+                    if sub.kind == SubsystemKind::Nvm && !sub.access().would_admit(&cd.hostnqn) =>
+                {
+                    self.reg.remove_controller(&sub, ctrl.cntlid);
+                    return self.refuse(
+                        &c,
+                        data,
+                        "hostnqn",
+                        "host refused by a configuration reload during its Connect",
+                        (
+                            Status::CONNECT_INVALID_HOST,
+                            connect_invalid_param_result(true, connect_data_offset::HOSTNQN),
+                        ),
+                    );
+                }
                 Some(ctrl) => {
                     tracing::info!(cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
                     ctrl
