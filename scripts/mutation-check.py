@@ -132,8 +132,8 @@ MUTANTS = [
      "                    if !holds {", "                    if false && !holds {", t("sluice-meta")),
     # Security.
     ("any-host-admitted", "crates/sluice-target/src/subsystem.rs",
-     "        self.kind == SubsystemKind::Discovery || self.allow_any_host || self.hosts.contains(hostnqn)",
-     "        let _ = hostnqn; true", t("sluice-target")),
+     "        self.allow_any_host || self.hosts.contains(hostnqn)\n",
+     "        let _ = hostnqn; true\n", t("sluice-target")),
     ("controller-accepts-any-response", "crates/sluice-auth/src/controller.rs",
      "                if !crypto::equal(&expect, &r.response) {",
      "                if false && !crypto::equal(&expect, &r.response) {", t("sluice-auth", "sluice-target")),
