@@ -31,6 +31,17 @@ fn config(port: u16, hosts: &[&str]) -> String {
         .unwrap()
 }
 
+/// Kills the target when the test ends, passed or not (a failed
+/// assertion would otherwise leave it running).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn hup(pid: u32) {
     let st = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -46,14 +57,16 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     let file = dir.path().join("target.toml");
     let log = dir.path().join("target.log");
     std::fs::write(&file, config(port, &[FIRST])).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["target", "--config"])
-        .arg(&file)
-        .args(["--log", "info"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["target", "--config"])
+            .arg(&file)
+            .args(["--log", "info"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(addr).is_err() {
@@ -77,7 +90,7 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     assert!(connect(LATER).is_err(), "not listed yet");
 
     std::fs::write(&file, config(port, &[FIRST, LATER])).unwrap();
-    hup(child.id());
+    hup(child.0.id());
     let deadline = Instant::now() + Duration::from_secs(10);
     let c = loop {
         if let Ok(c) = connect(LATER) {
@@ -99,7 +112,7 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     // A new listen address needs a restart: refused whole, even the host
     // list that came with it.
     std::fs::write(&file, config(port + 1, &[FIRST])).unwrap();
-    hup(child.id());
+    hup(child.0.id());
     let deadline = Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&log)
         .unwrap()
@@ -112,7 +125,5 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     assert!(text.contains("`[target]` differs"), "{text}");
     let c = connect(LATER).expect("access unchanged by the refused file");
     rt.block_on(c.disconnect(Duration::from_secs(2)));
-    assert!(child.try_wait().unwrap().is_none(), "still running");
-    let _ = Command::new("kill").arg(child.id().to_string()).status();
-    let _ = child.wait();
+    assert!(child.0.try_wait().unwrap().is_none(), "still running");
 }
