@@ -420,20 +420,32 @@ impl TenantRuntime {
                 tenants.push(Some(spec.clone()));
             }
         }
+        self.install(&mut guard, cur.generation, tenants)?;
+        tracing::info!(tenant = name, ?spec, "tenant updated");
+        Ok(spec)
+    }
+
+    /// Checks `tenants` as a whole and makes them the table in force, one
+    /// generation after `generation` (the caller holds the table's lock).
+    fn install(
+        &self,
+        guard: &mut std::sync::RwLockWriteGuard<'_, Arc<TenantTable>>,
+        generation: u64,
+        tenants: Vec<Option<TenantSpec>>,
+    ) -> Result<(), UpdateError> {
         let all: Vec<TenantSpec> = tenants.iter().flatten().cloned().collect();
         validate_set(&all, &self.default_name, "tenant")?;
         let table = Arc::new(TenantTable::build(
             tenants,
             &self.default_name,
-            cur.generation + 1,
+            generation + 1,
         ));
         self.apply_table(&table, Instant::now());
         let generation = table.generation;
-        *guard = table;
+        **guard = table;
         self.table_generation
             .store(generation, std::sync::atomic::Ordering::Release);
-        tracing::info!(tenant = name, ?spec, "tenant updated");
-        Ok(spec)
+        Ok(())
     }
 
     /// Makes each of `specs` the tenant of its name, creating those that do
@@ -463,18 +475,7 @@ impl TenantRuntime {
         if changed.is_empty() {
             return Ok(changed);
         }
-        let all: Vec<TenantSpec> = tenants.iter().flatten().cloned().collect();
-        validate_set(&all, &self.default_name, "tenant")?;
-        let table = Arc::new(TenantTable::build(
-            tenants,
-            &self.default_name,
-            cur.generation + 1,
-        ));
-        self.apply_table(&table, Instant::now());
-        let generation = table.generation;
-        *guard = table;
-        self.table_generation
-            .store(generation, std::sync::atomic::Ordering::Release);
+        self.install(&mut guard, cur.generation, tenants)?;
         tracing::info!(tenants = ?changed, "tenants replaced by a reload");
         Ok(changed)
     }
