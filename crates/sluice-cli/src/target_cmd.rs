@@ -320,6 +320,7 @@ fn reload_access(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
     let config = match load(args) {
         Ok(c) => c,
         Err(e) => {
+            handle.reload_refused();
             tracing::error!(
                 "SIGHUP: reload of {} refused, the running configuration stays: {e:#}",
                 path.display()

@@ -260,6 +260,31 @@ pub struct AuthCounters {
 /// Explanation codes counted apart (0 = any other).
 pub const AUTH_REASONS: usize = 8;
 
+/// Configuration reloads (`reload.rs`): files applied, and files refused
+/// (unparsable, or changing what needs a restart), for an alert on the
+/// latter.
+#[derive(Debug, Default)]
+pub struct ReloadCounters {
+    applied: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl ReloadCounters {
+    pub fn record(&self, applied: bool) {
+        let c = if applied {
+            &self.applied
+        } else {
+            &self.refused
+        };
+        c.fetch_add(1, Relaxed);
+    }
+
+    /// (applied, refused).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.applied.load(Relaxed), self.refused.load(Relaxed))
+    }
+}
+
 impl AuthCounters {
     pub fn record_success(&self) {
         self.successes.fetch_add(1, Relaxed);

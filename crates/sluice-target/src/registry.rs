@@ -101,6 +101,8 @@ pub struct Registry {
     pub admission: Arc<crate::admission::Admission>,
     /// DH-HMAC-CHAP successes and failures (by reason).
     pub auth: crate::metrics::AuthCounters,
+    /// Configuration reloads applied and refused.
+    pub reloads: crate::metrics::ReloadCounters,
     /// Discovery log generation counter.
     pub(crate) discovery_genctr: AtomicU64,
     /// Namespaces by target-wide index.
@@ -366,6 +368,7 @@ impl Registry {
             receive: crate::metrics::ReceiveTotals::default(),
             admission: Arc::new(crate::admission::Admission::new(&config.target)),
             auth: crate::metrics::AuthCounters::default(),
+            reloads: crate::metrics::ReloadCounters::default(),
             discovery_genctr: AtomicU64::new(1),
             namespaces: all_ns,
             controllers,

@@ -157,6 +157,16 @@ pub fn reload(
     tenants: &TenantRuntime,
     new: &Config,
 ) -> Result<ReloadReport, ReloadError> {
+    let r = apply(reg, tenants, new);
+    reg.reloads.record(r.is_ok());
+    r
+}
+
+fn apply(
+    reg: &Registry,
+    tenants: &TenantRuntime,
+    new: &Config,
+) -> Result<ReloadReport, ReloadError> {
     let mut running = lock(&reg.running);
     if let Some(what) = needs_restart(&running, new) {
         return Err(ReloadError::NeedsRestart { what });

@@ -87,6 +87,7 @@ fn admin_endpoint_with_token() {
         "sluice_target_received_bytes_total",
         "sluice_target_received_in_place_bytes_total",
         "sluice_target_responses_after_data_total",
+        "sluice_target_config_reloads_total",
     ] {
         assert!(s.iter().any(|x| x.0 == fam), "missing {fam} in\n{}", m.body);
     }

@@ -104,6 +104,8 @@ fn reload_admits_added_hosts_and_fails_the_controllers_of_removed_ones() {
     assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
     b.advance(step);
     assert!(!b.conn.is_closing() && !bq.conn.is_closing());
+    // `sluice_target_config_reloads_total`: two applied, one refused.
+    assert_eq!(reg.reloads.counts(), (2, 1));
 }
 
 /// Turning `allow_any_host` off fails the controllers of unlisted hosts and

@@ -173,6 +173,11 @@ impl TargetHandle {
     ) -> Result<crate::reload::ReloadReport, crate::reload::ReloadError> {
         crate::reload::reload(&self.reg, &self.tenants, config)
     }
+    /// Counts a reload refused before [`TargetHandle::reload`] (its file
+    /// did not parse), in `sluice_target_config_reloads_total`.
+    pub fn reload_refused(&self) {
+        self.reg.reloads.record(false);
+    }
     /// Tenant table, counters and run-time updates.
     pub fn tenants(&self) -> &Arc<TenantRuntime> {
         &self.tenants

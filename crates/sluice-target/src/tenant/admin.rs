@@ -623,6 +623,18 @@ fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std:
             ([("reason", Esc(reason))], failures[i])
         }),
     )?;
+    let (applied, refused) = reg.reloads.counts();
+    counters(
+        e,
+        "sluice_target_config_reloads",
+        "Configuration files re-read on SIGHUP, by result: applied, or refused whole (unparsable, or changing what needs a restart; the log names why).",
+        None,
+        [
+            ([("result", Esc("applied"))], applied),
+            ([("result", Esc("refused"))], refused),
+        ]
+        .into_iter(),
+    )?;
     counters(
         e,
         "sluice_tolerated_inputs",
