@@ -632,8 +632,7 @@ fn auth_and_tolerance_metrics(e: &mut DescriptorEncoder, reg: &Registry) -> std:
         [
             ([("result", Esc("applied"))], applied),
             ([("result", Esc("refused"))], refused),
-        ]
-        .into_iter(),
+        ],
     )?;
     counters(
         e,
