@@ -12,7 +12,9 @@ use std::time::Duration;
 #[derive(Debug, Args)]
 pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
-    /// RAM namespace, loopback only, any host admitted).
+    /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP:
+    /// changed host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries
+    /// apply without a restart; any other change is refused and logged.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// I/O listen address (overrides the file).
@@ -275,7 +277,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
         if reload.swap(false, Ordering::Relaxed) {
-            reload_access(&args, &handle);
+            reload_config(&args, &handle);
         }
     }
     let uptime = handle.uptime();
@@ -312,7 +314,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
 /// overrides) and applies its subsystems' access and its tenants; anything
 /// else changed, or a file that does not parse, is refused and logged, and
 /// the running configuration stays.
-fn reload_access(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
+fn reload_config(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
     let Some(path) = &args.config else {
         tracing::warn!("SIGHUP: no --config file to reload (started on the embedded default)");
         return;

@@ -141,14 +141,6 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
     None
 }
 
-impl Access {
-    /// Whether a Connect from `hostnqn` would pass the host checks.
-    pub(crate) fn would_admit(&self, hostnqn: &str) -> bool {
-        let has_secret = self.auth.contains_key(hostnqn);
-        self.admits(hostnqn) && (has_secret || !self.require_auth)
-    }
-}
-
 /// Applies `new` (see the module docs) to the target whose registry is
 /// `reg` and whose tenants are `tenants`; refuses the whole file if it
 /// changes anything a reload cannot apply.

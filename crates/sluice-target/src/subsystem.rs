@@ -153,6 +153,13 @@ impl Access {
     pub(crate) fn admits(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.contains(hostnqn)
     }
+
+    /// Whether a Connect from `hostnqn` would pass the host checks: listed
+    /// (or any host), and with a secret where one is required.
+    pub(crate) fn would_admit(&self, hostnqn: &str) -> bool {
+        let has_secret = self.auth.contains_key(hostnqn);
+        self.admits(hostnqn) && (has_secret || !self.require_auth)
+    }
 }
 
 /// A subsystem: namespaces, allowed hosts, how many controllers are live.
@@ -194,13 +201,15 @@ impl Subsystem {
         read(&self.access).clone()
     }
 
-    /// Replaces who it admits; the old access, for the caller to compare.
-    pub(crate) fn set_access(&self, access: Access) -> Arc<Access> {
-        std::mem::replace(&mut *write(&self.access), Arc::new(access))
+    /// Replaces who it admits.
+    pub(crate) fn set_access(&self, access: Access) {
+        *write(&self.access) = Arc::new(access);
     }
 
+    /// Whether `hostnqn` is on the list (the discovery subsystem's access
+    /// is [`Access::open`]: every host).
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.kind == SubsystemKind::Discovery || self.access().admits(hostnqn)
+        self.access().admits(hostnqn)
     }
 
     /// Highest NSID (Identify Controller NN).

@@ -218,9 +218,10 @@ impl QueueConnection {
             );
         };
         // One reading of who the subsystem admits serves every check below
-        // (a reload may replace it meanwhile).
+        // (a reload may replace it meanwhile; the discovery subsystem's
+        // admits every host and asks no secret).
         let access = sub.access();
-        if sub.kind != SubsystemKind::Discovery && !access.admits(&cd.hostnqn) {
+        if !access.admits(&cd.hostnqn) {
             let reason = if cd.hostnqn.is_empty() {
                 "no host NQN given and the subsystem admits only its listed hosts"
             } else {
@@ -237,11 +238,8 @@ impl QueueConnection {
                 ),
             );
         }
-        let auth = match sub.kind {
-            SubsystemKind::Discovery => None,
-            SubsystemKind::Nvm => access.auth.get(&cd.hostnqn).cloned(),
-        };
-        if auth.is_none() && access.require_auth && sub.kind != SubsystemKind::Discovery {
+        let auth = access.auth.get(&cd.hostnqn).cloned();
+        if auth.is_none() && access.require_auth {
             return self.refuse(
                 &c,
                 data,
@@ -300,9 +298,7 @@ impl QueueConnection {
                 // before it reads the table, and this reads the access
                 // after adding to the table, so one of the two sees the
                 // other.
-                Some(ctrl)
-                    if sub.kind == SubsystemKind::Nvm && !sub.access().would_admit(&cd.hostnqn) =>
-                {
+                Some(ctrl) if !sub.access().would_admit(&cd.hostnqn) => {
                     self.reg.remove_controller(&sub, ctrl.cntlid);
                     return self.refuse(
                         &c,
