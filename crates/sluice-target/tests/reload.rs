@@ -210,3 +210,37 @@ fn reload_creates_and_replaces_tenants() {
     assert!(admin_as(&reg, OTHER).1.status().is_success());
     assert_eq!(of(OTHER), "gold");
 }
+
+/// A file whose tenants no longer fit the table the admin API changed
+/// (the API put a host in one tenant, the file puts it in another) is
+/// refused with the tenants' error, and its access changes do not apply.
+#[test]
+fn tenants_that_clash_with_the_api_refuse_the_whole_file() {
+    use sluice_config::tenants::{TenantSpec, TenantsConfig};
+    let mut before = config_in("immediate", default_ns());
+    before.tenants = TenantsConfig::fair();
+    let before = before.validated().unwrap();
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    tenants
+        .update_json("api", &format!(r#"{{"hosts": ["{OTHER}"]}}"#))
+        .unwrap();
+    let mut clash = before.clone();
+    clash.subsystems[0].hosts.push(OTHER.into());
+    clash.tenants.tenants.push(TenantSpec {
+        hosts: vec![OTHER.into()],
+        ..TenantSpec::new("file")
+    });
+    let clash = clash.validated().unwrap();
+    match reload(&reg, &tenants, &clash) {
+        Err(ReloadError::Tenants(why)) => assert!(why.contains(OTHER), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        refused(&admin_as(&reg, OTHER).1),
+        "the host list did not apply"
+    );
+    let t = tenants.table();
+    assert_eq!(t.id("file"), None);
+    assert_eq!(reg.reloads.counts(), (0, 1));
+}
