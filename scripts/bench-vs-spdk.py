@@ -30,20 +30,21 @@ without touching memory, and a first write faults its chunk in). The pairs:
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
 QD 1 (mean latency too), 128 KiB sequential read QD 8 (bandwidth). Each cell
-is the median of --repeats runs of --runtime seconds, with the range. Within
-a repeat, each row runs on every target in turn before the next row starts
-(one target at a time; the order of the targets reverses every repeat, and
-the pairs on one target rotate which goes first), so
-the runs a ratio compares are at most a minute apart: this machine drifts by
-2-3x over minutes (128 KiB reads of the SPDK pair: 1.6-4.8 GiB/s in one
-run), and a target-major order put minutes of drift into every ratio.
-Ratios are taken within each repeat and reported as their median and range.
-With --slices K each pair's run is K runs of --runtime/K seconds, taking
-turns with the other pairs on the same target, so that a ratio of two
-pairs on one target (bench>spdk / perf>spdk, busy against adaptive) sees
+is the median of --repeats runs of --runtime seconds, with the range. The
+three targets (nvmf_tgt, the Sluice target adaptive, and busy-polling) run
+side by side on CPU 0, each stopped with SIGSTOP while a pair on another
+runs (nvmf_tgt's reactor and the busy-poll target spin even when idle, and
+a running one would take half the core of the pair under test; a stopped
+one keeps its sockets and uses no CPU). With --slices K each pair's run is
+K runs of --runtime/K seconds, and every pair, on every target, takes its
+turn in each slice (which goes first rotates every slice, the order
+reverses every repeat), so that every ratio, across targets too, compares
 the same phases of the machine: its copies have slow phases lasting
-seconds (docs/benchmarks.md). Ratios across targets cannot be cut finer
-than a target's run. CPU: the target's and the host's CPU-seconds over the
+seconds, and it drifts 2-3x over minutes (docs/benchmarks.md). Tables
+before 2026-12-07 12:00 UTC ran one target at a time, so their ratios
+across targets (every goal's) compared runs up to a minute apart. Ratios
+are taken within each repeat and reported as their median and range.
+CPU: the target's and the host's CPU-seconds over the
 host's measured run only (read from /proc every 10 ms, CpuTrace): for
 spdk_nvme_perf from its "Launching workers" line for the run time, for
 `sluice bench` the window its report names (`cpu_window_unix_s`). Neither
@@ -89,8 +90,11 @@ END = "<!-- bench-vs-spdk: end -->"
 # connection of the run before.
 PORT_SPDK = 24720
 PORT_SLUICE = 24721
+PORT_SLUICE_BUSY = 24722
 NQN_SPDK = "nqn.2016-06.io.spdk:bench"
 NQN_SLUICE = "nqn.2026-11.io.sluice:bench"
+PORTS = {"spdk": PORT_SPDK, "sluice": PORT_SLUICE, "sluice-busy": PORT_SLUICE_BUSY}
+NQNS = {"spdk": NQN_SPDK, "sluice": NQN_SLUICE, "sluice-busy": NQN_SLUICE}
 TARGET_CPU = 0
 HOST_CPU = 1
 # How often CpuTrace reads /proc (a reading costs about 30 µs).
@@ -196,14 +200,47 @@ def wait_port(port, timeout=15):
     die(f"port {port} never opened")
 
 
-class SpdkTarget:
+class Paused:
+    """A target stopped (SIGSTOP) while the pairs of other targets run, and
+    resumed (SIGCONT) for its own. Each target runs in a session of its own
+    (`start_new_session`): a stopped process in a process group that becomes
+    orphaned (the shell that started this script exits, as a background
+    job's does) gets SIGHUP from the kernel, which killed nvmf_tgt mid-run
+    (and makes a Sluice target reload its file)."""
+
+    def pause(self):
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGSTOP)
+
+    def resume(self):
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGCONT)
+
+    def ready(self, port):
+        """Resumes the target and waits until its port takes a connection."""
+        self.resume()
+        if self.p.poll() is not None:
+            raise RuntimeError(f"{type(self).__name__} exited with {self.p.returncode}")
+        wait_port(port)
+
+    def stop(self):
+        # A stopped process acts on SIGINT only once it runs again.
+        self.resume()
+        self.p.send_signal(signal.SIGINT)
+        try:
+            self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+class SpdkTarget(Paused):
     def __init__(self, spdk, work):
         self.sock = str(Path(work) / "spdk.sock")
         self.log = open(Path(work) / "nvmf_tgt.log", "w")
         self.p = subprocess.Popen(
             ["taskset", "-c", str(TARGET_CPU), f"{spdk}/build/bin/nvmf_tgt", "-m", "0x1",
              "--disable-cpumask-locks", "-r", self.sock],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         for _ in range(100):
             if Path(self.sock).exists():
                 break
@@ -224,21 +261,13 @@ class SpdkTarget:
             self.stop()
             raise
 
-    def stop(self):
-        self.p.send_signal(signal.SIGINT)
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-
-
-class SluiceTarget:
-    def __init__(self, work, polling="adaptive", tcp_congestion=None):
-        cfg = Path(work) / "target.toml"
+class SluiceTarget(Paused):
+    def __init__(self, work, polling="adaptive", tcp_congestion=None, port=PORT_SLUICE):
+        cfg = Path(work) / f"target-{port}.toml"
         cc = f'tcp_congestion = "{tcp_congestion}"' if tcp_congestion else ""
         cfg.write_text(f"""
 [target]
-listen = "127.0.0.1:{PORT_SLUICE}"
+listen = "127.0.0.1:{port}"
 discovery_listen = ""
 workers = 1
 polling = "{polling}"
@@ -254,23 +283,15 @@ size = "512MiB"
 block_size = 4096
 huge_pages = true
 """)
-        self.log = open(Path(work) / "sluice-target.log", "w")
+        self.log = open(Path(work) / f"sluice-target-{port}.log", "w")
         self.p = subprocess.Popen(
             ["taskset", "-c", str(TARGET_CPU), str(SLUICE), "target", "--config", str(cfg)],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_port(PORT_SLUICE)
+            wait_port(port)
         except BaseException:
             self.stop()
             raise
-
-    def stop(self):
-        self.p.send_signal(signal.SIGINT)
-        try:
-            self.p.wait(15)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-
 
 def run_perf(spdk, port, nqn, row, runtime, tgt_pid):
     """spdk_nvme_perf: (IOPS, MiB/s, mean latency us, host CPU-s, target CPU-s),
@@ -369,8 +390,8 @@ def main():
     ap.add_argument("--runtime", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--slices", type=int, default=1,
-                    help="cut each pair's run into this many slices that alternate with the other "
-                         "pairs' on the same target (--runtime must be a multiple)")
+                    help="cut each pair's run into this many slices that take turns with every other "
+                         "pair's, on every target (--runtime must be a multiple)")
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--engine", default="", help="sluice bench --engine value (default: bench's default)")
     ap.add_argument("--sluice-tcp-congestion", default="",
@@ -408,60 +429,81 @@ def main():
              "bench-int>sluice", "bench-spin2>sluice", "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
-    def run_row_on(target_kind, rep, row):
-        if target_kind == "spdk":
-            tgt = SpdkTarget(spdk, work)
-        else:
-            tgt = SluiceTarget(work, "busy-poll" if target_kind == "sluice-busy" else "adaptive",
-                               a.sluice_tcp_congestion or None)
-        port, nqn = (PORT_SPDK, NQN_SPDK) if target_kind == "spdk" else (PORT_SLUICE, NQN_SLUICE)
+    # All three targets run side by side on CPU 0, each stopped (SIGSTOP)
+    # while a pair on another runs: nvmf_tgt's reactor spins on its core
+    # even when idle (and so does the busy-poll Sluice target), so a target
+    # left running beside the pair's would take half its core. A stopped
+    # target's sockets stay open in the kernel; it uses no CPU until
+    # SIGCONT. So the slices of every pair, on every target, can take
+    # turns within seconds, and a ratio across targets (every goal's)
+    # compares the same phases of the machine.
+    for kind, port in PORTS.items():
+        # A target left from an earlier run (a stopped one too) would answer
+        # in place of the new one, which could not listen.
         try:
-            precondition(spdk, port, nqn)
-            # The pairs on one target take turns going first (a rotation
-            # per repeat): whichever ran first right after preconditioning
-            # would otherwise meet the target in the same state every time.
-            on_target = [p for p in pairs if p.endswith(">" + target_kind)]
-            # With --slices, each pair's run is cut into slices that take
-            # turns with the other pairs' on this target, so that a ratio
-            # of two pairs on one target compares the same phases of the
-            # machine (docs/benchmarks.md: its copies have slow phases of
-            # seconds).
-            slice_s = a.runtime // a.slices
-            acc = {p: [0.0, 0.0, 0.0, 0.0] for p in on_target}  # I/Os, MiB, I/Os x latency, CPU-s
-            for sl in range(a.slices):
-                k = (rep + sl) % len(on_target) if on_target else 0
-                for pair in on_target[k:] + on_target[:k]:
-                    host = pair.split(">")[0]
-                    if host == "perf":
-                        iops, mib, lat, hcpu, tcpu = run_perf(spdk, port, nqn, row, slice_s,
-                                                              tgt.p.pid)
-                    else:
-                        args = BENCH_HOST_ARGS[host] + BENCH_TARGET_ARGS.get(target_kind, [])
-                        iops, mib, lat, hcpu, tcpu = run_bench(port, nqn, row, slice_s, args,
-                                                               a.engine, tgt.p.pid)
-                    sums = acc[pair]
-                    sums[0] += iops * slice_s
-                    sums[1] += mib * slice_s
-                    sums[2] += lat * iops * slice_s
-                    sums[3] += hcpu + tcpu
-                    tag = f" slice {sl + 1}" if a.slices > 1 else ""
-                    print(f"  repeat {rep + 1}{tag} {row:18} {pair:16} {fmt_iops(iops):>6} IOPS "
-                          f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
-            for pair, (ios, mib_total, lat_w, cpu) in acc.items():
-                results[pair][row].append((ios / a.runtime, mib_total / a.runtime,
-                                           lat_w / ios if ios > 0 else 0.0, cpu))
-        finally:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                die(f"port {port} (the {kind} target's) is taken: is a target of an earlier run "
+                    "still running?")
+        except OSError:
+            pass
+    targets = {}
+    try:
+        for kind in ("spdk", "sluice", "sluice-busy"):
+            if kind == "spdk":
+                tgt = SpdkTarget(spdk, work)
+            else:
+                tgt = SluiceTarget(work, "busy-poll" if kind == "sluice-busy" else "adaptive",
+                                   a.sluice_tcp_congestion or None, PORTS[kind])
+            targets[kind] = tgt
+            precondition(spdk, PORTS[kind], NQNS[kind])
+            tgt.pause()
+        slice_s = a.runtime // a.slices
+        for rep in range(a.repeats):
+            for row in rows:
+                acc = {p: [0.0, 0.0, 0.0, 0.0] for p in pairs}  # I/Os, MiB, I/Os x latency, CPU-s
+                for sl in range(a.slices):
+                    # Every pair takes a turn in each slice; which goes
+                    # first rotates, and the order reverses every repeat.
+                    k = (rep + sl) % len(pairs)
+                    order = pairs[k:] + pairs[:k]
+                    for pair in (order if rep % 2 == 0 else order[::-1]):
+                        host, kind = pair.split(">")
+                        tgt = targets[kind]
+                        args = BENCH_HOST_ARGS.get(host, []) + BENCH_TARGET_ARGS.get(kind, [])
+                        for attempt in (1, 2):
+                            tgt.ready(PORTS[kind])
+                            try:
+                                if host == "perf":
+                                    iops, mib, lat, hcpu, tcpu = run_perf(
+                                        spdk, PORTS[kind], NQNS[kind], row, slice_s, tgt.p.pid)
+                                else:
+                                    iops, mib, lat, hcpu, tcpu = run_bench(
+                                        PORTS[kind], NQNS[kind], row, slice_s, args, a.engine,
+                                        tgt.p.pid)
+                                break
+                            except RuntimeError as e:
+                                # A failed run measures nothing: it runs again
+                                # once, said loudly.
+                                if attempt == 2:
+                                    raise
+                                print(f"  {pair} failed, running it again: {str(e)[-300:]}",
+                                      flush=True)
+                            finally:
+                                tgt.pause()
+                        sums = acc[pair]
+                        sums[0] += iops * slice_s
+                        sums[1] += mib * slice_s
+                        sums[2] += lat * iops * slice_s
+                        sums[3] += hcpu + tcpu
+                        tag = f" slice {sl + 1}" if a.slices > 1 else ""
+                        print(f"  repeat {rep + 1}{tag} {row:18} {pair:22} {fmt_iops(iops):>6} IOPS "
+                              f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
+                for pair, (ios, mib_total, lat_w, cpu) in acc.items():
+                    results[pair][row].append((ios / a.runtime, mib_total / a.runtime,
+                                               lat_w / ios if ios > 0 else 0.0, cpu))
+    finally:
+        for tgt in targets.values():
             tgt.stop()
-
-    # One target at a time: nvmf_tgt's reactor spins on CPU 0 even when
-    # idle, so a Sluice target beside it would get half the core. Row-major:
-    # each row on every target (order reversed every repeat, the pairs on a
-    # target rotated), then the next.
-    kinds = ["spdk", "sluice", "sluice-busy"]
-    for rep in range(a.repeats):
-        for row in rows:
-            for target_kind in (kinds if rep % 2 == 0 else kinds[::-1]):
-                run_row_on(target_kind, rep, row)
 
     def med(pair, row, i):
         return statistics.median(v[i] for v in results[pair][row])
@@ -486,8 +528,8 @@ def main():
                  f"`scripts/bench-vs-spdk.sh` (SPDK {subprocess.run(['git', '-C', str(spdk), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}): "
                  f"target on CPU {TARGET_CPU}, host on CPU {HOST_CPU}, loopback, 4 KiB-block RAM/malloc "
                  f"namespace written whole first, no digests, {a.runtime} s per run"
-                 + (f" in {a.slices} slices that alternate with the other pairs' on the same target" if a.slices > 1 else "")
-                 + f", median of {a.repeats} repeats (one target at a time; each row on every target in turn, the order reversed every repeat, the pairs on a target rotated) "
+                 + (f" in {a.slices} slices that take turns with every other pair's" if a.slices > 1 else "")
+                 + f", median of {a.repeats} repeats (the three targets side by side, each stopped by SIGSTOP while another's pair runs; the pairs rotated every slice, their order reversed every repeat) "
                  f"(range in brackets); `sluice bench` engine: {a.engine or 'its default'}, "
                  f"against nvmf_tgt with `{' '.join(BENCH_TARGET_ARGS['spdk'])}`; "
                  f"TCP congestion control: the system's {system_cc}"
