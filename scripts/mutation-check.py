@@ -203,7 +203,10 @@ MUTANTS = [
      "            sub.set_access(access);\n", "            drop(access);\n",
      t("sluice-target", extra=["--test", "reload"])),
     ("reload-skips-tenants", "crates/sluice-target/src/reload.rs",
-     "        .replace_tenants(&changed)\n", "        .replace_tenants(&changed[..0])\n",
+     "        .replace_tenants(&changed, &removed)\n", "        .replace_tenants(&changed[..0], &removed)\n",
+     t("sluice-target", extra=["--test", "reload"])),
+    ("reload-keeps-removed-tenants", "crates/sluice-target/src/reload.rs",
+     "        .replace_tenants(&changed, &removed)\n", "        .replace_tenants(&changed, &removed[..0])\n",
      t("sluice-target", extra=["--test", "reload"])),
     # Exports: a Unix client's socket holds a queue of large reads' replies.
     ("nbd-unix-send-buffer-default", "crates/sluice-export/src/nbd/server.rs",

@@ -337,6 +337,7 @@ fn reload_config(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
         Ok(report) => tracing::info!(
             subsystems = report.access.len(),
             tenants = ?report.tenants,
+            tenants_removed = ?report.tenants_removed,
             "SIGHUP: {} reloaded: subsystem access and tenants replaced",
             path.display()
         ),

@@ -1,9 +1,12 @@
 //! `sluice target --config F` re-reads F on SIGHUP: a host added to a
 //! subsystem's list connects without a restart; a file that changes
 //! anything else is refused with a logged error, and the target keeps
-//! running with the access it had.
+//! running with the access it had; a tenant removed from the file is
+//! deleted, and a live connection of its host carries on in the default
+//! tenant.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use sluice_config::tenants::TenantSpec;
 use sluice_config::{Config, NamespaceConfig, SubsystemConfig, TargetSettings};
 use sluice_host::{ConnectOptions, Controller, IoFlags, ReconnectPolicy};
 use std::process::{Command, Stdio};
@@ -16,11 +19,24 @@ const LATER: &str = "nqn.2014-08.org.nvmexpress:uuid:0e1d0000-0000-4000-8000-000
 /// The target's file: `hosts` admitted, its admin endpoint (for the reload
 /// counters) on `admin_port`.
 fn config(port: u16, admin_port: u16, hosts: &[&str]) -> String {
+    config_with_tenants(port, admin_port, hosts, &[])
+}
+
+/// [`config`] with `[[tenant]]` entries: (name, its one host).
+fn config_with_tenants(
+    port: u16,
+    admin_port: u16,
+    hosts: &[&str],
+    tenant_entries: &[(&str, &str)],
+) -> String {
     let mut sc = SubsystemConfig::new(NQN).with_namespace(NamespaceConfig::ram(1, 16 << 20));
     for h in hosts {
         sc = sc.with_host(*h);
     }
     let mut tenants = sluice_config::TenantsConfig::fair();
+    for (name, host) in tenant_entries {
+        tenants = tenants.with_tenant(TenantSpec::new(*name).with_host(*host));
+    }
     tenants.settings.admin_listen = Some(format!("127.0.0.1:{admin_port}").parse().unwrap());
     Config {
         tenants,
@@ -156,4 +172,95 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(child.0.try_wait().unwrap().is_none(), "still running");
+}
+
+/// Completed writes per tenant, from the admin endpoint's metrics.
+fn tenant_writes(admin: &str) -> Vec<(String, f64)> {
+    let m = sluice_admin::client::request(admin, "GET", "/metrics", "", None).unwrap();
+    sluice_admin::metrics::parse_text(&m.body)
+        .into_iter()
+        .filter(|(name, labels, _)| {
+            name == "sluice_tenant_ios_total"
+                && labels.iter().any(|(k, v)| k == "op" && v == "write")
+        })
+        .filter_map(|(_, labels, v)| {
+            labels
+                .into_iter()
+                .find(|(k, _)| k == "tenant")
+                .map(|(_, t)| (t, v))
+        })
+        .collect()
+}
+
+#[test]
+fn sighup_deletes_a_removed_tenant_and_its_live_connection_carries_on_in_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+    let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+    let file = dir.path().join("target.toml");
+    let log = dir.path().join("target.log");
+    std::fs::write(
+        &file,
+        config_with_tenants(port, admin_port, &[FIRST], &[("gold", FIRST)]),
+    )
+    .unwrap();
+    let child = Running(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["target", "--config"])
+            .arg(&file)
+            .args(["--log", "info"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "target did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let opts = ConnectOptions {
+        hostnqn: FIRST.into(),
+        io_queues: 1,
+        command_timeout: Duration::from_secs(5),
+        reconnect: ReconnectPolicy {
+            attempts_max: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let c = rt.block_on(Controller::connect(addr, NQN, opts)).unwrap();
+    let ns = c.namespace(1).unwrap();
+    let data = vec![0x6d; 4096];
+    rt.block_on(ns.write(8, &data, IoFlags::default())).unwrap();
+    let admin = format!("127.0.0.1:{admin_port}");
+    let writes = tenant_writes(&admin);
+    assert!(writes.contains(&("gold".into(), 1.0)), "{writes:?}");
+
+    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
+    hup(child.0.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("tenants_removed=[\"gold\"]")
+    {
+        assert!(Instant::now() < deadline, "no deletion logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The same connection, not reconnected: its next commands are the
+    // default tenant's, and gold is gone from the metrics.
+    for lba in [16, 24] {
+        rt.block_on(ns.write(lba, &data, IoFlags::default()))
+            .unwrap();
+    }
+    assert_eq!(
+        rt.block_on(ns.read(8, 4096, IoFlags::default())).unwrap(),
+        data
+    );
+    let writes = tenant_writes(&admin);
+    assert!(writes.iter().all(|(t, _)| t != "gold"), "{writes:?}");
+    assert!(writes.contains(&("default".into(), 2.0)), "{writes:?}");
+    rt.block_on(c.disconnect(Duration::from_secs(2)));
 }

@@ -4,11 +4,14 @@
 //!
 //! A reload applies the subsystems' `hosts`, `allow_any_host`, `dhchap`
 //! and `require_auth`, and the `[[tenant]]` entries (new ones created,
-//! changed ones replaced whole), and nothing else: a file that differs from
-//! the configuration in force anywhere else (`[target]`, `[tenants]`, the
-//! list of subsystems, a subsystem's namespaces, serial or model, a tenant
-//! removed or its `charge_cgroup`) is refused whole, naming what differs,
-//! and nothing of it applies.
+//! changed ones replaced whole, removed ones deleted: their hosts belong
+//! to the default tenant from then on, live connections included, as a
+//! host moved between tenants does; a `default` entry removed reverts to
+//! the implicit default tenant), and nothing else: a file that differs
+//! from the configuration in force anywhere else (`[target]`, `[tenants]`,
+//! the list of subsystems, a subsystem's namespaces, serial or model, a
+//! tenant's `charge_cgroup`, or a tenant with one removed) is refused
+//! whole, naming what differs, and nothing of it applies.
 //!
 //! Applied in two steps, tenants first (the one that can still fail: the
 //! new tenants are checked against the table in force, which the admin API
@@ -34,7 +37,7 @@ pub enum ReloadError {
     #[error(
         "{what} differs from the running configuration: restart the target to apply it (a reload \
          applies only the subsystems' `hosts`, `allow_any_host`, `dhchap` and `require_auth`, and \
-         the `[[tenant]]` entries)"
+         the `[[tenant]]` entries, and deletes the tenants it no longer lists)"
     )]
     NeedsRestart { what: String },
     /// The new tenants do not fit the table in force (changed through the
@@ -50,11 +53,13 @@ pub struct ReloadReport {
     pub access: Vec<AccessChange>,
     /// Tenants created or replaced.
     pub tenants: Vec<String>,
+    /// Tenants deleted (no longer in the file).
+    pub tenants_removed: Vec<String>,
 }
 
 impl ReloadReport {
     pub fn is_empty(&self) -> bool {
-        self.access.is_empty() && self.tenants.is_empty()
+        self.access.is_empty() && self.tenants.is_empty() && self.tenants_removed.is_empty()
     }
 }
 
@@ -95,12 +100,13 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
     }
     for r in &rt.tenants {
         match nt.tenants.iter().find(|t| t.name == r.name) {
-            None => {
+            None if r.charge_cgroup.is_some() => {
                 return Some(format!(
-                    "`[[tenant]]` `{}` (removed: tenants are not deleted at run time)",
+                    "`[[tenant]]` `{}` (removed, with a `charge_cgroup`)",
                     r.name
                 ))
             }
+            None => {}
             Some(t) if t.charge_cgroup != r.charge_cgroup => {
                 return Some(format!("`[[tenant]]` `{}`: its `charge_cgroup`", r.name));
             }
@@ -170,12 +176,23 @@ fn apply(
         .filter(|t| !running.tenants.tenants.contains(t))
         .cloned()
         .collect();
-    let tenants = tenants
-        .replace_tenants(&changed)
+    let removed: Vec<String> = running
+        .tenants
+        .tenants
+        .iter()
+        .filter(|r| !new.tenants.tenants.iter().any(|t| t.name == r.name))
+        .map(|r| r.name.clone())
+        .collect();
+    let (tenants, tenants_removed) = tenants
+        .replace_tenants(&changed, &removed)
         .map_err(|e| ReloadError::Tenants(e.to_string()))?;
     let access = reg.replace_access(&running, new);
     *running = new.clone();
-    Ok(ReloadReport { access, tenants })
+    Ok(ReloadReport {
+        access,
+        tenants,
+        tenants_removed,
+    })
 }
 
 impl Registry {
@@ -297,17 +314,19 @@ mod tests {
             needs_restart(&running, &tenants).as_deref(),
             Some("`[tenants]`")
         );
-        // Tenants may be added and changed, not removed, and their
-        // `charge_cgroup` stays.
+        // Tenants may be added, changed and removed; their `charge_cgroup`
+        // stays, and one with a `charge_cgroup` stays too.
         let mut gold = tenants.clone();
         gold.tenants
             .tenants
             .push(sluice_config::tenants::TenantSpec::new("gold"));
         assert_eq!(needs_restart(&tenants, &gold), None);
-        assert!(needs_restart(&gold, &tenants).is_some_and(|w| w.contains("removed")));
+        assert_eq!(needs_restart(&gold, &tenants), None);
         let mut charged = gold.clone();
         charged.tenants.tenants[0].charge_cgroup = Some("/sys/fs/cgroup/cpu/gold".into());
         assert!(needs_restart(&gold, &charged).is_some_and(|w| w.contains("charge_cgroup")));
+        assert!(needs_restart(&charged, &tenants)
+            .is_some_and(|w| w.contains("`gold` (removed, with a `charge_cgroup`)")));
     }
 
     #[test]

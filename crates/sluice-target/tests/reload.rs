@@ -2,7 +2,7 @@
 //! tenants, while the target runs: a host added connects; a host removed is
 //! refused at its next Connect and its live controller is failed, its
 //! queues closing at their next check; data it wrote stays; tenants are
-//! created and replaced, a host may move between them; a file that changes
+//! created, replaced and deleted, a host may move between them; a file that changes
 //! anything a reload cannot apply is refused whole and changes nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -199,16 +199,81 @@ fn reload_creates_and_replaces_tenants() {
     let g = t.spec(t.id("gold").unwrap()).unwrap();
     assert_eq!(g.limit, RateSpec::default());
 
-    // Removing a tenant needs a restart: nothing of that file applies.
+    // Removing a tenant deletes it: its hosts belong to the default tenant
+    // from then on, and the access change of the same file applies.
+    let gold_id = tenants.table().id("gold").unwrap();
     let mut removed = moved.clone();
-    removed.tenants.tenants.remove(0);
+    removed.tenants.tenants.remove(1);
     removed.subsystems[0].hosts.retain(|h| h != OTHER);
-    match reload(&reg, &tenants, &removed) {
-        Err(ReloadError::NeedsRestart { what }) => assert!(what.contains("silver"), "{what}"),
+    let removed = removed.validated().unwrap();
+    let report = reload(&reg, &tenants, &removed).unwrap();
+    assert_eq!(report.tenants_removed, vec!["gold".to_string()]);
+    assert_eq!(report.tenants, Vec::<String>::new());
+    assert_eq!(report.access.len(), 1);
+    assert_eq!(
+        (of(HOSTNQN), of(OTHER)),
+        ("default".into(), "default".into())
+    );
+    let t = tenants.table();
+    assert_eq!((t.id("gold"), t.spec(gold_id)), (None, None));
+    assert!(!tenants.tenants_json().contains("gold"));
+    assert!(refused(&admin_as(&reg, OTHER).1));
+    // The same file again changes nothing; gold listed again is a new
+    // tenant (a new id: the old one's counters stay with it).
+    assert!(reload(&reg, &tenants, &removed).unwrap().is_empty());
+    let report = reload(&reg, &tenants, &moved).unwrap();
+    assert_eq!(report.tenants, vec!["gold".to_string()]);
+    let t = tenants.table();
+    assert_ne!(t.id("gold"), Some(gold_id));
+    assert_eq!(of(HOSTNQN), "gold");
+}
+
+/// A `default` entry removed from the file reverts to the implicit default
+/// tenant (no limit), in the same slot; a tenant with a `charge_cgroup`
+/// cannot be removed without a restart.
+#[test]
+fn removing_the_default_entry_restores_the_implicit_default() {
+    use sluice_config::tenants::{RateSpec, TenantSpec, TenantsConfig};
+    let mut before = config_in("immediate", default_ns());
+    before.tenants = TenantsConfig::fair();
+    before.tenants.tenants.push(TenantSpec {
+        limit: RateSpec {
+            iops: Some(500),
+            ..RateSpec::default()
+        },
+        ..TenantSpec::new("default")
+    });
+    let before = before.validated().unwrap();
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let id = tenants.table().id("default").unwrap();
+    let mut after = before.clone();
+    after.tenants.tenants.clear();
+    let after = after.validated().unwrap();
+    let report = reload(&reg, &tenants, &after).unwrap();
+    assert_eq!(report.tenants_removed, vec!["default".to_string()]);
+    let t = tenants.table();
+    assert_eq!(t.id("default"), Some(id));
+    assert_eq!(t.tenant_of(Some(HOSTNQN)), id);
+    assert_eq!(t.spec(id).unwrap().limit, RateSpec::default());
+
+    let mut charged = before.clone();
+    charged.tenants.tenants.push(TenantSpec {
+        charge_cgroup: Some("sluice-test".into()),
+        ..TenantSpec::new("cg")
+    });
+    let reg = registry(&charged);
+    let tenants = TenantRuntime::new(&charged, &reg);
+    match reload(&reg, &tenants, &before) {
+        Err(ReloadError::NeedsRestart { what }) => {
+            assert!(
+                what.contains("`cg` (removed, with a `charge_cgroup`)"),
+                "{what}"
+            )
+        }
         other => panic!("{other:?}"),
     }
-    assert!(admin_as(&reg, OTHER).1.status().is_success());
-    assert_eq!(of(OTHER), "gold");
+    assert!(tenants.table().id("cg").is_some());
 }
 
 /// A file whose tenants no longer fit the table the admin API changed

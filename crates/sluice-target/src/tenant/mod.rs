@@ -449,14 +449,33 @@ impl TenantRuntime {
     }
 
     /// Makes each of `specs` the tenant of its name, creating those that do
-    /// not exist, in one new table (a configuration reload): checked as a
-    /// whole, so a host may move from one tenant to another. Names of the
-    /// tenants that changed.
-    pub fn replace_tenants(&self, specs: &[TenantSpec]) -> Result<Vec<String>, UpdateError> {
+    /// not exist, and deletes the tenants named in `remove`, in one new
+    /// table (a configuration reload): checked as a whole, so a host may
+    /// move from one tenant to another. A deleted tenant's hosts belong to
+    /// the default tenant (live connections take the new table at their
+    /// next command); its id is not reused until a restart, so its counters
+    /// and scheduler state never pass to another tenant; the `default`
+    /// tenant, removed, reverts to the implicit one. Names of the tenants
+    /// that changed, and of those deleted.
+    pub fn replace_tenants(
+        &self,
+        specs: &[TenantSpec],
+        remove: &[String],
+    ) -> Result<(Vec<String>, Vec<String>), UpdateError> {
         let mut guard = write(&self.table);
         let cur = guard.clone();
         let mut tenants = cur.tenants.clone();
         let mut changed = Vec::new();
+        let mut removed = Vec::new();
+        for name in remove {
+            let Some(i) = cur.id(name) else { continue };
+            tenants[i as usize] = if name == DEFAULT_TENANT {
+                Some(TenantSpec::implicit_default())
+            } else {
+                None
+            };
+            removed.push(name.clone());
+        }
         for spec in specs {
             match cur.id(&spec.name) {
                 Some(i) if cur.spec(i) == Some(spec) => continue,
@@ -472,12 +491,12 @@ impl TenantRuntime {
             }
             changed.push(spec.name.clone());
         }
-        if changed.is_empty() {
-            return Ok(changed);
+        if changed.is_empty() && removed.is_empty() {
+            return Ok((changed, removed));
         }
         self.install(&mut guard, cur.generation, tenants)?;
-        tracing::info!(tenants = ?changed, "tenants replaced by a reload");
-        Ok(changed)
+        tracing::info!(tenants = ?changed, removed = ?removed, "tenants replaced by a reload");
+        Ok((changed, removed))
     }
 
     /// The tenants as JSON.
