@@ -86,20 +86,39 @@ pub trait TenantApi: Send + Sync + 'static {
         body: &str,
         create: bool,
     ) -> Result<serde_json::Value, TenantUpdateError>;
+    /// Deletes tenant `name` (`DELETE`): `Unknown` if there is none,
+    /// `Invalid` if it may not be deleted (the default tenant, say).
+    fn delete(&self, name: &str) -> Result<(), TenantUpdateError>;
 }
 
 type Api = Arc<dyn TenantApi>;
 
 /// The tenant table: `GET /v1/tenants`, `GET /v1/tenants/{name}`,
-/// `PUT|POST /v1/tenants/{name}`, and the pre-v1 paths `GET /tenants`,
-/// `PUT|POST /tenants/{name}` with the same behaviour.
+/// `PUT|POST|DELETE /v1/tenants/{name}`, and the pre-v1 paths `GET
+/// /tenants`, `PUT|POST|DELETE /tenants/{name}` with the same behaviour.
 pub fn tenants(api: Api) -> Router {
     Router::new()
         .route("/v1/tenants", get(list))
         .route("/tenants", get(list))
-        .route("/v1/tenants/{name}", get(one).put(put).post(post))
-        .route("/tenants/{name}", axum::routing::put(put).post(post))
+        .route(
+            "/v1/tenants/{name}",
+            get(one).put(put).post(post).delete(delete),
+        )
+        .route(
+            "/tenants/{name}",
+            axum::routing::put(put).post(post).delete(delete),
+        )
         .with_state(api)
+}
+
+/// `204` once deleted, `404` for an unknown tenant, `400` for one that may
+/// not be deleted.
+async fn delete(State(api): State<Api>, Path(name): Path<String>) -> Response {
+    match api.delete(&name) {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e @ TenantUpdateError::Unknown(_)) => json_error(StatusCode::NOT_FOUND, &e.to_string()),
+        Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
 }
 
 async fn list(State(api): State<Api>) -> Response {

@@ -60,6 +60,20 @@ impl TenantApi for Table {
         }
         Ok(serde_json::json!({"name": name, "weight": w}))
     }
+    fn delete(&self, name: &str) -> Result<(), TenantUpdateError> {
+        if name == "default" {
+            return Err(TenantUpdateError::Invalid(
+                "the default tenant cannot be deleted".into(),
+            ));
+        }
+        let mut t = self.0.lock().unwrap();
+        let before = t.len();
+        t.retain(|x| x.0 != name);
+        if t.len() == before {
+            return Err(TenantUpdateError::Unknown(name.into()));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug)]
@@ -383,8 +397,16 @@ fn tenant_updates_keep_their_semantics() {
     assert_eq!(r.status, 200);
     let r = request(&addr, "GET", "/v1/tenants/none", "", None).unwrap();
     assert_eq!(r.status, 404);
-    let r = request(&addr, "DELETE", "/v1/tenants/gold", "", None).unwrap();
+    let r = request(&addr, "PATCH", "/v1/tenants/gold", "", None).unwrap();
     assert_eq!(r.status, 405);
+    let r = request(&addr, "DELETE", "/v1/tenants/default", "", None).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("cannot be deleted"), "{}", r.body);
+    let r = request(&addr, "DELETE", "/v1/tenants/gold", "", None).unwrap();
+    assert_eq!((r.status, r.body.as_str()), (204, ""));
+    assert!(table.0.lock().unwrap().is_empty());
+    let r = request(&addr, "DELETE", "/tenants/gold", "", None).unwrap();
+    assert_eq!(r.status, 404, "{}", r.body);
 }
 
 #[test]

@@ -116,6 +116,24 @@ fn admin_endpoint_with_token() {
     let gold = stats.tenants.iter().find(|t| t.name == "gold").unwrap();
     assert_eq!(gold.weight, 6);
     assert_eq!(stats.generation, 2);
+    // Deleting: the default tenant cannot go; gold can, once.
+    let r = request(&admin, "DELETE", "/v1/tenants/default", "", tok).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("tenant[default]"), "{}", r.body);
+    let r = request(&admin, "DELETE", "/v1/tenants/gold", "", tok).unwrap();
+    assert_eq!(r.status, 204, "{}", r.body);
+    for (method, path) in [("GET", "/v1/tenants/gold"), ("DELETE", "/tenants/gold")] {
+        let r = request(&admin, method, path, "", tok).unwrap();
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.body);
+    }
+    let m = request(&admin, "GET", "/metrics", "", tok).unwrap();
+    assert!(!m.body.contains("tenant=\"gold\""), "{}", m.body);
+    assert!(
+        t.tenants()
+            .table()
+            .tenant_of(Some("nqn.2014-08.org.nvmexpress:uuid:gold"))
+            == t.tenants().table().id("default").unwrap()
+    );
     t.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }

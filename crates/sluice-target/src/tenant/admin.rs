@@ -17,7 +17,9 @@
 //!   tenant from a JSON object with any of `hosts`, `weight`,
 //!   `reservation`, `limit`, `cpu_share`; `POST`: update an existing one
 //!   (404 if unknown). A bad update gets `400` with the error naming the
-//!   key and leaves the running table unchanged.
+//!   key and leaves the running table unchanged. `DELETE`: deletes a
+//!   tenant (`204`; `404` if unknown; `400` for the default tenant and for
+//!   one with a `charge_cgroup`); its hosts fall to the default tenant.
 //!
 //! Limits: 64 KiB bodies (413), 16 KiB request heads (431), 5 s to send
 //! the head, 10 s per request (408), 64 connections at once. With
@@ -141,6 +143,14 @@ impl TenantApi for Tenants {
         match res {
             Ok(spec) => serde_json::to_value(spec)
                 .map_err(|e| TenantUpdateError::Invalid(format!("cannot encode the tenant: {e}"))),
+            Err(UpdateError::Unknown(n)) => Err(TenantUpdateError::Unknown(n)),
+            Err(e) => Err(TenantUpdateError::Invalid(e.to_string())),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<(), TenantUpdateError> {
+        match self.0.delete(name) {
+            Ok(()) => Ok(()),
             Err(UpdateError::Unknown(n)) => Err(TenantUpdateError::Unknown(n)),
             Err(e) => Err(TenantUpdateError::Invalid(e.to_string())),
         }

@@ -499,6 +499,39 @@ impl TenantRuntime {
         Ok((changed, removed))
     }
 
+    /// Deletes tenant `name` (the admin API's `DELETE`), as a reload that
+    /// no longer lists it does ([`Self::replace_tenants`]). The default
+    /// tenant cannot be deleted, nor one with a `charge_cgroup` (its CPU
+    /// charging holds its id until a restart).
+    pub fn delete(&self, name: &str) -> Result<(), UpdateError> {
+        let t = self.table();
+        let id = t
+            .id(name)
+            .ok_or_else(|| UpdateError::Unknown(name.into()))?;
+        let key = format!("tenant[{name}]");
+        if name == self.default_name || name == DEFAULT_TENANT {
+            return Err(ConfigError {
+                key,
+                reason: "is the default tenant, which cannot be deleted".into(),
+            }
+            .into());
+        }
+        if t.spec(id).is_some_and(|s| s.charge_cgroup.is_some()) {
+            return Err(ConfigError {
+                key: format!("{key}.charge_cgroup"),
+                reason: "is set: a tenant charged to a cgroup is deleted by a restart".into(),
+            }
+            .into());
+        }
+        let (_, removed) = self.replace_tenants(&[], &[name.to_string()])?;
+        if removed.is_empty() {
+            // Deleted by another request since the table was read.
+            return Err(UpdateError::Unknown(name.into()));
+        }
+        tracing::info!(tenant = name, "tenant deleted");
+        Ok(())
+    }
+
     /// The tenants as JSON.
     pub fn tenants_json(&self) -> String {
         let t = self.table();
@@ -512,6 +545,45 @@ mod tests {
     use super::*;
     use sluice_config::tenants::TenantsConfig;
     use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
+
+    #[test]
+    fn deletion_spares_the_default_and_charged_tenants() {
+        let c = Config::default()
+            .with_subsystem(
+                SubsystemConfig::new("nqn.2026-11.io.sluice:t")
+                    .allow_any_host()
+                    .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+            )
+            .with_tenants(
+                TenantsConfig::fair()
+                    .with_tenant(TenantSpec::new("a").with_host("nqn.x:a"))
+                    .with_tenant(TenantSpec::new("cg").with_charge_cgroup("/sys/fs/cgroup/cpu/x")),
+            );
+        let reg = Registry::build(&c).expect("registry");
+        let rt = TenantRuntime::new(&c, &reg);
+        let g0 = rt.generation();
+        for (name, words) in [
+            ("default", "cannot be deleted"),
+            ("cg", "charge_cgroup"),
+            ("zz", "unknown tenant `zz`"),
+        ] {
+            let e = rt.delete(name).expect_err(name).to_string();
+            assert!(e.contains(words), "{name}: {e}");
+        }
+        assert_eq!(rt.generation(), g0, "refusals change nothing");
+        let a = rt.table().id("a").expect("a");
+        rt.delete("a").expect("deleted");
+        let t = rt.table();
+        assert_eq!((t.id("a"), t.spec(a)), (None, None));
+        assert_eq!(
+            t.tenant_of(Some("nqn.x:a")),
+            t.id("default").expect("default")
+        );
+        assert!(matches!(rt.delete("a"), Err(UpdateError::Unknown(_))));
+        // A new tenant of the same name takes a new id.
+        rt.update_json("a", "{}").expect("created");
+        assert_ne!(rt.table().id("a"), Some(a));
+    }
 
     #[test]
     fn updates_are_validated_and_atomic() {
