@@ -43,7 +43,12 @@ the same phases of the machine: its copies have slow phases lasting
 seconds, and it drifts 2-3x over minutes (docs/benchmarks.md). Tables
 before 2026-12-07 12:00 UTC ran one target at a time, so their ratios
 across targets (every goal's) compared runs up to a minute apart. Ratios
-are taken within each repeat and reported as their median and range.
+are taken within each repeat and reported as their median and range. With
+--slices K > 1 a second table takes the goals' ratios per slice round
+instead (the two pairs' slices of one round, some 10 s apart at most),
+with their median and interquartile range over all rounds: the machine's
+slow spells make each slice fast or slow for every pair alike, and a
+repeat whose pair caught one more slow slice moves its ratio by 10-20 %.
 CPU: the target's and the host's CPU-seconds over the
 host's measured run only (read from /proc every 10 ms, CpuTrace): for
 spdk_nvme_perf from its "Launching workers" line for the run time, for
@@ -429,6 +434,8 @@ def main():
              "bench-int>sluice", "bench-spin2>sluice", "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
+    # slices[pair][row][(repeat, slice)] = (iops, mib_s, cpu_s both sides)
+    slices = {p: {r: {} for r in rows} for p in pairs}
     # All three targets run side by side on CPU 0, each stopped (SIGSTOP)
     # while a pair on another runs: nvmf_tgt's reactor spins on its core
     # even when idle (and so does the busy-poll Sluice target), so a target
@@ -495,6 +502,7 @@ def main():
                         sums[1] += mib * slice_s
                         sums[2] += lat * iops * slice_s
                         sums[3] += hcpu + tcpu
+                        slices[pair][row][(rep, sl)] = (iops, mib, hcpu + tcpu)
                         tag = f" slice {sl + 1}" if a.slices > 1 else ""
                         print(f"  repeat {rep + 1}{tag} {row:18} {pair:22} {fmt_iops(iops):>6} IOPS "
                               f"{mib:8.1f} MiB/s {lat:8.1f} µs  cpu {hcpu + tcpu:5.2f} s", flush=True)
@@ -567,6 +575,39 @@ def main():
                      f"{cpu_ratio('bench-int>sluice', 'perf>spdk', row)} | "
                      f"{ratio('bench-spin2>sluice', 'perf>spdk', row, i)} | "
                      f"{cpu_ratio('bench-spin2>sluice', 'perf>spdk', row)} |")
+    # The machine's slow phases come in spells of seconds (docs/benchmarks.md):
+    # a slice is fast or slow for every pair alike, and a pair that caught one
+    # more slow slice than another loses 10-20 % of a repeat's ratio. Ratios
+    # of the two pairs' runs in the same slice round (at most a round, some
+    # 10 s, apart), over every round, are the steadier estimate.
+    def slice_ratios(num, den, row, per_cpu=False):
+        i = 1 if ROWS[row]["bs"] > 4096 else 0
+        rs = []
+        for key, n in slices[num][row].items():
+            d = slices[den][row].get(key)
+            if d is None or d[i] <= 0 or (per_cpu and (n[2] <= 0 or d[2] <= 0)):
+                continue
+            rs.append((n[i] / n[2]) / (d[i] / d[2]) if per_cpu else n[i] / d[i])
+        if not rs:
+            return "-"
+        q = statistics.quantiles(rs, n=4) if len(rs) > 1 else [rs[0]] * 3
+        return f"{statistics.median(rs):.2f} ({q[0]:.2f}-{q[2]:.2f})"
+
+    if a.slices > 1:
+        lines.append("")
+        lines.append("Ratios per slice round (the two pairs' slices in the same round), median "
+                     "(interquartile range) over all rounds:")
+        lines.append("")
+        cols = [("perf>sluice", "perf>spdk", False), ("bench>spdk", "perf>spdk", False),
+                ("bench-busy>spdk", "bench>spdk", False), ("bench>sluice", "perf>spdk", False),
+                ("bench-busy>sluice-busy", "bench>sluice", False), ("bench>sluice", "perf>spdk", True),
+                ("bench-spin2>sluice", "perf>spdk", True)]
+        lines.append("| workload | " + " | ".join(
+            f"{n} / {d}" + (" per CPU-s" if c else "") for n, d, c in cols) + " |")
+        lines.append("|---|" + "---|" * len(cols))
+        for row in rows:
+            lines.append(f"| {ROWS[row]['label']} | "
+                         + " | ".join(slice_ratios(n, d, row, c) for n, d, c in cols) + " |")
     table = "\n".join(lines)
     print()
     print(table)
