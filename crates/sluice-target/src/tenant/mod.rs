@@ -495,7 +495,7 @@ impl TenantRuntime {
             return Ok((changed, removed));
         }
         self.install(&mut guard, cur.generation, tenants)?;
-        tracing::info!(tenants = ?changed, removed = ?removed, "tenants replaced by a reload");
+        tracing::info!(tenants = ?changed, removed = ?removed, "tenant table replaced");
         Ok((changed, removed))
     }
 
