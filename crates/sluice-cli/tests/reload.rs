@@ -65,6 +65,50 @@ impl Drop for Running {
     }
 }
 
+/// Starts `sluice target --config file` (log at info into `log`) and
+/// waits until it listens on `port`.
+fn start_target(file: &std::path::Path, log: &std::path::Path, port: u16) -> Running {
+    let child = Running(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["target", "--config"])
+            .arg(file)
+            .args(["--log", "info"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "target did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// One I/O queue as `host`, no reconnection.
+fn options(host: &str) -> ConnectOptions {
+    ConnectOptions {
+        hostnqn: host.into(),
+        io_queues: 1,
+        command_timeout: Duration::from_secs(5),
+        reconnect: ReconnectPolicy {
+            attempts_max: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Waits (10 s at most) until the target's log holds `text`.
+fn wait_logged(log: &std::path::Path, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(log).unwrap().contains(text) {
+        assert!(Instant::now() < deadline, "`{text}` never logged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn hup(pid: u32) {
     let st = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -81,36 +125,10 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     let file = dir.path().join("target.toml");
     let log = dir.path().join("target.log");
     std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
-    let mut child = Running(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["target", "--config"])
-            .arg(&file)
-            .args(["--log", "info"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = start_target(&file, &log, port);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "target did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let connect = |host: &str| {
-        let opts = ConnectOptions {
-            hostnqn: host.into(),
-            io_queues: 1,
-            command_timeout: Duration::from_secs(5),
-            reconnect: ReconnectPolicy {
-                attempts_max: 0,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        rt.block_on(Controller::connect(addr, NQN, opts))
-    };
+    let connect = |host: &str| rt.block_on(Controller::connect(addr, NQN, options(host)));
     assert!(connect(LATER).is_err(), "not listed yet");
 
     std::fs::write(&file, config(port, admin_port, &[FIRST, LATER])).unwrap();
@@ -137,14 +155,7 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
     // list that came with it.
     std::fs::write(&file, config(port + 1, admin_port, &[FIRST])).unwrap();
     hup(child.0.id());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log)
-        .unwrap()
-        .contains("SIGHUP: reload of")
-    {
-        assert!(Instant::now() < deadline, "no refusal logged");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_logged(&log, "SIGHUP: reload of");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("`[target]` differs"), "{text}");
     let c = connect(LATER).expect("access unchanged by the refused file");
@@ -204,34 +215,12 @@ fn sighup_deletes_a_removed_tenant_and_its_live_connection_carries_on_in_the_def
         config_with_tenants(port, admin_port, &[FIRST], &[("gold", FIRST)]),
     )
     .unwrap();
-    let child = Running(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["target", "--config"])
-            .arg(&file)
-            .args(["--log", "info"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let child = start_target(&file, &log, port);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(Instant::now() < deadline, "target did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let opts = ConnectOptions {
-        hostnqn: FIRST.into(),
-        io_queues: 1,
-        command_timeout: Duration::from_secs(5),
-        reconnect: ReconnectPolicy {
-            attempts_max: 0,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let c = rt.block_on(Controller::connect(addr, NQN, opts)).unwrap();
+    let c = rt
+        .block_on(Controller::connect(addr, NQN, options(FIRST)))
+        .unwrap();
     let ns = c.namespace(1).unwrap();
     let data = vec![0x6d; 4096];
     rt.block_on(ns.write(8, &data, IoFlags::default())).unwrap();
@@ -241,14 +230,7 @@ fn sighup_deletes_a_removed_tenant_and_its_live_connection_carries_on_in_the_def
 
     std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
     hup(child.0.id());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&log)
-        .unwrap()
-        .contains("tenants_removed=[\"gold\"]")
-    {
-        assert!(Instant::now() < deadline, "no deletion logged");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_logged(&log, "tenants_removed=[\"gold\"]");
     // The same connection, not reconnected: its next commands are the
     // default tenant's, and gold is gone from the metrics.
     for lba in [16, 24] {

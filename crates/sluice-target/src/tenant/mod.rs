@@ -546,8 +546,10 @@ mod tests {
     use sluice_config::tenants::TenantsConfig;
     use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
 
-    #[test]
-    fn deletion_spares_the_default_and_charged_tenants() {
+    /// A runtime over one open subsystem and tenant `a` (host `nqn.x:a`)
+    /// beside `other`; `validate` checks the file's rules first (a
+    /// `charge_cgroup` must exist then).
+    fn runtime_with(other: TenantSpec, validate: bool) -> TenantRuntime {
         let c = Config::default()
             .with_subsystem(
                 SubsystemConfig::new("nqn.2026-11.io.sluice:t")
@@ -557,10 +559,23 @@ mod tests {
             .with_tenants(
                 TenantsConfig::fair()
                     .with_tenant(TenantSpec::new("a").with_host("nqn.x:a"))
-                    .with_tenant(TenantSpec::new("cg").with_charge_cgroup("/sys/fs/cgroup/cpu/x")),
+                    .with_tenant(other),
             );
+        let c = if validate {
+            c.validated().expect("valid")
+        } else {
+            c
+        };
         let reg = Registry::build(&c).expect("registry");
-        let rt = TenantRuntime::new(&c, &reg);
+        TenantRuntime::new(&c, &reg)
+    }
+
+    #[test]
+    fn deletion_spares_the_default_and_charged_tenants() {
+        let rt = runtime_with(
+            TenantSpec::new("cg").with_charge_cgroup("/sys/fs/cgroup/cpu/x"),
+            false,
+        );
         let g0 = rt.generation();
         for (name, words) in [
             ("default", "cannot be deleted"),
@@ -587,21 +602,7 @@ mod tests {
 
     #[test]
     fn updates_are_validated_and_atomic() {
-        let c = Config::default()
-            .with_subsystem(
-                SubsystemConfig::new("nqn.2026-11.io.sluice:t")
-                    .allow_any_host()
-                    .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
-            )
-            .with_tenants(
-                TenantsConfig::fair()
-                    .with_tenant(TenantSpec::new("a").with_host("nqn.x:a"))
-                    .with_tenant(TenantSpec::new("b").with_host("nqn.x:b")),
-            )
-            .validated()
-            .expect("valid");
-        let reg = Registry::build(&c).expect("registry");
-        let rt = TenantRuntime::new(&c, &reg);
+        let rt = runtime_with(TenantSpec::new("b").with_host("nqn.x:b"), true);
         let g0 = rt.generation();
         let a = rt
             .update_json("a", r#"{"weight": 3, "limit": {"iops": 100}}"#)
