@@ -477,26 +477,17 @@ def main():
                         host, kind = pair.split(">")
                         tgt = targets[kind]
                         args = BENCH_HOST_ARGS.get(host, []) + BENCH_TARGET_ARGS.get(kind, [])
-                        for attempt in (1, 2):
-                            tgt.ready(PORTS[kind])
-                            try:
-                                if host == "perf":
-                                    iops, mib, lat, hcpu, tcpu = run_perf(
-                                        spdk, PORTS[kind], NQNS[kind], row, slice_s, tgt.p.pid)
-                                else:
-                                    iops, mib, lat, hcpu, tcpu = run_bench(
-                                        PORTS[kind], NQNS[kind], row, slice_s, args, a.engine,
-                                        tgt.p.pid)
-                                break
-                            except RuntimeError as e:
-                                # A failed run measures nothing: it runs again
-                                # once, said loudly.
-                                if attempt == 2:
-                                    raise
-                                print(f"  {pair} failed, running it again: {str(e)[-300:]}",
-                                      flush=True)
-                            finally:
-                                tgt.pause()
+                        tgt.ready(PORTS[kind])
+                        try:
+                            if host == "perf":
+                                iops, mib, lat, hcpu, tcpu = run_perf(
+                                    spdk, PORTS[kind], NQNS[kind], row, slice_s, tgt.p.pid)
+                            else:
+                                iops, mib, lat, hcpu, tcpu = run_bench(
+                                    PORTS[kind], NQNS[kind], row, slice_s, args, a.engine,
+                                    tgt.p.pid)
+                        finally:
+                            tgt.pause()
                         sums = acc[pair]
                         sums[0] += iops * slice_s
                         sums[1] += mib * slice_s
