@@ -420,17 +420,16 @@ impl TenantRuntime {
                 tenants.push(Some(spec.clone()));
             }
         }
-        self.install(&mut guard, cur.generation, tenants)?;
+        self.install(&mut guard, tenants)?;
         tracing::info!(tenant = name, ?spec, "tenant updated");
         Ok(spec)
     }
 
     /// Checks `tenants` as a whole and makes them the table in force, one
-    /// generation after `generation` (the caller holds the table's lock).
+    /// generation after the one the caller holds the lock of.
     fn install(
         &self,
         guard: &mut std::sync::RwLockWriteGuard<'_, Arc<TenantTable>>,
-        generation: u64,
         tenants: Vec<Option<TenantSpec>>,
     ) -> Result<(), UpdateError> {
         let all: Vec<TenantSpec> = tenants.iter().flatten().cloned().collect();
@@ -438,7 +437,7 @@ impl TenantRuntime {
         let table = Arc::new(TenantTable::build(
             tenants,
             &self.default_name,
-            generation + 1,
+            guard.generation + 1,
         ));
         self.apply_table(&table, Instant::now());
         let generation = table.generation;
@@ -494,7 +493,7 @@ impl TenantRuntime {
         if changed.is_empty() && removed.is_empty() {
             return Ok((changed, removed));
         }
-        self.install(&mut guard, cur.generation, tenants)?;
+        self.install(&mut guard, tenants)?;
         tracing::info!(tenants = ?changed, removed = ?removed, "tenant table replaced");
         Ok((changed, removed))
     }
