@@ -14,7 +14,8 @@ pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
     /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP:
     /// changed host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries
-    /// apply without a restart; any other change is refused and logged.
+    /// (a tenant no longer listed is deleted) apply without a restart; any
+    /// other change is refused and logged.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// I/O listen address (overrides the file).
