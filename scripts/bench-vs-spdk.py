@@ -26,6 +26,11 @@ without touching memory, and a first write faults its chunk in). The pairs:
                  epoll) -> sluice target (adaptive): one host setting that
                  spins where a wake-up would cost a round trip (QD 1) and
                  sleeps where one serves a batch
+  bench-batch>sluice  sluice bench (adaptive, --wake-batch-min 256KiB: while
+                 at least 256 KiB of read data is due it does not spin, and
+                 sleeps until half of it has arrived) -> sluice target
+                 (adaptive): spins like the adaptive host at 4 KiB (32 reads
+                 in flight are 131 KiB), sleeps in batches at 128 KiB
   bench-busy>sluice-busy  both in busy-poll mode (as the SPDK pair always is)
 
 and the rows: 4 KiB randread QD 32, 4 KiB randwrite QD 32, 4 KiB randread
@@ -110,6 +115,7 @@ BENCH_HOST_ARGS = {
     "bench-busy": ["--polling", "busy-poll"],
     "bench-int": ["--polling", "interrupt"],
     "bench-spin2": ["--polling", "adaptive", "--spin-depth-max", "2"],
+    "bench-batch": ["--polling", "adaptive", "--wake-batch-min", "256KiB"],
 }
 # What every `sluice bench` pair adds against a target, by its kind. Against
 # nvmf_tgt the host writes a turn's commands 8 at a time: nvmf_tgt has time
@@ -431,7 +437,7 @@ def main():
 
     work = tempfile.mkdtemp(prefix="bench-vs-spdk.")
     pairs = ["perf>spdk", "perf>sluice", "bench>spdk", "bench-busy>spdk", "bench>sluice",
-             "bench-int>sluice", "bench-spin2>sluice", "bench-busy>sluice-busy"]
+             "bench-int>sluice", "bench-spin2>sluice", "bench-batch>sluice", "bench-busy>sluice-busy"]
     # results[pair][row] = list of (iops, mib_s, lat_us, cpu_s_both)
     results = {p: {r: [] for r in rows} for p in pairs}
     # slices[pair][row][(repeat, slice)] = (iops, mib_s, cpu_s both sides)
@@ -552,8 +558,9 @@ def main():
                  "| bench>sluice / perf>spdk | bench-busy>sluice-busy / perf>spdk "
                  "| IOPS per CPU-s, SPDK pair | IOPS per CPU-s, Sluice pair (adaptive) | per CPU-s, Sluice / SPDK "
                  "| bench-int>sluice / perf>spdk | per CPU-s, Sluice (bench interrupt) / SPDK "
-                 "| bench-spin2>sluice / perf>spdk | per CPU-s, Sluice (bench spin2) / SPDK |")
-    lines.append("|---|" + "---|" * 12)
+                 "| bench-spin2>sluice / perf>spdk | per CPU-s, Sluice (bench spin2) / SPDK "
+                 "| bench-batch>sluice / perf>spdk | per CPU-s, Sluice (bench batch) / SPDK |")
+    lines.append("|---|" + "---|" * 14)
     for row in rows:
         i = 1 if ROWS[row]["bs"] > 4096 else 0
         cells = [ratio("perf>sluice", "perf>spdk", row, i), ratio("bench>spdk", "perf>spdk", row, i),
@@ -565,7 +572,9 @@ def main():
                      f"{ratio('bench-int>sluice', 'perf>spdk', row, i)} | "
                      f"{cpu_ratio('bench-int>sluice', 'perf>spdk', row)} | "
                      f"{ratio('bench-spin2>sluice', 'perf>spdk', row, i)} | "
-                     f"{cpu_ratio('bench-spin2>sluice', 'perf>spdk', row)} |")
+                     f"{cpu_ratio('bench-spin2>sluice', 'perf>spdk', row)} | "
+                     f"{ratio('bench-batch>sluice', 'perf>spdk', row, i)} | "
+                     f"{cpu_ratio('bench-batch>sluice', 'perf>spdk', row)} |")
     # The machine's slow phases come in spells of seconds (docs/benchmarks.md):
     # a slice is fast or slow for every pair alike, and a pair that caught one
     # more slow slice than another loses 10-20 % of a repeat's ratio. Ratios
@@ -592,7 +601,8 @@ def main():
         cols = [("perf>sluice", "perf>spdk", False), ("bench>spdk", "perf>spdk", False),
                 ("bench-busy>spdk", "bench>spdk", False), ("bench>sluice", "perf>spdk", False),
                 ("bench-busy>sluice-busy", "bench>sluice", False), ("bench>sluice", "perf>spdk", True),
-                ("bench-spin2>sluice", "perf>spdk", True)]
+                ("bench-spin2>sluice", "perf>spdk", True), ("bench-batch>sluice", "perf>spdk", False),
+                ("bench-batch>sluice", "perf>spdk", True)]
         lines.append("| workload | " + " | ".join(
             f"{n} / {d}" + (" per CPU-s" if c else "") for n, d, c in cols) + " |")
         lines.append("|---|" + "---|" * len(cols))

@@ -18,7 +18,9 @@
 //! then waits in epoll, `interrupt` waits in
 //! epoll (at most 1 ms, or until the next rate-limited I/O is due).
 //! `--spin-depth-max N` makes `adaptive` spin only while at most N I/Os
-//! are outstanding ([`DirectPolling`]).
+//! are outstanding, `--wake-batch-min SIZE` only while less than SIZE of
+//! data is due, and makes a sleep with that much due last until half of
+//! it has arrived ([`DirectPolling`]).
 //! With `batch=1` the slots go out together as one batch whose last I/O
 //! carries the Barrier hint, and the next batch waits for all of them.
 //!
@@ -67,6 +69,13 @@ pub(crate) struct DirectPolling {
     /// of completions and the spin only burns the core. `None`: spin at
     /// any depth.
     pub(crate) spin_depth_max: Option<usize>,
+    /// Batched wake-ups: while at least this many bytes are due from the
+    /// target, the loop does not spin (adaptive), and its sleeps last
+    /// until half of them have arrived
+    /// ([`DirectQueue::set_wake_batch_min`]). With large reads in flight a
+    /// spin only burns the core while the data streams in, and a sleep
+    /// that ends at the first segment wakes once per segment. `None`: off.
+    pub(crate) wake_batch_min_bytes: Option<usize>,
     /// Write the turn's new commands every this many submissions (0: all
     /// at the end of the turn, in one write). At QD 32 a turn resubmits a
     /// whole batch of completions; written at once, a controller with time
@@ -75,10 +84,12 @@ pub(crate) struct DirectPolling {
 }
 
 impl DirectPolling {
-    /// Whether a loop with `outstanding` commands may spin (the policy
-    /// still decides for how long).
-    fn may_spin(&self, outstanding: usize) -> bool {
+    /// Whether a loop with `outstanding` commands, for which the target
+    /// still sends at least `due_bytes`, may spin (the policy still
+    /// decides for how long).
+    fn may_spin(&self, outstanding: usize, due_bytes: usize) -> bool {
         self.spin_depth_max.is_none_or(|m| outstanding <= m)
+            && self.wake_batch_min_bytes.is_none_or(|m| due_bytes < m)
     }
 }
 
@@ -140,6 +151,7 @@ impl JobRun {
             sluice_cpu::join_cgroup(cg, false)
                 .with_context(|| format!("job {}: direct I/O thread", self.spec.name))?;
         }
+        q.set_wake_batch_min(polling.wake_batch_min_bytes);
         let mut s0 = q.stats();
         // Counters of queues that failed and were replaced.
         let mut queue_stats = HostQueueStats::default();
@@ -290,7 +302,7 @@ impl JobRun {
                 PollingPolicy::BusyPoll => None,
                 _ if submitted => None,
                 PollingPolicy::Adaptive { spin_us }
-                    if polling.may_spin(q.outstanding())
+                    if polling.may_spin(q.outstanding(), q.rx_due_min_bytes())
                         && t.saturating_duration_since(last_progress)
                             < Duration::from_micros(u64::from(spin_us)) =>
                 {

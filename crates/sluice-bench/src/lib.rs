@@ -49,6 +49,8 @@ pub const QD_MAX: u32 = 4096;
 pub const SUBMIT_CHUNK_DEFAULT: u32 = 0;
 /// Longest run.
 pub const RUNTIME_S_MAX: u64 = 24 * 3600;
+/// Largest `--wake-batch-min`.
+pub const WAKE_BATCH_MIN_BYTES_MAX: u64 = 1 << 30;
 
 /// How a job drives its I/O (`--engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -179,6 +181,14 @@ pub struct BenchArgs {
     /// spins at any depth). See docs/host.md.
     #[arg(long)]
     pub spin_depth_max: Option<u32>,
+    /// Direct engine: while at least SIZE of data is due from the target
+    /// (e.g. 256KiB: two 128 KiB reads in flight), adaptive polling does
+    /// not spin, and each sleep lasts until half of what is due has arrived
+    /// (a socket low-water mark) instead of ending at the first byte: one
+    /// wake-up per batch of large reads. Trades latency for host CPU. Off
+    /// by default. See docs/host.md.
+    #[arg(long, value_name = "SIZE")]
+    pub wake_batch_min: Option<String>,
     /// Direct engine: write each turn's new commands every N submissions
     /// instead of all at the end of the turn (0: at the end). At QD 32 a
     /// turn resubmits a whole batch of completions; sent as one write, a
@@ -322,6 +332,7 @@ impl BenchArgs {
             sq_flow_control: false,
             polling: PollingPolicy::Interrupt,
             spin_depth_max: None,
+            wake_batch_min: None,
             submit_chunk: SUBMIT_CHUNK_DEFAULT,
             engine: Engine::Direct,
             floor: false,
@@ -399,6 +410,8 @@ pub struct HostCounters {
     /// Times the I/O loop slept in epoll, and times an adaptive loop's
     /// long spin backed off because its thread waited to run.
     pub(crate) sleeps: u64,
+    /// Of the sleeps, those that waited for a batch (`--wake-batch-min`).
+    pub(crate) batched_sleeps: u64,
     pub(crate) spin_backoffs: u64,
 }
 
@@ -437,6 +450,7 @@ impl HostCounters {
             freight_wait_us_latency: ratio(s.wait_ns_latency, s.waited_latency) / 1000.0,
             freight_wait_us_data: ratio(s.wait_ns_data, s.waited_data) / 1000.0,
             sleeps: s.sleeps,
+            batched_sleeps: s.batched_sleeps,
             spin_backoffs: s.spin_backoffs,
         }
     }
@@ -461,6 +475,8 @@ pub struct BenchReport {
     pub polling: String,
     /// `--spin-depth-max`, when given.
     pub spin_depth_max: Option<u32>,
+    /// `--wake-batch-min` in bytes, when given.
+    pub wake_batch_min_bytes: Option<u64>,
     /// `--submit-chunk` (0: a turn's commands go out in one write).
     pub submit_chunk: u32,
     pub floor: Option<FloorReport>,
@@ -514,7 +530,7 @@ impl BenchReport {
         for j in &self.jobs {
             let _ = writeln!(
                 s,
-                "host [{}] ({}): {:.3} notifications/I/O, {:.3} send syscalls/I/O, {:.3} read syscalls/I/O ({} completions, {} notifications, {} sends, {} reads); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data); {} sleeps, {} spin back-offs",
+                "host [{}] ({}): {:.3} notifications/I/O, {:.3} send syscalls/I/O, {:.3} read syscalls/I/O ({} completions, {} notifications, {} sends, {} reads); {:.2} PDUs/flush, {} timer flushes, freight wait {:.1}/{:.1} us (latency/data); {} sleeps ({} batched), {} spin back-offs",
                 j.name,
                 j.engine,
                 j.host.notifications_per_io,
@@ -529,18 +545,21 @@ impl BenchReport {
                 j.host.freight_wait_us_latency,
                 j.host.freight_wait_us_data,
                 j.host.sleeps,
+                j.host.batched_sleeps,
                 j.host.spin_backoffs
             );
         }
         let _ = writeln!(
             s,
-            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second (polling {}{}{})",
+            "cpu: user {:.2} s, sys {:.2} s, {:.0} IOPS per CPU-second (polling {}{}{}{})",
             self.cpu_user_s,
             self.cpu_sys_s,
             self.iops_per_cpu_s,
             self.polling,
             self.spin_depth_max
                 .map_or(String::new(), |n| format!(", spin depth max {n}")),
+            self.wake_batch_min_bytes
+                .map_or(String::new(), |n| format!(", wake batch min {n} bytes")),
             if self.submit_chunk > 0 {
                 format!(", submit chunk {}", self.submit_chunk)
             } else {
@@ -736,6 +755,19 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
             bail!("--spin-depth-max bounds adaptive polling's spin: give --polling adaptive");
         }
     }
+    let wake_batch_min_bytes = match &args.wake_batch_min {
+        Some(v) => {
+            let n = spec::parse_size(v).context("--wake-batch-min")?;
+            if !(1..=WAKE_BATCH_MIN_BYTES_MAX).contains(&n) {
+                bail!("--wake-batch-min must be between 1 byte and 1GiB, got {n} bytes");
+            }
+            if matches!(args.polling, PollingPolicy::BusyPoll) {
+                bail!("--wake-batch-min batches sleeps, and busy polling never sleeps: give --polling adaptive or interrupt");
+            }
+            Some(n)
+        }
+        None => None,
+    };
     let (dhchap_secret, dhchap_ctrl_secret) = args.dhchap.load()?;
     // Connect every job first, so the measured window holds only I/O.
     let mut prepared = Vec::new();
@@ -827,6 +859,12 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 j.name
             );
         }
+        if wake_batch_min_bytes.is_some() && p.direct.is_none() {
+            bail!(
+                "job {}: --wake-batch-min needs the direct engine (this job runs on the async engine: see the notice above)",
+                j.name
+            );
+        }
         if j.batch && p.direct.is_none() {
             bail!(
                 "job {}: batch=1 needs the direct engine (this job runs on the async engine: see the notice above)",
@@ -867,6 +905,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
                 let polling = direct::DirectPolling {
                     policy: args.polling,
                     spin_depth_max: args.spin_depth_max.map(|n| usize_from(u64::from(n))),
+                    wake_batch_min_bytes: wake_batch_min_bytes.map(usize_from),
                     submit_chunk: usize_from(u64::from(args.submit_chunk)),
                 };
                 let replace = direct::Replacer {
@@ -994,6 +1033,7 @@ pub async fn run_async(args: BenchArgs) -> anyhow::Result<BenchReport> {
         cpu_window_unix_s: [window_from, window_to],
         polling: args.polling.to_string(),
         spin_depth_max: args.spin_depth_max,
+        wake_batch_min_bytes,
         submit_chunk: args.submit_chunk,
         floor,
     })

@@ -232,6 +232,73 @@ fn spin_depth_max_bounds_the_adaptive_spin() {
     assert!(sleeps_with(1) > 0);
 }
 
+/// `--wake-batch-min`: while that much data is due, an adaptive loop does
+/// not spin, and its sleeps wait for half of it (a low-water mark). With a
+/// 1 s spin the loop never sleeps otherwise, so every sleep is a batched
+/// one; the data of the verified mix (64 KiB reads among small I/O) reads
+/// back intact; with a minimum no run reaches, it spins throughout.
+#[test]
+fn wake_batch_min_batches_the_sleeps_of_large_reads() {
+    let _spin = spinning();
+    let sleeps_with = |min: &str| {
+        let long_spin = HostPolling::Adaptive { spin_us: 1_000_000 };
+        let r = verified_randrw_with(Engine::Direct, long_spin, 1, |a| {
+            a.wake_batch_min = Some(min.to_string());
+        });
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).expect("json");
+        let host = &json["jobs"][0]["host"];
+        assert_eq!(host["completions"], 4000, "{host}");
+        (
+            r,
+            json["wake_batch_min_bytes"].as_u64(),
+            host["sleeps"].as_u64().expect("sleeps"),
+            host["batched_sleeps"].as_u64().expect("batched_sleeps"),
+        )
+    };
+    let (r, min, sleeps, batched) = sleeps_with("64KiB");
+    assert_eq!(min, Some(65536));
+    assert!(sleeps > 0, "{}", r.table());
+    assert_eq!(batched, sleeps, "{}", r.table());
+    assert!(
+        r.table()
+            .contains("(polling adaptive:1000000, wake batch min 65536 bytes)"),
+        "{}",
+        r.table()
+    );
+    assert!(r.table().contains("batched)"), "{}", r.table());
+    let (r, _, sleeps, batched) = sleeps_with("1GiB");
+    assert_eq!((sleeps, batched), (0, 0), "{}", r.table());
+}
+
+#[test]
+fn wake_batch_min_is_checked() {
+    let refused = |polling: HostPolling, min: &str, engine: Engine| {
+        let (_t, mut a) = target();
+        a.polling = polling;
+        a.wake_batch_min = Some(min.to_string());
+        a.engine = engine;
+        a.ios = Some(10);
+        format!("{:#}", run(a).expect_err("refused"))
+    };
+    let adaptive = HostPolling::Adaptive { spin_us: 20 };
+    for bad in ["0", "2GiB"] {
+        let e = refused(adaptive, bad, Engine::Direct);
+        assert!(
+            e.contains("--wake-batch-min must be between 1 byte and 1GiB"),
+            "{bad}: {e}"
+        );
+    }
+    let e = refused(adaptive, "lots", Engine::Direct);
+    assert!(e.starts_with("--wake-batch-min"), "{e}");
+    let e = refused(HostPolling::BusyPoll, "256KiB", Engine::Direct);
+    assert!(e.contains("busy polling never sleeps"), "{e}");
+    let e = refused(HostPolling::Interrupt, "256KiB", Engine::Async);
+    assert!(
+        e.contains("--wake-batch-min needs the direct engine"),
+        "{e}"
+    );
+}
+
 #[test]
 fn submit_chunk_writes_commands_as_they_are_submitted() {
     let run_with = |chunk: u32| {

@@ -54,6 +54,9 @@ const CID_GENERATIONS: u8 = 16;
 const _: () = assert!(QUEUE_DEPTH_MAX - 1 <= CID_SLOT_MASK);
 /// SQE flags byte: PSDT = 01b (SGL for data), as NVMe over Fabrics requires.
 const SQE_FLAGS_SGL: u8 = 0x40;
+/// The shortest PDU a controller sends for a command: a CapsuleResp (8-byte
+/// header, 16-byte CQE), or a C2HData header (24 bytes) before its data.
+const RX_PDU_MIN_BYTES: usize = 24;
 /// A C2HData PDU with at least this much data still to come has the rest
 /// read straight into its command's buffer (see [`QueuePairCore::read_bufs`]).
 const DIRECT_RX_REST_MIN_BYTES: usize = 16 * 1024;
@@ -388,6 +391,36 @@ impl QueuePairCore {
     /// rest of large PDUs; see [`Self::read_bufs`]).
     pub fn rx_direct_bytes(&self) -> u64 {
         self.rx_direct_bytes
+    }
+
+    /// A lower bound on the bytes the controller still sends for the
+    /// commands outstanding, if none fails: each one's read data not
+    /// received yet and one PDU header more (its CapsuleResp, or the
+    /// C2HData carrying the rest), less what already arrived of a PDU
+    /// under way. Timed-out commands count nothing. A host that sleeps
+    /// until part of this has arrived (`SO_RCVLOWAT`) waits for bytes that
+    /// do come; a command that fails early sends less, so such a sleep
+    /// still needs a deadline.
+    pub fn rx_due_min_bytes(&self) -> usize {
+        let mut due = 0usize;
+        for s in self.st.slots.iter().flatten() {
+            if s.timed_out {
+                continue;
+            }
+            due += RX_PDU_MIN_BYTES;
+            if let Data::Read { buf, received } = &s.data {
+                due += buf.len().saturating_sub(*received as usize);
+            }
+        }
+        // A C2HData PDU under way straight into its command's buffer: its
+        // header and its data so far have arrived (`received` counts the
+        // data only once the PDU is whole, and the header stood for the
+        // command's one PDU more). Bytes of the next PDU may wait in the
+        // framer.
+        let under_way = self.direct_rx.as_ref().map_or(0, |d| {
+            RX_PDU_MIN_BYTES + (d.header.len as usize).saturating_sub(d.rest.left)
+        });
+        due.saturating_sub(under_way + self.framer.buffered())
     }
     /// Whether [`Self::submit`] would accept a command now.
     pub fn can_submit(&self) -> bool {

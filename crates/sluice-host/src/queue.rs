@@ -82,6 +82,9 @@ pub struct HostQueueStats {
     pub waited_data: u64,
     /// Times the I/O loop slept in epoll (adaptive and interrupt modes).
     pub sleeps: u64,
+    /// Of those, the sleeps of a direct queue that waited for a batch of
+    /// completions (`DirectQueue::set_wake_batch_min`).
+    pub batched_sleeps: u64,
     /// Times an adaptive loop's long spin backed off because its thread
     /// waited to run (`SpinContention`).
     pub spin_backoffs: u64,
@@ -106,6 +109,7 @@ impl HostQueueStats {
         self.wait_ns_data += o.wait_ns_data;
         self.waited_data += o.waited_data;
         self.sleeps += o.sleeps;
+        self.batched_sleeps += o.batched_sleeps;
         self.spin_backoffs += o.spin_backoffs;
     }
     /// `self - o`, per counter (for a measured window).
@@ -127,6 +131,7 @@ impl HostQueueStats {
             wait_ns_data: self.wait_ns_data.saturating_sub(o.wait_ns_data),
             waited_data: self.waited_data.saturating_sub(o.waited_data),
             sleeps: self.sleeps.saturating_sub(o.sleeps),
+            batched_sleeps: self.batched_sleeps.saturating_sub(o.batched_sleeps),
             spin_backoffs: self.spin_backoffs.saturating_sub(o.spin_backoffs),
         }
     }

@@ -1223,8 +1223,106 @@ fn large_c2h_success_before_the_end_is_fatal() {
     );
 }
 
+/// What `rx_due_min_bytes` counts: one response for a command without
+/// data, the data and one header for a read, nothing for a timed-out one.
+#[test]
+fn rx_due_min_bytes_counts_outstanding_commands() {
+    let (mut host, mut ctrl, now) = connect(cfg(false, false), 0, 8192);
+    assert_eq!(host.rx_due_min_bytes(), 0);
+    let flush = host
+        .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, 1)
+        .expect("submit");
+    host.submit(
+        now,
+        Sqe::rw(io::READ, 0, 1, 0, 8, false),
+        Payload::Read(4096),
+        2,
+    )
+    .expect("submit");
+    ctrl.recv(&mut host);
+    assert_eq!(host.rx_due_min_bytes(), 24 + 24 + 4096);
+    host.handle_bytes(now, &resp(&ctrl, flush, Status::SUCCESS));
+    assert_eq!(host.rx_due_min_bytes(), 24 + 4096);
+    host.handle_timeout(now + Duration::from_secs(5));
+    assert_eq!(
+        host.rx_due_min_bytes(),
+        0,
+        "a timed-out read counts nothing"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// `rx_due_min_bytes` never exceeds what the controller still has to
+    /// send (a host sleeping until half of it has come wakes), whatever the
+    /// reads' sizes, their PDUs (large ones received straight into the
+    /// read's buffer), the SUCCESS flag and how the bytes arrive; it is 0
+    /// once every command completed.
+    #[test]
+    fn rx_due_min_bytes_is_a_lower_bound(
+        cmds in prop::collection::vec((any::<bool>(), 1u32..400, 1usize..4, any::<bool>()), 1..8),
+        cuts in prop::collection::vec(1usize..70_000, 1..40),
+    ) {
+        let (mut host, ctrl, now) = connect(cfg(false, false), 0, 8192);
+        let mut stream = Vec::new();
+        for (i, &(read, sectors, pdus, success)) in cmds.iter().enumerate() {
+            let len = sectors as usize * 512;
+            if !read {
+                let cid = host
+                    .submit(now, Sqe::new(io::FLUSH, 0, 1), Payload::None, i as u64)
+                    .expect("submit");
+                stream.extend(resp(&ctrl, cid, Status::SUCCESS));
+                continue;
+            }
+            let cid = host
+                .submit(now, Sqe::rw(io::READ, 0, 1, 0, sectors, false), Payload::Read(len as u32), i as u64)
+                .expect("submit");
+            let data = pattern(len);
+            let step = len.div_ceil(pdus);
+            for (k, chunk) in data.chunks(step).enumerate() {
+                let last = (k + 1) * step >= len;
+                stream.extend(ctrl.pdu(
+                    PduHeader::C2HData(DataHeader {
+                        cccid: cid,
+                        ttag: 0,
+                        offset: (k * step) as u32,
+                        len: chunk.len() as u32,
+                        last,
+                        success: last && success,
+                    }),
+                    chunk,
+                ));
+            }
+            if !success {
+                stream.extend(resp(&ctrl, cid, Status::SUCCESS));
+            }
+        }
+        let _ = host.poll_transmit();
+        let mut at = 0;
+        prop_assert!(host.rx_due_min_bytes() <= stream.len());
+        // Exact while nothing arrived, when every read comes in one PDU
+        // that completes it.
+        if cmds.iter().all(|&(read, _, pdus, success)| !read || (pdus == 1 && success)) {
+            prop_assert_eq!(host.rx_due_min_bytes(), stream.len());
+        }
+        for c in cuts.iter().cycle() {
+            if at == stream.len() {
+                break;
+            }
+            let end = (at + c).min(stream.len());
+            host.handle_bytes(now, &stream[at..end]);
+            at = end;
+            let due = host.rx_due_min_bytes();
+            prop_assert!(due <= stream.len() - at, "{} due, {} to come", due, stream.len() - at);
+        }
+        prop_assert_eq!(host.rx_due_min_bytes(), 0);
+        let done = events(&mut host);
+        prop_assert_eq!(done.len(), cmds.len());
+        for e in done {
+            prop_assert!(matches!(e, Event::Complete { result: Ok(_), .. }), "{:?}", e);
+        }
+    }
 
     /// Random bytes after the handshake: errors, never panics or hangs.
     #[test]

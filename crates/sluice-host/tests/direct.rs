@@ -238,6 +238,106 @@ async fn out_of_range_lba_gets_the_nvme_status() {
     c.disconnect(Duration::from_secs(1)).await;
 }
 
+/// Batched wake-ups: sleeps wait for a low-water mark of half the bytes
+/// still due, data read back intact at QD 32 in every size, and reads that
+/// fail (their data never comes, so the mark is never reached) complete at
+/// the sleep's deadline instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_wakeups_read_back_and_survive_reads_that_send_no_data() {
+    let t = RealTarget::start();
+    let c = Controller::connect(t.addr(), &t.subnqn, opts())
+        .await
+        .expect("connect");
+    let ns = c.namespace(1).expect("ns");
+    let rw = ns.rw_builder();
+    let mut q = c.connect_direct_queue().await.expect("direct queue");
+    let size_blocks = t.size_blocks;
+    let handle = std::thread::spawn(move || {
+        q.set_wake_batch_min(Some(1));
+        let sizes = [4096usize, 131_072, 512, 65536, 8192];
+        let mut layout = Vec::new();
+        let mut lba = 0u64;
+        for i in 0..120 {
+            let len = sizes[i % sizes.len()];
+            layout.push((lba, len));
+            lba += (len / 512) as u64;
+        }
+        let data: Vec<Vec<u8>> = (0..layout.len())
+            .map(|i| pattern(layout[i].1, i as u64 + 7))
+            .collect();
+        let wait = Some(Duration::from_millis(2));
+        let writes = layout
+            .iter()
+            .zip(&data)
+            .map(|(&(lba, _), d)| rw.write(lba, d.clone(), IoFlags::default()).unwrap())
+            .collect();
+        for (t, r) in run_at_qd(&mut q, writes, wait) {
+            r.unwrap_or_else(|e| panic!("write {t} failed: {e}"));
+        }
+        let s0 = q.stats();
+        let reads: Vec<_> = layout
+            .iter()
+            .map(|&(lba, len)| rw.read(lba, len, IoFlags::default()).unwrap())
+            .collect();
+        let mut marked = false;
+        let total = layout.len();
+        let mut pending = reads.into_iter().enumerate();
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < total {
+            while q.outstanding() < QD {
+                let Some((i, (sqe, p))) = pending.next() else {
+                    break;
+                };
+                q.submit(sqe, p, i as u64).expect("submit");
+            }
+            q.poll(&mut out, wait).expect("poll");
+            marked |= q.low_water_bytes() > 1;
+            for (t, r) in out.drain(..) {
+                let c = r.unwrap_or_else(|e| panic!("read {t} failed: {e}"));
+                assert!(c.data == data[t as usize], "read {t} differs");
+                done += 1;
+            }
+        }
+        let st = q.stats().since(&s0);
+        assert!(
+            marked && st.batched_sleeps > 0,
+            "no sleep waited for a batch: {st:?}"
+        );
+        assert!(st.batched_sleeps <= st.sleeps, "{st:?}");
+        // Two 128 KiB reads past the end: the target answers each with a
+        // 24-byte error, far below the mark of 128 KiB they set.
+        for i in 0..2 {
+            let sqe = Sqe::rw(io::READ, 0, 1, size_blocks + i, 256, false);
+            q.submit(sqe, Payload::Read(131_072), 1000 + i)
+                .expect("submit");
+        }
+        let mut out = Vec::new();
+        drain(&mut q, &mut out, 2, wait);
+        for (t, r) in &out {
+            match r {
+                Err(HostError::Nvme { status, .. }) => {
+                    assert_eq!(*status, Status::LBA_OUT_OF_RANGE, "read {t}")
+                }
+                other => panic!("read {t}: expected LBA Out of Range, got {other:?}"),
+            }
+        }
+        // The queue goes on.
+        q.submit_read(&rw, 0, 4096, IoFlags::default(), 7)
+            .expect("submit");
+        out.clear();
+        drain(&mut q, &mut out, 1, wait);
+        assert!(matches!(&out[0], (7, Ok(c)) if c.data == data[0]));
+        q
+    });
+    let q = tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .expect("join task")
+        .expect("direct thread");
+    drop(q);
+    c.disconnect(Duration::from_secs(1)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_shutdown_fails_every_outstanding_command() {
     // Namespace 2 is a slow emulated SSD: its reads (3 s) are still

@@ -1,7 +1,8 @@
 //! TCP's congestion control, per socket (`TCP_CONGESTION`): the name
 //! checks of a configured algorithm, setting and reading it on a socket, and
 //! what the kernel offers (`/proc/sys/net/ipv4/tcp_*congestion_control`);
-//! and how much a socket's congestion window admits now (`TCP_INFO`).
+//! how much a socket's congestion window admits now (`TCP_INFO`); and its
+//! receive low-water mark (`SO_RCVLOWAT`).
 //!
 //! Why a storage peer picks its own: on paths whose round trip is a few
 //! microseconds (loopback, one switch), BBR sizes its congestion window
@@ -80,6 +81,32 @@ pub fn tcp_send_window_room_bytes(fd: impl AsFd) -> io::Result<usize> {
     ))
 }
 
+/// Sets `fd`'s receive low-water mark (`SO_RCVLOWAT`): epoll reports the
+/// socket readable, and the kernel wakes a sleeper, only once this many
+/// bytes wait in it (a non-blocking read still returns whatever is there).
+/// TCP caps it at half the largest receive buffer, and may grow the
+/// buffer to hold twice it. 1 is the default.
+pub fn set_recv_low_water(fd: impl AsFd, bytes: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes.max(1)).unwrap_or(libc::c_int::MAX);
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid pointer to an owned c_int and its length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `(cwnd − in flight) × mss`, 0 when the window is full (segments in
 /// flight can exceed a window that just shrank).
 pub fn window_room_bytes(cwnd_segments: u32, in_flight_segments: u32, mss_bytes: u32) -> usize {
@@ -131,6 +158,38 @@ mod tests {
         let room = tcp_send_window_room_bytes(&c).unwrap();
         assert!(room >= 2 * 536, "{room}");
         assert!(tcp_send_window_room_bytes(&l).is_ok());
+    }
+
+    /// Under a low-water mark a socket is not readable (poll, as epoll
+    /// asks) until that many bytes wait, and a read still takes fewer.
+    #[test]
+    fn a_low_water_mark_holds_readiness_until_enough_bytes_wait() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut rx, _) = l.accept().unwrap();
+        let readable = |s: &TcpStream| {
+            let mut p = libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, 200) };
+            n == 1 && p.revents & libc::POLLIN != 0
+        };
+        set_recv_low_water(&rx, 1000).unwrap();
+        tx.write_all(&[7; 10]).unwrap();
+        assert!(!readable(&rx), "10 bytes under a mark of 1000");
+        tx.write_all(&[7; 2000]).unwrap();
+        assert!(readable(&rx));
+        set_recv_low_water(&rx, 1).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let mut b = [0; 4096];
+        assert_eq!(rx.read(&mut b).unwrap(), 2010);
+        tx.write_all(&[7; 10]).unwrap();
+        assert!(readable(&rx), "any byte under the default mark");
     }
 
     #[test]
