@@ -208,6 +208,18 @@ MUTANTS = [
     ("reload-keeps-removed-tenants", "crates/sluice-target/src/reload.rs",
      "        .replace_tenants(&changed, &removed)\n", "        .replace_tenants(&changed, &removed[..0])\n",
      t("sluice-target", extra=["--test", "reload"])),
+    # Batched wake-ups of direct queues: the bytes still due, the mark, and
+    # reading below it.
+    ("rx-due-ignores-pdu-under-way", "crates/sluice-host/src/core.rs",
+     "        due.saturating_sub(under_way + self.framer.buffered())\n", "        due\n",
+     t("sluice-host", extra=["--test", "core"])),
+    ("wake-batch-never-marks", "crates/sluice-host/src/direct.rs",
+     "            Some(min) if due >= min.max(1) => low_water_for(due),",
+     "            Some(min) if false && due >= min.max(1) => low_water_for(due),",
+     t("sluice-host", "sluice-bench", extra=["--test", "direct", "--test", "bench"])),
+    ("low-water-blinds-the-pass", "crates/sluice-host/src/direct.rs",
+     "        self.read_ready |= self.low_water_bytes > 1;\n", "",
+     t("sluice-host", extra=["--test", "direct"])),
     # Exports: a Unix client's socket holds a queue of large reads' replies.
     ("nbd-unix-send-buffer-default", "crates/sluice-export/src/nbd/server.rs",
      "            widen_unix_send_buffer(&s);\n", "",

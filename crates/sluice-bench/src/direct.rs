@@ -84,12 +84,13 @@ pub(crate) struct DirectPolling {
 }
 
 impl DirectPolling {
-    /// Whether a loop with `outstanding` commands, for which the target
-    /// still sends at least `due_bytes`, may spin (the policy still
-    /// decides for how long).
-    fn may_spin(&self, outstanding: usize, due_bytes: usize) -> bool {
-        self.spin_depth_max.is_none_or(|m| outstanding <= m)
-            && self.wake_batch_min_bytes.is_none_or(|m| due_bytes < m)
+    /// Whether a loop on `q` may spin (the policy still decides for how
+    /// long). The bytes due are counted only with `--wake-batch-min`.
+    fn may_spin(&self, q: &DirectQueue) -> bool {
+        self.spin_depth_max.is_none_or(|m| q.outstanding() <= m)
+            && self
+                .wake_batch_min_bytes
+                .is_none_or(|m| q.rx_due_min_bytes() < m)
     }
 }
 
@@ -302,7 +303,7 @@ impl JobRun {
                 PollingPolicy::BusyPoll => None,
                 _ if submitted => None,
                 PollingPolicy::Adaptive { spin_us }
-                    if polling.may_spin(q.outstanding(), q.rx_due_min_bytes())
+                    if polling.may_spin(&q)
                         && t.saturating_duration_since(last_progress)
                             < Duration::from_micros(u64::from(spin_us)) =>
                 {
