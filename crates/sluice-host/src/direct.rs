@@ -285,12 +285,6 @@ impl DirectQueue {
         self.core.rx_due_min_bytes()
     }
 
-    /// The socket's receive low-water mark as last set (1: any byte wakes
-    /// a sleep; see [`Self::set_wake_batch_min`]).
-    pub fn low_water_bytes(&self) -> usize {
-        self.low_water_bytes
-    }
-
     /// Times [`Self::poll`] blocked in epoll.
     pub fn waits(&self) -> u64 {
         self.waits

@@ -1278,25 +1278,7 @@ proptest! {
             let cid = host
                 .submit(now, Sqe::rw(io::READ, 0, 1, 0, sectors, false), Payload::Read(len as u32), i as u64)
                 .expect("submit");
-            let data = pattern(len);
-            let step = len.div_ceil(pdus);
-            for (k, chunk) in data.chunks(step).enumerate() {
-                let last = (k + 1) * step >= len;
-                stream.extend(ctrl.pdu(
-                    PduHeader::C2HData(DataHeader {
-                        cccid: cid,
-                        ttag: 0,
-                        offset: (k * step) as u32,
-                        len: chunk.len() as u32,
-                        last,
-                        success: last && success,
-                    }),
-                    chunk,
-                ));
-            }
-            if !success {
-                stream.extend(resp(&ctrl, cid, Status::SUCCESS));
-            }
+            stream.extend(c2h_pdus(&ctrl, cid, &pattern(len), len.div_ceil(pdus), success));
         }
         let _ = host.poll_transmit();
         let mut at = 0;

@@ -49,6 +49,20 @@ fn pattern(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `n` transfers back to back from LBA 0 (512-byte blocks), their sizes
+/// taken from `sizes` in turn: `(lba, len)` each.
+fn layout(sizes: &[usize], n: usize) -> Vec<(u64, usize)> {
+    let mut lba = 0u64;
+    (0..n)
+        .map(|i| {
+            let len = sizes[i % sizes.len()];
+            let at = lba;
+            lba += (len / 512) as u64;
+            (at, len)
+        })
+        .collect()
+}
+
 type Done = Vec<(u64, sluice_host::Result<Completion>)>;
 
 /// Polls until `n` completions arrived (bounded: a hang fails the test).
@@ -120,15 +134,9 @@ async fn writes_read_back_at_qd32_in_every_transfer_shape() {
         // 512 B .. 8 KiB in-capsule; 12 KiB and 32 KiB by R2T; 64 KiB and
         // 128 KiB above MAXH2CDATA (32 KiB: several H2CData per R2T) and
         // above the target's C2HData limit (64 KiB: several C2HData).
-        let sizes = [512usize, 4096, 8192, 12288, 32768, 65536, 131072, 1024];
-        let mut layout = Vec::new();
-        let mut lba = 0u64;
-        for i in 0..240 {
-            let len = sizes[i % sizes.len()];
-            layout.push((lba, len));
-            lba += (len / 512) as u64;
-        }
-        assert!(lba <= rw.size_blocks());
+        let layout = layout(&[512, 4096, 8192, 12288, 32768, 65536, 131072, 1024], 240);
+        let (lba, len) = layout[layout.len() - 1];
+        assert!(lba + (len / 512) as u64 <= rw.size_blocks());
         let data: Vec<Vec<u8>> = (0..layout.len())
             .map(|i| pattern(layout[i].1, i as u64 + 1))
             .collect();
@@ -254,14 +262,7 @@ async fn batched_wakeups_read_back_and_survive_reads_that_send_no_data() {
     let size_blocks = t.size_blocks;
     let handle = std::thread::spawn(move || {
         q.set_wake_batch_min(Some(1));
-        let sizes = [4096usize, 131_072, 512, 65536, 8192];
-        let mut layout = Vec::new();
-        let mut lba = 0u64;
-        for i in 0..120 {
-            let len = sizes[i % sizes.len()];
-            layout.push((lba, len));
-            lba += (len / 512) as u64;
-        }
+        let layout = layout(&[4096, 131_072, 512, 65536, 8192], 120);
         let data: Vec<Vec<u8>> = (0..layout.len())
             .map(|i| pattern(layout[i].1, i as u64 + 7))
             .collect();
@@ -275,35 +276,16 @@ async fn batched_wakeups_read_back_and_survive_reads_that_send_no_data() {
             r.unwrap_or_else(|e| panic!("write {t} failed: {e}"));
         }
         let s0 = q.stats();
-        let reads: Vec<_> = layout
+        let reads = layout
             .iter()
             .map(|&(lba, len)| rw.read(lba, len, IoFlags::default()).unwrap())
             .collect();
-        let mut marked = false;
-        let total = layout.len();
-        let mut pending = reads.into_iter().enumerate();
-        let mut out = Vec::new();
-        let mut done = 0;
-        while done < total {
-            while q.outstanding() < QD {
-                let Some((i, (sqe, p))) = pending.next() else {
-                    break;
-                };
-                q.submit(sqe, p, i as u64).expect("submit");
-            }
-            q.poll(&mut out, wait).expect("poll");
-            marked |= q.low_water_bytes() > 1;
-            for (t, r) in out.drain(..) {
-                let c = r.unwrap_or_else(|e| panic!("read {t} failed: {e}"));
-                assert!(c.data == data[t as usize], "read {t} differs");
-                done += 1;
-            }
+        for (t, r) in run_at_qd(&mut q, reads, wait) {
+            let c = r.unwrap_or_else(|e| panic!("read {t} failed: {e}"));
+            assert!(c.data == data[t as usize], "read {t} differs");
         }
         let st = q.stats().since(&s0);
-        assert!(
-            marked && st.batched_sleeps > 0,
-            "no sleep waited for a batch: {st:?}"
-        );
+        assert!(st.batched_sleeps > 0, "no sleep waited for a batch: {st:?}");
         assert!(st.batched_sleeps <= st.sleeps, "{st:?}");
         // Two 128 KiB reads past the end: the target answers each with a
         // 24-byte error, far below the mark of 128 KiB they set.
