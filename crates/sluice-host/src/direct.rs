@@ -499,18 +499,16 @@ impl DirectQueue {
             Some(min) if due >= min.max(1) => low_water_for(due),
             _ => 1,
         };
+        if want != self.low_water_bytes {
+            if let Err(e) = sluice_runtime::net::set_recv_low_water(&self.stream, want) {
+                tracing::warn!(qid = self.qid, error = %e, "SO_RCVLOWAT refused: the direct queue stops batching its sleeps");
+                self.wake_batch_min_bytes = None;
+                return;
+            }
+            self.low_water_bytes = want;
+        }
         if want > 1 {
             self.batched_sleeps += 1;
-        }
-        if want == self.low_water_bytes {
-            return;
-        }
-        match sluice_runtime::net::set_recv_low_water(&self.stream, want) {
-            Ok(()) => self.low_water_bytes = want,
-            Err(e) => {
-                tracing::warn!(qid = self.qid, error = %e, "SO_RCVLOWAT refused: the direct queue's sleeps end at the first byte");
-                self.wake_batch_min_bytes = None;
-            }
         }
     }
 
