@@ -13,9 +13,10 @@ use std::time::Duration;
 pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
     /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP:
-    /// changed host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries
-    /// (a tenant no longer listed is deleted) apply without a restart; any
-    /// other change is refused and logged.
+    /// subsystems added or removed whole, changed host lists, DH-HMAC-CHAP
+    /// settings and `[[tenant]]` entries (a tenant no longer listed is
+    /// deleted) apply without a restart; any other change is refused and
+    /// logged.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// I/O listen address (overrides the file).
@@ -256,7 +257,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
     if let Some(p) = &args.config {
         println!(
-            "Send SIGHUP (kill -HUP {}) to apply changed host lists and tenants of {} without a restart.",
+            "Send SIGHUP (kill -HUP {}) to apply subsystems added or removed, host lists and tenants changed in {} without a restart.",
             std::process::id(),
             p.display()
         );
@@ -312,9 +313,9 @@ pub fn run(args: TargetArgs) -> Result<()> {
 }
 
 /// SIGHUP: re-reads the configuration file (with the same command-line
-/// overrides) and applies its subsystems' access and its tenants; anything
-/// else changed, or a file that does not parse, is refused and logged, and
-/// the running configuration stays.
+/// overrides) and applies its subsystems (added, removed, their access)
+/// and its tenants; anything else changed, or a file that does not parse,
+/// is refused and logged, and the running configuration stays.
 fn reload_config(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
     let Some(path) = &args.config else {
         tracing::warn!("SIGHUP: no --config file to reload (started on the embedded default)");
@@ -331,15 +332,17 @@ fn reload_config(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
             return;
         }
     };
-    match handle.reload(&config) {
+    match handle.reload_with(&config, &VolumeClient) {
         Ok(report) if report.is_empty() => {
             tracing::info!("SIGHUP: {} reloaded, nothing changed", path.display());
         }
         Ok(report) => tracing::info!(
-            subsystems = report.access.len(),
+            subsystems_added = ?report.subsystems_added,
+            subsystems_removed = ?report.subsystems_removed.iter().map(|r| &r.nqn).collect::<Vec<_>>(),
+            access_changed = report.access.len(),
             tenants = ?report.tenants,
             tenants_removed = ?report.tenants_removed,
-            "SIGHUP: {} reloaded: subsystem access and tenants replaced",
+            "SIGHUP: {} reloaded",
             path.display()
         ),
         Err(e) => tracing::error!(

@@ -1,5 +1,7 @@
 //! `sluice target --config F` re-reads F on SIGHUP: a host added to a
-//! subsystem's list connects without a restart; a file that changes
+//! subsystem's list connects without a restart; a subsystem added serves
+//! its host and one removed drops its host, while the other subsystem's
+//! connection carries on; a file that changes
 //! anything else is refused with a logged error, and the target keeps
 //! running with the access it had; a tenant removed from the file is
 //! deleted, and a live connection of its host carries on in the default
@@ -21,6 +23,19 @@ const LATER: &str = "nqn.2014-08.org.nvmexpress:uuid:0e1d0000-0000-4000-8000-000
 fn config(port: u16, admin_port: u16, hosts: &[&str]) -> String {
     config_with_tenants(port, admin_port, hosts, &[])
 }
+
+/// [`config`] with a second subsystem, `SECOND`, for host `LATER`.
+fn config_with_second(port: u16, admin_port: u16) -> String {
+    let mut c = Config::from_toml(&config(port, admin_port, &[FIRST])).unwrap();
+    c.subsystems.push(
+        SubsystemConfig::new(SECOND)
+            .with_host(LATER)
+            .with_namespace(NamespaceConfig::ram(1, 8 << 20)),
+    );
+    c.validated().unwrap().to_toml().unwrap()
+}
+
+const SECOND: &str = "nqn.2026-12.io.sluice:second";
 
 /// [`config`] with `[[tenant]]` entries: (name, its one host).
 fn config_with_tenants(
@@ -183,6 +198,62 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(child.0.try_wait().unwrap().is_none(), "still running");
+}
+
+#[test]
+fn sighup_adds_and_removes_a_subsystem_while_the_other_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+    let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+    let file = dir.path().join("target.toml");
+    let log = dir.path().join("target.log");
+    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
+    let child = start_target(&file, &log, port);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let first = rt
+        .block_on(Controller::connect(addr, NQN, options(FIRST)))
+        .unwrap();
+    let kept = first.namespace(1).unwrap();
+    let data = vec![0x3c; 4096];
+    rt.block_on(kept.write(8, &data, IoFlags::default()))
+        .unwrap();
+    let connect_second = || rt.block_on(Controller::connect(addr, SECOND, options(LATER)));
+    assert!(connect_second().is_err(), "not exported yet");
+
+    std::fs::write(&file, config_with_second(port, admin_port)).unwrap();
+    hup(child.0.id());
+    wait_logged(&log, "reload: subsystem added");
+    let second = connect_second().expect("the added subsystem admits its host");
+    let ns = second.namespace(1).unwrap();
+    let other = vec![0xa7; 8192];
+    rt.block_on(ns.write(0, &other, IoFlags::default()))
+        .unwrap();
+    assert_eq!(
+        rt.block_on(ns.read(0, 8192, IoFlags::default())).unwrap(),
+        other
+    );
+
+    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
+    hup(child.0.id());
+    wait_logged(&log, "reload: subsystem removed");
+    // Its controller is failed: the queue closes at the next check, so the
+    // host's commands fail from then on, and it cannot connect again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(ns.read(0, 4096, IoFlags::default())).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the removed subsystem still serves"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(connect_second().is_err(), "removed");
+    // The same connection to the kept subsystem, untouched.
+    assert_eq!(
+        rt.block_on(kept.read(8, 4096, IoFlags::default())).unwrap(),
+        data
+    );
+    rt.block_on(first.disconnect(Duration::from_secs(2)));
 }
 
 /// Completed writes per tenant, from the admin endpoint's metrics.

@@ -7,7 +7,9 @@
 use crate::subsystem::{self, SubsystemFile};
 use crate::target::TargetFile;
 use crate::tenants::{RawTenant, RawTenants};
-use crate::{err, Config, ConfigError, TargetSettings, TenantsConfig, SUBSYSTEMS_MAX};
+use crate::{
+    err, Config, ConfigError, TargetSettings, TenantsConfig, NAMESPACES_TOTAL_MAX, SUBSYSTEMS_MAX,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -45,6 +47,15 @@ impl TryFrom<ConfigFile> for Config {
                 t.subsystem_send.insert(sc.nqn.clone(), send);
             }
             subsystems.push(sc);
+        }
+        let namespaces: usize = subsystems.iter().map(|s| s.namespaces.len()).sum();
+        if namespaces > NAMESPACES_TOTAL_MAX {
+            return Err(err(
+                "subsystem",
+                format!(
+                    "{namespaces} namespaces in all subsystems together, limit {NAMESPACES_TOTAL_MAX}"
+                ),
+            ));
         }
         let tenants = TenantsConfig::from_raw(raw.tenants, raw.tenant)?;
         Ok(Config {

@@ -94,6 +94,10 @@ use serde::{Deserialize, Serialize};
 pub use sluice_runtime::limits::WORKERS_MAX;
 pub const SUBSYSTEMS_MAX: usize = 1024;
 pub const NAMESPACES_PER_SUBSYSTEM_MAX: u32 = 1024;
+/// Namespaces of all subsystems together, over the target's life: those a
+/// reload adds count too, and a removed subsystem's are not handed out
+/// again until a restart (each has per-namespace state in every worker).
+pub const NAMESPACES_TOTAL_MAX: usize = 4096;
 pub const HOSTS_PER_SUBSYSTEM_MAX: usize = 4096;
 pub const QUEUE_DEPTH_MAX: u16 = 1024;
 pub const IO_QUEUES_MAX: u16 = 128;

@@ -964,3 +964,28 @@ fn dhchap_entries_parse_round_trip_and_name_their_keys() {
         "subsystem[0].require_auth"
     );
 }
+
+/// All subsystems together hold at most `NAMESPACES_TOTAL_MAX` namespaces
+/// (each has state in every worker); the error names the limit.
+#[test]
+fn namespaces_of_all_subsystems_have_a_limit() {
+    let file = |subsystems: usize, per: usize| {
+        let mut t = String::new();
+        for s in 0..subsystems {
+            t.push_str(&format!(
+                "[[subsystem]]\nnqn = \"nqn.2026-12.io.sluice:s{s}\"\nallow_any_host = true\n"
+            ));
+            for n in 1..=per {
+                t.push_str(&format!(
+                    "[[subsystem.namespace]]\nnsid = {n}\nbackend = \"ram\"\nsize = \"1MiB\"\n"
+                ));
+            }
+        }
+        t
+    };
+    let per = 1024;
+    let full = NAMESPACES_TOTAL_MAX / per;
+    assert!(Config::from_toml(&file(full, per)).is_ok(), "at the limit");
+    let e = must_fail(&file(full + 1, per), "subsystem");
+    assert!(e.reason.contains(&NAMESPACES_TOTAL_MAX.to_string()), "{e}");
+}

@@ -341,7 +341,7 @@ fn keep_alive_timeout_fails_the_association() {
     assert!(pair.link(ADMIN).host.is_closed());
     assert!(
         pair.reg
-            .controller(&pair.reg.subsystems[SUBNQN], pair.cntlid)
+            .controller(&pair.reg.subsystems()[SUBNQN], pair.cntlid)
             .is_none(),
         "controller removed"
     );

@@ -462,7 +462,7 @@ pub fn discovery_entries(
     };
     let io_port = st.advertise_port.unwrap_or(st.listen.port());
     let mut out = Vec::new();
-    for sub in reg.subsystems.values() {
+    for sub in reg.subsystems().values() {
         if !sub.host_allowed(&ctrl.hostnqn) {
             continue;
         }

@@ -20,6 +20,7 @@
 //! * [`admission`]: connection limits (in total, per source address, in
 //!   the handshake) checked at accept, and their counters.
 //! * [`metrics`]: counters per namespace and host.
+//! * [`slots`]: per-namespace state that grows while workers read it.
 //! * `tag`: the backend request tag layout (`BackendTag`).
 //! * [`tolerated`]: inputs accepted because both reference targets accept
 //!   them, each logged once at debug level and counted.
@@ -36,6 +37,7 @@ pub mod queue;
 pub mod registry;
 pub mod reload;
 mod server;
+pub mod slots;
 pub mod subsystem;
 mod tag;
 pub mod tenant;

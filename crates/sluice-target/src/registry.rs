@@ -13,10 +13,10 @@ use sluice_backend::{
 use sluice_config::{
     BackendConfig, Config, Engine, NamespaceConfig, SubsystemConfig, TargetSettings,
 };
-use sluice_runtime::sync::lock;
+use sluice_runtime::sync::{lock, read, write};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Errors building the registry (opening backends).
 #[derive(Debug, thiserror::Error)]
@@ -68,15 +68,16 @@ pub const CNTLID_MAX: u16 = 0xffef;
 /// Live controllers per subsystem.
 pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
 
-/// One subsystem's live controllers.
+/// One subsystem's live controllers (kept in the subsystem, handed out
+/// and looked up through the registry).
 #[derive(Debug)]
-struct ControllerTable {
+pub(crate) struct ControllerTable {
     live: HashMap<u16, Arc<Controller>>,
     next_cntlid: u16,
 }
 
 impl ControllerTable {
-    fn new() -> Mutex<Self> {
+    pub(crate) fn new() -> Mutex<Self> {
         Mutex::new(ControllerTable {
             live: HashMap::new(),
             next_cntlid: 1,
@@ -88,7 +89,9 @@ impl ControllerTable {
 #[derive(Debug)]
 pub struct Registry {
     pub(crate) settings: TargetSettings,
-    pub subsystems: BTreeMap<String, Arc<Subsystem>>,
+    /// The NVM subsystems by NQN, replaced whole when a reload adds or
+    /// removes some ([`Registry::subsystems`]).
+    subsystems: RwLock<Arc<BTreeMap<String, Arc<Subsystem>>>>,
     pub(crate) discovery: Arc<Subsystem>,
     pub hosts: HostRegistry,
     /// Target-wide send path and coalescing counters: every queue's
@@ -105,10 +108,12 @@ pub struct Registry {
     pub reloads: crate::metrics::ReloadCounters,
     /// Discovery log generation counter.
     pub(crate) discovery_genctr: AtomicU64,
-    /// Namespaces by target-wide index.
-    pub(crate) namespaces: Vec<Arc<Namespace>>,
-    /// Live controllers per subsystem NQN (the discovery subsystem included).
-    controllers: HashMap<String, Mutex<ControllerTable>>,
+    /// Namespace indices handed out so far (never reused: workers and
+    /// tenants key per-namespace state by index).
+    namespaces_built: AtomicUsize,
+    /// Bumped by each reload that removes subsystems: workers then look
+    /// for backend queues of retired namespaces to drop.
+    pub(crate) removals: AtomicU64,
     /// The configuration in force: what it was built with, with the
     /// subsystems' access as the last reload left it (`reload.rs`).
     pub(crate) running: Mutex<Config>,
@@ -268,6 +273,79 @@ fn open_backend(
     })
 }
 
+/// Builds subsystem `sc` with its namespaces, numbered from `first_index`
+/// (target-wide namespace indices, never reused), opening their backends.
+fn build_subsystem(
+    sc: &SubsystemConfig,
+    volumes: &dyn VolumeOpener,
+    instance: &[u8; 16],
+    first_index: usize,
+) -> Result<Subsystem, RegistryError> {
+    let mut namespaces = BTreeMap::new();
+    for (i, nc) in sc.namespaces.iter().enumerate() {
+        let backend = open_backend(sc, nc, volumes)?;
+        let geometry = backend.geometry();
+        if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
+            return Err(RegistryError::Namespace {
+                nqn: sc.nqn.clone(),
+                nsid: nc.nsid,
+                reason: format!(
+                    "block size {} is not 512 or 4096",
+                    geometry.block_size_bytes
+                ),
+            });
+        }
+        if geometry.size_bytes < geometry.block_size_bytes as u64 {
+            return Err(RegistryError::Namespace {
+                nqn: sc.nqn.clone(),
+                nsid: nc.nsid,
+                reason: "backend is smaller than one block".into(),
+            });
+        }
+        let identity = namespace_identity(&nc.backend, instance);
+        let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
+        let ns = Arc::new(Namespace::new(
+            NamespaceIds {
+                nsid: nc.nsid,
+                index: first_index + i,
+                nguid,
+                eui64,
+            },
+            backend,
+        ));
+        namespaces.insert(nc.nsid, ns);
+    }
+    Ok(Subsystem::new(
+        sc.nqn.clone(),
+        SubsystemKind::Nvm,
+        sc.serial.clone(),
+        sc.model.clone(),
+        Access::from_config(sc),
+        namespaces,
+    ))
+}
+
+/// Logs who subsystem `sc` admits, loudly when it is any host: at start,
+/// and when a reload has added it.
+pub(crate) fn log_access(sc: &SubsystemConfig) {
+    if !sc.dhchap.is_empty() {
+        tracing::info!(
+            subsystem = %sc.nqn,
+            hosts = sc.dhchap.len(),
+            require_auth = sc.require_auth,
+            "DH-HMAC-CHAP: hosts with a secret must authenticate"
+        );
+    }
+    if !sc.allow_any_host {
+        tracing::info!(subsystem = %sc.nqn, hosts = sc.hosts.len(), "subsystem admits only its listed hosts");
+    } else {
+        tracing::warn!(
+            subsystem = %sc.nqn,
+            "SECURITY: subsystem admits ANY host (allow_any_host = true); list host NQNs to restrict it"
+        );
+    }
+}
+
 impl Registry {
     /// Opens every backend and builds the registry.
     pub fn build(config: &Config) -> Result<Registry, RegistryError> {
@@ -280,71 +358,13 @@ impl Registry {
         volumes: &dyn VolumeOpener,
     ) -> Result<Registry, RegistryError> {
         let mut subsystems = BTreeMap::new();
-        let mut all_ns = Vec::new();
         let instance = instance_nonce();
+        let mut next_index = 0;
         for sc in &config.subsystems {
-            let mut namespaces = BTreeMap::new();
-            for nc in &sc.namespaces {
-                let backend = open_backend(sc, nc, volumes)?;
-                let geometry = backend.geometry();
-                if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
-                    return Err(RegistryError::Namespace {
-                        nqn: sc.nqn.clone(),
-                        nsid: nc.nsid,
-                        reason: format!(
-                            "block size {} is not 512 or 4096",
-                            geometry.block_size_bytes
-                        ),
-                    });
-                }
-                if geometry.size_bytes < geometry.block_size_bytes as u64 {
-                    return Err(RegistryError::Namespace {
-                        nqn: sc.nqn.clone(),
-                        nsid: nc.nsid,
-                        reason: "backend is smaller than one block".into(),
-                    });
-                }
-                let identity = namespace_identity(&nc.backend, &instance);
-                let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
-                let ns = Arc::new(Namespace::new(
-                    NamespaceIds {
-                        nsid: nc.nsid,
-                        index: all_ns.len(),
-                        nguid,
-                        eui64,
-                    },
-                    backend,
-                ));
-                all_ns.push(ns.clone());
-                namespaces.insert(nc.nsid, ns);
-            }
-            if !sc.dhchap.is_empty() {
-                tracing::info!(
-                    subsystem = %sc.nqn,
-                    hosts = sc.dhchap.len(),
-                    require_auth = sc.require_auth,
-                    "DH-HMAC-CHAP: hosts with a secret must authenticate"
-                );
-            }
-            if !sc.allow_any_host {
-                tracing::info!(subsystem = %sc.nqn, hosts = sc.hosts.len(), "subsystem admits only its listed hosts");
-            } else {
-                tracing::warn!(
-                    subsystem = %sc.nqn,
-                    "SECURITY: subsystem admits ANY host (allow_any_host = true); list host NQNs to restrict it"
-                );
-            }
-            subsystems.insert(
-                sc.nqn.clone(),
-                Arc::new(Subsystem::new(
-                    sc.nqn.clone(),
-                    SubsystemKind::Nvm,
-                    sc.serial.clone(),
-                    sc.model.clone(),
-                    Access::from_config(sc),
-                    namespaces,
-                )),
-            );
+            let sub = build_subsystem(sc, volumes, &instance, next_index)?;
+            log_access(sc);
+            next_index += sc.namespaces.len();
+            subsystems.insert(sc.nqn.clone(), Arc::new(sub));
         }
         let discovery = Arc::new(Subsystem::new(
             sluice_proto::DISCOVERY_NQN.to_string(),
@@ -354,14 +374,9 @@ impl Registry {
             Access::open(),
             BTreeMap::new(),
         ));
-        let controllers = subsystems
-            .keys()
-            .chain([&discovery.nqn])
-            .map(|nqn| (nqn.clone(), ControllerTable::new()))
-            .collect();
         Ok(Registry {
             settings: config.target.clone(),
-            subsystems,
+            subsystems: RwLock::new(Arc::new(subsystems)),
             discovery,
             hosts: HostRegistry::default(),
             send: crate::metrics::SendTotals::default(),
@@ -370,10 +385,73 @@ impl Registry {
             auth: crate::metrics::AuthCounters::default(),
             reloads: crate::metrics::ReloadCounters::default(),
             discovery_genctr: AtomicU64::new(1),
-            namespaces: all_ns,
-            controllers,
+            namespaces_built: AtomicUsize::new(next_index),
+            removals: AtomicU64::new(0),
             running: Mutex::new(config.clone()),
         })
+    }
+
+    /// Builds the subsystems a reload adds, numbering their namespaces
+    /// after every index handed out so far; nothing is registered (see
+    /// [`Registry::swap_subsystems`]). The caller holds `running`, so no
+    /// other build hands out the same indices. Their volatile namespaces
+    /// get NGUIDs of their own, as after a restart: a subsystem removed and
+    /// added again comes back empty, and a host must not take it for the
+    /// one it knew.
+    pub(crate) fn build_added(
+        &self,
+        added: &[&SubsystemConfig],
+        volumes: &dyn VolumeOpener,
+    ) -> Result<Vec<Arc<Subsystem>>, RegistryError> {
+        let mut next_index = self.namespaces_built.load(Ordering::Acquire);
+        let instance = instance_nonce();
+        let mut built = Vec::with_capacity(added.len());
+        for sc in added {
+            let end = next_index + sc.namespaces.len();
+            if end > sluice_config::NAMESPACES_TOTAL_MAX {
+                return Err(RegistryError::Namespace {
+                    nqn: sc.nqn.clone(),
+                    nsid: sc.namespaces.first().map_or(0, |n| n.nsid),
+                    reason: format!(
+                        "the target has handed out {next_index} namespace indices (removed subsystems' included, until a restart); {} more exceed the limit of {}",
+                        sc.namespaces.len(),
+                        sluice_config::NAMESPACES_TOTAL_MAX
+                    ),
+                });
+            }
+            built.push(Arc::new(build_subsystem(
+                sc, volumes, &instance, next_index,
+            )?));
+            next_index = end;
+        }
+        Ok(built)
+    }
+
+    /// Registers subsystems built by [`Registry::build_added`] (their
+    /// namespace indices are taken for good) and removes those named in
+    /// `removed`, which are returned; Connects see the new set at once.
+    pub(crate) fn swap_subsystems(
+        &self,
+        added: &[Arc<Subsystem>],
+        removed: &[String],
+    ) -> Vec<Arc<Subsystem>> {
+        let mut guard = write(&self.subsystems);
+        let mut map = BTreeMap::clone(&guard);
+        let gone = removed.iter().filter_map(|nqn| map.remove(nqn)).collect();
+        for sub in added {
+            if let Some(end) = sub.namespaces.values().map(|n| n.index + 1).max() {
+                self.namespaces_built.fetch_max(end, Ordering::AcqRel);
+            }
+            map.insert(sub.nqn.clone(), sub.clone());
+        }
+        *guard = Arc::new(map);
+        gone
+    }
+
+    /// The NVM subsystems exported now, by NQN (a reload may add and
+    /// remove some; this is a snapshot).
+    pub fn subsystems(&self) -> Arc<BTreeMap<String, Arc<Subsystem>>> {
+        read(&self.subsystems).clone()
     }
 
     /// The `[target]` settings it was built with.
@@ -386,18 +464,18 @@ impl Registry {
         if nqn == sluice_proto::DISCOVERY_NQN {
             return Some(self.discovery.clone());
         }
-        self.subsystems.get(nqn).cloned()
+        read(&self.subsystems).get(nqn).cloned()
     }
 
     pub fn genctr(&self) -> u64 {
         self.discovery_genctr.load(Ordering::Relaxed)
     }
 
-    fn controller_table(
+    fn controller_table<'a>(
         &self,
-        sub: &Subsystem,
-    ) -> Option<std::sync::MutexGuard<'_, ControllerTable>> {
-        self.controllers.get(&sub.nqn).map(|t| lock(t))
+        sub: &'a Subsystem,
+    ) -> Option<std::sync::MutexGuard<'a, ControllerTable>> {
+        Some(lock(&sub.controllers))
     }
 
     /// Registers a controller of `sub` under a fresh CNTLID; None when all

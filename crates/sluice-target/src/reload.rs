@@ -1,31 +1,47 @@
-//! Configuration reload: who each subsystem admits, and the tenants,
-//! replaced while the target runs (`sluice target` re-reads its file on
-//! SIGHUP).
+//! Configuration reload: which subsystems the target exports, who each
+//! admits, and the tenants, replaced while the target runs (`sluice
+//! target` re-reads its file on SIGHUP).
 //!
-//! A reload applies the subsystems' `hosts`, `allow_any_host`, `dhchap`
-//! and `require_auth`, and the `[[tenant]]` entries (new ones created,
-//! changed ones replaced whole, removed ones deleted: their hosts belong
-//! to the default tenant from then on, live connections included, as a
-//! host moved between tenants does; a `default` entry removed reverts to
-//! the implicit default tenant), and nothing else: a file that differs
-//! from the configuration in force anywhere else (`[target]`, `[tenants]`,
-//! the list of subsystems, a subsystem's namespaces, serial or model, a
-//! tenant's `charge_cgroup`, or a tenant with one removed) is refused
-//! whole, naming what differs, and nothing of it applies.
+//! A reload applies:
+//! * subsystems **added** (an NQN the running configuration lacks): built
+//!   (their backends opened) before anything is applied, so a backend that
+//!   cannot be opened refuses the whole file; their namespaces get new
+//!   target-wide indices and per-namespace state (`TenantRuntime`), then
+//!   they take Connects and appear in discovery log pages;
+//! * subsystems **removed** (an NQN the file no longer lists): taken out of
+//!   the table (a Connect naming one is refused as an unknown subsystem),
+//!   their access closed (a Connect that found one just before is refused,
+//!   as for a host removed, below) and their live controllers failed: their
+//!   queues close at the next check, as at a keep-alive expiry. Commands in
+//!   flight complete or fail as at any lost connection; acknowledged writes
+//!   are already in the backend, which is closed once the last queue and
+//!   worker holding it let go (a RAM namespace's memory is freed then);
+//! * the `hosts`, `allow_any_host`, `dhchap` and `require_auth` of the
+//!   subsystems kept;
+//! * the `[[tenant]]` entries (new ones created, changed ones replaced
+//!   whole, removed ones deleted: their hosts belong to the default tenant
+//!   from then on, live connections included, as a host moved between
+//!   tenants does; a `default` entry removed reverts to the implicit
+//!   default tenant).
 //!
-//! Applied in two steps, tenants first (the one that can still fail: the
-//! new tenants are checked against the table in force, which the admin API
-//! may have changed), then access, which cannot fail. Every subsystem's new
-//! [`Access`] is swapped in, so the next Connect (admin or I/O queue) and
-//! the next discovery log page see it; a live controller whose host the new
-//! access would refuse at Connect (no longer listed, or without a secret
-//! where one is now required) is failed, and its queues close at their next
-//! check, as a keep-alive expiry closes them. Its commands in flight
-//! complete or fail as at any lost connection; acknowledged writes are
-//! already in the backend.
+//! Nothing else: a file that differs from the configuration in force
+//! anywhere else (`[target]`, `[tenants]`, a kept subsystem's namespaces,
+//! serial or model, a tenant's `charge_cgroup`, or a tenant with one
+//! removed) is refused whole, naming what differs, and nothing of it
+//! applies. The order of the subsystems does not matter.
+//!
+//! Applied in steps, those that can fail first: the added subsystems are
+//! built, then the tenants are replaced (the new ones are checked against
+//! the table in force, which the admin API may have changed); then, and
+//! these cannot fail, the added subsystems are registered, the removed ones
+//! closed, and every kept subsystem's new [`Access`] is swapped in, so the
+//! next Connect (admin or I/O queue) and the next discovery log page see
+//! it; a live controller whose host the new access would refuse at Connect
+//! (no longer listed, or without a secret where one is now required) is
+//! failed, and its queues close at their next check.
 
-use crate::registry::Registry;
-use crate::subsystem::Access;
+use crate::registry::{NoVolumes, Registry, VolumeOpener};
+use crate::subsystem::{Access, Subsystem};
 use crate::tenant::TenantRuntime;
 use sluice_config::{Config, SubsystemConfig};
 use sluice_runtime::sync::lock;
@@ -44,6 +60,10 @@ pub enum ReloadError {
     /// admin API since the file was read, say).
     #[error("the tenants: {0}")]
     Tenants(String),
+    /// A subsystem the file adds cannot be built (a backend that does not
+    /// open, the target's namespace limit).
+    #[error("a subsystem the file adds: {0}")]
+    Add(String),
 }
 
 /// What a reload changed.
@@ -55,12 +75,28 @@ pub struct ReloadReport {
     pub tenants: Vec<String>,
     /// Tenants deleted (no longer in the file).
     pub tenants_removed: Vec<String>,
+    /// Subsystems added, by NQN.
+    pub subsystems_added: Vec<String>,
+    /// Subsystems removed, with the controllers that were live on them.
+    pub subsystems_removed: Vec<RemovedSubsystem>,
 }
 
 impl ReloadReport {
     pub fn is_empty(&self) -> bool {
-        self.access.is_empty() && self.tenants.is_empty() && self.tenants_removed.is_empty()
+        self.access.is_empty()
+            && self.tenants.is_empty()
+            && self.tenants_removed.is_empty()
+            && self.subsystems_added.is_empty()
+            && self.subsystems_removed.is_empty()
     }
+}
+
+/// A subsystem a reload removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemovedSubsystem {
+    pub nqn: String,
+    /// Its live controllers, failed: (CNTLID, host NQN).
+    pub controllers_failed: Vec<(u16, String)>,
 }
 
 /// What a reload changed in one subsystem.
@@ -122,26 +158,14 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
         }
     }
     for sc in &new.subsystems {
-        if !running.subsystems.iter().any(|r| r.nqn == sc.nqn) {
-            return Some(format!("subsystem `{}` (new)", sc.nqn));
-        }
-    }
-    for (i, rc) in running.subsystems.iter().enumerate() {
-        match new.subsystems.get(i) {
-            None => return Some(format!("subsystem `{}` (removed)", rc.nqn)),
-            Some(sc) if sc.nqn != rc.nqn => {
-                return Some(format!(
-                    "the order of the subsystems (`{}` where `{}` was)",
-                    sc.nqn, rc.nqn
-                ))
-            }
-            Some(sc) if fixed_part(sc) != fixed_part(rc) => {
-                return Some(format!(
-                    "subsystem `{}`: its namespaces, serial or model",
-                    sc.nqn
-                ))
-            }
-            Some(_) => {}
+        let Some(rc) = running.subsystems.iter().find(|r| r.nqn == sc.nqn) else {
+            continue; // added
+        };
+        if fixed_part(sc) != fixed_part(rc) {
+            return Some(format!(
+                "subsystem `{}`: its namespaces, serial or model",
+                sc.nqn
+            ));
         }
     }
     None
@@ -149,13 +173,25 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
 
 /// Applies `new` (see the module docs) to the target whose registry is
 /// `reg` and whose tenants are `tenants`; refuses the whole file if it
-/// changes anything a reload cannot apply.
+/// changes anything a reload cannot apply. Added `volume` namespaces
+/// cannot be opened (see [`reload_with`]).
 pub fn reload(
     reg: &Registry,
     tenants: &TenantRuntime,
     new: &Config,
 ) -> Result<ReloadReport, ReloadError> {
-    let r = apply(reg, tenants, new);
+    reload_with(reg, tenants, new, &NoVolumes)
+}
+
+/// [`reload`], opening the `volume` namespaces of added subsystems through
+/// `volumes`.
+pub fn reload_with(
+    reg: &Registry,
+    tenants: &TenantRuntime,
+    new: &Config,
+    volumes: &dyn VolumeOpener,
+) -> Result<ReloadReport, ReloadError> {
+    let r = apply(reg, tenants, new, volumes);
     reg.reloads.record(r.is_ok());
     r
 }
@@ -164,11 +200,28 @@ fn apply(
     reg: &Registry,
     tenants: &TenantRuntime,
     new: &Config,
+    volumes: &dyn VolumeOpener,
 ) -> Result<ReloadReport, ReloadError> {
     let mut running = lock(&reg.running);
     if let Some(what) = needs_restart(&running, new) {
         return Err(ReloadError::NeedsRestart { what });
     }
+    let added: Vec<&SubsystemConfig> = new
+        .subsystems
+        .iter()
+        .filter(|sc| !running.subsystems.iter().any(|r| r.nqn == sc.nqn))
+        .collect();
+    let removed: Vec<String> = running
+        .subsystems
+        .iter()
+        .filter(|r| !new.subsystems.iter().any(|sc| sc.nqn == r.nqn))
+        .map(|r| r.nqn.clone())
+        .collect();
+    // What can fail, first: nothing is applied yet (a subsystem built
+    // here and dropped closes its backends).
+    let built = reg
+        .build_added(&added, volumes)
+        .map_err(|e| ReloadError::Add(e.to_string()))?;
     let changed: Vec<_> = new
         .tenants
         .tenants
@@ -176,36 +229,94 @@ fn apply(
         .filter(|t| !running.tenants.tenants.contains(t))
         .cloned()
         .collect();
-    let removed: Vec<String> = running
+    let tenants_deleted: Vec<String> = running
         .tenants
         .tenants
         .iter()
         .filter(|r| !new.tenants.tenants.iter().any(|t| t.name == r.name))
         .map(|r| r.name.clone())
         .collect();
-    let (tenants, tenants_removed) = tenants
-        .replace_tenants(&changed, &removed)
+    let (tenants_changed, tenants_removed) = tenants
+        .replace_tenants(&changed, &tenants_deleted)
         .map_err(|e| ReloadError::Tenants(e.to_string()))?;
+    // From here on nothing fails.
+    for (sub, sc) in built.iter().zip(&added) {
+        tenants.add_namespaces(sub, sc);
+    }
+    let gone = reg.swap_subsystems(&built, &removed);
+    let subsystems_removed = gone.iter().map(|sub| reg.close_removed(sub)).collect();
+    if !gone.is_empty() {
+        // Every worker looks for queues of the retired namespaces, also
+        // one asleep with no connection left.
+        reg.removals.fetch_add(1, Ordering::AcqRel);
+        for i in 0..tenants.workers {
+            tenants.wake(i);
+        }
+    }
+    for (sub, sc) in built.iter().zip(&added) {
+        crate::registry::log_access(sc);
+        tracing::info!(
+            subsystem = %sub.nqn,
+            namespaces = sub.namespaces.len(),
+            "reload: subsystem added"
+        );
+    }
     let access = reg.replace_access(&running, new);
+    if !built.is_empty() || !gone.is_empty() {
+        // Discovery log pages list the subsystems.
+        reg.discovery_genctr.fetch_add(1, Ordering::Relaxed);
+    }
     *running = new.clone();
     Ok(ReloadReport {
         access,
-        tenants,
+        tenants: tenants_changed,
         tenants_removed,
+        subsystems_added: built.iter().map(|s| s.nqn.clone()).collect(),
+        subsystems_removed,
     })
 }
 
 impl Registry {
-    /// Swaps in `new`'s access for every subsystem whose access differs
-    /// from `running`'s and fails the controllers it refuses. `new` has
-    /// the same subsystems as `running` ([`needs_restart`] said so).
+    /// Closes a subsystem a reload took out of the table: no host is
+    /// admitted any more (a Connect that found it just before is refused,
+    /// see the handshake) and its live controllers are failed.
+    fn close_removed(&self, sub: &Subsystem) -> RemovedSubsystem {
+        sub.set_access(Access::default());
+        for ns in sub.namespaces.values() {
+            ns.retire();
+        }
+        let mut removed = RemovedSubsystem {
+            nqn: sub.nqn.clone(),
+            controllers_failed: Vec::new(),
+        };
+        for c in self.live_controllers(sub) {
+            c.fail();
+            removed
+                .controllers_failed
+                .push((c.cntlid, c.hostnqn.clone()));
+        }
+        tracing::warn!(
+            subsystem = %sub.nqn,
+            controllers_failed = removed.controllers_failed.len(),
+            "reload: subsystem removed; its controllers are failed and their queues close"
+        );
+        removed
+    }
+
+    /// Swaps in `new`'s access for every subsystem in both `running` and
+    /// `new` whose access differs, and fails the controllers it refuses
+    /// (the kept subsystems differ in nothing else: [`needs_restart`]).
     fn replace_access(&self, running: &Config, new: &Config) -> Vec<AccessChange> {
         let mut changes = Vec::new();
-        for (rc, sc) in running.subsystems.iter().zip(&new.subsystems) {
+        let subsystems = self.subsystems();
+        for sc in &new.subsystems {
+            let Some(rc) = running.subsystems.iter().find(|r| r.nqn == sc.nqn) else {
+                continue;
+            };
             if rc == sc {
                 continue;
             }
-            let Some(sub) = self.subsystems.get(&sc.nqn) else {
+            let Some(sub) = subsystems.get(&sc.nqn) else {
                 continue;
             };
             let access = Access::from_config(sc);
@@ -289,7 +400,7 @@ mod tests {
     }
 
     #[test]
-    fn only_access_may_change() {
+    fn subsystems_access_and_tenants_may_change() {
         let running = config(&["h1"]);
         assert_eq!(needs_restart(&running, &config(&["h1", "h2"])), None);
         let mut open = config(&[]);
@@ -303,11 +414,19 @@ mod tests {
         let mut ns = config(&["h1"]);
         ns.subsystems[0].namespaces[0].nsid = 2;
         assert!(needs_restart(&running, &ns).is_some_and(|w| w.contains("namespaces")));
+        // Whole subsystems may come and go, in any order; a kept one's
+        // serial may not change.
         let mut more = config(&["h1"]);
         more.subsystems
-            .push(SubsystemConfig::new("nqn.2026-12.io.sluice:other"));
-        assert!(needs_restart(&running, &more).is_some_and(|w| w.contains("(new)")));
-        assert!(needs_restart(&more, &running).is_some_and(|w| w.contains("(removed)")));
+            .insert(0, SubsystemConfig::new("nqn.2026-12.io.sluice:other"));
+        assert_eq!(needs_restart(&running, &more), None);
+        assert_eq!(needs_restart(&more, &running), None);
+        let mut serial = more.clone();
+        serial.subsystems[1].serial = "other".into();
+        assert_eq!(
+            needs_restart(&more, &serial).as_deref(),
+            Some("subsystem `nqn.2026-12.io.sluice:reload`: its namespaces, serial or model")
+        );
         let mut tenants = config(&["h1"]);
         tenants.tenants = sluice_config::TenantsConfig::fair();
         assert_eq!(

@@ -1,9 +1,11 @@
 //! Subsystems and namespaces: what the target exports.
 //!
-//! A subsystem has an NQN, a host allow-list and namespaces. Its live
-//! controllers are kept by the registry (`registry.rs`), which builds every
-//! subsystem once from the configuration; who it admits ([`Access`]) may be
-//! replaced while it runs (a configuration reload).
+//! A subsystem has an NQN, a host allow-list, namespaces and its live
+//! controllers (handed out through the registry, `registry.rs`, which
+//! builds the subsystems from the configuration). Who it admits
+//! ([`Access`]) may be replaced while it runs, and a configuration reload
+//! may add or remove whole subsystems (`reload.rs`); a subsystem's
+//! namespaces stay as built.
 
 use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
@@ -32,6 +34,9 @@ pub struct Namespace {
     pub counters: IoCounters,
     /// Chain-epoch fences (elastic volumes' drives; `fence.rs`).
     pub fences: Arc<crate::fence::Fences>,
+    /// Its subsystem was removed by a reload: workers drop their queues of
+    /// it once no one holds it (`server/worker.rs`).
+    retired: std::sync::atomic::AtomicBool,
 }
 
 /// What [`Namespace::new`] needs besides the backend.
@@ -60,7 +65,18 @@ impl Namespace {
             eui64: ids.eui64,
             counters: IoCounters::default(),
             fences: Arc::new(crate::fence::Fences::new(geometry.size_bytes)),
+            retired: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Marks it as leaving: its subsystem was removed.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether its subsystem was removed.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Capacity now, in blocks.
@@ -172,7 +188,9 @@ pub struct Subsystem {
     /// Who it admits now (a reload swaps it; a Connect reads it once).
     access: RwLock<Arc<Access>>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
-    /// Live controllers, kept by the registry's controller table.
+    /// Live controllers by CNTLID (handed out through the registry).
+    pub(crate) controllers: std::sync::Mutex<crate::registry::ControllerTable>,
+    /// How many are live (read without the table's lock).
     pub(crate) live_controllers: AtomicUsize,
 }
 
@@ -192,6 +210,7 @@ impl Subsystem {
             model,
             access: RwLock::new(Arc::new(access)),
             namespaces,
+            controllers: crate::registry::ControllerTable::new(),
             live_controllers: AtomicUsize::new(0),
         }
     }

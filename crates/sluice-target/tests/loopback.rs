@@ -615,7 +615,7 @@ fn hostile_and_vanishing_peers_leave_others_alone() {
 
     // The healthy host carries on; its data is intact.
     assert_eq!(good.read(0, 8), (Status::SUCCESS, pattern(4096, 1)));
-    let sub = t.registry().subsystems[SUBNQN].clone();
+    let sub = t.registry().subsystems()[SUBNQN].clone();
     let deadline = Instant::now() + Duration::from_secs(5);
     while sub.controller_count() != 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -783,6 +783,7 @@ fn closed_by_target(s: &mut TcpStream, within: Duration) -> bool {
             Ok(0) => return true,
             Ok(_) => continue, // a C2HTermReq or ICResp before the close
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => return false, // timed out: still open
         }
     }
@@ -999,4 +1000,73 @@ fn a_pdu_dribbled_in_pieces_is_read_whole() {
         assert!(back == d, "{polling}: read back differs");
         t.shutdown();
     }
+}
+
+/// The descriptors of this process open on `path`.
+fn fds_on(path: &std::path::Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target == path)
+        .count()
+}
+
+/// A subsystem removed by a reload, on the real I/O layer: its host's
+/// connections are closed by the target, the other subsystem serves on, and
+/// once they are gone the workers drop their queues of its namespace, so
+/// its file is closed (an operator may then delete or reuse it).
+#[test]
+fn a_removed_subsystem_is_closed_and_its_file_released() {
+    const KEPT: &str = "nqn.2026-11.io.sluice:kept";
+    let path = std::env::temp_dir().join(format!("sluice-removed-{}.img", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let path = std::fs::canonicalize(&path).unwrap();
+    let kept = SubsystemConfig::new(KEPT)
+        .with_host(HOSTNQN)
+        .with_namespace(NamespaceConfig::ram(1, 4 << 20));
+    let both = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .with_discovery_listen(None)
+                .with_workers(2),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(SUBNQN)
+                .with_host(HOSTNQN)
+                .with_namespace(NamespaceConfig::file(1, &path).with_block_size(512)),
+        )
+        .with_subsystem(kept)
+        .validated()
+        .unwrap();
+    let t = Target::start(&both).unwrap();
+    let addr = t.local_addr();
+    let (mut admin, cntlid) = Client::admin(addr);
+    let mut q = Client::connect(addr, false);
+    assert_eq!(q.connect_queue(1, cntlid).status(), Status::SUCCESS);
+    let d = pattern(8192, 3);
+    assert_eq!(q.write(16, &d), Status::SUCCESS);
+    assert_eq!(q.read(16, 16), (Status::SUCCESS, d));
+    assert!(fds_on(&path) > 0, "the target holds the file");
+
+    let mut only_kept = both.clone();
+    only_kept.subsystems.retain(|s| s.nqn != SUBNQN);
+    let report = t.reload(&only_kept).unwrap();
+    assert_eq!(report.subsystems_removed.len(), 1);
+    assert_eq!(report.subsystems_removed[0].controllers_failed.len(), 1);
+    // The failed controller's queues close at their next check.
+    assert!(closed_by_target(&mut admin.s, Duration::from_secs(5)));
+    assert!(closed_by_target(&mut q.s, Duration::from_secs(5)));
+    drop((admin, q));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fds_on(&path) > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fds_on(&path), 0, "the removed namespace's file is closed");
+    assert!(t.registry().subsystem(SUBNQN).is_none());
+    t.shutdown();
+    std::fs::remove_file(&path).unwrap();
 }

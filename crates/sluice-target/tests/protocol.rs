@@ -45,7 +45,7 @@ fn host_not_on_allow_list_is_refused_with_0x184() {
         );
         assert_eq!(c.status(), Status::CONNECT_INVALID_HOST);
         assert_eq!((c.status().sct, c.status().sc), (1, 0x84));
-        assert_eq!(r.subsystems[SUBNQN].controller_count(), 0);
+        assert_eq!(r.subsystems()[SUBNQN].controller_count(), 0);
     }
 }
 
@@ -1003,8 +1003,8 @@ fn empty_hostnqn_discovers_only_open_subsystems() {
         let c = q.connect_as(sub, "", 0, CNTLID_DYNAMIC);
         assert_eq!(c.status(), want, "{sub}");
     }
-    assert_eq!(r.subsystems[SUBNQN].controller_count(), 0);
-    assert_eq!(r.subsystems[OPEN].controller_count(), 1);
+    assert_eq!(r.subsystems()[SUBNQN].controller_count(), 0);
+    assert_eq!(r.subsystems()[OPEN].controller_count(), 1);
 }
 
 #[test]

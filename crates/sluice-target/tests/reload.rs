@@ -1,5 +1,7 @@
-//! A configuration reload replaces who a subsystem admits, and the
-//! tenants, while the target runs: a host added connects; a host removed is
+//! A configuration reload adds and removes whole subsystems, replaces who a
+//! subsystem admits, and the tenants, while the target runs: a subsystem
+//! added takes Connects and I/O while the others serve on; one removed
+//! fails its controllers and is then unknown; a host added connects; a host removed is
 //! refused at its next Connect and its live controller is failed, its
 //! queues closing at their next check; data it wrote stays; tenants are
 //! created, replaced and deleted, a host may move between them; a file that changes
@@ -9,11 +11,12 @@
 mod common;
 use common::*;
 
+use sluice_config::{NamespaceConfig, SubsystemConfig};
 use sluice_proto::fabrics::{cc, prop, CNTLID_DYNAMIC};
 use sluice_proto::Status;
 use sluice_target::queue::CONTROLLER_CHECK_INTERVAL;
 use sluice_target::registry::Registry;
-use sluice_target::reload::{reload, AccessChange, ReloadError, ReloadReport};
+use sluice_target::reload::{reload, AccessChange, ReloadError, ReloadReport, RemovedSubsystem};
 use sluice_target::tenant::TenantRuntime;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,10 +34,173 @@ fn refused(c: &sluice_proto::command::Cqe) -> bool {
 
 /// Connects an admin queue as `hostnqn`; its completion.
 fn admin_as(reg: &Arc<Registry>, hostnqn: &str) -> (Pair, sluice_proto::command::Cqe) {
+    admin_of(reg, SUBNQN, hostnqn)
+}
+
+/// Connects an admin queue of `subnqn` as `hostnqn`; its completion.
+fn admin_of(
+    reg: &Arc<Registry>,
+    subnqn: &str,
+    hostnqn: &str,
+) -> (Pair, sluice_proto::command::Cqe) {
     let mut p = Pair::new(reg.clone());
     p.icreq(false, false);
-    let c = p.connect_as(SUBNQN, hostnqn, 0, CNTLID_DYNAMIC);
+    let c = p.connect_as(subnqn, hostnqn, 0, CNTLID_DYNAMIC);
     (p, c)
+}
+
+/// A controller of `subnqn` for `hostnqn`, enabled, and one I/O queue.
+fn controller_of(reg: &Arc<Registry>, subnqn: &str, hostnqn: &str) -> (Pair, Pair, u16) {
+    let (mut a, c) = admin_of(reg, subnqn, hostnqn);
+    assert!(c.status().is_success(), "{:?}", c.status());
+    let id = u16::try_from(c.result).unwrap();
+    let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
+    assert_eq!(a.prop_set(prop::CC, u64::from(en)), Status::SUCCESS);
+    let mut q = Pair::new(reg.clone());
+    q.icreq(false, false);
+    assert!(q.connect_as(subnqn, hostnqn, 1, id).status().is_success());
+    (a, q, id)
+}
+
+fn unknown_subsystem(c: &sluice_proto::command::Cqe) -> bool {
+    c.status().same_code(Status::CONNECT_INVALID_PARAMETERS)
+}
+
+const ADDED: &str = "nqn.2026-12.io.sluice:added";
+
+fn added_subsystem() -> SubsystemConfig {
+    SubsystemConfig::new(ADDED)
+        .with_host(OTHER)
+        .with_namespace(NamespaceConfig::ram(1, 1 << 20).with_block_size(512))
+}
+
+/// A subsystem added by a reload serves its host at once, with state of
+/// its own, while the kept one serves on; removed, its controllers fail,
+/// its queues close at their next check, it is unknown to Connects, and
+/// once its connections are gone nothing holds its namespace (the
+/// backend is freed). Added again, it is a new, empty namespace.
+#[test]
+fn reload_adds_and_removes_whole_subsystems_while_the_others_serve() {
+    let before = config_in("immediate", default_ns());
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let (_a, cntlid) = admin_pair(&reg);
+    let mut q = io_pair(&reg, cntlid, false, false);
+    let data = pattern(4096, 7);
+    assert_eq!(q.write(8, &data, 8192), Status::SUCCESS);
+    assert!(
+        unknown_subsystem(&admin_of(&reg, ADDED, OTHER).1),
+        "not there yet"
+    );
+    let genctr = reg.genctr();
+
+    // Listed first: the order of the subsystems does not matter.
+    let mut after = before.clone();
+    after.subsystems.insert(0, added_subsystem());
+    let report = reload(&reg, &tenants, &after).expect("a subsystem may be added");
+    assert_eq!(report.subsystems_added, vec![ADDED.to_string()]);
+    assert!(report.access.is_empty() && report.subsystems_removed.is_empty());
+    assert!(reg.genctr() > genctr, "discovery log pages list it");
+    let added_ns = reg.subsystems()[ADDED].namespaces[&1].clone();
+    let kept_ns = reg.subsystems()[SUBNQN].namespaces[&1].clone();
+    assert_ne!(added_ns.index, kept_ns.index, "an index of its own");
+    assert!(tenants.arbiters.get(added_ns.index).is_some());
+    assert_eq!(
+        tenants
+            .ns_stats
+            .get(added_ns.index)
+            .map(|s| (s.nqn.as_str(), s.nsid)),
+        Some((ADDED, 1))
+    );
+
+    // Its host writes and reads back; the kept subsystem serves on and its
+    // data is its own.
+    let (mut b, mut bq, b_id) = controller_of(&reg, ADDED, OTHER);
+    let other = pattern(4096, 9);
+    assert_eq!(bq.write(8, &other, 8192), Status::SUCCESS);
+    assert_eq!(bq.read(8, 8), (Status::SUCCESS, other.clone()));
+    assert_eq!(q.read(8, 8), (Status::SUCCESS, data.clone()));
+    assert!(
+        refused(&admin_of(&reg, ADDED, HOSTNQN).1),
+        "its own host list"
+    );
+    assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
+    let nguid = |a: &mut Pair| {
+        let (st, id) = a.identify(0, 1);
+        assert_eq!(st, Status::SUCCESS);
+        id[104..120].to_vec()
+    };
+    let first_nguid = nguid(&mut b);
+
+    // Removed.
+    let genctr = reg.genctr();
+    let report = reload(&reg, &tenants, &before).expect("a subsystem may be removed");
+    assert_eq!(
+        report.subsystems_removed,
+        vec![RemovedSubsystem {
+            nqn: ADDED.into(),
+            controllers_failed: vec![(b_id, OTHER.into())],
+        }]
+    );
+    assert!(report.subsystems_added.is_empty() && report.access.is_empty());
+    assert!(reg.genctr() > genctr);
+    assert!(!reg.subsystems().contains_key(ADDED));
+    assert!(unknown_subsystem(&admin_of(&reg, ADDED, OTHER).1));
+    let step = CONTROLLER_CHECK_INTERVAL + Duration::from_millis(1);
+    b.advance(step);
+    bq.advance(step);
+    q.advance(step);
+    assert!(b.conn.is_closing() && bq.conn.is_closing());
+    assert!(!q.conn.is_closing(), "the kept subsystem's queue");
+    assert_eq!(q.read(8, 8), (Status::SUCCESS, data.clone()));
+    // The I/O layer finishes closed connections; then nothing holds the
+    // namespace (no cycle through the controller table).
+    let held = Arc::downgrade(&added_ns);
+    let old_index = added_ns.index;
+    drop(added_ns);
+    b.conn.finish();
+    bq.conn.finish();
+    drop((b, bq));
+    assert!(held.upgrade().is_none(), "the removed namespace is freed");
+
+    // Added again: a new namespace, empty, on a new index, with an NGUID
+    // of its own (a host must not take it for the one it knew).
+    reload(&reg, &tenants, &after).expect("added again");
+    let again = reg.subsystems()[ADDED].namespaces[&1].clone();
+    assert!(again.index > old_index, "indices are not reused");
+    let (mut b, mut bq, _) = controller_of(&reg, ADDED, OTHER);
+    assert_eq!(bq.read(8, 8), (Status::SUCCESS, vec![0; 4096]));
+    assert_ne!(nguid(&mut b), first_nguid);
+    assert_eq!(reg.reloads.counts(), (4, 0));
+}
+
+/// A subsystem whose backend cannot be opened refuses the whole file:
+/// nothing of it applies (not the other subsystem's host list either),
+/// and no namespace index is used up.
+#[test]
+fn a_subsystem_that_cannot_be_built_refuses_the_whole_file() {
+    let before = config_in("immediate", default_ns());
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let mut bad = before.clone();
+    bad.subsystems[0].hosts.push(OTHER.into());
+    bad.subsystems.push(
+        SubsystemConfig::new(ADDED)
+            .with_host(OTHER)
+            .with_namespace(NamespaceConfig::file(1, "/nonexistent/sluice-reload-test")),
+    );
+    match reload(&reg, &tenants, &bad) {
+        Err(ReloadError::Add(why)) => assert!(why.contains(ADDED), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!reg.subsystems().contains_key(ADDED));
+    assert!(refused(&admin_as(&reg, OTHER).1), "the host list stays");
+    let mut good = before.clone();
+    good.subsystems.push(added_subsystem());
+    reload(&reg, &tenants, &good).expect("the file mended");
+    let kept = reg.subsystems()[SUBNQN].namespaces[&1].index;
+    assert_eq!(reg.subsystems()[ADDED].namespaces[&1].index, kept + 1);
+    assert_eq!(reg.reloads.counts(), (1, 1));
 }
 
 #[test]

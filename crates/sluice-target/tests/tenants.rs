@@ -238,7 +238,7 @@ fn split_requests_keep_data_intact_at(split_bytes: u64, sizes: &str, ram: bool) 
     assert_eq!(j.verify_errors, 0);
     assert!(j.ios > 100, "{}", j.ios);
     let id = t.tenants().table().id("a").unwrap();
-    let (_, pieces) = t.tenants().arbiters[0].served(id);
+    let (_, pieces) = t.tenants().arbiters.get(0).expect("namespace 0").served(id);
     eprintln!(
         "split: {} I/Os went to the backend as {pieces} pieces",
         j.ios

@@ -133,7 +133,7 @@ impl TargetHandle {
     pub fn namespace_counters(&self) -> Vec<NamespaceCounters> {
         use std::sync::atomic::Ordering::Relaxed;
         let mut out = Vec::new();
-        for (nqn, sub) in &self.reg.subsystems {
+        for (nqn, sub) in self.reg.subsystems().iter() {
             for (nsid, ns) in &sub.namespaces {
                 let Some(st) = self.tenants.ns_stats.get(ns.index) else {
                     continue;
@@ -164,14 +164,25 @@ impl TargetHandle {
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
     }
-    /// Applies a new configuration's subsystem access (hosts,
-    /// `allow_any_host`, DH-HMAC-CHAP) and tenants; refuses a file that
-    /// changes anything else (`reload.rs`).
+    /// Applies a new configuration's subsystems (added, removed), their
+    /// access (hosts, `allow_any_host`, DH-HMAC-CHAP) and tenants; refuses
+    /// a file that changes anything else (`reload.rs`). An added `volume`
+    /// namespace cannot be opened (see [`TargetHandle::reload_with`]).
     pub fn reload(
         &self,
         config: &sluice_config::Config,
     ) -> Result<crate::reload::ReloadReport, crate::reload::ReloadError> {
-        crate::reload::reload(&self.reg, &self.tenants, config)
+        self.reload_with(config, &crate::registry::NoVolumes)
+    }
+
+    /// [`TargetHandle::reload`], opening the `volume` namespaces of added
+    /// subsystems through `volumes`.
+    pub fn reload_with(
+        &self,
+        config: &sluice_config::Config,
+        volumes: &dyn crate::registry::VolumeOpener,
+    ) -> Result<crate::reload::ReloadReport, crate::reload::ReloadError> {
+        crate::reload::reload_with(&self.reg, &self.tenants, config, volumes)
     }
     /// Counts a reload refused before [`TargetHandle::reload`] (its file
     /// did not parse), in `sluice_target_config_reloads_total`.

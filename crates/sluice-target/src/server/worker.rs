@@ -47,7 +47,15 @@ pub(super) enum Incoming {
 struct BackendSlot {
     queue: Box<dyn BackendQueue>,
     notify_registered: bool,
+    /// The namespace it serves: gone once a reload removed its subsystem
+    /// and the last queue holding it closed; then the slot is dropped
+    /// ([`Worker::drop_retired_queues`]) and with it the backend.
+    ns: std::sync::Weak<crate::subsystem::Namespace>,
 }
+
+/// How often a worker holding queues of retired namespaces looks again
+/// whether it may drop them.
+const RETIRED_QUEUE_CHECK: Duration = Duration::from_millis(200);
 
 /// The grid every connection's periodic checks fall on, process-wide (so a
 /// connection handed to another worker stays on it): the first worker
@@ -78,6 +86,11 @@ pub(super) struct Worker {
     tenancy: WorkerTenancy,
     /// epoll sleeps in whole milliseconds; a timerfd wakes us on time.
     pub(super) sleeper: Sleeper,
+    /// The registry's `removals` as last seen.
+    removals_seen: u64,
+    /// When to look again for queues of retired namespaces to drop (set
+    /// while some may remain).
+    retired_check: Option<Instant>,
 }
 
 impl Worker {
@@ -104,6 +117,8 @@ impl Worker {
             connections_total: 0,
             tenancy,
             sleeper: Sleeper::without_timer(),
+            removals_seen: 0,
+            retired_check: None,
         }
     }
 
@@ -127,6 +142,16 @@ impl Worker {
             if now >= next_publish {
                 self.publish_send_stats();
                 next_publish = now + crate::metrics::SEND_PUBLISH_INTERVAL;
+            }
+            let removals = self.reg.removals.load(Ordering::Acquire);
+            if removals != self.removals_seen {
+                self.removals_seen = removals;
+                self.retired_check = Some(now);
+            }
+            if self.retired_check.is_some_and(|t| now >= t) {
+                self.retired_check = self
+                    .drop_retired_queues()
+                    .then_some(now + RETIRED_QUEUE_CHECK);
             }
             let deadline = self.next_deadline(now);
             let timeout = self.sleeper.timeout(
@@ -255,6 +280,7 @@ impl Worker {
             }
         }
         take(self.tenancy.next_deadline(now));
+        take(self.retired_check);
         d
     }
 
@@ -442,6 +468,7 @@ impl Worker {
                                 v.insert(BackendSlot {
                                     queue: q,
                                     notify_registered,
+                                    ns: Arc::downgrade(&sub.ns),
                                 })
                             }
                             Err(err) => {
@@ -564,35 +591,94 @@ impl Worker {
         }
     }
 
-    /// Makes every completed write durable before the process exits.
-    fn flush_backends(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for q in self.queues.values_mut() {
-            q.queue.submit(
-                IoRequest {
-                    tag: BackendTag::FINAL_FLUSH.raw(),
-                    op: IoOp::Flush,
-                    offset_bytes: 0,
-                    len_bytes: 0,
-                    buf: None,
-                },
-                Instant::now(),
-            );
+    /// Drops the backend queues of namespaces no one holds any more (their
+    /// subsystem was removed by a reload and its last connection closed)
+    /// once nothing is in flight in them, so the backend closes: a thread
+    /// of its own flushes each (as at shutdown) and drops it, so a slow
+    /// flush holds up no connection. True when queues of retired
+    /// namespaces remain (to look again later).
+    fn drop_retired_queues(&mut self) -> bool {
+        let mut remain = false;
+        let mut retired = Vec::new();
+        for (&i, q) in &self.queues {
+            match q.ns.upgrade() {
+                None if q.queue.in_flight() == 0 && self.tenancy.queued_for(i) == 0 => {
+                    retired.push(i);
+                }
+                None => remain = true,
+                Some(ns) => remain |= ns.is_retired(),
+            }
         }
-        let mut out = Vec::new();
-        for q in self.queues.values_mut() {
-            while q.queue.in_flight() > 0 && Instant::now() < deadline {
-                q.queue.poll_completions(Instant::now(), &mut out);
-                if q.queue.in_flight() > 0 {
-                    std::thread::sleep(Duration::from_micros(200));
+        for i in retired {
+            let Some(q) = self.queues.remove(&i) else {
+                continue;
+            };
+            self.tenancy.forget_namespace(i);
+            if q.notify_registered {
+                if let Some(fd) = q.queue.notify_fd() {
+                    let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
                 }
             }
-            for c in out.drain(..) {
-                if let Err(e) = &c.result {
-                    if BackendTag::from_raw(c.tag) == BackendTag::FINAL_FLUSH {
-                        tracing::error!(error = %e, "final backend flush failed");
-                    }
-                }
+            let mut queue = q.queue;
+            let flushing = std::thread::Builder::new()
+                .name("sluice-retire".into())
+                .spawn(move || {
+                    submit_final_flush(queue.as_mut());
+                    wait_flushed(queue.as_mut(), Instant::now() + FINAL_FLUSH_WAIT);
+                    tracing::debug!(
+                        ns_index = i,
+                        "backend queue of a removed namespace flushed and dropped"
+                    );
+                });
+            if let Err(e) = flushing {
+                tracing::warn!(ns_index = i, error = %e, "cannot start a thread to flush a removed namespace's backend queue; dropped without a final flush");
+            }
+        }
+        remain
+    }
+
+    /// Makes every completed write durable before the process exits.
+    fn flush_backends(&mut self) {
+        let deadline = Instant::now() + FINAL_FLUSH_WAIT;
+        for q in self.queues.values_mut() {
+            submit_final_flush(q.queue.as_mut());
+        }
+        for q in self.queues.values_mut() {
+            wait_flushed(q.queue.as_mut(), deadline);
+        }
+    }
+}
+
+/// How long a final flush (at exit, or of a removed namespace) may take.
+const FINAL_FLUSH_WAIT: Duration = Duration::from_secs(30);
+
+fn submit_final_flush(q: &mut dyn BackendQueue) {
+    q.submit(
+        IoRequest {
+            tag: BackendTag::FINAL_FLUSH.raw(),
+            op: IoOp::Flush,
+            offset_bytes: 0,
+            len_bytes: 0,
+            buf: None,
+        },
+        Instant::now(),
+    );
+}
+
+/// Waits until `q` has nothing in flight (or `deadline`), logging a final
+/// flush that failed.
+fn wait_flushed(q: &mut dyn BackendQueue, deadline: Instant) {
+    let mut out = Vec::new();
+    while q.in_flight() > 0 && Instant::now() < deadline {
+        q.poll_completions(Instant::now(), &mut out);
+        if q.in_flight() > 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    for c in out {
+        if let Err(e) = &c.result {
+            if BackendTag::from_raw(c.tag) == BackendTag::FINAL_FLUSH {
+                tracing::error!(error = %e, "final backend flush failed");
             }
         }
     }

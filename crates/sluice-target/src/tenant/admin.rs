@@ -397,7 +397,8 @@ impl Collector for TargetCollector {
         auth_and_tolerance_metrics(e, &self.reg)?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
-        for (nqn, sub) in &self.reg.subsystems {
+        let subsystems = self.reg.subsystems();
+        for (nqn, sub) in subsystems.iter() {
             for (nsid, n) in &sub.namespaces {
                 ns.push((
                     nqn.as_str(),

@@ -30,12 +30,13 @@ pub mod shared;
 pub mod worker;
 
 use crate::registry::Registry;
+use crate::slots::Slots;
 use fair::CostModel;
 use sluice_config::tenants::{
     validate_set, validate_tenant, CostKind, RawTenant, TenantSpec, TenantsSettings,
     ThrottleConfig, DEFAULT_TENANT, TENANTS_MAX,
 };
-use sluice_config::{BackendConfig, ConfigError};
+use sluice_config::{BackendConfig, ConfigError, SubsystemConfig, NAMESPACES_TOTAL_MAX};
 use sluice_runtime::sync::{read, write};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -169,12 +170,12 @@ pub struct TenantRuntime {
     /// Worker CPU in batches with no tenant work.
     pub unattributed_cpu_ns: AtomicU64,
     /// Cost model per namespace index.
-    pub cost_models: Vec<CostModel>,
+    pub cost_models: Slots<CostModel>,
     /// Data I/O per namespace index, every tenant's (a view agent reads
     /// them: `TargetHandle::namespace_counters`).
-    pub ns_stats: Vec<NamespaceStats>,
+    pub ns_stats: Slots<NamespaceStats>,
     /// The scheduler of each namespace (by index), shared by all workers.
-    pub arbiters: Vec<shared::BackendArbiter>,
+    pub arbiters: Slots<shared::BackendArbiter>,
     /// The CPU throttles of the worker pool.
     pub cpu: shared::CpuGovernor,
     /// Backend I/Os this slow are counted and logged (`target.slow_io_ms`).
@@ -212,7 +213,7 @@ impl std::fmt::Debug for TenantRuntime {
             .field("settings", &self.settings)
             .field("generation", &self.generation())
             .field("workers", &self.workers)
-            .field("arbiters", &self.arbiters.len())
+            .field("arbiters", &self.arbiters.iter().count())
             .field("cpu", &self.cpu)
             .finish()
     }
@@ -229,18 +230,23 @@ pub enum UpdateError {
     Json(String),
 }
 
-/// One [`NamespaceStats`] per namespace index, named for log lines.
-fn namespace_stats(reg: &Registry, count: usize) -> Vec<NamespaceStats> {
-    let mut stats: Vec<NamespaceStats> = (0..count).map(|_| NamespaceStats::default()).collect();
-    for (nqn, sub) in &reg.subsystems {
-        for (&nsid, n) in &sub.namespaces {
-            if let Some(st) = stats.get_mut(n.index) {
-                st.nqn.clone_from(nqn);
-                st.nsid = nsid;
-            }
+/// A namespace's cost model: an emulated SSD's device model when tenants
+/// are charged by device cost, bytes otherwise.
+fn cost_model_of(kind: CostKind, backend: &BackendConfig) -> CostModel {
+    match (backend, kind) {
+        (BackendConfig::EmulatedSsd(m), CostKind::Device) => {
+            CostModel::device(&crate::subsystem::ssd_model(m))
         }
+        _ => CostModel::bytes(),
     }
-    stats
+}
+
+fn params_of(spec: &TenantSpec) -> fair::TenantParams {
+    fair::TenantParams {
+        weight: spec.weight,
+        reservation: spec.reservation,
+        limit: spec.limit,
+    }
 }
 
 impl TenantRuntime {
@@ -252,37 +258,11 @@ impl TenantRuntime {
         }
         tenants.extend(tc.tenants.iter().cloned().map(Some));
         let table = TenantTable::build(tenants, &tc.default_tenant, 1);
-        let mut cost_models = vec![CostModel::bytes(); reg.namespaces.len()];
-        for s in &cfg.subsystems {
-            for n in &s.namespaces {
-                if let BackendConfig::EmulatedSsd(m) = &n.backend {
-                    let idx = reg
-                        .subsystem(&s.nqn)
-                        .and_then(|sub| sub.namespaces.get(&n.nsid).map(|ns| ns.index));
-                    if let (Some(i), CostKind::Device) = (idx, tc.settings.cost) {
-                        if let Some(slot) = cost_models.get_mut(i) {
-                            *slot = CostModel::device(&crate::subsystem::ssd_model(m));
-                        }
-                    }
-                }
-            }
-        }
         let workers = cfg
             .target
             .workers
             .clamp(1, sluice_runtime::limits::WORKERS_MAX);
         let st = &tc.settings;
-        let arbiters = cost_models
-            .iter()
-            .map(|&c| {
-                shared::BackendArbiter::new(
-                    c,
-                    st.dispatch_depth,
-                    st.dispatch_budget_us.map(|us| us * 1000),
-                    workers,
-                )
-            })
-            .collect();
         let victims = if st.cpu_isolation && !st.victim_cgroups.is_empty() {
             match sluice_cpu::VictimWatch::new(&st.victim_cgroups) {
                 Ok(v) => Some(v),
@@ -301,10 +281,10 @@ impl TenantRuntime {
             default_name: tc.default_tenant.clone(),
             stats: (0..TENANTS_MAX).map(|_| TenantStats::default()).collect(),
             unattributed_cpu_ns: AtomicU64::new(0),
-            ns_stats: namespace_stats(reg, cost_models.len()),
+            ns_stats: Slots::new(NAMESPACES_TOTAL_MAX),
             slow_io: Duration::from_millis(u64::from(cfg.target.slow_io_ms)),
-            cost_models,
-            arbiters,
+            cost_models: Slots::new(NAMESPACES_TOTAL_MAX),
+            arbiters: Slots::new(NAMESPACES_TOTAL_MAX),
             cpu: shared::CpuGovernor::new(
                 throttle_params(&st.throttle),
                 workers,
@@ -314,20 +294,58 @@ impl TenantRuntime {
             workers,
             waker: std::sync::OnceLock::new(),
         };
+        for sc in &cfg.subsystems {
+            if let Some(sub) = reg.subsystem(&sc.nqn) {
+                rt.add_namespaces(&sub, sc);
+            }
+        }
         rt.apply_table(&rt.table(), Instant::now());
         rt
+    }
+
+    /// Creates the per-namespace state of `sub`'s namespaces (`sc` is its
+    /// configuration): cost model, counters, and a scheduler set up for
+    /// the tenant table in force. At start, and when a reload adds a
+    /// subsystem (before it takes Connects). Holds the table's lock, so no
+    /// tenant update runs between reading the table and the new scheduler
+    /// being where the next update reaches it.
+    pub(crate) fn add_namespaces(&self, sub: &crate::subsystem::Subsystem, sc: &SubsystemConfig) {
+        let table = write(&self.table);
+        let now = Instant::now();
+        for nc in &sc.namespaces {
+            let Some(ns) = sub.namespaces.get(&nc.nsid) else {
+                continue;
+            };
+            let cost = cost_model_of(self.settings.cost, &nc.backend);
+            let arbiter = shared::BackendArbiter::new(
+                cost,
+                self.settings.dispatch_depth,
+                self.settings.dispatch_budget_us.map(|us| us * 1000),
+                self.workers,
+            );
+            for (id, spec) in table.iter() {
+                arbiter.set_params(id, params_of(spec), now);
+            }
+            let stats = NamespaceStats {
+                nqn: sc.nqn.clone(),
+                nsid: nc.nsid,
+                ..NamespaceStats::default()
+            };
+            // Indices are never handed out twice (`Registry`), so every
+            // slot is empty here.
+            let fresh = self.cost_models.set(ns.index, cost).is_ok()
+                & self.ns_stats.set(ns.index, stats).is_ok()
+                & self.arbiters.set(ns.index, arbiter).is_ok();
+            debug_assert!(fresh, "namespace index {} set twice", ns.index);
+        }
     }
 
     /// Pushes a table's weights, rates and CPU shares into the shared
     /// schedulers and throttles (buckets keep their fill when unchanged).
     fn apply_table(&self, table: &TenantTable, now: Instant) {
         for (id, spec) in table.iter() {
-            let params = fair::TenantParams {
-                weight: spec.weight,
-                reservation: spec.reservation,
-                limit: spec.limit,
-            };
-            for a in &self.arbiters {
+            let params = params_of(spec);
+            for (_, a) in self.arbiters.iter() {
                 a.set_params(id, params.clone(), now);
             }
             self.cpu.set_share(id, spec.cpu_share);

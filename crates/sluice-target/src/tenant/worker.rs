@@ -593,6 +593,21 @@ impl WorkerTenancy {
     pub fn queued(&self) -> usize {
         self.local.values().map(|l| l.queued).sum()
     }
+
+    /// Requests of namespace `ns` the scheduler still holds.
+    pub fn queued_for(&self, ns: usize) -> usize {
+        self.local.get(&ns).map_or(0, |l| l.queued)
+    }
+
+    /// Forgets namespace `ns` (removed by a reload; nothing of it queued).
+    pub fn forget_namespace(&mut self, ns: usize) {
+        debug_assert_eq!(
+            self.queued_for(ns),
+            0,
+            "namespace {ns} still has requests queued"
+        );
+        self.local.remove(&ns);
+    }
 }
 
 impl Drop for WorkerTenancy {
@@ -684,10 +699,13 @@ mod tests {
                 assert!(w.complete(c, done).is_some());
             }
         };
-        let slow = |rt: &TenantRuntime| rt.ns_stats[0].slow_ios.load(Relaxed);
+        fn stats(rt: &TenantRuntime) -> &super::super::NamespaceStats {
+            rt.ns_stats.get(0).expect("namespace 0 has stats")
+        }
+        let slow = |rt: &TenantRuntime| stats(rt).slow_ios.load(Relaxed);
         // The log line's names.
         assert_eq!(
-            (rt.ns_stats[0].nqn.as_str(), rt.ns_stats[0].nsid),
+            (stats(&rt).nqn.as_str(), stats(&rt).nsid),
             ("nqn.2026-11.io.sluice:lat", 1)
         );
         let ms = Duration::from_millis;
