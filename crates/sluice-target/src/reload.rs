@@ -52,8 +52,9 @@ use std::sync::atomic::Ordering;
 pub enum ReloadError {
     #[error(
         "{what} differs from the running configuration: restart the target to apply it (a reload \
-         applies only the subsystems' `hosts`, `allow_any_host`, `dhchap` and `require_auth`, and \
-         the `[[tenant]]` entries, and deletes the tenants it no longer lists)"
+         adds and removes whole subsystems, applies the kept subsystems' `hosts`, \
+         `allow_any_host`, `dhchap` and `require_auth`, and the `[[tenant]]` entries, and deletes \
+         the tenants it no longer lists)"
     )]
     NeedsRestart { what: String },
     /// The new tenants do not fit the table in force (changed through the
