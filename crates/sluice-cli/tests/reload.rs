@@ -124,6 +124,45 @@ fn wait_logged(log: &std::path::Path, text: &str) {
     }
 }
 
+/// A target started from a file of its own directory.
+struct Launched {
+    _dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    log: std::path::PathBuf,
+    port: u16,
+    admin_port: u16,
+    addr: std::net::SocketAddr,
+    child: Running,
+}
+
+impl Launched {
+    /// Starts `sluice target` on the file `first(port, admin_port)` gives.
+    fn new(first: impl FnOnce(u16, u16) -> String) -> Launched {
+        let dir = tempfile::tempdir().unwrap();
+        let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+        let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
+        let file = dir.path().join("target.toml");
+        let log = dir.path().join("target.log");
+        std::fs::write(&file, first(port, admin_port)).unwrap();
+        let child = start_target(&file, &log, port);
+        Launched {
+            _dir: dir,
+            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            file,
+            log,
+            port,
+            admin_port,
+            child,
+        }
+    }
+
+    /// Rewrites the file and sends SIGHUP.
+    fn reload(&self, text: &str) {
+        std::fs::write(&self.file, text).unwrap();
+        hup(self.child.0.id());
+    }
+}
+
 fn hup(pid: u32) {
     let st = Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -134,20 +173,13 @@ fn hup(pid: u32) {
 
 #[test]
 fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let file = dir.path().join("target.toml");
-    let log = dir.path().join("target.log");
-    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
-    let mut child = start_target(&file, &log, port);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut t = Launched::new(|port, admin_port| config(port, admin_port, &[FIRST]));
+    let (port, admin_port, addr) = (t.port, t.admin_port, t.addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let connect = |host: &str| rt.block_on(Controller::connect(addr, NQN, options(host)));
     assert!(connect(LATER).is_err(), "not listed yet");
 
-    std::fs::write(&file, config(port, admin_port, &[FIRST, LATER])).unwrap();
-    hup(child.0.id());
+    t.reload(&config(port, admin_port, &[FIRST, LATER]));
     let deadline = Instant::now() + Duration::from_secs(10);
     let c = loop {
         if let Ok(c) = connect(LATER) {
@@ -168,17 +200,15 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
 
     // A new listen address needs a restart: refused whole, even the host
     // list that came with it.
-    std::fs::write(&file, config(port + 1, admin_port, &[FIRST])).unwrap();
-    hup(child.0.id());
-    wait_logged(&log, "SIGHUP: reload of");
-    let text = std::fs::read_to_string(&log).unwrap();
+    t.reload(&config(port + 1, admin_port, &[FIRST]));
+    wait_logged(&t.log, "SIGHUP: reload of");
+    let text = std::fs::read_to_string(&t.log).unwrap();
     assert!(text.contains("`[target]` differs"), "{text}");
     let c = connect(LATER).expect("access unchanged by the refused file");
     rt.block_on(c.disconnect(Duration::from_secs(2)));
 
     // A file that does not parse: refused too, and both counted.
-    std::fs::write(&file, "[target\n").unwrap();
-    hup(child.0.id());
+    t.reload("[target\n");
     let admin = format!("127.0.0.1:{admin_port}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -197,19 +227,13 @@ fn sighup_admits_a_host_added_to_the_file_and_refuses_other_changes() {
         assert!(Instant::now() < deadline, "{}", m.body);
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(child.0.try_wait().unwrap().is_none(), "still running");
+    assert!(t.child.0.try_wait().unwrap().is_none(), "still running");
 }
 
 #[test]
 fn sighup_adds_and_removes_a_subsystem_while_the_other_serves_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let file = dir.path().join("target.toml");
-    let log = dir.path().join("target.log");
-    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
-    let child = start_target(&file, &log, port);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = Launched::new(|port, admin_port| config(port, admin_port, &[FIRST]));
+    let (port, admin_port, addr) = (t.port, t.admin_port, t.addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let first = rt
         .block_on(Controller::connect(addr, NQN, options(FIRST)))
@@ -221,9 +245,8 @@ fn sighup_adds_and_removes_a_subsystem_while_the_other_serves_on() {
     let connect_second = || rt.block_on(Controller::connect(addr, SECOND, options(LATER)));
     assert!(connect_second().is_err(), "not exported yet");
 
-    std::fs::write(&file, config_with_second(port, admin_port)).unwrap();
-    hup(child.0.id());
-    wait_logged(&log, "reload: subsystem added");
+    t.reload(&config_with_second(port, admin_port));
+    wait_logged(&t.log, "reload: subsystem added");
     let second = connect_second().expect("the added subsystem admits its host");
     let ns = second.namespace(1).unwrap();
     let other = vec![0xa7; 8192];
@@ -234,9 +257,8 @@ fn sighup_adds_and_removes_a_subsystem_while_the_other_serves_on() {
         other
     );
 
-    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
-    hup(child.0.id());
-    wait_logged(&log, "reload: subsystem removed");
+    t.reload(&config(port, admin_port, &[FIRST]));
+    wait_logged(&t.log, "reload: subsystem removed");
     // Its controller is failed: the queue closes at the next check, so the
     // host's commands fail from then on, and it cannot connect again.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -276,18 +298,10 @@ fn tenant_writes(admin: &str) -> Vec<(String, f64)> {
 
 #[test]
 fn sighup_deletes_a_removed_tenant_and_its_live_connection_carries_on_in_the_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let admin_port = sluice_meta::testing::free_loopback_port().expect("a free loopback port");
-    let file = dir.path().join("target.toml");
-    let log = dir.path().join("target.log");
-    std::fs::write(
-        &file,
-        config_with_tenants(port, admin_port, &[FIRST], &[("gold", FIRST)]),
-    )
-    .unwrap();
-    let child = start_target(&file, &log, port);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = Launched::new(|port, admin_port| {
+        config_with_tenants(port, admin_port, &[FIRST], &[("gold", FIRST)])
+    });
+    let (port, admin_port, addr) = (t.port, t.admin_port, t.addr);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let c = rt
         .block_on(Controller::connect(addr, NQN, options(FIRST)))
@@ -299,9 +313,8 @@ fn sighup_deletes_a_removed_tenant_and_its_live_connection_carries_on_in_the_def
     let writes = tenant_writes(&admin);
     assert!(writes.contains(&("gold".into(), 1.0)), "{writes:?}");
 
-    std::fs::write(&file, config(port, admin_port, &[FIRST])).unwrap();
-    hup(child.0.id());
-    wait_logged(&log, "tenants_removed=[\"gold\"]");
+    t.reload(&config(port, admin_port, &[FIRST]));
+    wait_logged(&t.log, "tenants_removed=[\"gold\"]");
     // The same connection, not reconnected: its next commands are the
     // default tenant's, and gold is gone from the metrics.
     for lba in [16, 24] {
