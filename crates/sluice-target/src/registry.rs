@@ -1,8 +1,9 @@
 //! The target-wide registry the queues consult: settings, subsystems,
-//! namespaces, host counters, connection admission, and the live
-//! controllers of each subsystem (by CNTLID). Built once from the
-//! configuration and shared by every worker thread; controllers are added
-//! by admin-queue Connects and live until their association ends.
+//! namespace indices, host counters, connection admission, and the live
+//! controllers of each subsystem (by CNTLID). Built from the configuration
+//! and shared by every worker thread; a configuration reload adds and
+//! removes subsystems (`reload.rs`); controllers are added by admin-queue
+//! Connects and live until their association ends.
 
 use crate::controller::Controller;
 use crate::metrics::HostRegistry;
@@ -68,20 +69,19 @@ pub const CNTLID_MAX: u16 = 0xffef;
 /// Live controllers per subsystem.
 pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
 
-/// One subsystem's live controllers (kept in the subsystem, handed out
-/// and looked up through the registry).
+/// One subsystem's live controllers.
 #[derive(Debug)]
-pub(crate) struct ControllerTable {
+struct ControllerTable {
     live: HashMap<u16, Arc<Controller>>,
     next_cntlid: u16,
 }
 
 impl ControllerTable {
-    pub(crate) fn new() -> Mutex<Self> {
-        Mutex::new(ControllerTable {
+    fn new() -> Self {
+        ControllerTable {
             live: HashMap::new(),
             next_cntlid: 1,
-        })
+        }
     }
 }
 
@@ -114,6 +114,9 @@ pub struct Registry {
     /// Bumped by each reload that removes subsystems: workers then look
     /// for backend queues of retired namespaces to drop.
     pub(crate) removals: AtomicU64,
+    /// Live controllers by subsystem ([`Subsystem::id`]; the discovery
+    /// subsystem included), created with a subsystem's first controller.
+    controllers: Mutex<HashMap<u64, ControllerTable>>,
     /// The configuration in force: what it was built with, with the
     /// subsystems' access as the last reload left it (`reload.rs`).
     pub(crate) running: Mutex<Config>,
@@ -387,6 +390,7 @@ impl Registry {
             discovery_genctr: AtomicU64::new(1),
             namespaces_built: AtomicUsize::new(next_index),
             removals: AtomicU64::new(0),
+            controllers: Mutex::new(HashMap::new()),
             running: Mutex::new(config.clone()),
         })
     }
@@ -471,13 +475,6 @@ impl Registry {
         self.discovery_genctr.load(Ordering::Relaxed)
     }
 
-    fn controller_table<'a>(
-        &self,
-        sub: &'a Subsystem,
-    ) -> Option<std::sync::MutexGuard<'a, ControllerTable>> {
-        Some(lock(&sub.controllers))
-    }
-
     /// Registers a controller of `sub` under a fresh CNTLID; None when all
     /// are in use.
     pub fn add_controller(
@@ -485,7 +482,8 @@ impl Registry {
         sub: &Subsystem,
         make: impl FnOnce(u16) -> Arc<Controller>,
     ) -> Option<Arc<Controller>> {
-        let mut t = self.controller_table(sub)?;
+        let mut tables = lock(&self.controllers);
+        let t = tables.entry(sub.id).or_insert_with(ControllerTable::new);
         if t.live.len() >= CONTROLLERS_PER_SUBSYSTEM_MAX {
             return None;
         }
@@ -504,21 +502,52 @@ impl Registry {
 
     /// The live controller `cntlid` of `sub`.
     pub fn controller(&self, sub: &Subsystem, cntlid: u16) -> Option<Arc<Controller>> {
-        self.controller_table(sub)?.live.get(&cntlid).cloned()
+        lock(&self.controllers)
+            .get(&sub.id)?
+            .live
+            .get(&cntlid)
+            .cloned()
     }
 
     /// The live controllers of `sub`.
     pub(crate) fn live_controllers(&self, sub: &Subsystem) -> Vec<Arc<Controller>> {
-        self.controller_table(sub)
+        lock(&self.controllers)
+            .get(&sub.id)
             .map(|t| t.live.values().cloned().collect())
             .unwrap_or_default()
     }
 
-    /// Forgets the controller `cntlid` of `sub` (its association ended).
+    /// Forgets the controller `cntlid` of `sub` (its association ended);
+    /// the table of a subsystem a reload removed goes with its last
+    /// controller.
     pub fn remove_controller(&self, sub: &Subsystem, cntlid: u16) {
-        if let Some(mut t) = self.controller_table(sub) {
+        let mut tables = lock(&self.controllers);
+        if let Some(t) = tables.get_mut(&sub.id) {
             t.live.remove(&cntlid);
             sub.live_controllers.store(t.live.len(), Ordering::Release);
+            if t.live.is_empty() && sub.is_removed() {
+                tables.remove(&sub.id);
+            }
         }
+    }
+
+    /// Fails every live controller of `sub`, which a reload removed (no
+    /// one is admitted to it any more, see the handshake); its table goes
+    /// now if it is empty, else with its last controller.
+    pub(crate) fn fail_controllers_of_removed(&self, sub: &Subsystem) -> Vec<(u16, String)> {
+        sub.mark_removed();
+        let mut failed = Vec::new();
+        let mut tables = lock(&self.controllers);
+        if let Some(t) = tables.get(&sub.id) {
+            for c in t.live.values() {
+                c.fail();
+                failed.push((c.cntlid, c.hostnqn.clone()));
+            }
+            if t.live.is_empty() {
+                tables.remove(&sub.id);
+            }
+        }
+        failed.sort_unstable();
+        failed
     }
 }

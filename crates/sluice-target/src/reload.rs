@@ -286,16 +286,10 @@ impl Registry {
         for ns in sub.namespaces.values() {
             ns.retire();
         }
-        let mut removed = RemovedSubsystem {
+        let removed = RemovedSubsystem {
             nqn: sub.nqn.clone(),
-            controllers_failed: Vec::new(),
+            controllers_failed: self.fail_controllers_of_removed(sub),
         };
-        for c in self.live_controllers(sub) {
-            c.fail();
-            removed
-                .controllers_failed
-                .push((c.cntlid, c.hostnqn.clone()));
-        }
         tracing::warn!(
             subsystem = %sub.nqn,
             controllers_failed = removed.controllers_failed.len(),

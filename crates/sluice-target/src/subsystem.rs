@@ -1,11 +1,10 @@
 //! Subsystems and namespaces: what the target exports.
 //!
-//! A subsystem has an NQN, a host allow-list, namespaces and its live
-//! controllers (handed out through the registry, `registry.rs`, which
-//! builds the subsystems from the configuration). Who it admits
-//! ([`Access`]) may be replaced while it runs, and a configuration reload
-//! may add or remove whole subsystems (`reload.rs`); a subsystem's
-//! namespaces stay as built.
+//! A subsystem has an NQN, a host allow-list and namespaces. Its live
+//! controllers are kept by the registry (`registry.rs`), which builds the
+//! subsystems from the configuration. Who it admits ([`Access`]) may be
+//! replaced while it runs, and a configuration reload may add or remove
+//! whole subsystems (`reload.rs`); a subsystem's namespaces stay as built.
 
 use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
@@ -188,11 +187,18 @@ pub struct Subsystem {
     /// Who it admits now (a reload swaps it; a Connect reads it once).
     access: RwLock<Arc<Access>>,
     pub namespaces: BTreeMap<u32, Arc<Namespace>>,
-    /// Live controllers by CNTLID (handed out through the registry).
-    pub(crate) controllers: std::sync::Mutex<crate::registry::ControllerTable>,
-    /// How many are live (read without the table's lock).
+    /// Unique in the process: the registry keeps its live controllers
+    /// under it (a subsystem removed and added again under the same NQN
+    /// is another one).
+    pub(crate) id: u64,
+    /// Live controllers, kept by the registry's controller table.
     pub(crate) live_controllers: AtomicUsize,
+    /// A reload removed it.
+    removed: std::sync::atomic::AtomicBool,
 }
+
+/// Source of [`Subsystem::id`].
+static NEXT_SUBSYSTEM_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Subsystem {
     pub(crate) fn new(
@@ -210,9 +216,20 @@ impl Subsystem {
             model,
             access: RwLock::new(Arc::new(access)),
             namespaces,
-            controllers: crate::registry::ControllerTable::new(),
+            id: NEXT_SUBSYSTEM_ID.fetch_add(1, Ordering::Relaxed),
             live_controllers: AtomicUsize::new(0),
+            removed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Marks it as removed by a reload.
+    pub(crate) fn mark_removed(&self) {
+        self.removed.store(true, Ordering::Release);
+    }
+
+    /// Whether a reload removed it.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
     }
 
     /// Who it admits now.
