@@ -43,6 +43,32 @@ where
     Router::new().route(path, get(move || async move { json_ok(&f()) }))
 }
 
+/// `POST path`: runs `f` off the async runtime (it may block: a
+/// configuration reload opens files and volumes) and answers `200` with
+/// the JSON it returns, or `409` with its error (the action changed
+/// nothing). A body, if any, is ignored.
+pub fn post_action<F>(path: &str, f: F) -> Router
+where
+    F: Fn() -> Result<serde_json::Value, String> + Clone + Send + Sync + 'static,
+{
+    Router::new().route(
+        path,
+        axum::routing::post(move || {
+            let f = f.clone();
+            async move {
+                match tokio::task::spawn_blocking(f).await {
+                    Ok(Ok(v)) => json_ok(&v),
+                    Ok(Err(e)) => json_error(StatusCode::CONFLICT, &e),
+                    Err(e) => json_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("the action did not finish: {e}"),
+                    ),
+                }
+            }
+        }),
+    )
+}
+
 pub(crate) fn json_ok<T: Serialize + ?Sized>(v: &T) -> Response {
     match serde_json::to_string_pretty(v) {
         Ok(s) => (

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
     /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP:
@@ -257,12 +257,22 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
     if let Some(p) = &args.config {
         println!(
-            "Send SIGHUP (kill -HUP {}) to apply subsystems added or removed, host lists and tenants changed in {} without a restart.",
+            "Send SIGHUP (kill -HUP {}), or POST /v1/reload to the admin endpoint, to apply subsystems added or removed, host lists and tenants changed in {} without a restart.",
             std::process::id(),
             p.display()
         );
     }
 
+    if args.config.is_some() {
+        let (a, reg, tenants) = (
+            args.clone(),
+            handle.registry().clone(),
+            handle.tenants().clone(),
+        );
+        handle.set_reload_action(Box::new(move || {
+            reload_file(&a, &reg, &tenants, "admin API").map(|r| r.to_json())
+        }));
+    }
     let handle = Arc::new(handle);
     let _agent = match &args.view_control {
         None => None,
@@ -279,7 +289,13 @@ pub fn run(args: TargetArgs) -> Result<()> {
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
         if reload.swap(false, Ordering::Relaxed) {
-            reload_config(&args, &handle);
+            if args.config.is_some() {
+                let _ = reload_file(&args, handle.registry(), handle.tenants(), "SIGHUP");
+            } else {
+                tracing::warn!(
+                    "SIGHUP: no --config file to reload (started on the embedded default)"
+                );
+            }
         }
     }
     let uptime = handle.uptime();
@@ -312,43 +328,50 @@ pub fn run(args: TargetArgs) -> Result<()> {
     Ok(())
 }
 
-/// SIGHUP: re-reads the configuration file (with the same command-line
-/// overrides) and applies its subsystems (added, removed, their access)
-/// and its tenants; anything else changed, or a file that does not parse,
-/// is refused and logged, and the running configuration stays.
-fn reload_config(args: &TargetArgs, handle: &sluice_target::TargetHandle) {
-    let Some(path) = &args.config else {
-        tracing::warn!("SIGHUP: no --config file to reload (started on the embedded default)");
-        return;
+/// Re-reads the configuration file (with the same command-line overrides)
+/// and applies its subsystems (added, removed, their access) and its
+/// tenants, on SIGHUP or `POST /v1/reload` (`via`, for the log); anything
+/// else changed, or a file that does not parse, is refused and logged, and
+/// the running configuration stays. The error says why.
+fn reload_file(
+    args: &TargetArgs,
+    reg: &sluice_target::registry::Registry,
+    tenants: &sluice_target::tenant::TenantRuntime,
+    via: &str,
+) -> std::result::Result<sluice_target::reload::ReloadReport, String> {
+    let path = args.config.as_deref().unwrap_or(std::path::Path::new("-"));
+    let refused = |why: String| {
+        tracing::error!(
+            "{via}: reload of {} refused, the running configuration stays: {why}",
+            path.display()
+        );
+        why
     };
     let config = match load(args) {
         Ok(c) => c,
         Err(e) => {
-            handle.reload_refused();
-            tracing::error!(
-                "SIGHUP: reload of {} refused, the running configuration stays: {e:#}",
-                path.display()
-            );
-            return;
+            reg.reloads.record(false);
+            return Err(refused(format!("{e:#}")));
         }
     };
-    match handle.reload_with(&config, &VolumeClient) {
+    match sluice_target::reload::reload_with(reg, tenants, &config, &VolumeClient) {
         Ok(report) if report.is_empty() => {
-            tracing::info!("SIGHUP: {} reloaded, nothing changed", path.display());
+            tracing::info!("{via}: {} reloaded, nothing changed", path.display());
+            Ok(report)
         }
-        Ok(report) => tracing::info!(
-            subsystems_added = ?report.subsystems_added,
-            subsystems_removed = ?report.subsystems_removed.iter().map(|r| &r.nqn).collect::<Vec<_>>(),
-            access_changed = report.access.len(),
-            tenants = ?report.tenants,
-            tenants_removed = ?report.tenants_removed,
-            "SIGHUP: {} reloaded",
-            path.display()
-        ),
-        Err(e) => tracing::error!(
-            "SIGHUP: reload of {} refused, the running configuration stays: {e}",
-            path.display()
-        ),
+        Ok(report) => {
+            tracing::info!(
+                subsystems_added = ?report.subsystems_added,
+                subsystems_removed = ?report.subsystems_removed.iter().map(|r| &r.nqn).collect::<Vec<_>>(),
+                access_changed = report.access.len(),
+                tenants = ?report.tenants,
+                tenants_removed = ?report.tenants_removed,
+                "{via}: {} reloaded",
+                path.display()
+            );
+            Ok(report)
+        }
+        Err(e) => Err(refused(e.to_string())),
     }
 }
 

@@ -278,6 +278,51 @@ fn sighup_adds_and_removes_a_subsystem_while_the_other_serves_on() {
     rt.block_on(first.disconnect(Duration::from_secs(2)));
 }
 
+/// `POST /v1/reload` re-reads the file as SIGHUP does and answers with
+/// what changed (200) or why nothing did (409), so a caller knows the
+/// export is there when the answer comes; both count as reloads.
+#[test]
+fn the_admin_api_reloads_the_file_and_answers_with_what_changed() {
+    let t = Launched::new(|port, admin_port| config(port, admin_port, &[FIRST]));
+    let admin = format!("127.0.0.1:{}", t.admin_port);
+    let post = || sluice_admin::client::request(&admin, "POST", "/v1/reload", "", None).unwrap();
+    let r = post();
+    assert_eq!(r.status, 200, "nothing changed: {}", r.body);
+
+    std::fs::write(&t.file, config_with_second(t.port, t.admin_port)).unwrap();
+    let r = post();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["subsystems_added"], serde_json::json!([SECOND]));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let c = rt
+        .block_on(Controller::connect(t.addr, SECOND, options(LATER)))
+        .expect("exported when the answer came");
+    rt.block_on(c.disconnect(Duration::from_secs(2)));
+
+    std::fs::write(&t.file, config(t.port + 1, t.admin_port, &[FIRST])).unwrap();
+    let r = post();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("`[target]` differs"), "{}", r.body);
+    std::fs::write(&t.file, "[target\n").unwrap();
+    let r = post();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("validating config file"), "{}", r.body);
+    assert!(
+        rt.block_on(Controller::connect(t.addr, SECOND, options(LATER)))
+            .is_ok(),
+        "the refused files changed nothing"
+    );
+    let m = sluice_admin::client::request(&admin, "GET", "/metrics", "", None).unwrap();
+    for line in [
+        "sluice_target_config_reloads_total{result=\"applied\"} 2",
+        "sluice_target_config_reloads_total{result=\"refused\"} 2",
+    ] {
+        assert!(m.body.contains(line), "{line}: {}", m.body);
+    }
+    wait_logged(&t.log, "admin API: reload of");
+}
+
 /// Completed writes per tenant, from the admin endpoint's metrics.
 fn tenant_writes(admin: &str) -> Vec<(String, f64)> {
     let m = sluice_admin::client::request(admin, "GET", "/metrics", "", None).unwrap();

@@ -92,6 +92,37 @@ impl ReloadReport {
     }
 }
 
+impl ReloadReport {
+    /// The report as the admin endpoint's `POST /v1/reload` answers it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "subsystems_added": self.subsystems_added,
+            "subsystems_removed": self.subsystems_removed.iter().map(|r| serde_json::json!({
+                "nqn": r.nqn,
+                "controllers_failed": controllers_json(&r.controllers_failed),
+            })).collect::<Vec<_>>(),
+            "access": self.access.iter().map(|a| serde_json::json!({
+                "nqn": a.nqn,
+                "hosts_added": a.hosts_added,
+                "hosts_removed": a.hosts_removed,
+                "allow_any_host": a.allow_any_host,
+                "auth_changed": a.auth_changed,
+                "controllers_failed": controllers_json(&a.controllers_failed),
+            })).collect::<Vec<_>>(),
+            "tenants": self.tenants,
+            "tenants_removed": self.tenants_removed,
+        })
+    }
+}
+
+/// Controllers a reload failed, as JSON.
+fn controllers_json(failed: &[(u16, String)]) -> serde_json::Value {
+    failed
+        .iter()
+        .map(|(cntlid, host)| serde_json::json!({"cntlid": cntlid, "hostnqn": host}))
+        .collect()
+}
+
 /// A subsystem a reload removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RemovedSubsystem {

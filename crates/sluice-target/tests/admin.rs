@@ -200,3 +200,51 @@ fn slow_backend_ios_are_counted_per_namespace() {
     );
     t.shutdown();
 }
+
+/// `POST /v1/reload`: 409 until the owner of the file installs the action;
+/// then the action's report (here a subsystem added) with 200, or its
+/// refusal with 409, and the registry changed accordingly.
+#[test]
+fn reload_over_the_admin_endpoint_answers_with_what_changed() {
+    const ADDED: &str = "nqn.2026-12.io.sluice:added-by-api";
+    let cfg = admin_config("nqn.2026-11.io.sluice:admin-reload", TenantsConfig::fair());
+    let t = Target::start(&cfg).unwrap();
+    let admin = t.admin_addr().unwrap().to_string();
+    let r = request(&admin, "POST", "/v1/reload", "", None).unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("no configuration file"), "{}", r.body);
+
+    let mut more = cfg.clone();
+    more.subsystems.push(
+        SubsystemConfig::new(ADDED)
+            .allow_any_host()
+            .with_namespace(NamespaceConfig::ram(1, 1 << 20)),
+    );
+    let (reg, tenants) = (t.registry().clone(), t.tenants().clone());
+    let files = std::sync::Mutex::new(vec![cfg.clone(), more]);
+    t.set_reload_action(Box::new(move || {
+        let next = files.lock().unwrap().pop().ok_or("no file left")?;
+        sluice_target::reload::reload(&reg, &tenants, &next)
+            .map(|r| r.to_json())
+            .map_err(|e| e.to_string())
+    }));
+    let r = request(&admin, "POST", "/v1/reload", "", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["subsystems_added"], serde_json::json!([ADDED]));
+    assert!(
+        t.registry().subsystem(ADDED).is_some(),
+        "added when the answer came"
+    );
+    let r = request(&admin, "POST", "/v1/reload", "", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["subsystems_removed"][0]["nqn"], ADDED);
+    let r = request(&admin, "POST", "/v1/reload", "", None).unwrap();
+    assert_eq!(
+        (r.status, r.body.contains("no file left")),
+        (409, true),
+        "{}",
+        r.body
+    );
+}

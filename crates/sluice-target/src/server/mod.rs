@@ -106,6 +106,8 @@ pub struct TargetHandle {
     started: Instant,
     tenants: Arc<TenantRuntime>,
     admin: Option<AdminServer>,
+    /// What the admin endpoint's `POST /v1/reload` runs, once installed.
+    reload_action: crate::tenant::admin::ReloadSlot,
     charging: Option<crate::tenant::cpu::ChargeAgents>,
     io_queues: Arc<Vec<AtomicUsize>>,
 }
@@ -184,11 +186,15 @@ impl TargetHandle {
     ) -> Result<crate::reload::ReloadReport, crate::reload::ReloadError> {
         crate::reload::reload_with(&self.reg, &self.tenants, config, volumes)
     }
-    /// Counts a reload refused before [`TargetHandle::reload`] (its file
-    /// did not parse), in `sluice_target_config_reloads_total`.
-    pub fn reload_refused(&self) {
-        self.reg.reloads.record(false);
+    /// Installs what the admin endpoint's `POST /v1/reload` runs (the
+    /// owner of the configuration file re-reads it and calls
+    /// [`crate::reload::reload_with`]); only the first call counts.
+    pub fn set_reload_action(&self, action: crate::tenant::admin::ReloadAction) {
+        if self.reload_action.set(action).is_err() {
+            tracing::warn!("reload action installed twice; keeping the first");
+        }
     }
+
     /// Tenant table, counters and run-time updates.
     pub fn tenants(&self) -> &Arc<TenantRuntime> {
         &self.tenants

@@ -35,9 +35,10 @@ impl Target {
     ) -> Result<TargetHandle, StartError> {
         let reg = Arc::new(Registry::build_with(config, volumes)?);
         let tenants = Arc::new(TenantRuntime::new(config, &reg));
+        let reload_action = crate::tenant::admin::ReloadSlot::default();
         let admin = match tenants.settings.admin_listen {
             Some(a) => Some(
-                AdminServer::start(a, tenants.clone(), reg.clone())
+                AdminServer::start(a, tenants.clone(), reg.clone(), reload_action.clone())
                     .map_err(|source| StartError::Listen { addr: a, source })?,
             ),
             None => None,
@@ -172,6 +173,7 @@ impl Target {
             started: Instant::now(),
             tenants,
             admin,
+            reload_action,
             charging,
             io_queues,
         })

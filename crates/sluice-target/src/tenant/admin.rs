@@ -13,6 +13,12 @@
 //!   reads), [`sluice_admin::schema::TenantStatsReport`].
 //! * `GET /v1/tenants` (and `/tenants`): the running tenant table;
 //!   `GET /v1/tenants/NAME`: one tenant.
+//! * `POST /v1/reload`: re-reads the configuration file and applies it as
+//!   SIGHUP does (`reload.rs`), answering `200` with what it changed
+//!   (subsystems added and removed, access changes, tenants replaced and
+//!   deleted) or `409` with why the file was refused (nothing applied);
+//!   `409` too when the target was started without a file. The action is
+//!   installed by whoever knows the file ([`ReloadAction`]).
 //! * `PUT /v1/tenants/NAME` (and `/tenants/NAME`): create or update a
 //!   tenant from a JSON object with any of `hosts`, `weight`,
 //!   `reservation`, `limit`, `cpu_share`; `POST`: update an existing one
@@ -50,6 +56,40 @@ pub struct AdminServer {
     inner: sluice_admin::AdminServer,
 }
 
+/// What `POST /v1/reload` runs: re-reads the configuration file and
+/// applies it; the JSON of what changed, or why nothing did.
+pub type ReloadAction = Box<dyn Fn() -> Result<serde_json::Value, String> + Send + Sync>;
+
+/// Where the reload action is installed once the target runs (empty:
+/// `POST /v1/reload` answers `409`).
+#[derive(Clone, Default)]
+pub struct ReloadSlot(Arc<std::sync::OnceLock<ReloadAction>>);
+
+impl ReloadSlot {
+    /// Installs the action; gives it back if one is installed already.
+    pub fn set(&self, action: ReloadAction) -> Result<(), ReloadAction> {
+        self.0.set(action)
+    }
+
+    /// Runs the action installed, if any.
+    fn run(&self) -> Result<serde_json::Value, String> {
+        match self.0.get() {
+            Some(action) => action(),
+            None => Err(
+                "this target has no configuration file to reload (started without --config)".into(),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Debug for ReloadSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadSlot")
+            .field("installed", &self.0.get().is_some())
+            .finish()
+    }
+}
+
 impl AdminServer {
     /// Starts the endpoint on `addr` for the target's tenants and
     /// namespaces (token from `[tenants] admin_token_file`, if set).
@@ -57,13 +97,14 @@ impl AdminServer {
         addr: SocketAddr,
         rt: Arc<TenantRuntime>,
         reg: Arc<Registry>,
+        reload: ReloadSlot,
     ) -> io::Result<AdminServer> {
         let mut cfg = AdminConfig::new(addr);
         if let Some(p) = &rt.settings.admin_token_file {
             cfg.token = Some(BearerToken::from_file(p).map_err(io::Error::other)?);
         }
         let rt_has_token = cfg.token.is_some();
-        let app = sluice_admin::compose(&cfg, parts(rt, reg));
+        let app = sluice_admin::compose(&cfg, parts(rt, reg, reload));
         let inner = sluice_admin::AdminServer::start(cfg, app).map_err(|e| match e {
             sluice_admin::AdminError::Listen { source, .. } => source,
             e => io::Error::other(e),
@@ -71,7 +112,7 @@ impl AdminServer {
         tracing::info!(
             addr = %inner.local_addr(),
             bearer_token = rt_has_token,
-            "target admin endpoint: /metrics /v1/status /v1/stats /v1/tenants"
+            "target admin endpoint: /metrics /v1/status /v1/stats /v1/tenants /v1/reload"
         );
         Ok(AdminServer { inner })
     }
@@ -82,7 +123,11 @@ impl AdminServer {
 }
 
 /// The target's parts of the admin API (for [`sluice_admin::compose`]).
-pub fn parts(rt: Arc<TenantRuntime>, reg: Arc<Registry>) -> Vec<sluice_admin::Router> {
+pub fn parts(
+    rt: Arc<TenantRuntime>,
+    reg: Arc<Registry>,
+    reload: ReloadSlot,
+) -> Vec<sluice_admin::Router> {
     let started = Instant::now();
     let mut metrics = MetricsRegistry::default();
     metrics.register_collector(Box::new(TargetCollector {
@@ -106,6 +151,7 @@ pub fn parts(rt: Arc<TenantRuntime>, reg: Arc<Registry>) -> Vec<sluice_admin::Ro
             }
         }),
         routes::get_json("/v1/stats", move || stats_report(&stats_rt)),
+        routes::post_action("/v1/reload", move || reload.run()),
         routes::tenants(Arc::new(Tenants(rt))),
     ]
 }
