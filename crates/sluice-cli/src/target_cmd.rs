@@ -12,8 +12,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, Args)]
 pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
-    /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP:
-    /// subsystems added or removed whole, changed host lists, DH-HMAC-CHAP
+    /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP
+    /// or `POST /v1/reload` to the admin endpoint (which answers with what
+    /// changed): subsystems added or removed whole, changed host lists, DH-HMAC-CHAP
     /// settings and `[[tenant]]` entries (a tenant no longer listed is
     /// deleted) apply without a restart; any other change is refused and
     /// logged.

@@ -43,11 +43,6 @@ impl<T> Slots<T> {
             .enumerate()
             .filter_map(|(i, s)| s.get().map(|b| (i, &**b)))
     }
-
-    /// How many slots there are, set or not.
-    pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
 }
 
 impl<T: std::fmt::Debug> std::fmt::Debug for Slots<T> {
@@ -71,7 +66,6 @@ mod tests {
         assert_eq!(s.set(4, "d"), Err("d"), "beyond the capacity");
         assert_eq!(s.get(4), None);
         assert_eq!(s.iter().collect::<Vec<_>>(), vec![(1, &"a"), (3, &"c")]);
-        assert_eq!(s.capacity(), 4);
     }
 
     #[test]
