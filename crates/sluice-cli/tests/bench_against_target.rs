@@ -36,7 +36,7 @@ fn bench_reports_what_a_rate_limited_target_serves() {
         .validated()
         .unwrap();
     let t = Target::start(&cfg).unwrap();
-    let ns = t.registry().subsystems()[NQN].namespaces[&1].clone();
+    let ns = t.registry().subsystems()[NQN].namespaces.get(1).unwrap();
     let before = ns.counters.snapshot().read_commands;
 
     let mut a = BenchArgs::new(t.local_addr().to_string(), NQN);

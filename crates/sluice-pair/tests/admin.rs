@@ -65,7 +65,7 @@ fn properties_and_identify() {
         assert_eq!(id.icdoff, 0);
         assert_eq!(id.mdts, 8, "1 MiB = 2^8 x 4 KiB");
         assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
-        assert_eq!(id.nn, 1);
+        assert_eq!(id.nn, 1024, "the highest NSID a reload may add");
         assert_ne!(id.sgls & 1, 0);
         assert!(id.maxcmd > 0);
 

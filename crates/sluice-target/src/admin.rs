@@ -124,7 +124,7 @@ fn fence_command(ctrl: &Controller, sqe: &Sqe) -> AdminReply {
         Ok(f) => f,
         Err(st) => return AdminReply::status(st),
     };
-    let Some(ns) = ctrl.subsystem.namespaces.get(&f.nsid) else {
+    let Some(ns) = ctrl.subsystem.namespaces.get(f.nsid) else {
         return AdminReply::status(Status::INVALID_NAMESPACE);
     };
     match ns
@@ -256,7 +256,7 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
             if nsid == 0 || nsid == 0xffff_ffff {
                 return AdminReply::status(Status::INVALID_NAMESPACE);
             }
-            match sub.namespaces.get(&nsid) {
+            match sub.namespaces.get(nsid) {
                 Some(ns) => {
                     let blocks = ns.blocks();
                     let g = ns.geometry;
@@ -284,10 +284,10 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
             if nsid >= 0xffff_fffe {
                 return AdminReply::status(Status::INVALID_NAMESPACE);
             }
-            let ids: Vec<u32> = sub.namespaces.keys().copied().collect();
+            let ids: Vec<u32> = sub.namespaces.snapshot().keys().copied().collect();
             AdminReply::data(identify::encode_active_ns_list(&ids, nsid))
         }
-        cns::NS_DESCRIPTORS => match sub.namespaces.get(&nsid) {
+        cns::NS_DESCRIPTORS => match sub.namespaces.get(nsid) {
             Some(ns) => AdminReply::data(identify::encode_ns_descriptors(&ns.nguid, &ns.nguid)),
             None => AdminReply::status(Status::INVALID_NAMESPACE),
         },
@@ -321,7 +321,7 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
             let snap = if nsid == 0 || nsid == 0xffff_ffff {
                 ctrl.host_counters.snapshot()
             } else {
-                match ctrl.subsystem.namespaces.get(&nsid) {
+                match ctrl.subsystem.namespaces.get(nsid) {
                     Some(ns) => ns.counters.snapshot(),
                     None => return AdminReply::status(Status::INVALID_NAMESPACE),
                 }

@@ -165,6 +165,7 @@ impl Controller {
         let events = AsyncEvents::new(
             subsystem
                 .namespaces
+                .snapshot()
                 .iter()
                 .map(|(id, ns)| (*id, ns.blocks())),
         );
@@ -201,17 +202,15 @@ impl Controller {
     }
 
     /// Asks every namespace's backend whether it grew and records the
-    /// changes this controller has not seen (its admin queue calls this at
-    /// each periodic check).
+    /// changes this controller has not seen, namespaces a reload added or
+    /// removed included (its admin queue calls this at each periodic
+    /// check).
     pub(crate) fn observe_namespaces(&self) {
-        for ns in self.subsystem.namespaces.values() {
+        let namespaces = self.subsystem.namespaces.snapshot();
+        for ns in namespaces.values() {
             ns.refresh_size();
         }
-        let sizes = self
-            .subsystem
-            .namespaces
-            .iter()
-            .map(|(id, ns)| (*id, ns.blocks()));
+        let sizes = namespaces.iter().map(|(id, ns)| (*id, ns.blocks()));
         let mut s = self.lock();
         let aec = s.async_event_config;
         s.events.observe(sizes, aec);

@@ -1,10 +1,10 @@
 //! Asynchronous events a controller owes its host. Today that is the
 //! Namespace Attribute Changed notice, sent when a namespace grows online
-//! (an elastic volume resized by its control plane), with its Changed
-//! Namespace List log page (LID 04h).
+//! (an elastic volume resized by its control plane) or a reload adds or
+//! removes one, with its Changed Namespace List log page (LID 04h).
 //!
-//! Sans-IO: the admin queue shows [`AsyncEvents::observe`] the namespace
-//! sizes at its periodic check, and takes what is due
+//! Sans-IO: the admin queue shows [`AsyncEvents::observe`] the active
+//! namespaces and their sizes at its periodic check, and takes what is due
 //! ([`AsyncEvents::take_due`]) when it holds an Asynchronous Event Request.
 //! As the specification asks, a notice once sent is masked until the host
 //! reads the log page without Retain Asynchronous Event.
@@ -53,24 +53,31 @@ impl AsyncEvents {
         }
     }
 
-    /// Records namespaces whose size changed since the last look; a notice
-    /// becomes due when `aec` (Asynchronous Event Configuration) enables
-    /// Namespace Attribute Notices and none is outstanding.
+    /// Records namespaces that changed since the last look: grown, or
+    /// added or removed by a reload (the NSIDs in `namespaces` are the
+    /// active ones now). A notice becomes due when `aec` (Asynchronous
+    /// Event Configuration) enables Namespace Attribute Notices and none is
+    /// outstanding.
     pub(crate) fn observe(&mut self, namespaces: impl IntoIterator<Item = (u32, u64)>, aec: u32) {
-        let mut any = false;
-        for (nsid, blocks) in namespaces {
-            let seen = self.seen_blocks.entry(nsid).or_insert(blocks);
-            if *seen != blocks {
-                *seen = blocks;
-                any = true;
-                if let Err(at) = self.changed.binary_search(&nsid) {
-                    if self.changed.len() <= CHANGED_NS_LIST_MAX {
-                        self.changed.insert(at, nsid);
-                    }
+        let now: BTreeMap<u32, u64> = namespaces.into_iter().collect();
+        let mut changed: Vec<u32> = now
+            .iter()
+            .filter(|(nsid, blocks)| self.seen_blocks.get(nsid) != Some(blocks))
+            .map(|(nsid, _)| *nsid)
+            .collect();
+        changed.extend(self.seen_blocks.keys().filter(|n| !now.contains_key(n)));
+        if changed.is_empty() {
+            return;
+        }
+        self.seen_blocks = now;
+        for nsid in changed {
+            if let Err(at) = self.changed.binary_search(&nsid) {
+                if self.changed.len() <= CHANGED_NS_LIST_MAX {
+                    self.changed.insert(at, nsid);
                 }
             }
         }
-        if any && aec & AEN_NS_ATTRIBUTE != 0 && !self.masked {
+        if aec & AEN_NS_ATTRIBUTE != 0 && !self.masked {
             self.due = true;
         }
     }
@@ -129,6 +136,24 @@ mod tests {
         assert_eq!(entries(&ev.read_changed_ns_log(false)), Vec::<u32>::new());
         ev.observe([(1, 400), (2, 201)], AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0), "unmasked");
+    }
+
+    #[test]
+    fn namespaces_added_and_removed_are_changes() {
+        let mut ev = AsyncEvents::new([(1, 100), (3, 100)]);
+        // NSID 2 appears, 3 goes: both listed, one notice.
+        ev.observe([(1, 100), (2, 50)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![2, 3]);
+        ev.observe([(1, 100), (2, 50)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), None, "the same set is no change");
+        // 2 removed, then added back at the same size: each a change.
+        ev.observe([(1, 100)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![2]);
+        ev.observe([(1, 100), (2, 50)], AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
+        assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![2]);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 
 use crate::controller::Controller;
 use crate::metrics::HostRegistry;
-use crate::subsystem::{ssd_model, Access, Namespace, NamespaceIds, Subsystem, SubsystemKind};
+use crate::subsystem::{
+    ssd_model, Access, Namespace, NamespaceIds, NamespaceMap, Subsystem, SubsystemKind,
+};
 use sluice_backend::{
     Backend, BackendError, EmulatedSsd, EngineKind, FileBackend, FileOptions, RamBackend,
 };
@@ -276,6 +278,47 @@ fn open_backend(
     })
 }
 
+/// Builds namespace `nc` of subsystem `sc` under target-wide index
+/// `index`, opening its backend.
+fn build_namespace(
+    sc: &SubsystemConfig,
+    nc: &NamespaceConfig,
+    volumes: &dyn VolumeOpener,
+    instance: &[u8; 16],
+    index: usize,
+) -> Result<Arc<Namespace>, RegistryError> {
+    let backend = open_backend(sc, nc, volumes)?;
+    let geometry = backend.geometry();
+    if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
+        return Err(RegistryError::Namespace {
+            nqn: sc.nqn.clone(),
+            nsid: nc.nsid,
+            reason: format!(
+                "block size {} is not 512 or 4096",
+                geometry.block_size_bytes
+            ),
+        });
+    }
+    if geometry.size_bytes < geometry.block_size_bytes as u64 {
+        return Err(RegistryError::Namespace {
+            nqn: sc.nqn.clone(),
+            nsid: nc.nsid,
+            reason: "backend is smaller than one block".into(),
+        });
+    }
+    let identity = namespace_identity(&nc.backend, instance);
+    let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
+    Ok(Arc::new(Namespace::new(
+        NamespaceIds {
+            nsid: nc.nsid,
+            index,
+            nguid,
+            eui64,
+        },
+        backend,
+    )))
+}
+
 /// Builds subsystem `sc` with its namespaces, numbered from `first_index`
 /// (target-wide namespace indices, never reused), opening their backends.
 fn build_subsystem(
@@ -286,36 +329,7 @@ fn build_subsystem(
 ) -> Result<Subsystem, RegistryError> {
     let mut namespaces = BTreeMap::new();
     for (i, nc) in sc.namespaces.iter().enumerate() {
-        let backend = open_backend(sc, nc, volumes)?;
-        let geometry = backend.geometry();
-        if geometry.block_size_bytes != 512 && geometry.block_size_bytes != 4096 {
-            return Err(RegistryError::Namespace {
-                nqn: sc.nqn.clone(),
-                nsid: nc.nsid,
-                reason: format!(
-                    "block size {} is not 512 or 4096",
-                    geometry.block_size_bytes
-                ),
-            });
-        }
-        if geometry.size_bytes < geometry.block_size_bytes as u64 {
-            return Err(RegistryError::Namespace {
-                nqn: sc.nqn.clone(),
-                nsid: nc.nsid,
-                reason: "backend is smaller than one block".into(),
-            });
-        }
-        let identity = namespace_identity(&nc.backend, instance);
-        let (nguid, eui64) = derive_ids(&sc.nqn, nc.nsid, nc.uuid, &identity);
-        let ns = Arc::new(Namespace::new(
-            NamespaceIds {
-                nsid: nc.nsid,
-                index: first_index + i,
-                nguid,
-                eui64,
-            },
-            backend,
-        ));
+        let ns = build_namespace(sc, nc, volumes, instance, first_index + i)?;
         namespaces.insert(nc.nsid, ns);
     }
     Ok(Subsystem::new(
@@ -347,6 +361,15 @@ pub(crate) fn log_access(sc: &SubsystemConfig) {
             "SECURITY: subsystem admits ANY host (allow_any_host = true); list host NQNs to restrict it"
         );
     }
+}
+
+/// What a reload adds, built and not yet registered
+/// ([`Registry::build_added`]).
+#[derive(Debug, Default)]
+pub(crate) struct Built {
+    pub(crate) subsystems: Vec<Arc<Subsystem>>,
+    /// Namespaces for kept subsystems, one list per subsystem asked for.
+    pub(crate) namespaces: Vec<Vec<Arc<Namespace>>>,
 }
 
 impl Registry {
@@ -395,40 +418,75 @@ impl Registry {
         })
     }
 
-    /// Builds the subsystems a reload adds, numbering their namespaces
-    /// after every index handed out so far; nothing is registered (see
-    /// [`Registry::swap_subsystems`]). The caller holds `running`, so no
-    /// other build hands out the same indices. Their volatile namespaces
-    /// get NGUIDs of their own, as after a restart: a subsystem removed and
-    /// added again comes back empty, and a host must not take it for the
-    /// one it knew.
+    /// Builds what a reload adds: the subsystems `added`, and in kept
+    /// subsystems the namespaces `namespaces` (each list with its
+    /// subsystem's configuration), numbering the namespaces after every
+    /// index handed out so far; nothing is registered (see
+    /// [`Registry::swap_subsystems`] and [`Registry::replace_namespaces`]).
+    /// The caller holds `running`, so no other build hands out the same
+    /// indices. Volatile namespaces get NGUIDs of their own, as after a
+    /// restart: one removed and added again comes back empty, and a host
+    /// must not take it for the one it knew.
     pub(crate) fn build_added(
         &self,
         added: &[&SubsystemConfig],
+        namespaces: &[(&SubsystemConfig, Vec<&NamespaceConfig>)],
         volumes: &dyn VolumeOpener,
-    ) -> Result<Vec<Arc<Subsystem>>, RegistryError> {
+    ) -> Result<Built, RegistryError> {
         let mut next_index = self.namespaces_built.load(Ordering::Acquire);
         let instance = instance_nonce();
-        let mut built = Vec::with_capacity(added.len());
-        for sc in added {
-            let end = next_index + sc.namespaces.len();
-            if end > sluice_config::NAMESPACES_TOTAL_MAX {
+        let reserve = |sc: &SubsystemConfig, nsid: u32, n: usize, next_index: usize| {
+            if next_index + n > sluice_config::NAMESPACES_TOTAL_MAX {
                 return Err(RegistryError::Namespace {
                     nqn: sc.nqn.clone(),
-                    nsid: sc.namespaces.first().map_or(0, |n| n.nsid),
+                    nsid,
                     reason: format!(
-                        "the target has handed out {next_index} namespace indices (removed subsystems' included, until a restart); {} more exceed the limit of {}",
-                        sc.namespaces.len(),
+                        "the target has handed out {next_index} namespace indices (removed namespaces' included, until a restart); {n} more exceed the limit of {}",
                         sluice_config::NAMESPACES_TOTAL_MAX
                     ),
                 });
             }
-            built.push(Arc::new(build_subsystem(
+            Ok(next_index + n)
+        };
+        let mut built = Built::default();
+        for sc in added {
+            let nsid = sc.namespaces.first().map_or(0, |n| n.nsid);
+            let end = reserve(sc, nsid, sc.namespaces.len(), next_index)?;
+            built.subsystems.push(Arc::new(build_subsystem(
                 sc, volumes, &instance, next_index,
             )?));
             next_index = end;
         }
+        for (sc, ncs) in namespaces {
+            let mut list = Vec::with_capacity(ncs.len());
+            for nc in ncs {
+                next_index = reserve(sc, nc.nsid, 1, next_index)?;
+                list.push(build_namespace(sc, nc, volumes, &instance, next_index - 1)?);
+            }
+            built.namespaces.push(list);
+        }
         Ok(built)
+    }
+
+    /// Puts namespaces built by [`Registry::build_added`] into kept
+    /// subsystem `sub` (their indices are taken for good) and takes those
+    /// numbered in `removed` out, returning them; the next command of each
+    /// queue, and the next Identify, see the new set.
+    pub(crate) fn replace_namespaces(
+        &self,
+        sub: &Subsystem,
+        added: &[Arc<Namespace>],
+        removed: &[u32],
+    ) -> Vec<Arc<Namespace>> {
+        let mut map = NamespaceMap::clone(&sub.namespaces.snapshot());
+        let gone = removed.iter().filter_map(|nsid| map.remove(nsid)).collect();
+        for ns in added {
+            self.namespaces_built
+                .fetch_max(ns.index + 1, Ordering::AcqRel);
+            map.insert(ns.nsid, ns.clone());
+        }
+        sub.namespaces.replace(map);
+        gone
     }
 
     /// Registers subsystems built by [`Registry::build_added`] (their
@@ -443,7 +501,13 @@ impl Registry {
         let mut map = BTreeMap::clone(&guard);
         let gone = removed.iter().filter_map(|nqn| map.remove(nqn)).collect();
         for sub in added {
-            if let Some(end) = sub.namespaces.values().map(|n| n.index + 1).max() {
+            if let Some(end) = sub
+                .namespaces
+                .snapshot()
+                .values()
+                .map(|n| n.index + 1)
+                .max()
+            {
                 self.namespaces_built.fetch_max(end, Ordering::AcqRel);
             }
             map.insert(sub.nqn.clone(), sub.clone());

@@ -16,6 +16,17 @@
 //!   flight complete or fail as at any lost connection; acknowledged writes
 //!   are already in the backend, which is closed once the last queue and
 //!   worker holding it let go (a RAM namespace's memory is freed then);
+//! * namespaces **added** to a kept subsystem (an NSID it lacks): built
+//!   with the added subsystems, so one that cannot be opened refuses the
+//!   whole file; then put into the subsystem's namespace set;
+//! * namespaces **removed** from a kept subsystem (an NSID the file no
+//!   longer lists): taken out of the set, so a queue's next command naming
+//!   it gets Invalid Namespace; commands in flight finish, and the backend
+//!   closes once they have and the workers let go of it (as for a removed
+//!   subsystem). Either way every live controller of the subsystem sends
+//!   its host a Namespace Attribute Changed event at its next check (within
+//!   200 ms) naming the NSIDs in its Changed Namespace List log page, and
+//!   the host rescans (Linux adds and removes the block devices);
 //! * the `hosts`, `allow_any_host`, `dhchap` and `require_auth` of the
 //!   subsystems kept;
 //! * the `[[tenant]]` entries (new ones created, changed ones replaced
@@ -25,16 +36,18 @@
 //!   default tenant).
 //!
 //! Nothing else: a file that differs from the configuration in force
-//! anywhere else (`[target]`, `[tenants]`, a kept subsystem's namespaces,
-//! serial or model, a tenant's `charge_cgroup`, or a tenant with one
-//! removed) is refused whole, naming what differs, and nothing of it
-//! applies. The order of the subsystems does not matter.
+//! anywhere else (`[target]`, `[tenants]`, a kept subsystem's serial or
+//! model, a kept namespace's settings, a tenant's `charge_cgroup`, or a
+//! tenant with one removed) is refused whole, naming what differs, and
+//! nothing of it applies. To change a namespace, remove it in one reload
+//! and add it back in the next. The order of subsystems and of namespaces
+//! does not matter.
 //!
-//! Applied in steps, those that can fail first: the added subsystems are
-//! built, then the tenants are replaced (the new ones are checked against
-//! the table in force, which the admin API may have changed); then, and
-//! these cannot fail, the added subsystems are registered, the removed ones
-//! closed, and every kept subsystem's new [`Access`] is swapped in, so the
+//! Applied in steps, those that can fail first: the added subsystems and
+//! namespaces are built, then the tenants are replaced (the new ones are
+//! checked against the table in force, which the admin API may have
+//! changed); then, and these cannot fail, the added subsystems are
+//! registered, the removed ones closed, namespaces added and removed, and every kept subsystem's new [`Access`] is swapped in, so the
 //! next Connect (admin or I/O queue) and the next discovery log page see
 //! it; a live controller whose host the new access would refuse at Connect
 //! (no longer listed, or without a secret where one is now required) is
@@ -42,17 +55,18 @@
 
 use crate::registry::{NoVolumes, Registry, VolumeOpener};
 use crate::subsystem::{Access, Subsystem};
-use crate::tenant::TenantRuntime;
-use sluice_config::{Config, SubsystemConfig};
+use crate::tenant::{configured_namespaces, TenantRuntime};
+use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
 use sluice_runtime::sync::lock;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Why a reload was refused; the configuration in force stays.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReloadError {
     #[error(
         "{what} differs from the running configuration: restart the target to apply it (a reload \
-         adds and removes whole subsystems, applies the kept subsystems' `hosts`, \
+         adds and removes subsystems and namespaces, applies the kept subsystems' `hosts`, \
          `allow_any_host`, `dhchap` and `require_auth`, and the `[[tenant]]` entries, and deletes \
          the tenants it no longer lists)"
     )]
@@ -61,9 +75,9 @@ pub enum ReloadError {
     /// admin API since the file was read, say).
     #[error("the tenants: {0}")]
     Tenants(String),
-    /// A subsystem the file adds cannot be built (a backend that does not
-    /// open, the target's namespace limit).
-    #[error("a subsystem the file adds: {0}")]
+    /// A subsystem or namespace the file adds cannot be built (a backend
+    /// that does not open, the target's namespace limit).
+    #[error("what the file adds: {0}")]
     Add(String),
 }
 
@@ -80,6 +94,10 @@ pub struct ReloadReport {
     pub subsystems_added: Vec<String>,
     /// Subsystems removed, with the controllers that were live on them.
     pub subsystems_removed: Vec<RemovedSubsystem>,
+    /// Namespaces added to kept subsystems: (NQN, NSID).
+    pub namespaces_added: Vec<(String, u32)>,
+    /// Namespaces removed from kept subsystems: (NQN, NSID).
+    pub namespaces_removed: Vec<(String, u32)>,
 }
 
 impl ReloadReport {
@@ -89,6 +107,8 @@ impl ReloadReport {
             && self.tenants_removed.is_empty()
             && self.subsystems_added.is_empty()
             && self.subsystems_removed.is_empty()
+            && self.namespaces_added.is_empty()
+            && self.namespaces_removed.is_empty()
     }
 }
 
@@ -109,10 +129,19 @@ impl ReloadReport {
                 "auth_changed": a.auth_changed,
                 "controllers_failed": controllers_json(&a.controllers_failed),
             })).collect::<Vec<_>>(),
+            "namespaces_added": namespaces_json(&self.namespaces_added),
+            "namespaces_removed": namespaces_json(&self.namespaces_removed),
             "tenants": self.tenants,
             "tenants_removed": self.tenants_removed,
         })
     }
+}
+
+/// (NQN, NSID) pairs as JSON.
+fn namespaces_json(list: &[(String, u32)]) -> serde_json::Value {
+    list.iter()
+        .map(|(nqn, nsid)| serde_json::json!({"nqn": nqn, "nsid": nsid}))
+        .collect()
 }
 
 /// Controllers a reload failed, as JSON.
@@ -146,15 +175,38 @@ pub struct AccessChange {
     pub controllers_failed: Vec<(u16, String)>,
 }
 
-/// A subsystem's configuration without what a reload may change.
+/// A subsystem's configuration without what a reload may change (its
+/// access and which namespaces it has).
 fn fixed_part(sc: &SubsystemConfig) -> SubsystemConfig {
     SubsystemConfig {
         allow_any_host: false,
         hosts: Vec::new(),
         dhchap: Vec::new(),
         require_auth: false,
+        namespaces: Vec::new(),
         ..sc.clone()
     }
+}
+
+/// The namespaces of `new` that `running` (the same subsystem) lacks.
+fn namespaces_added<'a>(
+    running: &SubsystemConfig,
+    new: &'a SubsystemConfig,
+) -> Vec<&'a NamespaceConfig> {
+    new.namespaces
+        .iter()
+        .filter(|n| !running.namespaces.iter().any(|r| r.nsid == n.nsid))
+        .collect()
+}
+
+/// The NSIDs of `running` that `new` (the same subsystem) no longer lists.
+fn namespaces_removed(running: &SubsystemConfig, new: &SubsystemConfig) -> Vec<u32> {
+    running
+        .namespaces
+        .iter()
+        .filter(|r| !new.namespaces.iter().any(|n| n.nsid == r.nsid))
+        .map(|r| r.nsid)
+        .collect()
 }
 
 /// The first thing `new` changes that a reload cannot apply.
@@ -194,10 +246,16 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
             continue; // added
         };
         if fixed_part(sc) != fixed_part(rc) {
-            return Some(format!(
-                "subsystem `{}`: its namespaces, serial or model",
-                sc.nqn
-            ));
+            return Some(format!("subsystem `{}`: its serial or model", sc.nqn));
+        }
+        for n in &sc.namespaces {
+            if rc.namespaces.iter().any(|r| r.nsid == n.nsid && r != n) {
+                return Some(format!(
+                    "subsystem `{}`: namespace {}'s settings (to change a namespace, remove it in \
+                     one reload and add it back in the next)",
+                    sc.nqn, n.nsid
+                ));
+            }
         }
     }
     None
@@ -249,10 +307,24 @@ fn apply(
         .filter(|r| !new.subsystems.iter().any(|sc| sc.nqn == r.nqn))
         .map(|r| r.nqn.clone())
         .collect();
-    // What can fail, first: nothing is applied yet (a subsystem built
-    // here and dropped closes its backends).
+    // Kept subsystems whose namespaces change: (running, new).
+    let reshaped: Vec<(&SubsystemConfig, &SubsystemConfig)> = new
+        .subsystems
+        .iter()
+        .filter_map(|sc| {
+            let rc = running.subsystems.iter().find(|r| r.nqn == sc.nqn)?;
+            (!namespaces_added(rc, sc).is_empty() || !namespaces_removed(rc, sc).is_empty())
+                .then_some((rc, sc))
+        })
+        .collect();
+    let to_build: Vec<(&SubsystemConfig, Vec<&NamespaceConfig>)> = reshaped
+        .iter()
+        .map(|(rc, sc)| (*sc, namespaces_added(rc, sc)))
+        .collect();
+    // What can fail, first: nothing is applied yet (a subsystem or
+    // namespace built here and dropped closes its backends).
     let built = reg
-        .build_added(&added, volumes)
+        .build_added(&added, &to_build, volumes)
         .map_err(|e| ReloadError::Add(e.to_string()))?;
     let changed: Vec<_> = new
         .tenants
@@ -272,12 +344,14 @@ fn apply(
         .replace_tenants(&changed, &tenants_deleted)
         .map_err(|e| ReloadError::Tenants(e.to_string()))?;
     // From here on nothing fails.
-    for (sub, sc) in built.iter().zip(&added) {
-        tenants.add_namespaces(sub, sc);
+    for (sub, sc) in built.subsystems.iter().zip(&added) {
+        tenants.add_namespaces(&sc.nqn, &configured_namespaces(sub, sc));
     }
-    let gone = reg.swap_subsystems(&built, &removed);
+    let gone = reg.swap_subsystems(&built.subsystems, &removed);
     let subsystems_removed = gone.iter().map(|sub| reg.close_removed(sub)).collect();
-    if !gone.is_empty() {
+    let (namespaces_added, namespaces_removed) =
+        reshape(reg, tenants, &reshaped, &to_build, &built.namespaces);
+    if !gone.is_empty() || !namespaces_removed.is_empty() {
         // Every worker looks for queues of the retired namespaces, also
         // one asleep with no connection left.
         reg.removals.fetch_add(1, Ordering::AcqRel);
@@ -285,7 +359,7 @@ fn apply(
             tenants.wake(i);
         }
     }
-    for (sub, sc) in built.iter().zip(&added) {
+    for (sub, sc) in built.subsystems.iter().zip(&added) {
         crate::registry::log_access(sc);
         tracing::info!(
             subsystem = %sub.nqn,
@@ -294,7 +368,7 @@ fn apply(
         );
     }
     let access = reg.replace_access(&running, new);
-    if !built.is_empty() || !gone.is_empty() {
+    if !built.subsystems.is_empty() || !gone.is_empty() {
         // Discovery log pages list the subsystems.
         reg.discovery_genctr.fetch_add(1, Ordering::Relaxed);
     }
@@ -303,9 +377,56 @@ fn apply(
         access,
         tenants: tenants_changed,
         tenants_removed,
-        subsystems_added: built.iter().map(|s| s.nqn.clone()).collect(),
+        subsystems_added: built.subsystems.iter().map(|s| s.nqn.clone()).collect(),
         subsystems_removed,
+        namespaces_added,
+        namespaces_removed,
     })
+}
+
+/// Namespaces named by (NQN, NSID).
+type NamespaceRefs = Vec<(String, u32)>;
+
+/// Adds and removes the namespaces of kept subsystems (`reshaped`: running
+/// and new configuration; `to_build` and `built`: the namespaces each
+/// adds, configured and built); returns them as (NQN, NSID).
+fn reshape(
+    reg: &Registry,
+    tenants: &TenantRuntime,
+    reshaped: &[(&SubsystemConfig, &SubsystemConfig)],
+    to_build: &[(&SubsystemConfig, Vec<&NamespaceConfig>)],
+    built: &[Vec<Arc<crate::subsystem::Namespace>>],
+) -> (NamespaceRefs, NamespaceRefs) {
+    let subsystems = reg.subsystems();
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    for (((rc, sc), (_, ncs)), nss) in reshaped.iter().zip(to_build).zip(built) {
+        let Some(sub) = subsystems.get(&sc.nqn) else {
+            continue;
+        };
+        // Per-namespace state first: a queue may use them at once.
+        let pairs: Vec<_> = ncs.iter().copied().zip(nss.iter().cloned()).collect();
+        tenants.add_namespaces(&sc.nqn, &pairs);
+        let gone = reg.replace_namespaces(sub, nss, &namespaces_removed(rc, sc));
+        for ns in nss {
+            tracing::info!(
+                subsystem = %sc.nqn,
+                nsid = ns.nsid,
+                size_bytes = ns.blocks() << ns.lba_shift,
+                "reload: namespace added; the subsystem's hosts are told (Namespace Attribute Changed)"
+            );
+            added.push((sc.nqn.clone(), ns.nsid));
+        }
+        for ns in gone {
+            ns.retire();
+            tracing::warn!(
+                subsystem = %sc.nqn,
+                nsid = ns.nsid,
+                "reload: namespace removed; its commands in flight finish, new ones get Invalid Namespace, and the subsystem's hosts are told (Namespace Attribute Changed)"
+            );
+            removed.push((sc.nqn.clone(), ns.nsid));
+        }
+    }
+    (added, removed)
 }
 
 impl Registry {
@@ -314,7 +435,7 @@ impl Registry {
     /// see the handshake) and its live controllers are failed.
     fn close_removed(&self, sub: &Subsystem) -> RemovedSubsystem {
         sub.set_access(Access::default());
-        for ns in sub.namespaces.values() {
+        for ns in sub.namespaces.snapshot().values() {
             ns.retire();
         }
         let removed = RemovedSubsystem {
@@ -437,9 +558,16 @@ mod tests {
         let mut t = config(&["h1"]);
         t.target.queue_depth_max = 64;
         assert_eq!(needs_restart(&running, &t).as_deref(), Some("`[target]`"));
+        // Namespaces may come and go (NSID 1 removed, 2 added); a kept
+        // one may not change.
         let mut ns = config(&["h1"]);
         ns.subsystems[0].namespaces[0].nsid = 2;
-        assert!(needs_restart(&running, &ns).is_some_and(|w| w.contains("namespaces")));
+        assert_eq!(needs_restart(&running, &ns), None);
+        let mut grown = config(&["h1"]);
+        grown.subsystems[0].namespaces[0] = NamespaceConfig::ram(1, 2 << 20);
+        assert!(
+            needs_restart(&running, &grown).is_some_and(|w| w.contains("namespace 1's settings"))
+        );
         // Whole subsystems may come and go, in any order; a kept one's
         // serial may not change.
         let mut more = config(&["h1"]);
@@ -451,7 +579,7 @@ mod tests {
         serial.subsystems[1].serial = "other".into();
         assert_eq!(
             needs_restart(&more, &serial).as_deref(),
-            Some("subsystem `nqn.2026-12.io.sluice:reload`: its namespaces, serial or model")
+            Some("subsystem `nqn.2026-12.io.sluice:reload`: its serial or model")
         );
         let mut tenants = config(&["h1"]);
         tenants.tenants = sluice_config::TenantsConfig::fair();

@@ -2,9 +2,9 @@
 //!
 //! A subsystem has an NQN, a host allow-list and namespaces. Its live
 //! controllers are kept by the registry (`registry.rs`), which builds the
-//! subsystems from the configuration. Who it admits ([`Access`]) may be
-//! replaced while it runs, and a configuration reload may add or remove
-//! whole subsystems (`reload.rs`); a subsystem's namespaces stay as built.
+//! subsystems from the configuration. Who it admits ([`Access`]) and its
+//! namespaces ([`Namespaces`]) may be replaced while it runs, and a
+//! configuration reload may add or remove whole subsystems (`reload.rs`).
 
 use crate::metrics::IoCounters;
 use sluice_backend::{Backend, Geometry, SsdModel};
@@ -33,8 +33,8 @@ pub struct Namespace {
     pub counters: IoCounters,
     /// Chain-epoch fences (elastic volumes' drives; `fence.rs`).
     pub fences: Arc<crate::fence::Fences>,
-    /// Its subsystem was removed by a reload: workers drop their queues of
-    /// it once no one holds it (`server/worker.rs`).
+    /// A reload removed it (or its subsystem): workers drop their queues
+    /// of it once no one holds it (`server/worker.rs`).
     retired: std::sync::atomic::AtomicBool,
 }
 
@@ -68,12 +68,12 @@ impl Namespace {
         }
     }
 
-    /// Marks it as leaving: its subsystem was removed.
+    /// Marks it as leaving: a reload removed it or its subsystem.
     pub(crate) fn retire(&self) {
         self.retired.store(true, Ordering::Release);
     }
 
-    /// Whether its subsystem was removed.
+    /// Whether a reload removed it or its subsystem.
     pub fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)
     }
@@ -110,6 +110,61 @@ impl Namespace {
             );
         }
         now > before
+    }
+}
+
+/// A subsystem's namespaces by NSID.
+pub type NamespaceMap = BTreeMap<u32, Arc<Namespace>>;
+
+/// A subsystem's namespaces: a snapshot a reload replaces whole (namespaces
+/// added and removed in place). Queues keep a snapshot and take the new
+/// one when [`Namespaces::generation`] moves (`queue/handshake.rs`), so an
+/// I/O reads one atomic here, not a lock.
+#[derive(Debug, Default)]
+pub struct Namespaces {
+    map: RwLock<Arc<NamespaceMap>>,
+    /// Moves after every replacement.
+    generation: AtomicU64,
+}
+
+impl Namespaces {
+    pub(crate) fn new(map: NamespaceMap) -> Namespaces {
+        Namespaces {
+            map: RwLock::new(Arc::new(map)),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The namespaces now.
+    pub fn snapshot(&self) -> Arc<NamespaceMap> {
+        read(&self.map).clone()
+    }
+
+    /// Namespace `nsid` now.
+    pub fn get(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        read(&self.map).get(&nsid).cloned()
+    }
+
+    /// How many there are now.
+    pub fn len(&self) -> usize {
+        read(&self.map).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Moves whenever the set is replaced: a snapshot taken at generation
+    /// `g` is current while this reads `g`.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Replaces the set (a reload); the generation moves after the new map
+    /// is in place.
+    pub(crate) fn replace(&self, map: NamespaceMap) {
+        *write(&self.map) = Arc::new(map);
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -186,7 +241,7 @@ pub struct Subsystem {
     pub(crate) model: String,
     /// Who it admits now (a reload swaps it; a Connect reads it once).
     access: RwLock<Arc<Access>>,
-    pub namespaces: BTreeMap<u32, Arc<Namespace>>,
+    pub namespaces: Namespaces,
     /// Unique in the process: the registry keeps its live controllers
     /// under it (a subsystem removed and added again under the same NQN
     /// is another one).
@@ -207,7 +262,7 @@ impl Subsystem {
         serial: String,
         model: String,
         access: Access,
-        namespaces: BTreeMap<u32, Arc<Namespace>>,
+        namespaces: NamespaceMap,
     ) -> Subsystem {
         Subsystem {
             nqn,
@@ -215,7 +270,7 @@ impl Subsystem {
             serial,
             model,
             access: RwLock::new(Arc::new(access)),
-            namespaces,
+            namespaces: Namespaces::new(namespaces),
             id: NEXT_SUBSYSTEM_ID.fetch_add(1, Ordering::Relaxed),
             live_controllers: AtomicUsize::new(0),
             removed: std::sync::atomic::AtomicBool::new(false),
@@ -248,13 +303,19 @@ impl Subsystem {
         self.access().admits(hostnqn)
     }
 
-    /// Highest NSID (Identify Controller NN).
+    /// Identify Controller NN, the highest NSID it may have: any NSID the
+    /// configuration allows, since a reload may add namespaces (as nvmet
+    /// reports its own limit); none for the discovery subsystem.
     pub fn nn(&self) -> u32 {
-        self.namespaces.keys().next_back().copied().unwrap_or(0)
+        match self.kind {
+            SubsystemKind::Nvm => sluice_config::NAMESPACES_PER_SUBSYSTEM_MAX,
+            SubsystemKind::Discovery => 0,
+        }
     }
 
     pub fn volatile_write_cache(&self) -> bool {
         self.namespaces
+            .snapshot()
             .values()
             .any(|n| n.geometry.volatile_write_cache)
     }

@@ -12,7 +12,10 @@ mod common;
 use common::*;
 
 use sluice_config::{NamespaceConfig, SubsystemConfig};
+use sluice_proto::command::{admin, io, sgl, SglDescriptor, Sqe};
 use sluice_proto::fabrics::{cc, prop, CNTLID_DYNAMIC};
+use sluice_proto::identify::IdentifyController;
+use sluice_proto::pdu::PduHeader;
 use sluice_proto::Status;
 use sluice_target::queue::CONTROLLER_CHECK_INTERVAL;
 use sluice_target::registry::Registry;
@@ -101,8 +104,8 @@ fn reload_adds_and_removes_whole_subsystems_while_the_others_serve() {
     assert_eq!(report.subsystems_added, vec![ADDED.to_string()]);
     assert!(report.access.is_empty() && report.subsystems_removed.is_empty());
     assert!(reg.genctr() > genctr, "discovery log pages list it");
-    let added_ns = reg.subsystems()[ADDED].namespaces[&1].clone();
-    let kept_ns = reg.subsystems()[SUBNQN].namespaces[&1].clone();
+    let added_ns = reg.subsystems()[ADDED].namespaces.get(1).unwrap();
+    let kept_ns = reg.subsystems()[SUBNQN].namespaces.get(1).unwrap();
     assert_ne!(added_ns.index, kept_ns.index, "an index of its own");
     assert!(tenants.arbiters.get(added_ns.index).is_some());
     assert_eq!(
@@ -166,12 +169,213 @@ fn reload_adds_and_removes_whole_subsystems_while_the_others_serve() {
     // Added again: a new namespace, empty, on a new index, with an NGUID
     // of its own (a host must not take it for the one it knew).
     reload(&reg, &tenants, &after).expect("added again");
-    let again = reg.subsystems()[ADDED].namespaces[&1].clone();
+    let again = reg.subsystems()[ADDED].namespaces.get(1).unwrap();
     assert!(again.index > old_index, "indices are not reused");
     let (mut b, mut bq, _) = controller_of(&reg, ADDED, OTHER);
     assert_eq!(bq.read(8, 8), (Status::SUCCESS, vec![0; 4096]));
     assert_ne!(nguid(&mut b), first_nguid);
     assert_eq!(reg.reloads.counts(), (4, 0));
+}
+
+/// Writes `data` (in-capsule) at `slba` of namespace `nsid`.
+fn write_ns(q: &mut Pair, nsid: u32, slba: u64, data: &[u8]) -> Status {
+    let cid = q.cid();
+    let nlb = u32::try_from(data.len() / 512).unwrap();
+    let mut s = Sqe::rw(io::WRITE, cid, nsid, slba, nlb, false);
+    s.set_sgl(SglDescriptor {
+        address: 0,
+        length: u32::try_from(data.len()).unwrap(),
+        id: sgl::DATA_BLOCK_OFFSET,
+    });
+    q.command(s, data).0.status()
+}
+
+/// Reads `nlb` 512-byte blocks at `slba` of namespace `nsid`.
+fn read_ns(q: &mut Pair, nsid: u32, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
+    let cid = q.cid();
+    let mut s = Sqe::rw(io::READ, cid, nsid, slba, nlb, false);
+    s.set_sgl(SglDescriptor {
+        address: 0,
+        length: nlb * 512,
+        id: sgl::TRANSPORT_DATA_BLOCK,
+    });
+    let (c, d) = q.command(s, &[]);
+    (c.status(), d)
+}
+
+/// The NSIDs of an Identify or log page data of little-endian u32s.
+fn nsids(data: &[u8]) -> Vec<u32> {
+    data.chunks(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .take_while(|v| *v != 0)
+        .collect()
+}
+
+/// The active namespace list (Identify CNS 02h).
+fn active(a: &mut Pair) -> Vec<u32> {
+    let (st, d) = a.identify(2, 0);
+    assert_eq!(st, Status::SUCCESS);
+    nsids(&d)
+}
+
+/// Identify Namespace `nsid`: NSZE and NGUID.
+fn identify_ns(a: &mut Pair, nsid: u32) -> (u64, Vec<u8>) {
+    let (st, d) = a.identify(0, nsid);
+    assert_eq!(st, Status::SUCCESS, "nsid {nsid}");
+    (
+        u64::from_le_bytes(d[0..8].try_into().unwrap()),
+        d[104..120].to_vec(),
+    )
+}
+
+/// Asynchronous Event Configuration bit 8: Namespace Attribute Notices.
+const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
+/// An AER completion's DW0 for Namespace Attribute Changed: type Notice
+/// (2), information 00h, log page 04h (Changed Namespace List).
+const NS_ATTRIBUTE_CHANGED_DW0: u32 = 0x0004_0002;
+
+/// Posts an Asynchronous Event Request, which the target holds.
+fn post_aer(a: &mut Pair, cid: u16) {
+    a.send(
+        &PduHeader::CapsuleCmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0)),
+        &[],
+    );
+    assert!(a.take().is_empty(), "the AER is held");
+}
+
+/// The AER `cid`'s completion once the admin queue's next check has run.
+fn aer_after_check(a: &mut Pair, cid: u16) -> Option<u32> {
+    a.advance(CONTROLLER_CHECK_INTERVAL + Duration::from_millis(1));
+    a.take().into_iter().find_map(|g| match g.header {
+        PduHeader::CapsuleResp(c) if c.cid == cid => {
+            assert!(c.status().is_success());
+            Some(c.result)
+        }
+        _ => None,
+    })
+}
+
+/// The Changed Namespace List (read clears it).
+fn changed_list(a: &mut Pair) -> Vec<u32> {
+    let numd = 4096 / 4 - 1;
+    let (c, d) = a.admin_cmd(
+        admin::GET_LOG_PAGE,
+        0xffff_ffff,
+        u32::from(sluice_proto::log::lid::CHANGED_NS_LIST) | numd << 16,
+        0,
+        4096,
+    );
+    assert!(c.status().is_success());
+    nsids(&d)
+}
+
+/// A reload adds a namespace to a kept subsystem and takes it out again:
+/// the live queue's next command reaches it, the host gets a Namespace
+/// Attribute Changed event naming it (Changed Namespace List), and
+/// Identify lists it; removed, commands naming it get Invalid Namespace
+/// while namespace 1 serves on, the host is told again, and once the
+/// queues have looked nothing holds it. Added back, it is a new, empty
+/// namespace with an NGUID of its own. A kept namespace's settings
+/// changed, or an added one that cannot be opened, refuse the file.
+#[test]
+fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
+    let before = config_in("immediate", default_ns());
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let (mut a, cntlid) = admin_pair(&reg);
+    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
+    assert!(c.status().is_success());
+    post_aer(&mut a, 900);
+    let mut q = io_pair(&reg, cntlid, false, false);
+    let one = pattern(4096, 3);
+    assert_eq!(write_ns(&mut q, 1, 8, &one), Status::SUCCESS);
+    assert_eq!(write_ns(&mut q, 2, 8, &one), Status::INVALID_NAMESPACE);
+    assert_eq!(active(&mut a), vec![1]);
+    assert_eq!(identify_ns(&mut a, 2).0, 0, "inactive: all zeroes");
+    let id = IdentifyController::decode(&a.identify(1, 0).1).unwrap();
+    assert_eq!(id.nn, 1024, "NN is the highest NSID a reload may add");
+
+    let mut after = before.clone();
+    after.subsystems[0]
+        .namespaces
+        .push(NamespaceConfig::ram(2, 1 << 20).with_block_size(512));
+    let report = reload(&reg, &tenants, &after).expect("a namespace may be added");
+    assert_eq!(report.namespaces_added, vec![(SUBNQN.to_string(), 2)]);
+    assert!(report.subsystems_added.is_empty() && report.namespaces_removed.is_empty());
+    let added = reg.subsystems()[SUBNQN].namespaces.get(2).unwrap();
+    assert_eq!(
+        tenants
+            .ns_stats
+            .get(added.index)
+            .map(|s| (s.nqn.as_str(), s.nsid)),
+        Some((SUBNQN, 2)),
+        "state of its own"
+    );
+    // The live I/O queue's next command reaches it.
+    let two = pattern(4096, 5);
+    assert_eq!(write_ns(&mut q, 2, 8, &two), Status::SUCCESS);
+    assert_eq!(read_ns(&mut q, 2, 8, 8), (Status::SUCCESS, two.clone()));
+    assert_eq!(read_ns(&mut q, 1, 8, 8), (Status::SUCCESS, one.clone()));
+    // The host is told at the admin queue's next check.
+    assert_eq!(aer_after_check(&mut a, 900), Some(NS_ATTRIBUTE_CHANGED_DW0));
+    assert_eq!(changed_list(&mut a), vec![2]);
+    assert_eq!(active(&mut a), vec![1, 2]);
+    let (nsze, nguid) = identify_ns(&mut a, 2);
+    assert_eq!(nsze, 2048);
+    assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
+
+    // Removed.
+    post_aer(&mut a, 901);
+    let held = Arc::downgrade(&added);
+    let old_index = added.index;
+    drop(added);
+    let report = reload(&reg, &tenants, &before).expect("a namespace may be removed");
+    assert_eq!(report.namespaces_removed, vec![(SUBNQN.to_string(), 2)]);
+    assert!(report.namespaces_added.is_empty() && report.subsystems_removed.is_empty());
+    assert_eq!(read_ns(&mut q, 2, 8, 8).0, Status::INVALID_NAMESPACE);
+    assert_eq!(read_ns(&mut q, 1, 8, 8), (Status::SUCCESS, one.clone()));
+    assert_eq!(aer_after_check(&mut a, 901), Some(NS_ATTRIBUTE_CHANGED_DW0));
+    assert_eq!(changed_list(&mut a), vec![2]);
+    assert_eq!(active(&mut a), vec![1]);
+    assert_eq!(identify_ns(&mut a, 2).0, 0);
+    assert!(!q.conn.is_closing() && !a.conn.is_closing());
+    q.advance(CONTROLLER_CHECK_INTERVAL + Duration::from_millis(1));
+    assert!(
+        held.upgrade().is_none(),
+        "once the queues have looked, nothing holds the removed namespace"
+    );
+
+    // Added back: new, empty, a higher index, another NGUID.
+    reload(&reg, &tenants, &after).expect("added again");
+    let again = reg.subsystems()[SUBNQN].namespaces.get(2).unwrap();
+    assert!(again.index > old_index, "indices are not reused");
+    assert_eq!(read_ns(&mut q, 2, 8, 8), (Status::SUCCESS, vec![0; 4096]));
+    assert_ne!(identify_ns(&mut a, 2).1, nguid);
+
+    // Refused whole: a kept namespace changed (and an added host with it).
+    let mut changed = after.clone();
+    changed.subsystems[0].namespaces[1] = NamespaceConfig::ram(2, 2 << 20).with_block_size(512);
+    changed.subsystems[0].hosts.push(OTHER.into());
+    match reload(&reg, &tenants, &changed) {
+        Err(ReloadError::NeedsRestart { what }) => {
+            assert!(what.contains("namespace 2"), "{what}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(refused(&admin_as(&reg, OTHER).1), "the host list stays");
+    // Refused whole: an added namespace that cannot be opened.
+    let mut bad = after.clone();
+    bad.subsystems[0]
+        .namespaces
+        .push(NamespaceConfig::file(3, "/nonexistent/sluice-reload-test"));
+    bad.subsystems[0].hosts.push(OTHER.into());
+    match reload(&reg, &tenants, &bad) {
+        Err(ReloadError::Add(why)) => assert!(why.contains("nsid 3") || why.contains('3'), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(active(&mut a), vec![1, 2]);
+    assert!(refused(&admin_as(&reg, OTHER).1), "the host list stays");
+    assert_eq!(reg.reloads.counts(), (4, 2));
 }
 
 /// A subsystem whose backend cannot be opened refuses the whole file:
@@ -198,8 +402,11 @@ fn a_subsystem_that_cannot_be_built_refuses_the_whole_file() {
     let mut good = before.clone();
     good.subsystems.push(added_subsystem());
     reload(&reg, &tenants, &good).expect("the file mended");
-    let kept = reg.subsystems()[SUBNQN].namespaces[&1].index;
-    assert_eq!(reg.subsystems()[ADDED].namespaces[&1].index, kept + 1);
+    let kept = reg.subsystems()[SUBNQN].namespaces.get(1).unwrap().index;
+    assert_eq!(
+        reg.subsystems()[ADDED].namespaces.get(1).unwrap().index,
+        kept + 1
+    );
     assert_eq!(reg.reloads.counts(), (1, 1));
 }
 

@@ -163,6 +163,7 @@ impl QueueConnection {
             return;
         }
         let kind = if self.session.qid > 0 && sqe.opcode() != io::FABRICS {
+            self.session.refresh_namespaces();
             match self.plan_io(&sqe, sgl_len) {
                 Ok(k) => k,
                 Err(st) => {
@@ -274,13 +275,13 @@ impl QueueConnection {
         }
     }
 
+    /// Namespace `nsid` of the queue's snapshot (taken anew before each
+    /// command, see `handle_command`).
     fn namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
-        let ctrl = self
-            .session
-            .ctrl
-            .as_ref()
-            .ok_or(Status::COMMAND_SEQUENCE_ERROR)?;
-        ctrl.subsystem
+        if self.session.ctrl.is_none() {
+            return Err(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        self.session
             .namespaces
             .get(&nsid)
             .cloned()
@@ -358,7 +359,7 @@ impl QueueConnection {
             io::FLUSH => {
                 let nsid = sqe.nsid();
                 let list: Vec<Arc<Namespace>> = if nsid == 0xffff_ffff {
-                    ctrl.subsystem.namespaces.values().cloned().collect()
+                    self.session.namespaces.values().cloned().collect()
                 } else {
                     vec![self.namespace(nsid)?]
                 };

@@ -505,7 +505,13 @@ impl QueueConnection {
     /// Flushes every namespace of the controller's subsystem for a shutdown
     /// notification; SHST becomes "complete" when the last flush finishes.
     fn start_shutdown_flush(&mut self, ctrl: &Arc<Controller>) {
-        let namespaces: Vec<Arc<Namespace>> = ctrl.subsystem.namespaces.values().cloned().collect();
+        let namespaces: Vec<Arc<Namespace>> = ctrl
+            .subsystem
+            .namespaces
+            .snapshot()
+            .values()
+            .cloned()
+            .collect();
         if namespaces.is_empty() {
             ctrl.shutdown_flushed();
             return;

@@ -14,7 +14,7 @@
 use super::{ConnState, QueueConnection, ADMIN_INLINE_BYTES, HANDSHAKE_READ_CHUNK_BYTES};
 use crate::controller::Controller;
 use crate::registry::Registry;
-use crate::subsystem::SubsystemKind;
+use crate::subsystem::{NamespaceMap, SubsystemKind};
 use sluice_proto::fabrics::{
     connect_data_offset, connect_invalid_param_result, connect_offset, read_nqn, ConnectCommand,
     ConnectData, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC, CONNECT_DATA_LEN,
@@ -35,6 +35,10 @@ pub(super) struct Session {
     /// Queue depth (SQSIZE + 1); 0 before Connect.
     pub(super) depth: u16,
     pub(super) ctrl: Option<Arc<Controller>>,
+    /// The controller's subsystem's namespaces as this queue last took
+    /// them, with their generation ([`Session::refresh_namespaces`]).
+    pub(super) namespaces: Arc<NamespaceMap>,
+    namespaces_generation: u64,
     /// The host's MAXR2T from ICReq (we issue one R2T per command).
     pub(super) maxr2t: u32,
     /// DH-HMAC-CHAP on this queue, when its host has a secret.
@@ -57,6 +61,8 @@ impl Session {
             qid: 0,
             depth: 0,
             ctrl: None,
+            namespaces: Arc::default(),
+            namespaces_generation: u64::MAX,
             maxr2t: 0,
             auth: None,
             auth_failures: 0,
@@ -83,9 +89,26 @@ impl Session {
         }
     }
 
+    /// Takes the subsystem's namespaces anew if a reload replaced them
+    /// since this queue last looked: before each command, and at the
+    /// periodic check (so an idle queue lets go of a removed namespace).
+    /// One atomic load when nothing changed.
+    pub(super) fn refresh_namespaces(&mut self) {
+        let Some(ctrl) = &self.ctrl else {
+            return;
+        };
+        let ns = &ctrl.subsystem.namespaces;
+        let generation = ns.generation();
+        if generation != self.namespaces_generation {
+            self.namespaces = ns.snapshot();
+            self.namespaces_generation = generation;
+        }
+    }
+
     /// Ends this queue's part in the association: the admin queue removes
     /// the controller, an I/O queue gives its queue id back.
     pub(super) fn release(&mut self, reg: &Registry, span: &tracing::Span) {
+        self.namespaces = Arc::default();
         if let Some(c) = self.ctrl.take() {
             if self.qid == 0 {
                 // The admin queue ends the association.
@@ -393,6 +416,7 @@ impl QueueConnection {
         self.out.connected(sq_flow_disabled, coalesced);
         let cntlid = ctrl.cntlid;
         self.session.ctrl = Some(ctrl);
+        self.session.refresh_namespaces();
         self.state = ConnState::Ready;
         tracing::debug!(sqsize = c.sqsize, sq_flow_disabled, "queue connected");
         let mut result = u32::from(cntlid);

@@ -377,6 +377,7 @@ impl QueueConnection {
         }
         if now >= self.next_check {
             self.next_check = self.check_after(now);
+            self.session.refresh_namespaces();
             if self.session.qid == 0 && self.state == ConnState::Ready {
                 if let Some(c) = self.session.ctrl.clone() {
                     c.observe_namespaces();

@@ -136,7 +136,7 @@ impl TargetHandle {
         use std::sync::atomic::Ordering::Relaxed;
         let mut out = Vec::new();
         for (nqn, sub) in self.reg.subsystems().iter() {
-            for (nsid, ns) in &sub.namespaces {
+            for (nsid, ns) in sub.namespaces.snapshot().iter() {
                 let Some(st) = self.tenants.ns_stats.get(ns.index) else {
                     continue;
                 };

@@ -445,7 +445,7 @@ impl Collector for TargetCollector {
         let mut ns = Vec::new();
         let subsystems = self.reg.subsystems();
         for (nqn, sub) in subsystems.iter() {
-            for (nsid, n) in &sub.namespaces {
+            for (nsid, n) in sub.namespaces.snapshot().iter() {
                 ns.push((
                     nqn.as_str(),
                     nsid.to_string(),

@@ -31,12 +31,15 @@ pub mod worker;
 
 use crate::registry::Registry;
 use crate::slots::Slots;
+use crate::subsystem::{Namespace, Subsystem};
 use fair::CostModel;
 use sluice_config::tenants::{
     validate_set, validate_tenant, CostKind, RawTenant, TenantSpec, TenantsSettings,
     ThrottleConfig, DEFAULT_TENANT, TENANTS_MAX,
 };
-use sluice_config::{BackendConfig, ConfigError, SubsystemConfig, NAMESPACES_TOTAL_MAX};
+use sluice_config::{
+    BackendConfig, ConfigError, NamespaceConfig, SubsystemConfig, NAMESPACES_TOTAL_MAX,
+};
 use sluice_runtime::sync::{read, write};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64};
@@ -296,26 +299,27 @@ impl TenantRuntime {
         };
         for sc in &cfg.subsystems {
             if let Some(sub) = reg.subsystem(&sc.nqn) {
-                rt.add_namespaces(&sub, sc);
+                rt.add_namespaces(&sc.nqn, &configured_namespaces(&sub, sc));
             }
         }
         rt.apply_table(&rt.table(), Instant::now());
         rt
     }
 
-    /// Creates the per-namespace state of `sub`'s namespaces (`sc` is its
-    /// configuration): cost model, counters, and a scheduler set up for
-    /// the tenant table in force. At start, and when a reload adds a
-    /// subsystem (before it takes Connects). Holds the table's lock, so no
-    /// tenant update runs between reading the table and the new scheduler
-    /// being where the next update reaches it.
-    pub(crate) fn add_namespaces(&self, sub: &crate::subsystem::Subsystem, sc: &SubsystemConfig) {
+    /// Creates the per-namespace state of `namespaces` (each with its
+    /// configuration) of subsystem `nqn`: cost model, counters, and a
+    /// scheduler set up for the tenant table in force. At start, and when
+    /// a reload adds a subsystem or namespaces (before they take I/O).
+    /// Holds the table's lock, so no tenant update runs between reading the
+    /// table and the new scheduler being where the next update reaches it.
+    pub(crate) fn add_namespaces(
+        &self,
+        nqn: &str,
+        namespaces: &[(&NamespaceConfig, Arc<Namespace>)],
+    ) {
         let table = write(&self.table);
         let now = Instant::now();
-        for nc in &sc.namespaces {
-            let Some(ns) = sub.namespaces.get(&nc.nsid) else {
-                continue;
-            };
+        for (nc, ns) in namespaces {
             let cost = cost_model_of(self.settings.cost, &nc.backend);
             let arbiter = shared::BackendArbiter::new(
                 cost,
@@ -327,7 +331,7 @@ impl TenantRuntime {
                 arbiter.set_params(id, params_of(spec), now);
             }
             let stats = NamespaceStats {
-                nqn: sc.nqn.clone(),
+                nqn: nqn.to_string(),
                 nsid: nc.nsid,
                 ..NamespaceStats::default()
             };
@@ -555,6 +559,17 @@ impl TenantRuntime {
         let v: Vec<&TenantSpec> = t.iter().map(|(_, s)| s).collect();
         serde_json::to_string_pretty(&v).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
     }
+}
+
+/// `sub`'s namespaces, each with its configuration in `sc`.
+pub(crate) fn configured_namespaces<'a>(
+    sub: &Subsystem,
+    sc: &'a SubsystemConfig,
+) -> Vec<(&'a NamespaceConfig, Arc<Namespace>)> {
+    sc.namespaces
+        .iter()
+        .filter_map(|nc| Some((nc, sub.namespaces.get(nc.nsid)?)))
+        .collect()
 }
 
 #[cfg(test)]
