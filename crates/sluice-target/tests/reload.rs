@@ -323,6 +323,10 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     let (nsze, nguid) = identify_ns(&mut a, 2);
     assert_eq!(nsze, 2048);
     assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
+    // A second I/O queue, connected now and idle from here on.
+    let mut idle = Pair::new(reg.clone());
+    idle.icreq(false, false);
+    assert!(idle.connect(2, cntlid, HOSTNQN, 0).status().is_success());
 
     // Removed.
     post_aer(&mut a, 901);
@@ -340,6 +344,11 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     assert_eq!(identify_ns(&mut a, 2).0, 0);
     assert!(!q.conn.is_closing() && !a.conn.is_closing());
     q.advance(CONTROLLER_CHECK_INTERVAL + Duration::from_millis(1));
+    assert!(
+        held.upgrade().is_some(),
+        "the idle queue has not looked yet"
+    );
+    idle.advance(CONTROLLER_CHECK_INTERVAL + Duration::from_millis(1));
     assert!(
         held.upgrade().is_none(),
         "once the queues have looked, nothing holds the removed namespace"
