@@ -10,9 +10,11 @@
 #                               their capsules, received in place past 16 KiB)
 #
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
-# Starts `sluice target` with a config of three subsystems (RAM 512 B blocks,
-# file with O_DIRECT/io_uring and 4 KiB blocks, and one whose allow-list
-# excludes the guest), then boots a guest per scenario. Prints one line per
+# Starts `sluice target` with a config of five subsystems (RAM 512 B blocks,
+# file with O_DIRECT/io_uring and 4 KiB blocks, one whose allow-list
+# excludes the guest, one that requires DH-HMAC-CHAP, and one to which a
+# reload adds a namespace and takes it away while the guest is connected),
+# then boots a guest per scenario. Prints one line per
 # scenario and a final "N passed, M failed" line; exits non-zero on failure.
 set -euo pipefail
 
@@ -43,6 +45,8 @@ RAM_NQN=nqn.2026-11.io.sluice:interop-ram
 FILE_NQN=nqn.2026-11.io.sluice:interop-file4k
 CLOSED_NQN=nqn.2026-11.io.sluice:interop-closed
 AUTH_NQN=nqn.2026-11.io.sluice:interop-dhchap
+ATTACH_NQN=nqn.2026-11.io.sluice:interop-attach
+ATTACH_NS2_BYTES=$((48 << 20))
 # Admitted by the authenticating subsystem's allow-list but given no secret.
 UNKEYED_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ff
 AUTH_BYTES=$((128 << 20))
@@ -135,7 +139,18 @@ dhgroup = "ffdhe3072"
 nsid = 1
 backend = "ram"
 size = $AUTH_BYTES
+
+# Last in the file: a reload appends namespace 2 to it and takes it away.
+[[subsystem]]
+nqn = "$ATTACH_NQN"
+hosts = ["$GUEST_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "32MiB"
+block_size = 512
 TOML
+cp "$WORK/target.toml" "$WORK/target.toml.base"
 
 "$SLUICE" target --config "$WORK/target.toml" "${SEND_ARGS[@]}" --log info >"$LOGDIR/target.log" 2>&1 &
 TARGET_PID=$!
@@ -192,6 +207,56 @@ if [[ $QUICK == 0 ]]; then
         FAILED=$((FAILED + 1))
         FAILED_NAMES+=("two-controllers-hand-over")
     fi
+fi
+# Namespaces added and removed by a reload (SIGHUP) while the guest is
+# connected: the kernel must add and remove the block device on the
+# Namespace Attribute Changed event alone. The guest's controller for
+# ATTACH_NQN starts the addition; its connection to the discovery service
+# (after it used NSID 2) starts the removal.
+logged() { sed 's/\x1b\[[0-9;]*m//g' "$LOGDIR/target.log" | grep -F "$1" | grep -c -F "$2" || true; }
+attach_reloads() {
+    local ctrls=$1 discs=$2 i
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"$ATTACH_NQN\"") -gt $ctrls ]] && break
+        sleep 0.5
+    done
+    sleep 1
+    cp "$WORK/target.toml.base" "$WORK/target.toml"
+    printf '[[subsystem.namespace]]\nnsid = 2\nbackend = "ram"\nsize = %d\nblock_size = 512\n' \
+        "$ATTACH_NS2_BYTES" >>"$WORK/target.toml"
+    kill -HUP "$TARGET_PID"
+    echo "interop: reload adds NSID 2 to $ATTACH_NQN"
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"") -gt $discs ]] && break
+        sleep 0.5
+    done
+    cp "$WORK/target.toml.base" "$WORK/target.toml"
+    kill -HUP "$TARGET_PID"
+    echo "interop: reload removes NSID 2 from $ATTACH_NQN"
+}
+if [[ $QUICK == 0 ]]; then
+    for k in $KERNELS; do
+        added_before=$(logged "reload: namespace added" "$ATTACH_NQN")
+        removed_before=$(logged "reload: namespace removed" "$ATTACH_NQN")
+        attach_reloads "$(logged "controller created" "subnqn=\"$ATTACH_NQN\"")" \
+            "$(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"")" &
+        watcher=$!
+        run "linux-$k-namespace-attach-detach" "$k" host-attach.sh -e SUBNQN=$ATTACH_NQN \
+            -e EXPECT_NS2_BYTES=$ATTACH_NS2_BYTES
+        kill "$watcher" 2>/dev/null || true
+        wait "$watcher" 2>/dev/null || true
+        cp "$WORK/target.toml.base" "$WORK/target.toml"
+        kill -HUP "$TARGET_PID"
+        added=$(( $(logged "reload: namespace added" "$ATTACH_NQN") - added_before ))
+        removed=$(( $(logged "reload: namespace removed" "$ATTACH_NQN") - removed_before ))
+        if [[ $added -eq 1 && $removed -eq 1 ]]; then
+            echo "interop: PASS the target logged NSID 2 added and removed once each"
+            PASSED=$((PASSED + 1))
+        else
+            echo "interop: FAIL the target logged NSID 2 added $added and removed $removed times (expected 1 and 1)"
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-namespace-reload-logged")
+        fi
+    done
 fi
 # DH-HMAC-CHAP (Linux 6.12 has NVME_HOST_AUTH; 6.1 does not): one-way,
 # bidirectional, and a wrong secret refused and logged with the peer.

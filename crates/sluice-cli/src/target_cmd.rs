@@ -14,8 +14,9 @@ pub struct TargetArgs {
     /// TOML configuration file; without it, the embedded default (one 1 GiB
     /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP
     /// or `POST /v1/reload` to the admin endpoint (which answers with what
-    /// changed): subsystems added or removed whole, changed host lists, DH-HMAC-CHAP
-    /// settings and `[[tenant]]` entries (a tenant no longer listed is
+    /// changed): subsystems added or removed whole, namespaces added to or
+    /// removed from a subsystem (its hosts are told by an event), changed
+    /// host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries (a tenant no longer listed is
     /// deleted) apply without a restart; any other change is refused and
     /// logged.
     #[arg(long, short)]
@@ -258,7 +259,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
     if let Some(p) = &args.config {
         println!(
-            "Send SIGHUP (kill -HUP {}), or POST /v1/reload to the admin endpoint, to apply subsystems added or removed, host lists and tenants changed in {} without a restart.",
+            "Send SIGHUP (kill -HUP {}), or POST /v1/reload to the admin endpoint, to apply subsystems and namespaces added or removed, host lists and tenants changed in {} without a restart.",
             std::process::id(),
             p.display()
         );
@@ -364,6 +365,8 @@ fn reload_file(
             tracing::info!(
                 subsystems_added = ?report.subsystems_added,
                 subsystems_removed = ?report.subsystems_removed.iter().map(|r| &r.nqn).collect::<Vec<_>>(),
+                namespaces_added = ?report.namespaces_added,
+                namespaces_removed = ?report.namespaces_removed,
                 access_changed = report.access.len(),
                 tenants = ?report.tenants,
                 tenants_removed = ?report.tenants_removed,

@@ -188,6 +188,18 @@ fn fixed_part(sc: &SubsystemConfig) -> SubsystemConfig {
     }
 }
 
+/// What of a subsystem's configuration decides who it admits.
+fn access_part(
+    sc: &SubsystemConfig,
+) -> (
+    bool,
+    &[String],
+    &[sluice_config::auth::HostAuthConfig],
+    bool,
+) {
+    (sc.allow_any_host, &sc.hosts, &sc.dhchap, sc.require_auth)
+}
+
 /// The namespaces of `new` that `running` (the same subsystem) lacks.
 fn namespaces_added<'a>(
     running: &SubsystemConfig,
@@ -460,7 +472,7 @@ impl Registry {
             let Some(rc) = running.subsystems.iter().find(|r| r.nqn == sc.nqn) else {
                 continue;
             };
-            if rc == sc {
+            if access_part(rc) == access_part(sc) {
                 continue;
             }
             let Some(sub) = subsystems.get(&sc.nqn) else {
@@ -544,6 +556,25 @@ mod tests {
             subsystems: vec![sc],
             ..Config::default()
         }
+    }
+
+    #[test]
+    fn the_report_names_namespaces_by_nqn_and_nsid() {
+        let r = ReloadReport {
+            namespaces_added: vec![("nqn.a".into(), 2)],
+            namespaces_removed: vec![("nqn.b".into(), 7)],
+            ..ReloadReport::default()
+        };
+        assert!(!r.is_empty());
+        let v = r.to_json();
+        assert_eq!(
+            v["namespaces_added"],
+            serde_json::json!([{"nqn": "nqn.a", "nsid": 2}])
+        );
+        assert_eq!(
+            v["namespaces_removed"],
+            serde_json::json!([{"nqn": "nqn.b", "nsid": 7}])
+        );
     }
 
     #[test]

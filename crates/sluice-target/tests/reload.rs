@@ -302,6 +302,7 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     let report = reload(&reg, &tenants, &after).expect("a namespace may be added");
     assert_eq!(report.namespaces_added, vec![(SUBNQN.to_string(), 2)]);
     assert!(report.subsystems_added.is_empty() && report.namespaces_removed.is_empty());
+    assert!(report.access.is_empty(), "its access did not change");
     let added = reg.subsystems()[SUBNQN].namespaces.get(2).unwrap();
     assert_eq!(
         tenants
