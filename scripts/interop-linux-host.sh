@@ -13,8 +13,9 @@
 # Starts `sluice target` with a config of five subsystems (RAM 512 B blocks,
 # file with O_DIRECT/io_uring and 4 KiB blocks, one whose allow-list
 # excludes the guest, one that requires DH-HMAC-CHAP, and one to which a
-# reload adds a namespace and takes it away while the guest is connected),
-# then boots a guest per scenario. Prints one line per
+# reload adds a namespace and takes it away while the guest is connected;
+# a reload also adds a sixth while the guest holds a persistent discovery
+# controller), then boots a guest per scenario. Prints one line per
 # scenario and a final "N passed, M failed" line; exits non-zero on failure.
 set -euo pipefail
 
@@ -47,6 +48,7 @@ CLOSED_NQN=nqn.2026-11.io.sluice:interop-closed
 AUTH_NQN=nqn.2026-11.io.sluice:interop-dhchap
 ATTACH_NQN=nqn.2026-11.io.sluice:interop-attach
 ATTACH_NS2_BYTES=$((48 << 20))
+DISC_ADDED_NQN=nqn.2026-11.io.sluice:interop-added
 # Admitted by the authenticating subsystem's allow-list but given no secret.
 UNKEYED_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ff
 AUTH_BYTES=$((128 << 20))
@@ -255,6 +257,43 @@ if [[ $QUICK == 0 ]]; then
         else
             echo "interop: FAIL the target logged NSID 2 added $added and removed $removed times (expected 1 and 1)"
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-namespace-reload-logged")
+        fi
+    done
+fi
+# A subsystem added by a reload while the guest holds a persistent
+# discovery controller: the kernel must get the Discovery Log Page Change
+# event (uevent NVME_AEN=0x70f002), then find the subsystem in the log and
+# use it. The guest's persistent discovery connect starts the addition.
+added_reload() {
+    local discs=$1 i
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"") -gt $discs ]] && break
+        sleep 0.5
+    done
+    sleep 1
+    cp "$WORK/target.toml.base" "$WORK/target.toml"
+    printf '\n[[subsystem]]\nnqn = "%s"\nhosts = ["%s"]\n[[subsystem.namespace]]\nnsid = 1\nbackend = "ram"\nsize = "16MiB"\n' \
+        "$DISC_ADDED_NQN" "$GUEST_HOSTNQN" >>"$WORK/target.toml"
+    kill -HUP "$TARGET_PID"
+    echo "interop: reload adds subsystem $DISC_ADDED_NQN"
+}
+if [[ $QUICK == 0 ]]; then
+    for k in $KERNELS; do
+        sent_before=$(logged "asynchronous event sent: discovery log page changed" "")
+        added_reload "$(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"")" &
+        watcher=$!
+        run "linux-$k-discovery-change-event" "$k" host-discovery-aen.sh -e ADDED_NQN=$DISC_ADDED_NQN
+        kill "$watcher" 2>/dev/null || true
+        wait "$watcher" 2>/dev/null || true
+        cp "$WORK/target.toml.base" "$WORK/target.toml"
+        kill -HUP "$TARGET_PID"
+        sent=$(( $(logged "asynchronous event sent: discovery log page changed" "") - sent_before ))
+        if [[ $sent -ge 1 ]]; then
+            echo "interop: PASS the target logged $sent Discovery Log Page Change event(s) sent"
+            PASSED=$((PASSED + 1))
+        else
+            echo "interop: FAIL the target logged no Discovery Log Page Change event sent"
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-discovery-change-logged")
         fi
     done
 fi

@@ -196,9 +196,11 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         mdts: mdts_field(st.mdts_bytes),
         cntlid: ctrl.cntlid,
         ver: VS_1_3,
-        // Namespace Attribute Notices: a namespace that grows online.
+        // Namespace Attribute Notices (a namespace grown online, added or
+        // removed); Discovery Log Page Change Notices on a discovery
+        // controller.
         oaes: if disc {
-            0
+            crate::events::AEN_DISCOVERY_CHANGE
         } else {
             crate::events::AEN_NS_ATTRIBUTE
         },
@@ -313,7 +315,10 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
     }
     let page = match g.lid {
         lid::DISCOVERY if disc => {
-            log::encode_discovery_log(reg.genctr(), &discovery_entries(ctrl, reg, ctx))
+            // Read before the entries: a change after this is noticed.
+            let genctr = reg.genctr();
+            ctrl.discovery_log_read(g.rae, genctr);
+            log::encode_discovery_log(genctr, &discovery_entries(ctrl, reg, ctx))
         }
         lid::ERROR if !disc => vec![0u8; 64],
         lid::SMART if !disc => {

@@ -168,6 +168,7 @@ impl Controller {
                 .snapshot()
                 .iter()
                 .map(|(id, ns)| (*id, ns.blocks())),
+            0,
         );
         let state = State {
             cc: 0,
@@ -214,6 +215,35 @@ impl Controller {
         let mut s = self.lock();
         let aec = s.async_event_config;
         s.events.observe(sizes, aec);
+    }
+
+    /// Starts its discovery events from generation counter `genctr` (the
+    /// discovery log as the host may read it now), not from 0.
+    #[must_use]
+    pub fn seeing_genctr(self, genctr: u64) -> Self {
+        lock(&self.state).events = AsyncEvents::new(
+            self.subsystem
+                .namespaces
+                .snapshot()
+                .iter()
+                .map(|(id, ns)| (*id, ns.blocks())),
+            genctr,
+        );
+        self
+    }
+
+    /// Records the discovery log's generation counter (a discovery
+    /// controller's admin queue calls this at each periodic check).
+    pub(crate) fn observe_discovery(&self, genctr: u64) {
+        let mut s = self.lock();
+        let aec = s.async_event_config;
+        s.events.observe_discovery(genctr, aec);
+    }
+
+    /// The host read the discovery log page of generation `genctr`
+    /// (`retain`: with RAE).
+    pub(crate) fn discovery_log_read(&self, retain: bool, genctr: u64) {
+        self.lock().events.read_discovery_log(retain, genctr);
     }
 
     /// The completion DW0 for a held Asynchronous Event Request, when a

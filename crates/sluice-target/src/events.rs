@@ -1,13 +1,19 @@
-//! Asynchronous events a controller owes its host. Today that is the
-//! Namespace Attribute Changed notice, sent when a namespace grows online
-//! (an elastic volume resized by its control plane) or a reload adds or
-//! removes one, with its Changed Namespace List log page (LID 04h).
+//! Asynchronous events a controller owes its host. Two notices:
+//! * Namespace Attribute Changed, sent when a namespace grows online (an
+//!   elastic volume resized by its control plane) or a reload adds or
+//!   removes one, with its Changed Namespace List log page (LID 04h);
+//! * Discovery Log Page Change, sent by a discovery controller when the
+//!   discovery log's generation counter moves (a reload added or removed a
+//!   subsystem, or changed who one admits), so a persistent discovery
+//!   controller (Linux `nvme connect-all --persistent`, whose udev rule
+//!   then connects what is new) learns of it without polling.
 //!
 //! Sans-IO: the admin queue shows [`AsyncEvents::observe`] the active
-//! namespaces and their sizes at its periodic check, and takes what is due
+//! namespaces and their sizes, or [`AsyncEvents::observe_discovery`] the
+//! generation counter, at its periodic check, and takes what is due
 //! ([`AsyncEvents::take_due`]) when it holds an Asynchronous Event Request.
 //! As the specification asks, a notice once sent is masked until the host
-//! reads the log page without Retain Asynchronous Event.
+//! reads its log page without Retain Asynchronous Event.
 
 use sluice_proto::log::{self, lid};
 use std::collections::BTreeMap;
@@ -15,6 +21,9 @@ use std::collections::BTreeMap;
 /// Asynchronous Event Configuration (and Identify OAES) bit: Namespace
 /// Attribute Notices.
 pub const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
+/// Asynchronous Event Configuration (and Identify OAES) bit: Discovery
+/// Log Page Change Notices.
+pub const AEN_DISCOVERY_CHANGE: u32 = 1 << 31;
 /// Entries the Changed Namespace List holds; past this it reports
 /// overflow (first entry FFFFFFFFh), as the specification defines.
 pub const CHANGED_NS_LIST_MAX: usize = 1024;
@@ -24,9 +33,45 @@ const AER_TYPE_NOTICE: u32 = 0x2;
 /// Asynchronous Event Information "Namespace Attribute Changed" (bits 15:8).
 const AER_INFO_NS_ATTRIBUTE_CHANGED: u32 = 0x00;
 
+/// Asynchronous Event Information "Discovery Log Page Change" (bits 15:8).
+const AER_INFO_DISCOVERY_CHANGE: u32 = 0xf0;
+
 /// The AER completion DW0 of a Namespace Attribute Changed notice.
 pub const NS_ATTRIBUTE_CHANGED_DW0: u32 =
     AER_TYPE_NOTICE | AER_INFO_NS_ATTRIBUTE_CHANGED << 8 | (lid::CHANGED_NS_LIST as u32) << 16;
+/// The AER completion DW0 of a Discovery Log Page Change notice.
+pub const DISCOVERY_CHANGE_DW0: u32 =
+    AER_TYPE_NOTICE | AER_INFO_DISCOVERY_CHANGE << 8 | (lid::DISCOVERY as u32) << 16;
+
+/// One notice's state: due (waits for an AER), or sent and masked until
+/// the host reads its log page.
+#[derive(Debug, Default)]
+struct Notice {
+    due: bool,
+    masked: bool,
+}
+
+impl Notice {
+    /// Something changed: due unless disabled or outstanding.
+    fn raise(&mut self, enabled: bool) {
+        if enabled && !self.masked {
+            self.due = true;
+        }
+    }
+
+    /// Sent: masked until the log is read.
+    fn take(&mut self) -> bool {
+        let due = std::mem::take(&mut self.due);
+        self.masked |= due;
+        due
+    }
+
+    /// The host read the log page (without RAE).
+    fn clear(&mut self) {
+        self.due = false;
+        self.masked = false;
+    }
+}
 
 /// One controller's event state.
 #[derive(Debug)]
@@ -36,20 +81,47 @@ pub(crate) struct AsyncEvents {
     /// NSIDs changed since the host last read the log, ascending, at most
     /// [`CHANGED_NS_LIST_MAX`] + 1 (one more means overflow).
     changed: Vec<u32>,
-    /// A notice is due and waits for an AER.
-    due: bool,
-    /// A notice was sent and the host has not read the log since.
-    masked: bool,
+    /// Namespace Attribute Changed.
+    ns_notice: Notice,
+    /// The discovery log's generation counter as last seen.
+    genctr_seen: u64,
+    /// Discovery Log Page Change.
+    discovery_notice: Notice,
 }
 
 impl AsyncEvents {
-    /// Starts from the namespaces as they are (nsid, blocks).
-    pub(crate) fn new(namespaces: impl IntoIterator<Item = (u32, u64)>) -> AsyncEvents {
+    /// Starts from the namespaces as they are (nsid, blocks) and the
+    /// discovery log's generation counter now.
+    pub(crate) fn new(
+        namespaces: impl IntoIterator<Item = (u32, u64)>,
+        genctr: u64,
+    ) -> AsyncEvents {
         AsyncEvents {
             seen_blocks: namespaces.into_iter().collect(),
             changed: Vec::new(),
-            due: false,
-            masked: false,
+            ns_notice: Notice::default(),
+            genctr_seen: genctr,
+            discovery_notice: Notice::default(),
+        }
+    }
+
+    /// Records the discovery log's generation counter; a Discovery Log
+    /// Page Change notice becomes due when it moved, `aec` enables the
+    /// notices and none is outstanding.
+    pub(crate) fn observe_discovery(&mut self, genctr: u64, aec: u32) {
+        if genctr != self.genctr_seen {
+            self.genctr_seen = genctr;
+            self.discovery_notice.raise(aec & AEN_DISCOVERY_CHANGE != 0);
+        }
+    }
+
+    /// The host read the discovery log page at generation `genctr`, which
+    /// it now knows (no notice for it); unless `retain` (RAE), the notice
+    /// is unmasked.
+    pub(crate) fn read_discovery_log(&mut self, retain: bool, genctr: u64) {
+        self.genctr_seen = genctr;
+        if !retain {
+            self.discovery_notice.clear();
         }
     }
 
@@ -77,20 +149,16 @@ impl AsyncEvents {
                 }
             }
         }
-        if aec & AEN_NS_ATTRIBUTE != 0 && !self.masked {
-            self.due = true;
-        }
+        self.ns_notice.raise(aec & AEN_NS_ATTRIBUTE != 0);
     }
 
-    /// The completion DW0 of the notice due now, if any; it is then masked
-    /// until the host reads the log.
+    /// The completion DW0 of a notice due now, if any; it is then masked
+    /// until the host reads its log.
     pub(crate) fn take_due(&mut self) -> Option<u32> {
-        if !self.due {
-            return None;
+        if self.ns_notice.take() {
+            return Some(NS_ATTRIBUTE_CHANGED_DW0);
         }
-        self.due = false;
-        self.masked = true;
-        Some(NS_ATTRIBUTE_CHANGED_DW0)
+        self.discovery_notice.take().then_some(DISCOVERY_CHANGE_DW0)
     }
 
     /// The Changed Namespace List log page. Unless `retain` (RAE), reading
@@ -99,8 +167,7 @@ impl AsyncEvents {
         let page = log::encode_changed_ns_list(&self.changed);
         if !retain {
             self.changed.clear();
-            self.due = false;
-            self.masked = false;
+            self.ns_notice.clear();
         }
         page
     }
@@ -119,7 +186,7 @@ mod tests {
 
     #[test]
     fn growth_makes_one_notice_masked_until_the_log_is_read() {
-        let mut ev = AsyncEvents::new([(1, 100), (2, 100)]);
+        let mut ev = AsyncEvents::new([(1, 100), (2, 100)], 0);
         ev.observe([(1, 100), (2, 100)], AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), None, "nothing changed");
         ev.observe([(1, 100), (2, 200)], AEN_NS_ATTRIBUTE);
@@ -140,7 +207,7 @@ mod tests {
 
     #[test]
     fn namespaces_added_and_removed_are_changes() {
-        let mut ev = AsyncEvents::new([(1, 100), (3, 100)]);
+        let mut ev = AsyncEvents::new([(1, 100), (3, 100)], 0);
         // NSID 2 appears, 3 goes: both listed, one notice.
         ev.observe([(1, 100), (2, 50)], AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
@@ -157,8 +224,35 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_generation_counter_is_one_discovery_notice_until_the_log_is_read() {
+        let mut ev = AsyncEvents::new([], 5);
+        ev.observe_discovery(5, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), None, "nothing changed");
+        ev.observe_discovery(6, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), Some(DISCOVERY_CHANGE_DW0));
+        assert_eq!(ev.take_due(), None, "one notice per change");
+        ev.observe_discovery(7, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), None, "masked until the log is read");
+        ev.read_discovery_log(true, 7);
+        ev.observe_discovery(8, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), None, "RAE keeps the mask");
+        ev.read_discovery_log(false, 8);
+        ev.observe_discovery(8, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), None, "the host has read generation 8");
+        ev.observe_discovery(9, AEN_DISCOVERY_CHANGE);
+        assert_eq!(ev.take_due(), Some(DISCOVERY_CHANGE_DW0), "unmasked");
+        ev.read_discovery_log(false, 9);
+        ev.observe_discovery(10, AEN_NS_ATTRIBUTE);
+        assert_eq!(ev.take_due(), None, "not enabled");
+        assert_eq!(
+            DISCOVERY_CHANGE_DW0, 0x0070_f002,
+            "Linux's NVME_AEN=0x70f002"
+        );
+    }
+
+    #[test]
     fn disabled_notices_still_fill_the_log() {
-        let mut ev = AsyncEvents::new([(1, 100)]);
+        let mut ev = AsyncEvents::new([(1, 100)], 0);
         ev.observe([(1, 101)], 0);
         assert_eq!(ev.take_due(), None);
         assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![1]);
@@ -182,7 +276,7 @@ mod tests {
     #[test]
     fn more_than_1024_changes_overflow_the_list() {
         let n = u32::try_from(CHANGED_NS_LIST_MAX).unwrap() + 5;
-        let mut ev = AsyncEvents::new((1..=n).map(|id| (id, 1)));
+        let mut ev = AsyncEvents::new((1..=n).map(|id| (id, 1)), 0);
         ev.observe((1..=n).map(|id| (id, 2)), AEN_NS_ATTRIBUTE);
         let page = ev.read_changed_ns_log(false);
         assert_eq!(page.len(), 4096);

@@ -233,6 +233,12 @@ const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
 /// An AER completion's DW0 for Namespace Attribute Changed: type Notice
 /// (2), information 00h, log page 04h (Changed Namespace List).
 const NS_ATTRIBUTE_CHANGED_DW0: u32 = 0x0004_0002;
+/// Asynchronous Event Configuration bit 31: Discovery Log Page Change
+/// Notices.
+const AEN_DISCOVERY_CHANGE: u32 = 1 << 31;
+/// An AER completion's DW0 for Discovery Log Page Change: type Notice,
+/// information F0h, log page 70h.
+const DISCOVERY_CHANGE_DW0: u32 = 0x0070_f002;
 
 /// Posts an Asynchronous Event Request, which the target holds.
 fn post_aer(a: &mut Pair, cid: u16) {
@@ -386,6 +392,80 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     assert_eq!(active(&mut a), vec![1, 2]);
     assert!(refused(&admin_as(&reg, OTHER).1), "the host list stays");
     assert_eq!(reg.reloads.counts(), (4, 2));
+}
+
+/// The discovery log (header and entries, without RAE): its generation
+/// counter and the subsystem NQNs it lists.
+fn discovery_log(d: &mut Pair) -> (u64, Vec<String>) {
+    let numd = 4 * 1024 / 4 - 1;
+    let (c, data) = d.admin_cmd(
+        admin::GET_LOG_PAGE,
+        0,
+        u32::from(sluice_proto::log::lid::DISCOVERY) | numd << 16,
+        0,
+        4 * 1024,
+    );
+    assert!(c.status().is_success());
+    let h = sluice_proto::log::decode_discovery_header(&data).unwrap();
+    let entries = sluice_proto::log::decode_discovery_entries(&data[1024..], h.numrec.min(3));
+    (h.genctr, entries.into_iter().map(|e| e.subnqn).collect())
+}
+
+/// A discovery controller that enabled Discovery Log Page Change notices
+/// gets one when a reload adds a subsystem (at its next check), none for
+/// a reload that changes nothing, and the next only once it has read the
+/// log: then a removal is told too.
+#[test]
+fn a_discovery_controller_is_told_when_a_reload_changes_the_log() {
+    let before = config_in("immediate", default_ns());
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let mut d = Pair::new(reg.clone());
+    d.icreq(false, false);
+    let c = d.connect_to(sluice_proto::DISCOVERY_NQN, 0, CNTLID_DYNAMIC, 0);
+    assert!(c.status().is_success());
+    assert_eq!(d.prop_set(prop::CC, u64::from(cc::EN)), Status::SUCCESS);
+    let id = IdentifyController::decode(&d.identify(1, 0).1).unwrap();
+    assert_eq!(
+        id.oaes, AEN_DISCOVERY_CHANGE,
+        "OAES: Discovery Log Page Change"
+    );
+    let (c, _) = d.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_DISCOVERY_CHANGE, 0);
+    assert!(c.status().is_success());
+    let (genctr, listed) = discovery_log(&mut d);
+    assert!(!listed.iter().any(|n| n == ADDED));
+    post_aer(&mut d, 700);
+    assert_eq!(aer_after_check(&mut d, 700), None, "nothing changed yet");
+
+    let mut after = before.clone();
+    after.subsystems.push(
+        SubsystemConfig::new(ADDED)
+            .with_host(HOSTNQN)
+            .with_namespace(NamespaceConfig::ram(1, 1 << 20).with_block_size(512)),
+    );
+    reload(&reg, &tenants, &after).unwrap();
+    assert_eq!(aer_after_check(&mut d, 700), Some(DISCOVERY_CHANGE_DW0));
+    post_aer(&mut d, 701);
+    // Masked until the log is read: another change sends nothing.
+    reload(&reg, &tenants, &before).unwrap();
+    assert_eq!(aer_after_check(&mut d, 701), None, "masked");
+    reload(&reg, &tenants, &after).unwrap();
+    let (now, listed) = discovery_log(&mut d);
+    assert!(now > genctr);
+    assert!(listed.iter().any(|n| n == ADDED), "{listed:?}");
+    assert_eq!(aer_after_check(&mut d, 701), None, "the host read it all");
+    assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
+    assert_eq!(
+        aer_after_check(&mut d, 701),
+        None,
+        "a reload that changes nothing"
+    );
+    reload(&reg, &tenants, &before).unwrap();
+    assert_eq!(
+        aer_after_check(&mut d, 701),
+        Some(DISCOVERY_CHANGE_DW0),
+        "removed"
+    );
 }
 
 /// A subsystem whose backend cannot be opened refuses the whole file:

@@ -344,7 +344,12 @@ impl QueueConnection {
             tracing::info!(
                 cntlid = ctrl.cntlid,
                 dw0 = format_args!("{dw0:#x}"),
-                "asynchronous event sent: namespace attribute changed"
+                "asynchronous event sent: {}",
+                if dw0 == crate::events::DISCOVERY_CHANGE_DW0 {
+                    "discovery log page changed"
+                } else {
+                    "namespace attribute changed"
+                }
             );
             self.complete(slot, Status::SUCCESS, dw0, 0, now);
         }

@@ -303,16 +303,20 @@ impl QueueConnection {
             }
             let counters = self.reg.hosts.counters_for(&cd.hostnqn);
             let kato = c.kato_ms;
+            let genctr = self.reg.genctr();
             let made = self.reg.add_controller(&sub, |id| {
-                Arc::new(Controller::new(
-                    id,
-                    sub.clone(),
-                    cd.hostnqn.clone(),
-                    cd.hostid,
-                    kato,
-                    counters,
-                    now,
-                ))
+                Arc::new(
+                    Controller::new(
+                        id,
+                        sub.clone(),
+                        cd.hostnqn.clone(),
+                        cd.hostid,
+                        kato,
+                        counters,
+                        now,
+                    )
+                    .seeing_genctr(genctr),
+                )
             });
             match made {
                 // A reload may have replaced the access since the checks

@@ -380,7 +380,11 @@ impl QueueConnection {
             self.session.refresh_namespaces();
             if self.session.qid == 0 && self.state == ConnState::Ready {
                 if let Some(c) = self.session.ctrl.clone() {
-                    c.observe_namespaces();
+                    if c.is_discovery() {
+                        c.observe_discovery(self.reg.genctr());
+                    } else {
+                        c.observe_namespaces();
+                    }
                     self.deliver_async_events(now);
                 }
             }
