@@ -168,7 +168,6 @@ impl Controller {
                 .snapshot()
                 .iter()
                 .map(|(id, ns)| (*id, ns.blocks())),
-            0,
         );
         let state = State {
             cc: 0,
@@ -221,14 +220,7 @@ impl Controller {
     /// discovery log as the host may read it now), not from 0.
     #[must_use]
     pub fn seeing_genctr(self, genctr: u64) -> Self {
-        lock(&self.state).events = AsyncEvents::new(
-            self.subsystem
-                .namespaces
-                .snapshot()
-                .iter()
-                .map(|(id, ns)| (*id, ns.blocks())),
-            genctr,
-        );
+        lock(&self.state).events.start_discovery(genctr);
         self
     }
 

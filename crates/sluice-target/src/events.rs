@@ -90,19 +90,21 @@ pub(crate) struct AsyncEvents {
 }
 
 impl AsyncEvents {
-    /// Starts from the namespaces as they are (nsid, blocks) and the
-    /// discovery log's generation counter now.
-    pub(crate) fn new(
-        namespaces: impl IntoIterator<Item = (u32, u64)>,
-        genctr: u64,
-    ) -> AsyncEvents {
+    /// Starts from the namespaces as they are (nsid, blocks), and from
+    /// generation 0 of the discovery log ([`Self::start_discovery`]).
+    pub(crate) fn new(namespaces: impl IntoIterator<Item = (u32, u64)>) -> AsyncEvents {
         AsyncEvents {
             seen_blocks: namespaces.into_iter().collect(),
             changed: Vec::new(),
             ns_notice: Notice::default(),
-            genctr_seen: genctr,
+            genctr_seen: 0,
             discovery_notice: Notice::default(),
         }
+    }
+
+    /// Starts from the discovery log's generation counter now.
+    pub(crate) fn start_discovery(&mut self, genctr: u64) {
+        self.genctr_seen = genctr;
     }
 
     /// Records the discovery log's generation counter; a Discovery Log
@@ -186,7 +188,7 @@ mod tests {
 
     #[test]
     fn growth_makes_one_notice_masked_until_the_log_is_read() {
-        let mut ev = AsyncEvents::new([(1, 100), (2, 100)], 0);
+        let mut ev = AsyncEvents::new([(1, 100), (2, 100)]);
         ev.observe([(1, 100), (2, 100)], AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), None, "nothing changed");
         ev.observe([(1, 100), (2, 200)], AEN_NS_ATTRIBUTE);
@@ -207,7 +209,7 @@ mod tests {
 
     #[test]
     fn namespaces_added_and_removed_are_changes() {
-        let mut ev = AsyncEvents::new([(1, 100), (3, 100)], 0);
+        let mut ev = AsyncEvents::new([(1, 100), (3, 100)]);
         // NSID 2 appears, 3 goes: both listed, one notice.
         ev.observe([(1, 100), (2, 50)], AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), Some(NS_ATTRIBUTE_CHANGED_DW0));
@@ -225,7 +227,8 @@ mod tests {
 
     #[test]
     fn a_moved_generation_counter_is_one_discovery_notice_until_the_log_is_read() {
-        let mut ev = AsyncEvents::new([], 5);
+        let mut ev = AsyncEvents::new([]);
+        ev.start_discovery(5);
         ev.observe_discovery(5, AEN_DISCOVERY_CHANGE);
         assert_eq!(ev.take_due(), None, "nothing changed");
         ev.observe_discovery(6, AEN_DISCOVERY_CHANGE);
@@ -252,7 +255,7 @@ mod tests {
 
     #[test]
     fn disabled_notices_still_fill_the_log() {
-        let mut ev = AsyncEvents::new([(1, 100)], 0);
+        let mut ev = AsyncEvents::new([(1, 100)]);
         ev.observe([(1, 101)], 0);
         assert_eq!(ev.take_due(), None);
         assert_eq!(entries(&ev.read_changed_ns_log(false)), vec![1]);
@@ -276,7 +279,7 @@ mod tests {
     #[test]
     fn more_than_1024_changes_overflow_the_list() {
         let n = u32::try_from(CHANGED_NS_LIST_MAX).unwrap() + 5;
-        let mut ev = AsyncEvents::new((1..=n).map(|id| (id, 1)), 0);
+        let mut ev = AsyncEvents::new((1..=n).map(|id| (id, 1)));
         ev.observe((1..=n).map(|id| (id, 2)), AEN_NS_ATTRIBUTE);
         let page = ev.read_changed_ns_log(false);
         assert_eq!(page.len(), 4096);
