@@ -14,7 +14,7 @@
 //! the same transaction that deletes the extent keys, then the volume goes.
 //! [`Catalog::resume_deletes`] finishes what a crash interrupted.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -989,10 +989,14 @@ impl<S: MetaStore> Catalog<S> {
     {
         // Slots this fault claimed and zeroed itself, not yet committed.
         let mut mine: Vec<(DriveId, u64)> = Vec::new();
+        // Drives on which this fault found every free slot claimed by
+        // another zeroer (or one that died with its claims): the next plans
+        // choose among the others while enough of them have room.
+        let mut stalled: BTreeSet<DriveId> = BTreeSet::new();
         let mut pause = std::time::Duration::from_millis(1);
         let mut result = Err(CatalogError::Contended("allocate_extent: clean slots"));
         'rounds: for _ in 0..ZERO_ROUNDS_MAX {
-            match self.try_allocate(name, id, index, &mine).await {
+            match self.try_allocate(name, id, index, &mine, &stalled).await {
                 Ok(Attempt::Done(a)) => {
                     mine.retain(|m| !a.extent.chain.iter().any(|r| (r.drive, r.slot) == *m));
                     result = Ok(a);
@@ -1005,6 +1009,9 @@ impl<S: MetaStore> Catalog<S> {
                     for d in ids {
                         match self.claim_and_zero(d, 1, &zero).await {
                             Ok(slots) => {
+                                if slots.is_empty() {
+                                    stalled.insert(d);
+                                }
                                 made += slots.len();
                                 mine.extend(slots.into_iter().map(|s| (d, s)));
                             }
@@ -1048,6 +1055,7 @@ impl<S: MetaStore> Catalog<S> {
         id: VolumeId,
         index: u64,
         mine: &[(DriveId, u64)],
+        stalled: &BTreeSet<DriveId>,
     ) -> Result<Attempt, CatalogError> {
         let _one_taker = self.slot_takers.lock().await;
         // Fast path: the volume and drives as this catalog last wrote them.
@@ -1070,7 +1078,7 @@ impl<S: MetaStore> Catalog<S> {
             if v.id == id && v.state == VolumeState::Ready && index < v.extents() {
                 let mut riders = self.board(&mut drives);
                 if let Ok(Plan::Ready(txn, alloc)) =
-                    self.plan_allocation(name, index, v, vrev, &drives, mine)
+                    self.plan_allocation(name, index, v, vrev, &drives, mine, stalled)
                 {
                     // A drive added since (by any control plane) bumps
                     // pool/ids: the conflict sends this to the fresh path.
@@ -1123,10 +1131,11 @@ impl<S: MetaStore> Catalog<S> {
                 }));
             }
             let mut riders = self.board(&mut drives);
-            let (txn, alloc) = match self.plan_allocation(name, index, v, vrev, &drives, mine)? {
-                Plan::Ready(txn, alloc) => (txn, alloc),
-                Plan::NeedsZeroing(ids) => return Ok(Attempt::NeedsZeroing(ids)),
-            };
+            let (txn, alloc) =
+                match self.plan_allocation(name, index, v, vrev, &drives, mine, stalled)? {
+                    Plan::Ready(txn, alloc) => (txn, alloc),
+                    Plan::NeedsZeroing(ids) => return Ok(Attempt::NeedsZeroing(ids)),
+                };
             let (op, txn) = Self::carry(txn, &alloc, &drives, &riders);
             if let Some(rev) = self.commit(op, txn).await? {
                 self.arrive(&mut riders, &alloc, &mut drives, rev);
@@ -1661,7 +1670,9 @@ impl<S: MetaStore> Catalog<S> {
             .collect()
     }
 
-    /// Chooses the chain of a new extent and builds its transaction.
+    /// Chooses the chain of a new extent and builds its transaction; drives
+    /// in `stalled` only when the others are too few.
+    #[allow(clippy::too_many_arguments)]
     fn plan_allocation(
         &self,
         name: &str,
@@ -1670,12 +1681,31 @@ impl<S: MetaStore> Catalog<S> {
         vrev: u64,
         drives: &[(DriveRecord, u64)],
         mine: &[(DriveId, u64)],
+        stalled: &BTreeSet<DriveId>,
     ) -> Result<Plan, CatalogError> {
         let ekey = keys::extent(v.id, index);
         let candidates = self.candidates(&v, drives);
         let allocated: u64 = v.extents_per_drive.values().sum();
-        let chosen =
-            placement::choose(&candidates, usize::from(v.replicas), allocated, v.id.0.wrapping_add(index), &self.weights)
+        let choose = |c: &[DriveCandidate]| {
+            placement::choose(
+                c,
+                usize::from(v.replicas),
+                allocated,
+                v.id.0.wrapping_add(index),
+                &self.weights,
+            )
+        };
+        let others: Vec<DriveCandidate> = candidates
+            .iter()
+            .filter(|c| !stalled.contains(&c.drive))
+            .cloned()
+            .collect();
+        let chosen = if others.len() < candidates.len() {
+            choose(&others).or_else(|_| choose(&candidates))
+        } else {
+            choose(&candidates)
+        };
+        let chosen = chosen
                 .map_err(|PlacementError::PoolFull { replicas, available }| {
                     CatalogError::PoolFull(format!(
                         "extent {index} of {name:?} needs {replicas} drives with a free extent; {available} have one"

@@ -739,6 +739,49 @@ fn etcd_stale_claims_are_fenced_and_unfenced_slots_quarantined() {
     rt().block_on(async { stale_claims_and_quarantine(etcd(&server, "/t12/").await).await });
 }
 
+/// An extent fault whose chosen drive has every free slot claimed by a
+/// zeroer that died (its claims stand until recovery) takes another drive
+/// with room instead of waiting on those claims and giving up; with no
+/// other drive it waits and reports contention (retryable), not a full
+/// pool.
+async fn faults_go_around_a_drive_held_by_stale_claims<S: MetaStore + Clone>(s: S) {
+    let dead = Catalog::new(s.clone(), PlacementWeights::default());
+    let c = Catalog::new(s, PlacementWeights::default());
+    let died = |_: ZeroJob| async { Err::<(), String>("died".into()) };
+    let a = c
+        .add_drive(spec(0, 0), 512, 4 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
+    let v = c
+        .create_volume(VolumeSpec::new("v", 2 * EXTENT_BYTES))
+        .await
+        .unwrap();
+    // Every free slot of the only drive claimed by the dead zeroer.
+    assert!(dead.zero_ahead(a.id, 4, &died).await.is_err());
+    assert_eq!(drive(&c, a.id).await.zeroing.len(), 4);
+    match c.allocate_extent("v", v.id, 0).await {
+        Err(CatalogError::Contended(_)) => {}
+        other => panic!("no other drive: contended, got {other:?}"),
+    }
+    // A second drive with room: the fault takes it.
+    let b = c
+        .add_drive(spec(1, 1), 512, 4 * EXTENT_BYTES, None)
+        .await
+        .unwrap();
+    let e = c.allocate_extent("v", v.id, 0).await.unwrap();
+    assert_eq!(
+        e.chain.iter().map(|r| r.drive).collect::<Vec<_>>(),
+        vec![b.id]
+    );
+    check_catalog(c.store()).await.unwrap();
+}
+
+#[test]
+fn redb_faults_go_around_a_drive_held_by_stale_claims() {
+    let (_d, s) = redb();
+    rt().block_on(faults_go_around_a_drive_held_by_stale_claims(s));
+}
+
 // ------------------------------------------------------------- corrupt keys
 
 #[test]
@@ -886,6 +929,18 @@ async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestC
                     .copied()
                     .unwrap_or(sluice_volume::VolumeId(u64::MAX));
                 let res = c.allocate_extent(&name(n), id, i).await;
+                // Drives in service with a free slot no zeroer has claimed
+                // (StaleClaims leaves a dead catalog's claims until Recover).
+                let claimable = if matches!(res, Err(CatalogError::Contended(_))) {
+                    let mut k = 0;
+                    for (up, _, id) in m.drives.values() {
+                        let d = drive(&c, *id).await;
+                        k += usize::from(*up && d.slots_free() > d.zeroing.len() as u64);
+                    }
+                    k
+                } else {
+                    0
+                };
                 match (res, m.volumes.get_mut(&n)) {
                     (Ok(e), Some((ext, r, alloc))) => {
                         prop_assert!(i < *ext);
@@ -899,6 +954,11 @@ async fn run_model<S: MetaStore + Clone>(s: S, ops: Vec<Op>) -> Result<(), TestC
                     // Drives went down or filled up with other volumes'
                     // extents: the reservation counts in-service capacity.
                     (Err(CatalogError::PoolFull(_)), Some(_)) => {}
+                    // Fewer drives than replicas have a slot the fault can
+                    // claim: it waits for the claims, then gives up (the
+                    // caller retries; recovery releases a dead one's).
+                    (Err(CatalogError::Contended(_)), Some((_, r, _)))
+                        if claimable < usize::from(*r) => {}
                     (r, v) => prop_assert!(
                         false,
                         "alloc {:?} with model {:?}",

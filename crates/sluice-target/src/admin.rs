@@ -317,8 +317,14 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
         lid::DISCOVERY if disc => {
             // Read before the entries: a change after this is noticed.
             let genctr = reg.genctr();
-            ctrl.discovery_log_read(g.rae, genctr);
-            log::encode_discovery_log(genctr, &discovery_entries(ctrl, reg, ctx))
+            let entries = discovery_entries(ctrl, reg, ctx);
+            let listed = entries
+                .iter()
+                .filter(|e| e.subtype == log::subtype::NVME)
+                .map(|e| e.subnqn.clone())
+                .collect();
+            ctrl.discovery_log_read(g.rae, genctr, listed);
+            log::encode_discovery_log(genctr, &entries)
         }
         lid::ERROR if !disc => vec![0u8; 64],
         lid::SMART if !disc => {
@@ -467,10 +473,7 @@ pub fn discovery_entries(
     };
     let io_port = st.advertise_port.unwrap_or(st.listen.port());
     let mut out = Vec::new();
-    for sub in reg.subsystems().values() {
-        if !sub.host_allowed(&ctrl.hostnqn) {
-            continue;
-        }
+    for sub in reg.subsystems_listed_for(&ctrl.hostnqn) {
         out.push(DiscoveryEntry {
             trtype: log::TRTYPE_TCP,
             adrfam,

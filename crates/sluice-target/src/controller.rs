@@ -216,26 +216,29 @@ impl Controller {
         s.events.observe(sizes, aec);
     }
 
-    /// Starts its discovery events from generation counter `genctr` (the
-    /// discovery log as the host may read it now), not from 0.
+    /// Starts its discovery events from the discovery log as the host may
+    /// read it now: generation `genctr`, listing `listed`.
     #[must_use]
-    pub fn seeing_genctr(self, genctr: u64) -> Self {
-        lock(&self.state).events.start_discovery(genctr);
+    pub fn seeing_discovery_log(self, genctr: u64, listed: Vec<String>) -> Self {
+        lock(&self.state).events.start_discovery(genctr, listed);
         self
     }
 
-    /// Records the discovery log's generation counter (a discovery
+    /// Records the discovery log's generation counter; `listed` gives the
+    /// subsystems it lists for this host when it moved (a discovery
     /// controller's admin queue calls this at each periodic check).
-    pub(crate) fn observe_discovery(&self, genctr: u64) {
+    pub(crate) fn observe_discovery(&self, genctr: u64, listed: impl FnOnce() -> Vec<String>) {
         let mut s = self.lock();
         let aec = s.async_event_config;
-        s.events.observe_discovery(genctr, aec);
+        s.events.observe_discovery(genctr, listed, aec);
     }
 
-    /// The host read the discovery log page of generation `genctr`
-    /// (`retain`: with RAE).
-    pub(crate) fn discovery_log_read(&self, retain: bool, genctr: u64) {
-        self.lock().events.read_discovery_log(retain, genctr);
+    /// The host read the discovery log page of generation `genctr`,
+    /// listing `listed` (`retain`: with RAE).
+    pub(crate) fn discovery_log_read(&self, retain: bool, genctr: u64, listed: Vec<String>) {
+        self.lock()
+            .events
+            .read_discovery_log(retain, genctr, listed);
     }
 
     /// The completion DW0 for a held Asynchronous Event Request, when a

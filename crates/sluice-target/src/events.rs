@@ -3,8 +3,8 @@
 //!   elastic volume resized by its control plane) or a reload adds or
 //!   removes one, with its Changed Namespace List log page (LID 04h);
 //! * Discovery Log Page Change, sent by a discovery controller when the
-//!   discovery log's generation counter moves (a reload added or removed a
-//!   subsystem, or changed who one admits), so a persistent discovery
+//!   subsystems the discovery log lists for its host change (a reload
+//!   added or removed one, or changed who one admits), so a persistent discovery
 //!   controller (Linux `nvme connect-all --persistent`, whose udev rule
 //!   then connects what is new) learns of it without polling.
 //!
@@ -83,8 +83,10 @@ pub(crate) struct AsyncEvents {
     changed: Vec<u32>,
     /// Namespace Attribute Changed.
     ns_notice: Notice,
-    /// The discovery log's generation counter as last seen.
+    /// The discovery log as the host last saw it: its generation counter
+    /// and the subsystems it listed for the host.
     genctr_seen: u64,
+    listed_seen: Vec<String>,
     /// Discovery Log Page Change.
     discovery_notice: Notice,
 }
@@ -98,30 +100,47 @@ impl AsyncEvents {
             changed: Vec::new(),
             ns_notice: Notice::default(),
             genctr_seen: 0,
+            listed_seen: Vec::new(),
             discovery_notice: Notice::default(),
         }
     }
 
-    /// Starts from the discovery log's generation counter now.
-    pub(crate) fn start_discovery(&mut self, genctr: u64) {
+    /// Starts from the discovery log as it is now: generation `genctr`,
+    /// listing the subsystems `listed` for the host.
+    pub(crate) fn start_discovery(&mut self, genctr: u64, listed: Vec<String>) {
         self.genctr_seen = genctr;
+        self.listed_seen = listed;
     }
 
-    /// Records the discovery log's generation counter; a Discovery Log
-    /// Page Change notice becomes due when it moved, `aec` enables the
-    /// notices and none is outstanding.
-    pub(crate) fn observe_discovery(&mut self, genctr: u64, aec: u32) {
-        if genctr != self.genctr_seen {
-            self.genctr_seen = genctr;
+    /// Records the discovery log's generation counter; when it moved,
+    /// `listed` tells which subsystems the log lists for the host now, and
+    /// a Discovery Log Page Change notice becomes due if they differ from
+    /// what the host last saw (a change to subsystems it is not admitted
+    /// to tells it nothing), `aec` enables the notices and none is
+    /// outstanding.
+    pub(crate) fn observe_discovery(
+        &mut self,
+        genctr: u64,
+        listed: impl FnOnce() -> Vec<String>,
+        aec: u32,
+    ) {
+        if genctr == self.genctr_seen {
+            return;
+        }
+        self.genctr_seen = genctr;
+        let listed = listed();
+        if listed != self.listed_seen {
+            self.listed_seen = listed;
             self.discovery_notice.raise(aec & AEN_DISCOVERY_CHANGE != 0);
         }
     }
 
-    /// The host read the discovery log page at generation `genctr`, which
-    /// it now knows (no notice for it); unless `retain` (RAE), the notice
-    /// is unmasked.
-    pub(crate) fn read_discovery_log(&mut self, retain: bool, genctr: u64) {
+    /// The host read the discovery log page at generation `genctr`,
+    /// listing `listed`, which it now knows (no notice for them); unless
+    /// `retain` (RAE), the notice is unmasked.
+    pub(crate) fn read_discovery_log(&mut self, retain: bool, genctr: u64, listed: Vec<String>) {
         self.genctr_seen = genctr;
+        self.listed_seen = listed;
         if !retain {
             self.discovery_notice.clear();
         }
@@ -226,26 +245,34 @@ mod tests {
     }
 
     #[test]
-    fn a_moved_generation_counter_is_one_discovery_notice_until_the_log_is_read() {
+    fn a_changed_listing_is_one_discovery_notice_until_the_log_is_read() {
+        let l = |n: &[&str]| -> Vec<String> { n.iter().map(|s| s.to_string()).collect() };
+        let on = AEN_DISCOVERY_CHANGE;
         let mut ev = AsyncEvents::new([]);
-        ev.start_discovery(5);
-        ev.observe_discovery(5, AEN_DISCOVERY_CHANGE);
-        assert_eq!(ev.take_due(), None, "nothing changed");
-        ev.observe_discovery(6, AEN_DISCOVERY_CHANGE);
+        ev.start_discovery(5, l(&["a"]));
+        ev.observe_discovery(5, || l(&["a", "b"]), on);
+        assert_eq!(ev.take_due(), None, "the generation did not move");
+        ev.observe_discovery(6, || l(&["a"]), on);
+        assert_eq!(
+            ev.take_due(),
+            None,
+            "moved, but this host's listing is the same"
+        );
+        ev.observe_discovery(7, || l(&["a", "b"]), on);
         assert_eq!(ev.take_due(), Some(DISCOVERY_CHANGE_DW0));
         assert_eq!(ev.take_due(), None, "one notice per change");
-        ev.observe_discovery(7, AEN_DISCOVERY_CHANGE);
+        ev.observe_discovery(8, || l(&["b"]), on);
         assert_eq!(ev.take_due(), None, "masked until the log is read");
-        ev.read_discovery_log(true, 7);
-        ev.observe_discovery(8, AEN_DISCOVERY_CHANGE);
+        ev.read_discovery_log(true, 8, l(&["b"]));
+        ev.observe_discovery(9, || l(&[]), on);
         assert_eq!(ev.take_due(), None, "RAE keeps the mask");
-        ev.read_discovery_log(false, 8);
-        ev.observe_discovery(8, AEN_DISCOVERY_CHANGE);
-        assert_eq!(ev.take_due(), None, "the host has read generation 8");
-        ev.observe_discovery(9, AEN_DISCOVERY_CHANGE);
+        ev.read_discovery_log(false, 9, l(&[]));
+        ev.observe_discovery(9, || l(&["c"]), on);
+        assert_eq!(ev.take_due(), None, "the host has read generation 9");
+        ev.observe_discovery(10, || l(&["c"]), on);
         assert_eq!(ev.take_due(), Some(DISCOVERY_CHANGE_DW0), "unmasked");
-        ev.read_discovery_log(false, 9);
-        ev.observe_discovery(10, AEN_NS_ATTRIBUTE);
+        ev.read_discovery_log(false, 10, l(&["c"]));
+        ev.observe_discovery(11, || l(&[]), AEN_NS_ATTRIBUTE);
         assert_eq!(ev.take_due(), None, "not enabled");
         assert_eq!(
             DISCOVERY_CHANGE_DW0, 0x0070_f002,

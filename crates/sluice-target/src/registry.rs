@@ -522,6 +522,24 @@ impl Registry {
         read(&self.subsystems).clone()
     }
 
+    /// The NVM subsystems whose allow-list admits `hostnqn`, in NQN
+    /// order: what the discovery log lists for that host.
+    pub fn subsystems_listed_for(&self, hostnqn: &str) -> Vec<Arc<Subsystem>> {
+        self.subsystems()
+            .values()
+            .filter(|s| s.host_allowed(hostnqn))
+            .cloned()
+            .collect()
+    }
+
+    /// The NQNs of [`Registry::subsystems_listed_for`].
+    pub(crate) fn nqns_listed_for(&self, hostnqn: &str) -> Vec<String> {
+        self.subsystems_listed_for(hostnqn)
+            .iter()
+            .map(|s| s.nqn.clone())
+            .collect()
+    }
+
     /// The `[target]` settings it was built with.
     pub fn settings(&self) -> &TargetSettings {
         &self.settings

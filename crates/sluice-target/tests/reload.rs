@@ -412,9 +412,10 @@ fn discovery_log(d: &mut Pair) -> (u64, Vec<String>) {
 }
 
 /// A discovery controller that enabled Discovery Log Page Change notices
-/// gets one when a reload adds a subsystem (at its next check), none for
-/// a reload that changes nothing, and the next only once it has read the
-/// log: then a removal is told too.
+/// gets one when a reload changes what the log lists for its host (at its
+/// next check): none for a subsystem added for another host, one when a
+/// reload adds its host to it, none for a reload that changes nothing, and
+/// the next only once it has read the log: then a removal is told too.
 #[test]
 fn a_discovery_controller_is_told_when_a_reload_changes_the_log() {
     let before = config_in("immediate", default_ns());
@@ -437,12 +438,19 @@ fn a_discovery_controller_is_told_when_a_reload_changes_the_log() {
     post_aer(&mut d, 700);
     assert_eq!(aer_after_check(&mut d, 700), None, "nothing changed yet");
 
-    let mut after = before.clone();
-    after.subsystems.push(
-        SubsystemConfig::new(ADDED)
-            .with_host(HOSTNQN)
-            .with_namespace(NamespaceConfig::ram(1, 1 << 20).with_block_size(512)),
+    // Added for another host: this host's log is the same.
+    let mut others = before.clone();
+    others.subsystems.push(added_subsystem());
+    reload(&reg, &tenants, &others).unwrap();
+    assert!(reg.genctr() > genctr);
+    assert_eq!(
+        aer_after_check(&mut d, 700),
+        None,
+        "not listed for this host"
     );
+    // Its host added to the subsystem's list: listed now.
+    let mut after = others.clone();
+    after.subsystems[1].hosts.push(HOSTNQN.into());
     reload(&reg, &tenants, &after).unwrap();
     assert_eq!(aer_after_check(&mut d, 700), Some(DISCOVERY_CHANGE_DW0));
     post_aer(&mut d, 701);

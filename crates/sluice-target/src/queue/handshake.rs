@@ -304,6 +304,11 @@ impl QueueConnection {
             let counters = self.reg.hosts.counters_for(&cd.hostnqn);
             let kato = c.kato_ms;
             let genctr = self.reg.genctr();
+            let listed = if sub.kind == SubsystemKind::Discovery {
+                self.reg.nqns_listed_for(&cd.hostnqn)
+            } else {
+                Vec::new()
+            };
             let made = self.reg.add_controller(&sub, |id| {
                 Arc::new(
                     Controller::new(
@@ -315,7 +320,7 @@ impl QueueConnection {
                         counters,
                         now,
                     )
-                    .seeing_genctr(genctr),
+                    .seeing_discovery_log(genctr, listed),
                 )
             });
             match made {

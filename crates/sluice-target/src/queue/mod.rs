@@ -381,7 +381,8 @@ impl QueueConnection {
             if self.session.qid == 0 && self.state == ConnState::Ready {
                 if let Some(c) = self.session.ctrl.clone() {
                     if c.is_discovery() {
-                        c.observe_discovery(self.reg.genctr());
+                        let reg = &self.reg;
+                        c.observe_discovery(reg.genctr(), || reg.nqns_listed_for(&c.hostnqn));
                     } else {
                         c.observe_namespaces();
                     }
