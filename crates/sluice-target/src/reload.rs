@@ -47,10 +47,11 @@
 //! namespaces are built, then the tenants are replaced (the new ones are
 //! checked against the table in force, which the admin API may have
 //! changed); then, and these cannot fail, the added subsystems are
-//! registered, the removed ones closed, namespaces added and removed, and every kept subsystem's new [`Access`] is swapped in, so the
-//! next Connect (admin or I/O queue) and the next discovery log page see
-//! it; a live controller whose host the new access would refuse at Connect
-//! (no longer listed, or without a secret where one is now required) is
+//! registered, the removed ones closed, namespaces added and removed, and
+//! every kept subsystem's new [`Access`] is swapped in, so the next
+//! Connect (admin or I/O queue) and the next discovery log page see it; a
+//! live controller whose host the new access would refuse at Connect (no
+//! longer listed, or without a secret where one is now required) is
 //! failed, and its queues close at their next check.
 
 use crate::registry::{NoVolumes, Registry, VolumeOpener};
