@@ -688,21 +688,11 @@ fn adm_27_discovery_get_features_other_fid_is_invalid_field() {
     );
 }
 
-/// Sends an AER with `cid`; it is held (no response).
-fn post_aer(p: &mut Pair, cid: u16) {
-    p.send(
-        &PduHeader::CapsuleCmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0)),
-        &[],
-    );
-    let got = p.take();
-    assert!(got.is_empty(), "AER {cid} is held: {got:?}");
-}
-
 #[test]
 fn adm_28_fifth_aer_is_limit_exceeded() {
     let (_r, mut p, _) = admin_q();
     for cid in 100..104 {
-        post_aer(&mut p, cid);
+        p.post_aer(cid);
     }
     let (c, _) = p.command(Sqe::new(admin::ASYNC_EVENT_REQUEST, 104, 0), &[]);
     assert_eq!(c.status(), Status::AER_LIMIT_EXCEEDED);
@@ -856,7 +846,7 @@ fn adm_34_admin_data_shorter_than_the_sgl_needs_is_sgl_length_invalid() {
 fn adm_35_command_reusing_an_outstanding_aer_cid_drops_the_aer() {
     let (_r, mut p, _) = admin_q();
     let before = tolerated::count(Tolerated::AerCidReused);
-    post_aer(&mut p, 100);
+    p.post_aer(100);
     // SPDK's host at shutdown: Property Get CC with the AER's CID.
     let s = PropertyCommand {
         size8: false,
@@ -878,7 +868,7 @@ fn adm_35_command_reusing_an_outstanding_aer_cid_drops_the_aer() {
     assert!(tolerated::count(Tolerated::AerCidReused) > before);
     // The AER is gone: four more fit under the limit.
     for cid in 101..105 {
-        post_aer(&mut p, cid);
+        p.post_aer(cid);
     }
     let (c, _) = p.command(Sqe::new(admin::ASYNC_EVENT_REQUEST, 105, 0), &[]);
     assert_eq!(c.status(), Status::AER_LIMIT_EXCEEDED);

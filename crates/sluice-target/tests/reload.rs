@@ -12,7 +12,7 @@ mod common;
 use common::*;
 
 use sluice_config::{NamespaceConfig, SubsystemConfig};
-use sluice_proto::command::{admin, io, sgl, SglDescriptor, Sqe};
+use sluice_proto::command::admin;
 use sluice_proto::fabrics::{cc, prop, CNTLID_DYNAMIC};
 use sluice_proto::identify::IdentifyController;
 use sluice_proto::pdu::PduHeader;
@@ -177,32 +177,6 @@ fn reload_adds_and_removes_whole_subsystems_while_the_others_serve() {
     assert_eq!(reg.reloads.counts(), (4, 0));
 }
 
-/// Writes `data` (in-capsule) at `slba` of namespace `nsid`.
-fn write_ns(q: &mut Pair, nsid: u32, slba: u64, data: &[u8]) -> Status {
-    let cid = q.cid();
-    let nlb = u32::try_from(data.len() / 512).unwrap();
-    let mut s = Sqe::rw(io::WRITE, cid, nsid, slba, nlb, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: u32::try_from(data.len()).unwrap(),
-        id: sgl::DATA_BLOCK_OFFSET,
-    });
-    q.command(s, data).0.status()
-}
-
-/// Reads `nlb` 512-byte blocks at `slba` of namespace `nsid`.
-fn read_ns(q: &mut Pair, nsid: u32, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
-    let cid = q.cid();
-    let mut s = Sqe::rw(io::READ, cid, nsid, slba, nlb, false);
-    s.set_sgl(SglDescriptor {
-        address: 0,
-        length: nlb * 512,
-        id: sgl::TRANSPORT_DATA_BLOCK,
-    });
-    let (c, d) = q.command(s, &[]);
-    (c.status(), d)
-}
-
 /// The NSIDs of an Identify or log page data of little-endian u32s.
 fn nsids(data: &[u8]) -> Vec<u32> {
     data.chunks(4)
@@ -239,15 +213,6 @@ const AEN_DISCOVERY_CHANGE: u32 = 1 << 31;
 /// An AER completion's DW0 for Discovery Log Page Change: type Notice,
 /// information F0h, log page 70h.
 const DISCOVERY_CHANGE_DW0: u32 = 0x0070_f002;
-
-/// Posts an Asynchronous Event Request, which the target holds.
-fn post_aer(a: &mut Pair, cid: u16) {
-    a.send(
-        &PduHeader::CapsuleCmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0)),
-        &[],
-    );
-    assert!(a.take().is_empty(), "the AER is held");
-}
 
 /// The AER `cid`'s completion once the admin queue's next check has run.
 fn aer_after_check(a: &mut Pair, cid: u16) -> Option<u32> {
@@ -291,11 +256,11 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     let (mut a, cntlid) = admin_pair(&reg);
     let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
     assert!(c.status().is_success());
-    post_aer(&mut a, 900);
+    a.post_aer(900);
     let mut q = io_pair(&reg, cntlid, false, false);
     let one = pattern(4096, 3);
-    assert_eq!(write_ns(&mut q, 1, 8, &one), Status::SUCCESS);
-    assert_eq!(write_ns(&mut q, 2, 8, &one), Status::INVALID_NAMESPACE);
+    assert_eq!(q.write_ns(1, 8, &one, 8192), Status::SUCCESS);
+    assert_eq!(q.write_ns(2, 8, &one, 8192), Status::INVALID_NAMESPACE);
     assert_eq!(active(&mut a), vec![1]);
     assert_eq!(identify_ns(&mut a, 2).0, 0, "inactive: all zeroes");
     let id = IdentifyController::decode(&a.identify(1, 0).1).unwrap();
@@ -320,9 +285,9 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     );
     // The live I/O queue's next command reaches it.
     let two = pattern(4096, 5);
-    assert_eq!(write_ns(&mut q, 2, 8, &two), Status::SUCCESS);
-    assert_eq!(read_ns(&mut q, 2, 8, 8), (Status::SUCCESS, two.clone()));
-    assert_eq!(read_ns(&mut q, 1, 8, 8), (Status::SUCCESS, one.clone()));
+    assert_eq!(q.write_ns(2, 8, &two, 8192), Status::SUCCESS);
+    assert_eq!(q.read_ns(2, 8, 8), (Status::SUCCESS, two.clone()));
+    assert_eq!(q.read_ns(1, 8, 8), (Status::SUCCESS, one.clone()));
     // The host is told at the admin queue's next check.
     assert_eq!(aer_after_check(&mut a, 900), Some(NS_ATTRIBUTE_CHANGED_DW0));
     assert_eq!(changed_list(&mut a), vec![2]);
@@ -336,15 +301,15 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     assert!(idle.connect(2, cntlid, HOSTNQN, 0).status().is_success());
 
     // Removed.
-    post_aer(&mut a, 901);
+    a.post_aer(901);
     let held = Arc::downgrade(&added);
     let old_index = added.index;
     drop(added);
     let report = reload(&reg, &tenants, &before).expect("a namespace may be removed");
     assert_eq!(report.namespaces_removed, vec![(SUBNQN.to_string(), 2)]);
     assert!(report.namespaces_added.is_empty() && report.subsystems_removed.is_empty());
-    assert_eq!(read_ns(&mut q, 2, 8, 8).0, Status::INVALID_NAMESPACE);
-    assert_eq!(read_ns(&mut q, 1, 8, 8), (Status::SUCCESS, one.clone()));
+    assert_eq!(q.read_ns(2, 8, 8).0, Status::INVALID_NAMESPACE);
+    assert_eq!(q.read_ns(1, 8, 8), (Status::SUCCESS, one.clone()));
     assert_eq!(aer_after_check(&mut a, 901), Some(NS_ATTRIBUTE_CHANGED_DW0));
     assert_eq!(changed_list(&mut a), vec![2]);
     assert_eq!(active(&mut a), vec![1]);
@@ -365,7 +330,7 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     reload(&reg, &tenants, &after).expect("added again");
     let again = reg.subsystems()[SUBNQN].namespaces.get(2).unwrap();
     assert!(again.index > old_index, "indices are not reused");
-    assert_eq!(read_ns(&mut q, 2, 8, 8), (Status::SUCCESS, vec![0; 4096]));
+    assert_eq!(q.read_ns(2, 8, 8), (Status::SUCCESS, vec![0; 4096]));
     assert_ne!(identify_ns(&mut a, 2).1, nguid);
 
     // Refused whole: a kept namespace changed (and an added host with it).
@@ -435,7 +400,7 @@ fn a_discovery_controller_is_told_when_a_reload_changes_the_log() {
     assert!(c.status().is_success());
     let (genctr, listed) = discovery_log(&mut d);
     assert!(!listed.iter().any(|n| n == ADDED));
-    post_aer(&mut d, 700);
+    d.post_aer(700);
     assert_eq!(aer_after_check(&mut d, 700), None, "nothing changed yet");
 
     // Added for another host: this host's log is the same.
@@ -453,7 +418,7 @@ fn a_discovery_controller_is_told_when_a_reload_changes_the_log() {
     after.subsystems[1].hosts.push(HOSTNQN.into());
     reload(&reg, &tenants, &after).unwrap();
     assert_eq!(aer_after_check(&mut d, 700), Some(DISCOVERY_CHANGE_DW0));
-    post_aer(&mut d, 701);
+    d.post_aer(701);
     // Masked until the log is read: another change sends nothing.
     reload(&reg, &tenants, &before).unwrap();
     assert_eq!(aer_after_check(&mut d, 701), None, "masked");

@@ -418,11 +418,17 @@ impl Pair {
         (c.status(), d)
     }
 
-    /// Write with in-capsule data when it fits `inline_max`, else via R2T.
+    /// Write to namespace 1 with in-capsule data when it fits
+    /// `inline_max`, else via R2T.
     pub fn write(&mut self, slba: u64, data: &[u8], inline_max: usize) -> Status {
+        self.write_ns(1, slba, data, inline_max)
+    }
+
+    /// [`Pair::write`] to namespace `nsid`.
+    pub fn write_ns(&mut self, nsid: u32, slba: u64, data: &[u8], inline_max: usize) -> Status {
         let cid = self.cid();
         let nlb = (data.len() / 512) as u32;
-        let mut s = Sqe::rw(io::WRITE, cid, 1, slba, nlb, false);
+        let mut s = Sqe::rw(io::WRITE, cid, nsid, slba, nlb, false);
         if data.len() <= inline_max {
             s.set_sgl(SglDescriptor {
                 address: 0,
@@ -475,9 +481,15 @@ impl Pair {
         self.send_raw(&wire);
     }
 
+    /// Reads `nlb` 512-byte blocks at `slba` of namespace 1.
     pub fn read(&mut self, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
+        self.read_ns(1, slba, nlb)
+    }
+
+    /// [`Pair::read`] of namespace `nsid`.
+    pub fn read_ns(&mut self, nsid: u32, slba: u64, nlb: u32) -> (Status, Vec<u8>) {
         let cid = self.cid();
-        let mut s = Sqe::rw(io::READ, cid, 1, slba, nlb, false);
+        let mut s = Sqe::rw(io::READ, cid, nsid, slba, nlb, false);
         s.set_sgl(SglDescriptor {
             address: 0,
             length: nlb * 512,
@@ -485,6 +497,17 @@ impl Pair {
         });
         let (c, d) = self.command(s, &[]);
         (c.status(), d)
+    }
+
+    /// Sends an Asynchronous Event Request with `cid`; it is held (no
+    /// response).
+    pub fn post_aer(&mut self, cid: u16) {
+        self.send(
+            &PduHeader::CapsuleCmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0)),
+            &[],
+        );
+        let got = self.take();
+        assert!(got.is_empty(), "AER {cid} is held: {got:?}");
     }
 }
 
