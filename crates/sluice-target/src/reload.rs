@@ -320,20 +320,19 @@ fn apply(
         .filter(|r| !new.subsystems.iter().any(|sc| sc.nqn == r.nqn))
         .map(|r| r.nqn.clone())
         .collect();
-    // Kept subsystems whose namespaces change: (running, new).
-    let reshaped: Vec<(&SubsystemConfig, &SubsystemConfig)> = new
-        .subsystems
-        .iter()
-        .filter_map(|sc| {
-            let rc = running.subsystems.iter().find(|r| r.nqn == sc.nqn)?;
-            (!namespaces_added(rc, sc).is_empty() || !namespaces_removed(rc, sc).is_empty())
-                .then_some((rc, sc))
-        })
-        .collect();
-    let to_build: Vec<(&SubsystemConfig, Vec<&NamespaceConfig>)> = reshaped
-        .iter()
-        .map(|(rc, sc)| (*sc, namespaces_added(rc, sc)))
-        .collect();
+    // Kept subsystems whose namespaces change, with the NSIDs removed.
+    let mut to_build: Vec<(&SubsystemConfig, Vec<&NamespaceConfig>)> = Vec::new();
+    let mut to_remove: Vec<Vec<u32>> = Vec::new();
+    for sc in &new.subsystems {
+        let Some(rc) = running.subsystems.iter().find(|r| r.nqn == sc.nqn) else {
+            continue;
+        };
+        let (adds, removes) = (namespaces_added(rc, sc), namespaces_removed(rc, sc));
+        if !adds.is_empty() || !removes.is_empty() {
+            to_build.push((sc, adds));
+            to_remove.push(removes);
+        }
+    }
     // What can fail, first: nothing is applied yet (a subsystem or
     // namespace built here and dropped closes its backends).
     let built = reg
@@ -363,7 +362,7 @@ fn apply(
     let gone = reg.swap_subsystems(&built.subsystems, &removed);
     let subsystems_removed = gone.iter().map(|sub| reg.close_removed(sub)).collect();
     let (namespaces_added, namespaces_removed) =
-        reshape(reg, tenants, &reshaped, &to_build, &built.namespaces);
+        reshape(reg, tenants, &to_build, &to_remove, &built.namespaces);
     if !gone.is_empty() || !namespaces_removed.is_empty() {
         // Every worker looks for queues of the retired namespaces, also
         // one asleep with no connection left.
@@ -400,26 +399,26 @@ fn apply(
 /// Namespaces named by (NQN, NSID).
 type NamespaceRefs = Vec<(String, u32)>;
 
-/// Adds and removes the namespaces of kept subsystems (`reshaped`: running
-/// and new configuration; `to_build` and `built`: the namespaces each
-/// adds, configured and built); returns them as (NQN, NSID).
+/// Adds and removes the namespaces of kept subsystems: `to_build` and
+/// `built` are the namespaces each adds (configured and built), `to_remove`
+/// the NSIDs each removes; returns them as (NQN, NSID).
 fn reshape(
     reg: &Registry,
     tenants: &TenantRuntime,
-    reshaped: &[(&SubsystemConfig, &SubsystemConfig)],
     to_build: &[(&SubsystemConfig, Vec<&NamespaceConfig>)],
+    to_remove: &[Vec<u32>],
     built: &[Vec<Arc<crate::subsystem::Namespace>>],
 ) -> (NamespaceRefs, NamespaceRefs) {
     let subsystems = reg.subsystems();
     let (mut added, mut removed) = (Vec::new(), Vec::new());
-    for (((rc, sc), (_, ncs)), nss) in reshaped.iter().zip(to_build).zip(built) {
+    for (((sc, ncs), nsids), nss) in to_build.iter().zip(to_remove).zip(built) {
         let Some(sub) = subsystems.get(&sc.nqn) else {
             continue;
         };
         // Per-namespace state first: a queue may use them at once.
         let pairs: Vec<_> = ncs.iter().copied().zip(nss.iter().cloned()).collect();
         tenants.add_namespaces(&sc.nqn, &pairs);
-        let gone = reg.replace_namespaces(sub, nss, &namespaces_removed(rc, sc));
+        let gone = reg.replace_namespaces(sub, nss, nsids);
         for ns in nss {
             tracing::info!(
                 subsystem = %sc.nqn,
