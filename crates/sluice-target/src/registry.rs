@@ -633,3 +633,44 @@ impl Registry {
         failed
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload that would hand out more namespace indices than the
+    /// target's limit is refused before anything is built, naming the
+    /// limit, whether it adds a subsystem or namespaces to a kept one.
+    #[test]
+    fn reload_builds_stop_at_the_namespace_limit() {
+        let sc = SubsystemConfig::new("nqn.2026-12.io.sluice:limit")
+            .allow_any_host()
+            .with_namespace(NamespaceConfig::ram(1, 1 << 20))
+            .with_namespace(NamespaceConfig::ram(2, 1 << 20));
+        let reg = Registry::build(
+            &Config::default()
+                .with_subsystem(sc.clone())
+                .validated()
+                .unwrap(),
+        )
+        .unwrap();
+        let max = sluice_config::NAMESPACES_TOTAL_MAX;
+        reg.namespaces_built.store(max - 1, Ordering::Release);
+        let refused = |r: Result<Built, RegistryError>| match r {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("built past the limit"),
+        };
+        let why = refused(reg.build_added(&[&sc], &[], &NoVolumes));
+        assert!(why.contains(&format!("limit of {max}")), "{why}");
+        let two = vec![&sc.namespaces[0], &sc.namespaces[1]];
+        let why = refused(reg.build_added(&[], &[(&sc, two)], &NoVolumes));
+        assert!(
+            why.contains("namespace 2") && why.contains(&format!("limit of {max}")),
+            "{why}"
+        );
+        let one = reg
+            .build_added(&[], &[(&sc, vec![&sc.namespaces[0]])], &NoVolumes)
+            .expect("the last index fits");
+        assert_eq!(one.namespaces[0][0].index, max - 1);
+    }
+}
