@@ -120,6 +120,23 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn size_bytes(&self) -> u64 {
         self.geometry().size_bytes
     }
+    /// Looks again at the size of what backs it and returns the capacity
+    /// now (never smaller than before). A configuration reload calls it
+    /// for every namespace it keeps, as nvmet's `revalidate_size`: a file
+    /// or block device grown underneath grows its namespace. Backends whose
+    /// size only their own code changes (RAM, the emulated SSD, an elastic
+    /// volume, which grows by its control plane) look at nothing.
+    fn revalidate(&self) -> Result<u64, BackendError> {
+        Ok(self.size_bytes())
+    }
+    /// Makes what backs it at least `size_bytes` large (a regular file
+    /// created by the target, whose configured size a reload raised), for
+    /// a later [`Backend::revalidate`] to take in. Never shrinks anything.
+    /// Refused by backends that cannot change size online.
+    fn extend(&self, size_bytes: u64) -> Result<(), BackendError> {
+        let _ = size_bytes;
+        Err(BackendError::Unsupported("changing its size online"))
+    }
     /// `"ram"`, `"file"`, `"block"` or `"emulated-ssd"`.
     fn kind(&self) -> &'static str;
     /// Whether a successful read writes every byte of its buffer (holes

@@ -15,8 +15,9 @@ pub struct TargetArgs {
     /// RAM namespace, loopback only, any host admitted). Re-read on SIGHUP
     /// or `POST /v1/reload` to the admin endpoint (which answers with what
     /// changed): subsystems added or removed whole, namespaces added to or
-    /// removed from a subsystem (its hosts are told by an event), changed
-    /// host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries (a tenant no longer listed is
+    /// removed from a subsystem, `file` namespaces grown (their file or
+    /// device grown underneath, or a created file's `size` raised; hosts
+    /// are told of namespace changes by an event), changed host lists, DH-HMAC-CHAP settings and `[[tenant]]` entries (a tenant no longer listed is
     /// deleted) apply without a restart; any other change is refused and
     /// logged.
     #[arg(long, short)]
@@ -259,7 +260,7 @@ pub fn run(args: TargetArgs) -> Result<()> {
     println!("Press Ctrl-C to stop (in-flight commands are drained, backends flushed).");
     if let Some(p) = &args.config {
         println!(
-            "Send SIGHUP (kill -HUP {}), or POST /v1/reload to the admin endpoint, to apply subsystems and namespaces added or removed, host lists and tenants changed in {} without a restart.",
+            "Send SIGHUP (kill -HUP {}), or POST /v1/reload to the admin endpoint, to apply subsystems and namespaces added or removed, file namespaces grown, host lists and tenants changed in {} without a restart.",
             std::process::id(),
             p.display()
         );
@@ -367,6 +368,7 @@ fn reload_file(
                 subsystems_removed = ?report.subsystems_removed.iter().map(|r| &r.nqn).collect::<Vec<_>>(),
                 namespaces_added = ?report.namespaces_added,
                 namespaces_removed = ?report.namespaces_removed,
+                namespaces_grown = ?report.namespaces_grown.iter().map(|g| (&g.nqn, g.nsid, g.size_bytes)).collect::<Vec<_>>(),
                 access_changed = report.access.len(),
                 tenants = ?report.tenants,
                 tenants_removed = ?report.tenants_removed,

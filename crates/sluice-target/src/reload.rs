@@ -27,6 +27,16 @@
 //!   its host a Namespace Attribute Changed event at its next check (within
 //!   200 ms) naming the NSIDs in its Changed Namespace List log page, and
 //!   the host rescans (Linux adds and removes the block devices);
+//! * namespaces **grown**: every namespace of a kept subsystem looks again
+//!   at what backs it, as nvmet's `revalidate_size` (a `file` namespace's
+//!   file or block device grown underneath: `truncate`, `lvextend`); a
+//!   `file` namespace with `create = true` whose `size` the file raised is
+//!   first extended to it (before anything is applied, so a file that
+//!   cannot grow refuses the whole file). A namespace that grew takes in
+//!   its new size (whole blocks) and its hosts are told by the same event;
+//!   namespaces never shrink online (a smaller `size` is refused, a file
+//!   found smaller keeps its namespace's size), and the grown part of a
+//!   namespace takes no chain-epoch fences (`fence.rs`);
 //! * the `hosts`, `allow_any_host`, `dhchap` and `require_auth` of the
 //!   subsystems kept;
 //! * the `[[tenant]]` entries (new ones created, changed ones replaced
@@ -37,14 +47,15 @@
 //!
 //! Nothing else: a file that differs from the configuration in force
 //! anywhere else (`[target]`, `[tenants]`, a kept subsystem's serial or
-//! model, a kept namespace's settings, a tenant's `charge_cgroup`, or a
-//! tenant with one removed) is refused whole, naming what differs, and
-//! nothing of it applies. To change a namespace, remove it in one reload
-//! and add it back in the next. The order of subsystems and of namespaces
+//! model, a kept namespace's settings other than a created file's `size`,
+//! a tenant's `charge_cgroup`, or a tenant with one removed) is refused
+//! whole, naming what differs, and nothing of it applies. To change a
+//! namespace, remove it in one reload and add it back in the next. The order of subsystems and of namespaces
 //! does not matter.
 //!
 //! Applied in steps, those that can fail first: the added subsystems and
-//! namespaces are built, then the tenants are replaced (the new ones are
+//! namespaces are built, the files of grown namespaces extended, then the
+//! tenants are replaced (the new ones are
 //! checked against the table in force, which the admin API may have
 //! changed); then, and these cannot fail, the added subsystems are
 //! registered, the removed ones closed, namespaces added and removed, and
@@ -52,12 +63,13 @@
 //! Connect (admin or I/O queue) and the next discovery log page see it; a
 //! live controller whose host the new access would refuse at Connect (no
 //! longer listed, or without a secret where one is now required) is
-//! failed, and its queues close at their next check.
+//! failed, and its queues close at their next check. Last, the kept
+//! namespaces are revalidated.
 
 use crate::registry::{NoVolumes, Registry, VolumeOpener};
 use crate::subsystem::{Access, Subsystem};
 use crate::tenant::{configured_namespaces, TenantRuntime};
-use sluice_config::{Config, NamespaceConfig, SubsystemConfig};
+use sluice_config::{BackendConfig, Config, NamespaceConfig, SubsystemConfig};
 use sluice_runtime::sync::lock;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -80,6 +92,9 @@ pub enum ReloadError {
     /// that does not open, the target's namespace limit).
     #[error("what the file adds: {0}")]
     Add(String),
+    /// A file the reload was to extend (a raised `size`) could not grow.
+    #[error("a namespace the file grows: {0}")]
+    Grow(String),
 }
 
 /// What a reload changed.
@@ -99,6 +114,18 @@ pub struct ReloadReport {
     pub namespaces_added: Vec<(String, u32)>,
     /// Namespaces removed from kept subsystems: (NQN, NSID).
     pub namespaces_removed: Vec<(String, u32)>,
+    /// Namespaces of kept subsystems that grew.
+    pub namespaces_grown: Vec<NamespaceGrowth>,
+}
+
+/// A namespace a reload found larger (its file or device grown, or its
+/// created file extended to a raised `size`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceGrowth {
+    pub nqn: String,
+    pub nsid: u32,
+    pub size_bytes_before: u64,
+    pub size_bytes: u64,
 }
 
 impl ReloadReport {
@@ -110,6 +137,7 @@ impl ReloadReport {
             && self.subsystems_removed.is_empty()
             && self.namespaces_added.is_empty()
             && self.namespaces_removed.is_empty()
+            && self.namespaces_grown.is_empty()
     }
 }
 
@@ -132,6 +160,12 @@ impl ReloadReport {
             })).collect::<Vec<_>>(),
             "namespaces_added": namespaces_json(&self.namespaces_added),
             "namespaces_removed": namespaces_json(&self.namespaces_removed),
+            "namespaces_grown": self.namespaces_grown.iter().map(|g| serde_json::json!({
+                "nqn": g.nqn,
+                "nsid": g.nsid,
+                "size_bytes_before": g.size_bytes_before,
+                "size_bytes": g.size_bytes,
+            })).collect::<Vec<_>>(),
             "tenants": self.tenants,
             "tenants_removed": self.tenants_removed,
         })
@@ -262,16 +296,45 @@ fn needs_restart(running: &Config, new: &Config) -> Option<String> {
             return Some(format!("subsystem `{}`: its serial or model", sc.nqn));
         }
         for n in &sc.namespaces {
-            if rc.namespaces.iter().any(|r| r.nsid == n.nsid && r != n) {
-                return Some(format!(
-                    "subsystem `{}`: namespace {}'s settings (to change a namespace, remove it in \
-                     one reload and add it back in the next)",
-                    sc.nqn, n.nsid
-                ));
+            let Some(r) = rc.namespaces.iter().find(|r| r.nsid == n.nsid) else {
+                continue; // added
+            };
+            if r == n || grows_created_file(r, n) {
+                continue;
             }
+            let why = if (NamespaceConfig {
+                size_bytes: r.size_bytes,
+                ..n.clone()
+            }) != *r
+            {
+                "settings (to change a namespace, remove it in one reload and add it back in the \
+                 next)"
+            } else if matches!(n.backend, BackendConfig::File { create: true, .. }) {
+                "`size`, which is smaller: a namespace never shrinks online"
+            } else {
+                "`size`: only a `file` namespace with `create = true` changes size online (its \
+                 file is extended); a `file` without it grows with its file or device, which the \
+                 reload looks at again"
+            };
+            return Some(format!(
+                "subsystem `{}`: namespace {}'s {why}",
+                sc.nqn, n.nsid
+            ));
         }
     }
     None
+}
+
+/// Whether kept namespace `r` becomes `n` by a reload that grows its
+/// created file: a `file` with `create = true`, the same but for a `size`
+/// at least as large.
+fn grows_created_file(r: &NamespaceConfig, n: &NamespaceConfig) -> bool {
+    matches!(n.backend, BackendConfig::File { create: true, .. })
+        && n.size_bytes >= r.size_bytes
+        && (NamespaceConfig {
+            size_bytes: r.size_bytes,
+            ..n.clone()
+        }) == *r
 }
 
 /// Applies `new` (see the module docs) to the target whose registry is
@@ -338,6 +401,7 @@ fn apply(
     let built = reg
         .build_added(&added, &to_build, volumes)
         .map_err(|e| ReloadError::Add(e.to_string()))?;
+    extend_grown_files(reg, &running, new)?;
     let changed: Vec<_> = new
         .tenants
         .tenants
@@ -384,6 +448,7 @@ fn apply(
         // Discovery log pages list the subsystems.
         reg.discovery_genctr.fetch_add(1, Ordering::Relaxed);
     }
+    let namespaces_grown = revalidate_kept(reg, &running, new);
     *running = new.clone();
     Ok(ReloadReport {
         access,
@@ -393,7 +458,80 @@ fn apply(
         subsystems_removed,
         namespaces_added,
         namespaces_removed,
+        namespaces_grown,
     })
+}
+
+/// Extends the files of kept `file` namespaces with `create = true` whose
+/// `size` the new file raised ([`grows_created_file`]), for
+/// [`revalidate_kept`] to take in. Nothing else is applied yet.
+fn extend_grown_files(reg: &Registry, running: &Config, new: &Config) -> Result<(), ReloadError> {
+    let subsystems = reg.subsystems();
+    for sc in &new.subsystems {
+        let (Some(rc), Some(sub)) = (
+            running.subsystems.iter().find(|r| r.nqn == sc.nqn),
+            subsystems.get(&sc.nqn),
+        ) else {
+            continue;
+        };
+        for n in &sc.namespaces {
+            let raised = rc
+                .namespaces
+                .iter()
+                .any(|r| r.nsid == n.nsid && r.size_bytes < n.size_bytes);
+            let (true, Some(size), Some(ns)) = (raised, n.size_bytes, sub.namespaces.get(n.nsid))
+            else {
+                continue;
+            };
+            ns.backend.extend(size).map_err(|e| {
+                ReloadError::Grow(format!(
+                    "subsystem `{}` namespace {} to {size} bytes: {e}",
+                    sc.nqn, n.nsid
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Looks again at the size of every namespace of the subsystems `running`
+/// and `new` both have (after the reload's namespaces were added and
+/// removed), and takes in growth; returns the namespaces that grew.
+fn revalidate_kept(reg: &Registry, running: &Config, new: &Config) -> Vec<NamespaceGrowth> {
+    let subsystems = reg.subsystems();
+    let mut grown = Vec::new();
+    for sc in &new.subsystems {
+        let Some(sub) = subsystems.get(&sc.nqn) else {
+            continue;
+        };
+        if !running.subsystems.iter().any(|r| r.nqn == sc.nqn) {
+            continue; // added: just opened
+        }
+        for ns in sub.namespaces.snapshot().values() {
+            let before = ns.blocks() << ns.lba_shift;
+            if let Err(e) = ns.backend.revalidate() {
+                tracing::warn!(subsystem = %sc.nqn, nsid = ns.nsid, error = %e, "reload: cannot look at the namespace's size again; it keeps its size");
+                continue;
+            }
+            if ns.refresh_size() {
+                let size_bytes = ns.blocks() << ns.lba_shift;
+                tracing::info!(
+                    subsystem = %sc.nqn,
+                    nsid = ns.nsid,
+                    size_bytes_before = before,
+                    size_bytes,
+                    "reload: namespace grew; the subsystem's hosts are told (Namespace Attribute Changed)"
+                );
+                grown.push(NamespaceGrowth {
+                    nqn: sc.nqn.clone(),
+                    nsid: ns.nsid,
+                    size_bytes_before: before,
+                    size_bytes,
+                });
+            }
+        }
+    }
+    grown
 }
 
 /// Namespaces named by (NQN, NSID).

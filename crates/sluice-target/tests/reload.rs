@@ -19,7 +19,9 @@ use sluice_proto::pdu::PduHeader;
 use sluice_proto::Status;
 use sluice_target::queue::CONTROLLER_CHECK_INTERVAL;
 use sluice_target::registry::Registry;
-use sluice_target::reload::{reload, AccessChange, ReloadError, ReloadReport, RemovedSubsystem};
+use sluice_target::reload::{
+    reload, AccessChange, NamespaceGrowth, ReloadError, ReloadReport, RemovedSubsystem,
+};
 use sluice_target::tenant::TenantRuntime;
 use std::sync::Arc;
 use std::time::Duration;
@@ -357,6 +359,213 @@ fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     assert_eq!(active(&mut a), vec![1, 2]);
     assert!(refused(&admin_as(&reg, OTHER).1), "the host list stays");
     assert_eq!(reg.reloads.counts(), (4, 2));
+}
+
+/// A temporary file, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(tag: &str) -> TempFile {
+        let p =
+            std::env::temp_dir().join(format!("sluice-reload-{tag}-{}.img", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        TempFile(p)
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A reload grows a `file` namespace of a kept subsystem: extended to a
+/// raised `size` (a created file), or found grown underneath (as
+/// `truncate -s` leaves it). The live queue's next command reaches the new
+/// blocks while the data below stays, the host is told (Namespace
+/// Attribute Changed naming it) and Identify reports the new size. A
+/// smaller `size`, and a RAM namespace's new size, refuse the whole file.
+#[test]
+fn reload_grows_file_namespaces() {
+    let img = TempFile::new("grow");
+    let file_ns = |size: u64| {
+        NamespaceConfig::file(1, &img.0)
+            .with_create(true)
+            .with_block_size(512)
+            .with_size(size)
+    };
+    let before = config_in("immediate", file_ns(1 << 20));
+    let reg = registry(&before);
+    let tenants = TenantRuntime::new(&before, &reg);
+    let (mut a, cntlid) = admin_pair(&reg);
+    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
+    assert!(c.status().is_success());
+    a.post_aer(900);
+    let mut q = io_pair(&reg, cntlid, false, false);
+    let low = pattern(4096, 3);
+    assert_eq!(q.write_ns(1, 8, &low, 8192), Status::SUCCESS);
+    assert_eq!(q.write_ns(1, 2048, &low, 8192), Status::LBA_OUT_OF_RANGE);
+    assert_eq!(identify_ns(&mut a, 1).0, 2048);
+    // A reload that changes nothing grows nothing.
+    assert_eq!(reload(&reg, &tenants, &before), Ok(ReloadReport::default()));
+
+    // A raised `size`: the file is extended, the namespace takes it in.
+    let after = config_in("immediate", file_ns(2 << 20));
+    let report = reload(&reg, &tenants, &after).expect("a created file may grow");
+    assert_eq!(
+        report.namespaces_grown,
+        vec![NamespaceGrowth {
+            nqn: SUBNQN.into(),
+            nsid: 1,
+            size_bytes_before: 1 << 20,
+            size_bytes: 2 << 20,
+        }]
+    );
+    assert_eq!(std::fs::metadata(&img.0).unwrap().len(), 2 << 20);
+    let high = pattern(4096, 9);
+    assert_eq!(q.write_ns(1, 2048, &high, 8192), Status::SUCCESS);
+    assert_eq!(q.read_ns(1, 2048, 8), (Status::SUCCESS, high.clone()));
+    assert_eq!(q.read_ns(1, 8, 8), (Status::SUCCESS, low.clone()));
+    assert_eq!(aer_after_check(&mut a, 900), Some(NS_ATTRIBUTE_CHANGED_DW0));
+    assert_eq!(changed_list(&mut a), vec![1]);
+    assert_eq!(identify_ns(&mut a, 1).0, 4096);
+
+    // Grown underneath, by a part block too: whole blocks, at the next reload.
+    a.post_aer(901);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img.0)
+        .unwrap();
+    f.set_len((3 << 20) + 100).unwrap();
+    assert_eq!(
+        q.write_ns(1, 4096, &high, 8192),
+        Status::LBA_OUT_OF_RANGE,
+        "not before a reload"
+    );
+    assert_eq!(
+        aer_after_check(&mut a, 901),
+        None,
+        "nothing told before a reload"
+    );
+    let report = reload(&reg, &tenants, &after).expect("the same file");
+    assert_eq!(
+        report
+            .namespaces_grown
+            .iter()
+            .map(|g| (g.size_bytes_before, g.size_bytes))
+            .collect::<Vec<_>>(),
+        vec![(2 << 20, 3 << 20)]
+    );
+    assert_eq!(
+        q.write_ns(1, 6143, &high[..512], 8192),
+        Status::SUCCESS,
+        "the last block"
+    );
+    assert_eq!(
+        q.write_ns(1, 6144, &high[..512], 8192),
+        Status::LBA_OUT_OF_RANGE,
+        "not the part block"
+    );
+    assert_eq!(aer_after_check(&mut a, 901), Some(NS_ATTRIBUTE_CHANGED_DW0));
+    assert_eq!(changed_list(&mut a), vec![1]);
+    assert_eq!(identify_ns(&mut a, 1).0, 6144);
+
+    // Shrunk underneath: the namespace keeps its size; no event.
+    a.post_aer(902);
+    f.set_len(3 << 20).unwrap();
+    assert_eq!(reload(&reg, &tenants, &after), Ok(ReloadReport::default()));
+    assert_eq!(aer_after_check(&mut a, 902), None);
+    assert_eq!(identify_ns(&mut a, 1).0, 6144);
+
+    // Refused whole: a smaller `size`, and a RAM namespace's new size.
+    match reload(&reg, &tenants, &before) {
+        Err(ReloadError::NeedsRestart { what }) => {
+            assert!(
+                what.contains("namespace 1") && what.contains("never shrinks"),
+                "{what}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let ram = config_in("immediate", default_ns());
+    let ram_reg = registry(&ram);
+    let ram_tenants = TenantRuntime::new(&ram, &ram_reg);
+    let mut bigger = ram.clone();
+    let size = bigger.subsystems[0].namespaces[0].size_bytes.unwrap();
+    bigger.subsystems[0].namespaces[0].size_bytes = Some(size * 2);
+    match reload(&ram_reg, &ram_tenants, &bigger) {
+        Err(ReloadError::NeedsRestart { what }) => {
+            assert!(
+                what.contains("namespace 1's `size`") && what.contains("create = true"),
+                "{what}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(identify_ns(&mut a, 1).0, 6144);
+    assert!(!q.conn.is_closing() && !a.conn.is_closing());
+}
+
+/// A block device grown underneath (a loop device whose file grew, told
+/// by `losetup -c`, as an `lvextend` leaves an LV) grows its namespace at
+/// the next reload. Runs where this runs as root with `losetup` (as the
+/// test suite does), and says so when it cannot.
+#[test]
+fn reload_grows_a_namespace_on_a_grown_block_device() {
+    let img = TempFile::new("grow-dev");
+    std::fs::write(&img.0, vec![0u8; 1 << 20]).unwrap();
+    let attach = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&img.0)
+        .output();
+    let dev = match attach {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        other => {
+            eprintln!("skipping the block device case: losetup failed: {other:?}");
+            return;
+        }
+    };
+    let detach = || {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &dev])
+            .status();
+    };
+    let config = config_in(
+        "immediate",
+        NamespaceConfig::file(1, std::path::Path::new(&dev)).with_block_size(512),
+    );
+    let reg = registry(&config);
+    let tenants = TenantRuntime::new(&config, &reg);
+    let (mut a, cntlid) = admin_pair(&reg);
+    let mut q = io_pair(&reg, cntlid, false, false);
+    assert_eq!(identify_ns(&mut a, 1).0, 2048);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img.0)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let refreshed = std::process::Command::new("losetup")
+        .args(["-c", &dev])
+        .status();
+    let report = reload(&reg, &tenants, &config);
+    let data = pattern(4096, 4);
+    let wrote = q.write_ns(1, 4088, &data, 8192);
+    let read = q.read_ns(1, 4088, 8);
+    drop((q, a, tenants, reg));
+    detach();
+    assert!(refreshed.is_ok_and(|s| s.success()), "losetup -c");
+    let report = report.expect("the same file");
+    assert_eq!(
+        report
+            .namespaces_grown
+            .iter()
+            .map(|g| (g.nsid, g.size_bytes))
+            .collect::<Vec<_>>(),
+        vec![(1, 2 << 20)]
+    );
+    assert_eq!(wrote, Status::SUCCESS);
+    assert_eq!(read, (Status::SUCCESS, data));
 }
 
 /// The discovery log (header and entries, without RAE): its generation

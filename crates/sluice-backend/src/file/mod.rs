@@ -16,6 +16,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -87,7 +88,12 @@ pub(crate) trait FileEngine: Send + std::fmt::Debug {
 pub struct FileBackend {
     path: PathBuf,
     file: Arc<File>,
+    /// The geometry at open; the size may grow since (`size_bytes`).
     geometry: Geometry,
+    /// Capacity now, shared with every queue (bounds checks): starts at
+    /// `geometry.size_bytes` and grows when [`Backend::revalidate`] finds
+    /// the file or device larger. Never shrinks.
+    size_bytes: Arc<AtomicU64>,
     is_block_device: bool,
     direct: bool,
     read_only: bool,
@@ -261,6 +267,7 @@ impl FileBackend {
             path: path.to_path_buf(),
             file: Arc::new(file),
             geometry,
+            size_bytes: Arc::new(AtomicU64::new(size_bytes)),
             is_block_device,
             direct,
             read_only: options.read_only,
@@ -292,6 +299,50 @@ impl Backend for FileBackend {
         self.geometry
     }
 
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
+    }
+
+    /// Reads the file's length or the device's size again and takes in
+    /// growth, in whole blocks. A file or device found smaller than the
+    /// namespace keeps the namespace's size (I/O past its end fails) and is
+    /// logged.
+    fn revalidate(&self) -> Result<u64, BackendError> {
+        let raw_size_bytes = if self.is_block_device {
+            sys::blk_size_bytes(&self.file)?
+        } else {
+            self.file.metadata()?.len()
+        };
+        let found = raw_size_bytes - raw_size_bytes % u64::from(self.geometry.block_size_bytes);
+        let before = self.size_bytes.fetch_max(found, Ordering::AcqRel);
+        if found < before {
+            tracing::warn!(
+                path = %self.path.display(),
+                size_bytes = before,
+                found_bytes = found,
+                "the file or device is smaller than its namespace; the namespace keeps its size and I/O past the end fails"
+            );
+        }
+        Ok(found.max(before))
+    }
+
+    /// Extends a regular file (never a device, never shrinking it).
+    fn extend(&self, size_bytes: u64) -> Result<(), BackendError> {
+        if self.read_only {
+            return Err(BackendError::ReadOnly);
+        }
+        if self.is_block_device {
+            return Err(BackendError::config(
+                "create_size_bytes",
+                "a block device's size is the device's",
+            ));
+        }
+        if self.file.metadata()?.len() < size_bytes {
+            self.file.set_len(size_bytes)?;
+        }
+        Ok(())
+    }
+
     fn kind(&self) -> &'static str {
         if self.is_block_device {
             "block"
@@ -316,6 +367,7 @@ impl Backend for FileBackend {
         Ok(Box::new(FileQueue {
             file: Arc::clone(&self.file),
             geometry: self.geometry,
+            size_bytes: Arc::clone(&self.size_bytes),
             is_block_device: self.is_block_device,
             read_only: self.read_only,
             engine,
@@ -328,7 +380,9 @@ impl Backend for FileBackend {
 #[derive(Debug)]
 pub struct FileQueue {
     file: Arc<File>,
+    /// The backend's geometry at open; `size_bytes` is the size now.
     geometry: Geometry,
+    size_bytes: Arc<AtomicU64>,
     is_block_device: bool,
     read_only: bool,
     engine: Box<dyn FileEngine>,
@@ -416,7 +470,11 @@ impl FileQueue {
 
 impl BackendQueue for FileQueue {
     fn submit(&mut self, req: IoRequest, _now: Instant) {
-        if let Err(err) = validate_request(&self.geometry, &req) {
+        let geometry = Geometry {
+            size_bytes: self.size_bytes.load(Ordering::Acquire),
+            ..self.geometry
+        };
+        if let Err(err) = validate_request(&geometry, &req) {
             return self.complete_here(fail(req, err));
         }
         let writes = !matches!(req.op, IoOp::Read | IoOp::Flush);

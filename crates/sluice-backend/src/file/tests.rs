@@ -501,3 +501,74 @@ fn block_device_when_provided() {
         assert!(matches!(c.result, Err(BackendError::OutOfRange { .. })));
     }
 }
+
+#[test]
+fn revalidate_takes_in_a_file_grown_underneath_or_extended_never_a_shrink() {
+    for engine in ENGINES {
+        let tmp = TempPath::new("grow");
+        let be = FileBackend::open(&tmp.0, opts(engine, true)).expect("open");
+        let mut q = be.open_queue().expect("queue");
+        let data: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();
+        assert!(run(q.as_mut(), write(0, &data, false)).result.is_ok());
+        // Past the end: refused until the file grows.
+        let past = run(q.as_mut(), write(1 << 20, &data, false));
+        assert!(
+            matches!(past.result, Err(BackendError::OutOfRange { size_bytes, .. }) if size_bytes == 1 << 20),
+            "{:?}",
+            past.result
+        );
+        // Nothing changed: the same size.
+        assert_eq!(be.revalidate().expect("revalidate"), 1 << 20);
+        // Grown underneath (`truncate -s`), by a part block too: whole blocks only.
+        let f = OpenOptions::new().write(true).open(&tmp.0).expect("reopen");
+        f.set_len((2 << 20) + 100).expect("grow the file");
+        assert_eq!(be.size_bytes(), 1 << 20, "not before a revalidation");
+        assert_eq!(be.revalidate().expect("revalidate"), 2 << 20);
+        assert_eq!(be.size_bytes(), 2 << 20);
+        assert_eq!(
+            be.geometry().size_bytes,
+            1 << 20,
+            "the geometry is the one at open"
+        );
+        // The queue opened before sees the new size: the write lands and reads back.
+        assert!(run(q.as_mut(), write(1 << 20, &data, false)).result.is_ok());
+        let back = run(q.as_mut(), read(1 << 20, 4096));
+        assert_eq!(back.buf.expect("buffer").as_slice(), &data[..]);
+        // Extended to a size asked for, taken in by the next revalidation.
+        be.extend(3 << 20).expect("extend");
+        assert_eq!(std::fs::metadata(&tmp.0).expect("stat").len(), 3 << 20);
+        assert_eq!(be.size_bytes(), 2 << 20, "not before a revalidation");
+        assert_eq!(be.revalidate().expect("revalidate"), 3 << 20);
+        // Asked for less than it has: neither the file nor the namespace shrinks.
+        be.extend(1 << 20).expect("extend");
+        assert_eq!(std::fs::metadata(&tmp.0).expect("stat").len(), 3 << 20);
+        assert_eq!(be.revalidate().expect("revalidate"), 3 << 20);
+        // Shrunk underneath: the namespace keeps its size, and I/O past the
+        // file's end fails rather than reading nothing.
+        f.set_len(1 << 20).expect("shrink the file");
+        assert_eq!(be.revalidate().expect("revalidate"), 3 << 20);
+        assert_eq!(be.size_bytes(), 3 << 20);
+        let gone = run(q.as_mut(), read(2 << 20, 4096));
+        assert!(gone.result.is_err(), "a read past the file's end succeeded");
+        // Data below the end is intact.
+        let first = run(q.as_mut(), read(0, 4096));
+        assert_eq!(first.buf.expect("buffer").as_slice(), &data[..]);
+    }
+}
+
+#[test]
+fn a_read_only_file_is_not_extended() {
+    let tmp = TempPath::new("ro-grow");
+    drop(FileBackend::open(&tmp.0, opts(EngineKind::Sync, false)).expect("create"));
+    let ro = FileBackend::open(
+        &tmp.0,
+        FileOptions {
+            read_only: true,
+            ..FileOptions::default()
+        },
+    )
+    .expect("open read-only");
+    assert!(matches!(ro.extend(2 << 20), Err(BackendError::ReadOnly)));
+    assert_eq!(std::fs::metadata(&tmp.0).expect("stat").len(), 1 << 20);
+    assert_eq!(ro.revalidate().expect("revalidate"), 1 << 20);
+}
