@@ -12,9 +12,10 @@
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
 # Starts `sluice target` with a config of five subsystems (RAM 512 B blocks,
 # file with O_DIRECT/io_uring and 4 KiB blocks, one whose allow-list
-# excludes the guest, one that requires DH-HMAC-CHAP, and one to which a
+# excludes the guest, one that requires DH-HMAC-CHAP, one whose file
+# namespace reloads grow while the guest is connected, and one to which a
 # reload adds a namespace and takes it away while the guest is connected;
-# a reload also adds a sixth while the guest holds a persistent discovery
+# a reload also adds a seventh while the guest holds a persistent discovery
 # controller), then boots a guest per scenario. Prints one line per
 # scenario and a final "N passed, M failed" line; exits non-zero on failure.
 set -euo pipefail
@@ -48,6 +49,10 @@ CLOSED_NQN=nqn.2026-11.io.sluice:interop-closed
 AUTH_NQN=nqn.2026-11.io.sluice:interop-dhchap
 ATTACH_NQN=nqn.2026-11.io.sluice:interop-attach
 ATTACH_NS2_BYTES=$((48 << 20))
+GROW_NQN=nqn.2026-11.io.sluice:interop-grow
+# The grown namespace's size at start; each kernel's scenario raises it by
+# 16 MiB through its `size`, then by 16 MiB more underneath.
+GROW_BYTES=$((32 << 20))
 DISC_ADDED_NQN=nqn.2026-11.io.sluice:interop-added
 # Admitted by the authenticating subsystem's allow-list but given no secret.
 UNKEYED_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ff
@@ -64,7 +69,7 @@ cleanup() {
         kill -INT "$TARGET_PID" 2>/dev/null || true
         wait "$TARGET_PID" 2>/dev/null || true
     fi
-    rm -f "$WORK/ns-file.img"
+    rm -f "$WORK/ns-file.img" "$WORK/ns-grow.img"
     [[ -n "$KEEP" ]] || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -141,6 +146,18 @@ dhgroup = "ffdhe3072"
 nsid = 1
 backend = "ram"
 size = $AUTH_BYTES
+
+# Reloads grow its namespace: the line marked grow-size is raised.
+[[subsystem]]
+nqn = "$GROW_NQN"
+hosts = ["$GUEST_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "file"
+path = "$WORK/ns-grow.img"
+create = true
+size = $GROW_BYTES # grow-size
+block_size = 4096
 
 # Last in the file: a reload appends namespace 2 to it and takes it away.
 [[subsystem]]
@@ -257,6 +274,63 @@ if [[ $QUICK == 0 ]]; then
         else
             echo "interop: FAIL the target logged NSID 2 added $added and removed $removed times (expected 1 and 1)"
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-namespace-reload-logged")
+        fi
+    done
+fi
+# A file namespace grown by reloads while the guest is connected: its
+# `size` raised (the target extends the file), then its file grown
+# underneath (the target finds it larger). The kernel must take in each new
+# capacity on the Namespace Attribute Changed event alone. The guest's
+# controller starts the first growth, its connection to the discovery
+# service the second.
+grow_size() {   # FILE BYTES: sets the grow-size line of a config file
+    sed -i "s/^size = [0-9]* # grow-size/size = $2 # grow-size/" "$1"
+}
+grow_reloads() {
+    local ctrls=$1 discs=$2 raised=$3 underneath=$4 i
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"$GROW_NQN\"") -gt $ctrls ]] && break
+        sleep 0.5
+    done
+    sleep 1
+    cp "$WORK/target.toml.base" "$WORK/target.toml"
+    grow_size "$WORK/target.toml" "$raised"
+    kill -HUP "$TARGET_PID"
+    echo "interop: reload raises the size of $GROW_NQN's namespace to $raised"
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"") -gt $discs ]] && break
+        sleep 0.5
+    done
+    truncate -s "$underneath" "$WORK/ns-grow.img"
+    kill -HUP "$TARGET_PID"
+    echo "interop: reload after growing $GROW_NQN's file to $underneath underneath"
+}
+if [[ $QUICK == 0 ]]; then
+    # Namespaces never shrink: each kernel starts where the last left it.
+    grow_now=$GROW_BYTES
+    for k in $KERNELS; do
+        raised=$((grow_now + (16 << 20)))
+        underneath=$((grow_now + (32 << 20)))
+        grown_before=$(logged "reload: namespace grew" "$GROW_NQN")
+        grow_reloads "$(logged "controller created" "subnqn=\"$GROW_NQN\"")" \
+            "$(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"")" \
+            "$raised" "$underneath" &
+        watcher=$!
+        run "linux-$k-namespace-grows" "$k" host-grow.sh -e SUBNQN=$GROW_NQN \
+            -e "EXPECT_BYTES=$grow_now $raised $underneath"
+        kill "$watcher" 2>/dev/null || true
+        wait "$watcher" 2>/dev/null || true
+        # The raised size stays in the configuration (a smaller one is refused).
+        grow_size "$WORK/target.toml.base" "$raised"
+        cp "$WORK/target.toml.base" "$WORK/target.toml"
+        grow_now=$underneath
+        grown=$(( $(logged "reload: namespace grew" "$GROW_NQN") - grown_before ))
+        if [[ $grown -eq 2 ]]; then
+            echo "interop: PASS the target logged $GROW_NQN's namespace grown twice"
+            PASSED=$((PASSED + 1))
+        else
+            echo "interop: FAIL the target logged $GROW_NQN's namespace grown $grown times (expected 2)"
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-namespace-grew-logged")
         fi
     done
 fi
