@@ -3,8 +3,14 @@
 //! [`Controller::connect`] opens the admin queue (ICReq, Fabrics Connect,
 //! CAP/VS, CC.EN, CSTS.RDY, Identify Controller), negotiates the number of
 //! I/O queues, connects them, lists the namespaces and starts keep alive.
-//! [`Namespace`] does block I/O of any length, split at MDTS.
+//! When the controller offers Namespace Attribute Notices it enables them
+//! and keeps an Asynchronous Event Request posted: on each notice it reads
+//! the Changed Namespace List and identifies the namespaces again, so
+//! [`Controller::namespaces`] and [`Namespace::size_blocks`] follow
+//! namespaces that a target adds, removes or grows online (as the Linux
+//! host rescans). [`Namespace`] does block I/O of any length, split at MDTS.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -42,6 +48,16 @@ pub const TRANSFER_BYTES_MAX: u32 = 8 << 20;
 pub const NAMESPACES_MAX: usize = 1024;
 /// Feature identifier: Number of Queues.
 pub const FID_NUMBER_OF_QUEUES: u32 = 0x07;
+/// Feature identifier: Asynchronous Event Configuration.
+pub const FID_ASYNC_EVENT_CONFIG: u32 = 0x0b;
+/// OAES and Asynchronous Event Configuration bit 8: Namespace Attribute
+/// Notices.
+pub const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
+/// Log page of Namespace Attribute Changed notices: the Changed Namespace
+/// List.
+const LID_CHANGED_NS_LIST: u8 = 0x04;
+/// The Changed Namespace List's length (1024 NSIDs).
+const CHANGED_NS_LIST_BYTES: u32 = 4096;
 
 /// When and how to re-establish a lost association.
 #[derive(Debug, Clone)]
@@ -252,7 +268,9 @@ struct Assoc {
     cap: u64,
     vs: u32,
     ident: IdentifyController,
-    namespaces: Vec<NamespaceInfo>,
+    /// The active namespaces: listed at connect, and again after each
+    /// Namespace Attribute Changed notice (`events`).
+    namespaces: Arc<RwLock<Vec<NamespaceInfo>>>,
     max_transfer_bytes: u32,
     limits: CommandLimits,
     queue_depth: u16,
@@ -269,11 +287,14 @@ struct Assoc {
     /// them on the admin queue).
     timeouts: mpsc::UnboundedSender<TimedOutCommand>,
     keepalive: Option<tokio::task::JoinHandle<()>>,
+    /// Keeps an Asynchronous Event Request posted and handles the notices
+    /// (when the controller offers Namespace Attribute Notices).
+    events: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Assoc {
     fn shutdown(&self) {
-        if let Some(k) = &self.keepalive {
+        for k in self.keepalive.iter().chain(&self.events) {
             k.abort();
         }
         for q in &self.io {
@@ -292,6 +313,36 @@ struct Inner {
     reconnecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     next_queue: AtomicUsize,
+    /// Each namespace's size in blocks as last identified, shared with the
+    /// [`Namespace`] handles; across reconnects too.
+    sizes: Arc<NamespaceSizes>,
+}
+
+/// The size of each namespace as last identified, by NSID: set at connect
+/// and after Namespace Attribute Changed notices, read by [`Namespace`]
+/// handles without a lock (one atomic each).
+#[derive(Debug, Default)]
+struct NamespaceSizes(RwLock<BTreeMap<u32, Arc<AtomicU64>>>);
+
+impl NamespaceSizes {
+    /// The cell of `nsid`, made with `blocks` if it has none.
+    fn cell(&self, nsid: u32, blocks: u64) -> Arc<AtomicU64> {
+        if let Some(c) = sync::read(&self.0).get(&nsid) {
+            return c.clone();
+        }
+        sync::write(&self.0)
+            .entry(nsid)
+            .or_insert_with(|| Arc::new(AtomicU64::new(blocks)))
+            .clone()
+    }
+
+    /// Records the size of every namespace of `list`.
+    fn record(&self, list: &[NamespaceInfo]) {
+        for n in list {
+            self.cell(n.nsid, n.size_blocks)
+                .store(n.size_blocks, Ordering::Release);
+        }
+    }
 }
 
 /// A connected NVMe/TCP controller. Cheap to clone.
@@ -780,11 +831,98 @@ pub(crate) async fn open_admin(
     r
 }
 
+/// The active namespaces: the active list, then Identify Namespace for
+/// each (at most [`NAMESPACES_MAX`]; those of size 0 left out).
+async fn list_namespaces(admin: &QueueHandle) -> Result<Vec<NamespaceInfo>> {
+    let mut namespaces = Vec::new();
+    let list = decode_active_ns_list(&identify(admin, cns::ACTIVE_NS_LIST, 0).await?);
+    for nsid in list.into_iter().take(NAMESPACES_MAX) {
+        let id = IdentifyNamespace::decode(&identify(admin, cns::NAMESPACE, nsid).await?)
+            .ok_or_else(|| HostError::Incompatible("short Identify Namespace".into()))?;
+        if id.nsze == 0 {
+            continue;
+        }
+        namespaces.push(NamespaceInfo {
+            nsid,
+            block_size_bytes: u32::try_from(id.block_size_bytes()).map_err(|_| {
+                HostError::Incompatible(format!("namespace {nsid}: block size over 4 GiB"))
+            })?,
+            size_blocks: id.nsze,
+            identify: id,
+        });
+    }
+    Ok(namespaces)
+}
+
+/// Whether an Asynchronous Event Request's DW0 is a Namespace Attribute
+/// Changed notice (type Notice, information 00h, log page 04h).
+fn is_ns_attribute_changed(dw0: u32) -> bool {
+    dw0 & 0x7 == 2 && (dw0 >> 8) & 0xff == 0 && (dw0 >> 16) & 0xff == u32::from(LID_CHANGED_NS_LIST)
+}
+
+/// Keeps one Asynchronous Event Request posted on `admin` until the queue
+/// closes. On a Namespace Attribute Changed notice it reads the Changed
+/// Namespace List (which unmasks the next notice) and lists the namespaces
+/// again into `namespaces` and `sizes`; other events are logged. Ends when
+/// the controller refuses the request (it held too many, say) or the
+/// association goes.
+async fn async_events(
+    admin: QueueHandle,
+    namespaces: Arc<RwLock<Vec<NamespaceInfo>>>,
+    sizes: Arc<NamespaceSizes>,
+) {
+    loop {
+        let dw0 = match admin
+            .execute(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0), Payload::None)
+            .await
+        {
+            Ok(c) => c.cqe.result,
+            Err(e) => {
+                if !admin.is_closed() {
+                    tracing::warn!(error = %e, "asynchronous event request failed: namespace changes are not followed any more");
+                }
+                return;
+            }
+        };
+        if !is_ns_attribute_changed(dw0) {
+            tracing::info!(dw0 = format_args!("{dw0:#010x}"), "asynchronous event");
+            continue;
+        }
+        let changed = match get_log_page(
+            &admin,
+            LID_CHANGED_NS_LIST,
+            u32::MAX,
+            0,
+            CHANGED_NS_LIST_BYTES,
+        )
+        .await
+        {
+            Ok(page) => decode_active_ns_list(&page),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the Changed Namespace List");
+                Vec::new()
+            }
+        };
+        match list_namespaces(&admin).await {
+            Ok(list) => {
+                let nsids: Vec<u32> = list.iter().map(|n| n.nsid).collect();
+                tracing::info!(?changed, active = ?nsids, "namespaces changed: identified again");
+                sizes.record(&list);
+                *sync::write(&namespaces) = list;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the namespaces after a change");
+            }
+        }
+    }
+}
+
 async fn establish(
     inner_addr: SocketAddr,
     subnqn: &str,
     opts: &ConnectOptions,
     generation: u64,
+    sizes: &Arc<NamespaceSizes>,
 ) -> Result<Assoc> {
     let span = tracing::info_span!("connect", hostnqn = %opts.hostnqn, %subnqn, addr = %inner_addr);
     let _g = span.enter();
@@ -871,24 +1009,22 @@ async fn establish(
                 }
             }
         }
-        // Namespaces: the active list, then Identify Namespace for each.
-        let mut namespaces = Vec::new();
-        let list = decode_active_ns_list(&identify(&admin, cns::ACTIVE_NS_LIST, 0).await?);
-        for nsid in list.into_iter().take(NAMESPACES_MAX) {
-            let id = IdentifyNamespace::decode(&identify(&admin, cns::NAMESPACE, nsid).await?)
-                .ok_or_else(|| HostError::Incompatible("short Identify Namespace".into()))?;
-            if id.nsze == 0 {
-                continue;
-            }
-            namespaces.push(NamespaceInfo {
-                nsid,
-                block_size_bytes: u32::try_from(id.block_size_bytes()).map_err(|_| {
-                    HostError::Incompatible(format!("namespace {nsid}: block size over 4 GiB"))
-                })?,
-                size_blocks: id.nsze,
-                identify: id,
-            });
-        }
+        let namespaces = list_namespaces(&admin).await?;
+        sizes.record(&namespaces);
+        let namespaces = Arc::new(RwLock::new(namespaces));
+        let events = if s.ident.oaes & AEN_NS_ATTRIBUTE != 0 {
+            let mut sf = Sqe::new(admin::SET_FEATURES, 0, 0);
+            sf.set_cdw(10, FID_ASYNC_EVENT_CONFIG);
+            sf.set_cdw(11, AEN_NS_ATTRIBUTE);
+            nvme(admin::SET_FEATURES, admin.execute(sf, Payload::None).await)?;
+            Some(tokio::spawn(async_events(
+                admin.clone(),
+                namespaces.clone(),
+                sizes.clone(),
+            )))
+        } else {
+            None
+        };
         // Keep alive every KATO/2, and best-effort Abort of timed-out commands.
         let keepalive = {
             let admin = admin.clone();
@@ -937,6 +1073,7 @@ async fn establish(
             next_direct_qid: AtomicU16::new(nq + 1),
             timeouts: to_tx.clone(),
             keepalive,
+            events,
         })
     }
     .await;
@@ -976,7 +1113,8 @@ impl Controller {
                 ));
             }
         }
-        let assoc = establish(addr, subnqn, &opts, 0).await?;
+        let sizes = Arc::new(NamespaceSizes::default());
+        let assoc = establish(addr, subnqn, &opts, 0, &sizes).await?;
         Ok(Controller {
             inner: Arc::new(Inner {
                 addr,
@@ -986,6 +1124,7 @@ impl Controller {
                 reconnecting: tokio::sync::Mutex::new(()),
                 generation: AtomicU64::new(0),
                 next_queue: AtomicUsize::new(0),
+                sizes,
             }),
         })
     }
@@ -1037,8 +1176,10 @@ impl Controller {
     pub fn max_transfer_bytes(&self) -> u32 {
         self.assoc().max_transfer_bytes
     }
+    /// The active namespaces, as identified at connect or after the last
+    /// Namespace Attribute Changed notice.
     pub fn namespaces(&self) -> Vec<NamespaceInfo> {
-        self.assoc().namespaces.clone()
+        sync::read(&self.assoc().namespaces).clone()
     }
     /// How Write Zeroes and Dataset Management are split (ONCS, CNS 06h).
     pub fn command_limits(&self) -> CommandLimits {
@@ -1123,15 +1264,15 @@ impl Controller {
     /// A handle for I/O to `nsid`.
     pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
         let info = self
-            .assoc()
-            .namespaces
-            .iter()
+            .namespaces()
+            .into_iter()
             .find(|n| n.nsid == nsid)
-            .cloned()
             .ok_or_else(|| HostError::InvalidArgument(format!("no active namespace {nsid}")))?;
+        let size_blocks = self.inner.sizes.cell(nsid, info.size_blocks);
         Ok(Namespace {
             ctrl: self.clone(),
             info,
+            size_blocks,
         })
     }
 
@@ -1209,7 +1350,15 @@ impl Controller {
         for attempt in 1..=p.attempts_max {
             tracing::info!(attempt, subnqn = %self.inner.subnqn, "reconnecting");
             let gen = self.inner.generation.fetch_add(1, Ordering::AcqRel) + 1;
-            match establish(self.inner.addr, &self.inner.subnqn, &self.inner.opts, gen).await {
+            match establish(
+                self.inner.addr,
+                &self.inner.subnqn,
+                &self.inner.opts,
+                gen,
+                &self.inner.sizes,
+            )
+            .await
+            {
                 Ok(a) => {
                     *sync::write(&self.inner.assoc) = Arc::new(a);
                     return Ok(());
@@ -1229,7 +1378,7 @@ impl Controller {
     /// stops keep alive, closes the sockets.
     pub async fn disconnect(&self, drain: Duration) {
         let a = self.assoc();
-        if let Some(k) = &a.keepalive {
+        for k in a.keepalive.iter().chain(&a.events) {
             k.abort();
         }
         for q in &a.io {
@@ -1276,7 +1425,10 @@ pub(crate) async fn get_log_page(
 #[derive(Debug, Clone)]
 pub struct Namespace {
     ctrl: Controller,
+    /// As identified when the handle was made.
     info: NamespaceInfo,
+    /// Its size now (the controller's cell, updated on notices).
+    size_blocks: Arc<AtomicU64>,
 }
 
 impl Namespace {
@@ -1289,21 +1441,27 @@ impl Namespace {
     pub fn block_size_bytes(&self) -> u32 {
         self.info.block_size_bytes
     }
+    /// Its size in blocks now: as identified at connect, and again after
+    /// each Namespace Attribute Changed notice the controller sent (a
+    /// namespace grown online), where [`Self::info`] keeps the size at the
+    /// handle's making.
     pub fn size_blocks(&self) -> u64 {
-        self.info.size_blocks
+        self.size_blocks.load(Ordering::Acquire)
     }
     pub fn controller(&self) -> &Controller {
         &self.ctrl
     }
 
     /// What building this namespace's Read and Write commands needs, as a
-    /// copy (for [`DirectQueue`]; no lock per command).
+    /// copy (for [`DirectQueue`]; no lock per command), with the size the
+    /// namespace has now: a builder taken before it grew refuses I/O past
+    /// the old end.
     pub fn rw_builder(&self) -> RwBuilder {
         let bs = self.info.block_size_bytes.max(1);
         RwBuilder {
             nsid: self.info.nsid,
             block_size_bytes: self.info.block_size_bytes,
-            size_blocks: self.info.size_blocks,
+            size_blocks: self.size_blocks(),
             // Blocks per command: MDTS (the negotiated transfer limit) in
             // blocks, at least 1 and at most 65536 (NLB is 16 bits, 0's based).
             chunk_blocks: (self.ctrl.max_transfer_bytes() / bs).clamp(1, 65536),

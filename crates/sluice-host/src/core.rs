@@ -22,7 +22,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_proto::command::{sgl, Cqe, SglDescriptor, Sqe};
+use sluice_proto::command::{admin, sgl, Cqe, SglDescriptor, Sqe};
 use sluice_proto::digest::crc32c;
 use sluice_proto::framer::{copy_into_two, Framer, InPlace, RxPdu};
 use sluice_proto::outbuf::{Attachment, SharedBytes};
@@ -252,6 +252,10 @@ struct Slot {
     data: Data,
     /// The caller was already told (timeout); only waiting to free the CID.
     timed_out: bool,
+    /// An Asynchronous Event Request: the controller holds it until it has
+    /// an event, so it has no deadline and a queue shutting down does not
+    /// wait for it.
+    held: bool,
     /// C2HData with LAST_PDU was seen.
     data_done: bool,
     /// An error to report at completion (e.g. data digest mismatch).
@@ -295,6 +299,8 @@ struct State {
     tx: Box<dyn SendScheduler>,
     events: VecDeque<Event>,
     in_flight: usize,
+    /// Of `in_flight`, the held Asynchronous Event Requests.
+    held: usize,
 }
 
 /// A C2HData PDU whose data is being read straight into its command's
@@ -364,6 +370,7 @@ impl QueuePairCore {
                 tx,
                 events: VecDeque::new(),
                 in_flight: 0,
+                held: 0,
             },
             direct_rx: None,
             rx_direct_bytes: 0,
@@ -384,8 +391,10 @@ impl QueuePairCore {
         self.st.negotiated
     }
     /// Commands whose slot is taken (including timed-out ones).
+    /// Commands outstanding, not counting held Asynchronous Event
+    /// Requests (which complete only when the controller has an event).
     pub fn in_flight(&self) -> usize {
-        self.st.in_flight
+        self.st.in_flight - self.st.held
     }
     /// C2HData bytes the socket wrote straight into command buffers (the
     /// rest of large PDUs; see [`Self::read_bufs`]).
@@ -536,6 +545,7 @@ impl QueuePairCore {
             }
         };
         st.tx.commit_cmd(class, cid, now);
+        let held = st.cfg.qid == 0 && opcode == admin::ASYNC_EVENT_REQUEST;
         st.slots[usize::from(index)] = Some(Slot {
             cid,
             token,
@@ -543,10 +553,12 @@ impl QueuePairCore {
             deadline: now + st.cfg.command_timeout,
             data,
             timed_out: false,
+            held,
             data_done: false,
             error: None,
         });
         st.in_flight += 1;
+        st.held += usize::from(held);
         tracing::trace!(qid = st.cfg.qid, cid, opcode, len, "submit");
         Ok(cid)
     }
@@ -722,7 +734,14 @@ impl QueuePairCore {
         match self.st.phase {
             Phase::Init => Some(self.st.init_deadline),
             Phase::Closed => None,
-            Phase::Ready => self.st.slots.iter().flatten().map(|s| s.deadline).min(),
+            Phase::Ready => self
+                .st
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| !s.held)
+                .map(|s| s.deadline)
+                .min(),
         }
     }
 
@@ -750,7 +769,7 @@ impl QueuePairCore {
                         continue;
                     };
                     let cid = slot.cid;
-                    if slot.deadline > now {
+                    if slot.held || slot.deadline > now {
                         continue;
                     }
                     if slot.timed_out {
@@ -948,6 +967,7 @@ impl State {
         }
         self.free.clear();
         self.in_flight = 0;
+        self.held = 0;
         self.events.push_back(Event::Closed(err));
     }
 
@@ -992,6 +1012,7 @@ impl State {
         };
         self.free.push(cid & CID_SLOT_MASK);
         self.in_flight -= 1;
+        self.held -= usize::from(slot.held);
         if slot.timed_out {
             tracing::debug!(
                 qid = self.cfg.qid,

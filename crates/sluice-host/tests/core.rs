@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use sluice_host::core::{CoreConfig, Event, LentBuf, Payload, QueuePairCore};
 use sluice_host::HostError;
-use sluice_proto::command::{io, sgl, Cqe, Sqe};
+use sluice_proto::command::{admin, io, sgl, Cqe, Sqe};
 use sluice_proto::framer::Framer;
 use sluice_proto::pdu::{encode_pdu, fes, DataHeader, Direction, IcResp, PduHeader, R2t, TxParams};
 use sluice_proto::Status;
@@ -864,6 +864,72 @@ fn timeout_fails_command_then_late_completion_frees_cid() {
         "late completion is not reported twice"
     );
     assert_eq!(host.in_flight(), 0);
+}
+
+/// An Asynchronous Event Request on the admin queue is held by the
+/// controller until it has an event: it never times out, is not counted in
+/// flight (a queue shutting down does not wait for it), and completes with
+/// the event's DW0; another admin command beside it times out as usual. On
+/// an I/O queue the same opcode is an ordinary command.
+#[test]
+fn an_async_event_request_is_held_without_a_deadline() {
+    let mut c = cfg(false, false);
+    c.qid = 0;
+    let (mut host, mut ctrl, now) = connect(c, 0, 8192);
+    let aer = host
+        .submit(
+            now,
+            Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0),
+            Payload::None,
+            7,
+        )
+        .expect("submit");
+    ctrl.recv(&mut host);
+    assert_eq!(host.in_flight(), 0, "a held request is not in flight");
+    assert_eq!(host.poll_timeout(), None, "no deadline");
+    host.handle_timeout(now + Duration::from_secs(3600));
+    assert!(events(&mut host).is_empty() && !host.is_closed());
+    let later = now + Duration::from_secs(3600);
+    let ka = host
+        .submit(later, Sqe::new(admin::KEEP_ALIVE, 0, 0), Payload::None, 8)
+        .expect("submit");
+    ctrl.recv(&mut host);
+    assert_eq!(host.in_flight(), 1);
+    assert_eq!(host.poll_timeout(), Some(later + Duration::from_secs(5)));
+    let mut cqe = Cqe::new(aer, Status::SUCCESS);
+    cqe.result = 0x0004_0002;
+    host.handle_bytes(later, &ctrl.pdu(PduHeader::CapsuleResp(cqe), &[]));
+    match completion(&mut host) {
+        (7, Ok(c)) => assert_eq!(c.cqe.result, 0x0004_0002),
+        other => panic!("{other:?}"),
+    }
+    host.handle_timeout(later + Duration::from_secs(5));
+    let ev = events(&mut host);
+    assert!(
+        matches!(
+            &ev[0],
+            Event::Complete {
+                token: 8,
+                result: Err(HostError::Timeout { .. })
+            }
+        ),
+        "{ev:?}"
+    );
+    host.handle_bytes(later, &resp(&ctrl, ka, Status::SUCCESS));
+    assert_eq!(host.in_flight(), 0);
+
+    // On an I/O queue it is an ordinary command (and would time out).
+    let (mut io_host, _ctrl, now) = connect(cfg(false, false), 0, 8192);
+    io_host
+        .submit(
+            now,
+            Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0),
+            Payload::None,
+            9,
+        )
+        .expect("submit");
+    assert_eq!(io_host.in_flight(), 1);
+    assert_eq!(io_host.poll_timeout(), Some(now + Duration::from_secs(5)));
 }
 
 #[test]

@@ -641,3 +641,105 @@ async fn write_zeroes_within_a_sluice_targets_wzsl() {
         .all(|&b| b == 0));
     c.disconnect(Duration::from_secs(1)).await;
 }
+
+/// Polls `cond` every 20 ms for up to 20 s.
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("not within 20 s: {what}");
+}
+
+/// The host follows namespaces its target changes online: it keeps an
+/// Asynchronous Event Request posted and, on the Namespace Attribute
+/// Changed notice a reload brings, lists the namespaces again. A grown
+/// file namespace's handle reports the new size and its I/O reaches the
+/// new blocks, an added namespace gets a handle, a removed one is gone;
+/// disconnecting does not wait for the request the controller holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_follows_namespaces_a_reload_changes() {
+    let img = std::env::temp_dir().join(format!("sluice-host-grow-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&img);
+    let file_ns = |bytes: u64| {
+        sluice_config::NamespaceConfig::file(1, &img)
+            .with_create(true)
+            .with_block_size(512)
+            .with_size(bytes)
+    };
+    let t = RealTarget::start_sub(
+        &[],
+        |s| s,
+        |mut s| {
+            s.namespaces = vec![file_ns(1 << 20)];
+            s
+        },
+    );
+    let c = Controller::connect(t.addr(), &t.subnqn, opts())
+        .await
+        .expect("connect");
+    let ns = c.namespace(1).expect("ns");
+    assert_eq!(ns.size_blocks(), 2048);
+    let d = pattern(4096, 7);
+    let past = ns.write(2048, &d, IoFlags::default()).await;
+    assert!(
+        matches!(&past, Err(HostError::InvalidArgument(why)) if why.contains("2048 blocks")),
+        "refused locally: {past:?}"
+    );
+
+    let mut grown = t.config.clone();
+    grown.subsystems[0].namespaces[0] = file_ns(2 << 20);
+    grown.subsystems[0]
+        .namespaces
+        .push(sluice_config::NamespaceConfig::ram(2, 1 << 20).with_block_size(512));
+    t.handle().reload(&grown).expect("reload");
+    wait_until(
+        "the host sees namespace 1 grow and namespace 2 come",
+        || ns.size_blocks() == 4096 && c.namespace(2).is_ok(),
+    )
+    .await;
+    assert_eq!(
+        ns.info().size_blocks,
+        2048,
+        "info is as the handle was made"
+    );
+    assert_eq!(c.namespace(1).expect("ns").info().size_blocks, 4096);
+    ns.write(2048, &d, IoFlags::default())
+        .await
+        .expect("write past the old end");
+    assert_eq!(
+        ns.read(2048, 4096, IoFlags::default()).await.expect("read"),
+        d
+    );
+    let two = c.namespace(2).expect("ns 2");
+    two.write(8, &d, IoFlags::default())
+        .await
+        .expect("write ns 2");
+    assert_eq!(
+        two.read(8, 4096, IoFlags::default())
+            .await
+            .expect("read ns 2"),
+        d
+    );
+
+    let mut fewer = grown.clone();
+    fewer.subsystems[0].namespaces.truncate(1);
+    t.handle().reload(&fewer).expect("reload");
+    wait_until("the host sees namespace 2 go", || c.namespace(2).is_err()).await;
+    assert_eq!(
+        c.namespaces().iter().map(|n| n.nsid).collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert_eq!(ns.size_blocks(), 4096);
+
+    let t0 = std::time::Instant::now();
+    c.disconnect(Duration::from_secs(30)).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "disconnect waited for the held Asynchronous Event Request"
+    );
+    drop(t);
+    let _ = std::fs::remove_file(&img);
+}

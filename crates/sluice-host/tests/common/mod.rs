@@ -19,6 +19,8 @@ pub struct RealTarget {
     handle: Option<TargetHandle>,
     pub subnqn: String,
     pub size_blocks: u64,
+    /// The configuration it started with (a test's reload edits a copy).
+    pub config: Config,
 }
 
 impl RealTarget {
@@ -73,6 +75,7 @@ impl RealTarget {
             handle: Some(handle),
             subnqn,
             size_blocks: 32768,
+            config: c,
         }
     }
 
