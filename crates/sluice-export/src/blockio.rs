@@ -435,7 +435,8 @@ impl BlockSpan {
 pub struct ByteDevice<D> {
     dev: D,
     bs: u64,
-    size_bytes: u64,
+    /// The size at the making: the export never reports less.
+    size_bytes_min: u64,
     locks: RangeLock,
 }
 
@@ -446,15 +447,21 @@ impl<D: BlockDevice> ByteDevice<D> {
         Arc::new(ByteDevice {
             dev,
             bs,
-            size_bytes,
+            size_bytes_min: size_bytes,
             locks: RangeLock::default(),
         })
     }
     pub fn device(&self) -> &D {
         &self.dev
     }
+    /// The device's size now: a namespace the target grew online is
+    /// larger once the host saw the event (`sluice_host::Namespace::size_blocks`);
+    /// never less than at the making.
     pub fn size_bytes(&self) -> u64 {
-        self.size_bytes
+        self.dev
+            .size_blocks()
+            .saturating_mul(self.bs)
+            .max(self.size_bytes_min)
     }
     pub fn block_size_bytes(&self) -> u32 {
         // The device's u32 block size, widened in `new`.
@@ -468,12 +475,13 @@ impl<D: BlockDevice> ByteDevice<D> {
 
     /// Checks that `len` bytes at `offset` lie inside the export.
     pub fn check(&self, offset: u64, len: u64, op: OpKind) -> Result<(), ExportError> {
+        let size_bytes = self.size_bytes();
         match offset.checked_add(len) {
-            Some(end) if end <= self.size_bytes => Ok(()),
+            Some(end) if end <= size_bytes => Ok(()),
             _ => Err(ExportError::OutOfRange {
                 offset,
                 len,
-                size_bytes: self.size_bytes,
+                size_bytes,
                 op,
             }),
         }

@@ -440,3 +440,102 @@ fn a_missing_mountpoint_is_an_error_naming_it() {
         "{msg}"
     );
 }
+
+/// The exported file grows with its namespace: a reload of the target
+/// grows the file namespace, the host library sees the Namespace Attribute
+/// Changed event, and the mounted file's size follows (at the next
+/// attribute lookup, within the 1 s the kernel caches them); writes past
+/// the old end, which failed with ENOSPC, land and read back, on the
+/// ring's own NVMe/TCP queue and through the page cache, and the data
+/// below stays.
+#[test]
+fn the_file_grows_with_its_namespace() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let _ = std::fs::write("/sys/module/fuse/parameters/enable_uring", "Y");
+    let img = tempfile::NamedTempFile::new().unwrap();
+    let small = 4u64 << 20;
+    let ns = |bytes: u64| {
+        sluice_config::NamespaceConfig::file(1, img.path())
+            .with_create(true)
+            .with_block_size(BLOCK)
+            .with_size(bytes)
+    };
+    let cfg = common::one_namespace_config(SUBNQN, "127.0.0.1:0".parse().unwrap(), ns(small));
+    let target = sluice_target::Target::start(&cfg).unwrap();
+    let rt = runtime();
+    let ctrl = rt
+        .block_on(Controller::connect(
+            target.local_addr(),
+            SUBNQN,
+            ConnectOptions {
+                io_queues: 1,
+                direct_queues: 1,
+                ..Default::default()
+            },
+        ))
+        .unwrap();
+    let dev = ByteDevice::new(ctrl.namespace(1).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let session =
+        uring::mount(dev, rt.handle().clone(), &config(), None, dir.path(), true).unwrap();
+    let _watchdog = Watchdog::arm(dir.path());
+    let path = dir.path().join("disk.img");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), small);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap();
+    let low = pattern(1, 65536);
+    f.write_all_at(&low, 0).unwrap();
+    let high = pattern(2, 65536);
+    let e = f.write_at(&high, small).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+
+    let mut grown = cfg.clone();
+    grown.subsystems[0].namespaces[0] = ns(2 * small);
+    let report = target.reload(&grown).unwrap();
+    assert_eq!(report.namespaces_grown.len(), 1, "{report:?}");
+    let t0 = std::time::Instant::now();
+    while std::fs::metadata(&path).unwrap().len() != 2 * small {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "the file is still {} bytes",
+            std::fs::metadata(&path).unwrap().len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let direct_before = session.direct_ios();
+    f.write_all_at(&high, small).unwrap();
+    let mut got = vec![0u8; high.len()];
+    f.read_exact_at(&mut got, small).unwrap();
+    assert!(got == high, "the new blocks read back");
+    f.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == low, "the old blocks keep their data");
+    if matches!(session.transport(), Transport::IoUring { .. }) {
+        assert!(
+            session.direct_ios() >= direct_before + 2,
+            "the grown range went over the ring's own queue"
+        );
+    }
+    // Unaligned, through the page cache, at the new end.
+    let buffered = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    buffered.write_all_at(b"grown", 2 * small - 5).unwrap();
+    let mut tail = [0u8; 5];
+    buffered.read_exact_at(&mut tail, 2 * small - 5).unwrap();
+    assert_eq!(&tail, b"grown");
+    let e = buffered.write_at(b"x", 2 * small).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    drop((f, buffered));
+    drop(session);
+    rt.block_on(ctrl.disconnect(std::time::Duration::from_secs(5)));
+    target.shutdown();
+}

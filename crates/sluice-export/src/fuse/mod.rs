@@ -402,14 +402,17 @@ impl<D: BlockDevice> SluiceFs<D> {
 
 /// The file's rules for `dev` as `cfg` exports it.
 fn rules_for<D: BlockDevice>(
-    dev: &ByteDevice<D>,
+    dev: &Arc<ByteDevice<D>>,
     cfg: &FuseConfig,
     started: SystemTime,
 ) -> FileRules {
     FileRules {
         file_name: cfg.file_name.clone(),
         read_only: cfg.read_only,
-        size_bytes: dev.size_bytes(),
+        size_source: {
+            let dev = Arc::clone(dev);
+            Arc::new(move || dev.size_bytes())
+        },
         block_size_bytes: dev.block_size_bytes(),
         uid: rustix::process::getuid().as_raw(),
         gid: rustix::process::getgid().as_raw(),

@@ -15,12 +15,17 @@ pub const ATTR_TTL_S: u64 = 1;
 const DT_DIR: u32 = 4;
 const DT_REG: u32 = 8;
 
+/// Where the file's size comes from: the exported device's size now (a
+/// namespace grown online makes the file larger).
+pub type SizeSource = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// The one-file filesystem's rules.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FileRules {
     pub file_name: String,
     pub read_only: bool,
-    pub size_bytes: u64,
+    /// The file's size, asked at each request.
+    pub size_source: SizeSource,
     pub block_size_bytes: u32,
     pub uid: u32,
     pub gid: u32,
@@ -60,13 +65,29 @@ pub enum Outcome {
     Io(BlockIo),
 }
 
+impl std::fmt::Debug for FileRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileRules")
+            .field("file_name", &self.file_name)
+            .field("read_only", &self.read_only)
+            .field("size_bytes", &self.size_bytes())
+            .field("block_size_bytes", &self.block_size_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl FileRules {
+    /// The file's size now.
+    pub fn size_bytes(&self) -> u64 {
+        (self.size_source)()
+    }
+
     pub fn attr(&self, ino: u64) -> Attr {
         let (mode, size, nlink) = if ino == ROOT_INO {
             (libc::S_IFDIR | 0o755, 0, 2)
         } else {
             let perm = if self.read_only { 0o444 } else { 0o644 };
-            (libc::S_IFREG | perm, self.size_bytes, 1)
+            (libc::S_IFREG | perm, self.size_bytes(), 1)
         };
         Attr {
             ino,
@@ -90,7 +111,7 @@ impl FileRules {
         if self.read_only && flags & libc::O_ACCMODE != libc::O_RDONLY {
             return Err(errno(libc::EROFS));
         }
-        if flags & libc::O_TRUNC != 0 && self.size_bytes != 0 {
+        if flags & libc::O_TRUNC != 0 && self.size_bytes() != 0 {
             return Err(errno(libc::EPERM));
         }
         Ok(())
@@ -102,7 +123,7 @@ impl FileRules {
             return Err(errno(libc::ENOENT));
         }
         match size {
-            Some(s) if ino != FILE_INO || s != self.size_bytes => Err(errno(libc::EPERM)),
+            Some(s) if ino != FILE_INO || s != self.size_bytes() => Err(errno(libc::EPERM)),
             _ => Ok(()),
         }
     }
@@ -113,7 +134,9 @@ impl FileRules {
         if ino != FILE_INO {
             return Err(errno(libc::EISDIR));
         }
-        let end = offset.saturating_add(u64::from(size)).min(self.size_bytes);
+        let end = offset
+            .saturating_add(u64::from(size))
+            .min(self.size_bytes());
         let len = end.saturating_sub(offset);
         // len <= size, a u32.
         Ok((offset, usize::try_from(len).unwrap_or(0)))
@@ -128,10 +151,11 @@ impl FileRules {
         if self.read_only {
             return Err(errno(libc::EROFS));
         }
-        if offset >= self.size_bytes && len > 0 {
+        let size_bytes = self.size_bytes();
+        if offset >= size_bytes && len > 0 {
             return Err(errno(libc::ENOSPC));
         }
-        let room = self.size_bytes - offset.min(self.size_bytes);
+        let room = size_bytes - offset.min(size_bytes);
         Ok(len.min(usize::try_from(room).unwrap_or(usize::MAX)))
     }
 
@@ -149,10 +173,11 @@ impl FileRules {
             return Err(errno(libc::EISDIR));
         }
         let end = offset.saturating_add(length);
+        let size_bytes = self.size_bytes();
         let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         let zero = libc::FALLOC_FL_ZERO_RANGE;
         if mode == 0 || mode == libc::FALLOC_FL_KEEP_SIZE {
-            return if end <= self.size_bytes || mode == libc::FALLOC_FL_KEEP_SIZE {
+            return if end <= size_bytes || mode == libc::FALLOC_FL_KEEP_SIZE {
                 Ok(None)
             } else {
                 Err(errno(libc::EFBIG))
@@ -164,7 +189,7 @@ impl FileRules {
         if self.read_only {
             return Err(errno(libc::EROFS));
         }
-        let end = end.min(self.size_bytes);
+        let end = end.min(size_bytes);
         Ok((offset < end).then(|| (offset, end - offset)))
     }
 
@@ -262,7 +287,7 @@ impl FileRules {
                 }
             }
             Request::Statfs => Outcome::Reply(abi::statfs_out(
-                self.size_bytes / u64::from(self.block_size_bytes.max(1)),
+                self.size_bytes() / u64::from(self.block_size_bytes.max(1)),
                 self.block_size_bytes,
             )),
             Request::Opendir => {
@@ -309,7 +334,7 @@ mod tests {
         FileRules {
             file_name: "disk.img".into(),
             read_only,
-            size_bytes: 1 << 20,
+            size_source: std::sync::Arc::new(|| 1 << 20),
             block_size_bytes: 4096,
             uid: 0,
             gid: 0,

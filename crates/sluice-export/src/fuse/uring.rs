@@ -204,7 +204,7 @@ pub fn mount<D: BlockDevice>(
     // is one namespace and its controller grants a queue ID for it.
     let direct = match (want_uring, dev.device().namespace()) {
         (true, Some(ns)) => match rt.block_on(ns.controller().connect_direct_queue()) {
-            Ok(q) => Some(Direct::new(q, ns.rw_builder(), ns.block_size_bytes())),
+            Ok(q) => Some(Direct::new(q, ns)),
             Err(e) => {
                 info!("the FUSE ring takes the task path for all I/O: {e}");
                 None
@@ -586,6 +586,8 @@ enum DirectIo {
 /// holds) takes the task path.
 struct Direct {
     dq: DirectQueue,
+    /// The namespace (its size now, for `rw` after it grew).
+    ns: Namespace,
     rw: RwBuilder,
     block_bytes: u64,
     waiting: Vec<Option<DirectIo>>,
@@ -601,14 +603,23 @@ struct Direct {
 const DIRECT_SPARE_BYTES_MAX: usize = 8 << 20;
 
 impl Direct {
-    fn new(dq: DirectQueue, rw: RwBuilder, block_bytes: u32) -> Direct {
+    fn new(dq: DirectQueue, ns: &Namespace) -> Direct {
         Direct {
             dq,
-            rw,
-            block_bytes: u64::from(block_bytes.max(1)),
+            ns: ns.clone(),
+            rw: ns.rw_builder(),
+            block_bytes: u64::from(ns.block_size_bytes().max(1)),
             waiting: Vec::new(),
             done: Vec::new(),
             spare: SpareBuffers::default(),
+        }
+    }
+
+    /// Takes in the namespace's size when it grew since `rw` was built
+    /// (one atomic load when it did not).
+    fn follow_size(&mut self) {
+        if self.ns.size_blocks() != self.rw.size_blocks() {
+            self.rw = self.ns.rw_builder();
         }
     }
 
@@ -922,6 +933,7 @@ impl<D: BlockDevice> Ring<D> {
         let Some(d) = self.direct.as_mut() else {
             return Err(io);
         };
+        d.follow_size();
         let locks = self.shared.dev.locks();
         let token = i as u64;
         let waiting = match io {
@@ -1105,7 +1117,7 @@ impl<D: BlockDevice> Ring<D> {
                 let ns = ns.clone();
                 async move {
                     match ns.controller().connect_direct_queue().await {
-                        Ok(q) => Some(Direct::new(q, ns.rw_builder(), ns.block_size_bytes())),
+                        Ok(q) => Some(Direct::new(q, &ns)),
                         Err(e) => {
                             debug!("no new direct queue for the FUSE ring yet: {e}");
                             None
