@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let rules = FileRules {
         file_name: "disk.img".into(),
         read_only: flags & 1 == 1,
-        size_bytes: SIZE,
+        size_source: std::sync::Arc::new(|| SIZE),
         block_size_bytes: 4096,
         uid: 0,
         gid: 0,

@@ -95,7 +95,8 @@ fn go_with_info_replies_and_leftover() {
         hs.session(),
         Session {
             structured: true,
-            base_allocation: false
+            base_allocation: false,
+            size_bytes: Some(1 << 20),
         }
     );
     // INFO: export, block size, name, description, ack.
@@ -552,7 +553,8 @@ fn structured_replies_and_the_allocation_context() {
         session,
         Session {
             structured: true,
-            base_allocation: true
+            base_allocation: true,
+            size_bytes: Some(1 << 20),
         }
     );
 
@@ -581,7 +583,11 @@ fn structured_replies_and_the_allocation_context() {
         size_bytes: 8 << 30,
         ..export(false)
     };
-    assert!(validate_in(&hdr(CMD_BLOCK_STATUS, 0, 0, u32::MAX), &big, session).is_ok());
+    let told_big = Session {
+        size_bytes: Some(big.size_bytes),
+        ..session
+    };
+    assert!(validate_in(&hdr(CMD_BLOCK_STATUS, 0, 0, u32::MAX), &big, told_big).is_ok());
     assert_eq!(
         v(hdr(CMD_BLOCK_STATUS, 0, (1 << 20) - 512, 4096), session),
         Err(EINVAL)
@@ -684,5 +690,11 @@ fn a_handshake_without_structured_replies_refuses_them_by_policy() {
     );
     hs.feed(&opt(OPT_GO, &info_data("disk", &[])));
     assert!(matches!(hs.process(), Ok(HandshakeStatus::Done { .. })));
-    assert_eq!(hs.session(), Session::default());
+    assert_eq!(
+        hs.session(),
+        Session {
+            size_bytes: Some(1 << 20),
+            ..Session::default()
+        }
+    );
 }

@@ -560,3 +560,71 @@ fn replies_to_large_reads_wait_in_the_unix_socket() {
     target.shutdown();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client that connects after the export's namespace grew is told the
+/// new size: a reload grows the file namespace, the host library follows
+/// the Namespace Attribute Changed event, and the new client writes and
+/// reads at the new end (on the task path and run to completion); a client
+/// connected before keeps the size its handshake told it (ENOSPC past it),
+/// as NBD has no way to tell it more.
+#[test]
+fn a_grown_namespace_is_larger_for_later_clients() {
+    for direct_queues in [0u16, 1] {
+        let img = tempfile::NamedTempFile::new().unwrap();
+        let small = 4u64 << 20;
+        let ns = |bytes: u64| {
+            sluice_config::NamespaceConfig::file(1, img.path())
+                .with_create(true)
+                .with_block_size(4096)
+                .with_size(bytes)
+        };
+        let cfg = common::one_namespace_config(SUBNQN, "127.0.0.1:0".parse().unwrap(), ns(small));
+        let target = sluice_target::Target::start(&cfg).unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-nbd-grow-{direct_queues}-{}",
+            std::process::id()
+        ));
+        let e = export(&dir, target.local_addr(), 1, direct_queues);
+        let mut before = Client::connect(&e.sock, "disk");
+        assert_eq!(before.size, small);
+
+        let mut grown = cfg.clone();
+        grown.subsystems[0].namespaces[0] = ns(2 * small);
+        target.reload(&grown).unwrap();
+        let handle = e.ctrl.namespace(1).unwrap();
+        let t0 = std::time::Instant::now();
+        while handle.size_blocks() != 2 * small / 4096 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the host did not follow the growth"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut after = Client::connect(&e.sock, "disk");
+        assert_eq!(after.size, 2 * small);
+        let d = pattern(3, 65536);
+        let end = 2 * small - 65536;
+        assert_eq!(after.call(CMD_WRITE, 0, end, 65536, &d).0, 0);
+        let (errno, got) = after.call(CMD_READ, 0, end, 65536, &[]);
+        assert_eq!(errno, 0);
+        assert!(
+            got == d,
+            "the new end reads back ({direct_queues} direct queues)"
+        );
+        assert_eq!(
+            after.call(CMD_WRITE, 0, 2 * small, 4096, &d[..4096]).0,
+            ENOSPC
+        );
+        assert_eq!(
+            before.call(CMD_WRITE, 0, small, 4096, &d[..4096]).0,
+            ENOSPC,
+            "a connection keeps the size it was told"
+        );
+        assert_eq!(before.call(CMD_READ, 0, 0, 4096, &[]).0, 0);
+        drop((before, after));
+        e.rt.block_on(e.ctrl.disconnect(Duration::from_secs(5)));
+        drop(e);
+        target.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -202,6 +202,10 @@ pub struct Session {
     pub structured: bool,
     /// The `base:allocation` meta context is selected: BLOCK_STATUS works.
     pub base_allocation: bool,
+    /// The export's size as the handshake told the client (an export whose
+    /// namespace grew since the server started tells later clients more);
+    /// `None`: the [`ExportInfo`]'s.
+    pub size_bytes: Option<u64>,
 }
 
 fn be_u16(b: &[u8], at: usize) -> u16 {
@@ -288,6 +292,7 @@ impl ServerHandshake {
         Session {
             structured: self.structured,
             base_allocation: self.structured && self.allocation_context_for == Some(self.selected),
+            size_bytes: self.exports.get(self.selected).map(|e| e.size_bytes),
         }
     }
 
@@ -832,7 +837,7 @@ pub fn validate_in(
     let fits = h
         .offset
         .checked_add(h.length as u64)
-        .is_some_and(|e| e <= export.size_bytes);
+        .is_some_and(|e| e <= session.size_bytes.unwrap_or(export.size_bytes));
     if !fits {
         return Err(match h.kind {
             CMD_WRITE | CMD_WRITE_ZEROES => refuse(ENOSPC, "beyond the end of the export"),

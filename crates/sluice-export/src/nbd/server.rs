@@ -294,9 +294,19 @@ impl<D: BlockDevice> NbdServer<D> {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + IntoClientSocket + 'static,
     {
-        let mut hs =
-            ServerHandshake::with_exports(self.entries.iter().map(|e| e.export.clone()).collect())
-                .offering_structured_replies(self.structured_replies);
+        // Each export's size now: a namespace grown online (the host
+        // library follows its events) is larger for clients from then on;
+        // a connection keeps the size it was told (`Session::size_bytes`).
+        let exports = self
+            .entries
+            .iter()
+            .map(|e| ExportInfo {
+                size_bytes: e.dev.size_bytes(),
+                ..e.export.clone()
+            })
+            .collect();
+        let mut hs = ServerHandshake::with_exports(exports)
+            .offering_structured_replies(self.structured_replies);
         let mut chunk = vec![0u8; READ_CHUNK_BYTES];
         let leftover = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             loop {
@@ -335,7 +345,7 @@ impl<D: BlockDevice> NbdServer<D> {
         info!(
             export = %entry.export.name,
             hostnqn = %entry.hostnqn,
-            size_bytes = entry.export.size_bytes,
+            size_bytes = session.size_bytes.unwrap_or(entry.export.size_bytes),
             structured_replies = session.structured,
             base_allocation = session.base_allocation,
             "transmission phase"
