@@ -220,9 +220,12 @@ fn c2h_data_digest_error_fails_only_that_read() {
     }
 }
 
-/// A command the controller holds (an AER) times out on the host after the
-/// command timeout of virtual time, not before; its CID stays reserved;
-/// a second period without an answer closes the connection.
+/// A command the controller does not answer (its backend paused) times
+/// out on the host after the command timeout of virtual time, not before;
+/// its CID stays reserved, the admin queue works meanwhile, and a second
+/// period without an answer closes the connection. An Asynchronous Event
+/// Request, which the controller holds until it has an event, never times
+/// out (as the Linux host holds its AER).
 #[test]
 fn command_timeout_fires_on_the_virtual_clock() {
     let timeout = Duration::from_secs(3);
@@ -236,41 +239,40 @@ fn command_timeout_fires_on_the_virtual_clock() {
         Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0),
         Payload::None,
     );
+    pair.pause_backend(true);
+    let read = pair.submit_read(0, 4096);
     pair.run();
     assert!(pair.take_result(ADMIN, aer).is_none(), "the AER is held");
     pair.advance(timeout - Duration::from_millis(1));
-    assert!(
-        pair.take_result(ADMIN, aer).is_none(),
-        "not before the timeout"
-    );
+    assert!(pair.take_result(IO, read).is_none(), "not before the timeout");
     pair.advance(Duration::from_millis(1));
-    let r = pair.take_result(ADMIN, aer).expect("timed out");
+    let r = pair.take_result(IO, read).expect("timed out");
     assert!(
         matches!(
             r,
             Err(HostError::Timeout {
-                opcode: admin::ASYNC_EVENT_REQUEST,
+                opcode: io::READ,
                 timeout_ms: 3000,
                 ..
             })
         ),
         "{r:?}"
     );
-    assert_eq!(pair.link(ADMIN).timed_out().len(), 1);
-    assert_eq!(
-        pair.link(ADMIN).timed_out()[0].1,
-        admin::ASYNC_EVENT_REQUEST
-    );
-    assert_eq!(pair.link(ADMIN).host.in_flight(), 1, "CID still reserved");
+    assert_eq!(pair.link(IO).timed_out().len(), 1);
+    assert_eq!(pair.link(IO).timed_out()[0].1, io::READ);
+    assert_eq!(pair.link(IO).host.in_flight(), 1, "CID still reserved");
     assert_eq!(pair.now() - t0, timeout);
-    // The queue still works meanwhile.
+    // The admin queue works meanwhile; its AER is still held, not timed out.
     pair.prop_get(sluice_proto::fabrics::prop::CSTS).unwrap();
+    assert!(pair.take_result(ADMIN, aer).is_none());
+    assert!(pair.link(ADMIN).timed_out().is_empty());
     pair.advance(timeout);
-    assert!(pair.link(ADMIN).host.is_closed(), "unresponsive controller");
+    assert!(pair.link(IO).host.is_closed(), "unresponsive controller");
     assert!(matches!(
-        pair.link(ADMIN).closed(),
+        pair.link(IO).closed(),
         Some(HostError::ConnectionLost(_))
     ));
+    assert!(pair.link(ADMIN).timed_out().is_empty(), "the AER never times out");
 }
 
 /// An I/O command stuck in the backend times out; when the backend answers

@@ -728,15 +728,29 @@ mod tests {
         t.target.queue_depth_max = 64;
         assert_eq!(needs_restart(&running, &t).as_deref(), Some("`[target]`"));
         // Namespaces may come and go (NSID 1 removed, 2 added); a kept
-        // one may not change.
+        // one may not change, but for a created file's `size` growing.
         let mut ns = config(&["h1"]);
         ns.subsystems[0].namespaces[0].nsid = 2;
         assert_eq!(needs_restart(&running, &ns), None);
         let mut grown = config(&["h1"]);
         grown.subsystems[0].namespaces[0] = NamespaceConfig::ram(1, 2 << 20);
+        assert!(needs_restart(&running, &grown)
+            .is_some_and(|w| w.contains("namespace 1's `size`: only a `file` namespace")));
+        let mut other = config(&["h1"]);
+        other.subsystems[0].namespaces[0] = NamespaceConfig::ram(1, 1 << 20).with_block_size(4096);
         assert!(
-            needs_restart(&running, &grown).is_some_and(|w| w.contains("namespace 1's settings"))
+            needs_restart(&running, &other).is_some_and(|w| w.contains("namespace 1's settings"))
         );
+        let file = |bytes: u64| {
+            let mut c = config(&["h1"]);
+            c.subsystems[0].namespaces[0] = NamespaceConfig::file(1, "/tmp/x.img")
+                .with_create(true)
+                .with_size(bytes);
+            c
+        };
+        assert_eq!(needs_restart(&file(1 << 20), &file(2 << 20)), None);
+        assert!(needs_restart(&file(2 << 20), &file(1 << 20))
+            .is_some_and(|w| w.contains("never shrinks online")));
         // Whole subsystems may come and go, in any order; a kept one's
         // serial may not change.
         let mut more = config(&["h1"]);

@@ -119,7 +119,14 @@ impl Client {
                 return (p.header, p.data.to_vec());
             }
             let b = self.rx.read_buf();
-            let n = self.s.read(b).expect("read from target");
+            let n = loop {
+                // A signal may interrupt the blocking read (as `read_exact`
+                // retries, so does this).
+                match self.s.read(b) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r.expect("read from target"),
+                }
+            };
             assert!(n > 0, "target closed the connection");
             self.rx.advance(n);
         }
