@@ -244,7 +244,10 @@ fn command_timeout_fires_on_the_virtual_clock() {
     pair.run();
     assert!(pair.take_result(ADMIN, aer).is_none(), "the AER is held");
     pair.advance(timeout - Duration::from_millis(1));
-    assert!(pair.take_result(IO, read).is_none(), "not before the timeout");
+    assert!(
+        pair.take_result(IO, read).is_none(),
+        "not before the timeout"
+    );
     pair.advance(Duration::from_millis(1));
     let r = pair.take_result(IO, read).expect("timed out");
     assert!(
@@ -272,7 +275,10 @@ fn command_timeout_fires_on_the_virtual_clock() {
         pair.link(IO).closed(),
         Some(HostError::ConnectionLost(_))
     ));
-    assert!(pair.link(ADMIN).timed_out().is_empty(), "the AER never times out");
+    assert!(
+        pair.link(ADMIN).timed_out().is_empty(),
+        "the AER never times out"
+    );
 }
 
 /// An I/O command stuck in the backend times out; when the backend answers
