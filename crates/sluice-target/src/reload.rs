@@ -50,8 +50,8 @@
 //! model, a kept namespace's settings other than a created file's `size`,
 //! a tenant's `charge_cgroup`, or a tenant with one removed) is refused
 //! whole, naming what differs, and nothing of it applies. To change a
-//! namespace, remove it in one reload and add it back in the next. The order of subsystems and of namespaces
-//! does not matter.
+//! namespace, remove it in one reload and add it back in the next. The
+//! order of subsystems and of namespaces does not matter.
 //!
 //! Applied in steps, those that can fail first: the added subsystems and
 //! namespaces are built, the files of grown namespaces extended, then the
@@ -79,9 +79,9 @@ use std::sync::Arc;
 pub enum ReloadError {
     #[error(
         "{what} differs from the running configuration: restart the target to apply it (a reload \
-         adds and removes subsystems and namespaces, applies the kept subsystems' `hosts`, \
-         `allow_any_host`, `dhchap` and `require_auth`, and the `[[tenant]]` entries, and deletes \
-         the tenants it no longer lists)"
+         adds and removes subsystems and namespaces, grows `file` namespaces, applies the kept \
+         subsystems' `hosts`, `allow_any_host`, `dhchap` and `require_auth`, and the \
+         `[[tenant]]` entries, and deletes the tenants it no longer lists)"
     )]
     NeedsRestart { what: String },
     /// The new tenants do not fit the table in force (changed through the
