@@ -242,6 +242,33 @@ fn changed_list(a: &mut Pair) -> Vec<u32> {
     nsids(&d)
 }
 
+/// A target of `config` with a controller whose host enabled Namespace
+/// Attribute Notices and holds AER 900, and one I/O queue.
+struct Watched {
+    reg: Arc<Registry>,
+    tenants: TenantRuntime,
+    a: Pair,
+    q: Pair,
+    cntlid: u16,
+}
+
+fn watched(config: &sluice_config::Config) -> Watched {
+    let reg = registry(config);
+    let tenants = TenantRuntime::new(config, &reg);
+    let (mut a, cntlid) = admin_pair(&reg);
+    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
+    assert!(c.status().is_success());
+    a.post_aer(900);
+    let q = io_pair(&reg, cntlid, false, false);
+    Watched {
+        reg,
+        tenants,
+        a,
+        q,
+        cntlid,
+    }
+}
+
 /// A reload adds a namespace to a kept subsystem and takes it out again:
 /// the live queue's next command reaches it, the host gets a Namespace
 /// Attribute Changed event naming it (Changed Namespace List), and
@@ -253,13 +280,13 @@ fn changed_list(a: &mut Pair) -> Vec<u32> {
 #[test]
 fn reload_adds_and_removes_namespaces_of_a_kept_subsystem() {
     let before = config_in("immediate", default_ns());
-    let reg = registry(&before);
-    let tenants = TenantRuntime::new(&before, &reg);
-    let (mut a, cntlid) = admin_pair(&reg);
-    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
-    assert!(c.status().is_success());
-    a.post_aer(900);
-    let mut q = io_pair(&reg, cntlid, false, false);
+    let Watched {
+        reg,
+        tenants,
+        mut a,
+        mut q,
+        cntlid,
+    } = watched(&before);
     let one = pattern(4096, 3);
     assert_eq!(q.write_ns(1, 8, &one, 8192), Status::SUCCESS);
     assert_eq!(q.write_ns(2, 8, &one, 8192), Status::INVALID_NAMESPACE);
@@ -395,13 +422,13 @@ fn reload_grows_file_namespaces() {
             .with_size(size)
     };
     let before = config_in("immediate", file_ns(1 << 20));
-    let reg = registry(&before);
-    let tenants = TenantRuntime::new(&before, &reg);
-    let (mut a, cntlid) = admin_pair(&reg);
-    let (c, _) = a.admin_cmd(admin::SET_FEATURES, 0, 0x0b, AEN_NS_ATTRIBUTE, 0);
-    assert!(c.status().is_success());
-    a.post_aer(900);
-    let mut q = io_pair(&reg, cntlid, false, false);
+    let Watched {
+        reg,
+        tenants,
+        mut a,
+        mut q,
+        ..
+    } = watched(&before);
     let low = pattern(4096, 3);
     assert_eq!(q.write_ns(1, 8, &low, 8192), Status::SUCCESS);
     assert_eq!(q.write_ns(1, 2048, &low, 8192), Status::LBA_OUT_OF_RANGE);
