@@ -123,7 +123,8 @@ MUTANTS = [
      "            if ctrl.hostnqn != cd.hostnqn {", "            if false && ctrl.hostnqn != cd.hostnqn {",
      t("sluice-target")),
     ("nbd-past-end-accepted", "crates/sluice-export/src/nbd/proto.rs",
-     "        .is_some_and(|e| e <= export.size_bytes);", "        .is_some_and(|e| e <= export.size_bytes || true);",
+     "        .is_some_and(|e| e <= session.size_bytes.unwrap_or(export.size_bytes));",
+     "        .is_some_and(|e| e <= session.size_bytes.unwrap_or(export.size_bytes) || true);",
      t("sluice-export")),
     ("nbd-read-only-writable", "crates/sluice-export/src/nbd/proto.rs",
      "    if writes && export.read_only {", "    if false && writes && export.read_only {", t("sluice-export")),
@@ -151,7 +152,7 @@ MUTANTS = [
      "                if false && gs.iter().any(|g| epoch < g.fence.load(SeqCst)) {", t("sluice-target")),
     # Timers.
     ("host-command-timeout-never", "crates/sluice-host/src/core.rs",
-     "                    if slot.deadline > now {\n                        continue;\n                    }",
+     "                    if slot.held || slot.deadline > now {\n                        continue;\n                    }",
      "                    if true || slot.deadline > now {\n                        continue;\n                    }",
      t("sluice-host")),
     ("keep-alive-never-expires", "crates/sluice-target/src/queue/mod.rs",
