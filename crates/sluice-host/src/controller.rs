@@ -1016,12 +1016,18 @@ async fn establish(
             let mut sf = Sqe::new(admin::SET_FEATURES, 0, 0);
             sf.set_cdw(10, FID_ASYNC_EVENT_CONFIG);
             sf.set_cdw(11, AEN_NS_ATTRIBUTE);
-            nvme(admin::SET_FEATURES, admin.execute(sf, Payload::None).await)?;
-            Some(tokio::spawn(async_events(
-                admin.clone(),
-                namespaces.clone(),
-                sizes.clone(),
-            )))
+            match nvme(admin::SET_FEATURES, admin.execute(sf, Payload::None).await) {
+                Ok(_) => Some(tokio::spawn(async_events(
+                    admin.clone(),
+                    namespaces.clone(),
+                    sizes.clone(),
+                ))),
+                // As Linux: an optional feature refused is not a failed connect.
+                Err(e) => {
+                    tracing::warn!(error = %e, "the controller refuses the Namespace Attribute Notices it advertises: namespace changes are not followed");
+                    None
+                }
+            }
         } else {
             None
         };
@@ -1263,10 +1269,10 @@ impl Controller {
 
     /// A handle for I/O to `nsid`.
     pub fn namespace(&self, nsid: u32) -> Result<Namespace> {
-        let info = self
-            .namespaces()
-            .into_iter()
+        let info = sync::read(&self.assoc().namespaces)
+            .iter()
             .find(|n| n.nsid == nsid)
+            .cloned()
             .ok_or_else(|| HostError::InvalidArgument(format!("no active namespace {nsid}")))?;
         let size_blocks = self.inner.sizes.cell(nsid, info.size_blocks);
         Ok(Namespace {

@@ -390,9 +390,9 @@ impl QueuePairCore {
     pub fn negotiated(&self) -> Option<Negotiated> {
         self.st.negotiated
     }
-    /// Commands whose slot is taken (including timed-out ones).
-    /// Commands outstanding, not counting held Asynchronous Event
-    /// Requests (which complete only when the controller has an event).
+    /// Commands whose slot is taken (timed-out ones included), not counting
+    /// held Asynchronous Event Requests (which complete only when the
+    /// controller has an event).
     pub fn in_flight(&self) -> usize {
         self.st.in_flight - self.st.held
     }

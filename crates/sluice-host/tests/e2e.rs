@@ -743,3 +743,23 @@ async fn the_host_follows_namespaces_a_reload_changes() {
     drop(t);
     let _ = std::fs::remove_file(&img);
 }
+
+/// A controller that advertises Namespace Attribute Notices but refuses
+/// to enable them (Set Features 0Bh: Invalid Opcode) still connects: an
+/// optional feature refused is logged, not a failed connect, and I/O works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_refusing_the_notices_it_advertises_still_connects() {
+    let cfg = MemTargetConfig {
+        oaes: sluice_host::controller::AEN_NS_ATTRIBUTE,
+        ..MemTargetConfig::default()
+    };
+    let t = MemTarget::start(cfg.clone()).expect("target");
+    let c = Controller::connect(t.addr(), &cfg.subnqn, opts())
+        .await
+        .expect("connects without the notices");
+    let ns = c.namespace(1).expect("ns");
+    let d = pattern(4096, 9);
+    ns.write(8, &d, IoFlags::default()).await.expect("write");
+    assert_eq!(ns.read(8, 4096, IoFlags::default()).await.expect("read"), d);
+    c.disconnect(Duration::from_secs(5)).await;
+}

@@ -60,6 +60,9 @@ pub struct MemTargetConfig {
     /// WZSL, and Dataset Management past DMRL, DMRSL or DMSL, are refused
     /// with Invalid Field.
     pub nvm_limits: Option<IdentifyControllerNvm>,
+    /// OAES in Identify Controller (what it advertises; it refuses Set
+    /// Features Asynchronous Event Configuration and AERs all the same).
+    pub oaes: u32,
 }
 
 impl Default for MemTargetConfig {
@@ -79,6 +82,7 @@ impl Default for MemTargetConfig {
             discovery: Vec::new(),
             oncs: oncs::DSM | oncs::WRITE_ZEROES,
             nvm_limits: None,
+            oaes: 0,
         }
     }
 }
@@ -451,6 +455,7 @@ impl Conn {
                         ioccsz: (cfg.in_capsule_bytes + 64) / 16,
                         iorcsz: 1,
                         oncs: if self.discovery { 0 } else { cfg.oncs },
+                        oaes: cfg.oaes,
                         ..Default::default()
                     }
                     .encode(),
