@@ -508,13 +508,17 @@ fn revalidate_kept(reg: &Registry, running: &Config, new: &Config) -> Vec<Namesp
             continue; // added: just opened
         }
         for ns in sub.namespaces.snapshot().values() {
-            let before = ns.blocks() << ns.lba_shift;
+            let before = ns.size_bytes();
             if let Err(e) = ns.backend.revalidate() {
                 tracing::warn!(subsystem = %sc.nqn, nsid = ns.nsid, error = %e, "reload: cannot look at the namespace's size again; it keeps its size");
                 continue;
             }
-            if ns.refresh_size() {
-                let size_bytes = ns.blocks() << ns.lba_shift;
+            // Growth is judged by the size before and after, not by which
+            // caller took it in: a controller's periodic check may take it
+            // in between the two lines.
+            ns.take_in_size();
+            let size_bytes = ns.size_bytes();
+            if size_bytes > before {
                 tracing::info!(
                     subsystem = %sc.nqn,
                     nsid = ns.nsid,
@@ -561,7 +565,7 @@ fn reshape(
             tracing::info!(
                 subsystem = %sc.nqn,
                 nsid = ns.nsid,
-                size_bytes = ns.blocks() << ns.lba_shift,
+                size_bytes = ns.size_bytes(),
                 "reload: namespace added; the subsystem's hosts are told (Namespace Attribute Changed)"
             );
             added.push((sc.nqn.clone(), ns.nsid));

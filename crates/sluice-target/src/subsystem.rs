@@ -80,7 +80,12 @@ impl Namespace {
 
     /// Capacity now, in blocks.
     pub fn blocks(&self) -> u64 {
-        self.size_bytes.load(Ordering::Acquire) >> self.lba_shift
+        self.size_bytes() >> self.lba_shift
+    }
+
+    /// Capacity now, in bytes (whole blocks).
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
     }
 
     /// Whether blocks `[0, end_block)` exist, asking the backend whether it
@@ -98,18 +103,25 @@ impl Namespace {
     /// Namespace Attribute Changed event (`events.rs`). True when this call
     /// grew it.
     pub(crate) fn refresh_size(&self) -> bool {
+        let Some(before) = self.take_in_size() else {
+            return false;
+        };
+        tracing::info!(
+            nsid = self.nsid,
+            size_bytes_before = before,
+            size_bytes = self.size_bytes(),
+            "namespace grew online"
+        );
+        true
+    }
+
+    /// [`Self::refresh_size`] without its log line: the size before when
+    /// this call grew it (a reload logs growth its own way).
+    pub(crate) fn take_in_size(&self) -> Option<u64> {
         let block_mask = !((1u64 << self.lba_shift) - 1);
         let now = self.backend.size_bytes() & block_mask;
         let before = self.size_bytes.fetch_max(now, Ordering::AcqRel);
-        if now > before {
-            tracing::info!(
-                nsid = self.nsid,
-                size_bytes_before = before,
-                size_bytes = now,
-                "namespace grew online"
-            );
-        }
-        now > before
+        (now > before).then_some(before)
     }
 }
 
