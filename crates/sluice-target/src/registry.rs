@@ -194,7 +194,7 @@ fn derive_ids(
 
 /// A backend names the constructor argument it refuses; the operator wrote
 /// a config key, so the error names that key.
-fn in_config_terms(e: BackendError) -> BackendError {
+pub(crate) fn in_config_terms(e: BackendError) -> BackendError {
     match e {
         BackendError::InvalidConfig { field, reason } => BackendError::InvalidConfig {
             field: match field {

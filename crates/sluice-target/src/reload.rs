@@ -485,8 +485,10 @@ fn extend_grown_files(reg: &Registry, running: &Config, new: &Config) -> Result<
             };
             ns.backend.extend(size).map_err(|e| {
                 ReloadError::Grow(format!(
-                    "subsystem `{}` namespace {} to {size} bytes: {e}",
-                    sc.nqn, n.nsid
+                    "subsystem `{}` namespace {} to {size} bytes: {}",
+                    sc.nqn,
+                    n.nsid,
+                    crate::registry::in_config_terms(e)
                 ))
             })?;
         }

@@ -579,8 +579,35 @@ fn reload_grows_a_namespace_on_a_grown_block_device() {
     let data = pattern(4096, 4);
     let wrote = q.write_ns(1, 4088, &data, 8192);
     let read = q.read_ns(1, 4088, 8);
-    drop((q, a, tenants, reg));
+    // A raised `size` with `create = true` on a device (whose size is the
+    // device's) refuses the whole file, naming the namespace and the key.
+    let created = |bytes: u64| {
+        config_in(
+            "immediate",
+            NamespaceConfig::file(1, std::path::Path::new(&dev))
+                .with_block_size(512)
+                .with_create(true)
+                .with_size(bytes),
+        )
+    };
+    let dev_reg = registry(&created(1 << 20));
+    let dev_tenants = TenantRuntime::new(&created(1 << 20), &dev_reg);
+    let raised = reload(&dev_reg, &dev_tenants, &created(8 << 20));
+    let dev_size = dev_reg.subsystems()[SUBNQN]
+        .namespaces
+        .get(1)
+        .unwrap()
+        .size_bytes();
+    drop((q, a, tenants, reg, dev_tenants, dev_reg));
     detach();
+    match raised {
+        Err(ReloadError::Grow(why)) => assert!(
+            why.contains("namespace 1") && why.contains("`size`") && why.contains("device"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(dev_size, 2 << 20, "the device's size, unchanged");
     assert!(refreshed.is_ok_and(|s| s.success()), "losetup -c");
     let report = report.expect("the same file");
     assert_eq!(
