@@ -75,6 +75,7 @@ fn admin_endpoint_with_token() {
         "sluice_target_unattributed_cpu_seconds_total",
         "sluice_tenant_table_generation",
         "sluice_namespace_ios_total",
+        "sluice_namespace_size_bytes",
         "sluice_namespace_stale_epoch_writes_total",
         "sluice_namespace_stale_epoch_reads_total",
         "sluice_namespace_slow_ios_total",
@@ -94,6 +95,13 @@ fn admin_endpoint_with_token() {
     assert!(
         m.body.contains(
             "sluice_namespace_stale_epoch_writes_total{subsystem=\"nqn.2026-11.io.sluice:admin\",nsid=\"1\"} 0"
+        ),
+        "{}",
+        m.body
+    );
+    assert!(
+        m.body.contains(
+            "sluice_namespace_size_bytes{subsystem=\"nqn.2026-11.io.sluice:admin\",nsid=\"1\"} 1048576"
         ),
         "{}",
         m.body

@@ -443,9 +443,15 @@ impl Collector for TargetCollector {
         auth_and_tolerance_metrics(e, &self.reg)?;
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
+        let mut sizes = Vec::new();
         let subsystems = self.reg.subsystems();
         for (nqn, sub) in subsystems.iter() {
             for (nsid, n) in sub.namespaces.snapshot().iter() {
+                sizes.push((
+                    nqn.as_str(),
+                    nsid.to_string(),
+                    i64::try_from(n.size_bytes()).unwrap_or(i64::MAX),
+                ));
                 ns.push((
                     nqn.as_str(),
                     nsid.to_string(),
@@ -458,6 +464,15 @@ impl Collector for TargetCollector {
                 ));
             }
         }
+        gauges(
+            e,
+            "sluice_namespace_size_bytes",
+            "Capacity now, per namespace (it grows online: a volume resized, a file namespace a reload grew).",
+            None,
+            sizes.iter().map(|(nqn, nsid, v)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *v)
+            }),
+        )?;
         counters(
             e,
             "sluice_namespace_ios",
