@@ -83,9 +83,7 @@ check_low "after the first growth"
 step signal
 # Connecting to the discovery service tells the machine running QEMU to
 # grow the file underneath.
-out=$(nvme discover -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" 2>&1) ||
-    { echo "$out"; fail "nvme discover failed"; }
-echo "$out" | grep -Eq "subnqn: +$SUBNQN\$" || fail "discovery log does not list $SUBNQN"
+signal_by_discovery "$SUBNQN"
 
 step grown-underneath
 grown_to "$BYTES2"

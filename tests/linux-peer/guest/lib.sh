@@ -52,3 +52,13 @@ mq_dir_for_ns() {
 }
 
 now_s() { cut -d' ' -f1 /proc/uptime; }
+
+# Connects to the discovery service at $TARGET_ADDR:$DISC_PORT and checks
+# that its log lists subsystem $1: the signal by which a guest tells the
+# machine running QEMU that it may go on (it watches the target's log for
+# the discovery controller's creation).
+signal_by_discovery() {
+    out=$(nvme discover -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" 2>&1) ||
+        { echo "$out"; fail "nvme discover failed"; }
+    echo "$out" | grep -Eq "subnqn: +$1\$" || fail "discovery log does not list $1"
+}
