@@ -18,7 +18,7 @@ set -euo pipefail
 
 SECS="${1:-20}"
 shift || true
-ALL_TARGETS=(framer connect_data identify discovery_log sqe_fields dsm volume_records drive_record auth_exchange target_queue flint_view view_frame nbd_server fuse_request host_queue auth_host)
+ALL_TARGETS=(framer connect_data identify reservation discovery_log sqe_fields dsm volume_records drive_record auth_exchange target_queue flint_view view_frame nbd_server fuse_request host_queue auth_host)
 if [ "$#" -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 case "$SECS" in (''|*[!0-9]*) echo "usage: $0 [SECONDS_PER_TARGET] [TARGET...]" >&2; exit 2;; esac
 

@@ -10,12 +10,13 @@
 #                               their capsules, received in place past 16 KiB)
 #
 # Needs scripts/install-linux-peer.sh to have run (scripts/test.sh does it).
-# Starts `sluice target` with a config of five subsystems (RAM 512 B blocks,
+# Starts `sluice target` with a config of seven subsystems (RAM 512 B blocks,
 # file with O_DIRECT/io_uring and 4 KiB blocks, one whose allow-list
 # excludes the guest, one that requires DH-HMAC-CHAP, one whose file
 # namespace reloads grow while the guest is connected, and one to which a
-# reload adds a namespace and takes it away while the guest is connected;
-# a reload also adds a seventh while the guest holds a persistent discovery
+# reload adds a namespace and takes it away while the guest is connected,
+# and one the guest shares with a host on this machine for reservations;
+# a reload also adds an eighth while the guest holds a persistent discovery
 # controller), then boots a guest per scenario. Prints one line per
 # scenario and a final "N passed, M failed" line; exits non-zero on failure.
 set -euo pipefail
@@ -54,6 +55,9 @@ GROW_NQN=nqn.2026-11.io.sluice:interop-grow
 # 16 MiB through its `size`, then by 16 MiB more underneath.
 GROW_BYTES=$((32 << 20))
 DISC_ADDED_NQN=nqn.2026-11.io.sluice:interop-added
+# Reservations: the guest and a second host on this machine share it.
+RESV_NQN=nqn.2026-11.io.sluice:interop-reserve
+OTHER_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000b0
 # Admitted by the authenticating subsystem's allow-list but given no secret.
 UNKEYED_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ff
 AUTH_BYTES=$((128 << 20))
@@ -158,6 +162,15 @@ path = "$WORK/ns-grow.img"
 create = true
 size = $GROW_BYTES # grow-size
 block_size = 4096
+
+# Reservations between the guest and a host on this machine.
+[[subsystem]]
+nqn = "$RESV_NQN"
+hosts = ["$GUEST_HOSTNQN", "$OTHER_HOSTNQN"]
+[[subsystem.namespace]]
+nsid = 1
+backend = "ram"
+size = "32MiB"
 
 # Last in the file: a reload appends namespace 2 to it and takes it away.
 [[subsystem]]
@@ -331,6 +344,62 @@ if [[ $QUICK == 0 ]]; then
         else
             echo "interop: FAIL the target logged $GROW_NQN's namespace grown $grown times (expected 2)"
             FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-namespace-grew-logged")
+        fi
+    done
+fi
+# Reservations with a second host: the guest registers and acquires Write
+# Exclusive through nvme-cli and the kernel; once it signals (a discovery
+# connect), the host on this machine (`sluice resv`, `sluice bench` as
+# OTHER_HOSTNQN) checks that its writes are refused and its reads are not,
+# registers and preempts the guest (Preempt and Abort); the guest checks
+# its side. Afterwards the other host clears everything and writes again.
+bench_counts() {   # ARGS...: "IOS ERRORS" of a 1 s sluice bench
+    local j
+    j=$("$SLUICE" bench "$@" --bs 4096 --qd 4 --runtime 1 --json --log warn 2>/dev/null) || { echo "0 0"; return; }
+    echo "$(grep -m1 -o '"ios": [0-9]*' <<<"$j" | grep -o '[0-9]*$') $(grep -m1 -o '"errors": [0-9]*' <<<"$j" | grep -o '[0-9]*$')"
+}
+resv_other_host() {   # DISCS VERDICT_FILE
+    local discs=$1 verdict=$2 i rep w r
+    local at=(--target "127.0.0.1:$PORT" --nqn "$RESV_NQN" --hostnqn "$OTHER_HOSTNQN")
+    for ((i = 0; i < 600; i++)); do
+        [[ $(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"") -gt $discs ]] && break
+        sleep 0.5
+    done
+    rep=$("$SLUICE" resv report "${at[@]}" --json --log warn 2>&1) || true
+    if [[ $rep != *'"rtype":1,'* || $rep != *'"registrant_count":1,'* || $rep != *'"key":5,"holds":true'* ]]; then
+        echo "the other host's report: $rep" >"$verdict"
+    fi
+    read -r w_ios w_err <<<"$(bench_counts "${at[@]}" --rw write)"
+    read -r r_ios r_err <<<"$(bench_counts "${at[@]}" --rw read)"
+    if [[ $w_ios -eq 0 || $w_err -ne $w_ios || $r_ios -eq 0 || $r_err -ne 0 ]]; then
+        echo "the other host under the guest's Write Exclusive: writes $w_ios with $w_err errors (all expected), reads $r_ios with $r_err errors (none expected)" >>"$verdict"
+    fi
+    "$SLUICE" resv register "${at[@]}" --nrkey 7 --log warn >>"$verdict.log" 2>&1 ||
+        echo "the other host could not register" >>"$verdict"
+    "$SLUICE" resv acquire "${at[@]}" --action preempt-abort --rtype write-exclusive --crkey 7 --prkey 5 --log warn >>"$verdict.log" 2>&1 ||
+        echo "the other host could not preempt the guest" >>"$verdict"
+    echo "interop: the other host checked its access and preempted the guest"
+}
+if [[ $QUICK == 0 ]]; then
+    for k in $KERNELS; do
+        verdict="$WORK/resv-$k.verdict"
+        : >"$verdict"
+        resv_other_host "$(logged "controller created" "subnqn=\"nqn.2014-08.org.nvmexpress.discovery\"")" "$verdict" &
+        watcher=$!
+        run "linux-$k-reservations" "$k" host-reserve.sh -e SUBNQN=$RESV_NQN
+        kill "$watcher" 2>/dev/null || true
+        wait "$watcher" 2>/dev/null || true
+        at=(--target "127.0.0.1:$PORT" --nqn "$RESV_NQN" --hostnqn "$OTHER_HOSTNQN")
+        "$SLUICE" resv release "${at[@]}" --action clear --crkey 7 --log warn >>"$verdict.log" 2>&1 ||
+            echo "the other host could not clear the reservations" >>"$verdict"
+        read -r w_ios w_err <<<"$(bench_counts "${at[@]}" --rw write)"
+        [[ $w_ios -gt 0 && $w_err -eq 0 ]] || echo "after the clear: writes $w_ios with $w_err errors" >>"$verdict"
+        if [[ ! -s $verdict ]]; then
+            echo "interop: PASS the other host was refused writes, read, preempted the guest and cleared"
+            PASSED=$((PASSED + 1))
+        else
+            echo "interop: FAIL the other host: $(tr '\n' ';' <"$verdict")"
+            FAILED=$((FAILED + 1)); FAILED_NAMES+=("linux-$k-reservations-other-host")
         fi
     done
 fi

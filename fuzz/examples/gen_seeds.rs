@@ -17,6 +17,7 @@ use sluice_proto::log::{
     adrfam, encode_discovery_log, lid, subtype, DiscoveryEntry, GetLogPage, TRTYPE_TCP,
 };
 use sluice_proto::pdu::{encode_pdu, DataHeader, IcReq, IcResp, PduHeader, R2t, TermReq, TxParams};
+use sluice_proto::reservation::{NotificationLog, Registrant, ReservationStatus};
 use sluice_proto::Cqe;
 
 fn write(dir: &Path, target: &str, name: &str, bytes: &[u8]) {
@@ -220,6 +221,36 @@ fn main() {
         "active-ns-list",
         &encode_active_ns_list(&[1, 2, 3, 9], 0)[..64],
     );
+
+    // --- reservation ---
+    let report = ReservationStatus {
+        generation: 3,
+        rtype: 1,
+        ptpl: false,
+        registrant_count: 2,
+        registrants: vec![
+            Registrant {
+                cntlid: 0xffff,
+                holds: true,
+                hostid: [0xa; 16],
+                key: 5,
+            },
+            Registrant {
+                cntlid: 0xffff,
+                holds: false,
+                hostid: [0xb; 16],
+                key: 7,
+            },
+        ],
+    };
+    write(dir, "reservation", "report", &report.encode_extended(192));
+    let log = NotificationLog {
+        count: 1,
+        kind: 1,
+        available: 0,
+        nsid: 1,
+    };
+    write(dir, "reservation", "notification-log", &log.encode());
 
     // --- discovery_log ---
     let e = |i: u16| DiscoveryEntry {

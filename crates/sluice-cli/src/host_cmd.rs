@@ -26,7 +26,7 @@ pub struct DiscoverArgs {
     pub hostnqn: Option<String>,
 }
 
-fn resolve(addr: &str) -> Result<SocketAddr> {
+pub fn resolve(addr: &str) -> Result<SocketAddr> {
     addr.to_socket_addrs()
         .with_context(|| format!("resolving `{addr}` (expected host:port)"))?
         .next()

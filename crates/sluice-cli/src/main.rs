@@ -5,6 +5,8 @@
 //! * `sluice bench`: load generator (fio / spdk_nvme_perf style) with tenants
 //!   and the TCP wire floor measured in the same run.
 //! * `sluice discover`: read a discovery service's log.
+//! * `sluice resv`: a namespace's reservations (register, acquire, release,
+//!   report), as `nvme resv-*` does for a Linux host.
 //! * `sluice top`: live per-tenant view from a target's admin endpoint.
 //! * `sluice control`, `sluice drive`, `sluice volume`, `sluice tenant`,
 //!   `sluice auction`: the control plane and its clients (elastic volumes,
@@ -18,6 +20,7 @@
 mod control_cmd;
 mod export_cmd;
 mod host_cmd;
+mod resv_cmd;
 mod target_cmd;
 mod top_cmd;
 
@@ -47,6 +50,10 @@ enum Command {
     Bench(Box<sluice_bench::BenchArgs>),
     /// Read the discovery log of an NVMe/TCP discovery service.
     Discover(host_cmd::DiscoverArgs),
+    /// A namespace's reservations: register a key, acquire, preempt,
+    /// release, clear, report.
+    #[command(subcommand)]
+    Resv(resv_cmd::ResvCmd),
     /// Serve a remote namespace over NBD (Unix socket or TCP).
     Nbd(export_cmd::NbdArgs),
     /// Mount a remote namespace as a single file in a FUSE filesystem.
@@ -121,6 +128,7 @@ fn main() {
         Command::GenDhchapKey { hmac, key_length } => gen_dhchap_key(hmac, key_length),
         Command::Bench(a) => host_cmd::bench(*a),
         Command::Discover(a) => host_cmd::discover(a),
+        Command::Resv(c) => resv_cmd::run(c),
         Command::Top(a) => top_cmd::run(a),
         Command::Nbd(a) => export_cmd::nbd(a),
         Command::Fuse(a) => export_cmd::fuse(a),

@@ -25,6 +25,10 @@ use sluice_proto::identify::{
     cns, decode_active_ns_list, oncs, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
 };
 use sluice_proto::log::GetLogPage;
+use sluice_proto::reservation::{
+    self, AcquireAction, AcquireCommand, Cptpl, RegisterAction, RegisterCommand, ReleaseAction,
+    ReleaseCommand, ReportCommand, ReservationStatus, ReservationType,
+};
 use sluice_proto::status::Status;
 use tokio::sync::mpsc;
 
@@ -82,10 +86,52 @@ impl Default for ReconnectPolicy {
     }
 }
 
+/// The Host Identifier a connection sends: `opts.hostid` unless it is all
+/// zero; then the UUID of a `nqn.2014-08.org.nvmexpress:uuid:` host NQN
+/// (nvme-cli's rule), or for any other NQN a stable 128-bit hash of it
+/// (FNV-1a: not a secret, only the same for the same NQN).
+pub fn host_identifier(opts: &ConnectOptions) -> [u8; 16] {
+    if opts.hostid != [0; 16] {
+        return opts.hostid;
+    }
+    if let Some(id) = opts
+        .hostnqn
+        .strip_prefix("nqn.2014-08.org.nvmexpress:uuid:")
+        .and_then(parse_uuid)
+        .filter(|id| *id != [0; 16])
+    {
+        return id;
+    }
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    let h = opts
+        .hostnqn
+        .bytes()
+        .fold(OFFSET, |h, b| (h ^ u128::from(b)).wrapping_mul(PRIME));
+    h.to_be_bytes()
+}
+
+/// The 16 bytes of a UUID in its 36-character text form.
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
+    if text.len() != 36 || hex.len() != 32 {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, pair) in hex.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        id[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(id)
+}
+
 /// Options of [`Controller::connect`].
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     pub hostnqn: String,
+    /// Host Identifier (Connect data): the host's identity for the
+    /// controller, and for reservations. All zero (the default): derived
+    /// from `hostnqn` ([`host_identifier`]), so each host NQN is one host.
     pub hostid: [u8; 16],
     /// I/O queues to ask for (the controller may grant fewer).
     pub io_queues: u16,
@@ -422,7 +468,7 @@ fn connect_command(
         },
     };
     let data = ConnectData {
-        hostid: opts.hostid,
+        hostid: host_identifier(opts),
         cntlid,
         subnqn: subnqn.to_string(),
         hostnqn: opts.hostnqn.clone(),
@@ -1670,6 +1716,126 @@ impl Namespace {
     }
 }
 
+/// Reservations (the NVM command set's Reservation Register, Acquire,
+/// Release and Report): keys and types are the caller's, the target keeps
+/// them per host (the Host Identifier of [`ConnectOptions`]). A
+/// controller without reservations (ONCS) gets no command:
+/// [`HostError::Incompatible`]; a refusal is [`HostError::Nvme`] with the
+/// target's status (Reservation Conflict for a wrong key or a held
+/// reservation).
+impl Namespace {
+    fn reservations_supported(&self) -> Result<()> {
+        if self.ctrl.identify().oncs & oncs::RESERVATIONS == 0 {
+            return Err(HostError::Incompatible(
+                "the controller does not support reservations (ONCS)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reservation Register: registers `new_key` for this host, replaces
+    /// its key with `new_key` or unregisters it (`current_key` must be its
+    /// key unless `ignore_existing_key`).
+    pub async fn reservation_register(
+        &self,
+        action: RegisterAction,
+        current_key: u64,
+        new_key: u64,
+        ignore_existing_key: bool,
+    ) -> Result<()> {
+        self.reservations_supported()?;
+        let mut s = Sqe::new(reservation::opcode::REGISTER, 0, self.info.nsid);
+        RegisterCommand {
+            action,
+            ignore_existing_key,
+            cptpl: Cptpl::NoChange,
+        }
+        .write_to(&mut s);
+        let data = reservation::encode_two_keys(current_key, new_key);
+        self.ctrl.io(s, Payload::Write(data)).await?;
+        Ok(())
+    }
+
+    /// Reservation Acquire: acquires a reservation of `rtype`, or preempts
+    /// the registrants whose key is `preempt_key` (and, with
+    /// [`AcquireAction::PreemptAndAbort`], waits until none of their writes
+    /// is still being performed).
+    pub async fn reservation_acquire(
+        &self,
+        action: AcquireAction,
+        rtype: ReservationType,
+        current_key: u64,
+        preempt_key: u64,
+    ) -> Result<()> {
+        self.reservations_supported()?;
+        let mut s = Sqe::new(reservation::opcode::ACQUIRE, 0, self.info.nsid);
+        AcquireCommand {
+            action,
+            ignore_existing_key: false,
+            rtype,
+        }
+        .write_to(&mut s);
+        let data = reservation::encode_two_keys(current_key, preempt_key);
+        self.ctrl.io(s, Payload::Write(data)).await?;
+        Ok(())
+    }
+
+    /// Reservation Release: releases this host's reservation of `rtype`,
+    /// or clears every registration and the reservation.
+    pub async fn reservation_release(
+        &self,
+        action: ReleaseAction,
+        rtype: ReservationType,
+        current_key: u64,
+    ) -> Result<()> {
+        self.reservations_supported()?;
+        let mut s = Sqe::new(reservation::opcode::RELEASE, 0, self.info.nsid);
+        ReleaseCommand {
+            action,
+            ignore_existing_key: false,
+            rtype: rtype.as_u8(),
+        }
+        .write_to(&mut s);
+        let data = current_key.to_le_bytes().to_vec();
+        self.ctrl.io(s, Payload::Write(data)).await?;
+        Ok(())
+    }
+
+    /// Reservation Report (extended: 128-bit Host Identifiers), with every
+    /// registrant: asked again at the size the first answer needs.
+    pub async fn reservation_report(&self) -> Result<ReservationStatus> {
+        self.reservations_supported()?;
+        let mut len_bytes = REPORT_BYTES_FIRST;
+        loop {
+            let mut s = Sqe::new(reservation::opcode::REPORT, 0, self.info.nsid);
+            ReportCommand {
+                len_bytes: len_bytes as u64,
+                extended: true,
+            }
+            .write_to(&mut s);
+            // At most MDTS (a u32 of bytes) after the first 4 KiB.
+            let read = u32::try_from(len_bytes).unwrap_or(u32::MAX);
+            let c = self.ctrl.io(s, Payload::Read(read)).await?;
+            let status = ReservationStatus::decode_extended(&c.data).ok_or_else(|| {
+                HostError::Incompatible(format!(
+                    "a Reservation Report of {} bytes, shorter than its header",
+                    c.data.len()
+                ))
+            })?;
+            let whole = reservation::EXTENDED_HEADER_BYTES
+                + usize::from(status.registrant_count) * reservation::EXTENDED_ENTRY_BYTES;
+            let mdts = self.ctrl.max_transfer_bytes() as usize;
+            if whole <= len_bytes || len_bytes >= mdts {
+                return Ok(status);
+            }
+            len_bytes = whole.min(mdts);
+        }
+    }
+}
+
+/// The first Reservation Report's size: the header and 63 registrants.
+const REPORT_BYTES_FIRST: usize = 4096;
+
 /// The largest zeroed buffer [`Namespace::write_zeroes`] writes at once
 /// when the controller has no Write Zeroes.
 pub const ZEROED_DATA_BYTES_MAX: usize = 8 << 20;
@@ -1717,6 +1883,42 @@ fn piece(left: u64, chunk: u32) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_host_identifier_comes_from_the_options_or_the_nqn() {
+        let with = |nqn: &str, id: [u8; 16]| ConnectOptions {
+            hostnqn: nqn.into(),
+            hostid: id,
+            ..Default::default()
+        };
+        assert_eq!(
+            host_identifier(&with("nqn.2024-01.io.x:a", [5; 16])),
+            [5; 16]
+        );
+        let uuid = "nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-0000-4000-8000-0000000000ab";
+        let id = host_identifier(&with(uuid, [0; 16]));
+        assert_eq!(id[..4], [0x5c, 0x1a, 0x1c, 0xe0]);
+        assert_eq!(id[15], 0xab);
+        let (a, b) = (
+            host_identifier(&with("nqn.2024-01.io.x:a", [0; 16])),
+            host_identifier(&with("nqn.2024-01.io.x:b", [0; 16])),
+        );
+        assert_ne!(a, b, "one host per NQN");
+        assert_ne!(a, [0; 16]);
+        assert_eq!(
+            a,
+            host_identifier(&with("nqn.2024-01.io.x:a", [0; 16])),
+            "stable"
+        );
+        // A malformed or all-zero UUID is hashed like any other NQN.
+        let zero = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000000";
+        assert_ne!(host_identifier(&with(zero, [0; 16])), [0; 16]);
+        let bad = "nqn.2014-08.org.nvmexpress:uuid:5c1a1ce0-zz00-4000-8000-0000000000ab";
+        assert_ne!(
+            host_identifier(&with(bad, [0; 16]))[..4],
+            [0x5c, 0x1a, 0x1c, 0xe0]
+        );
+    }
 
     fn limits(ranges: u16, range_blocks: u32, cmd_blocks: Option<u64>) -> CommandLimits {
         CommandLimits {

@@ -763,3 +763,111 @@ async fn a_controller_refusing_the_notices_it_advertises_still_connects() {
     assert_eq!(ns.read(8, 4096, IoFlags::default()).await.expect("read"), d);
     c.disconnect(Duration::from_secs(5)).await;
 }
+
+/// Two hosts (two Host Identifiers) through the library against the real
+/// target: registrations, a Write Exclusive reservation that refuses the
+/// other host's writes (and only those), a report naming both, a preempt
+/// and abort that moves the reservation, and a clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_between_two_hosts() {
+    use sluice_proto::reservation::{
+        AcquireAction, RegisterAction, ReleaseAction, ReservationType,
+    };
+    use sluice_proto::Status;
+    let t = RealTarget::start();
+    let host = |name: &str, id: u8| ConnectOptions {
+        hostnqn: format!("nqn.2024-01.io.sluice:{name}"),
+        hostid: [id; 16],
+        ..opts()
+    };
+    let a = Controller::connect(t.addr(), &t.subnqn, host("host-a", 0xa))
+        .await
+        .expect("connect a");
+    let b = Controller::connect(t.addr(), &t.subnqn, host("host-b", 0xb))
+        .await
+        .expect("connect b");
+    let (na, nb) = (a.namespace(1).unwrap(), b.namespace(1).unwrap());
+    let data = pattern(4096, 9);
+    let conflict = |r: Result<(), HostError>| matches!(&r, Err(e) if e.status().is_some_and(|s| s.same_code(Status::RESERVATION_CONFLICT)));
+    na.reservation_register(RegisterAction::Register, 0, 0xa1, false)
+        .await
+        .expect("a registers");
+    nb.reservation_register(RegisterAction::Register, 0, 0xb1, false)
+        .await
+        .expect("b registers");
+    assert!(conflict(
+        na.reservation_acquire(
+            AcquireAction::Acquire,
+            ReservationType::WriteExclusive,
+            0xbad,
+            0
+        )
+        .await
+    ));
+    na.reservation_acquire(
+        AcquireAction::Acquire,
+        ReservationType::WriteExclusive,
+        0xa1,
+        0,
+    )
+    .await
+    .expect("a acquires");
+    na.write(0, &data, IoFlags::default())
+        .await
+        .expect("the holder writes");
+    assert!(conflict(
+        nb.write(0, &pattern(4096, 1), IoFlags::default()).await
+    ));
+    assert_eq!(
+        nb.read(0, 4096, IoFlags::default()).await.unwrap(),
+        data,
+        "b reads, a's data"
+    );
+    let rep = nb.reservation_report().await.expect("report");
+    assert_eq!(rep.reservation(), Some(ReservationType::WriteExclusive));
+    let seen: Vec<([u8; 16], u64, bool)> = rep
+        .registrants
+        .iter()
+        .map(|r| (r.hostid, r.key, r.holds))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![([0xa; 16], 0xa1, true), ([0xb; 16], 0xb1, false)]
+    );
+    // B preempts A and aborts its writes: now A is the one refused.
+    nb.reservation_acquire(
+        AcquireAction::PreemptAndAbort,
+        ReservationType::WriteExclusive,
+        0xb1,
+        0xa1,
+    )
+    .await
+    .expect("b preempts a");
+    assert!(conflict(
+        na.write(0, &pattern(4096, 2), IoFlags::default()).await
+    ));
+    nb.write(0, &pattern(4096, 3), IoFlags::default())
+        .await
+        .expect("b writes");
+    assert!(
+        conflict(
+            na.reservation_release(
+                ReleaseAction::Release,
+                ReservationType::WriteExclusive,
+                0xa1
+            )
+            .await
+        ),
+        "a is no longer registered"
+    );
+    nb.reservation_release(ReleaseAction::Clear, ReservationType::WriteExclusive, 0xb1)
+        .await
+        .expect("b clears");
+    let rep = na.reservation_report().await.expect("report");
+    assert_eq!((rep.rtype, rep.registrant_count), (0, 0));
+    na.write(0, &data, IoFlags::default())
+        .await
+        .expect("anyone writes again");
+    a.disconnect(Duration::from_secs(1)).await;
+    b.disconnect(Duration::from_secs(1)).await;
+}

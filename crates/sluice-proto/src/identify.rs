@@ -36,6 +36,13 @@ pub mod cntrltype {
 pub mod oncs {
     pub const DSM: u16 = 1 << 2;
     pub const WRITE_ZEROES: u16 = 1 << 3;
+    pub const RESERVATIONS: u16 = 1 << 5;
+}
+
+/// Controller attributes (CTRATT) bits.
+pub mod ctratt {
+    /// 128-bit Host Identifiers (every NVMe over Fabrics controller).
+    pub const HOST_ID_128: u32 = 1 << 0;
 }
 
 /// The Identify Controller fields Sluice sets or a host reads.
@@ -52,6 +59,8 @@ pub struct IdentifyController {
     pub mdts: u8,
     pub cntlid: u16,
     pub ver: u32,
+    /// Controller attributes ([`ctratt`]).
+    pub ctratt: u32,
     /// Optional asynchronous events supported.
     pub oaes: u32,
     pub cntrltype: u8,
@@ -103,6 +112,7 @@ impl IdentifyController {
         b[77] = self.mdts;
         put_u16(&mut b, 78, self.cntlid);
         put_u32(&mut b, 80, self.ver);
+        put_u32(&mut b, 96, self.ctratt);
         put_u32(&mut b, 92, self.oaes);
         b[111] = self.cntrltype;
         put_u16(&mut b, 256, self.oacs);
@@ -150,6 +160,7 @@ impl IdentifyController {
             mdts: b[77],
             cntlid: u16_at(b, 78),
             ver: u32_at(b, 80),
+            ctratt: u32_at(b, 96),
             oaes: u32_at(b, 92),
             cntrltype: b[111],
             oacs: u16_at(b, 256),
@@ -194,6 +205,8 @@ pub struct IdentifyNamespace {
     pub dlfeat: u8,
     /// Namespace multi-path I/O and sharing capabilities.
     pub nmic: u8,
+    /// Reservation capabilities (the types supported; 0: none).
+    pub rescap: u8,
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
 }
@@ -208,6 +221,7 @@ impl IdentifyNamespace {
         b[25] = 0; // NLBAF: one format
         b[26] = 0; // FLBAS: format 0, no metadata
         b[30] = self.nmic;
+        b[31] = self.rescap;
         b[33] = self.dlfeat;
         b[104..120].copy_from_slice(&self.nguid);
         b[120..128].copy_from_slice(&self.eui64);
@@ -233,6 +247,7 @@ impl IdentifyNamespace {
             lbads: b[128 + flbas * 4 + 2],
             dlfeat: b[33],
             nmic: b[30],
+            rescap: b[31],
             nguid,
             eui64,
         })
@@ -413,9 +428,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn controller_round_trip(cntlid: u16, mdts: u8, maxcmd: u16, nn: u32, kas: u16, ioccsz: u32, sgls: u32,
+        fn controller_round_trip(cntlid: u16, ctratt: u32, mdts: u8, maxcmd: u16, nn: u32, kas: u16, ioccsz: u32, sgls: u32,
                                  serial in "[A-Za-z0-9]{0,20}", model in "[A-Za-z0-9 ]{0,39}[A-Za-z0-9]", sub in "[a-z0-9.:]{1,200}") {
-            let c = IdentifyController { cntlid, mdts, maxcmd, nn, kas, ioccsz, sgls, serial, model, subnqn: sub,
+            let c = IdentifyController { cntlid, ctratt, mdts, maxcmd, nn, kas, ioccsz, sgls, serial, model, subnqn: sub,
                 firmware: "0.1".into(), ver: 0x10300, cntrltype: 1, sqes: 0x66, cqes: 0x44, iorcsz: 1, ..Default::default() };
             prop_assert_eq!(IdentifyController::decode(&c.encode()).unwrap(), c);
         }
@@ -432,7 +447,7 @@ mod tests {
 
         #[test]
         fn namespace_round_trip(nsze: u64, lbads in prop::sample::select(vec![9u8, 12]), nguid: [u8; 16], eui64: [u8; 8], dlfeat: u8) {
-            let n = IdentifyNamespace { nsze, ncap: nsze, nuse: nsze, lbads, nguid, eui64, dlfeat, nsfeat: 0, nmic: 0 };
+            let n = IdentifyNamespace { nsze, ncap: nsze, nuse: nsze, lbads, nguid, eui64, dlfeat, nsfeat: 0, nmic: 0, rescap: 0xfe };
             let d = IdentifyNamespace::decode(&n.encode()).unwrap();
             prop_assert_eq!(d.block_size_bytes(), 1u64 << lbads);
             prop_assert_eq!(d, n);

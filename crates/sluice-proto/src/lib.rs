@@ -21,6 +21,8 @@
 //! * [`coalesce`]: completion coalescing (static, adaptive, calibrated).
 //! * [`fence`]: chain-epoch fences, Sluice's vendor extension for elastic
 //!   volumes (the Fence admin command, the epoch a write carries).
+//! * [`reservation`]: reservations (Register, Acquire, Release, Report),
+//!   the Reservation Status data and the Reservation Notification log page.
 //! * [`send`]: per-queue send schedulers (immediate, unified, isolated
 //!   freights), shared by the target and the host.
 //! * [`outbuf`]: the schedulers' byte buffers, where bulk data can be an
@@ -37,6 +39,7 @@ pub mod identify;
 pub mod log;
 pub mod outbuf;
 pub mod pdu;
+pub mod reservation;
 pub mod send;
 pub mod status;
 mod wire;

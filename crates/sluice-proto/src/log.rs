@@ -10,6 +10,7 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const COMMANDS_SUPPORTED: u8 = 0x05;
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
     pub const DISCOVERY: u8 = 0x70;
 }
 

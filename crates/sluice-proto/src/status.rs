@@ -57,6 +57,7 @@ impl Status {
     pub const LBA_OUT_OF_RANGE: Status = Status::new(sct::GENERIC, 0x80).dnr();
     pub const CAPACITY_EXCEEDED: Status = Status::new(sct::GENERIC, 0x81).dnr();
     pub const NAMESPACE_NOT_READY: Status = Status::new(sct::GENERIC, 0x82);
+    pub const RESERVATION_CONFLICT: Status = Status::new(sct::GENERIC, 0x83).dnr();
 
     pub const INVALID_QUEUE_ID: Status = Status::new(sct::COMMAND_SPECIFIC, 0x01).dnr();
     pub const INVALID_QUEUE_SIZE: Status = Status::new(sct::COMMAND_SPECIFIC, 0x02).dnr();
@@ -136,6 +137,7 @@ impl Status {
             (0, 0x80) => "LBA Out of Range",
             (0, 0x81) => "Capacity Exceeded",
             (0, 0x82) => "Namespace Not Ready",
+            (0, 0x83) => "Reservation Conflict",
             (1, 0x01) => "Invalid Queue Identifier",
             (1, 0x02) => "Invalid Queue Size",
             (1, 0x05) => "Asynchronous Event Request Limit Exceeded",

@@ -15,6 +15,7 @@ use sluice_proto::identify::{
     self, cns, cntrltype, oncs, IdentifyController, IdentifyControllerNvm, IdentifyNamespace,
 };
 use sluice_proto::log::{self, effects, lid, DiscoveryEntry, GetLogPage, SmartLog};
+use sluice_proto::reservation;
 use sluice_proto::Status;
 use sluice_runtime::cast::usize_from;
 use std::net::SocketAddr;
@@ -196,6 +197,9 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         mdts: mdts_field(st.mdts_bytes),
         cntlid: ctrl.cntlid,
         ver: VS_1_3,
+        // Host Identifiers are the 128-bit ones of Connect: a host reads
+        // reservation reports in the extended form.
+        ctratt: identify::ctratt::HOST_ID_128,
         // Namespace Attribute Notices (a namespace grown online, added or
         // removed); Discovery Log Page Change Notices on a discovery
         // controller.
@@ -223,7 +227,7 @@ fn identify_controller(ctrl: &Controller, reg: &Registry) -> IdentifyController 
         oncs: if disc {
             0
         } else {
-            oncs::DSM | oncs::WRITE_ZEROES
+            oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS
         },
         fuses: 0,
         fna: 0,
@@ -270,6 +274,7 @@ fn identify(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
                         lbads: ns.lba_shift,
                         dlfeat: if g.deallocated_reads_zero { 0x9 } else { 0 },
                         nmic: 1,
+                        rescap: reservation::RESCAP_ALL_TYPES_IEKEY,
                         nguid: ns.nguid,
                         eui64: ns.eui64,
                     };
@@ -356,6 +361,7 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
             }
             ctrl.changed_ns_log(g.rae)
         }
+        lid::RESERVATION_NOTIFICATION if !disc => ctrl.reservation_log(g.rae),
         lid::COMMANDS_SUPPORTED => {
             let a = |op| (op, effects::CSUPP);
             let mut admin_ops: Vec<(u8, u32)> = vec![
@@ -380,6 +386,10 @@ fn get_log_page(ctrl: &Controller, sqe: &Sqe, reg: &Registry, ctx: &AdminContext
                     (io::READ, effects::CSUPP),
                     (io::WRITE_ZEROES, effects::CSUPP | effects::LBCC),
                     (io::DATASET_MANAGEMENT, effects::CSUPP | effects::LBCC),
+                    (reservation::opcode::REGISTER, effects::CSUPP),
+                    (reservation::opcode::REPORT, effects::CSUPP),
+                    (reservation::opcode::ACQUIRE, effects::CSUPP),
+                    (reservation::opcode::RELEASE, effects::CSUPP),
                 ]
             };
             log::encode_commands_supported(&admin_ops, &io_ops)
@@ -405,6 +415,33 @@ fn set_features(ctrl: &Controller, sqe: &Sqe, reg: &Registry) -> AdminReply {
     if save {
         return AdminReply::status(Status::FEATURE_NOT_SAVEABLE);
     }
+    match f {
+        fid::RESERVATION_NOTIFICATION_MASK => {
+            let nsid = match sqe.nsid() {
+                0xffff_ffff => None,
+                n if ctrl.subsystem.namespaces.get(n).is_some() => Some(n),
+                _ => return AdminReply::status(Status::INVALID_NAMESPACE),
+            };
+            return if ctrl.set_reservation_mask(nsid, sqe.cdw(11)) {
+                AdminReply::result(sqe.cdw(11))
+            } else {
+                AdminReply::status(Status::INVALID_FIELD)
+            };
+        }
+        fid::RESERVATION_PERSISTENCE => {
+            // Reservations do not persist through a restart (RESCAP bit 0
+            // is clear): PTPL 0 is the only value.
+            if ctrl.subsystem.namespaces.get(sqe.nsid()).is_none() {
+                return AdminReply::status(Status::INVALID_NAMESPACE);
+            }
+            return if sqe.cdw(11) & 1 == 0 {
+                AdminReply::result(0)
+            } else {
+                AdminReply::status(Status::INVALID_FIELD)
+            };
+        }
+        _ => {}
+    }
     match ctrl.set_feature(f, sqe.cdw(11), reg.settings.io_queues_max) {
         Ok(result) => AdminReply::result(result),
         Err(st) => AdminReply::status(st),
@@ -426,6 +463,25 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> AdminReply {
     // A discovery controller reports only keep alive and async event config.
     let readable =
         !ctrl.is_discovery() || matches!(f, fid::KEEP_ALIVE_TIMER | fid::ASYNC_EVENT_CONFIG);
+    // The reservation features are a namespace's (of an active NSID).
+    if readable
+        && matches!(
+            f,
+            fid::RESERVATION_NOTIFICATION_MASK | fid::RESERVATION_PERSISTENCE
+        )
+    {
+        if ctrl.subsystem.namespaces.get(sqe.nsid()).is_none() {
+            return AdminReply::status(Status::INVALID_NAMESPACE);
+        }
+        let notification_mask = f == fid::RESERVATION_NOTIFICATION_MASK;
+        return AdminReply::result(match (sel, notification_mask) {
+            // Namespace specific (bit 1); the mask is changeable (bit 2).
+            (3, true) => 0x6,
+            (3, false) => 0x2,
+            (_, true) => ctrl.reservation_mask(sqe.nsid()),
+            (_, false) => 0,
+        });
+    }
     let current = match ctrl.feature(f) {
         Some(r) if readable => r,
         // An FID we do not report is invalid whatever SEL asks (nvmet, SPDK).

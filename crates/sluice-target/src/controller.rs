@@ -34,6 +34,8 @@ pub mod fid {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const HOST_IDENTIFIER: u8 = 0x81;
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 }
 
 /// Mutable controller state, behind the controller's lock.
@@ -162,12 +164,12 @@ impl Controller {
         host_counters: Arc<IoCounters>,
         now: Instant,
     ) -> Self {
-        let events = AsyncEvents::new(
-            subsystem
-                .namespaces
-                .snapshot()
+        let namespaces = subsystem.namespaces.snapshot();
+        let mut events = AsyncEvents::new(namespaces.iter().map(|(id, ns)| (*id, ns.blocks())));
+        events.start_reservations(
+            namespaces
                 .iter()
-                .map(|(id, ns)| (*id, ns.blocks())),
+                .map(|(id, ns)| (*id, ns.reservations.notice_seq())),
         );
         let state = State {
             cc: 0,
@@ -214,6 +216,34 @@ impl Controller {
         let mut s = self.lock();
         let aec = s.async_event_config;
         s.events.observe(sizes, aec);
+        // Reservation notices for this host (lock order: the controller's,
+        // then a namespace's reservations; never the other way).
+        s.events
+            .retain_reservations(|nsid| namespaces.contains_key(&nsid));
+        for (nsid, ns) in namespaces.iter() {
+            let seen = s.events.reservation_seen(*nsid);
+            let (due, last) = ns.reservations.notices_after(seen, &self.hostid);
+            if last != seen {
+                s.events.observe_reservations(*nsid, due, last);
+            }
+        }
+    }
+
+    /// The Reservation Notification log page (its oldest notice, taken).
+    pub(crate) fn reservation_log(&self, retain: bool) -> Vec<u8> {
+        self.observe_namespaces();
+        self.lock().events.read_reservation_log(retain)
+    }
+
+    /// Reservation Notification Mask (feature 82h) of namespace `nsid`.
+    pub(crate) fn reservation_mask(&self, nsid: u32) -> u32 {
+        self.lock().events.reservation_mask(nsid)
+    }
+
+    /// Sets the Reservation Notification Mask of `nsid`, or of every
+    /// namespace (`None`); false for reserved bits.
+    pub(crate) fn set_reservation_mask(&self, nsid: Option<u32>, mask: u32) -> bool {
+        self.lock().events.set_reservation_mask(nsid, mask)
     }
 
     /// Starts its discovery events from the discovery log as the host may

@@ -8,6 +8,11 @@
 //!   controller (Linux `nvme connect-all --persistent`, whose udev rule
 //!   then connects what is new) learns of it without polling.
 //!
+//! * Reservation Log Page Available, when a reservation change concerns
+//!   the host (its registration preempted, a reservation it had access
+//!   through released or cleared: `reservation.rs`), with the Reservation
+//!   Notification log page (LID 80h), one notice per read.
+//!
 //! Sans-IO: the admin queue shows [`AsyncEvents::observe`] the active
 //! namespaces and their sizes, or [`AsyncEvents::observe_discovery`] the
 //! generation counter, at its periodic check, and takes what is due
@@ -15,8 +20,10 @@
 //! As the specification asks, a notice once sent is masked until the host
 //! reads its log page without Retain Asynchronous Event.
 
+use crate::reservation::Notice as ReservationNotice;
 use sluice_proto::log::{self, lid};
-use std::collections::BTreeMap;
+use sluice_proto::reservation::{mask, NotificationLog};
+use std::collections::{BTreeMap, VecDeque};
 
 /// Asynchronous Event Configuration (and Identify OAES) bit: Namespace
 /// Attribute Notices.
@@ -39,6 +46,16 @@ const AER_INFO_DISCOVERY_CHANGE: u32 = 0xf0;
 /// The AER completion DW0 of a Namespace Attribute Changed notice.
 pub const NS_ATTRIBUTE_CHANGED_DW0: u32 =
     AER_TYPE_NOTICE | AER_INFO_NS_ATTRIBUTE_CHANGED << 8 | (lid::CHANGED_NS_LIST as u32) << 16;
+/// Asynchronous Event Type "I/O Command specific status" (bits 2:0); its
+/// information 00h is Reservation Log Page Available.
+const AER_TYPE_IO_COMMAND_SPECIFIC: u32 = 0x6;
+/// The AER completion DW0 of a Reservation Log Page Available notice.
+pub const RESERVATION_LOG_DW0: u32 =
+    AER_TYPE_IO_COMMAND_SPECIFIC | (lid::RESERVATION_NOTIFICATION as u32) << 16;
+/// Reservation notices a controller queues for its host's log page; past
+/// this the oldest go (the Log Page Count jumps over them).
+pub const RESERVATION_LOG_QUEUED_MAX: usize = 64;
+
 /// The AER completion DW0 of a Discovery Log Page Change notice.
 pub const DISCOVERY_CHANGE_DW0: u32 =
     AER_TYPE_NOTICE | AER_INFO_DISCOVERY_CHANGE << 8 | (lid::DISCOVERY as u32) << 16;
@@ -89,6 +106,18 @@ pub(crate) struct AsyncEvents {
     listed_seen: Vec<String>,
     /// Discovery Log Page Change.
     discovery_notice: Notice,
+    /// Per namespace, the last reservation notice taken (its `seq`).
+    reservation_seen: BTreeMap<u32, u64>,
+    /// Reservation notices for the log page, oldest first.
+    reservation_log: VecDeque<NotificationLog>,
+    /// The last Log Page Count given.
+    reservation_count: u64,
+    /// Reservation Notification Mask (feature 82h): for every namespace,
+    /// and per namespace where set.
+    reservation_mask_all: u32,
+    reservation_mask: BTreeMap<u32, u32>,
+    /// Reservation Log Page Available.
+    reservation_notice: Notice,
 }
 
 impl AsyncEvents {
@@ -102,7 +131,112 @@ impl AsyncEvents {
             genctr_seen: 0,
             listed_seen: Vec::new(),
             discovery_notice: Notice::default(),
+            reservation_seen: BTreeMap::new(),
+            reservation_log: VecDeque::new(),
+            reservation_count: 0,
+            reservation_mask_all: 0,
+            reservation_mask: BTreeMap::new(),
+            reservation_notice: Notice::default(),
         }
+    }
+
+    /// Where this controller starts in each namespace's reservation
+    /// notices (`nsid`, last `seq`): what came before is not its host's
+    /// news. A namespace met later (a reload added it) starts at 0.
+    pub(crate) fn start_reservations(&mut self, seen: impl IntoIterator<Item = (u32, u64)>) {
+        self.reservation_seen = seen.into_iter().collect();
+    }
+
+    /// The last reservation notice this controller took from `nsid`.
+    pub(crate) fn reservation_seen(&self, nsid: u32) -> u64 {
+        self.reservation_seen.get(&nsid).copied().unwrap_or(0)
+    }
+
+    /// Takes namespace `nsid`'s new reservation notices for this host
+    /// (`last`: the namespace's last `seq` now): the ones its mask does
+    /// not hide go into the log page and raise a notice.
+    pub(crate) fn observe_reservations(
+        &mut self,
+        nsid: u32,
+        notices: Vec<ReservationNotice>,
+        last: u64,
+    ) {
+        self.reservation_seen.insert(nsid, last);
+        let masked = self
+            .reservation_mask
+            .get(&nsid)
+            .copied()
+            .unwrap_or(self.reservation_mask_all);
+        for n in notices {
+            if masked & (1 << n.kind) != 0 {
+                continue;
+            }
+            self.reservation_count = self.reservation_count.checked_add(1).unwrap_or(1);
+            if self.reservation_log.len() == RESERVATION_LOG_QUEUED_MAX {
+                self.reservation_log.pop_front();
+            }
+            self.reservation_log.push_back(NotificationLog {
+                count: self.reservation_count,
+                kind: n.kind,
+                available: 0,
+                nsid,
+            });
+            self.reservation_notice.raise(true);
+        }
+    }
+
+    /// Forgets the namespaces that are gone (a reload removed them):
+    /// `active` says which are not.
+    pub(crate) fn retain_reservations(&mut self, active: impl Fn(u32) -> bool) {
+        self.reservation_seen.retain(|nsid, _| active(*nsid));
+        self.reservation_mask.retain(|nsid, _| active(*nsid));
+    }
+
+    /// The Reservation Notification log page: the oldest notice, which the
+    /// read takes (an empty page when there is none); unless `retain`
+    /// (RAE), the notice is unmasked, and raised again if more wait.
+    pub(crate) fn read_reservation_log(&mut self, retain: bool) -> Vec<u8> {
+        let page = match self.reservation_log.pop_front() {
+            Some(mut n) => {
+                n.available = u8::try_from(self.reservation_log.len()).unwrap_or(u8::MAX);
+                n.encode()
+            }
+            None => NotificationLog::default().encode(),
+        };
+        if !retain {
+            self.reservation_notice.clear();
+            if !self.reservation_log.is_empty() {
+                self.reservation_notice.raise(true);
+            }
+        }
+        page
+    }
+
+    /// Reservation Notification Mask of `nsid`.
+    pub(crate) fn reservation_mask(&self, nsid: u32) -> u32 {
+        self.reservation_mask
+            .get(&nsid)
+            .copied()
+            .unwrap_or(self.reservation_mask_all)
+    }
+
+    /// Sets the Reservation Notification Mask of `nsid`, or of every
+    /// namespace (`None`); bits other than the three notices are Invalid
+    /// Field.
+    pub(crate) fn set_reservation_mask(&mut self, nsid: Option<u32>, m: u32) -> bool {
+        if m & !mask::ALL != 0 {
+            return false;
+        }
+        match nsid {
+            Some(nsid) => {
+                self.reservation_mask.insert(nsid, m);
+            }
+            None => {
+                self.reservation_mask_all = m;
+                self.reservation_mask.clear();
+            }
+        }
+        true
     }
 
     /// Starts from the discovery log as it is now: generation `genctr`,
@@ -179,7 +313,12 @@ impl AsyncEvents {
         if self.ns_notice.take() {
             return Some(NS_ATTRIBUTE_CHANGED_DW0);
         }
-        self.discovery_notice.take().then_some(DISCOVERY_CHANGE_DW0)
+        if self.discovery_notice.take() {
+            return Some(DISCOVERY_CHANGE_DW0);
+        }
+        self.reservation_notice
+            .take()
+            .then_some(RESERVATION_LOG_DW0)
     }
 
     /// The Changed Namespace List log page. Unless `retain` (RAE), reading

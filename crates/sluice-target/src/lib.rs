@@ -12,6 +12,8 @@
 //!   admits while the target runs.
 //! * `events`: asynchronous event notices (a namespace grew online) and
 //!   the Changed Namespace List log.
+//! * [`reservation`]: a namespace's registrations and reservation (the
+//!   Reservation commands, the I/O path's conflict check, notices).
 //! * [`queue`]: one queue pair as a sans-IO state machine.
 //! * The per-queue send scheduler is `sluice_proto::send`, shared with the
 //!   host.
@@ -36,6 +38,7 @@ pub mod metrics;
 pub mod queue;
 pub mod registry;
 pub mod reload;
+pub mod reservation;
 mod server;
 pub mod slots;
 pub mod subsystem;

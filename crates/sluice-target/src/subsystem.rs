@@ -33,6 +33,8 @@ pub struct Namespace {
     pub counters: IoCounters,
     /// Chain-epoch fences (elastic volumes' drives; `fence.rs`).
     pub fences: Arc<crate::fence::Fences>,
+    /// Hosts' registrations and reservation (`reservation.rs`).
+    pub reservations: Arc<crate::reservation::Reservations>,
     /// A reload removed it (or its subsystem): workers drop their queues
     /// of it once no one holds it (`server/worker.rs`).
     retired: std::sync::atomic::AtomicBool,
@@ -64,6 +66,7 @@ impl Namespace {
             eui64: ids.eui64,
             counters: IoCounters::default(),
             fences: Arc::new(crate::fence::Fences::new(geometry.size_bytes)),
+            reservations: Arc::default(),
             retired: std::sync::atomic::AtomicBool::new(false),
         }
     }

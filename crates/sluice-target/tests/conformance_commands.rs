@@ -323,7 +323,7 @@ fn adm_12_identify_other_cns_is_invalid_field() {
 #[test]
 fn adm_13_log_page_the_controller_does_not_offer_is_invalid_log_page() {
     let (_r, mut p, _) = admin_q();
-    for l in [0x00u8, 0x06, 0x42, lid::DISCOVERY, 0x80] {
+    for l in [0x00u8, 0x06, 0x42, lid::DISCOVERY, 0x81] {
         assert_eq!(
             log_page(&mut p, l, 0, 512, 0, 512).status(),
             Status::INVALID_LOG_PAGE,
@@ -529,7 +529,7 @@ fn adm_21_set_features_of_fixed_features_is_not_changeable() {
 #[test]
 fn adm_22_set_features_unknown_fid_is_invalid_field() {
     let (_r, mut p, _) = admin_q();
-    for fid in [0x00u8, 0x03, 0x0c, 0x0d, 0x0e, 0x10, 0x55, 0x80, 0x82, 0xff] {
+    for fid in [0x00u8, 0x03, 0x0c, 0x0d, 0x0e, 0x10, 0x55, 0x80, 0x84, 0xff] {
         assert_eq!(
             set_feature(&mut p, fid, 0).0,
             Status::INVALID_FIELD,
@@ -1138,7 +1138,7 @@ fn io_10_short_range_list_is_caught_at_admission() {
 fn io_11_other_io_opcode_is_invalid_opcode() {
     let (r, _a, cntlid) = admin_q();
     let mut q = io_pair(&r, cntlid, false, false);
-    for op in [0x05u8, 0x06, 0x0c, 0x0d, 0x11, 0x18, 0x7c, 0x80, 0xff] {
+    for op in [0x05u8, 0x06, 0x0c, 0x10, 0x12, 0x18, 0x7c, 0x80, 0xff] {
         assert_eq!(
             no_data(&mut q, Sqe::new(op, 0, 1)),
             Status::INVALID_OPCODE,

@@ -14,6 +14,7 @@ use sluice_proto::command::{admin, io, rw, sgl, FUSE_MASK, PSDT_MASK, PSDT_SGL};
 use sluice_proto::dsm::DsmCommand;
 use sluice_proto::fabrics::{fctype, CONNECT_DATA_LEN};
 use sluice_proto::pdu::DecodeError;
+use sluice_proto::reservation;
 use sluice_proto::{Sqe, Status};
 use std::sync::Arc;
 use std::time::Instant;
@@ -377,6 +378,21 @@ impl QueueConnection {
                     nr: dsm.ranges,
                     deallocate: dsm.deallocate,
                 })
+            }
+            reservation::opcode::REGISTER
+            | reservation::opcode::ACQUIRE
+            | reservation::opcode::RELEASE
+            | reservation::opcode::REPORT => {
+                let ns = self.namespace(sqe.nsid())?;
+                let want = match sqe.opcode() {
+                    reservation::opcode::RELEASE => u64::from(reservation::RELEASE_DATA_BYTES),
+                    reservation::opcode::REPORT => reservation::ReportCommand::parse(sqe).len_bytes,
+                    _ => u64::from(reservation::KEYS_DATA_BYTES),
+                };
+                if u64::from(sgl_len) != want {
+                    return Err(Status::DATA_SGL_LENGTH_INVALID);
+                }
+                Ok(CmdKind::Reservation { ns })
             }
             _ => Err(Status::INVALID_OPCODE),
         }

@@ -39,6 +39,9 @@ pub(super) enum CmdKind {
         nr: u32,
         deallocate: bool,
     },
+    /// Reservation Register, Acquire, Release or Report, executed inline
+    /// against the namespace's reservations (`reservation.rs`).
+    Reservation { ns: Arc<Namespace> },
 }
 
 /// One admitted command.
@@ -58,6 +61,9 @@ pub(super) struct Cmd {
     /// A write's place in its namespace's fence counts, held until the
     /// command is freed (after its backend requests completed).
     pub(super) fence: Option<crate::fence::FenceHold>,
+    /// A write's place in its namespace's reservation drain, held until
+    /// the command is freed (a Preempt and Abort waits for it).
+    pub(super) write_hold: Option<crate::reservation::WriteHold>,
 }
 
 impl Cmd {
@@ -72,6 +78,7 @@ impl Cmd {
             ops_pending: 0,
             status: Status::SUCCESS,
             fence: None,
+            write_hold: None,
         }
     }
 }

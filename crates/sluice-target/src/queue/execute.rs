@@ -10,6 +10,7 @@ use super::{BackendSubmit, QueueConnection};
 use crate::admin::{AdminContext, AdminReply, AER_MAX};
 use crate::controller::Controller;
 use crate::fence::FenceHold;
+use crate::reservation::{Access, HostId, WriteHold};
 use crate::subsystem::Namespace;
 use crate::tag::BackendTag;
 use sluice_backend::{AlignedBuf, IoOp, IoRequest};
@@ -17,6 +18,7 @@ use sluice_proto::command::admin;
 use sluice_proto::dsm;
 use sluice_proto::fabrics::{fctype, PropertyCommand};
 use sluice_proto::fence;
+use sluice_proto::reservation;
 use sluice_proto::{Sqe, Status};
 use sluice_runtime::cast::usize_from;
 use std::collections::VecDeque;
@@ -35,6 +37,47 @@ pub(super) struct Execution {
     /// Command slots of Asynchronous Event Requests held for a future
     /// event, oldest first.
     pub(super) held_aers: Vec<u16>,
+    /// Preempt and Abort commands waiting for writes to drain.
+    pub(super) preempt_aborts: Vec<PreemptAbort>,
+}
+
+/// A Preempt and Abort that has changed the reservation and waits for the
+/// writes that passed their check before it.
+#[derive(Debug)]
+pub(super) struct PreemptAbort {
+    slot: u16,
+    ns: Arc<Namespace>,
+    ticket: u64,
+    /// When to look again.
+    pub(super) poll_at: Instant,
+}
+
+/// How often a waiting Preempt and Abort looks at its drain.
+pub(super) const PREEMPT_ABORT_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// What the reservations of the namespaces a command touches allow host
+/// `hostid`: the write group (Write, Write Zeroes, Dataset Management,
+/// Flush) and the read group (Read) as the specification lists them. A
+/// write's hold counts it for Preempt and Abort.
+fn reservation_access(kind: &CmdKind, hostid: &HostId) -> Result<Option<WriteHold>, Status> {
+    match kind {
+        CmdKind::Read { ns, .. } => ns.reservations.check(hostid, Access::Read).map(|()| None),
+        CmdKind::Write { ns, .. } | CmdKind::Dsm { ns, .. } => {
+            ns.reservations.admit_write(hostid).map(Some)
+        }
+        CmdKind::NoData { ops, .. } => {
+            let mut hold = None;
+            for (ns, op, ..) in ops {
+                if *op == IoOp::Flush || hold.is_some() {
+                    ns.reservations.check(hostid, Access::Write)?;
+                } else {
+                    hold = Some(ns.reservations.admit_write(hostid)?);
+                }
+            }
+            Ok(hold)
+        }
+        CmdKind::Inline | CmdKind::Reservation { .. } => Ok(None),
+    }
 }
 
 impl Execution {
@@ -100,6 +143,18 @@ impl QueueConnection {
         };
         let sqe = cmd.sqe;
         let tag = BackendTag::slot(slot).raw();
+        // What the namespace's reservation allows this host (one atomic
+        // load while none is held); a write is counted for Preempt and
+        // Abort until the command is freed.
+        if let Some(ctrl) = self.session.ctrl.as_ref() {
+            match reservation_access(&cmd.kind, &ctrl.hostid) {
+                Ok(hold) => cmd.write_hold = hold,
+                Err(status) => {
+                    self.complete(slot, status, 0, 0, now);
+                    return;
+                }
+            }
+        }
         // Writes pass their granules' chain-epoch fences (fence.rs) and are
         // counted in flight until the command is freed.
         let written = match &cmd.kind {
@@ -208,6 +263,126 @@ impl QueueConnection {
             }
             CmdKind::Dsm { ns, nr, deallocate } => {
                 self.execute_dsm(slot, ns, nr, deallocate, buf, now);
+            }
+            CmdKind::Reservation { ns } => {
+                let data = buf.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                self.execute_reservation(slot, &sqe, &ns, data, now);
+            }
+        }
+    }
+
+    /// Reservation Register, Acquire, Release and Report on `ns` for this
+    /// controller's host (`reservation.rs`). A Preempt and Abort completes
+    /// once the writes it must outlast have drained
+    /// ([`Self::poll_preempt_aborts`]).
+    fn execute_reservation(
+        &mut self,
+        slot: u16,
+        sqe: &Sqe,
+        ns: &Arc<Namespace>,
+        data: &[u8],
+        now: Instant,
+    ) {
+        let Some(ctrl) = self.session.ctrl.clone() else {
+            self.complete(slot, Status::COMMAND_SEQUENCE_ERROR, 0, 0, now);
+            return;
+        };
+        let host = &ctrl.hostid;
+        let r = &ns.reservations;
+        let keys = || reservation::two_keys(data).ok_or(Status::DATA_SGL_LENGTH_INVALID);
+        let (what, outcome) = match sqe.opcode() {
+            reservation::opcode::REGISTER => (
+                "register",
+                reservation::RegisterCommand::parse(sqe).and_then(|c| {
+                    let (crkey, nrkey) = keys()?;
+                    r.register(host, c, crkey, nrkey).map(|()| None)
+                }),
+            ),
+            reservation::opcode::ACQUIRE => (
+                "acquire",
+                reservation::AcquireCommand::parse(sqe).and_then(|c| {
+                    let (crkey, prkey) = keys()?;
+                    r.acquire(host, c, crkey, prkey)
+                }),
+            ),
+            reservation::opcode::RELEASE => (
+                "release",
+                reservation::ReleaseCommand::parse(sqe).and_then(|c| {
+                    let crkey =
+                        reservation::one_key(data).ok_or(Status::DATA_SGL_LENGTH_INVALID)?;
+                    r.release(host, c, crkey).map(|()| None)
+                }),
+            ),
+            _ => {
+                let report = reservation::ReportCommand::parse(sqe);
+                // NVMe over Fabrics Host Identifiers are 128 bits: only the
+                // extended data structure holds them (nvmet answers so).
+                let status = if !report.extended {
+                    Status::HOST_ID_INCONSISTENT
+                } else if report.len_bytes < reservation::EXTENDED_HEADER_BYTES as u64 {
+                    Status::INVALID_FIELD
+                } else {
+                    // Admission checked the length against the SGL (≤ MDTS).
+                    let d = r.report().encode_extended(usize_from(report.len_bytes));
+                    self.send_c2h_data_then(slot, sqe.cid(), &d, 0, 0, now);
+                    return;
+                };
+                self.complete(slot, status, 0, 0, now);
+                return;
+            }
+        };
+        let cdw10 = sqe.cdw(10);
+        match outcome {
+            Ok(ticket) => {
+                tracing::info!(
+                    nsid = ns.nsid,
+                    hostnqn = ctrl.hostnqn.as_str(),
+                    action = cdw10 & 0x7,
+                    rtype = (cdw10 >> 8) & 0xff,
+                    "reservation {what}"
+                );
+                match ticket {
+                    None => self.complete(slot, Status::SUCCESS, 0, 0, now),
+                    Some(ticket) => {
+                        self.exec.preempt_aborts.push(PreemptAbort {
+                            slot,
+                            ns: ns.clone(),
+                            ticket,
+                            poll_at: now,
+                        });
+                        self.poll_preempt_aborts(now);
+                    }
+                }
+            }
+            Err(status) => {
+                tracing::debug!(
+                    nsid = ns.nsid,
+                    hostnqn = ctrl.hostnqn.as_str(),
+                    %status,
+                    "reservation {what} refused"
+                );
+                self.complete(slot, status, 0, 0, now);
+            }
+        }
+    }
+
+    /// Completes the Preempt and Abort commands whose writes drained; the
+    /// others are looked at again after [`PREEMPT_ABORT_POLL`].
+    pub(super) fn poll_preempt_aborts(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.exec.preempt_aborts.len() {
+            let p = &mut self.exec.preempt_aborts[i];
+            if now < p.poll_at {
+                i += 1;
+                continue;
+            }
+            if p.ns.reservations.drained(p.ticket) {
+                let slot = p.slot;
+                self.exec.preempt_aborts.swap_remove(i);
+                self.complete(slot, Status::SUCCESS, 0, 0, now);
+            } else {
+                p.poll_at = now + PREEMPT_ABORT_POLL;
+                i += 1;
             }
         }
     }

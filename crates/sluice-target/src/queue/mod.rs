@@ -322,6 +322,9 @@ impl QueueConnection {
             return None;
         }
         let mut t = Some(self.next_check);
+        if let Some(d) = self.exec.preempt_aborts.iter().map(|p| p.poll_at).min() {
+            t = Some(t.map_or(d, |x| x.min(d)));
+        }
         if let Some(d) = self.out.tx.next_deadline() {
             t = Some(t.map_or(d, |x| x.min(d)));
         }
@@ -374,6 +377,9 @@ impl QueueConnection {
                 self.close("controller failed or association ended");
                 return;
             }
+        }
+        if !self.exec.preempt_aborts.is_empty() {
+            self.poll_preempt_aborts(now);
         }
         if now >= self.next_check {
             self.next_check = self.check_after(now);

@@ -115,6 +115,8 @@ pub struct Pair {
     pub inbox: Vec<Got>,
     pub next_cid: u16,
     pub term: Option<(u16, u32)>,
+    /// The Host Identifier this pair's Connect commands carry.
+    pub hostid: [u8; 16],
 }
 
 impl Pair {
@@ -130,6 +132,7 @@ impl Pair {
             inbox: Vec::new(),
             next_cid: 1,
             term: None,
+            hostid: HOSTID,
         }
     }
 
@@ -334,7 +337,7 @@ impl Pair {
             kato_ms,
         };
         let data = ConnectData {
-            hostid: HOSTID,
+            hostid: self.hostid,
             cntlid,
             subnqn: subnqn.into(),
             hostnqn: hostnqn.into(),
@@ -375,8 +378,13 @@ impl Pair {
 
     /// ICReq, admin Connect, CC.EN. Returns the CNTLID.
     pub fn admin_up(&mut self) -> u16 {
+        self.admin_up_as(HOSTNQN)
+    }
+
+    /// [`Pair::admin_up`] as host `hostnqn` (with [`Pair::hostid`]).
+    pub fn admin_up_as(&mut self, hostnqn: &str) -> u16 {
         self.icreq(false, false);
-        let c = self.connect(0, CNTLID_DYNAMIC, HOSTNQN, 5000);
+        let c = self.connect(0, CNTLID_DYNAMIC, hostnqn, 5000);
         assert!(c.status().is_success(), "{:?}", c.status());
         let cntlid = c.result as u16;
         let en = cc::EN | 6 << cc::IOSQES_SHIFT | 4 << cc::IOCQES_SHIFT;
