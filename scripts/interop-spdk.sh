@@ -19,12 +19,15 @@
 #     it with the listed one.
 # Sluice's host against SPDK's nvmf_tgt (malloc bdev):
 #   - sluice bench --verify, without and with digests, and with an empty-NQN
-#     free (default) host NQN.
+#     free (default) host NQN;
+#   - reservations between two Sluice hosts (`sluice resv`, `sluice bench`).
+# (`check` runs each in an `if`, where `set -e` does not apply: every
+# step that can fail says `|| return 1`.)
 # Prints "N passed, M failed"; exits 1 if any failed.
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 fi
 SPDK=$(cd "$1" && pwd)
@@ -203,6 +206,34 @@ BENCH=("$SLUICE" bench --target "127.0.0.1:$SPORT" --nqn "$SPDK_NQN" --runtime 3
 check bench-on-nvmf_tgt "${BENCH[@]}" --rw randrw --bs 4k-128k --qd 16
 check bench-on-nvmf_tgt-digests "${BENCH[@]}" --rw randrw --bs 4k-64k --qd 8 --hdr-digest --data-digest
 check bench-on-nvmf_tgt-large "${BENCH[@]}" --rw write --bs 1m --qd 4
+
+# Reservations between two Sluice hosts on nvmf_tgt's namespace (SPDK's own
+# reservation code): A registers and acquires Write Exclusive, B sees it in
+# the report, is refused writes and an Acquire, registers, preempts A with
+# Preempt and Abort, and clears.
+resv_on_nvmf_tgt() {
+    local at=(--target "127.0.0.1:$SPORT" --nqn "$SPDK_NQN" --log warn) rep j
+    local a=(--hostnqn nqn.2026-11.io.sluice:spdk-resv-a) b=(--hostnqn nqn.2026-11.io.sluice:spdk-resv-b)
+    "$SLUICE" resv register "${at[@]}" "${a[@]}" --nrkey 0xa1 || return 1
+    "$SLUICE" resv acquire "${at[@]}" "${a[@]}" --rtype write-exclusive --crkey 0xa1 || return 1
+    rep=$("$SLUICE" resv report "${at[@]}" "${b[@]}" --json) || return 1
+    echo "B sees: $rep"
+    [[ $rep == *'"rtype":1,'* && $rep == *'"key":161,"holds":true'* ]] || { echo "A does not hold Write Exclusive"; return 1; }
+    j=$("$SLUICE" bench --target "127.0.0.1:$SPORT" --nqn "$SPDK_NQN" "${b[@]}" --rw write --bs 4k --qd 4 --runtime 1 --json --log warn) || return 1
+    grep -q '"errors": 0,' <<<"$j" && { echo "B's writes were not refused"; return 1; }
+    if "$SLUICE" resv acquire "${at[@]}" "${b[@]}" --rtype write-exclusive --crkey 0xb1; then
+        echo "an unregistered host acquired"; return 1
+    fi
+    "$SLUICE" resv register "${at[@]}" "${b[@]}" --nrkey 0xb1 || return 1
+    "$SLUICE" resv acquire "${at[@]}" "${b[@]}" --action preempt-abort --rtype write-exclusive --crkey 0xb1 --prkey 0xa1 || return 1
+    rep=$("$SLUICE" resv report "${at[@]}" "${a[@]}" --json) || return 1
+    echo "A sees: $rep"
+    [[ $rep == *'"registrant_count":1,'* && $rep == *'"key":177,"holds":true'* ]] || { echo "B does not hold it alone"; return 1; }
+    "$SLUICE" resv release "${at[@]}" "${b[@]}" --action clear --crkey 0xb1 || return 1
+    rep=$("$SLUICE" resv report "${at[@]}" "${a[@]}" --json) || return 1
+    [[ $rep == *'"rtype":0,'* && $rep == *'"registrant_count":0,'* ]] || { echo "not cleared: $rep"; return 1; }
+}
+check reservations-on-nvmf_tgt resv_on_nvmf_tgt
 
 echo "interop-spdk: $PASSED passed, $FAILED failed (logs: $LOGDIR)"
 [[ $FAILED -eq 0 ]]

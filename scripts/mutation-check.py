@@ -332,7 +332,7 @@ MUTANTS = [
      "        if true {\n            return Ok(());\n        }\n        let s = lock(&self.state);",
      t("sluice-target", extra=["--lib", "--test", "reservations"])),
     ("reservation-drain-never-waits", "crates/sluice-target/src/reservation.rs",
-     "        self.flips.load(SeqCst) >= ticket + 2 || self.counts[slot_of(ticket)].load(SeqCst) == 0\n",
+     "        self.flips.load(SeqCst) >= ticket + 2 || self.count(slot_of(ticket)) == 0\n",
      "        true\n",
      t("sluice-target", extra=["--lib", "--test", "reservations"])),
     ("preempt-abort-completes-at-once", "crates/sluice-target/src/queue/execute.rs",

@@ -30,7 +30,9 @@ use sluice_proto::reservation::{
 use sluice_proto::Status;
 use sluice_runtime::sync::lock;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Arc, Mutex};
 
 /// Hosts registered with one namespace at most: Host Identifiers are the
@@ -219,12 +221,19 @@ impl Reservations {
     pub fn admit_write(self: &Arc<Self>, hostid: &HostId) -> Result<WriteHold, Status> {
         let hold = WriteHold {
             reservations: self.clone(),
-            slot: self.drain.enter(),
+            at: self.drain.enter(),
         };
         // Counted before the check: a Preempt and Abort that changes the
         // state after this check reads the count after its change.
         self.check(hostid, Access::Write)?;
         Ok(hold)
+    }
+
+    /// The reservation's type (0: none) and how many hosts are registered
+    /// (for the metrics).
+    pub fn summary(&self) -> (u8, usize) {
+        let s = lock(&self.state);
+        (s.held.map_or(0, |h| h.rtype.as_u8()), s.registrants.len())
     }
 
     /// Commands refused with Reservation Conflict so far.
@@ -494,27 +503,51 @@ impl Reservations {
 /// means the phase before `ticket` drained, and the waiter is done when the
 /// phase `ticket` drains too (or `flips` reached `ticket + 2`, which needed
 /// that).
+///
+/// The counts are sharded by thread (each shard on its own cache line), so
+/// workers writing to one namespace do not pass a line back and forth on
+/// every write; a waiter sums the shards. A slot nobody may enter any more
+/// only decreases (an entry that raced a flip is undone at once), so a sum
+/// read shard by shard that comes to zero is exact.
 #[derive(Debug, Default)]
 struct WriteDrain {
     flips: AtomicU64,
-    counts: [AtomicU32; 2],
+    shards: [DrainShard; DRAIN_SHARDS],
+}
+
+/// Shards of a [`WriteDrain`]: more than the workers a target runs on
+/// most machines; threads beyond share.
+const DRAIN_SHARDS: usize = 16;
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct DrainShard([AtomicU32; 2]);
+
+/// This thread's shard.
+fn drain_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % DRAIN_SHARDS;
+    }
+    SHARD.with(|s| *s)
 }
 
 impl WriteDrain {
-    fn enter(&self) -> usize {
+    fn enter(&self) -> (usize, usize) {
+        let shard = &self.shards[drain_shard()];
         loop {
             let f = self.flips.load(SeqCst);
             let slot = usize::from(f & 1 == 1);
-            self.counts[slot].fetch_add(1, SeqCst);
+            shard.0[slot].fetch_add(1, SeqCst);
             if self.flips.load(SeqCst) == f {
-                return slot;
+                return (drain_shard(), slot);
             }
-            self.counts[slot].fetch_sub(1, SeqCst);
+            shard.0[slot].fetch_sub(1, SeqCst);
         }
     }
 
-    fn exit(&self, slot: usize) {
-        let before = self.counts[slot].fetch_sub(1, SeqCst);
+    fn exit(&self, (shard, slot): (usize, usize)) {
+        let before = self.shards[shard].0[slot].fetch_sub(1, SeqCst);
         debug_assert!(before > 0, "a write left a drain phase it was not in");
     }
 
@@ -522,18 +555,26 @@ impl WriteDrain {
         self.flips.load(SeqCst)
     }
 
+    /// Writes in `slot`, summed over the shards.
+    fn count(&self, slot: usize) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| u64::from(s.0[slot].load(SeqCst)))
+            .sum()
+    }
+
     fn drained(&self, ticket: u64) -> bool {
         let slot_of = |f: u64| usize::from(f & 1 == 1);
         let f = self.flips.load(SeqCst);
         if f == ticket {
-            if self.counts[slot_of(ticket + 1)].load(SeqCst) != 0 {
+            if self.count(slot_of(ticket + 1)) != 0 {
                 return false;
             }
             let _ = self
                 .flips
                 .compare_exchange(ticket, ticket + 1, SeqCst, SeqCst);
         }
-        self.flips.load(SeqCst) >= ticket + 2 || self.counts[slot_of(ticket)].load(SeqCst) == 0
+        self.flips.load(SeqCst) >= ticket + 2 || self.count(slot_of(ticket)) == 0
     }
 }
 
@@ -542,12 +583,13 @@ impl WriteDrain {
 #[derive(Debug)]
 pub struct WriteHold {
     reservations: Arc<Reservations>,
-    slot: usize,
+    /// (shard, slot) in the drain.
+    at: (usize, usize),
 }
 
 impl Drop for WriteHold {
     fn drop(&mut self) {
-        self.reservations.drain.exit(self.slot);
+        self.reservations.drain.exit(self.at);
     }
 }
 
@@ -947,13 +989,43 @@ mod tests {
     }
 
     #[test]
+    fn a_write_held_on_another_thread_is_waited_for() {
+        let r = Arc::new(Reservations::default());
+        reg(&r, &A, 1).unwrap();
+        reg(&r, &B, 2).unwrap();
+        acq(&r, &A, AcquireAction::Acquire, WriteExclusive, 1, 0).unwrap();
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel();
+        let (drop_tx, drop_rx) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                let hold = r.admit_write(&A).expect("A holds it");
+                hold_tx.send(hold.at.0).unwrap();
+                drop_rx.recv().unwrap();
+                drop(hold);
+            })
+        };
+        let shard = hold_rx.recv().unwrap();
+        let mine = r.admit_write(&A).unwrap();
+        assert_ne!(shard, mine.at.0, "each thread counts in its own shard");
+        drop(mine);
+        let ticket = acq(&r, &B, AcquireAction::PreemptAndAbort, WriteExclusive, 2, 1)
+            .unwrap()
+            .expect("a ticket");
+        assert!(!r.drained(ticket), "the other thread's write is in flight");
+        drop_tx.send(()).unwrap();
+        writer.join().unwrap();
+        assert!(r.drained(ticket));
+    }
+
+    #[test]
     fn drains_in_a_row_each_wait_for_their_own_writes() {
         let d = WriteDrain::default();
         let old = d.enter();
         let t0 = d.ticket();
         assert!(!d.drained(t0), "the write before t0 is in flight");
         let new = d.enter(); // after t0's flip: the other phase
-        assert_ne!(old, new);
+        assert_ne!(old.1, new.1);
         let t1 = d.ticket();
         assert_ne!(t0, t1);
         assert!(!d.drained(t1), "both writes came before t1");
@@ -965,6 +1037,6 @@ mod tests {
         assert!(d.drained(t1), "t1 does not wait for the write after it");
         assert!(d.drained(t0));
         d.exit(newer);
-        assert_eq!(d.counts[0].load(SeqCst) + d.counts[1].load(SeqCst), 0);
+        assert_eq!(d.count(0) + d.count(1), 0);
     }
 }

@@ -79,6 +79,9 @@ fn admin_endpoint_with_token() {
         "sluice_namespace_stale_epoch_writes_total",
         "sluice_namespace_stale_epoch_reads_total",
         "sluice_namespace_slow_ios_total",
+        "sluice_namespace_reservation_type",
+        "sluice_namespace_reservation_registrants",
+        "sluice_namespace_reservation_conflicts_total",
         "sluice_ram_huge_chunks_total",
         "sluice_ram_huge_collapses_total",
         "sluice_ram_huge_collapses_pending",
@@ -95,6 +98,13 @@ fn admin_endpoint_with_token() {
     assert!(
         m.body.contains(
             "sluice_namespace_stale_epoch_writes_total{subsystem=\"nqn.2026-11.io.sluice:admin\",nsid=\"1\"} 0"
+        ),
+        "{}",
+        m.body
+    );
+    assert!(
+        m.body.contains(
+            "sluice_namespace_reservation_type{subsystem=\"nqn.2026-11.io.sluice:admin\",nsid=\"1\"} 0"
         ),
         "{}",
         m.body

@@ -234,6 +234,14 @@ fn a_write_exclusive_reservation_limits_the_other_host_to_reads() {
     // The conflict carries DNR, so a host does not retry it.
     let st = access(&mut b).1;
     assert!(st.dnr && (st.sct, st.sc) == (0, 0x83), "{st:?}");
+    // What the metrics read: the type, the registrants, the conflicts.
+    let ns = r.subsystem(SUBNQN).unwrap().namespaces.get(1).unwrap();
+    assert_eq!(ns.reservations.summary(), (1, 2));
+    assert_eq!(
+        ns.reservations.refused(),
+        4,
+        "write, write zeroes, flush, write"
+    );
     let rep = report(&mut a);
     assert_eq!(rep.reservation(), Some(ReservationType::WriteExclusive));
     assert_eq!(rep.registrant_count, 2);

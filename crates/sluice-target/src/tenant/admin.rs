@@ -444,6 +444,7 @@ impl Collector for TargetCollector {
         // Per namespace (all hosts) and per host NQN.
         let mut ns = Vec::new();
         let mut sizes = Vec::new();
+        let mut reservations = Vec::new();
         let subsystems = self.reg.subsystems();
         for (nqn, sub) in subsystems.iter() {
             for (nsid, n) in sub.namespaces.snapshot().iter() {
@@ -461,6 +462,14 @@ impl Collector for TargetCollector {
                         n.fences.refused_reads(),
                         rt.ns_stats.get(n.index).map_or(0, |st| l(&st.slow_ios)),
                     ),
+                ));
+                let (rtype, registrants) = n.reservations.summary();
+                reservations.push((
+                    nqn.as_str(),
+                    nsid.to_string(),
+                    i64::from(rtype),
+                    i64::try_from(registrants).unwrap_or(i64::MAX),
+                    n.reservations.refused(),
                 ));
             }
         }
@@ -548,6 +557,33 @@ impl Collector for TargetCollector {
             None,
             ns.iter().map(|(nqn, nsid, _, (_, _, slow))| {
                 ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *slow)
+            }),
+        )?;
+        gauges(
+            e,
+            "sluice_namespace_reservation_type",
+            "The reservation held on the namespace: its type (1 Write Exclusive ... 6 Exclusive Access - All Registrants), 0 when none.",
+            None,
+            reservations.iter().map(|(nqn, nsid, rtype, _, _)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *rtype)
+            }),
+        )?;
+        gauges(
+            e,
+            "sluice_namespace_reservation_registrants",
+            "Hosts registered with the namespace's reservations.",
+            None,
+            reservations.iter().map(|(nqn, nsid, _, regs, _)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *regs)
+            }),
+        )?;
+        counters(
+            e,
+            "sluice_namespace_reservation_conflicts",
+            "I/O commands refused with Reservation Conflict (the namespace's reservation does not let their host read or write), per namespace.",
+            None,
+            reservations.iter().map(|(nqn, nsid, _, _, refused)| {
+                ([("subsystem", Esc(nqn)), ("nsid", Esc(nsid))], *refused)
             }),
         )?;
         let hosts = self.reg.hosts.snapshot();
