@@ -775,15 +775,20 @@ async fn reservations_between_two_hosts() {
     };
     use sluice_proto::Status;
     let t = RealTarget::start();
-    let host = |name: &str, id: u8| ConnectOptions {
+    // No Host Identifier set: each is derived from its host NQN, so the
+    // two NQNs are two hosts (as `sluice resv` and `sluice bench` run).
+    let host = |name: &str| ConnectOptions {
         hostnqn: format!("nqn.2024-01.io.sluice:{name}"),
-        hostid: [id; 16],
         ..opts()
     };
-    let a = Controller::connect(t.addr(), &t.subnqn, host("host-a", 0xa))
+    let (ida, idb) = (
+        sluice_host::controller::host_identifier(&host("host-a")),
+        sluice_host::controller::host_identifier(&host("host-b")),
+    );
+    let a = Controller::connect(t.addr(), &t.subnqn, host("host-a"))
         .await
         .expect("connect a");
-    let b = Controller::connect(t.addr(), &t.subnqn, host("host-b", 0xb))
+    let b = Controller::connect(t.addr(), &t.subnqn, host("host-b"))
         .await
         .expect("connect b");
     let (na, nb) = (a.namespace(1).unwrap(), b.namespace(1).unwrap());
@@ -832,7 +837,7 @@ async fn reservations_between_two_hosts() {
         .collect();
     assert_eq!(
         seen,
-        vec![([0xa; 16], 0xa1, true), ([0xb; 16], 0xb1, false)]
+        vec![(ida, 0xa1, true), (idb, 0xb1, false)]
     );
     // B preempts A and aborts its writes: now A is the one refused.
     nb.reservation_acquire(

@@ -534,13 +534,14 @@ fn drain_shard() -> usize {
 
 impl WriteDrain {
     fn enter(&self) -> (usize, usize) {
-        let shard = &self.shards[drain_shard()];
+        let at = drain_shard();
+        let shard = &self.shards[at];
         loop {
             let f = self.flips.load(SeqCst);
             let slot = usize::from(f & 1 == 1);
             shard.0[slot].fetch_add(1, SeqCst);
             if self.flips.load(SeqCst) == f {
-                return (drain_shard(), slot);
+                return (at, slot);
             }
             shard.0[slot].fetch_sub(1, SeqCst);
         }
