@@ -835,10 +835,7 @@ async fn reservations_between_two_hosts() {
         .iter()
         .map(|r| (r.hostid, r.key, r.holds))
         .collect();
-    assert_eq!(
-        seen,
-        vec![(ida, 0xa1, true), (idb, 0xb1, false)]
-    );
+    assert_eq!(seen, vec![(ida, 0xa1, true), (idb, 0xb1, false)]);
     // B preempts A and aborts its writes: now A is the one refused.
     nb.reservation_acquire(
         AcquireAction::PreemptAndAbort,
