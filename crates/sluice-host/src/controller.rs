@@ -11,9 +11,10 @@
 //! host rescans). [`Namespace`] does block I/O of any length, split at MDTS.
 
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use sluice_proto::command::{admin, io, Sqe};
@@ -26,8 +27,8 @@ use sluice_proto::identify::{
 };
 use sluice_proto::log::GetLogPage;
 use sluice_proto::reservation::{
-    self, AcquireAction, AcquireCommand, Cptpl, RegisterAction, RegisterCommand, ReleaseAction,
-    ReleaseCommand, ReportCommand, ReservationStatus, ReservationType,
+    self, AcquireAction, AcquireCommand, Cptpl, NotificationLog, RegisterAction, RegisterCommand,
+    ReleaseAction, ReleaseCommand, ReportCommand, ReservationStatus, ReservationType,
 };
 use sluice_proto::status::Status;
 use tokio::sync::mpsc;
@@ -60,6 +61,7 @@ pub const AEN_NS_ATTRIBUTE: u32 = 1 << 8;
 /// Log page of Namespace Attribute Changed notices: the Changed Namespace
 /// List.
 const LID_CHANGED_NS_LIST: u8 = 0x04;
+const LID_RESERVATION: u8 = 0x80;
 /// The Changed Namespace List's length (1024 NSIDs).
 const CHANGED_NS_LIST_BYTES: u32 = 4096;
 
@@ -362,6 +364,8 @@ struct Inner {
     /// Each namespace's size in blocks as last identified, shared with the
     /// [`Namespace`] handles; across reconnects too.
     sizes: Arc<NamespaceSizes>,
+    /// The last reservation notices the controller sent (oldest first).
+    notices: Arc<Mutex<VecDeque<NotificationLog>>>,
 }
 
 /// The size of each namespace as last identified, by NSID: set at connect
@@ -900,6 +904,64 @@ async fn list_namespaces(admin: &QueueHandle) -> Result<Vec<NamespaceInfo>> {
     Ok(namespaces)
 }
 
+/// Whether an Asynchronous Event Request's DW0 is Reservation Log Page
+/// Available (type I/O command specific, information 00h, log page 80h).
+fn is_reservation_log_available(dw0: u32) -> bool {
+    dw0 & 0x7 == 6 && (dw0 >> 8) & 0xff == 0 && (dw0 >> 16) & 0xff == u32::from(LID_RESERVATION)
+}
+
+/// Reservation notices a controller keeps for [`Controller::reservation_notices`].
+const RESERVATION_NOTICES_KEPT: usize = 64;
+/// Pages one Reservation Log Page Available makes the host read at most
+/// (the page says how many more wait; a controller that never says
+/// "empty" is not read forever).
+const RESERVATION_PAGES_PER_EVENT_MAX: usize = 256;
+
+/// Reads the Reservation Notification log page until it is empty (which
+/// also unmasks the next notice), logging and keeping each notice.
+async fn take_reservation_notices(admin: &QueueHandle, kept: &Mutex<VecDeque<NotificationLog>>) {
+    for _ in 0..RESERVATION_PAGES_PER_EVENT_MAX {
+        let page = match get_log_page(
+            admin,
+            LID_RESERVATION,
+            u32::MAX,
+            0,
+            reservation::NOTIFICATION_LOG_BYTES as u32,
+        )
+        .await
+        {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the Reservation Notification log page");
+                return;
+            }
+        };
+        let Some(n) = NotificationLog::decode(&page) else {
+            return;
+        };
+        if n.count == 0 || n.kind == reservation::notice::EMPTY {
+            return;
+        }
+        let what = match n.kind {
+            reservation::notice::REGISTRATION_PREEMPTED => "this host's registration was preempted",
+            reservation::notice::RESERVATION_RELEASED => "the reservation was released",
+            reservation::notice::RESERVATION_PREEMPTED => "the reservation was preempted (cleared)",
+            _ => "a reservation notice of an unknown type",
+        };
+        tracing::warn!(nsid = n.nsid, count = n.count, "reservation notice: {what}");
+        {
+            let mut k = sync::lock(kept);
+            if k.len() == RESERVATION_NOTICES_KEPT {
+                k.pop_front();
+            }
+            k.push_back(n);
+        }
+        if n.available == 0 {
+            return;
+        }
+    }
+}
+
 /// Whether an Asynchronous Event Request's DW0 is a Namespace Attribute
 /// Changed notice (type Notice, information 00h, log page 04h).
 fn is_ns_attribute_changed(dw0: u32) -> bool {
@@ -909,13 +971,15 @@ fn is_ns_attribute_changed(dw0: u32) -> bool {
 /// Keeps one Asynchronous Event Request posted on `admin` until the queue
 /// closes. On a Namespace Attribute Changed notice it reads the Changed
 /// Namespace List (which unmasks the next notice) and lists the namespaces
-/// again into `namespaces` and `sizes`; other events are logged. Ends when
-/// the controller refuses the request (it held too many, say) or the
-/// association goes.
+/// again into `namespaces` and `sizes`; on Reservation Log Page Available
+/// it reads the Reservation Notification log page empty into `notices`;
+/// other events are logged. Ends when the controller refuses the request
+/// (it held too many, say) or the association goes.
 async fn async_events(
     admin: QueueHandle,
     namespaces: Arc<RwLock<Vec<NamespaceInfo>>>,
     sizes: Arc<NamespaceSizes>,
+    notices: Arc<Mutex<VecDeque<NotificationLog>>>,
 ) {
     loop {
         let dw0 = match admin
@@ -930,6 +994,10 @@ async fn async_events(
                 return;
             }
         };
+        if is_reservation_log_available(dw0) {
+            take_reservation_notices(&admin, &notices).await;
+            continue;
+        }
         if !is_ns_attribute_changed(dw0) {
             tracing::info!(dw0 = format_args!("{dw0:#010x}"), "asynchronous event");
             continue;
@@ -969,6 +1037,7 @@ async fn establish(
     opts: &ConnectOptions,
     generation: u64,
     sizes: &Arc<NamespaceSizes>,
+    notices: &Arc<Mutex<VecDeque<NotificationLog>>>,
 ) -> Result<Assoc> {
     let span = tracing::info_span!("connect", hostnqn = %opts.hostnqn, %subnqn, addr = %inner_addr);
     let _g = span.enter();
@@ -1067,6 +1136,7 @@ async fn establish(
                     admin.clone(),
                     namespaces.clone(),
                     sizes.clone(),
+                    notices.clone(),
                 ))),
                 // As Linux: an optional feature refused is not a failed connect.
                 Err(e) => {
@@ -1166,7 +1236,8 @@ impl Controller {
             }
         }
         let sizes = Arc::new(NamespaceSizes::default());
-        let assoc = establish(addr, subnqn, &opts, 0, &sizes).await?;
+        let notices = Arc::new(Mutex::new(VecDeque::new()));
+        let assoc = establish(addr, subnqn, &opts, 0, &sizes, &notices).await?;
         Ok(Controller {
             inner: Arc::new(Inner {
                 addr,
@@ -1177,6 +1248,7 @@ impl Controller {
                 generation: AtomicU64::new(0),
                 next_queue: AtomicUsize::new(0),
                 sizes,
+                notices,
             }),
         })
     }
@@ -1187,6 +1259,15 @@ impl Controller {
 
     pub fn cntlid(&self) -> u16 {
         self.assoc().cntlid
+    }
+
+    /// The last reservation notices the controller sent this host (at most
+    /// 64, oldest first): the Reservation Notification log page entries
+    /// read on each Reservation Log Page Available event, each also logged
+    /// at WARN (this host's registration preempted, a reservation
+    /// released or cleared).
+    pub fn reservation_notices(&self) -> Vec<NotificationLog> {
+        sync::lock(&self.inner.notices).iter().copied().collect()
     }
     pub fn identify(&self) -> IdentifyController {
         self.assoc().ident.clone()
@@ -1408,6 +1489,7 @@ impl Controller {
                 &self.inner.opts,
                 gen,
                 &self.inner.sizes,
+                &self.inner.notices,
             )
             .await
             {

@@ -848,6 +848,15 @@ async fn reservations_between_two_hosts() {
     assert!(conflict(
         na.write(0, &pattern(4096, 2), IoFlags::default()).await
     ));
+    // A's library reads the notice the target sends it (log page 80h);
+    // B, who preempted, is told nothing.
+    wait_until("a is told its registration was preempted", || {
+        a.reservation_notices().iter().any(|n| {
+            n.nsid == 1 && n.kind == sluice_proto::reservation::notice::REGISTRATION_PREEMPTED
+        })
+    })
+    .await;
+    assert!(b.reservation_notices().is_empty());
     nb.write(0, &pattern(4096, 3), IoFlags::default())
         .await
         .expect("b writes");
