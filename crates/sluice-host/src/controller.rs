@@ -910,6 +910,10 @@ fn is_reservation_log_available(dw0: u32) -> bool {
     dw0 & 0x7 == 6 && (dw0 >> 8) & 0xff == 0 && (dw0 >> 16) & 0xff == u32::from(LID_RESERVATION)
 }
 
+/// Bytes of the Reservation Notification log page, as Get Log Page counts.
+const RESERVATION_LOG_BYTES: u32 = 64;
+const _: () = assert!(RESERVATION_LOG_BYTES as usize == reservation::NOTIFICATION_LOG_BYTES);
+
 /// Reservation notices a controller keeps for [`Controller::reservation_notices`].
 const RESERVATION_NOTICES_KEPT: usize = 64;
 /// Pages one Reservation Log Page Available makes the host read at most
@@ -921,21 +925,14 @@ const RESERVATION_PAGES_PER_EVENT_MAX: usize = 256;
 /// also unmasks the next notice), logging and keeping each notice.
 async fn take_reservation_notices(admin: &QueueHandle, kept: &Mutex<VecDeque<NotificationLog>>) {
     for _ in 0..RESERVATION_PAGES_PER_EVENT_MAX {
-        let page = match get_log_page(
-            admin,
-            LID_RESERVATION,
-            u32::MAX,
-            0,
-            reservation::NOTIFICATION_LOG_BYTES as u32,
-        )
-        .await
-        {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the Reservation Notification log page");
-                return;
-            }
-        };
+        let page =
+            match get_log_page(admin, LID_RESERVATION, u32::MAX, 0, RESERVATION_LOG_BYTES).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the Reservation Notification log page");
+                    return;
+                }
+            };
         let Some(n) = NotificationLog::decode(&page) else {
             return;
         };
