@@ -1008,3 +1008,56 @@ fn tenants_that_clash_with_the_api_refuse_the_whole_file() {
     assert_eq!(t.id("file"), None);
     assert_eq!(reg.reloads.counts(), (0, 1));
 }
+
+/// Reservations belong to the namespace: a reload that keeps it keeps
+/// them (the live queue's writes stay refused), one that removes it takes
+/// them along, and the namespace added back under the same NSID starts
+/// with none.
+#[test]
+fn reload_keeps_a_kept_namespaces_reservations() {
+    use sluice_proto::reservation::{
+        AcquireAction, AcquireCommand, Cptpl, RegisterAction, RegisterCommand, ReservationType,
+    };
+    let mut before = config_in("immediate", default_ns());
+    before.subsystems[0]
+        .namespaces
+        .push(NamespaceConfig::ram(2, 1 << 20).with_block_size(512));
+    let Watched {
+        reg, tenants, mut q, ..
+    } = watched(&before);
+    // Another host holds Exclusive Access on namespace 1.
+    let other = [9u8; 16];
+    let ns1 = reg.subsystems()[SUBNQN].namespaces.get(1).unwrap();
+    let register = RegisterCommand {
+        action: RegisterAction::Register,
+        ignore_existing_key: false,
+        cptpl: Cptpl::NoChange,
+    };
+    ns1.reservations.register(&other, register, 0, 5).unwrap();
+    let acquire = AcquireCommand {
+        action: AcquireAction::Acquire,
+        ignore_existing_key: false,
+        rtype: ReservationType::ExclusiveAccess,
+    };
+    ns1.reservations.acquire(&other, acquire, 5, 0).unwrap();
+    let data = pattern(4096, 4);
+    assert_eq!(q.write_ns(1, 8, &data, 8192), Status::RESERVATION_CONFLICT);
+
+    // Kept (namespace 2 removed meanwhile): still held, still refused.
+    let mut kept = before.clone();
+    kept.subsystems[0].namespaces.truncate(1);
+    let report = reload(&reg, &tenants, &kept).expect("namespace 2 may go");
+    assert_eq!(report.namespaces_removed, vec![(SUBNQN.to_string(), 2)]);
+    assert_eq!(q.write_ns(1, 8, &data, 8192), Status::RESERVATION_CONFLICT);
+    let ns1_now = reg.subsystems()[SUBNQN].namespaces.get(1).unwrap();
+    assert_eq!(ns1_now.reservations.summary(), (2, 1));
+
+    // Removed, then added back: a new namespace, no reservation.
+    let mut none = kept.clone();
+    none.subsystems[0].namespaces[0] = NamespaceConfig::ram(3, 1 << 20).with_block_size(512);
+    reload(&reg, &tenants, &none).expect("namespace 1 may go");
+    reload(&reg, &tenants, &kept).expect("namespace 1 may come back");
+    assert_eq!(q.write_ns(1, 8, &data, 8192), Status::SUCCESS);
+    let back = reg.subsystems()[SUBNQN].namespaces.get(1).unwrap();
+    assert_eq!(back.reservations.summary(), (0, 0));
+}
