@@ -1,0 +1,85 @@
+//! `sluice resv` against a Sluice target: two host NQNs are two hosts;
+//! register, acquire and report as one, a refused acquire as the other
+//! (an error naming the status, exit 1), preempt and abort, clear; a key
+//! that is not a number is refused naming it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
+use sluice_target::Target;
+
+const NQN: &str = "nqn.2026-11.io.sluice:resv";
+const A: &str = "nqn.2026-11.io.sluice:host-a";
+const B: &str = "nqn.2026-11.io.sluice:host-b";
+
+#[test]
+fn two_hosts_register_acquire_preempt_and_clear() {
+    let cfg = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_polling(PollingPolicy::Interrupt),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(NQN)
+                .allow_any_host()
+                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
+        )
+        .validated()
+        .unwrap();
+    let t = Target::start(&cfg).unwrap();
+    let addr = t.local_addr().to_string();
+    let resv = |host: &str, args: &[&str]| -> Output {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("resv")
+            .args(args)
+            .args(["--target", &addr, "--nqn", NQN, "--hostnqn", host, "--log", "warn"])
+            .output()
+            .unwrap()
+    };
+    let ok = |o: Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    ok(resv(A, &["register", "--nrkey", "0xa1"]));
+    ok(resv(A, &["acquire", "--rtype", "write-exclusive", "--crkey", "0xa1"]));
+    let rep = ok(resv(B, &["report", "--json"]));
+    assert!(rep.contains(r#""rtype":1,"#), "{rep}");
+    assert!(rep.contains(r#""key":161,"holds":true"#), "{rep}");
+
+    let refused = resv(B, &["acquire", "--rtype", "write-exclusive", "--crkey", "0xb1"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("Reservation Conflict"), "{err}");
+    assert!(err.contains("acquiring a reservation of namespace 1"), "{err}");
+
+    ok(resv(B, &["register", "--nrkey", "0xb1"]));
+    ok(resv(
+        B,
+        &[
+            "acquire",
+            "--action",
+            "preempt-abort",
+            "--rtype",
+            "exclusive-access",
+            "--crkey",
+            "0xb1",
+            "--prkey",
+            "0xa1",
+        ],
+    ));
+    let text = ok(resv(A, &["report"]));
+    assert!(text.contains("reservation: exclusive-access (2)"), "{text}");
+    assert!(text.contains("registrants: 1"), "{text}");
+    assert!(text.contains("key 0xb1  holds"), "{text}");
+
+    ok(resv(B, &["release", "--action", "clear", "--crkey", "0xb1"]));
+    let rep = ok(resv(A, &["report", "--json"]));
+    assert!(rep.contains(r#""rtype":0,"#) && rep.contains(r#""registrant_count":0,"#), "{rep}");
+
+    let bad = resv(A, &["register", "--nrkey", "0xzz"]);
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("`0xzz`"));
+}
