@@ -35,7 +35,16 @@ fn two_hosts_register_acquire_preempt_and_clear() {
         Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("resv")
             .args(args)
-            .args(["--target", &addr, "--nqn", NQN, "--hostnqn", host, "--log", "warn"])
+            .args([
+                "--target",
+                &addr,
+                "--nqn",
+                NQN,
+                "--hostnqn",
+                host,
+                "--log",
+                "warn",
+            ])
             .output()
             .unwrap()
     };
@@ -44,16 +53,25 @@ fn two_hosts_register_acquire_preempt_and_clear() {
         String::from_utf8(o.stdout).unwrap()
     };
     ok(resv(A, &["register", "--nrkey", "0xa1"]));
-    ok(resv(A, &["acquire", "--rtype", "write-exclusive", "--crkey", "0xa1"]));
+    ok(resv(
+        A,
+        &["acquire", "--rtype", "write-exclusive", "--crkey", "0xa1"],
+    ));
     let rep = ok(resv(B, &["report", "--json"]));
     assert!(rep.contains(r#""rtype":1,"#), "{rep}");
     assert!(rep.contains(r#""key":161,"holds":true"#), "{rep}");
 
-    let refused = resv(B, &["acquire", "--rtype", "write-exclusive", "--crkey", "0xb1"]);
+    let refused = resv(
+        B,
+        &["acquire", "--rtype", "write-exclusive", "--crkey", "0xb1"],
+    );
     assert_eq!(refused.status.code(), Some(1));
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("Reservation Conflict"), "{err}");
-    assert!(err.contains("acquiring a reservation of namespace 1"), "{err}");
+    assert!(
+        err.contains("acquiring a reservation of namespace 1"),
+        "{err}"
+    );
 
     ok(resv(B, &["register", "--nrkey", "0xb1"]));
     ok(resv(
@@ -75,9 +93,15 @@ fn two_hosts_register_acquire_preempt_and_clear() {
     assert!(text.contains("registrants: 1"), "{text}");
     assert!(text.contains("key 0xb1  holds"), "{text}");
 
-    ok(resv(B, &["release", "--action", "clear", "--crkey", "0xb1"]));
+    ok(resv(
+        B,
+        &["release", "--action", "clear", "--crkey", "0xb1"],
+    ));
     let rep = ok(resv(A, &["report", "--json"]));
-    assert!(rep.contains(r#""rtype":0,"#) && rep.contains(r#""registrant_count":0,"#), "{rep}");
+    assert!(
+        rep.contains(r#""rtype":0,"#) && rep.contains(r#""registrant_count":0,"#),
+        "{rep}"
+    );
 
     let bad = resv(A, &["register", "--nrkey", "0xzz"]);
     assert_eq!(bad.status.code(), Some(2), "a usage error");

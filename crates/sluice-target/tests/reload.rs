@@ -1023,7 +1023,10 @@ fn reload_keeps_a_kept_namespaces_reservations() {
         .namespaces
         .push(NamespaceConfig::ram(2, 1 << 20).with_block_size(512));
     let Watched {
-        reg, tenants, mut q, ..
+        reg,
+        tenants,
+        mut q,
+        ..
     } = watched(&before);
     // Another host holds Exclusive Access on namespace 1.
     let other = [9u8; 16];
