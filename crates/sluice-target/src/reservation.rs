@@ -667,6 +667,15 @@ mod tests {
         )
     }
 
+    /// A (key 1) and B (key 2) registered; A holds a reservation of `rtype`.
+    fn held_by_a(rtype: ReservationType) -> Arc<Reservations> {
+        let r = Arc::new(Reservations::default());
+        reg(&r, &A, 1).unwrap();
+        reg(&r, &B, 2).unwrap();
+        acq(&r, &A, AcquireAction::Acquire, rtype, 1, 0).unwrap();
+        r
+    }
+
     const CONFLICT: Result<(), Status> = Err(Status::RESERVATION_CONFLICT);
 
     #[test]
@@ -779,18 +788,7 @@ mod tests {
 
     #[test]
     fn all_registrants_share_the_reservation_until_the_last_leaves() {
-        let r = Reservations::default();
-        reg(&r, &A, 1).unwrap();
-        reg(&r, &B, 2).unwrap();
-        acq(
-            &r,
-            &A,
-            AcquireAction::Acquire,
-            ExclusiveAccessAllRegistrants,
-            1,
-            0,
-        )
-        .unwrap();
+        let r = held_by_a(ExclusiveAccessAllRegistrants);
         assert_eq!(
             acq(
                 &r,
@@ -888,18 +886,7 @@ mod tests {
 
     #[test]
     fn the_holder_unregistering_releases_and_tells_registrants_only_types() {
-        let r = Reservations::default();
-        reg(&r, &A, 1).unwrap();
-        reg(&r, &B, 2).unwrap();
-        acq(
-            &r,
-            &A,
-            AcquireAction::Acquire,
-            WriteExclusiveRegistrantsOnly,
-            1,
-            0,
-        )
-        .unwrap();
+        let r = held_by_a(WriteExclusiveRegistrantsOnly);
         let seq = r.notice_seq();
         reg_action(&r, &A, RegisterAction::Unregister, false, 1, 0).unwrap();
         assert_eq!(r.report().rtype, 0);
@@ -915,10 +902,7 @@ mod tests {
 
     #[test]
     fn clear_drops_everything_and_tells_the_others() {
-        let r = Reservations::default();
-        reg(&r, &A, 1).unwrap();
-        reg(&r, &B, 2).unwrap();
-        acq(&r, &A, AcquireAction::Acquire, ExclusiveAccess, 1, 0).unwrap();
+        let r = held_by_a(ExclusiveAccess);
         assert_eq!(
             rel(&r, &C, ReleaseAction::Clear, 0, 0),
             CONFLICT,
@@ -963,10 +947,7 @@ mod tests {
 
     #[test]
     fn preempt_and_abort_waits_for_the_writes_that_passed_before_it() {
-        let r = Arc::new(Reservations::default());
-        reg(&r, &A, 1).unwrap();
-        reg(&r, &B, 2).unwrap();
-        acq(&r, &A, AcquireAction::Acquire, WriteExclusive, 1, 0).unwrap();
+        let r = held_by_a(WriteExclusive);
         let a_write = r.admit_write(&A).unwrap();
         assert_eq!(r.admit_write(&B).unwrap_err(), Status::RESERVATION_CONFLICT);
         let ticket = acq(&r, &B, AcquireAction::PreemptAndAbort, WriteExclusive, 2, 1)
@@ -991,10 +972,7 @@ mod tests {
 
     #[test]
     fn a_write_held_on_another_thread_is_waited_for() {
-        let r = Arc::new(Reservations::default());
-        reg(&r, &A, 1).unwrap();
-        reg(&r, &B, 2).unwrap();
-        acq(&r, &A, AcquireAction::Acquire, WriteExclusive, 1, 0).unwrap();
+        let r = held_by_a(WriteExclusive);
         let (hold_tx, hold_rx) = std::sync::mpsc::channel();
         let (drop_tx, drop_rx) = std::sync::mpsc::channel::<()>();
         let writer = {

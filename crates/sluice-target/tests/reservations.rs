@@ -87,6 +87,12 @@ fn register(h: &mut Host, action: RegisterAction, iekey: bool, crkey: u64, nrkey
     h.io.command(s, &data).0.status()
 }
 
+/// A registers key 1, B key 2.
+fn register_both(a: &mut Host, b: &mut Host) {
+    assert_eq!(register(a, RegisterAction::Register, false, 0, 1), OK);
+    assert_eq!(register(b, RegisterAction::Register, false, 0, 2), OK);
+}
+
 fn acquire_sqe(h: &mut Host, action: AcquireAction, rtype: ReservationType) -> Sqe {
     let cid = h.io.cid();
     let mut s = Sqe::new(opcode::ACQUIRE, cid, 1);
@@ -299,8 +305,7 @@ fn preempt_moves_the_reservation_and_the_preempted_host_is_told() {
     let r = reg();
     let mut a = host(&r, HOSTNQN, ID_A);
     let mut b = host(&r, HOST_B, ID_B);
-    assert_eq!(register(&mut a, RegisterAction::Register, false, 0, 1), OK);
-    assert_eq!(register(&mut b, RegisterAction::Register, false, 0, 2), OK);
+    register_both(&mut a, &mut b);
     assert_eq!(
         acquire(
             &mut a,
@@ -423,8 +428,7 @@ fn the_notification_mask_hides_a_notice() {
         0,
     );
     assert_eq!(c.status(), Status::INVALID_FIELD);
-    assert_eq!(register(&mut a, RegisterAction::Register, false, 0, 1), OK);
-    assert_eq!(register(&mut b, RegisterAction::Register, false, 0, 2), OK);
+    register_both(&mut a, &mut b);
     a.admin.post_aer(900);
     // B clears: A is told "Reservation Preempted", which A masked.
     assert_eq!(release(&mut b, ReleaseAction::Clear, 0, 2), OK);
@@ -438,8 +442,7 @@ fn preempt_and_abort_completes_after_the_preempted_hosts_write() {
     let r = reg();
     let mut a = host(&r, HOSTNQN, ID_A);
     let mut b = host(&r, HOST_B, ID_B);
-    assert_eq!(register(&mut a, RegisterAction::Register, false, 0, 1), OK);
-    assert_eq!(register(&mut b, RegisterAction::Register, false, 0, 2), OK);
+    register_both(&mut a, &mut b);
     assert_eq!(
         acquire(
             &mut a,

@@ -67,13 +67,7 @@ info "the discovery log lists $ADDED_NQN"
 
 step connect-added
 run nvme connect -t tcp -a "$TARGET_ADDR" -s "$TARGET_PORT" -n "$ADDED_NQN"
-i=0
-NS=""
-while [ $i -lt 100 ] && [ -z "$NS" ]; do
-    NS=$(ns_for_nqn "$ADDED_NQN" || true)
-    [ -n "$NS" ] || { sleep 0.2; i=$((i + 1)); }
-done
-[ -n "$NS" ] || fail "no namespace block device for $ADDED_NQN after 20 s"
+NS=$(wait_ns_for_nqn "$ADDED_NQN") || fail "no namespace block device for $ADDED_NQN after 20 s"
 run dd if=/dev/urandom of=/tmp/pat bs=1048576 count=2 2>/dev/null
 run dd if=/tmp/pat of="/dev/$NS" bs=1048576 oflag=direct conv=notrunc
 rm -f /tmp/rd

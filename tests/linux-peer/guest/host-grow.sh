@@ -36,13 +36,7 @@ run modprobe nvme-tcp
 
 step connect
 run nvme connect -t tcp -a "$TARGET_ADDR" -s "$TARGET_PORT" -n "$SUBNQN"
-i=0
-NS=""
-while [ $i -lt 100 ] && [ -z "$NS" ]; do
-    NS=$(ns_for_nqn "$SUBNQN" || true)
-    [ -n "$NS" ] || { sleep 0.2; i=$((i + 1)); }
-done
-[ -n "$NS" ] || fail "no block device for $SUBNQN after 20 s"
+NS=$(wait_ns_for_nqn "$SUBNQN") || fail "no block device for $SUBNQN after 20 s"
 bytes() { echo $(($(cat "/sys/block/$NS/size") * 512)); }
 [ "$(bytes)" = "$BYTES0" ] || fail "/dev/$NS is $(bytes) bytes at connect, expected $BYTES0"
 info "/dev/$NS is $BYTES0 bytes"

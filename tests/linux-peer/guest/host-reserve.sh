@@ -31,13 +31,7 @@ run modprobe nvme-tcp
 
 step connect
 run nvme connect -t tcp -a "$TARGET_ADDR" -s "$TARGET_PORT" -n "$SUBNQN"
-i=0
-NS=""
-while [ $i -lt 100 ] && [ -z "$NS" ]; do
-    NS=$(ns_for_nqn "$SUBNQN" || true)
-    [ -n "$NS" ] || { sleep 0.2; i=$((i + 1)); }
-done
-[ -n "$NS" ] || fail "no block device for $SUBNQN after 20 s"
+NS=$(wait_ns_for_nqn "$SUBNQN") || fail "no block device for $SUBNQN after 20 s"
 DEV=/dev/$NS
 info "hostid $(cat /etc/nvme/hostid 2>/dev/null || echo '(none)')"
 

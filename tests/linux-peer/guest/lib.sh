@@ -42,6 +42,18 @@ ns_for_nqn() {
     return 1
 }
 
+# Waits up to 20 s for subsystem $1's namespace block device and prints its
+# name (e.g. nvme0n1); returns 1 if none appears (callers: `|| fail ...`).
+wait_ns_for_nqn() {
+    i=0
+    while [ $i -lt 100 ]; do
+        ns=$(ns_for_nqn "$1" || true)
+        [ -n "$ns" ] && { echo "$ns"; return 0; }
+        sleep 0.2; i=$((i + 1))
+    done
+    return 1
+}
+
 # Directory holding blk-mq hctx dirs for namespace $1 (the path device under multipath).
 mq_dir_for_ns() {
     if [ -d "/sys/block/$1/mq" ]; then echo "/sys/block/$1/mq"; return 0; fi
