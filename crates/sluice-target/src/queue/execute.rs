@@ -2,8 +2,11 @@
 //! (Connect, Property Get/Set, Disconnect) and admin commands execute
 //! inline against the controller; I/O commands become backend requests
 //! (Read, Write, Flush, Write Zeroes, Dataset Management ranges) queued in
-//! [`Execution`] for the I/O layer, tagged with the command's slot. A
-//! shutdown notification flushes every namespace of the subsystem.
+//! [`Execution`] for the I/O layer, tagged with the command's slot, once
+//! the namespace's reservation allows the host (`reservation.rs`; the
+//! reservation commands themselves execute inline, a Preempt and Abort
+//! completing when the writes before it have). A shutdown notification
+//! flushes every namespace of the subsystem.
 
 use super::commands::CmdKind;
 use super::{BackendSubmit, QueueConnection};
