@@ -28,6 +28,9 @@ pub struct ResvTarget {
     /// one host NQN is one host).
     #[arg(long, value_parser = parse_hostid)]
     pub hostid: Option<[u8; 16]>,
+    /// DH-HMAC-CHAP, for a subsystem that requires it.
+    #[command(flatten)]
+    pub dhchap: sluice_bench::DhchapArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -196,6 +199,7 @@ async fn with_namespace(t: &ResvTarget) -> Result<(Controller, Namespace)> {
     if let Some(id) = t.hostid {
         opts.hostid = id;
     }
+    (opts.dhchap_secret, opts.dhchap_ctrl_secret) = t.dhchap.load()?;
     let c = Controller::connect(addr, &t.nqn, opts)
         .await
         .with_context(|| format!("connecting to {} at {addr}", t.nqn))?;

@@ -107,3 +107,53 @@ fn two_hosts_register_acquire_preempt_and_clear() {
     assert_eq!(bad.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("`0xzz`"));
 }
+
+/// A subsystem that requires DH-HMAC-CHAP: `sluice resv` without a secret
+/// is refused, naming authentication; with the host's secret it reports.
+#[test]
+fn a_subsystem_that_requires_authentication_needs_the_secret() {
+    use sluice_auth::{HashId, Secret};
+    use sluice_config::auth::HostAuthConfig;
+    let secret = Secret::new(vec![0x3c; 32], Some(HashId::Sha256)).unwrap();
+    let cfg = Config::default()
+        .with_target(
+            TargetSettings::default()
+                .with_listen("127.0.0.1:0".parse().unwrap())
+                .with_discovery_listen(None)
+                .with_polling(PollingPolicy::Interrupt),
+        )
+        .with_subsystem(
+            SubsystemConfig::new(NQN)
+                .with_host(A)
+                .require_auth()
+                .with_dhchap(HostAuthConfig::new(A, secret.clone()))
+                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
+        )
+        .validated()
+        .unwrap();
+    let t = Target::start(&cfg).unwrap();
+    let addr = t.local_addr().to_string();
+    let report = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["resv", "report", "--target", &addr, "--nqn", NQN])
+            .args(["--hostnqn", A, "--log", "warn"])
+            .args(extra)
+            .env_remove("SLUICE_DHCHAP_SECRET")
+            .env_remove("SLUICE_DHCHAP_CTRL_SECRET")
+            .output()
+            .unwrap()
+    };
+    let without = report(&[]);
+    assert_eq!(without.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&without.stderr);
+    assert!(err.to_lowercase().contains("authentication"), "{err}");
+    let key = secret.to_dhhc();
+    let with = report(&["--dhchap-secret", &key]);
+    let out = String::from_utf8_lossy(&with.stdout);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    assert!(out.contains("reservation: none (0)"), "{out}");
+}
