@@ -150,18 +150,10 @@ fn parse_key(s: &str) -> Result<u64, String> {
     r.map_err(|e| format!("`{s}` is not a 64-bit key (decimal or 0x hex): {e}"))
 }
 
-/// A Host Identifier: a UUID (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+/// A Host Identifier: a UUID (32 hex digits, dashes allowed).
 fn parse_hostid(s: &str) -> Result<[u8; 16], String> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    let bad = || format!("`{s}` is not a UUID (32 hex digits, dashes allowed)");
-    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(bad());
-    }
-    let mut id = [0u8; 16];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(id)
+    sluice_proto::fabrics::parse_uuid(s)
+        .ok_or_else(|| format!("--hostid: `{s}` is not a 128-bit hex UUID"))
 }
 
 fn type_name(rtype: u8) -> &'static str {
@@ -176,10 +168,6 @@ fn type_name(rtype: u8) -> &'static str {
         Some(ReservationType::WriteExclusiveAllRegistrants) => "write-exclusive-all-registrants",
         Some(ReservationType::ExclusiveAccessAllRegistrants) => "exclusive-access-all-registrants",
     }
-}
-
-fn hex(id: &[u8; 16]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn run(cmd: ResvCmd) -> Result<()> {
@@ -231,7 +219,7 @@ async fn run_async(cmd: ResvCmd) -> Result<()> {
                     .map(|r| {
                         format!(
                             r#"{{"hostid":"{}","key":{},"holds":{}}}"#,
-                            hex(&r.hostid),
+                            sluice_proto::fabrics::format_uuid(&r.hostid),
                             r.key,
                             r.holds
                         )
@@ -252,7 +240,11 @@ async fn run_async(cmd: ResvCmd) -> Result<()> {
                 println!("registrants: {}", rep.registrant_count);
                 for r in &rep.registrants {
                     let holds = if r.holds { "  holds" } else { "" };
-                    println!("  hostid {}  key {:#x}{holds}", hex(&r.hostid), r.key);
+                    println!(
+                        "  hostid {}  key {:#x}{holds}",
+                        sluice_proto::fabrics::format_uuid(&r.hostid),
+                        r.key
+                    );
                 }
             }
             Ok(())
@@ -319,7 +311,7 @@ mod tests {
         assert!(parse_key("0xzz").unwrap_err().contains("`0xzz`"));
         let id = parse_hostid("5c1a1ce0-0000-4000-8000-0000000000ab").unwrap();
         assert_eq!((id[0], id[15]), (0x5c, 0xab));
-        assert!(parse_hostid("5c1a").unwrap_err().contains("not a UUID"));
+        assert!(parse_hostid("5c1a").unwrap_err().contains("--hostid"));
         assert!(parse_hostid("5c1a1ce0-0000-4000-8000-0000000000ag").is_err());
     }
 }

@@ -7,14 +7,14 @@
 use std::process::{Command, Output};
 
 use sluice_config::{Config, NamespaceConfig, PollingPolicy, SubsystemConfig, TargetSettings};
-use sluice_target::Target;
+use sluice_target::{Target, TargetHandle};
 
 const NQN: &str = "nqn.2026-11.io.sluice:resv";
 const A: &str = "nqn.2026-11.io.sluice:host-a";
 const B: &str = "nqn.2026-11.io.sluice:host-b";
 
-#[test]
-fn two_hosts_register_acquire_preempt_and_clear() {
+/// A target on a loopback port serving `sub` with a 16 MiB RAM namespace.
+fn start(sub: SubsystemConfig) -> TargetHandle {
     let cfg = Config::default()
         .with_target(
             TargetSettings::default()
@@ -22,14 +22,15 @@ fn two_hosts_register_acquire_preempt_and_clear() {
                 .with_discovery_listen(None)
                 .with_polling(PollingPolicy::Interrupt),
         )
-        .with_subsystem(
-            SubsystemConfig::new(NQN)
-                .allow_any_host()
-                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
-        )
+        .with_subsystem(sub.with_namespace(NamespaceConfig::ram(1, 16 << 20)))
         .validated()
         .unwrap();
-    let t = Target::start(&cfg).unwrap();
+    Target::start(&cfg).unwrap()
+}
+
+#[test]
+fn two_hosts_register_acquire_preempt_and_clear() {
+    let t = start(SubsystemConfig::new(NQN).allow_any_host());
     let addr = t.local_addr().to_string();
     let resv = |host: &str, args: &[&str]| -> Output {
         Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -115,23 +116,12 @@ fn a_subsystem_that_requires_authentication_needs_the_secret() {
     use sluice_auth::{HashId, Secret};
     use sluice_config::auth::HostAuthConfig;
     let secret = Secret::new(vec![0x3c; 32], Some(HashId::Sha256)).unwrap();
-    let cfg = Config::default()
-        .with_target(
-            TargetSettings::default()
-                .with_listen("127.0.0.1:0".parse().unwrap())
-                .with_discovery_listen(None)
-                .with_polling(PollingPolicy::Interrupt),
-        )
-        .with_subsystem(
-            SubsystemConfig::new(NQN)
-                .with_host(A)
-                .require_auth()
-                .with_dhchap(HostAuthConfig::new(A, secret.clone()))
-                .with_namespace(NamespaceConfig::ram(1, 16 << 20)),
-        )
-        .validated()
-        .unwrap();
-    let t = Target::start(&cfg).unwrap();
+    let t = start(
+        SubsystemConfig::new(NQN)
+            .with_host(A)
+            .require_auth()
+            .with_dhchap(HostAuthConfig::new(A, secret.clone())),
+    );
     let addr = t.local_addr().to_string();
     let report = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_sluice"))

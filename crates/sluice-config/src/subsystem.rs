@@ -367,20 +367,13 @@ pub fn default_serial(nqn: &str) -> String {
 
 /// Parses a 128-bit hex UUID (dashes allowed).
 pub fn parse_uuid(key: &str, s: &str) -> Result<[u8; 16], ConfigError> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(err(key, format!("`{s}` is not a 128-bit hex UUID")));
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).map_err(|_| err(key, "bad hex"))?;
-    }
-    Ok(out)
+    sluice_proto::fabrics::parse_uuid(s)
+        .ok_or_else(|| err(key, format!("`{s}` is not a 128-bit hex UUID")))
 }
 
 /// Writes a UUID as 32 hex digits (what [`parse_uuid`] reads).
 pub fn format_uuid(u: &[u8; 16]) -> String {
-    u.iter().map(|b| format!("{b:02x}")).collect()
+    sluice_proto::fabrics::format_uuid(u)
 }
 
 /// `[[subsystem]]`.

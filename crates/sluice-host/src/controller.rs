@@ -99,7 +99,7 @@ pub fn host_identifier(opts: &ConnectOptions) -> [u8; 16] {
     if let Some(id) = opts
         .hostnqn
         .strip_prefix("nqn.2014-08.org.nvmexpress:uuid:")
-        .and_then(parse_uuid)
+        .and_then(sluice_proto::fabrics::parse_uuid)
         .filter(|id| *id != [0; 16])
     {
         return id;
@@ -111,20 +111,6 @@ pub fn host_identifier(opts: &ConnectOptions) -> [u8; 16] {
         .bytes()
         .fold(OFFSET, |h, b| (h ^ u128::from(b)).wrapping_mul(PRIME));
     h.to_be_bytes()
-}
-
-/// The 16 bytes of a UUID in its 36-character text form.
-fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
-    if text.len() != 36 || hex.len() != 32 {
-        return None;
-    }
-    let mut id = [0u8; 16];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        let s = std::str::from_utf8(pair).ok()?;
-        id[i] = u8::from_str_radix(s, 16).ok()?;
-    }
-    Some(id)
 }
 
 /// Options of [`Controller::connect`].

@@ -322,6 +322,25 @@ pub mod csts {
 /// Version register value for NVMe 1.3.
 pub const VS_1_3: u32 = 0x0001_0300;
 
+/// A 128-bit UUID in hex (32 digits, dashes anywhere allowed): Host
+/// Identifiers, namespace UUIDs. `None` for anything else.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (b, pair) in out.iter_mut().zip(hex.chunks(2)) {
+        *b = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A UUID as 32 hex digits (what [`parse_uuid`] reads).
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Reads a string NQN out of a fixed 256-byte field (for log pages).
 pub fn read_nqn(b: &[u8], off: usize) -> String {
     get_str(b, off, 256)
@@ -331,6 +350,24 @@ pub fn read_nqn(b: &[u8], off: usize) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn uuids_parse_with_or_without_dashes_and_nothing_else() {
+        let text = "5c1a1ce0-0000-4000-8000-0000000000ab";
+        let id = parse_uuid(text).unwrap();
+        assert_eq!((id[0], id[1], id[15]), (0x5c, 0x1a, 0xab));
+        assert_eq!(parse_uuid(&format_uuid(&id)), Some(id));
+        assert_eq!(format_uuid(&id), text.replace('-', ""));
+        for bad in [
+            "",
+            "5c1a",
+            "5c1a1ce0-zz00-4000-8000-0000000000ab",
+            &format!("{text}0"),
+            "é1a1ce0000040008000000000000000ab",
+        ] {
+            assert_eq!(parse_uuid(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn connect_round_trip() {

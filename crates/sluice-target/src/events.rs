@@ -162,11 +162,7 @@ impl AsyncEvents {
         last: u64,
     ) {
         self.reservation_seen.insert(nsid, last);
-        let masked = self
-            .reservation_mask
-            .get(&nsid)
-            .copied()
-            .unwrap_or(self.reservation_mask_all);
+        let masked = self.reservation_mask(nsid);
         for n in notices {
             if masked & (1 << n.kind) != 0 {
                 continue;
